@@ -1,0 +1,49 @@
+-- fixed_window.lua: a counter per window; the window opens at the first hit (INCRBY + PEXPIRE).
+--
+-- State  : one hash key, fields e = window end (us) and n = units counted in the window.
+--          The end is stored beside the count so the decision follows the script's clock
+--          (Redis TIME, or the explicit test clock), not only the key's expiry.
+-- Params : p1 = limit (units per window), p2 = window length in us.
+-- decide(key, now, p1, p2, cost) -> allowed (1|0), remaining, retry_after_ms (-1: never),
+--                                   reset_after_ms, write (nil: nothing to store)
+-- commit(key, write)             -> new window: HSET e n + PEXPIRE <ms to window end>;
+--                                   same window: HINCRBY n cost (the TTL already ends it).
+-- A denied request writes nothing. The clock never runs backwards inside a key: a time before
+-- the stored window's start counts as its start.
+
+local function fixed_window_decide(key, now, limit, window, cost)
+  local stored = redis.call('HMGET', key, 'e', 'n')
+  local e, n = tonumber(stored[1]), tonumber(stored[2]) or 0
+  local fresh = true
+  if e then
+    now = math.max(now, e - window)
+    if now < e then
+      fresh = false
+    end
+  end
+  if fresh then
+    e, n = now + window, 0
+  end
+  local reset = e - now
+  if n + cost > limit then
+    local retry = -1
+    if cost <= limit then
+      retry = ceil_ms(reset)
+    end
+    return 0, math.max(limit - n, 0), retry, ceil_ms(reset), nil
+  end
+  local write = nil
+  if cost > 0 then
+    write = { fresh, e, n + cost, reset, cost }
+  end
+  return 1, limit - n - cost, 0, ceil_ms(reset), write
+end
+
+local function fixed_window_commit(key, write)
+  if write[1] then
+    redis.call('HSET', key, 'e', fmt(write[2]), 'n', fmt(write[3]))
+    redis.call('PEXPIRE', key, ceil_ms(write[4]))
+  else
+    redis.call('HINCRBY', key, 'n', fmt(write[5]))
+  end
+end

@@ -1,0 +1,21 @@
+-- prelude.lua: helpers shared by every algorithm file. sluice concatenates, in this order,
+-- prelude.lua, one file per algorithm, and check.lua into ONE script (see src/limiter/script.rs).
+--
+-- Lua numbers are doubles: integers below 2^53 are exact, and every time here is an integer
+-- count of microseconds (about 2^51 today), so arithmetic is exact. Two traps are avoided:
+--   * tostring() of a large number gives "%.14g" (e.g. 1.7635012345679e+15): values written to
+--     Redis go through fmt(), which prints every digit;
+--   * numbers returned to Redis are truncated to integers: replies are integer milliseconds.
+
+-- An integer as a decimal string, all digits.
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- Microseconds to whole milliseconds, rounded up (0 for anything not positive).
+local function ceil_ms(us)
+  if us <= 0 then
+    return 0
+  end
+  return math.ceil(us / 1000)
+end

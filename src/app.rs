@@ -1,0 +1,109 @@
+//! Wiring: a Pingora server with the proxy service and the admin service, built from a
+//! validated [`Config`].
+
+use std::sync::Arc;
+
+use pingora::apps::http_app::HttpServer;
+use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::Server;
+use pingora::services::listening::Service;
+
+use crate::admin::AdminApp;
+use crate::config::{redacted_url, Config, ServerSettings};
+use crate::limiter::clock::SystemClock;
+use crate::limiter::local::LocalLimiter;
+use crate::limiter::redis::RedisLimiter;
+use crate::limiter::Limiter;
+use crate::metrics;
+use crate::proxy::Gateway;
+
+/// Keys the in-process backend tracks at most (see `limiter/local.rs`).
+pub const LOCAL_MAX_KEYS: usize = 1_000_000;
+
+/// Command-line switches that change how the server starts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    pub daemon: bool,
+    pub upgrade: bool,
+}
+
+/// Pingora's settings from our `server:` section; unset fields get sluice's defaults.
+pub fn server_conf(settings: &ServerSettings, daemon: bool) -> ServerConf {
+    let defaults = ServerConf::default();
+    ServerConf {
+        threads: settings.threads.unwrap_or(2),
+        pid_file: settings
+            .pid_file
+            .clone()
+            .unwrap_or_else(|| "/tmp/sluice.pid".to_string()),
+        upgrade_sock: settings
+            .upgrade_sock
+            .clone()
+            .unwrap_or_else(|| "/tmp/sluice_upgrade.sock".to_string()),
+        error_log: settings.error_log.clone(),
+        user: settings.user.clone(),
+        group: settings.group.clone(),
+        daemon: daemon || settings.daemon,
+        work_stealing: settings.work_stealing.unwrap_or(true),
+        grace_period_seconds: Some(settings.grace_period_seconds.unwrap_or(5)),
+        graceful_shutdown_timeout_seconds: Some(
+            settings.graceful_shutdown_timeout_seconds.unwrap_or(10),
+        ),
+        upstream_keepalive_pool_size: settings
+            .upstream_keepalive_pool_size
+            .unwrap_or(defaults.upstream_keepalive_pool_size),
+        ..defaults
+    }
+}
+
+/// Builds the limiter the configuration asks for. Nothing connects yet.
+pub fn build_limiter(config: &Config) -> Result<Arc<dyn Limiter>, String> {
+    Ok(match &config.redis {
+        Some(redis) => Arc::new(
+            RedisLimiter::new(&redis.url, redis.timeout)
+                .map_err(|e| format!("redis client for {}: {e}", redacted_url(&redis.url)))?,
+        ),
+        None => Arc::new(LocalLimiter::new(Arc::new(SystemClock), LOCAL_MAX_KEYS)),
+    })
+}
+
+/// Starts serving and never returns.
+pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallible, String> {
+    metrics::init();
+    let opt = Opt {
+        upgrade: options.upgrade,
+        daemon: options.daemon,
+        ..Opt::default()
+    };
+    let mut server =
+        Server::new_with_opt_and_conf(opt, server_conf(&config.server, options.daemon));
+    server.bootstrap();
+
+    let limiter = build_limiter(&config)?;
+    log::info!("{}", config.summary());
+    let (listen, admin_listen, failure_mode) = (
+        config.listen.clone(),
+        config.admin_listen,
+        config.failure_mode,
+    );
+
+    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+        &server.configuration,
+        Gateway::new(config, Arc::clone(&limiter)),
+        "sluice proxy",
+    );
+    for addr in &listen {
+        proxy.add_tcp(&addr.to_string());
+    }
+    server.add_service(proxy);
+
+    if let Some(addr) = admin_listen {
+        let mut admin = Service::new(
+            "sluice admin".to_string(),
+            HttpServer::new_app(AdminApp::new(limiter, failure_mode)),
+        );
+        admin.add_tcp(&addr.to_string());
+        server.add_service(admin);
+    }
+    server.run_forever()
+}

@@ -1,0 +1,79 @@
+//! `demo-upstream`: a tiny HTTP backend for the quick start and the end-to-end tests.
+//!
+//! Answers every request with 200 and a line naming the method, path and `X-Forwarded-For` it
+//! saw; `GET /__stats` returns how many other requests it has served. Usage:
+//! `demo-upstream [ADDR]` (default 127.0.0.1:3000).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use http::Response;
+use pingora::apps::http_app::{HttpServer, ServeHttp};
+use pingora::protocols::http::ServerSession;
+use pingora::server::configuration::ServerConf;
+use pingora::server::Server;
+use pingora::services::listening::Service;
+
+struct Demo {
+    served: AtomicU64,
+}
+
+#[async_trait]
+impl ServeHttp for Demo {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        // Drain any request body so the connection can be reused.
+        while let Ok(Some(_)) = session.read_request_body().await {}
+        let req = session.req_header();
+        let body = if req.uri.path() == "/__stats" {
+            format!("{}\n", self.served.load(Ordering::Relaxed))
+        } else {
+            self.served.fetch_add(1, Ordering::Relaxed);
+            let xff = req
+                .headers
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-");
+            format!(
+                "demo upstream: {} {} (x-forwarded-for: {xff})\n",
+                req.method, req.uri
+            )
+        };
+        let length = body.len();
+        let mut response = Response::new(body.into_bytes());
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain"),
+        );
+        response.headers_mut().insert(
+            http::header::CONTENT_LENGTH,
+            http::HeaderValue::from(length),
+        );
+        response
+    }
+}
+
+fn main() {
+    let addr = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:3000".to_string());
+    let conf = ServerConf {
+        threads: 1,
+        pid_file: format!("/tmp/sluice-demo-upstream-{}.pid", std::process::id()),
+        upgrade_sock: format!("/tmp/sluice-demo-upstream-{}.sock", std::process::id()),
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(0),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+    let mut service = Service::new(
+        "demo upstream".to_string(),
+        HttpServer::new_app(Demo {
+            served: AtomicU64::new(0),
+        }),
+    );
+    service.add_tcp(&addr);
+    server.add_service(service);
+    eprintln!("demo upstream listening on {addr}");
+    server.run_forever()
+}

@@ -1,0 +1,486 @@
+//! Raw YAML structs → validated [`Config`], collecting every problem with its path.
+
+use std::collections::HashSet;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
+use std::time::Duration;
+
+use http::header::HeaderValue;
+use http::Method;
+
+use super::rate::{parse_rate, Rate};
+use super::raw::{RawConfig, RawLimit, RawRoute, RawServer};
+use super::{Config, FailureMode, Problem, RedisSettings, ServerSettings};
+use crate::keys::{KeyPart, RouteKeys};
+use crate::limiter::{Algorithm, Limit};
+use crate::router::{Route, RouteMatch, RouteTable};
+use crate::upstream::Upstream;
+
+pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 25;
+pub const DEFAULT_KEY_PREFIX: &str = "sluice";
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 1_000;
+pub const DEFAULT_READ_TIMEOUT_MS: u64 = 30_000;
+const MAX_LIMITS_PER_ROUTE: usize = 16;
+const MAX_NAME_LEN: usize = 64;
+/// Keeps every microsecond quantity of the algorithms far below 2^53 (exact in Lua doubles).
+const MAX_TOLERANCE_US: u64 = 1 << 50;
+
+struct Problems<'a>(&'a mut Vec<Problem>);
+
+impl Problems<'_> {
+    fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Problem::new(path, message));
+    }
+}
+
+/// Compiles `raw`; returns `None` or a config, and appends every problem found to `problems`.
+pub fn compile(source: &Path, raw: RawConfig, problems: &mut Vec<Problem>) -> Option<Config> {
+    let mut p = Problems(problems);
+    let server = compile_server(raw.server, &mut p);
+
+    if raw.listen.is_empty() {
+        p.add(
+            "listen",
+            "at least one listen address is required, e.g. [0.0.0.0:8080]",
+        );
+    }
+    let listen: Vec<SocketAddr> = raw
+        .listen
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| socket_addr(text, &format!("listen[{i}]"), &mut p))
+        .collect();
+    let admin_listen = raw
+        .admin
+        .and_then(|admin| admin.listen)
+        .and_then(|text| socket_addr(&text, "admin.listen", &mut p));
+
+    let redis = raw.redis.map(|redis| {
+        let url = redis.url.unwrap_or_default();
+        if url.is_empty() {
+            p.add("redis.url", "required when the redis section is present (omit the section for in-process limits)");
+        } else if let Err(e) = redis::Client::open(url.as_str()) {
+            p.add("redis.url", format!("invalid redis URL: {e}"));
+        }
+        let timeout_ms = redis.timeout_ms.unwrap_or(DEFAULT_REDIS_TIMEOUT_MS);
+        if !(1..=10_000).contains(&timeout_ms) {
+            p.add("redis.timeout_ms", format!("must be between 1 and 10000 ms, got {timeout_ms}"));
+        }
+        let key_prefix = redis.key_prefix.unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_string());
+        check_name(&key_prefix, "redis.key_prefix", &mut p);
+        RedisSettings { url, timeout: Duration::from_millis(timeout_ms), key_prefix }
+    });
+    let key_prefix = redis
+        .as_ref()
+        .map_or(DEFAULT_KEY_PREFIX, |r| r.key_prefix.as_str())
+        .to_string();
+
+    let failure_mode = match raw.failure_mode.as_deref() {
+        None | Some("allow") => FailureMode::Allow,
+        Some("deny") => FailureMode::Deny,
+        Some(other) => {
+            p.add(
+                "failure_mode",
+                format!("unknown failure mode {other:?}: use allow or deny"),
+            );
+            FailureMode::Allow
+        }
+    };
+
+    if raw.routes.is_empty() {
+        p.add("routes", "at least one route is required");
+    }
+    let mut names = HashSet::new();
+    let mut routes = Vec::new();
+    for (index, raw_route) in raw.routes.into_iter().enumerate() {
+        let at = format!("routes[{index}]");
+        if let Some(name) = &raw_route.name {
+            if !names.insert(name.clone()) {
+                p.add(
+                    format!("{at}.name"),
+                    format!("duplicate route name {name:?}"),
+                );
+            }
+        }
+        if let Some(route) = compile_route(index, &at, raw_route, &key_prefix, &mut p) {
+            routes.push(route);
+        }
+    }
+
+    if !p.0.is_empty() {
+        return None;
+    }
+    Some(Config {
+        source: source.to_path_buf(),
+        server,
+        listen,
+        admin_listen,
+        redis,
+        failure_mode,
+        routes: RouteTable::new(routes),
+    })
+}
+
+fn compile_server(raw: RawServer, p: &mut Problems<'_>) -> ServerSettings {
+    if let Some(threads) = raw.threads {
+        if !(1..=1024).contains(&threads) {
+            p.add(
+                "server.threads",
+                format!("must be between 1 and 1024, got {threads}"),
+            );
+        }
+    }
+    ServerSettings {
+        threads: raw.threads,
+        pid_file: raw.pid_file,
+        upgrade_sock: raw.upgrade_sock,
+        error_log: raw.error_log,
+        user: raw.user,
+        group: raw.group,
+        daemon: raw.daemon.unwrap_or(false),
+        work_stealing: raw.work_stealing,
+        grace_period_seconds: raw.grace_period_seconds,
+        graceful_shutdown_timeout_seconds: raw.graceful_shutdown_timeout_seconds,
+        upstream_keepalive_pool_size: raw.upstream_keepalive_pool_size,
+    }
+}
+
+fn socket_addr(text: &str, at: &str, p: &mut Problems<'_>) -> Option<SocketAddr> {
+    match text.parse() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            p.add(
+                at,
+                format!("invalid address {text:?}: expected IP:PORT, e.g. 127.0.0.1:8080"),
+            );
+            None
+        }
+    }
+}
+
+/// Names end up in Redis keys and response headers: a short, safe alphabet, no braces.
+fn check_name(name: &str, at: &str, p: &mut Problems<'_>) -> bool {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if !ok {
+        p.add(
+            at,
+            format!("invalid name {name:?}: use 1 to {MAX_NAME_LEN} of A-Z a-z 0-9 _ . -"),
+        );
+    }
+    ok
+}
+
+fn compile_route(
+    index: usize,
+    at: &str,
+    raw: RawRoute,
+    key_prefix: &str,
+    p: &mut Problems<'_>,
+) -> Option<Route> {
+    let name = match raw.name {
+        Some(name) => check_name(&name, &format!("{at}.name"), p).then_some(name),
+        None => {
+            p.add(format!("{at}.name"), "required");
+            None
+        }
+    };
+    let matcher = compile_match(at, raw.matcher, p);
+    let upstream = compile_upstream(at, raw.upstream, p);
+
+    if raw.limits.len() > MAX_LIMITS_PER_ROUTE {
+        p.add(
+            format!("{at}.limits"),
+            format!("at most {MAX_LIMITS_PER_ROUTE} limits per route"),
+        );
+    }
+    let mut limit_names = HashSet::new();
+    let mut limits = Vec::new();
+    let mut key_specs = Vec::new();
+    for (i, raw_limit) in raw.limits.into_iter().enumerate() {
+        let limit_at = format!("{at}.limits[{i}]");
+        if let Some(name) = &raw_limit.name {
+            if !limit_names.insert(name.clone()) {
+                p.add(
+                    format!("{limit_at}.name"),
+                    format!("duplicate limit name {name:?} in this route"),
+                );
+            }
+        }
+        if let Some((limit, parts)) = compile_limit(&limit_at, raw_limit, p) {
+            key_specs.push((limit.name.clone(), parts));
+            limits.push(limit);
+        }
+    }
+
+    let (name, matcher, upstream) = (name?, matcher?, upstream?);
+    let policy_header = if raw.rate_limit_headers.unwrap_or(true) && !limits.is_empty() {
+        Some(policy_header(&limits))
+    } else {
+        None
+    };
+    let key_refs: Vec<(&str, Vec<KeyPart>)> = key_specs
+        .iter()
+        .map(|(n, parts)| (&**n, parts.clone()))
+        .collect();
+    Some(Route {
+        index,
+        keys: RouteKeys::new(key_prefix, &name, &key_refs),
+        name: name.into(),
+        matcher,
+        upstream,
+        limits: limits.into(),
+        policy_header,
+    })
+}
+
+fn compile_match(
+    at: &str,
+    raw: Option<super::raw::RawMatch>,
+    p: &mut Problems<'_>,
+) -> Option<RouteMatch> {
+    let Some(raw) = raw else {
+        p.add(
+            format!("{at}.match"),
+            "required, e.g. { path_prefix: /api/ }",
+        );
+        return None;
+    };
+    let path_prefix = raw.path_prefix.unwrap_or_else(|| "/".to_string());
+    let mut ok = true;
+    if !path_prefix.starts_with('/') {
+        p.add(
+            format!("{at}.match.path_prefix"),
+            format!("must start with '/', got {path_prefix:?}"),
+        );
+        ok = false;
+    }
+    let host = raw
+        .host
+        .map(|h| h.trim_end_matches('.').to_ascii_lowercase());
+    if let Some(host) = &host {
+        if host.is_empty() || host.contains([':', '/', ' ']) {
+            p.add(
+                format!("{at}.match.host"),
+                format!("invalid host {host:?}: a DNS name without port"),
+            );
+            ok = false;
+        }
+    }
+    let methods = raw.methods.map(|list| {
+        list.iter()
+            .enumerate()
+            .filter_map(
+                |(i, m)| match Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+                    Ok(method) => Some(method),
+                    Err(_) => {
+                        p.add(
+                            format!("{at}.match.methods[{i}]"),
+                            format!("invalid HTTP method {m:?}"),
+                        );
+                        ok = false;
+                        None
+                    }
+                },
+            )
+            .collect()
+    });
+    ok.then_some(RouteMatch {
+        path_prefix,
+        host,
+        methods,
+    })
+}
+
+fn compile_upstream(
+    at: &str,
+    raw: Option<super::raw::RawUpstream>,
+    p: &mut Problems<'_>,
+) -> Option<Upstream> {
+    let Some(raw) = raw else {
+        p.add(
+            format!("{at}.upstream"),
+            "required, e.g. { servers: [127.0.0.1:3000] }",
+        );
+        return None;
+    };
+    if raw.servers.is_empty() {
+        p.add(
+            format!("{at}.upstream.servers"),
+            "at least one upstream server is required",
+        );
+        return None;
+    }
+    let mut ok = true;
+    let mut servers = Vec::new();
+    for (i, text) in raw.servers.iter().enumerate() {
+        match text.to_socket_addrs().map(|mut addrs| addrs.next()) {
+            Ok(Some(addr)) => servers.push(addr),
+            Ok(None) => {
+                p.add(
+                    format!("{at}.upstream.servers[{i}]"),
+                    format!("{text:?} resolves to no address"),
+                );
+                ok = false;
+            }
+            Err(e) => {
+                p.add(
+                    format!("{at}.upstream.servers[{i}]"),
+                    format!("invalid upstream server {text:?}: expected HOST:PORT ({e})"),
+                );
+                ok = false;
+            }
+        }
+    }
+    let timeout = |value: Option<u64>, default: u64, field: &str, p: &mut Problems<'_>| {
+        let ms = value.unwrap_or(default);
+        if !(1..=3_600_000).contains(&ms) {
+            p.add(
+                format!("{at}.upstream.{field}"),
+                format!("must be between 1 and 3600000 ms, got {ms}"),
+            );
+        }
+        Duration::from_millis(ms)
+    };
+    let connect = timeout(
+        raw.connect_timeout_ms,
+        DEFAULT_CONNECT_TIMEOUT_MS,
+        "connect_timeout_ms",
+        p,
+    );
+    let read = timeout(
+        raw.read_timeout_ms,
+        DEFAULT_READ_TIMEOUT_MS,
+        "read_timeout_ms",
+        p,
+    );
+    ok.then(|| Upstream::new(servers, connect, read))
+}
+
+fn compile_limit(at: &str, raw: RawLimit, p: &mut Problems<'_>) -> Option<(Limit, Vec<KeyPart>)> {
+    let name = match raw.name {
+        Some(name) => check_name(&name, &format!("{at}.name"), p).then_some(name),
+        None => {
+            p.add(format!("{at}.name"), "required");
+            None
+        }
+    };
+    let key_texts = raw.key.unwrap_or_else(|| vec!["client_ip".to_string()]);
+    let mut parts = Vec::new();
+    for (i, text) in key_texts.iter().enumerate() {
+        match KeyPart::parse(text) {
+            Ok(part) => parts.push(part),
+            Err(e) => p.add(format!("{at}.key[{i}]"), e),
+        }
+    }
+    let parts_ok = parts.len() == key_texts.len();
+
+    let rate: Option<Rate> = match raw.rate.as_deref() {
+        Some(text) => parse_rate(text)
+            .map_err(|e| p.add(format!("{at}.rate"), e))
+            .ok(),
+        None => {
+            p.add(format!("{at}.rate"), "required, e.g. 10/s or 100/30s");
+            None
+        }
+    };
+    let cost = raw.cost.unwrap_or(1);
+    if cost == 0 {
+        p.add(format!("{at}.cost"), "must be at least 1");
+    }
+    let algorithm_name = raw.algorithm.as_deref().unwrap_or("gcra");
+    let algorithm = match (algorithm_name, rate) {
+        ("gcra", Some(rate)) => {
+            let burst = raw.burst.unwrap_or(0);
+            let emission_us = rate.period_us().div_ceil(rate.count.get());
+            match burst
+                .checked_add(1)
+                .and_then(|n| n.checked_mul(emission_us))
+            {
+                Some(tolerance_us) if tolerance_us <= MAX_TOLERANCE_US => {
+                    if cost > burst + 1 {
+                        p.add(
+                            format!("{at}.cost"),
+                            format!(
+                                "cost {cost} exceeds burst + 1 = {}: no request could ever pass",
+                                burst + 1
+                            ),
+                        );
+                    }
+                    Some(Algorithm::Gcra {
+                        emission_us,
+                        tolerance_us,
+                    })
+                }
+                _ => {
+                    p.add(
+                        format!("{at}.burst"),
+                        format!("burst {burst} is too large for rate {rate}"),
+                    );
+                    None
+                }
+            }
+        }
+        ("fixed_window", Some(rate)) => {
+            if raw.burst.is_some() {
+                p.add(
+                    format!("{at}.burst"),
+                    "burst applies to algorithm gcra only",
+                );
+            }
+            if cost > rate.count.get() {
+                p.add(
+                    format!("{at}.cost"),
+                    format!(
+                        "cost {cost} exceeds the window's limit {}: no request could ever pass",
+                        rate.count
+                    ),
+                );
+            }
+            Some(Algorithm::FixedWindow {
+                limit: rate.count.get(),
+                window_us: rate.period_us(),
+            })
+        }
+        ("gcra" | "fixed_window", None) => None,
+        (other, _) => {
+            p.add(
+                format!("{at}.algorithm"),
+                format!("unknown algorithm {other:?}: use gcra or fixed_window"),
+            );
+            None
+        }
+    };
+    let (name, algorithm, rate) = (name?, algorithm?, rate?);
+    parts_ok.then(|| {
+        (
+            Limit {
+                name: name.into(),
+                algorithm,
+                cost,
+                rate,
+            },
+            parts,
+        )
+    })
+}
+
+/// `"a";q=10;w=1, "b";q=100;w=60`: the IETF httpapi RateLimit-Policy list, built once.
+fn policy_header(limits: &[Limit]) -> HeaderValue {
+    let items: Vec<String> = limits
+        .iter()
+        .map(|l| {
+            format!(
+                "\"{}\";q={};w={}",
+                l.name,
+                l.quota(),
+                l.rate.period.as_millis().div_ceil(1000).max(1)
+            )
+        })
+        .collect();
+    // Names are checked to be a safe ASCII subset, so this cannot fail.
+    HeaderValue::from_str(&items.join(", ")).unwrap_or_else(|_| HeaderValue::from_static(""))
+}

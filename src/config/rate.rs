@@ -1,0 +1,130 @@
+//! `rate:` values: `N/s`, `N/m`, `N/h`, `N/d`, or `N/<count><unit>` such as `100/30s` or `5/500ms`.
+
+use std::fmt;
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+/// A count of requests per period, as the operator wrote it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub count: NonZeroU64,
+    pub period: Duration,
+}
+
+impl Rate {
+    /// The period in microseconds, the unit every limiter computes in.
+    pub fn period_us(&self) -> u64 {
+        self.period.as_micros() as u64
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}ms", self.count, self.period.as_millis())
+    }
+}
+
+/// The longest period a rate may have: one year keeps every microsecond count far below 2^53,
+/// so the Lua scripts (doubles) and the Rust backend compute identical integers.
+const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
+
+pub fn parse_rate(text: &str) -> Result<Rate, String> {
+    let (count, period) = text.split_once('/').ok_or_else(|| {
+        format!("invalid rate {text:?}: expected N/<period>, e.g. 10/s or 100/30s")
+    })?;
+    let count: u64 = count.trim().parse().map_err(|_| {
+        format!("invalid rate {text:?}: {count:?} is not a whole number of requests")
+    })?;
+    let count = NonZeroU64::new(count)
+        .ok_or_else(|| format!("invalid rate {text:?}: the request count must be at least 1"))?;
+    let period =
+        parse_period(period.trim()).map_err(|reason| format!("invalid rate {text:?}: {reason}"))?;
+    if period > MAX_PERIOD {
+        return Err(format!(
+            "invalid rate {text:?}: the period may be at most 366d"
+        ));
+    }
+    if u128::from(count.get()) > period.as_micros() {
+        return Err(format!(
+            "invalid rate {text:?}: at most one request per microsecond can be limited"
+        ));
+    }
+    Ok(Rate { count, period })
+}
+
+fn parse_period(text: &str) -> Result<Duration, String> {
+    let digits_end = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits_end);
+    let multiple: u64 = if number.is_empty() {
+        1
+    } else {
+        number
+            .parse()
+            .map_err(|_| format!("period {text:?} is too large"))?
+    };
+    if multiple == 0 {
+        return Err("the period must be longer than zero".to_string());
+    }
+    let unit_ms: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => {
+            return Err(format!(
+                "unknown period unit {unit:?}: use ms, s, m, h or d"
+            ))
+        }
+    };
+    multiple
+        .checked_mul(unit_ms)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("period {text:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rate(count: u64, ms: u64) -> Rate {
+        Rate {
+            count: NonZeroU64::new(count).unwrap(),
+            period: Duration::from_millis(ms),
+        }
+    }
+
+    #[test]
+    fn parses_every_unit_and_multiples() {
+        assert_eq!(parse_rate("10/s"), Ok(rate(10, 1_000)));
+        assert_eq!(parse_rate("5/m"), Ok(rate(5, 60_000)));
+        assert_eq!(parse_rate("2/h"), Ok(rate(2, 3_600_000)));
+        assert_eq!(parse_rate("1/d"), Ok(rate(1, 86_400_000)));
+        assert_eq!(parse_rate("100/30s"), Ok(rate(100, 30_000)));
+        assert_eq!(parse_rate("3/500ms"), Ok(rate(3, 500)));
+        assert_eq!(parse_rate(" 7 / 2m "), Ok(rate(7, 120_000)));
+    }
+
+    #[test]
+    fn rejects_malformed_rates_with_a_reason() {
+        assert!(parse_rate("10")
+            .unwrap_err()
+            .contains("expected N/<period>"));
+        assert!(parse_rate("ten/s")
+            .unwrap_err()
+            .contains("not a whole number"));
+        assert!(parse_rate("0/s").unwrap_err().contains("at least 1"));
+        assert!(parse_rate("10/fortnight")
+            .unwrap_err()
+            .contains("unknown period unit"));
+        assert!(parse_rate("10/0s")
+            .unwrap_err()
+            .contains("longer than zero"));
+        assert!(parse_rate("1/400d").unwrap_err().contains("at most 366d"));
+        assert!(parse_rate("2000/1ms")
+            .unwrap_err()
+            .contains("per microsecond"));
+    }
+}

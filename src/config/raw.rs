@@ -1,0 +1,84 @@
+//! The configuration file as written: serde structs that only describe the YAML.
+//!
+//! Nothing here is validated beyond YAML types; `compile.rs` turns these into types that
+//! cannot be wrong. Unknown keys are collected by `serde_ignored` (see `mod.rs`) so that all
+//! of them are reported at once, with their paths.
+
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub listen: Vec<String>,
+    pub admin: Option<RawAdmin>,
+    pub redis: Option<RawRedis>,
+    pub failure_mode: Option<String>,
+    #[serde(default)]
+    pub routes: Vec<RawRoute>,
+}
+
+/// The subset of Pingora's `ServerConf` an operator may set.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawServer {
+    pub threads: Option<usize>,
+    pub pid_file: Option<String>,
+    pub upgrade_sock: Option<String>,
+    pub error_log: Option<String>,
+    pub user: Option<String>,
+    pub group: Option<String>,
+    pub daemon: Option<bool>,
+    pub work_stealing: Option<bool>,
+    pub grace_period_seconds: Option<u64>,
+    pub graceful_shutdown_timeout_seconds: Option<u64>,
+    pub upstream_keepalive_pool_size: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawAdmin {
+    pub listen: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawRedis {
+    pub url: Option<String>,
+    pub timeout_ms: Option<u64>,
+    pub key_prefix: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawRoute {
+    pub name: Option<String>,
+    #[serde(rename = "match")]
+    pub matcher: Option<RawMatch>,
+    pub upstream: Option<RawUpstream>,
+    #[serde(default)]
+    pub limits: Vec<RawLimit>,
+    pub rate_limit_headers: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawMatch {
+    pub path_prefix: Option<String>,
+    pub host: Option<String>,
+    pub methods: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawUpstream {
+    #[serde(default)]
+    pub servers: Vec<String>,
+    pub connect_timeout_ms: Option<u64>,
+    pub read_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawLimit {
+    pub name: Option<String>,
+    pub key: Option<Vec<String>>,
+    pub algorithm: Option<String>,
+    pub rate: Option<String>,
+    pub burst: Option<u64>,
+    pub cost: Option<u64>,
+}

@@ -1,0 +1,130 @@
+//! Redis backend: every limit of a route in one EVALSHA of `script::SOURCE`, under a deadline.
+//!
+//! The connection manager is created lazily on first use, inside the runtime that serves
+//! requests (a connection made before Pingora forks or on a runtime that is later dropped is
+//! dead). `redis::Script` sends EVALSHA and falls back to loading the script on NOSCRIPT. A call
+//! that misses its deadline is abandoned, never retried: it may already have counted.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::{script, Decision, Limit, Limiter, LimiterError, Readiness};
+
+/// How long a background reconnect attempt may take; requests never wait for it beyond
+/// their own deadline.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+pub struct RedisLimiter {
+    client: redis::Client,
+    connection: OnceLock<ConnectionManager>,
+    script: redis::Script,
+    deadline: Duration,
+}
+
+impl RedisLimiter {
+    /// Validates the URL; connects nothing yet.
+    pub fn new(url: &str, deadline: Duration) -> Result<RedisLimiter, redis::RedisError> {
+        Ok(RedisLimiter {
+            client: redis::Client::open(url)?,
+            connection: OnceLock::new(),
+            script: redis::Script::new(script::SOURCE),
+            deadline,
+        })
+    }
+
+    fn deadline_ms(&self) -> u64 {
+        self.deadline.as_millis() as u64
+    }
+
+    fn connection(&self) -> Result<ConnectionManager, LimiterError> {
+        if let Some(connection) = self.connection.get() {
+            return Ok(connection.clone());
+        }
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(CONNECT_TIMEOUT.max(self.deadline)))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(500));
+        let manager = ConnectionManager::new_lazy_with_config(self.client.clone(), config)
+            .map_err(|e| LimiterError::Connection(e.to_string()))?;
+        Ok(self.connection.get_or_init(|| manager).clone())
+    }
+
+    async fn evaluate(&self, limits: &[Limit], keys: &[Vec<u8>]) -> Result<Decision, LimiterError> {
+        let mut connection = self.connection()?;
+        let mut invocation = self.script.prepare_invoke();
+        for key in keys {
+            invocation.key(key.as_slice());
+        }
+        script::push_args(&mut invocation, limits, None);
+        let reply: Vec<i64> = invocation
+            .invoke_async(&mut connection)
+            .await
+            .map_err(classify)?;
+        script::parse_reply(&reply, limits.len())
+    }
+}
+
+/// Maps a redis-rs error to our error, with a stable `kind` for the metric label.
+pub fn classify(error: redis::RedisError) -> LimiterError {
+    if error.is_timeout() {
+        return LimiterError::Timeout(0);
+    }
+    if error.is_io_error() || error.is_connection_dropped() || error.is_connection_refusal() {
+        return LimiterError::Connection(error.to_string());
+    }
+    let code = match error.code() {
+        Some("NOSCRIPT") => "noscript",
+        Some("READONLY") => "readonly",
+        Some("LOADING") => "loading",
+        Some("BUSY") => "busy",
+        Some("OOM") => "oom",
+        Some("CROSSSLOT") => "crossslot",
+        Some("MOVED") | Some("ASK") | Some("TRYAGAIN") | Some("CLUSTERDOWN") => "cluster",
+        Some("NOPERM") | Some("NOAUTH") | Some("WRONGPASS") => "auth",
+        Some(_) => "server",
+        None => return LimiterError::Reply(error.to_string()),
+    };
+    LimiterError::Server {
+        code,
+        message: error.to_string(),
+    }
+}
+
+#[async_trait]
+impl Limiter for RedisLimiter {
+    async fn check(&self, limits: &[Limit], keys: &[Vec<u8>]) -> Result<Decision, LimiterError> {
+        match tokio::time::timeout(self.deadline, self.evaluate(limits, keys)).await {
+            Ok(Err(LimiterError::Timeout(_))) | Err(_) => {
+                Err(LimiterError::Timeout(self.deadline_ms()))
+            }
+            Ok(result) => result,
+        }
+    }
+
+    async fn readiness(&self) -> Readiness {
+        let ping = async {
+            let mut connection = self.connection()?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut connection)
+                .await
+                .map_err(classify)
+        };
+        match tokio::time::timeout(self.deadline, ping).await {
+            Ok(Ok(_)) => Readiness::Ready,
+            Ok(Err(e)) => Readiness::Unavailable(e.to_string()),
+            Err(_) => Readiness::Unavailable(format!(
+                "PING exceeded the {} ms deadline",
+                self.deadline_ms()
+            )),
+        }
+    }
+
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+}

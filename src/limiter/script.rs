@@ -1,0 +1,88 @@
+//! The one Lua script that decides all limits of a route, composed from `lua/`, and the
+//! encoding of its arguments and reply. The reply contract is stated in `lua/check.lua`.
+
+use super::{Decision, Limit, LimitStatus, LimiterError};
+
+/// prelude, one file per algorithm, then the driver: one script, one EVALSHA per request.
+pub const SOURCE: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    "\n",
+    include_str!("../../lua/gcra.lua"),
+    "\n",
+    include_str!("../../lua/fixed_window.lua"),
+    "\n",
+    include_str!("../../lua/check.lua"),
+);
+
+/// Integers per limit in the reply.
+const REPLY_STRIDE: usize = 4;
+
+/// Appends ARGV for one call: the clock (`None`: Redis TIME), then per limit its algorithm,
+/// parameters and cost. Keys are added by the caller in the same order.
+pub fn push_args(
+    invocation: &mut redis::ScriptInvocation<'_>,
+    limits: &[Limit],
+    now_us: Option<u64>,
+) {
+    match now_us {
+        Some(now) => invocation.arg(now),
+        None => invocation.arg(""),
+    };
+    for limit in limits {
+        let [p1, p2] = limit.algorithm.script_params();
+        invocation
+            .arg(limit.algorithm.script_name())
+            .arg(p1)
+            .arg(p2)
+            .arg(limit.cost);
+    }
+}
+
+/// Turns the script's flat integer reply into a decision, refusing anything malformed.
+pub fn parse_reply(reply: &[i64], limits: usize) -> Result<Decision, LimiterError> {
+    if reply.len() != limits * REPLY_STRIDE {
+        return Err(LimiterError::Reply(format!(
+            "expected {} integers for {limits} limits, got {}",
+            limits * REPLY_STRIDE,
+            reply.len()
+        )));
+    }
+    let statuses = reply
+        .chunks_exact(REPLY_STRIDE)
+        .map(|quad| {
+            let [allowed, remaining, retry, reset] = [quad[0], quad[1], quad[2], quad[3]];
+            if !(0..=1).contains(&allowed) || remaining < 0 || retry < -1 || reset < 0 {
+                return Err(LimiterError::Reply(format!("out-of-range status {quad:?}")));
+            }
+            Ok(LimitStatus {
+                allowed: allowed == 1,
+                remaining: remaining as u64,
+                retry_after_ms: (retry >= 0).then_some(retry as u64),
+                reset_after_ms: reset as u64,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Decision::from_statuses(statuses))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_reply_and_names_the_longest_denial() {
+        let d = parse_reply(&[1, 4, 0, 100, 0, 0, 250, 1000], 2).unwrap();
+        assert_eq!(d.denied_by, Some(1));
+        assert_eq!(d.statuses[0].remaining, 4);
+        assert_eq!(d.statuses[1].retry_after_ms, Some(250));
+        let never = parse_reply(&[0, 0, -1, 0], 1).unwrap();
+        assert_eq!(never.retry_after_ms(), Some(None));
+    }
+
+    #[test]
+    fn refuses_malformed_replies() {
+        assert!(parse_reply(&[1, 2, 3], 1).is_err());
+        assert!(parse_reply(&[2, 0, 0, 0], 1).is_err());
+        assert!(parse_reply(&[0, -1, 0, 0], 1).is_err());
+    }
+}

@@ -1,0 +1,61 @@
+//! The `sluice` binary: parse the command line, load the config, run or check it.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use sluice::app::{self, RunOptions};
+use sluice::config::Config;
+
+/// A Pingora reverse proxy with exact, shared rate limits in Redis.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version)]
+struct Cli {
+    /// Configuration file.
+    #[arg(short = 'c', long = "conf", default_value = "/etc/sluice/sluice.yaml")]
+    conf: PathBuf,
+    /// Check the configuration, print every problem, and exit.
+    #[arg(short = 't', long = "test")]
+    test: bool,
+    /// Run in the background.
+    #[arg(short = 'd', long = "daemon")]
+    daemon: bool,
+    /// Take over the listening sockets of a running instance (graceful upgrade).
+    #[arg(short = 'u', long = "upgrade")]
+    upgrade: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+
+    let config = match Config::load(&cli.conf) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("{error}");
+            eprintln!(
+                "sluice: {} problem(s) in {}",
+                error.problems.len(),
+                cli.conf.display()
+            );
+            return ExitCode::from(1);
+        }
+    };
+    if cli.test {
+        println!("{}", config.summary());
+        return ExitCode::SUCCESS;
+    }
+    match app::run(
+        config,
+        RunOptions {
+            daemon: cli.daemon,
+            upgrade: cli.upgrade,
+        },
+    ) {
+        Ok(never) => match never {},
+        Err(error) => {
+            eprintln!("sluice: {error}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Metric families, and per-route handles resolved once at startup so the request path only
+//! increments counters (no label lookups, no formatting). Labels never carry a client address
+//! or a raw path: only route names, decisions, status classes and error kinds.
+
+use std::sync::LazyLock;
+
+use pingora_prometheus::prometheus::{
+    register_histogram_vec, register_int_counter_vec, HistogramVec, IntCounter, IntCounterVec,
+};
+
+use crate::router::RouteTable;
+
+pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_requests_total",
+        "Requests by route and limiter decision (allowed, limited, error_allowed, error_denied, no_route).",
+        &["route", "decision"]
+    )
+    .expect("sluice_requests_total registers once")
+});
+
+pub static LIMITER_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "sluice_limiter_duration_seconds",
+        "Time spent deciding one request's limits (one Redis round trip, or the in-process backend).",
+        &["backend"],
+        vec![0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25]
+    )
+    .expect("sluice_limiter_duration_seconds registers once")
+});
+
+pub static LIMITER_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_limiter_errors_total",
+        "Limiter calls that could not decide, by kind (timeout, connection, noscript, readonly, loading, busy, oom, crossslot, reply, ...).",
+        &["kind"]
+    )
+    .expect("sluice_limiter_errors_total registers once")
+});
+
+pub static UPSTREAM_RESPONSES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_upstream_responses_total",
+        "Responses to proxied requests by route and status class (1xx..5xx).",
+        &["route", "status_class"]
+    )
+    .expect("sluice_upstream_responses_total registers once")
+});
+
+/// Label name used for requests that matched no route.
+pub const UNMATCHED_ROUTE: &str = "_unmatched";
+
+/// Decision labels, in the order of [`RouteMetrics::decisions`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Allowed = 0,
+    Limited = 1,
+    ErrorAllowed = 2,
+    ErrorDenied = 3,
+    NoRoute = 4,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 5] = [
+        Outcome::Allowed,
+        Outcome::Limited,
+        Outcome::ErrorAllowed,
+        Outcome::ErrorDenied,
+        Outcome::NoRoute,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Limited => "limited",
+            Outcome::ErrorAllowed => "error_allowed",
+            Outcome::ErrorDenied => "error_denied",
+            Outcome::NoRoute => "no_route",
+        }
+    }
+}
+
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// Counter handles for one route.
+pub struct RouteMetrics {
+    decisions: [IntCounter; 5],
+    status_classes: [IntCounter; 5],
+}
+
+impl RouteMetrics {
+    fn new(route: &str) -> RouteMetrics {
+        RouteMetrics {
+            decisions: Outcome::ALL.map(|o| REQUESTS.with_label_values(&[route, o.label()])),
+            status_classes: STATUS_CLASSES
+                .map(|c| UPSTREAM_RESPONSES.with_label_values(&[route, c])),
+        }
+    }
+
+    pub fn count(&self, outcome: Outcome) {
+        self.decisions[outcome as usize].inc();
+    }
+
+    pub fn count_upstream_status(&self, status: u16) {
+        if let Some(counter) = (status / 100)
+            .checked_sub(1)
+            .and_then(|i| self.status_classes.get(usize::from(i)))
+        {
+            counter.inc();
+        }
+    }
+}
+
+/// Handles for every route of a configuration, indexed by `Route::index`.
+pub struct Metrics {
+    routes: Vec<RouteMetrics>,
+    unmatched: RouteMetrics,
+}
+
+impl Metrics {
+    pub fn new(routes: &RouteTable) -> Metrics {
+        Metrics {
+            routes: routes
+                .in_file_order()
+                .iter()
+                .map(|r| RouteMetrics::new(&r.name))
+                .collect(),
+            unmatched: RouteMetrics::new(UNMATCHED_ROUTE),
+        }
+    }
+
+    pub fn route(&self, index: usize) -> &RouteMetrics {
+        self.routes.get(index).unwrap_or(&self.unmatched)
+    }
+
+    pub fn unmatched(&self) -> &RouteMetrics {
+        &self.unmatched
+    }
+}
+
+/// Registers every family now, so `/metrics` lists them before the first request.
+pub fn init() {
+    LazyLock::force(&REQUESTS);
+    LazyLock::force(&LIMITER_DURATION);
+    for kind in crate::limiter::LimiterError::KINDS {
+        LIMITER_ERRORS.with_label_values(&[kind]);
+    }
+    LazyLock::force(&UPSTREAM_RESPONSES);
+}

@@ -1,0 +1,232 @@
+//! The Pingora glue: route, key, decide, then proxy or reject. The only module that knows
+//! Pingora's `ProxyHttp`; everything it calls is plain Rust.
+
+pub mod respond;
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use pingora::http::ResponseHeader;
+use pingora::prelude::HttpPeer;
+use pingora::proxy::{ProxyHttp, Session};
+use pingora::{Error, ErrorType};
+
+use crate::config::{Config, FailureMode};
+use crate::identity;
+use crate::keys::RequestFacts;
+use crate::limiter::{Decision, Limiter, LimiterError};
+use crate::metrics::{self, Metrics, Outcome};
+use crate::router::{Route, RouteTable};
+use respond::{respond, Rejection};
+
+/// Per-request state, carried from `request_filter` to `logging`.
+#[derive(Default)]
+pub struct RequestCtx {
+    route: Option<Arc<Route>>,
+    decision: Option<Decision>,
+    outcome: Option<Outcome>,
+}
+
+pub struct Gateway {
+    routes: RouteTable,
+    limiter: Arc<dyn Limiter>,
+    failure_mode: FailureMode,
+    metrics: Metrics,
+    /// Unix second of the last limiter error logged: at most one line per second.
+    last_error_log: AtomicU64,
+}
+
+impl Gateway {
+    pub fn new(config: Config, limiter: Arc<dyn Limiter>) -> Gateway {
+        let metrics = Metrics::new(&config.routes);
+        Gateway {
+            routes: config.routes,
+            limiter,
+            failure_mode: config.failure_mode,
+            metrics,
+            last_error_log: AtomicU64::new(0),
+        }
+    }
+
+    fn log_limiter_error(&self, error: &LimiterError) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if self.last_error_log.swap(now, Ordering::Relaxed) != now {
+            log::warn!(
+                "rate limiter unavailable ({}): {error}; failure_mode={:?} applies",
+                error.kind(),
+                self.failure_mode
+            );
+        }
+    }
+}
+
+/// The request's host, lowercased, without port or trailing dot.
+fn request_host(session: &Session) -> Cow<'_, str> {
+    let req = session.req_header();
+    let raw = req
+        .uri
+        .host()
+        .or_else(|| {
+            req.headers
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+        })
+        .unwrap_or("");
+    let without_port = match raw.rfind(':') {
+        Some(i) if !raw.ends_with(']') && raw[i + 1..].bytes().all(|b| b.is_ascii_digit()) => {
+            &raw[..i]
+        }
+        _ => raw,
+    };
+    let host = without_port.trim_end_matches('.');
+    if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(host.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(host)
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::default()
+    }
+
+    async fn request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<bool> {
+        let (route, keys) = {
+            let host = request_host(session);
+            let req = session.req_header();
+            let path = req.uri.path();
+            let Some(route) = self.routes.find(&host, path, &req.method) else {
+                ctx.outcome = Some(Outcome::NoRoute);
+                respond(session, Rejection::NoRoute).await?;
+                return Ok(true);
+            };
+            let route = Arc::clone(route);
+            if route.limits.is_empty() {
+                ctx.outcome = Some(Outcome::Allowed);
+                ctx.route = Some(route);
+                return Ok(false);
+            }
+            let peer = session
+                .client_addr()
+                .and_then(|a| a.as_inet())
+                .map(|a| a.ip());
+            let facts = RequestFacts {
+                client_ip: identity::client_ip(peer),
+                method: req.method.as_str(),
+                host: &host,
+                path,
+                headers: &req.headers,
+                route: &route.name,
+            };
+            let keys = route.keys.build(&facts);
+            (route, keys)
+        };
+
+        let started = Instant::now();
+        let result = self.limiter.check(&route.limits, &keys).await;
+        metrics::LIMITER_DURATION
+            .with_label_values(&[self.limiter.backend()])
+            .observe(started.elapsed().as_secs_f64());
+
+        let handled = match result {
+            Ok(decision) if decision.allowed() => {
+                ctx.outcome = Some(Outcome::Allowed);
+                ctx.decision = Some(decision);
+                false
+            }
+            Ok(decision) => {
+                ctx.outcome = Some(Outcome::Limited);
+                respond(
+                    session,
+                    Rejection::Limited {
+                        route: &route,
+                        decision: &decision,
+                    },
+                )
+                .await?;
+                ctx.decision = Some(decision);
+                true
+            }
+            Err(error) => {
+                metrics::LIMITER_ERRORS
+                    .with_label_values(&[error.kind()])
+                    .inc();
+                self.log_limiter_error(&error);
+                match self.failure_mode {
+                    FailureMode::Allow => {
+                        ctx.outcome = Some(Outcome::ErrorAllowed);
+                        false
+                    }
+                    FailureMode::Deny => {
+                        ctx.outcome = Some(Outcome::ErrorDenied);
+                        respond(session, Rejection::LimiterUnavailable).await?;
+                        true
+                    }
+                }
+            }
+        };
+        ctx.route = Some(route);
+        Ok(handled)
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<Box<HttpPeer>> {
+        let route = ctx.route.as_ref().ok_or_else(|| {
+            Error::explain(
+                ErrorType::InternalError,
+                "no route selected for the request",
+            )
+        })?;
+        let addr = route.upstream.pick().ok_or_else(|| {
+            Error::explain(ErrorType::InternalError, "route has no upstream server")
+        })?;
+        let mut peer = Box::new(HttpPeer::new(addr, false, String::new()));
+        peer.options.connection_timeout = Some(route.upstream.connect_timeout);
+        peer.options.read_timeout = Some(route.upstream.read_timeout);
+        Ok(peer)
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        if let (Some(route), Some(decision)) = (&ctx.route, &ctx.decision) {
+            respond::add_ratelimit_headers(upstream_response, route, decision)?;
+        }
+        Ok(())
+    }
+
+    async fn logging(&self, session: &mut Session, _error: Option<&Error>, ctx: &mut RequestCtx) {
+        let route_metrics = match &ctx.route {
+            Some(route) => self.metrics.route(route.index),
+            None => self.metrics.unmatched(),
+        };
+        let Some(outcome) = ctx.outcome else {
+            return; // the request failed before it was routed (e.g. a malformed request)
+        };
+        route_metrics.count(outcome);
+        if matches!(outcome, Outcome::Allowed | Outcome::ErrorAllowed) {
+            if let Some(response) = session.response_written() {
+                route_metrics.count_upstream_status(response.status.as_u16());
+            }
+        }
+    }
+}

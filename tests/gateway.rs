@@ -1,0 +1,386 @@
+//! End to end: the real `sluice` binary in front of the real demo upstream, limits in a real
+//! redis-server (or in-process), driven over loopback.
+
+mod support;
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use redis::Commands;
+use support::{metric, Gateway, RedisServer, Upstream};
+
+fn redis_config(failure_mode: &str, routes: &str) -> String {
+    format!("redis:\n  url: REDIS_URL\n  timeout_ms: 50\n  key_prefix: t\nfailure_mode: {failure_mode}\nroutes:\n{routes}")
+}
+
+const BURST_ROUTE: &str = r#"
+  - name: api
+    match: { path_prefix: /api/ }
+    upstream: { servers: [UPSTREAM] }
+    limits:
+      - name: per_client
+        key: [client_ip, path]
+        algorithm: gcra
+        rate: 5/10s
+        burst: 4
+"#;
+
+#[test]
+fn a_burst_admits_exactly_the_limit_then_429s_with_headers_then_passes_again() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let gateway = Gateway::start(&redis_config("allow", BURST_ROUTE), &upstream, Some(&redis));
+
+    let responses: Vec<_> = (0..10).map(|_| gateway.get("/api/items")).collect();
+    let statuses: Vec<u16> = responses.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429, 429, 429, 429]);
+    assert_eq!(upstream.served(), 5);
+
+    let first = &responses[0];
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        Some("\"per_client\";q=5;w=10")
+    );
+    assert_eq!(first.header("ratelimit"), Some("\"per_client\";r=4;t=2"));
+    let denied = &responses[5];
+    assert_eq!(denied.header("retry-after"), Some("2"));
+    assert_eq!(
+        denied.header("ratelimit-policy"),
+        Some("\"per_client\";q=5;w=10")
+    );
+    assert_eq!(denied.header("ratelimit"), Some("\"per_client\";r=0;t=10"));
+    assert_eq!(
+        denied.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert!(
+        denied.body.contains("\"status\":429") && denied.body.contains("\"limit\":\"per_client\""),
+        "{}",
+        denied.body
+    );
+
+    // One emission interval (2 s) later, exactly one more request passes.
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eq!(gateway.get("/api/items").status, 200);
+    assert_eq!(gateway.get("/api/items").status, 429);
+
+    let metrics = gateway.metrics();
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_requests_total",
+            &[("route", "api"), ("decision", "allowed")]
+        ),
+        6.0
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_requests_total",
+            &[("route", "api"), ("decision", "limited")]
+        ),
+        6.0
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_upstream_responses_total",
+            &[("route", "api"), ("status_class", "2xx")]
+        ),
+        6.0
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_limiter_duration_seconds_count",
+            &[("backend", "redis")]
+        ),
+        12.0
+    );
+}
+
+#[test]
+fn clients_and_paths_have_independent_buckets() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let routes = r#"
+  - name: api
+    match: { path_prefix: /api/ }
+    upstream: { servers: [UPSTREAM] }
+    limits:
+      - name: per_client_path
+        key: [client_ip, path]
+        rate: 1/m
+"#;
+    let gateway = Gateway::start(&redis_config("allow", routes), &upstream, Some(&redis));
+    for source in ["127.0.0.2", "127.0.0.3"] {
+        assert_eq!(
+            gateway.get_from(source, "/api/a").status,
+            200,
+            "first request of {source}"
+        );
+        assert_eq!(
+            gateway.get_from(source, "/api/a").status,
+            429,
+            "second request of {source}"
+        );
+    }
+    assert_eq!(
+        gateway.get_from("127.0.0.2", "/api/b").status,
+        200,
+        "another path, another bucket"
+    );
+    assert_eq!(gateway.get_from("127.0.0.2", "/api/b").status, 429);
+    let keys: Vec<String> = redis.connection().keys("t:*").unwrap();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+}
+
+#[test]
+fn a_denying_limit_leaves_the_other_limits_unconsumed() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let routes = r#"
+  - name: api
+    match: { path_prefix: / }
+    upstream: { servers: [UPSTREAM] }
+    limits:
+      - name: generous
+        key: [client_ip]
+        rate: 10/m
+        burst: 9
+      - name: strict
+        key: [client_ip]
+        algorithm: fixed_window
+        rate: 1/m
+"#;
+    let gateway = Gateway::start(&redis_config("allow", routes), &upstream, Some(&redis));
+    let allowed = gateway.get("/x");
+    assert_eq!(allowed.status, 200);
+    assert_eq!(
+        allowed.header("ratelimit"),
+        Some("\"generous\";r=9;t=6, \"strict\";r=0;t=60")
+    );
+    let generous_key: String = redis
+        .connection()
+        .keys::<_, Vec<String>>("t:*:generous:*")
+        .unwrap()
+        .remove(0);
+    let tat: String = redis.connection().get(&generous_key).unwrap();
+    for _ in 0..3 {
+        let denied = gateway.get("/x");
+        assert_eq!(denied.status, 429);
+        assert!(
+            denied
+                .header("ratelimit")
+                .unwrap()
+                .starts_with("\"generous\";r=9;"),
+            "{:?}",
+            denied.header("ratelimit")
+        );
+        assert!(denied.body.contains("\"limit\":\"strict\""));
+    }
+    assert_eq!(
+        redis.connection().get::<_, String>(&generous_key).unwrap(),
+        tat,
+        "generous was not consumed"
+    );
+    assert_eq!(upstream.served(), 1);
+}
+
+#[test]
+fn unmatched_requests_get_404_and_never_touch_redis() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let gateway = Gateway::start(&redis_config("allow", BURST_ROUTE), &upstream, Some(&redis));
+    let response = gateway.get("/elsewhere");
+    assert_eq!(response.status, 404);
+    assert!(response.body.contains("No route"));
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(
+        !info.contains("evalsha") && !info.contains("cmdstat_eval"),
+        "{info}"
+    );
+    assert_eq!(upstream.served(), 0);
+    let metrics = gateway.metrics();
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_requests_total",
+            &[("route", "_unmatched"), ("decision", "no_route")]
+        ),
+        1.0
+    );
+}
+
+#[test]
+fn redis_down_with_failure_mode_allow_serves_and_counts_errors() {
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let gateway = Gateway::start(&redis_config("allow", BURST_ROUTE), &upstream, Some(&redis));
+    assert_eq!(gateway.get("/api/a").status, 200);
+    redis.stop();
+    for _ in 0..5 {
+        assert_eq!(gateway.get("/api/a").status, 200);
+    }
+    assert_eq!(upstream.served(), 6);
+    let metrics = gateway.metrics();
+    assert_eq!(metric(&metrics, "sluice_limiter_errors_total", &[]), 5.0);
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_requests_total",
+            &[("route", "api"), ("decision", "error_allowed")]
+        ),
+        5.0
+    );
+    let ready = support::http_get(gateway.admin, "/readyz", None, &[]);
+    assert!(ready.body.starts_with("degraded"), "{}", ready.body);
+
+    // Redis comes back on the same port: limiting engages again without a restart.
+    let _redis = RedisServer::start_on(redis.port);
+    let mut recovered = false;
+    for _ in 0..100 {
+        gateway.get("/api/recovery");
+        let metrics = gateway.metrics();
+        if metric(
+            &metrics,
+            "sluice_requests_total",
+            &[("route", "api"), ("decision", "allowed")],
+        ) > 1.0
+        {
+            recovered = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(recovered, "limiting did not resume after Redis returned");
+}
+
+#[test]
+fn redis_down_with_failure_mode_deny_answers_503_and_the_upstream_sees_nothing() {
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let gateway = Gateway::start(&redis_config("deny", BURST_ROUTE), &upstream, Some(&redis));
+    redis.stop();
+    for _ in 0..3 {
+        let response = gateway.get("/api/a");
+        assert_eq!(response.status, 503);
+        assert_eq!(response.header("retry-after"), Some("1"));
+    }
+    assert_eq!(upstream.served(), 0);
+    let metrics = gateway.metrics();
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_requests_total",
+            &[("route", "api"), ("decision", "error_denied")]
+        ),
+        3.0
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_limiter_errors_total",
+            &[("kind", "connection")]
+        ),
+        3.0
+    );
+}
+
+#[test]
+fn a_redis_that_never_answers_trips_the_deadline_not_the_request() {
+    // A listener that accepts and never replies: what a paused or blackholed Redis looks like.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}/0", silent.local_addr().unwrap());
+    let upstream = Upstream::start();
+    let config = redis_config("allow", BURST_ROUTE).replace("REDIS_URL", &url);
+    let gateway = Gateway::start(&config, &upstream, None);
+    for _ in 0..3 {
+        assert_eq!(gateway.get("/api/a").status, 200);
+    }
+    let metrics = gateway.metrics();
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_limiter_errors_total",
+            &[("kind", "timeout")]
+        ),
+        3.0
+    );
+    drop(silent);
+}
+
+#[test]
+fn without_redis_the_in_process_limiter_enforces_the_same_limits() {
+    let upstream = Upstream::start();
+    let gateway = Gateway::start(&format!("routes:\n{BURST_ROUTE}"), &upstream, None);
+    let statuses: Vec<u16> = (0..7).map(|_| gateway.get("/api/items").status).collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
+    assert_eq!(gateway.get_from("127.0.0.9", "/api/items").status, 200);
+    let metrics = gateway.metrics();
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_limiter_duration_seconds_count",
+            &[("backend", "local")]
+        ),
+        8.0
+    );
+    let ready = support::http_get(gateway.admin, "/readyz", None, &[]);
+    assert_eq!(ready.body, "ready: local limiter\n");
+}
+
+#[test]
+fn routes_can_turn_rate_limit_headers_off() {
+    let upstream = Upstream::start();
+    let routes = BURST_ROUTE.replace("    limits:", "    rate_limit_headers: false\n    limits:");
+    let gateway = Gateway::start(&format!("routes:\n{routes}"), &upstream, None);
+    let ok = gateway.get("/api/x");
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.header("ratelimit"), None);
+    for _ in 0..5 {
+        gateway.get("/api/x");
+    }
+    let denied = gateway.get("/api/x");
+    assert_eq!(denied.status, 429);
+    assert_eq!(
+        (
+            denied.header("ratelimit"),
+            denied.header("ratelimit-policy")
+        ),
+        (None, None)
+    );
+    assert_eq!(denied.header("retry-after"), Some("2"));
+}
+
+#[test]
+fn metrics_endpoint_is_prometheus_text_with_every_family() {
+    let upstream = Upstream::start();
+    let gateway = Gateway::start(&format!("routes:\n{BURST_ROUTE}"), &upstream, None);
+    gateway.get("/api/x");
+    let text = gateway.metrics();
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("valid Prometheus text");
+    for family in [
+        "sluice_requests_total",
+        "sluice_limiter_duration_seconds_count",
+        "sluice_upstream_responses_total",
+    ] {
+        assert!(
+            scrape.samples.iter().any(|s| s.metric == family),
+            "{family} missing"
+        );
+    }
+    assert!(text.contains("# TYPE sluice_limiter_errors_total counter"));
+    assert!(
+        !text.contains("127.0.0.1\"") && !text.contains("/api/x"),
+        "no client address or raw path in labels"
+    );
+    assert_eq!(
+        support::http_get(gateway.admin, "/healthz", None, &[]).body,
+        "ok\n"
+    );
+}

@@ -1,0 +1,314 @@
+//! Test harness: real `redis-server`, real demo upstream and real `sluice` processes on free
+//! loopback ports, each reaped by PID when its handle drops. Nothing is mocked.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral port on 127.0.0.1")
+}
+
+fn wait_until(what: &str, child: &mut Child, timeout: Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if ready() {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited during startup with {status}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{what} was not ready within {timeout:?}");
+}
+
+fn reap(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A throwaway `redis-server` with no persistence.
+pub struct RedisServer {
+    child: Child,
+    pub port: u16,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        RedisServer::start_on(free_port())
+    }
+
+    pub fn start_on(port: u16) -> RedisServer {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start redis-server ({e}): it is required by this test. \
+                     Run scripts/test.sh, which installs it, or: apt-get install redis-server"
+                )
+            });
+        let mut server = RedisServer { child, port };
+        let url = server.url();
+        wait_until(
+            "redis-server",
+            &mut server.child,
+            Duration::from_secs(10),
+            || {
+                redis::Client::open(url.as_str())
+                    .and_then(|c| c.get_connection())
+                    .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                    .is_ok()
+            },
+        );
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    pub fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection())
+            .expect("connect to the test redis-server")
+    }
+
+    /// Kills the server; `start_on(self.port)` brings one back.
+    pub fn stop(&mut self) {
+        reap(&mut self.child);
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        reap(&mut self.child);
+    }
+}
+
+/// The `demo-upstream` binary: 200 for everything, `/__stats` counts what it served.
+pub struct Upstream {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Upstream {
+    pub fn start() -> Upstream {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_demo-upstream"))
+            .arg(addr.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start demo-upstream");
+        let mut upstream = Upstream { child, addr };
+        wait_until(
+            "demo-upstream",
+            &mut upstream.child,
+            Duration::from_secs(10),
+            || TcpStream::connect(addr).is_ok(),
+        );
+        upstream
+    }
+
+    /// Requests served so far (other than `/__stats`).
+    pub fn served(&self) -> u64 {
+        let response = http_get(self.addr, "/__stats", None, &[]);
+        response.body.trim().parse().expect("numeric /__stats")
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        reap(&mut self.child);
+    }
+}
+
+/// A running `sluice` with its own config, pid file and upgrade socket in a temp dir.
+pub struct Gateway {
+    child: Child,
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    _dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+}
+
+impl Gateway {
+    /// Starts sluice with `body` (the top-level keys after `listen`/`admin`/`server`), in which
+    /// `UPSTREAM` is replaced by the upstream's address and `REDIS_URL` by the Redis URL.
+    pub fn start(body: &str, upstream: &Upstream, redis: Option<&RedisServer>) -> Gateway {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let proxy: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let body = body
+            .replace("UPSTREAM", &upstream.addr.to_string())
+            .replace("REDIS_URL", &redis.map(|r| r.url()).unwrap_or_default());
+        let config = format!(
+            "server:\n  threads: 2\n  pid_file: {pid}\n  upgrade_sock: {sock}\n  grace_period_seconds: 0\n  graceful_shutdown_timeout_seconds: 0\n\
+             listen: [{proxy}]\nadmin:\n  listen: {admin}\n{body}",
+            pid = dir.path().join("sluice.pid").display(),
+            sock = dir.path().join("upgrade.sock").display(),
+        );
+        let config_path = dir.path().join("sluice.yaml");
+        std::fs::write(&config_path, config).expect("write config");
+        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("-c")
+            .arg(&config_path)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start sluice");
+        let mut gateway = Gateway {
+            child,
+            proxy,
+            admin,
+            _dir: dir,
+            config_path,
+        };
+        wait_until(
+            "sluice",
+            &mut gateway.child,
+            Duration::from_secs(20),
+            || TcpStream::connect(proxy).is_ok() && TcpStream::connect(admin).is_ok(),
+        );
+        gateway
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        http_get(self.proxy, path, None, &[])
+    }
+
+    pub fn get_from(&self, source: &str, path: &str) -> Response {
+        http_get(
+            self.proxy,
+            path,
+            Some(source.parse().expect("source IP")),
+            &[],
+        )
+    }
+
+    pub fn metrics(&self) -> String {
+        http_get(self.admin, "/metrics", None, &[]).body
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        reap(&mut self.child);
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection, optionally from a chosen loopback source address.
+pub fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    source: Option<IpAddr>,
+    headers: &[(&str, &str)],
+) -> Response {
+    let mut stream = connect(addr, source);
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).expect("send request");
+    read_response(&mut stream)
+}
+
+pub fn connect(addr: SocketAddr, source: Option<IpAddr>) -> TcpStream {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    if let Some(ip) = source {
+        socket
+            .bind(&SocketAddr::new(ip, 0).into())
+            .expect("bind source address");
+    }
+    socket
+        .connect(&addr.into())
+        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    let stream: TcpStream = socket.into();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    stream
+}
+
+pub fn read_response(stream: &mut TcpStream) -> Response {
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).expect("read response");
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").expect("complete response head");
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+        .collect();
+    Response {
+        status,
+        headers,
+        body: body.to_string(),
+    }
+}
+
+/// The value of one sample in Prometheus text, by metric name and exact label set.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("metrics parse as Prometheus text");
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+pub fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}

@@ -56,9 +56,9 @@ impl ServeHttp for AdminApp {
                 Readiness::Unavailable(reason) => text(
                     200,
                     format!(
-                        "degraded: {} limiter unavailable ({reason}); failure_mode {:?} applies\n",
+                        "degraded: {} limiter unavailable ({reason}); failure_mode {} applies\n",
                         self.limiter.backend(),
-                        self.failure_mode
+                        self.failure_mode.as_str()
                     ),
                 ),
             },

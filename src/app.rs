@@ -44,6 +44,9 @@ pub fn server_conf(settings: &ServerSettings, daemon: bool) -> ServerConf {
         user: settings.user.clone(),
         group: settings.group.clone(),
         daemon: daemon || settings.daemon,
+        // The launching process exits only once the daemon has bound its listeners, so
+        // systemd (Type=forking) sees "started" when sluice really serves.
+        daemon_wait_for_ready: true,
         work_stealing: settings.work_stealing.unwrap_or(true),
         grace_period_seconds: Some(settings.grace_period_seconds.unwrap_or(5)),
         graceful_shutdown_timeout_seconds: Some(

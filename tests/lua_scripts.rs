@@ -6,6 +6,7 @@ mod support;
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use proptest::test_runner::TestRunner;
 use redis::Commands;
 use sluice::config::rate::parse_rate;
 use sluice::limiter::clock::ManualClock;
@@ -408,36 +409,40 @@ fn arb_limit() -> impl Strategy<Value = Limit> {
     ]
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
-
-    /// Random limits and random (time step, request) sequences: the script in Redis and the
-    /// in-process backend give identical decisions, remaining counts and times.
-    #[test]
-    fn script_and_in_process_backend_agree(
-        limits in prop::collection::vec(arb_limit(), 1..4),
-        steps in prop::collection::vec((0u64..400_000, any::<bool>()), 1..60),
-    ) {
-        let redis = shared_redis();
-        let mut con = redis.connection();
-        redis::cmd("FLUSHDB").query::<()>(&mut con).unwrap();
-        let local = LocalLimiter::new(Arc::new(ManualClock::new(0)), 10_000);
-        let names: Vec<String> = (0..limits.len()).map(|i| format!("prop:{i}")).collect();
-        let keys: Vec<&str> = names.iter().map(String::as_str).collect();
-        let key_bytes: Vec<Vec<u8>> = names.iter().map(|n| n.clone().into_bytes()).collect();
-        let mut now = T0;
-        for (step, only_first) in steps {
-            now += step;
-            let n = if only_first { 1 } else { limits.len() };
-            let from_redis = script::parse_reply(&call(&mut con, &keys[..n], &limits[..n], now), n).unwrap();
-            let from_local: Decision = local.check_at(&limits[..n], &key_bytes[..n], now as i64).unwrap();
-            prop_assert_eq!(from_redis, from_local, "at {} with {:?}", now, &limits[..n]);
-        }
-    }
-}
-
-/// One server for all property cases (each case flushes it).
-fn shared_redis() -> &'static RedisServer {
-    static SERVER: std::sync::OnceLock<RedisServer> = std::sync::OnceLock::new();
-    SERVER.get_or_init(RedisServer::start)
+/// Random limits and random (time step, request) sequences: the script in Redis and the
+/// in-process backend give identical decisions, remaining counts and times.
+#[test]
+fn script_and_in_process_backend_agree() {
+    let redis = RedisServer::start();
+    let con = std::cell::RefCell::new(redis.connection());
+    let cases = (
+        prop::collection::vec(arb_limit(), 1..4),
+        prop::collection::vec((0u64..400_000, any::<bool>()), 1..60),
+    );
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 48,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&cases, |(limits, steps)| {
+            let mut con = con.borrow_mut();
+            redis::cmd("FLUSHDB").query::<()>(&mut *con).unwrap();
+            let local = LocalLimiter::new(Arc::new(ManualClock::new(0)), 10_000);
+            let names: Vec<String> = (0..limits.len()).map(|i| format!("prop:{i}")).collect();
+            let keys: Vec<&str> = names.iter().map(String::as_str).collect();
+            let key_bytes: Vec<Vec<u8>> = names.iter().map(|n| n.clone().into_bytes()).collect();
+            let mut now = T0;
+            for (step, only_first) in steps {
+                now += step;
+                let n = if only_first { 1 } else { limits.len() };
+                let reply = call(&mut con, &keys[..n], &limits[..n], now);
+                let from_redis = script::parse_reply(&reply, n).unwrap();
+                let from_local: Decision = local
+                    .check_at(&limits[..n], &key_bytes[..n], now as i64)
+                    .unwrap();
+                prop_assert_eq!(from_redis, from_local, "at {} with {:?}", now, &limits[..n]);
+            }
+            Ok(())
+        })
+        .unwrap();
 }

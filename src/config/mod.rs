@@ -3,7 +3,7 @@
 //! `raw.rs` describes the file; `compile.rs` turns it into a [`Config`] whose values cannot be
 //! wrong. Unknown keys, and problems found while compiling, are all reported together, each
 //! with the file and the YAML path; a type error stops parsing at the first one (serde cannot
-//! go on), with its line and column.
+//! go on), with its path, line and column.
 
 pub mod compile;
 pub mod rate;
@@ -21,6 +21,15 @@ use crate::router::RouteTable;
 pub enum FailureMode {
     Allow,
     Deny,
+}
+
+impl FailureMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureMode::Allow => "allow",
+            FailureMode::Deny => "deny",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -78,21 +87,10 @@ impl Config {
             ));
         };
         let ignored = serde_ignored::Deserializer::new(deserializer, &mut unknown_key);
-        let raw: raw::RawConfig = match serde_path_to_error::deserialize(ignored) {
+        let raw: raw::RawConfig = match serde::Deserialize::deserialize(ignored) {
             Ok(raw) => raw,
-            Err(e) => {
-                let location = e.path().to_string();
-                let location = if location == "." {
-                    String::new()
-                } else {
-                    location
-                };
-                return Err(ConfigError::single(
-                    path,
-                    &location,
-                    e.into_inner().to_string(),
-                ));
-            }
+            // serde_yaml's message already starts with the YAML path and ends with the line.
+            Err(e) => return Err(ConfigError::single(path, "", e.to_string())),
         };
         let compiled = compile::compile(path, raw, &mut problems);
         match compiled {

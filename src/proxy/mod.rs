@@ -57,9 +57,9 @@ impl Gateway {
             .map_or(0, |d| d.as_secs());
         if self.last_error_log.swap(now, Ordering::Relaxed) != now {
             log::warn!(
-                "rate limiter unavailable ({}): {error}; failure_mode={:?} applies",
+                "rate limiter unavailable ({}): {error}; failure_mode={} applies",
                 error.kind(),
-                self.failure_mode
+                self.failure_mode.as_str()
             );
         }
     }

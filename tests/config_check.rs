@@ -1,0 +1,128 @@
+//! `sluice -t`: one fixture per kind of mistake, with the exact messages; the example passes.
+
+mod support;
+
+use std::process::Command;
+
+/// Runs `sluice -t -c <fixture>` from the repository root; returns (exit code, stdout, stderr).
+fn check(path: &str) -> (i32, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(support::repo_path(""))
+        .args(["-t", "-c", path])
+        .output()
+        .expect("run sluice -t");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn assert_problems(fixture: &str, expected: &[&str]) {
+    let path = format!("tests/fixtures/config/{fixture}");
+    let (code, stdout, stderr) = check(&path);
+    assert_eq!(code, 1, "{fixture} must fail; stdout: {stdout}");
+    let mut lines: Vec<&str> = stderr.lines().collect();
+    let summary = lines.pop().unwrap_or_default();
+    assert_eq!(
+        summary,
+        format!("sluice: {} problem(s) in {path}", expected.len())
+    );
+    let expected: Vec<String> = expected.iter().map(|e| format!("{path}: {e}")).collect();
+    assert_eq!(lines, expected);
+}
+
+#[test]
+fn the_example_configuration_passes() {
+    let (code, stdout, stderr) = check("conf/sluice.yaml");
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout,
+        "conf/sluice.yaml: ok: 2 routes, 3 limits, redis at redis://127.0.0.1:6379/0\n"
+    );
+}
+
+#[test]
+fn unknown_keys_are_all_named_with_their_path() {
+    assert_problems(
+        "unknown_key.yaml",
+        &[
+            "routes[0].limits[0].brust: unknown key",
+            "routes[0].timeout: unknown key",
+        ],
+    );
+}
+
+#[test]
+fn bad_rates_are_explained() {
+    assert_problems(
+        "bad_rate.yaml",
+        &[
+            "routes[0].limits[0].rate: invalid rate \"10/fortnight\": unknown period unit \"fortnight\": use ms, s, m, h or d",
+            "routes[0].limits[1].rate: invalid rate \"0/s\": the request count must be at least 1",
+        ],
+    );
+}
+
+#[test]
+fn bad_addresses_are_explained() {
+    assert_problems(
+        "bad_address.yaml",
+        &[
+            "listen[0]: invalid address \"localhost:8080\": expected IP:PORT, e.g. 127.0.0.1:8080",
+            "admin.listen: invalid address \"127.0.0.1\": expected IP:PORT, e.g. 127.0.0.1:8080",
+            "routes[0].upstream.servers[0]: invalid upstream server \"127.0.0.1:notaport\": expected HOST:PORT (invalid port value)",
+        ],
+    );
+}
+
+#[test]
+fn duplicate_route_names_are_refused() {
+    assert_problems(
+        "duplicate_route.yaml",
+        &["routes[1].name: duplicate route name \"api\""],
+    );
+}
+
+#[test]
+fn an_empty_upstream_is_refused() {
+    assert_problems(
+        "empty_upstream.yaml",
+        &["routes[0].upstream.servers: at least one upstream server is required"],
+    );
+}
+
+#[test]
+fn a_type_error_names_its_path_and_line() {
+    assert_problems(
+        "wrong_type.yaml",
+        &["redis.timeout_ms: invalid type: string \"fast\", expected u64 at line 4 column 15"],
+    );
+}
+
+#[test]
+fn every_mistake_of_a_file_is_reported_at_once() {
+    assert_problems(
+        "many_mistakes.yaml",
+        &[
+            "redis.url: invalid redis URL: Redis URL did not parse - InvalidClientConfig",
+            "failure_mode: unknown failure mode \"maybe\": use allow or deny",
+            "routes[0].name: invalid name \"bad name{}\": use 1 to 64 of A-Z a-z 0-9 _ . -",
+            "routes[0].match.path_prefix: must start with '/', got \"api\"",
+            "routes[0].match.methods[1]: invalid HTTP method \"NOT A METHOD\"",
+            "routes[0].limits[0].key[1]: unknown key part \"cookie\": use client_ip, path, route, method, host, header:NAME or const:TEXT",
+            "routes[0].limits[0].algorithm: unknown algorithm \"leaky\": use gcra or fixed_window",
+            "routes[0].limits[1].burst: burst applies to algorithm gcra only",
+            "routes[0].limits[2].name: duplicate limit name \"b\" in this route",
+            "routes[0].limits[2].cost: cost 3 exceeds burst + 1 = 1: no request could ever pass",
+        ],
+    );
+}
+
+#[test]
+fn a_missing_file_is_one_clear_error() {
+    assert_problems(
+        "does_not_exist.yaml",
+        &["cannot read the file: No such file or directory (os error 2)"],
+    );
+}

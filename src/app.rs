@@ -44,9 +44,8 @@ pub fn server_conf(settings: &ServerSettings, daemon: bool) -> ServerConf {
         user: settings.user.clone(),
         group: settings.group.clone(),
         daemon: daemon || settings.daemon,
-        // The launching process exits only once the daemon has bound its listeners, so
-        // systemd (Type=forking) sees "started" when sluice really serves.
-        daemon_wait_for_ready: true,
+        // Not `daemon_wait_for_ready`: in Pingora 0.9.1 the daemon's SIGUSR1 can reach the
+        // launching process before it installs its handler, killing it (seen in tests/upgrade.rs).
         work_stealing: settings.work_stealing.unwrap_or(true),
         grace_period_seconds: Some(settings.grace_period_seconds.unwrap_or(5)),
         graceful_shutdown_timeout_seconds: Some(
@@ -80,7 +79,10 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
     };
     let mut server =
         Server::new_with_opt_and_conf(opt, server_conf(&config.server, options.daemon));
-    server.bootstrap();
+    // Bootstrap (taking the listeners over from an old instance with -u) runs as a service,
+    // after daemonizing, and the listeners wait for it: a new instance can be started first and
+    // waits for the sockets until the old one is told to hand them over (SIGQUIT).
+    let bootstrap = server.bootstrap_as_a_service();
 
     let limiter = build_limiter(&config)?;
     log::info!("{}", config.summary());
@@ -98,7 +100,7 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
     for addr in &listen {
         proxy.add_tcp(&addr.to_string());
     }
-    server.add_service(proxy);
+    server.add_service(proxy).add_dependency(&bootstrap);
 
     if let Some(addr) = admin_listen {
         let mut admin = Service::new(
@@ -106,7 +108,7 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
             HttpServer::new_app(AdminApp::new(limiter, failure_mode)),
         );
         admin.add_tcp(&addr.to_string());
-        server.add_service(admin);
+        server.add_service(admin).add_dependency(&bootstrap);
     }
     server.run_forever()
 }

@@ -33,13 +33,19 @@ fn the_unit_verifies_cleanly() {
 #[test]
 fn the_unit_matches_the_runtime_directory_convention() {
     let unit = std::fs::read_to_string(support::repo_path("systemd/sluice.service")).unwrap();
+    let position = |line: &str| unit.lines().position(|l| l == line);
+    assert!(
+        position("ExecReload=/usr/bin/sluice -u -d -c /etc/sluice/sluice.yaml")
+            < position("ExecReload=/bin/kill -QUIT $MAINPID"),
+        "the new instance must be started before the old one is told to hand over"
+    );
     for line in [
         "Type=forking",
         "RuntimeDirectory=sluice",
         "PIDFile=/run/sluice/sluice.pid",
         "ExecStartPre=/usr/bin/sluice -t -c /etc/sluice/sluice.yaml",
-        "ExecReload=/bin/kill -QUIT $MAINPID",
         "ExecReload=/usr/bin/sluice -u -d -c /etc/sluice/sluice.yaml",
+        "ExecReload=/bin/kill -QUIT $MAINPID",
         "CapabilityBoundingSet=CAP_NET_BIND_SERVICE",
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",

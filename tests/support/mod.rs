@@ -148,14 +148,27 @@ pub struct Gateway {
     child: Child,
     pub proxy: SocketAddr,
     pub admin: SocketAddr,
-    _dir: tempfile::TempDir,
     pub config_path: PathBuf,
+    _config: GatewayConfig,
 }
 
-impl Gateway {
-    /// Starts sluice with `body` (the top-level keys after `listen`/`admin`/`server`), in which
-    /// `UPSTREAM` is replaced by the upstream's address and `REDIS_URL` by the Redis URL.
-    pub fn start(body: &str, upstream: &Upstream, redis: Option<&RedisServer>) -> Gateway {
+/// A sluice configuration file on free loopback ports, in its own temp dir.
+pub struct GatewayConfig {
+    pub dir: tempfile::TempDir,
+    pub path: PathBuf,
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+impl GatewayConfig {
+    /// Writes the file: `body` holds the top-level keys after `server`/`listen`/`admin`, with
+    /// `UPSTREAM` and `REDIS_URL` replaced. Graceful shutdown waits `grace_seconds` twice.
+    pub fn write(
+        body: &str,
+        upstream: &Upstream,
+        redis: Option<&RedisServer>,
+        grace_seconds: u64,
+    ) -> GatewayConfig {
         let dir = tempfile::tempdir().expect("temp dir");
         let proxy: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
@@ -163,27 +176,45 @@ impl Gateway {
             .replace("UPSTREAM", &upstream.addr.to_string())
             .replace("REDIS_URL", &redis.map(|r| r.url()).unwrap_or_default());
         let config = format!(
-            "server:\n  threads: 2\n  pid_file: {pid}\n  upgrade_sock: {sock}\n  grace_period_seconds: 0\n  graceful_shutdown_timeout_seconds: 0\n\
+            "server:\n  threads: 2\n  pid_file: {pid}\n  upgrade_sock: {sock}\n  grace_period_seconds: {grace_seconds}\n  graceful_shutdown_timeout_seconds: {grace_seconds}\n\
              listen: [{proxy}]\nadmin:\n  listen: {admin}\n{body}",
             pid = dir.path().join("sluice.pid").display(),
             sock = dir.path().join("upgrade.sock").display(),
         );
-        let config_path = dir.path().join("sluice.yaml");
-        std::fs::write(&config_path, config).expect("write config");
+        let path = dir.path().join("sluice.yaml");
+        std::fs::write(&path, config).expect("write config");
+        GatewayConfig {
+            dir,
+            path,
+            proxy,
+            admin,
+        }
+    }
+
+    pub fn pid_file(&self) -> PathBuf {
+        self.dir.path().join("sluice.pid")
+    }
+}
+
+impl Gateway {
+    /// Starts sluice (in the foreground, as a child) with a config written by [`GatewayConfig::write`].
+    pub fn start(body: &str, upstream: &Upstream, redis: Option<&RedisServer>) -> Gateway {
+        let config = GatewayConfig::write(body, upstream, redis, 0);
         let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .arg("-c")
-            .arg(&config_path)
+            .arg(&config.path)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start sluice");
+        let (proxy, admin) = (config.proxy, config.admin);
         let mut gateway = Gateway {
             child,
             proxy,
             admin,
-            _dir: dir,
-            config_path,
+            config_path: config.path.clone(),
+            _config: config,
         };
         wait_until(
             "sluice",

@@ -3,16 +3,17 @@
 -- KEYS[i]  : state key of limit i (all keys of a call share one hash tag, so one Cluster slot)
 -- ARGV[1]  : now in microseconds, or "" to read the clock from Redis TIME (the production path:
 --            every gateway shares the Redis clock; the explicit clock exists for tests)
--- ARGV[2 + 4*(i-1) ..] for limit i: algorithm name, param 1, param 2, cost
--- Reply    : a flat array, 4 integers per limit, in KEYS order:
---            allowed (1|0), remaining, retry_after_ms (-1: never), reset_after_ms
+-- ARGV[2]  : request id, unique across gateways (sliding log members, concurrency leases)
+-- ARGV[3 + 5*(i-1) ..] for limit i: algorithm name, param 1, param 2, param 3, cost
+-- Reply    : a flat array, 5 integers per limit, in KEYS order:
+--            allowed (1|0), remaining, retry_after_ms (-1: never), reset_after_ms, delay_ms
 --
 -- Phase one reads every state and decides; phase two writes, and only if every limit allowed,
 -- so a denied request never consumes quota from the other limits. When the request is denied,
--- the limits that allowed it report their unconsumed state (remaining and reset as they stand).
+-- the limits that allowed it report their unconsumed state (a cost-0 peek).
 
-if #ARGV ~= 1 + 4 * #KEYS then
-  return redis.error_reply('ERR sluice: expected ' .. (1 + 4 * #KEYS) .. ' arguments, got ' .. #ARGV)
+if #ARGV ~= 2 + 5 * #KEYS then
+  return redis.error_reply('ERR sluice: expected ' .. (2 + 5 * #KEYS) .. ' arguments, got ' .. #ARGV)
 end
 
 local now = tonumber(ARGV[1])
@@ -23,44 +24,53 @@ if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+local id = ARGV[2]
 
 local ALGORITHMS = {
   gcra = { gcra_decide, gcra_commit },
   fixed_window = { fixed_window_decide, fixed_window_commit },
+  sliding_window = { sliding_window_decide, sliding_window_commit },
+  sliding_log = { sliding_log_decide, sliding_log_commit },
+  concurrency = { concurrency_decide, concurrency_commit },
 }
+
+local function decide(i, cost)
+  local base = 3 + 5 * (i - 1)
+  local algorithm = ALGORITHMS[ARGV[base]]
+  return algorithm[1](KEYS[i], now, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]),
+    tonumber(ARGV[base + 3]), cost, id)
+end
+
+for i = 1, #KEYS do
+  local name = ARGV[3 + 5 * (i - 1)]
+  if not ALGORITHMS[name] then
+    return redis.error_reply('ERR sluice: unknown algorithm ' .. tostring(name))
+  end
+end
 
 local reply, writes, all_allowed = {}, {}, true
 for i = 1, #KEYS do
-  local base = 2 + 4 * (i - 1)
-  local algorithm = ALGORITHMS[ARGV[base]]
-  if not algorithm then
-    return redis.error_reply('ERR sluice: unknown algorithm ' .. tostring(ARGV[base]))
-  end
-  local allowed, remaining, retry, reset, write = algorithm[1](
-    KEYS[i], now, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]))
+  local allowed, remaining, retry, reset, delay, write = decide(i, tonumber(ARGV[7 + 5 * (i - 1)]))
   if allowed == 0 then
     all_allowed = false
   end
   writes[i] = write
-  local at = 4 * (i - 1)
-  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = allowed, remaining, retry, reset
+  local at = 5 * (i - 1)
+  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] = allowed, remaining, retry, reset, delay
 end
 
 if all_allowed then
   for i = 1, #KEYS do
     if writes[i] then
-      ALGORITHMS[ARGV[2 + 4 * (i - 1)]][2](KEYS[i], writes[i])
+      ALGORITHMS[ARGV[3 + 5 * (i - 1)]][2](KEYS[i], writes[i], id)
     end
   end
 else
-  -- Nothing is consumed: limits that would have allowed report their state as it stands
-  -- (a cost-0 peek), not as if this request had counted.
   for i = 1, #KEYS do
-    local at, base = 4 * (i - 1), 2 + 4 * (i - 1)
+    local at = 5 * (i - 1)
     if reply[at + 1] == 1 then
-      local _, remaining, retry, reset = ALGORITHMS[ARGV[base]][1](
-        KEYS[i], now, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), 0)
-      reply[at + 2], reply[at + 3], reply[at + 4] = remaining, retry, reset
+      local _, remaining, retry, reset = decide(i, 0)
+      reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] = remaining, retry, reset, 0
     end
   end
 end

@@ -3,15 +3,15 @@
 -- State  : one hash key, fields e = window end (us) and n = units counted in the window.
 --          The end is stored beside the count so the decision follows the script's clock
 --          (Redis TIME, or the explicit test clock), not only the key's expiry.
--- Params : p1 = limit (units per window), p2 = window length in us.
--- decide(key, now, p1, p2, cost) -> allowed (1|0), remaining, retry_after_ms (-1: never),
---                                   reset_after_ms, write (nil: nothing to store)
--- commit(key, write)             -> new window: HSET e n + PEXPIRE <ms to window end>;
---                                   same window: HINCRBY n cost (the TTL already ends it).
+-- Params : p1 = limit (units per window), p2 = window length in us, p3 unused.
+-- decide(key, now, p1, p2, p3, cost, id) -> allowed (1|0), remaining, retry_after_ms (-1: never),
+--                                           reset_after_ms, delay_ms (always 0), write
+-- commit(key, write, id)                 -> new window: HSET e n + PEXPIRE <ms to window end>;
+--                                           same window: HINCRBY n cost (the TTL already ends it).
 -- A denied request writes nothing. The clock never runs backwards inside a key: a time before
 -- the stored window's start counts as its start.
 
-local function fixed_window_decide(key, now, limit, window, cost)
+local function fixed_window_decide(key, now, limit, window, _, cost)
   local stored = redis.call('HMGET', key, 'e', 'n')
   local e, n = tonumber(stored[1]), tonumber(stored[2]) or 0
   local fresh = true
@@ -30,13 +30,13 @@ local function fixed_window_decide(key, now, limit, window, cost)
     if cost <= limit then
       retry = ceil_ms(reset)
     end
-    return 0, math.max(limit - n, 0), retry, ceil_ms(reset), nil
+    return 0, math.max(limit - n, 0), retry, ceil_ms(reset), 0, nil
   end
   local write = nil
   if cost > 0 then
     write = { fresh, e, n + cost, reset, cost }
   end
-  return 1, limit - n - cost, 0, ceil_ms(reset), write
+  return 1, limit - n - cost, 0, ceil_ms(reset), 0, write
 end
 
 local function fixed_window_commit(key, write)

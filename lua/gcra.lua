@@ -1,12 +1,15 @@
--- gcra.lua: generic cell rate algorithm with redis-cell CL.THROTTLE semantics.
+-- gcra.lua: generic cell rate algorithm with redis-cell CL.THROTTLE semantics; also the token
+-- bucket and the leaky bucket (as a meter), which are GCRA with tolerance = emission * capacity.
 --
 -- State  : one string key holding the theoretical arrival time (TAT), integer microseconds.
 -- Params : p1 = emission interval (period / count) in us,
---          p2 = tolerance = emission * (burst + 1) in us, so burst + 1 requests pass at once.
--- decide(key, now, p1, p2, cost) -> allowed (1|0), remaining, retry_after_ms (-1: never),
---                                   reset_after_ms, write (nil: nothing to store)
--- commit(key, write)             -> SET key <tat> PX <ttl_ms>; the TTL is the time until the
---                                   TAT is in the past, when the state equals an absent key.
+--          p2 = tolerance in us: emission * (burst + 1), or emission * capacity,
+--          p3 = max delay in us (shaping): a request that would pass within p3 more is admitted
+--               and held for that long instead of denied (0: never delay).
+-- decide(key, now, p1, p2, p3, cost, id) -> allowed (1|0), remaining, retry_after_ms (-1: never),
+--                                           reset_after_ms, delay_ms, write (nil: nothing to store)
+-- commit(key, write, id)                 -> SET key <tat> PX <ttl_ms>; the TTL is the time until
+--                                           the TAT is in the past, when the state equals no key.
 -- A denied request writes nothing. cost = 0 peeks and writes nothing.
 
 local function gcra_remaining(tolerance, ttl, emission)
@@ -17,25 +20,26 @@ local function gcra_remaining(tolerance, ttl, emission)
   return math.floor(next / emission)
 end
 
-local function gcra_decide(key, now, emission, tolerance, cost)
+local function gcra_decide(key, now, emission, tolerance, max_delay, cost)
   local tat = tonumber(redis.call('GET', key)) or now
   local increment = emission * cost
   local new_tat = math.max(tat, now) + increment
-  local diff = now - (new_tat - tolerance)
-  if diff < 0 then
+  -- How far beyond the tolerance this request would reach: > 0 means past the burst.
+  local over = new_tat - now - tolerance
+  if over > max_delay then
     local ttl = math.max(tat - now, 0)
     local retry = -1
-    if increment <= tolerance then
-      retry = ceil_ms(-diff)
+    if increment <= tolerance + max_delay then
+      retry = ceil_ms(over - max_delay)
     end
-    return 0, gcra_remaining(tolerance, ttl, emission), retry, ceil_ms(ttl), nil
+    return 0, gcra_remaining(tolerance, ttl, emission), retry, ceil_ms(ttl), 0, nil
   end
   local ttl = new_tat - now
   local write = nil
   if cost > 0 then
     write = { new_tat, ttl }
   end
-  return 1, gcra_remaining(tolerance, ttl, emission), 0, ceil_ms(ttl), write
+  return 1, gcra_remaining(tolerance, ttl, emission), 0, ceil_ms(ttl), ceil_ms(over), write
 end
 
 local function gcra_commit(key, write)

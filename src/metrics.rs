@@ -13,7 +13,7 @@ use crate::router::RouteTable;
 pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "sluice_requests_total",
-        "Requests by route and limiter decision (allowed, limited, error_allowed, error_denied, no_route).",
+        "Requests by route and limiter decision (allowed, limited, error_allowed, error_denied, no_route, bad_request).",
         &["route", "decision"]
     )
     .expect("sluice_requests_total registers once")
@@ -58,15 +58,17 @@ pub enum Outcome {
     ErrorAllowed = 2,
     ErrorDenied = 3,
     NoRoute = 4,
+    BadRequest = 5,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 5] = [
+    pub const ALL: [Outcome; 6] = [
         Outcome::Allowed,
         Outcome::Limited,
         Outcome::ErrorAllowed,
         Outcome::ErrorDenied,
         Outcome::NoRoute,
+        Outcome::BadRequest,
     ];
 
     pub fn label(self) -> &'static str {
@@ -76,6 +78,7 @@ impl Outcome {
             Outcome::ErrorAllowed => "error_allowed",
             Outcome::ErrorDenied => "error_denied",
             Outcome::NoRoute => "no_route",
+            Outcome::BadRequest => "bad_request",
         }
     }
 }
@@ -84,7 +87,7 @@ const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
 /// Counter handles for one route.
 pub struct RouteMetrics {
-    decisions: [IntCounter; 5],
+    decisions: [IntCounter; 6],
     status_classes: [IntCounter; 5],
 }
 

@@ -42,6 +42,10 @@ pub struct Route {
     pub keys: RouteKeys,
     /// `RateLimit-Policy` value, or `None` when the route sends no rate-limit headers.
     pub policy_header: Option<HeaderValue>,
+    /// Some limit stores per-request entries (sliding log, concurrency): calls need a request id.
+    pub needs_request_id: bool,
+    /// Some limit is a concurrency limit: admitted requests release their lease when done.
+    pub holds_leases: bool,
 }
 
 #[derive(Debug, Default)]
@@ -115,6 +119,8 @@ mod tests {
             limits: Box::new([]),
             keys: RouteKeys::new("p", "r", &[]),
             policy_header: None,
+            needs_request_id: false,
+            holds_leases: false,
         }
     }
 

@@ -111,10 +111,10 @@ fn every_mistake_of_a_file_is_reported_at_once() {
             "routes[0].match.path_prefix: must start with '/', got \"api\"",
             "routes[0].match.methods[1]: invalid HTTP method \"NOT A METHOD\"",
             "routes[0].limits[0].key[1]: unknown key part \"cookie\": use client_ip, path, route, method, host, header:NAME or const:TEXT",
-            "routes[0].limits[0].algorithm: unknown algorithm \"leaky\": use gcra or fixed_window",
-            "routes[0].limits[1].burst: burst applies to algorithm gcra only",
+            "routes[0].limits[0].algorithm: unknown algorithm \"leaky\": use gcra, token_bucket, leaky_bucket, fixed_window, sliding_window, sliding_log or concurrency",
+            "routes[0].limits[1].burst: does not apply to algorithm fixed_window",
             "routes[0].limits[2].name: duplicate limit name \"b\" in this route",
-            "routes[0].limits[2].cost: cost 3 exceeds burst + 1 = 1: no request could ever pass",
+            "routes[0].limits[2].cost: cost 3 exceeds what this limit can ever admit (1): no request could ever pass",
         ],
     );
 }
@@ -124,5 +124,22 @@ fn a_missing_file_is_one_clear_error() {
     assert_problems(
         "does_not_exist.yaml",
         &["cannot read the file: No such file or directory (os error 2)"],
+    );
+}
+
+#[test]
+fn each_algorithm_takes_only_its_own_parameters() {
+    assert_problems(
+        "algorithm_parameters.yaml",
+        &[
+            "routes[0].limits[0].capacity: required for token_bucket",
+            "routes[0].limits[1].rate: does not apply to algorithm concurrency",
+            "routes[0].limits[1].max: required for concurrency (requests in flight per key)",
+            "routes[0].limits[2].rate: sliding_log keeps one entry per request: at most 10000 per window (use sliding_window or gcra)",
+            "routes[0].limits[3].max_delay: does not apply to algorithm fixed_window",
+            "routes[0].limits[4].cost_max: required with cost_header: the largest cost a request may claim",
+            "routes[0].limits[5].max_delay: invalid duration \"soon\": unknown period unit \"soon\": use ms, s, m, h or d",
+            "routes[0].limits[6].cost_max: cost_max 50 exceeds what this limit can ever admit (10): no request could ever pass",
+        ],
     );
 }

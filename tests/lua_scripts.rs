@@ -11,39 +11,102 @@ use redis::Commands;
 use sluice::config::rate::parse_rate;
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
-use sluice::limiter::script::{self, SOURCE};
-use sluice::limiter::{Algorithm, Decision, Limit};
+use sluice::limiter::script::{self, RELEASE_SOURCE, SOURCE};
+use sluice::limiter::{Algorithm, Cost, Decision, Limit, LimitRequest, RequestId};
 use support::RedisServer;
 
 const T0: u64 = 1_763_500_000_123_456; // a realistic Redis TIME in microseconds
 const MS: u64 = 1_000;
 const SEC: u64 = 1_000_000;
 
-fn gcra(rate: &str, burst: u64, cost: u64) -> Limit {
+/// GCRA with `units` of tolerance (burst + 1, or a bucket's capacity) and a shaping delay.
+fn gcra_units(rate: &str, units: u64, max_delay_us: u64, cost: u64) -> Limit {
     let rate = parse_rate(rate).unwrap();
     let emission_us = rate.period_us().div_ceil(rate.count.get());
-    Limit {
-        name: "g".into(),
-        algorithm: Algorithm::Gcra {
-            emission_us,
-            tolerance_us: emission_us * (burst + 1),
-        },
+    let algorithm = Algorithm::Gcra {
+        emission_us,
+        tolerance_us: emission_us * units,
+        max_delay_us,
+    };
+    Limit::new("g", algorithm, cost, rate)
+}
+
+fn gcra(rate: &str, burst: u64, cost: u64) -> Limit {
+    gcra_units(rate, burst + 1, 0, cost)
+}
+
+fn counted(rate: &str, cost: u64, make: fn(u64, u64) -> Algorithm) -> Limit {
+    let parsed = parse_rate(rate).unwrap();
+    Limit::new(
+        "w",
+        make(parsed.count.get(), parsed.period_us()),
         cost,
-        rate,
-    }
+        parsed,
+    )
 }
 
 fn window(rate: &str, cost: u64) -> Limit {
-    let rate = parse_rate(rate).unwrap();
-    Limit {
-        name: "w".into(),
-        algorithm: Algorithm::FixedWindow {
-            limit: rate.count.get(),
-            window_us: rate.period_us(),
-        },
-        cost,
-        rate,
+    counted(rate, cost, |limit, window_us| Algorithm::FixedWindow {
+        limit,
+        window_us,
+    })
+}
+
+fn sliding(rate: &str, cost: u64) -> Limit {
+    counted(rate, cost, |limit, window_us| Algorithm::SlidingWindow {
+        limit,
+        window_us,
+    })
+}
+
+fn log(rate: &str, cost: u64) -> Limit {
+    counted(rate, cost, |limit, window_us| Algorithm::SlidingLog {
+        limit,
+        window_us,
+    })
+}
+
+fn concurrency(max: u64, lease_us: u64) -> Limit {
+    Limit::new(
+        "c",
+        Algorithm::Concurrency { max, lease_us },
+        1,
+        parse_rate("1/s").unwrap(),
+    )
+}
+
+fn costs(limits: &[Limit]) -> Vec<u64> {
+    limits
+        .iter()
+        .map(|l| match l.cost {
+            Cost::Fixed(cost) => cost,
+            Cost::Header { default, .. } => default,
+        })
+        .collect()
+}
+
+fn call_as(
+    con: &mut redis::Connection,
+    keys: &[&str],
+    limits: &[Limit],
+    now: Option<u64>,
+    id: u128,
+) -> redis::RedisResult<Vec<i64>> {
+    let script = redis::Script::new(SOURCE);
+    let mut invocation = script.prepare_invoke();
+    for key in keys {
+        invocation.key(*key);
     }
+    let key_bytes: Vec<Vec<u8>> = keys.iter().map(|k| k.as_bytes().to_vec()).collect();
+    let costs = costs(limits);
+    let request = LimitRequest {
+        limits,
+        keys: &key_bytes,
+        costs: &costs,
+        id: RequestId(id),
+    };
+    script::push_args(&mut invocation, &request, now);
+    invocation.invoke(con)
 }
 
 fn call_raw(
@@ -52,13 +115,7 @@ fn call_raw(
     limits: &[Limit],
     now: Option<u64>,
 ) -> redis::RedisResult<Vec<i64>> {
-    let script = redis::Script::new(SOURCE);
-    let mut invocation = script.prepare_invoke();
-    for key in keys {
-        invocation.key(*key);
-    }
-    script::push_args(&mut invocation, limits, now);
-    invocation.invoke(con)
+    call_as(con, keys, limits, now, 7)
 }
 
 fn call(con: &mut redis::Connection, keys: &[&str], limits: &[Limit], now: u64) -> Vec<i64> {
@@ -74,7 +131,7 @@ fn gcra_first_request_stores_every_digit_of_the_tat_with_a_ttl() {
     let redis = RedisServer::start();
     let mut con = redis.connection();
     let limit = gcra("10/s", 4, 1);
-    assert_eq!(call(&mut con, &["k"], &[limit], T0), vec![1, 4, 0, 100]);
+    assert_eq!(call(&mut con, &["k"], &[limit], T0), vec![1, 4, 0, 100, 0]);
     let stored: String = con.get("k").unwrap();
     assert_eq!(
         stored,
@@ -94,11 +151,11 @@ fn gcra_admits_burst_plus_one_and_a_denial_writes_nothing() {
         .map(|_| call(&mut con, &["k"], std::slice::from_ref(&limit), T0))
         .collect();
     assert!(replies.iter().all(|r| r[0] == 1));
-    assert_eq!(replies[4], vec![1, 0, 0, 500]);
+    assert_eq!(replies[4], vec![1, 0, 0, 500, 0]);
     let before: String = con.get("k").unwrap();
     assert_eq!(
         call(&mut con, &["k"], std::slice::from_ref(&limit), T0),
-        vec![0, 0, 100, 500]
+        vec![0, 0, 100, 500, 0]
     );
     let after: String = con.get("k").unwrap();
     assert_eq!(before, after);
@@ -133,7 +190,7 @@ fn gcra_refills_fully_after_idle() {
     }
     assert_eq!(
         call(&mut con, &["k"], &[limit], T0 + 3600 * SEC),
-        vec![1, 4, 0, 100]
+        vec![1, 4, 0, 100, 0]
     );
 }
 
@@ -143,7 +200,7 @@ fn gcra_cost_above_capacity_never_succeeds_and_says_so() {
     let mut con = redis.connection();
     assert_eq!(
         call(&mut con, &["k"], &[gcra("10/s", 4, 6)], T0),
-        vec![0, 5, -1, 0]
+        vec![0, 5, -1, 0, 0]
     );
     assert!(!con.exists::<_, bool>("k").unwrap());
 }
@@ -154,7 +211,7 @@ fn gcra_cost_zero_peeks_without_writing() {
     let mut con = redis.connection();
     assert_eq!(
         call(&mut con, &["k"], &[gcra("10/s", 4, 0)], T0),
-        vec![1, 5, 0, 0]
+        vec![1, 5, 0, 0, 0]
     );
     assert!(!con.exists::<_, bool>("k").unwrap());
 }
@@ -165,11 +222,11 @@ fn gcra_cost_above_one_consumes_that_many() {
     let mut con = redis.connection();
     assert_eq!(
         call(&mut con, &["k"], &[gcra("10/s", 4, 3)], T0),
-        vec![1, 2, 0, 300]
+        vec![1, 2, 0, 300, 0]
     );
     assert_eq!(
         call(&mut con, &["k"], &[gcra("10/s", 4, 3)], T0),
-        vec![0, 2, 100, 300]
+        vec![0, 2, 100, 300, 0]
     );
 }
 
@@ -200,7 +257,7 @@ fn gcra_one_per_day_and_rates_below_one_per_second() {
     let day = gcra("1/d", 0, 1);
     assert_eq!(
         call(&mut con, &["d"], std::slice::from_ref(&day), T0),
-        vec![1, 0, 0, 86_400_000]
+        vec![1, 0, 0, 86_400_000, 0]
     );
     assert_eq!(
         call(
@@ -209,7 +266,7 @@ fn gcra_one_per_day_and_rates_below_one_per_second() {
             std::slice::from_ref(&day),
             T0 + 3600 * SEC
         ),
-        vec![0, 0, 82_800_000, 82_800_000]
+        vec![0, 0, 82_800_000, 82_800_000, 0]
     );
     assert!(pttl(&mut con, "d") > 86_000_000);
     let slow = gcra("3/m", 0, 1); // one every 20 s
@@ -219,7 +276,7 @@ fn gcra_one_per_day_and_rates_below_one_per_second() {
     );
     assert_eq!(
         call(&mut con, &["s"], std::slice::from_ref(&slow), T0 + 19 * SEC),
-        vec![0, 0, 1000, 1000]
+        vec![0, 0, 1000, 1000, 0]
     );
     assert_eq!(
         call(&mut con, &["s"], std::slice::from_ref(&slow), T0 + 20 * SEC)[0],
@@ -234,7 +291,7 @@ fn fixed_window_counts_with_incr_and_expires_at_the_window_end() {
     let limit = window("3/s", 1);
     assert_eq!(
         call(&mut con, &["w"], std::slice::from_ref(&limit), T0),
-        vec![1, 2, 0, 1000]
+        vec![1, 2, 0, 1000, 0]
     );
     let (end, count): (String, u64) = redis::cmd("HMGET")
         .arg("w")
@@ -251,7 +308,7 @@ fn fixed_window_counts_with_incr_and_expires_at_the_window_end() {
             std::slice::from_ref(&limit),
             T0 + 100 * MS
         ),
-        vec![1, 1, 0, 900]
+        vec![1, 1, 0, 900, 0]
     );
     assert_eq!(
         call(
@@ -260,7 +317,7 @@ fn fixed_window_counts_with_incr_and_expires_at_the_window_end() {
             std::slice::from_ref(&limit),
             T0 + 200 * MS
         ),
-        vec![1, 0, 0, 800]
+        vec![1, 0, 0, 800, 0]
     );
     assert_eq!(
         call(
@@ -269,7 +326,7 @@ fn fixed_window_counts_with_incr_and_expires_at_the_window_end() {
             std::slice::from_ref(&limit),
             T0 + 300 * MS
         ),
-        vec![0, 0, 700, 700]
+        vec![0, 0, 700, 700, 0]
     );
     assert_eq!(
         con.hget::<_, _, u64>("w", "n").unwrap(),
@@ -279,7 +336,7 @@ fn fixed_window_counts_with_incr_and_expires_at_the_window_end() {
     // The window ends: a new one opens at the first hit.
     assert_eq!(
         call(&mut con, &["w"], std::slice::from_ref(&limit), T0 + SEC),
-        vec![1, 2, 0, 1000]
+        vec![1, 2, 0, 1000, 0]
     );
 }
 
@@ -323,7 +380,7 @@ fn fixed_window_cost_above_limit_never_succeeds_and_the_clock_never_runs_back() 
     let mut con = redis.connection();
     assert_eq!(
         call(&mut con, &["w"], &[window("3/s", 4)], T0),
-        vec![0, 3, -1, 1000]
+        vec![0, 3, -1, 1000, 0]
     );
     assert!(!con.exists::<_, bool>("w").unwrap());
     let limit = window("2/10s", 1);
@@ -332,7 +389,7 @@ fn fixed_window_cost_above_limit_never_succeeds_and_the_clock_never_runs_back() 
     // Five seconds before the window opened: still the same window, still full.
     assert_eq!(
         call(&mut con, &["b"], std::slice::from_ref(&limit), T0 - 5 * SEC),
-        vec![0, 0, 10_000, 10_000]
+        vec![0, 0, 10_000, 10_000, 0]
     );
 }
 
@@ -343,17 +400,17 @@ fn one_call_consumes_nothing_unless_every_limit_allows() {
     let limits = [gcra("10/s", 9, 1), window("1/m", 1)];
     assert_eq!(
         call(&mut con, &["a", "b"], &limits, T0),
-        vec![1, 9, 0, 100, 1, 0, 0, 60_000]
+        vec![1, 9, 0, 100, 0, 1, 0, 0, 60_000, 0]
     );
     let tat: String = con.get("a").unwrap();
     for _ in 0..3 {
         let reply = call(&mut con, &["a", "b"], &limits, T0);
         assert_eq!(
-            &reply[..4],
-            &[1, 9, 0, 100],
+            &reply[..5],
+            &[1, 9, 0, 100, 0],
             "gcra allows, is not consumed, and says so"
         );
-        assert_eq!(&reply[4..], &[0, 0, 60_000, 60_000]);
+        assert_eq!(&reply[5..], &[0, 0, 60_000, 60_000, 0]);
     }
     assert_eq!(con.get::<_, String>("a").unwrap(), tat);
 }
@@ -363,7 +420,7 @@ fn the_redis_clock_is_used_when_no_time_is_given() {
     let redis = RedisServer::start();
     let mut con = redis.connection();
     let reply = call_raw(&mut con, &["k"], &[gcra("1/s", 0, 1)], None).unwrap();
-    assert_eq!(reply, vec![1, 0, 0, 1000]);
+    assert_eq!(reply, vec![1, 0, 0, 1000, 0]);
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
     let tat: u64 = con.get("k").unwrap();
     let now = secs * SEC + micros;
@@ -383,44 +440,337 @@ fn malformed_calls_are_refused_with_a_message() {
         .invoke::<Vec<i64>>(&mut con)
         .unwrap_err();
     assert!(
-        err.to_string().contains("expected 5 arguments, got 1"),
+        err.to_string().contains("expected 7 arguments, got 1"),
         "{err}"
     );
     let err = redis::Script::new(SOURCE)
         .key("k")
         .arg(T0)
+        .arg("id")
         .arg("leaky")
         .arg(1)
         .arg(1)
+        .arg(0)
         .arg(1)
         .invoke::<Vec<i64>>(&mut con)
         .unwrap_err();
     assert!(err.to_string().contains("unknown algorithm leaky"), "{err}");
 }
 
+#[test]
+fn token_and_leaky_buckets_are_gcra_with_capacity_as_tolerance() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    // Token bucket: capacity 5, refill 1/s. Five at once, then one per second.
+    let bucket = gcra_units("1/s", 5, 0, 1);
+    let passed = (0..8)
+        .filter(|_| call(&mut con, &["t"], std::slice::from_ref(&bucket), T0)[0] == 1)
+        .count();
+    assert_eq!(passed, 5);
+    assert_eq!(
+        call(&mut con, &["t"], std::slice::from_ref(&bucket), T0 + SEC)[0],
+        1
+    );
+    // Leaky bucket, capacity 3 draining 1/s: admitted iff level + cost <= capacity. It fills.
+    let leaky = gcra_units("1/s", 3, 0, 2);
+    assert_eq!(
+        call(&mut con, &["l"], std::slice::from_ref(&leaky), T0)[..2],
+        [1, 1]
+    ); // level 2
+    assert_eq!(
+        call(&mut con, &["l"], std::slice::from_ref(&leaky), T0)[0],
+        0
+    ); // 2 + 2 > 3
+    assert_eq!(
+        call(&mut con, &["l"], std::slice::from_ref(&leaky), T0 + SEC)[0],
+        1
+    ); // 1 + 2 <= 3
+    assert_eq!(
+        call(&mut con, &["l"], std::slice::from_ref(&leaky), T0 + SEC)[0],
+        0
+    ); // full
+}
+
+#[test]
+fn max_delay_admits_and_delays_instead_of_denying() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let shaped = gcra_units("10/s", 1, 250_000, 1);
+    let replies: Vec<Vec<i64>> = (0..4)
+        .map(|_| call(&mut con, &["s"], std::slice::from_ref(&shaped), T0))
+        .collect();
+    let delays: Vec<(i64, i64)> = replies.iter().map(|r| (r[0], r[4])).collect();
+    assert_eq!(delays, vec![(1, 0), (1, 100), (1, 200), (0, 0)]);
+    assert_eq!(
+        replies[3][2], 50,
+        "retry once the next slot is within max_delay"
+    );
+}
+
+#[test]
+fn sliding_window_weights_the_previous_window_and_has_no_boundary_burst() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let limit = sliding("5/s", 1);
+    let start = T0 - T0 % SEC; // windows are aligned to the shared clock
+    let passed_before = (0..10)
+        .filter(|_| {
+            call(
+                &mut con,
+                &["w"],
+                std::slice::from_ref(&limit),
+                start + SEC - MS,
+            )[0] == 1
+        })
+        .count();
+    let passed_after = (0..10)
+        .filter(|_| call(&mut con, &["w"], std::slice::from_ref(&limit), start + SEC)[0] == 1)
+        .count();
+    assert_eq!(
+        (passed_before, passed_after),
+        (5, 0),
+        "the full previous window still counts at the boundary"
+    );
+    let (s, p, c): (u64, u64, u64) = redis::cmd("HMGET")
+        .arg("w")
+        .arg("s")
+        .arg("p")
+        .arg("c")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!((s, p, c), (start, 0, 5), "a denial writes nothing");
+    // 25% into the next window, previous = 5 weighs ceil(3.75) = 4: one more fits.
+    // Reset: this window's unit leaves the sliding window at the end of the next one, 1.75 s on.
+    assert_eq!(
+        call(
+            &mut con,
+            &["w"],
+            std::slice::from_ref(&limit),
+            start + SEC + SEC / 4
+        ),
+        vec![1, 0, 0, 1750, 0]
+    );
+    assert!((1..=1750).contains(&pttl(&mut con, "w")));
+    // Now 4 + 1 = 5: one more fits once the weight is ceil(5 x (1 - e)) <= 3, at e = 40%.
+    let denied = call(
+        &mut con,
+        &["w"],
+        std::slice::from_ref(&limit),
+        start + SEC + SEC / 4,
+    );
+    assert_eq!(denied, vec![0, 0, 150, 1750, 0]);
+    assert_eq!(
+        call(
+            &mut con,
+            &["w"],
+            std::slice::from_ref(&limit),
+            start + SEC + 400 * MS
+        )[0],
+        1
+    );
+}
+
+#[test]
+fn sliding_window_edge_cases() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    assert_eq!(
+        call(&mut con, &["x"], &[sliding("3/s", 4)], T0)[2],
+        -1,
+        "cost above the limit never passes"
+    );
+    let day = sliding("1/d", 1);
+    assert_eq!(call(&mut con, &["d"], std::slice::from_ref(&day), T0)[0], 1);
+    assert_eq!(
+        call(
+            &mut con,
+            &["d"],
+            std::slice::from_ref(&day),
+            T0 + 3600 * SEC
+        )[0],
+        0
+    );
+    let slow = sliding("2/m", 1); // below one per second
+    let start = T0 - T0 % (60 * SEC);
+    assert_eq!(
+        call(&mut con, &["m"], std::slice::from_ref(&slow), start)[0],
+        1
+    );
+    assert_eq!(
+        call(&mut con, &["m"], std::slice::from_ref(&slow), start + SEC)[0],
+        1
+    );
+    assert_eq!(
+        call(
+            &mut con,
+            &["m"],
+            std::slice::from_ref(&slow),
+            start + 2 * SEC
+        )[0],
+        0
+    );
+    // An earlier clock counts as the stored window's start; it cannot reopen anything.
+    assert_eq!(
+        call(
+            &mut con,
+            &["m"],
+            std::slice::from_ref(&slow),
+            start - 600 * SEC
+        )[0],
+        0
+    );
+    // Idle for two windows: the state is as good as absent.
+    assert_eq!(
+        call(
+            &mut con,
+            &["m"],
+            std::slice::from_ref(&slow),
+            start + 120 * SEC
+        )[..2],
+        [1, 1]
+    );
+}
+
+#[test]
+fn sliding_log_is_exact_and_keeps_one_unique_member_per_unit() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let limit = log("3/s", 1);
+    for (i, at) in [0, 400 * MS, 800 * MS].into_iter().enumerate() {
+        assert_eq!(
+            call_as(
+                &mut con,
+                &["g"],
+                std::slice::from_ref(&limit),
+                Some(T0 + at),
+                i as u128
+            )
+            .unwrap()[0],
+            1
+        );
+    }
+    let denied = call(
+        &mut con,
+        &["g"],
+        std::slice::from_ref(&limit),
+        T0 + 900 * MS,
+    );
+    assert_eq!(
+        denied,
+        vec![0, 0, 100, 900, 0],
+        "retry when the oldest unit leaves the window"
+    );
+    assert_eq!(
+        con.zcard::<_, u64>("g").unwrap(),
+        3,
+        "a denial writes nothing"
+    );
+    assert_eq!(
+        call(&mut con, &["g"], std::slice::from_ref(&limit), T0 + SEC)[0],
+        1
+    );
+    let members: Vec<String> = con.zrange("g", 0, -1).unwrap();
+    assert_eq!(
+        members.len(),
+        3,
+        "units out of the window are trimmed on commit: {members:?}"
+    );
+    assert!((1..=1000).contains(&pttl(&mut con, "g")));
+    let heavy = log("10/s", 4);
+    assert_eq!(
+        call(&mut con, &["h"], std::slice::from_ref(&heavy), T0)[..2],
+        [1, 6]
+    );
+    assert_eq!(
+        con.zcard::<_, u64>("h").unwrap(),
+        4,
+        "one member per unit of cost"
+    );
+    assert_eq!(
+        call(&mut con, &["n"], &[log("3/s", 4)], T0)[2],
+        -1,
+        "cost above the limit never passes"
+    );
+    // An earlier clock counts as the newest unit's time.
+    assert_eq!(
+        call(&mut con, &["g"], std::slice::from_ref(&limit), T0)[0],
+        0
+    );
+}
+
+#[test]
+fn concurrency_leases_are_bounded_released_and_expire() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let limit = concurrency(2, 30 * SEC);
+    assert_eq!(
+        call_as(&mut con, &["c"], std::slice::from_ref(&limit), Some(T0), 1).unwrap(),
+        vec![1, 1, 0, 30_000, 0]
+    );
+    assert_eq!(
+        call_as(&mut con, &["c"], std::slice::from_ref(&limit), Some(T0), 2).unwrap()[..2],
+        [1, 0]
+    );
+    let denied = call_as(&mut con, &["c"], std::slice::from_ref(&limit), Some(T0), 3).unwrap();
+    assert_eq!(
+        denied,
+        vec![0, 0, 1000, 30_000, 0],
+        "retry after at most a second"
+    );
+    let removed: i64 = redis::Script::new(RELEASE_SOURCE)
+        .key("c")
+        .arg(RequestId(1).to_string())
+        .invoke(&mut con)
+        .unwrap();
+    assert_eq!(removed, 1);
+    assert_eq!(
+        call_as(&mut con, &["c"], std::slice::from_ref(&limit), Some(T0), 3).unwrap()[0],
+        1
+    );
+    // A gateway that died never releases: its leases expire.
+    assert_eq!(
+        call_as(
+            &mut con,
+            &["c"],
+            std::slice::from_ref(&limit),
+            Some(T0 + 30 * SEC),
+            4
+        )
+        .unwrap()[..2],
+        [1, 1]
+    );
+    assert!((29_000..=30_000).contains(&pttl(&mut con, "c")));
+}
+
 fn arb_limit() -> impl Strategy<Value = Limit> {
+    let rate = (1u64..20, 1u64..4).prop_map(|(count, secs)| (count, format!("{count}/{secs}s")));
     prop_oneof![
-        (1u64..20, 1u64..4, 0u64..6, 1u64..4).prop_map(|(count, secs, burst, cost)| {
-            let cost = cost.min(burst + 1);
-            gcra(&format!("{count}/{secs}s"), burst, cost)
-        }),
-        (1u64..20, 1u64..4, 1u64..4)
-            .prop_map(|(count, secs, cost)| window(&format!("{count}/{secs}s"), cost.min(count))),
+        (rate.clone(), 0u64..6, 0u64..300_000, 1u64..4).prop_map(
+            |((_, rate), burst, delay, cost)| {
+                let delay = if delay < 150_000 { 0 } else { delay };
+                gcra_units(&rate, burst + 1, delay, cost.min(burst + 1))
+            }
+        ),
+        (rate.clone(), 1u64..4).prop_map(|((count, rate), cost)| window(&rate, cost.min(count))),
+        (rate.clone(), 1u64..4).prop_map(|((count, rate), cost)| sliding(&rate, cost.min(count))),
+        (rate, 1u64..4).prop_map(|((count, rate), cost)| log(&rate, cost.min(count))),
+        (1u64..4, 1u64..3).prop_map(|(max, secs)| concurrency(max, secs * SEC)),
     ]
 }
 
-/// Random limits and random (time step, request) sequences: the script in Redis and the
-/// in-process backend give identical decisions, remaining counts and times.
+/// Random limits of every algorithm and random sequences of (time step, request, release): the
+/// script in Redis and the in-process backend give identical decisions, remaining counts,
+/// retry, reset and delay times.
 #[test]
 fn script_and_in_process_backend_agree() {
     let redis = RedisServer::start();
     let con = std::cell::RefCell::new(redis.connection());
     let cases = (
         prop::collection::vec(arb_limit(), 1..4),
-        prop::collection::vec((0u64..400_000, any::<bool>()), 1..60),
+        prop::collection::vec((0u64..400_000, any::<bool>(), any::<bool>()), 1..60),
     );
     let mut runner = TestRunner::new(ProptestConfig {
-        cases: 48,
+        cases: 96,
         ..ProptestConfig::default()
     });
     runner
@@ -431,16 +781,53 @@ fn script_and_in_process_backend_agree() {
             let names: Vec<String> = (0..limits.len()).map(|i| format!("prop:{i}")).collect();
             let keys: Vec<&str> = names.iter().map(String::as_str).collect();
             let key_bytes: Vec<Vec<u8>> = names.iter().map(|n| n.clone().into_bytes()).collect();
+            let costs = costs(&limits);
             let mut now = T0;
-            for (step, only_first) in steps {
+            let mut admitted: Vec<(u128, usize)> = Vec::new();
+            for (i, (step, only_first, release)) in steps.into_iter().enumerate() {
                 now += step;
                 let n = if only_first { 1 } else { limits.len() };
-                let reply = call(&mut con, &keys[..n], &limits[..n], now);
+                if release && !admitted.is_empty() {
+                    let (id, n) = admitted.remove(0);
+                    let request = LimitRequest {
+                        limits: &limits[..n],
+                        keys: &key_bytes[..n],
+                        costs: &costs[..n],
+                        id: RequestId(id),
+                    };
+                    local.release_now(&request);
+                    let release_script = redis::Script::new(RELEASE_SOURCE);
+                    let mut invocation = release_script.prepare_invoke();
+                    for (limit, key) in limits[..n].iter().zip(&keys[..n]) {
+                        if let Algorithm::Concurrency { .. } = limit.algorithm {
+                            invocation.key(*key);
+                        }
+                    }
+                    invocation
+                        .arg(RequestId(id).to_string())
+                        .invoke::<i64>(&mut *con)
+                        .unwrap();
+                }
+                let id = i as u128;
+                let reply = call_as(&mut con, &keys[..n], &limits[..n], Some(now), id).unwrap();
                 let from_redis = script::parse_reply(&reply, n).unwrap();
-                let from_local: Decision = local
-                    .check_at(&limits[..n], &key_bytes[..n], now as i64)
-                    .unwrap();
-                prop_assert_eq!(from_redis, from_local, "at {} with {:?}", now, &limits[..n]);
+                let request = LimitRequest {
+                    limits: &limits[..n],
+                    keys: &key_bytes[..n],
+                    costs: &costs[..n],
+                    id: RequestId(id),
+                };
+                let from_local: Decision = local.check_at(&request, now as i64).unwrap();
+                prop_assert_eq!(
+                    &from_redis,
+                    &from_local,
+                    "at {} with {:?}",
+                    now,
+                    &limits[..n]
+                );
+                if from_local.allowed() {
+                    admitted.push((id, n));
+                }
             }
             Ok(())
         })

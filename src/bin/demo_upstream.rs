@@ -1,7 +1,8 @@
 //! `demo-upstream`: a tiny HTTP backend for the quick start and the end-to-end tests.
 //!
 //! Answers every request with 200 and a line naming the method, path and `X-Forwarded-For` it
-//! saw; `GET /__stats` returns how many other requests it has served. Usage:
+//! saw; a path containing `/slow/<ms>` is answered after that many milliseconds (for
+//! concurrency tests); `GET /__stats` returns how many other requests it has served. Usage:
 //! `demo-upstream [ADDR]` (default 127.0.0.1:3000).
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +24,15 @@ impl ServeHttp for Demo {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         // Drain any request body so the connection can be reused.
         while let Ok(Some(_)) = session.read_request_body().await {}
+        let slow_ms = session
+            .req_header()
+            .uri
+            .path()
+            .split_once("/slow/")
+            .and_then(|(_, rest)| rest.split('/').next()?.parse::<u64>().ok());
+        if let Some(ms) = slow_ms {
+            tokio::time::sleep(std::time::Duration::from_millis(ms.min(60_000))).await;
+        }
         let req = session.req_header();
         let body = if req.uri.path() == "/__stats" {
             format!("{}\n", self.served.load(Ordering::Relaxed))

@@ -8,8 +8,7 @@ use std::time::Duration;
 use http::header::HeaderValue;
 use http::Method;
 
-use super::rate::{parse_rate, Rate};
-use super::raw::{RawConfig, RawLimit, RawRoute, RawServer};
+use super::raw::{RawConfig, RawRoute, RawServer};
 use super::{Config, FailureMode, Problem, RedisSettings, ServerSettings};
 use crate::keys::{KeyPart, RouteKeys};
 use crate::limiter::{Algorithm, Limit};
@@ -22,13 +21,11 @@ pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 1_000;
 pub const DEFAULT_READ_TIMEOUT_MS: u64 = 30_000;
 const MAX_LIMITS_PER_ROUTE: usize = 16;
 const MAX_NAME_LEN: usize = 64;
-/// Keeps every microsecond quantity of the algorithms far below 2^53 (exact in Lua doubles).
-const MAX_TOLERANCE_US: u64 = 1 << 50;
 
-struct Problems<'a>(&'a mut Vec<Problem>);
+pub(crate) struct Problems<'a>(pub(crate) &'a mut Vec<Problem>);
 
 impl Problems<'_> {
-    fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
+    pub(crate) fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.0.push(Problem::new(path, message));
     }
 }
@@ -159,7 +156,7 @@ fn socket_addr(text: &str, at: &str, p: &mut Problems<'_>) -> Option<SocketAddr>
 }
 
 /// Names end up in Redis keys and response headers: a short, safe alphabet, no braces.
-fn check_name(name: &str, at: &str, p: &mut Problems<'_>) -> bool {
+pub(crate) fn check_name(name: &str, at: &str, p: &mut Problems<'_>) -> bool {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name
@@ -210,15 +207,15 @@ fn compile_route(
                 );
             }
         }
-        if let Some((limit, parts)) = compile_limit(&limit_at, raw_limit, p) {
+        if let Some((limit, parts)) = super::limits::compile_limit(&limit_at, raw_limit, p) {
             key_specs.push((limit.name.clone(), parts));
             limits.push(limit);
         }
     }
 
     let (name, matcher, upstream) = (name?, matcher?, upstream?);
-    let policy_header = if raw.rate_limit_headers.unwrap_or(true) && !limits.is_empty() {
-        Some(policy_header(&limits))
+    let policy_header = if raw.rate_limit_headers.unwrap_or(true) {
+        policy_header(&limits)
     } else {
         None
     };
@@ -232,6 +229,10 @@ fn compile_route(
         name: name.into(),
         matcher,
         upstream,
+        needs_request_id: limits.iter().any(|l| l.algorithm.needs_request_id()),
+        holds_leases: limits
+            .iter()
+            .any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })),
         limits: limits.into(),
         policy_header,
     })
@@ -360,127 +361,16 @@ fn compile_upstream(
     ok.then(|| Upstream::new(servers, connect, read))
 }
 
-fn compile_limit(at: &str, raw: RawLimit, p: &mut Problems<'_>) -> Option<(Limit, Vec<KeyPart>)> {
-    let name = match raw.name {
-        Some(name) => check_name(&name, &format!("{at}.name"), p).then_some(name),
-        None => {
-            p.add(format!("{at}.name"), "required");
-            None
-        }
-    };
-    let key_texts = raw.key.unwrap_or_else(|| vec!["client_ip".to_string()]);
-    let mut parts = Vec::new();
-    for (i, text) in key_texts.iter().enumerate() {
-        match KeyPart::parse(text) {
-            Ok(part) => parts.push(part),
-            Err(e) => p.add(format!("{at}.key[{i}]"), e),
-        }
-    }
-    let parts_ok = parts.len() == key_texts.len();
-
-    let rate: Option<Rate> = match raw.rate.as_deref() {
-        Some(text) => parse_rate(text)
-            .map_err(|e| p.add(format!("{at}.rate"), e))
-            .ok(),
-        None => {
-            p.add(format!("{at}.rate"), "required, e.g. 10/s or 100/30s");
-            None
-        }
-    };
-    let cost = raw.cost.unwrap_or(1);
-    if cost == 0 {
-        p.add(format!("{at}.cost"), "must be at least 1");
-    }
-    let algorithm_name = raw.algorithm.as_deref().unwrap_or("gcra");
-    let algorithm = match (algorithm_name, rate) {
-        ("gcra", Some(rate)) => {
-            let burst = raw.burst.unwrap_or(0);
-            let emission_us = rate.period_us().div_ceil(rate.count.get());
-            match burst
-                .checked_add(1)
-                .and_then(|n| n.checked_mul(emission_us))
-            {
-                Some(tolerance_us) if tolerance_us <= MAX_TOLERANCE_US => {
-                    if cost > burst + 1 {
-                        p.add(
-                            format!("{at}.cost"),
-                            format!(
-                                "cost {cost} exceeds burst + 1 = {}: no request could ever pass",
-                                burst + 1
-                            ),
-                        );
-                    }
-                    Some(Algorithm::Gcra {
-                        emission_us,
-                        tolerance_us,
-                    })
-                }
-                _ => {
-                    p.add(
-                        format!("{at}.burst"),
-                        format!("burst {burst} is too large for rate {rate}"),
-                    );
-                    None
-                }
-            }
-        }
-        ("fixed_window", Some(rate)) => {
-            if raw.burst.is_some() {
-                p.add(
-                    format!("{at}.burst"),
-                    "burst applies to algorithm gcra only",
-                );
-            }
-            if cost > rate.count.get() {
-                p.add(
-                    format!("{at}.cost"),
-                    format!(
-                        "cost {cost} exceeds the window's limit {}: no request could ever pass",
-                        rate.count
-                    ),
-                );
-            }
-            Some(Algorithm::FixedWindow {
-                limit: rate.count.get(),
-                window_us: rate.period_us(),
-            })
-        }
-        ("gcra" | "fixed_window", None) => None,
-        (other, _) => {
-            p.add(
-                format!("{at}.algorithm"),
-                format!("unknown algorithm {other:?}: use gcra or fixed_window"),
-            );
-            None
-        }
-    };
-    let (name, algorithm, rate) = (name?, algorithm?, rate?);
-    parts_ok.then(|| {
-        (
-            Limit {
-                name: name.into(),
-                algorithm,
-                cost,
-                rate,
-            },
-            parts,
-        )
-    })
-}
-
 /// `"a";q=10;w=1, "b";q=100;w=60`: the IETF httpapi RateLimit-Policy list, built once.
-fn policy_header(limits: &[Limit]) -> HeaderValue {
+/// Limits that are not rates (concurrency) are not listed.
+fn policy_header(limits: &[Limit]) -> Option<HeaderValue> {
     let items: Vec<String> = limits
         .iter()
-        .map(|l| {
-            format!(
-                "\"{}\";q={};w={}",
-                l.name,
-                l.quota(),
-                l.rate.period.as_millis().div_ceil(1000).max(1)
-            )
-        })
+        .filter_map(|l| l.policy.map(|(q, w)| format!("\"{}\";q={q};w={w}", l.name)))
         .collect();
+    if items.is_empty() {
+        return None;
+    }
     // Names are checked to be a safe ASCII subset, so this cannot fail.
-    HeaderValue::from_str(&items.join(", ")).unwrap_or_else(|_| HeaderValue::from_static(""))
+    HeaderValue::from_str(&items.join(", ")).ok()
 }

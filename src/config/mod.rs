@@ -6,6 +6,7 @@
 //! go on), with its path, line and column.
 
 pub mod compile;
+pub mod limits;
 pub mod rate;
 pub mod raw;
 

@@ -52,6 +52,11 @@ pub fn parse_rate(text: &str) -> Result<Rate, String> {
     Ok(Rate { count, period })
 }
 
+/// A duration such as `500ms`, `2s`, `1m`, `1h`, `1d` (a bare unit means one of it).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    parse_period(text.trim()).map_err(|reason| format!("invalid duration {text:?}: {reason}"))
+}
+
 fn parse_period(text: &str) -> Result<Duration, String> {
     let digits_end = text
         .find(|c: char| !c.is_ascii_digit())

@@ -80,5 +80,11 @@ pub struct RawLimit {
     pub algorithm: Option<String>,
     pub rate: Option<String>,
     pub burst: Option<u64>,
+    pub capacity: Option<u64>,
+    pub max_delay: Option<String>,
+    pub max: Option<u64>,
+    pub lease: Option<String>,
     pub cost: Option<u64>,
+    pub cost_header: Option<String>,
+    pub cost_max: Option<u64>,
 }

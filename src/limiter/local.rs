@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::algorithm::{State, Write};
+use super::algorithm::{self, State, Write};
 use super::clock::Clock;
-use super::{Decision, Limit, Limiter, LimiterError, Readiness};
+use super::{Algorithm, Decision, LimitRequest, LimitStatus, Limiter, LimiterError, Readiness};
 
 const SHARDS: usize = 64;
 
@@ -47,75 +47,86 @@ impl LocalLimiter {
         (xxh3_64(key) % SHARDS as u64) as usize
     }
 
-    /// Decides at an explicit time; `check` uses the injected clock.
-    pub fn check_at(
-        &self,
-        limits: &[Limit],
-        keys: &[Vec<u8>],
-        now_us: i64,
-    ) -> Result<Decision, LimiterError> {
-        if limits.len() != keys.len() {
-            return Err(LimiterError::Reply(format!(
-                "{} limits but {} keys",
-                limits.len(),
-                keys.len()
-            )));
-        }
+    /// Locks the shards of `keys` in ascending order; returns the guards and, per key, the
+    /// index of its guard.
+    fn lock<'a>(&'a self, keys: &[Vec<u8>]) -> (Vec<MutexGuard<'a, Shard>>, Vec<usize>) {
         let shard_ids: Vec<usize> = keys.iter().map(|k| Self::shard_of(k)).collect();
         let mut order = shard_ids.clone();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = order
+        let guards = order
             .iter()
             .map(|&id| {
-                (
-                    id,
-                    self.shards[id]
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner()),
-                )
+                self.shards[id]
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
             })
             .collect();
-        let shard = |guards: &[(usize, MutexGuard<'_, Shard>)], id: usize| {
-            guards.iter().position(|(g, _)| *g == id).unwrap_or(0)
+        let slots = shard_ids
+            .iter()
+            .map(|id| order.binary_search(id).unwrap_or(0))
+            .collect();
+        (guards, slots)
+    }
+
+    /// Decides at an explicit time; `check` uses the injected clock.
+    pub fn check_at(
+        &self,
+        request: &LimitRequest<'_>,
+        now_us: i64,
+    ) -> Result<Decision, LimiterError> {
+        let LimitRequest {
+            limits,
+            keys,
+            costs,
+            id,
+        } = *request;
+        if limits.len() != keys.len() || limits.len() != costs.len() {
+            return Err(LimiterError::Reply(format!(
+                "{} limits, {} keys, {} costs",
+                limits.len(),
+                keys.len(),
+                costs.len()
+            )));
+        }
+        let (mut guards, slots) = self.lock(keys);
+        let live = |map: &Shard, key: &[u8]| {
+            map.get(key)
+                .filter(|e| e.expires_at_us > now_us)
+                .map(|e| e.state.clone())
         };
 
         let mut statuses = Vec::with_capacity(limits.len());
         let mut writes: Vec<Option<Write>> = Vec::with_capacity(limits.len());
-        for ((limit, key), &id) in limits.iter().zip(keys).zip(&shard_ids) {
-            let map = &guards[shard(&guards, id)].1;
-            let state = map
-                .get(key.as_slice())
-                .filter(|e| e.expires_at_us > now_us)
-                .map(|e| e.state);
-            let (status, write) = limit.algorithm.decide(state, now_us, limit.cost);
+        for ((limit, key), (&slot, &cost)) in limits.iter().zip(keys).zip(slots.iter().zip(costs)) {
+            let state = live(&guards[slot], key);
+            let (status, write) = limit.algorithm.decide(state.as_ref(), now_us, cost, id);
             statuses.push(status);
             writes.push(write);
         }
         let decision = Decision::from_statuses(statuses);
         if !decision.allowed() {
             // Nothing is consumed: limits that would have allowed report their state as it
-            // stands, like lua/check.lua.
+            // stands (a cost-0 peek), like lua/check.lua.
             let mut statuses = decision.statuses;
-            for (((status, limit), key), &id) in
-                statuses.iter_mut().zip(limits).zip(keys).zip(&shard_ids)
+            for ((status, limit), (key, &slot)) in
+                statuses.iter_mut().zip(limits).zip(keys.iter().zip(&slots))
             {
                 if status.allowed {
-                    let state = guards[shard(&guards, id)]
-                        .1
-                        .get(key.as_slice())
-                        .filter(|e| e.expires_at_us > now_us)
-                        .map(|e| e.state);
-                    *status = limit.algorithm.decide(state, now_us, 0).0;
+                    let state = live(&guards[slot], key);
+                    let peek = limit.algorithm.decide(state.as_ref(), now_us, 0, id).0;
+                    *status = LimitStatus {
+                        delay_ms: 0,
+                        ..peek
+                    };
                 }
             }
             return Ok(Decision::from_statuses(statuses));
         }
 
         // Make room for new keys before writing anything, so a full map fails atomically.
-        for (key, &id) in keys.iter().zip(&shard_ids) {
-            let slot = shard(&guards, id);
-            let map = &mut guards[slot].1;
+        for (key, &slot) in keys.iter().zip(&slots) {
+            let map = &mut guards[slot];
             if map.len() >= self.shard_capacity && !map.contains_key(key.as_slice()) {
                 map.retain(|_, e| e.expires_at_us > now_us);
                 if map.len() >= self.shard_capacity {
@@ -123,14 +134,13 @@ impl LocalLimiter {
                 }
             }
         }
-        for ((key, &id), write) in keys.iter().zip(&shard_ids).zip(writes) {
+        for ((key, &slot), write) in keys.iter().zip(&slots).zip(writes) {
             if let Some(Write { state, ttl_us }) = write {
-                let slot = shard(&guards, id);
-                let map = &mut guards[slot].1;
                 let entry = Entry {
                     state,
                     expires_at_us: now_us + ttl_us,
                 };
+                let map = &mut guards[slot];
                 match map.get_mut(key.as_slice()) {
                     Some(existing) => *existing = entry,
                     None => {
@@ -140,6 +150,18 @@ impl LocalLimiter {
             }
         }
         Ok(decision)
+    }
+
+    /// Drops the leases `request.id` holds in the concurrency limits of `request`.
+    pub fn release_now(&self, request: &LimitRequest<'_>) {
+        let (mut guards, slots) = self.lock(request.keys);
+        for ((limit, key), &slot) in request.limits.iter().zip(request.keys).zip(&slots) {
+            if let Algorithm::Concurrency { .. } = limit.algorithm {
+                if let Some(entry) = guards[slot].get_mut(key.as_slice()) {
+                    algorithm::release(&mut entry.state, request.id);
+                }
+            }
+        }
     }
 
     /// Live and expired-but-unswept entries, for tests and metrics.
@@ -157,8 +179,13 @@ impl LocalLimiter {
 
 #[async_trait]
 impl Limiter for LocalLimiter {
-    async fn check(&self, limits: &[Limit], keys: &[Vec<u8>]) -> Result<Decision, LimiterError> {
-        self.check_at(limits, keys, self.clock.now_us())
+    async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
+        self.check_at(request, self.clock.now_us())
+    }
+
+    async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
+        self.release_now(request);
+        Ok(())
     }
 
     async fn readiness(&self) -> Readiness {
@@ -175,15 +202,10 @@ mod tests {
     use super::*;
     use crate::config::rate::parse_rate;
     use crate::limiter::clock::ManualClock;
-    use crate::limiter::Algorithm;
+    use crate::limiter::{Limit, RequestId};
 
     fn limit(name: &str, algorithm: Algorithm) -> Limit {
-        Limit {
-            name: name.into(),
-            algorithm,
-            cost: 1,
-            rate: parse_rate("1/s").unwrap(),
-        }
+        Limit::new(name, algorithm, 1, parse_rate("1/s").unwrap())
     }
 
     fn gcra(count_per_s: u64, burst: u64) -> Algorithm {
@@ -191,6 +213,21 @@ mod tests {
         Algorithm::Gcra {
             emission_us,
             tolerance_us: emission_us * (burst + 1),
+            max_delay_us: 0,
+        }
+    }
+
+    fn request<'a>(
+        limits: &'a [Limit],
+        keys: &'a [Vec<u8>],
+        costs: &'a [u64],
+        id: u128,
+    ) -> LimitRequest<'a> {
+        LimitRequest {
+            limits,
+            keys,
+            costs,
+            id: RequestId(id),
         }
     }
 
@@ -199,30 +236,63 @@ mod tests {
         let limiter = LocalLimiter::new(Arc::new(ManualClock::new(0)), 1000);
         let limits = [limit("wide", gcra(10, 9)), limit("narrow", gcra(1, 1))];
         let keys = vec![b"wide".to_vec(), b"narrow".to_vec()];
+        let both = request(&limits, &keys, &[1, 1], 0);
         let allowed = (0..5)
-            .filter(|_| limiter.check_at(&limits, &keys, 0).unwrap().allowed())
+            .filter(|_| limiter.check_at(&both, 0).unwrap().allowed())
             .count();
         assert_eq!(allowed, 2);
         // "wide" saw five requests but only the two admitted ones counted: 10 - 2 = 8 remain,
         // and denied requests report exactly that.
-        let denied = limiter.check_at(&limits, &keys, 0).unwrap();
+        let denied = limiter.check_at(&both, 0).unwrap();
         assert_eq!(
             (denied.denied_by, denied.statuses[0].remaining),
             (Some(1), 8)
         );
-        let alone = limiter.check_at(&limits[..1], &keys[..1], 0).unwrap();
+        let alone = limiter
+            .check_at(&request(&limits[..1], &keys[..1], &[1], 0), 0)
+            .unwrap();
         assert_eq!(alone.statuses[0].remaining, 7);
     }
 
     #[test]
+    fn concurrency_leases_are_released_by_id() {
+        let limiter = LocalLimiter::new(Arc::new(ManualClock::new(0)), 1000);
+        let limits = [limit(
+            "c",
+            Algorithm::Concurrency {
+                max: 1,
+                lease_us: 60_000_000,
+            },
+        )];
+        let keys = vec![b"c".to_vec()];
+        assert!(limiter
+            .check_at(&request(&limits, &keys, &[1], 1), 0)
+            .unwrap()
+            .allowed());
+        assert!(!limiter
+            .check_at(&request(&limits, &keys, &[1], 2), 0)
+            .unwrap()
+            .allowed());
+        limiter.release_now(&request(&limits, &keys, &[1], 2)); // not a holder: no effect
+        assert!(!limiter
+            .check_at(&request(&limits, &keys, &[1], 3), 0)
+            .unwrap()
+            .allowed());
+        limiter.release_now(&request(&limits, &keys, &[1], 1));
+        assert!(limiter
+            .check_at(&request(&limits, &keys, &[1], 4), 0)
+            .unwrap()
+            .allowed());
+    }
+
+    #[test]
     fn full_map_sweeps_expired_state_then_refuses_rather_than_admitting_untracked() {
-        let clock = Arc::new(ManualClock::new(0));
-        let limiter = LocalLimiter::new(clock, SHARDS); // one key per shard
+        let limiter = LocalLimiter::new(Arc::new(ManualClock::new(0)), SHARDS); // one key per shard
         let limits = [limit("l", gcra(1, 0))];
         let mut refused = 0;
         for i in 0..(SHARDS * 4) {
             let key = vec![format!("k{i}").into_bytes()];
-            match limiter.check_at(&limits, &key, 0) {
+            match limiter.check_at(&request(&limits, &key, &[1], 0), 0) {
                 Ok(d) => assert!(d.allowed()),
                 Err(LimiterError::LocalCapacity(_)) => refused += 1,
                 Err(other) => panic!("unexpected {other}"),
@@ -232,8 +302,9 @@ mod tests {
         // Two seconds later every state has expired: new keys fit again.
         let after = (0..SHARDS)
             .filter(|i| {
+                let key = [format!("n{i}").into_bytes()];
                 limiter
-                    .check_at(&limits, &[format!("n{i}").into_bytes()], 2_000_000)
+                    .check_at(&request(&limits, &key, &[1], 0), 2_000_000)
                     .is_ok()
             })
             .count();

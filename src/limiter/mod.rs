@@ -11,26 +11,99 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-pub use algorithm::Algorithm;
+pub use algorithm::{Algorithm, RequestId};
 
 use crate::config::rate::Rate;
+
+/// Units one request consumes from a limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cost {
+    Fixed(u64),
+    /// Read from a request header: a whole number from 1 to `max`; `default` when absent.
+    Header {
+        name: http::header::HeaderName,
+        max: u64,
+        default: u64,
+    },
+}
 
 /// One compiled limit of a route: algorithm and parameters, fixed at config load.
 #[derive(Debug, Clone)]
 pub struct Limit {
     pub name: Arc<str>,
     pub algorithm: Algorithm,
-    /// Units one request consumes.
-    pub cost: u64,
-    /// The rate as configured, for the `RateLimit-Policy` header.
-    pub rate: Rate,
+    pub cost: Cost,
+    /// What the `RateLimit-Policy` header advertises: quota `q` per `w` seconds; `None` for
+    /// limits that are not rates (concurrency).
+    pub policy: Option<(u64, u64)>,
 }
 
 impl Limit {
-    /// The most units this limit admits at once (the `q` of `RateLimit-Policy`).
-    pub fn quota(&self) -> u64 {
-        self.rate.count.get()
+    /// A limit with a fixed cost and the policy implied by `rate` (tests and tools).
+    pub fn new(name: &str, algorithm: Algorithm, cost: u64, rate: Rate) -> Limit {
+        Limit {
+            name: name.into(),
+            algorithm,
+            cost: Cost::Fixed(cost),
+            policy: Some(policy_of(rate)),
+        }
     }
+}
+
+/// `(q, w)`: the rate's count per its period in whole seconds (rounded up, at least 1).
+pub fn policy_of(rate: Rate) -> (u64, u64) {
+    (
+        rate.count.get(),
+        (rate.period.as_millis() as u64).div_ceil(1000).max(1),
+    )
+}
+
+/// Hands out request ids unique across gateways: a random 64-bit prefix per process and a
+/// counter.
+#[derive(Debug)]
+pub struct RequestIds {
+    prefix: u64,
+    counter: std::sync::atomic::AtomicU64,
+}
+
+impl RequestIds {
+    pub fn new() -> RequestIds {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let seed = format!(
+            "{nanos}:{}:{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        );
+        RequestIds {
+            prefix: xxhash_rust::xxh3::xxh3_64(seed.as_bytes()),
+            counter: Default::default(),
+        }
+    }
+
+    pub fn next(&self) -> RequestId {
+        let n = self
+            .counter
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        RequestId((u128::from(self.prefix) << 64) | u128::from(n))
+    }
+}
+
+impl Default for RequestIds {
+    fn default() -> Self {
+        RequestIds::new()
+    }
+}
+
+/// Everything one limiter call needs: the route's limits, one key and one cost per limit, and
+/// a request id unique across gateways (log members and leases).
+#[derive(Debug, Clone, Copy)]
+pub struct LimitRequest<'a> {
+    pub limits: &'a [Limit],
+    pub keys: &'a [Vec<u8>],
+    pub costs: &'a [u64],
+    pub id: RequestId,
 }
 
 /// How one limit judged one request. Times are whole milliseconds, rounded up.
@@ -43,6 +116,8 @@ pub struct LimitStatus {
     pub retry_after_ms: Option<u64>,
     /// When the limit is back to its full quota.
     pub reset_after_ms: u64,
+    /// How long an allowed request is held before it proceeds (shaping with `max_delay`).
+    pub delay_ms: u64,
 }
 
 /// The verdict on one request across all limits of its route.
@@ -76,6 +151,14 @@ impl Decision {
     pub fn retry_after_ms(&self) -> Option<Option<u64>> {
         self.denied_by.map(|i| self.statuses[i].retry_after_ms)
     }
+
+    /// How long an allowed request must be held (the longest shaping delay of its limits).
+    pub fn delay_ms(&self) -> u64 {
+        if !self.allowed() {
+            return 0;
+        }
+        self.statuses.iter().map(|s| s.delay_ms).max().unwrap_or(0)
+    }
 }
 
 /// Why a limiter could not decide. `kind()` is the metric label.
@@ -94,6 +177,12 @@ pub enum LimiterError {
 }
 
 impl LimiterError {
+    /// Errors that deny the request whatever the failure mode: admitting would mean admitting a
+    /// request the limiter cannot track.
+    pub fn always_denies(&self) -> bool {
+        matches!(self, LimiterError::LocalCapacity(_))
+    }
+
     /// Every value `kind()` can take, so metrics can show them at zero from the start.
     pub const KINDS: [&'static str; 13] = [
         "timeout",
@@ -131,10 +220,14 @@ pub enum Readiness {
 
 /// Decides every limit of a route in one atomic step.
 ///
-/// `keys[i]` is the state key of `limits[i]`. Nothing is consumed unless every limit allows.
+/// `keys[i]` and `costs[i]` belong to `limits[i]`. Nothing is consumed unless every limit allows.
 #[async_trait]
 pub trait Limiter: Send + Sync {
-    async fn check(&self, limits: &[Limit], keys: &[Vec<u8>]) -> Result<Decision, LimiterError>;
+    async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError>;
+
+    /// Returns the concurrency leases `request` took (call once the response is finished or the
+    /// client has gone). Limits of other algorithms are ignored.
+    async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError>;
 
     async fn readiness(&self) -> Readiness;
 
@@ -152,6 +245,7 @@ mod tests {
             remaining: 0,
             retry_after_ms: retry,
             reset_after_ms: 0,
+            delay_ms: 0,
         }
     }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::{script, Decision, Limit, Limiter, LimiterError, Readiness};
+use super::{script, Algorithm, Decision, LimitRequest, Limiter, LimiterError, Readiness};
 
 /// How long a background reconnect attempt may take; requests never wait for it beyond
 /// their own deadline.
@@ -21,6 +21,7 @@ pub struct RedisLimiter {
     client: redis::Client,
     connection: OnceLock<ConnectionManager>,
     script: redis::Script,
+    release: redis::Script,
     deadline: Duration,
 }
 
@@ -31,6 +32,7 @@ impl RedisLimiter {
             client: redis::Client::open(url)?,
             connection: OnceLock::new(),
             script: redis::Script::new(script::SOURCE),
+            release: redis::Script::new(script::RELEASE_SOURCE),
             deadline,
         })
     }
@@ -54,18 +56,52 @@ impl RedisLimiter {
         Ok(self.connection.get_or_init(|| manager).clone())
     }
 
-    async fn evaluate(&self, limits: &[Limit], keys: &[Vec<u8>]) -> Result<Decision, LimiterError> {
+    async fn evaluate(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
         let mut connection = self.connection()?;
         let mut invocation = self.script.prepare_invoke();
-        for key in keys {
+        for key in request.keys {
             invocation.key(key.as_slice());
         }
-        script::push_args(&mut invocation, limits, None);
+        script::push_args(&mut invocation, request, None);
         let reply: Vec<i64> = invocation
             .invoke_async(&mut connection)
             .await
             .map_err(classify)?;
-        script::parse_reply(&reply, limits.len())
+        script::parse_reply(&reply, request.limits.len())
+    }
+
+    async fn release_leases(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
+        let mut invocation = self.release.prepare_invoke();
+        let mut any = false;
+        for (limit, key) in request.limits.iter().zip(request.keys) {
+            if let Algorithm::Concurrency { .. } = limit.algorithm {
+                invocation.key(key.as_slice());
+                any = true;
+            }
+        }
+        if !any {
+            return Ok(());
+        }
+        invocation.arg(request.id.to_string());
+        let mut connection = self.connection()?;
+        invocation
+            .invoke_async::<i64>(&mut connection)
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+
+    /// Runs `call` under the deadline; a call that misses it is abandoned, never retried.
+    async fn within_deadline<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, LimiterError>>,
+    ) -> Result<T, LimiterError> {
+        match tokio::time::timeout(self.deadline, call).await {
+            Ok(Err(LimiterError::Timeout(_))) | Err(_) => {
+                Err(LimiterError::Timeout(self.deadline_ms()))
+            }
+            Ok(result) => result,
+        }
     }
 }
 
@@ -97,13 +133,12 @@ pub fn classify(error: redis::RedisError) -> LimiterError {
 
 #[async_trait]
 impl Limiter for RedisLimiter {
-    async fn check(&self, limits: &[Limit], keys: &[Vec<u8>]) -> Result<Decision, LimiterError> {
-        match tokio::time::timeout(self.deadline, self.evaluate(limits, keys)).await {
-            Ok(Err(LimiterError::Timeout(_))) | Err(_) => {
-                Err(LimiterError::Timeout(self.deadline_ms()))
-            }
-            Ok(result) => result,
-        }
+    async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
+        self.within_deadline(self.evaluate(request)).await
+    }
+
+    async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
+        self.within_deadline(self.release_leases(request)).await
     }
 
     async fn readiness(&self) -> Readiness {

@@ -1,7 +1,7 @@
-//! The one Lua script that decides all limits of a route, composed from `lua/`, and the
-//! encoding of its arguments and reply. The reply contract is stated in `lua/check.lua`.
+//! The Lua scripts, composed from `lua/`, and the encoding of their arguments and replies. The
+//! contracts are stated in `lua/check.lua` and `lua/release.lua`.
 
-use super::{Decision, Limit, LimitStatus, LimiterError};
+use super::{Decision, LimitRequest, LimitStatus, LimiterError};
 
 /// prelude, one file per algorithm, then the driver: one script, one EVALSHA per request.
 pub const SOURCE: &str = concat!(
@@ -11,30 +11,41 @@ pub const SOURCE: &str = concat!(
     "\n",
     include_str!("../../lua/fixed_window.lua"),
     "\n",
+    include_str!("../../lua/sliding_window.lua"),
+    "\n",
+    include_str!("../../lua/sliding_log.lua"),
+    "\n",
+    include_str!("../../lua/concurrency.lua"),
+    "\n",
     include_str!("../../lua/check.lua"),
 );
 
-/// Integers per limit in the reply.
-const REPLY_STRIDE: usize = 4;
+/// Returns a request's concurrency leases.
+pub const RELEASE_SOURCE: &str = include_str!("../../lua/release.lua");
 
-/// Appends ARGV for one call: the clock (`None`: Redis TIME), then per limit its algorithm,
-/// parameters and cost. Keys are added by the caller in the same order.
+/// Integers per limit in the reply.
+const REPLY_STRIDE: usize = 5;
+
+/// Appends ARGV for one call: the clock (`None`: Redis TIME), the request id, then per limit its
+/// algorithm, parameters and cost. Keys are added by the caller in the same order.
 pub fn push_args(
     invocation: &mut redis::ScriptInvocation<'_>,
-    limits: &[Limit],
+    request: &LimitRequest<'_>,
     now_us: Option<u64>,
 ) {
     match now_us {
         Some(now) => invocation.arg(now),
         None => invocation.arg(""),
     };
-    for limit in limits {
-        let [p1, p2] = limit.algorithm.script_params();
+    invocation.arg(request.id.to_string());
+    for (limit, cost) in request.limits.iter().zip(request.costs) {
+        let [p1, p2, p3] = limit.algorithm.script_params();
         invocation
             .arg(limit.algorithm.script_name())
             .arg(p1)
             .arg(p2)
-            .arg(limit.cost);
+            .arg(p3)
+            .arg(*cost);
     }
 }
 
@@ -49,16 +60,21 @@ pub fn parse_reply(reply: &[i64], limits: usize) -> Result<Decision, LimiterErro
     }
     let statuses = reply
         .chunks_exact(REPLY_STRIDE)
-        .map(|quad| {
-            let [allowed, remaining, retry, reset] = [quad[0], quad[1], quad[2], quad[3]];
-            if !(0..=1).contains(&allowed) || remaining < 0 || retry < -1 || reset < 0 {
-                return Err(LimiterError::Reply(format!("out-of-range status {quad:?}")));
+        .map(|status| {
+            let [allowed, remaining, retry, reset, delay] =
+                [status[0], status[1], status[2], status[3], status[4]];
+            if !(0..=1).contains(&allowed) || remaining < 0 || retry < -1 || reset < 0 || delay < 0
+            {
+                return Err(LimiterError::Reply(format!(
+                    "out-of-range status {status:?}"
+                )));
             }
             Ok(LimitStatus {
                 allowed: allowed == 1,
                 remaining: remaining as u64,
                 retry_after_ms: (retry >= 0).then_some(retry as u64),
                 reset_after_ms: reset as u64,
+                delay_ms: delay as u64,
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -71,18 +87,21 @@ mod tests {
 
     #[test]
     fn parses_a_reply_and_names_the_longest_denial() {
-        let d = parse_reply(&[1, 4, 0, 100, 0, 0, 250, 1000], 2).unwrap();
+        let d = parse_reply(&[1, 4, 0, 100, 0, 0, 0, 250, 1000, 0], 2).unwrap();
         assert_eq!(d.denied_by, Some(1));
         assert_eq!(d.statuses[0].remaining, 4);
         assert_eq!(d.statuses[1].retry_after_ms, Some(250));
-        let never = parse_reply(&[0, 0, -1, 0], 1).unwrap();
+        let never = parse_reply(&[0, 0, -1, 0, 0], 1).unwrap();
         assert_eq!(never.retry_after_ms(), Some(None));
+        let shaped = parse_reply(&[1, 0, 0, 300, 120], 1).unwrap();
+        assert_eq!(shaped.delay_ms(), 120);
     }
 
     #[test]
     fn refuses_malformed_replies() {
         assert!(parse_reply(&[1, 2, 3], 1).is_err());
-        assert!(parse_reply(&[2, 0, 0, 0], 1).is_err());
-        assert!(parse_reply(&[0, -1, 0, 0], 1).is_err());
+        assert!(parse_reply(&[2, 0, 0, 0, 0], 1).is_err());
+        assert!(parse_reply(&[0, -1, 0, 0, 0], 1).is_err());
+        assert!(parse_reply(&[1, 0, 0, 0, -3], 1).is_err());
     }
 }

@@ -17,7 +17,7 @@ use pingora::{Error, ErrorType};
 use crate::config::{Config, FailureMode};
 use crate::identity;
 use crate::keys::RequestFacts;
-use crate::limiter::{Decision, Limiter, LimiterError};
+use crate::limiter::{Cost, Decision, LimitRequest, Limiter, LimiterError, RequestId, RequestIds};
 use crate::metrics::{self, Metrics, Outcome};
 use crate::router::{Route, RouteTable};
 use respond::{respond, Rejection};
@@ -28,6 +28,42 @@ pub struct RequestCtx {
     route: Option<Arc<Route>>,
     decision: Option<Decision>,
     outcome: Option<Outcome>,
+    /// What the limiter was asked, kept to release concurrency leases when the request ends.
+    keys: Vec<Vec<u8>>,
+    costs: Vec<u64>,
+    id: RequestId,
+}
+
+impl RequestCtx {
+    fn limit_request<'a>(&'a self, route: &'a Route) -> LimitRequest<'a> {
+        LimitRequest {
+            limits: &route.limits,
+            keys: &self.keys,
+            costs: &self.costs,
+            id: self.id,
+        }
+    }
+}
+
+/// Each limit's cost for this request; `Err` names what is wrong with a cost header.
+fn request_costs(
+    limits: &[crate::limiter::Limit],
+    headers: &http::HeaderMap,
+) -> Result<Vec<u64>, &'static str> {
+    limits
+        .iter()
+        .map(|limit| match &limit.cost {
+            Cost::Fixed(cost) => Ok(*cost),
+            Cost::Header { name, max, default } => match headers.get(name) {
+                None => Ok(*default),
+                Some(value) => std::str::from_utf8(value.as_bytes())
+                    .ok()
+                    .and_then(|text| text.trim().parse::<u64>().ok())
+                    .filter(|cost| (1..=*max).contains(cost))
+                    .ok_or("The cost header must be a whole number within the limit's cost_max."),
+            },
+        })
+        .collect()
 }
 
 pub struct Gateway {
@@ -35,6 +71,7 @@ pub struct Gateway {
     limiter: Arc<dyn Limiter>,
     failure_mode: FailureMode,
     metrics: Metrics,
+    request_ids: RequestIds,
     /// Unix second of the last limiter error logged: at most one line per second.
     last_error_log: AtomicU64,
 }
@@ -47,6 +84,7 @@ impl Gateway {
             limiter,
             failure_mode: config.failure_mode,
             metrics,
+            request_ids: RequestIds::new(),
             last_error_log: AtomicU64::new(0),
         }
     }
@@ -104,7 +142,7 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
-        let (route, keys) = {
+        let route = {
             let host = request_host(session);
             let req = session.req_header();
             let path = req.uri.path();
@@ -131,12 +169,24 @@ impl ProxyHttp for Gateway {
                 headers: &req.headers,
                 route: &route.name,
             };
-            let keys = route.keys.build(&facts);
-            (route, keys)
+            ctx.keys = route.keys.build(&facts);
+            match request_costs(&route.limits, &req.headers) {
+                Ok(costs) => ctx.costs = costs,
+                Err(reason) => {
+                    ctx.outcome = Some(Outcome::BadRequest);
+                    ctx.route = Some(route);
+                    respond(session, Rejection::BadRequest(reason)).await?;
+                    return Ok(true);
+                }
+            }
+            if route.needs_request_id {
+                ctx.id = self.request_ids.next();
+            }
+            route
         };
 
         let started = Instant::now();
-        let result = self.limiter.check(&route.limits, &keys).await;
+        let result = self.limiter.check(&ctx.limit_request(&route)).await;
         metrics::LIMITER_DURATION
             .with_label_values(&[self.limiter.backend()])
             .observe(started.elapsed().as_secs_f64());
@@ -144,7 +194,12 @@ impl ProxyHttp for Gateway {
         let handled = match result {
             Ok(decision) if decision.allowed() => {
                 ctx.outcome = Some(Outcome::Allowed);
+                let delay = decision.delay_ms();
                 ctx.decision = Some(decision);
+                if delay > 0 {
+                    // Shaping (max_delay): the slot is reserved; hold the request until it comes.
+                    tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+                }
                 false
             }
             Ok(decision) => {
@@ -166,11 +221,11 @@ impl ProxyHttp for Gateway {
                     .inc();
                 self.log_limiter_error(&error);
                 match self.failure_mode {
-                    FailureMode::Allow => {
+                    FailureMode::Allow if !error.always_denies() => {
                         ctx.outcome = Some(Outcome::ErrorAllowed);
                         false
                     }
-                    FailureMode::Deny => {
+                    _ => {
                         ctx.outcome = Some(Outcome::ErrorDenied);
                         respond(session, Rejection::LimiterUnavailable).await?;
                         true
@@ -223,6 +278,17 @@ impl ProxyHttp for Gateway {
             return; // the request failed before it was routed (e.g. a malformed request)
         };
         route_metrics.count(outcome);
+        if let (Outcome::Allowed, Some(route)) = (outcome, &ctx.route) {
+            // The response is finished or the client has gone: return concurrency leases.
+            if route.holds_leases {
+                if let Err(error) = self.limiter.release(&ctx.limit_request(route)).await {
+                    metrics::LIMITER_ERRORS
+                        .with_label_values(&[error.kind()])
+                        .inc();
+                    self.log_limiter_error(&error);
+                }
+            }
+        }
         if matches!(outcome, Outcome::Allowed | Outcome::ErrorAllowed) {
             if let Some(response) = session.response_written() {
                 route_metrics.count_upstream_status(response.status.as_u16());

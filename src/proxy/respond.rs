@@ -16,6 +16,8 @@ pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
 /// Why a request is answered by the gateway instead of the upstream.
 pub enum Rejection<'a> {
     NoRoute,
+    /// The request cannot be decided as sent (e.g. a malformed cost header).
+    BadRequest(&'static str),
     Limited {
         route: &'a Route,
         decision: &'a Decision,
@@ -27,6 +29,7 @@ impl Rejection<'_> {
     pub fn status(&self) -> u16 {
         match self {
             Rejection::NoRoute => 404,
+            Rejection::BadRequest(_) => 400,
             Rejection::Limited { .. } => 429,
             Rejection::LimiterUnavailable => 503,
         }
@@ -41,7 +44,12 @@ fn ceil_seconds(ms: u64) -> u64 {
 /// `"per_client";r=0;t=1, ...`: the IETF httpapi `RateLimit` field for every limit of a route.
 pub fn ratelimit_value(route: &Route, decision: &Decision) -> Option<HeaderValue> {
     let mut value = String::with_capacity(32 * route.limits.len());
-    for (i, (limit, status)) in route.limits.iter().zip(&decision.statuses).enumerate() {
+    let rates = route
+        .limits
+        .iter()
+        .zip(&decision.statuses)
+        .filter(|(limit, _)| limit.policy.is_some());
+    for (i, (limit, status)) in rates.enumerate() {
         if i > 0 {
             value.push_str(", ");
         }
@@ -83,6 +91,7 @@ pub async fn respond(session: &mut Session, rejection: Rejection<'_>) -> pingora
     let mut header = ResponseHeader::build(status, Some(6))?;
     let body = match &rejection {
         Rejection::NoRoute => problem(status, "Not Found", "No route matches this request.", ""),
+        Rejection::BadRequest(detail) => problem(status, "Bad Request", detail, ""),
         Rejection::LimiterUnavailable => {
             header.insert_header(RETRY_AFTER, "1")?;
             problem(

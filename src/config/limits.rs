@@ -1,0 +1,309 @@
+//! `routes[].limits[]` → [`Limit`]: the algorithm's parameters, the cost, and the checks that
+//! make every limit satisfiable (a cost no request could ever pay is a config error).
+
+use std::time::Duration;
+
+use http::header::HeaderName;
+
+use super::compile::{check_name, Problems};
+use super::rate::{parse_duration, parse_rate, Rate};
+use super::raw::RawLimit;
+use crate::keys::KeyPart;
+use crate::limiter::{policy_of, Algorithm, Cost, Limit};
+
+/// Keeps every microsecond quantity of the algorithms far below 2^53 (exact in Lua doubles).
+const MAX_TOLERANCE_US: u64 = 1 << 50;
+/// A sliding log stores one entry per admitted unit: its memory grows with the limit.
+pub const MAX_SLIDING_LOG_LIMIT: u64 = 10_000;
+/// Holding requests longer than this is queueing, not shaping.
+const MAX_DELAY: Duration = Duration::from_secs(60);
+const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+
+const ALGORITHMS: &str =
+    "gcra, token_bucket, leaky_bucket, fixed_window, sliding_window, sliding_log or concurrency";
+
+/// The optional fields each algorithm accepts.
+fn accepts(algorithm: &str, field: &str) -> bool {
+    match field {
+        "rate" => algorithm != "concurrency",
+        "burst" => algorithm == "gcra",
+        "capacity" => matches!(algorithm, "token_bucket" | "leaky_bucket"),
+        "max_delay" => matches!(algorithm, "gcra" | "leaky_bucket"),
+        "max" | "lease" => algorithm == "concurrency",
+        "cost_header" | "cost_max" => algorithm != "concurrency",
+        _ => true,
+    }
+}
+
+fn duration(
+    text: Option<&str>,
+    at: String,
+    max: Duration,
+    p: &mut Problems<'_>,
+) -> Option<Duration> {
+    let value = parse_duration(text?)
+        .map_err(|e| p.add(at.clone(), e))
+        .ok()?;
+    if value > max {
+        p.add(at, format!("must be at most {}s", max.as_secs()));
+        return None;
+    }
+    Some(value)
+}
+
+pub(crate) fn compile_limit(
+    at: &str,
+    raw: RawLimit,
+    p: &mut Problems<'_>,
+) -> Option<(Limit, Vec<KeyPart>)> {
+    let name = match &raw.name {
+        Some(name) => check_name(name, &format!("{at}.name"), p).then(|| name.clone()),
+        None => {
+            p.add(format!("{at}.name"), "required");
+            None
+        }
+    };
+    let key_texts = raw
+        .key
+        .clone()
+        .unwrap_or_else(|| vec!["client_ip".to_string()]);
+    let mut parts = Vec::new();
+    for (i, text) in key_texts.iter().enumerate() {
+        match KeyPart::parse(text) {
+            Ok(part) => parts.push(part),
+            Err(e) => p.add(format!("{at}.key[{i}]"), e),
+        }
+    }
+    let parts_ok = parts.len() == key_texts.len();
+
+    let kind = raw.algorithm.as_deref().unwrap_or("gcra");
+    let known = ALGORITHMS
+        .replace(" or ", ", ")
+        .split(", ")
+        .any(|a| a == kind);
+    if !known {
+        p.add(
+            format!("{at}.algorithm"),
+            format!("unknown algorithm {kind:?}: use {ALGORITHMS}"),
+        );
+        return None;
+    }
+    let present = [
+        ("burst", raw.burst.is_some()),
+        ("capacity", raw.capacity.is_some()),
+        ("max_delay", raw.max_delay.is_some()),
+        ("max", raw.max.is_some()),
+        ("lease", raw.lease.is_some()),
+        ("rate", raw.rate.is_some()),
+        ("cost_header", raw.cost_header.is_some()),
+        ("cost_max", raw.cost_max.is_some()),
+    ];
+    for (field, _) in present
+        .iter()
+        .filter(|(field, set)| *set && !accepts(kind, field))
+    {
+        p.add(
+            format!("{at}.{field}"),
+            format!("does not apply to algorithm {kind}"),
+        );
+    }
+
+    let rate: Option<Rate> = match (raw.rate.as_deref(), accepts(kind, "rate")) {
+        (Some(text), true) => parse_rate(text)
+            .map_err(|e| p.add(format!("{at}.rate"), e))
+            .ok(),
+        (None, true) => {
+            p.add(format!("{at}.rate"), "required, e.g. 10/s or 100/30s");
+            None
+        }
+        (_, false) => None,
+    };
+    let max_delay = duration(
+        raw.max_delay.as_deref(),
+        format!("{at}.max_delay"),
+        MAX_DELAY,
+        p,
+    )
+    .unwrap_or_default();
+    let algorithm = compile_algorithm(at, kind, &raw, rate, max_delay, p);
+
+    // The largest cost one request can ever be granted by this limit.
+    let capacity = algorithm.map(|a| match a {
+        Algorithm::Gcra {
+            emission_us,
+            tolerance_us,
+            max_delay_us,
+        } => (tolerance_us + max_delay_us) / emission_us,
+        Algorithm::FixedWindow { limit, .. }
+        | Algorithm::SlidingWindow { limit, .. }
+        | Algorithm::SlidingLog { limit, .. } => limit,
+        Algorithm::Concurrency { .. } => 1,
+    });
+    let cost = compile_cost(at, &raw, capacity, p);
+
+    let (name, algorithm, cost) = (name?, algorithm?, cost?);
+    let policy = rate.map(policy_of);
+    parts_ok.then(|| {
+        (
+            Limit {
+                name: name.into(),
+                algorithm,
+                cost,
+                policy,
+            },
+            parts,
+        )
+    })
+}
+
+fn compile_algorithm(
+    at: &str,
+    kind: &str,
+    raw: &RawLimit,
+    rate: Option<Rate>,
+    max_delay: Duration,
+    p: &mut Problems<'_>,
+) -> Option<Algorithm> {
+    let max_delay_us = max_delay.as_micros() as u64;
+    let gcra = |units: u64, field: &str, p: &mut Problems<'_>| {
+        let rate = rate?;
+        let emission_us = rate.period_us().div_ceil(rate.count.get());
+        match units.checked_mul(emission_us) {
+            Some(tolerance_us) if tolerance_us <= MAX_TOLERANCE_US => Some(Algorithm::Gcra {
+                emission_us,
+                tolerance_us,
+                max_delay_us,
+            }),
+            _ => {
+                p.add(
+                    format!("{at}.{field}"),
+                    format!("{field} is too large for rate {rate}"),
+                );
+                None
+            }
+        }
+    };
+    match kind {
+        "gcra" => gcra(raw.burst.unwrap_or(0).saturating_add(1), "burst", p),
+        "token_bucket" | "leaky_bucket" => match raw.capacity {
+            Some(capacity) if capacity >= 1 => gcra(capacity, "capacity", p),
+            Some(_) => {
+                p.add(format!("{at}.capacity"), "must be at least 1");
+                None
+            }
+            None => {
+                p.add(format!("{at}.capacity"), format!("required for {kind}"));
+                None
+            }
+        },
+        "fixed_window" => rate.map(|r| Algorithm::FixedWindow {
+            limit: r.count.get(),
+            window_us: r.period_us(),
+        }),
+        "sliding_window" => rate.map(|r| Algorithm::SlidingWindow {
+            limit: r.count.get(),
+            window_us: r.period_us(),
+        }),
+        "sliding_log" => {
+            let rate = rate?;
+            if rate.count.get() > MAX_SLIDING_LOG_LIMIT {
+                p.add(
+                    format!("{at}.rate"),
+                    format!(
+                        "sliding_log keeps one entry per request: at most {MAX_SLIDING_LOG_LIMIT} per window (use sliding_window or gcra)"
+                    ),
+                );
+                return None;
+            }
+            Some(Algorithm::SlidingLog {
+                limit: rate.count.get(),
+                window_us: rate.period_us(),
+            })
+        }
+        "concurrency" => {
+            let lease = duration(raw.lease.as_deref(), format!("{at}.lease"), MAX_LEASE, p)
+                .unwrap_or(DEFAULT_LEASE);
+            match raw.max {
+                Some(max) if max >= 1 => Some(Algorithm::Concurrency {
+                    max,
+                    lease_us: lease.as_micros() as u64,
+                }),
+                Some(_) => {
+                    p.add(format!("{at}.max"), "must be at least 1");
+                    None
+                }
+                None => {
+                    p.add(
+                        format!("{at}.max"),
+                        "required for concurrency (requests in flight per key)",
+                    );
+                    None
+                }
+            }
+        }
+        _ => None,
+    }
+}
+
+fn compile_cost(
+    at: &str,
+    raw: &RawLimit,
+    capacity: Option<u64>,
+    p: &mut Problems<'_>,
+) -> Option<Cost> {
+    let fixed = raw.cost.unwrap_or(1);
+    if fixed == 0 {
+        p.add(format!("{at}.cost"), "must be at least 1");
+        return None;
+    }
+    let too_large = |value: u64, field: &str, p: &mut Problems<'_>| match capacity {
+        Some(capacity) if value > capacity => {
+            p.add(
+                format!("{at}.{field}"),
+                format!("{field} {value} exceeds what this limit can ever admit ({capacity}): no request could ever pass"),
+            );
+            true
+        }
+        _ => false,
+    };
+    match (&raw.cost_header, raw.cost_max) {
+        (None, None) => (!too_large(fixed, "cost", p)).then_some(Cost::Fixed(fixed)),
+        (None, Some(_)) => {
+            p.add(format!("{at}.cost_max"), "applies only with cost_header");
+            None
+        }
+        (Some(_), None) => {
+            p.add(
+                format!("{at}.cost_max"),
+                "required with cost_header: the largest cost a request may claim",
+            );
+            None
+        }
+        (Some(header), Some(max)) => {
+            let name = HeaderName::from_bytes(header.as_bytes())
+                .map_err(|_| {
+                    p.add(
+                        format!("{at}.cost_header"),
+                        format!("invalid header name {header:?}"),
+                    )
+                })
+                .ok();
+            if max == 0 || fixed > max {
+                p.add(
+                    format!("{at}.cost_max"),
+                    format!("must be at least 1 and at least cost ({fixed})"),
+                );
+                return None;
+            }
+            if too_large(max, "cost_max", p) {
+                return None;
+            }
+            name.map(|name| Cost::Header {
+                name,
+                max,
+                default: fixed,
+            })
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! Concurrency: at most `max` requests in flight per key: mirrors `lua/concurrency.lua`.
+//!
+//! Each admitted request holds a lease until it is released (response finished or client gone)
+//! or until the lease expires, so a gateway that dies cannot leak slots. A denied request is told
+//! to retry after the earliest lease expiry, at most one second (slots usually free sooner).
+
+use super::{allowed, denied, RequestId, State, Write};
+use crate::limiter::LimitStatus;
+
+/// The longest `Retry-After` a full concurrency limit advertises.
+pub const MAX_RETRY_US: i64 = 1_000_000;
+
+pub fn decide(
+    max: u64,
+    lease: i64,
+    leases: &[(RequestId, i64)],
+    now: i64,
+    cost: u64,
+    id: RequestId,
+) -> (LimitStatus, Option<Write>) {
+    let live: Vec<(RequestId, i64)> = leases
+        .iter()
+        .copied()
+        .filter(|&(_, expiry)| expiry > now)
+        .collect();
+    let count = live.len() as u64;
+    let latest = live
+        .iter()
+        .map(|&(_, expiry)| expiry - now)
+        .max()
+        .unwrap_or(0);
+    if cost == 0 {
+        return (allowed(max.saturating_sub(count), latest), None);
+    }
+    if count + 1 > max {
+        let earliest = live
+            .iter()
+            .map(|&(_, expiry)| expiry - now)
+            .min()
+            .unwrap_or(0);
+        return (
+            denied(0, Some(earliest.clamp(1, MAX_RETRY_US)), latest),
+            None,
+        );
+    }
+    let mut leases = live;
+    leases.push((id, now + lease));
+    let ttl = latest.max(lease);
+    (
+        allowed(max - count - 1, ttl),
+        Some(Write {
+            state: State::Leases { leases },
+            ttl_us: ttl,
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holds_at_most_max_leases_and_expired_ones_free_their_slot() {
+        let leases = [(RequestId(1), 2_000_000), (RequestId(2), 3_000_000)];
+        let (status, _) = decide(2, 1_000_000, &leases, 1_500_000, 1, RequestId(3));
+        assert_eq!((status.allowed, status.retry_after_ms), (false, Some(500)));
+        let (status, write) = decide(2, 1_000_000, &leases, 2_000_000, 1, RequestId(3));
+        assert!(status.allowed);
+        let state = write.unwrap().state;
+        assert_eq!(
+            state,
+            State::Leases {
+                leases: vec![(RequestId(2), 3_000_000), (RequestId(3), 3_000_000)]
+            }
+        );
+    }
+}

@@ -1,0 +1,239 @@
+//! The rate-limiting algorithms as pure functions of (state, now, cost).
+//!
+//! This is the reference the Lua scripts in `lua/` mirror, one file per algorithm on both sides:
+//! the in-process backend runs these functions directly, and a property test checks the scripts
+//! against them. All times are integer microseconds; replies are rounded up to whole
+//! milliseconds exactly as the scripts do. Where a fraction is needed (the sliding window's
+//! weight) both sides compute it with the same IEEE-754 double operations in the same order.
+
+mod concurrency;
+mod fixed_window;
+mod gcra;
+mod sliding_log;
+mod sliding_window;
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use super::LimitStatus;
+
+/// How one limit decides. Parameters are precomputed at config load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// Generic cell rate algorithm with redis-cell `CL.THROTTLE` semantics: one unit every
+    /// `emission_us`, and `tolerance_us` of credit (`emission × (burst + 1)`, or
+    /// `emission × capacity` for the token and leaky buckets). A request that would pass within
+    /// `max_delay_us` more is admitted and delayed instead of denied (shaping).
+    Gcra {
+        emission_us: u64,
+        tolerance_us: u64,
+        max_delay_us: u64,
+    },
+    /// At most `limit` units per window; the window starts at the first hit (INCRBY + PEXPIRE).
+    FixedWindow { limit: u64, window_us: u64 },
+    /// Two aligned counters; the previous window's count weighted by its overlap.
+    SlidingWindow { limit: u64, window_us: u64 },
+    /// Exact: a log of admitted units' timestamps over the last window.
+    SlidingLog { limit: u64, window_us: u64 },
+    /// At most `max` requests in flight per key, each holding a lease that expires.
+    Concurrency { max: u64, lease_us: u64 },
+}
+
+/// A unique request identity: members of sliding logs and concurrency leases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RequestId(pub u128);
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// What a backend remembers per key. Absent state and expired state mean the same thing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Theoretical arrival time of the next unit.
+    Gcra { tat_us: i64 },
+    /// End of the current window and the units counted in it.
+    Window { end_us: i64, count: u64 },
+    /// Start of the current aligned window, and the counts of it and of the one before.
+    Sliding {
+        start_us: i64,
+        previous: u64,
+        current: u64,
+    },
+    /// Timestamps of admitted units, ascending.
+    Log { stamps: VecDeque<i64> },
+    /// Leases held: request and expiry.
+    Leases { leases: Vec<(RequestId, i64)> },
+}
+
+/// A state to store, and how long until it is equivalent to absent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Write {
+    pub state: State,
+    pub ttl_us: i64,
+}
+
+/// Microseconds to whole milliseconds, rounded up, as the scripts reply.
+pub fn ceil_ms(us: i64) -> u64 {
+    if us <= 0 {
+        0
+    } else {
+        (us as u64).div_ceil(1000)
+    }
+}
+
+/// The status of a denied request.
+fn denied(remaining: u64, retry_us: Option<i64>, reset_us: i64) -> LimitStatus {
+    LimitStatus {
+        allowed: false,
+        remaining,
+        retry_after_ms: retry_us.map(ceil_ms),
+        reset_after_ms: ceil_ms(reset_us),
+        delay_ms: 0,
+    }
+}
+
+/// The status of an allowed request.
+fn allowed(remaining: u64, reset_us: i64) -> LimitStatus {
+    LimitStatus {
+        allowed: true,
+        remaining,
+        retry_after_ms: Some(0),
+        reset_after_ms: ceil_ms(reset_us),
+        delay_ms: 0,
+    }
+}
+
+impl Algorithm {
+    /// The identifier the Lua driver dispatches on.
+    pub fn script_name(&self) -> &'static str {
+        match self {
+            Algorithm::Gcra { .. } => "gcra",
+            Algorithm::FixedWindow { .. } => "fixed_window",
+            Algorithm::SlidingWindow { .. } => "sliding_window",
+            Algorithm::SlidingLog { .. } => "sliding_log",
+            Algorithm::Concurrency { .. } => "concurrency",
+        }
+    }
+
+    /// The three numeric parameters passed to the script for this algorithm.
+    pub fn script_params(&self) -> [u64; 3] {
+        match *self {
+            Algorithm::Gcra {
+                emission_us,
+                tolerance_us,
+                max_delay_us,
+            } => [emission_us, tolerance_us, max_delay_us],
+            Algorithm::FixedWindow { limit, window_us }
+            | Algorithm::SlidingWindow { limit, window_us }
+            | Algorithm::SlidingLog { limit, window_us } => [limit, window_us, 0],
+            Algorithm::Concurrency { max, lease_us } => [max, lease_us, 0],
+        }
+    }
+
+    /// Whether requests through this limit need a unique id (log members, leases).
+    pub fn needs_request_id(&self) -> bool {
+        matches!(
+            self,
+            Algorithm::SlidingLog { .. } | Algorithm::Concurrency { .. }
+        )
+    }
+
+    /// Decides one request of `cost` units (0: peek) at `now_us` against `state`. Returns the
+    /// status and, when the request is allowed and costs something, the state to write if every
+    /// other limit of the route allows too.
+    pub fn decide(
+        &self,
+        state: Option<&State>,
+        now_us: i64,
+        cost: u64,
+        id: RequestId,
+    ) -> (LimitStatus, Option<Write>) {
+        match *self {
+            Algorithm::Gcra {
+                emission_us,
+                tolerance_us,
+                max_delay_us,
+            } => {
+                let tat = match state {
+                    Some(State::Gcra { tat_us }) => Some(*tat_us),
+                    _ => None,
+                };
+                gcra::decide(
+                    gcra::Params::new(emission_us, tolerance_us, max_delay_us),
+                    tat,
+                    now_us,
+                    cost,
+                )
+            }
+            Algorithm::FixedWindow { limit, window_us } => {
+                let window = match state {
+                    Some(State::Window { end_us, count }) => Some((*end_us, *count)),
+                    _ => None,
+                };
+                fixed_window::decide(limit, window_us as i64, window, now_us, cost)
+            }
+            Algorithm::SlidingWindow { limit, window_us } => {
+                let counters = match state {
+                    Some(State::Sliding {
+                        start_us,
+                        previous,
+                        current,
+                    }) => Some((*start_us, *previous, *current)),
+                    _ => None,
+                };
+                sliding_window::decide(limit, window_us as i64, counters, now_us, cost)
+            }
+            Algorithm::SlidingLog { limit, window_us } => {
+                let stamps = match state {
+                    Some(State::Log { stamps }) => Some(stamps),
+                    _ => None,
+                };
+                sliding_log::decide(limit, window_us as i64, stamps, now_us, cost)
+            }
+            Algorithm::Concurrency { max, lease_us } => {
+                let leases = match state {
+                    Some(State::Leases { leases }) => leases.as_slice(),
+                    _ => &[],
+                };
+                concurrency::decide(max, lease_us as i64, leases, now_us, cost, id)
+            }
+        }
+    }
+}
+
+/// Removes the lease of `id` (in-process backend; the Redis side is `lua/release.lua`).
+pub fn release(state: &mut State, id: RequestId) {
+    if let State::Leases { leases } = state {
+        leases.retain(|(holder, _)| *holder != id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ceil_ms_rounds_up() {
+        assert_eq!(
+            (
+                ceil_ms(0),
+                ceil_ms(1),
+                ceil_ms(1000),
+                ceil_ms(1001),
+                ceil_ms(-5)
+            ),
+            (0, 1, 1, 2, 0)
+        );
+    }
+
+    #[test]
+    fn request_ids_print_as_fixed_width_hex() {
+        assert_eq!(
+            RequestId(255).to_string(),
+            "000000000000000000000000000000ff"
+        );
+    }
+}

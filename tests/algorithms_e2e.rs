@@ -1,0 +1,214 @@
+//! The limiter engine through real gateways: exact limits shared by two gateway processes,
+//! concurrency leases released on completion, on disconnect and by expiry, shaping, and costs
+//! read from a header.
+
+mod support;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::{connect, http_get, metric, Gateway, RedisServer, Upstream};
+
+fn config(routes: &str) -> String {
+    format!("redis:\n  url: REDIS_URL\n  timeout_ms: 200\nfailure_mode: deny\nroutes:\n{routes}")
+}
+
+fn route(limit: &str) -> String {
+    format!(
+        "  - name: api\n    match: {{ path_prefix: / }}\n    upstream: {{ servers: [UPSTREAM] }}\n    limits:\n      - {limit}\n"
+    )
+}
+
+/// A Redis, an upstream, and a gateway whose one route has the one `limit`.
+fn one_limit(limit: &str) -> (RedisServer, Upstream, Gateway) {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let gateway = Gateway::start(&config(&route(limit)), &upstream, Some(&redis));
+    (redis, upstream, gateway)
+}
+
+/// Sends `total` requests from `clients` threads spread over `gateways`; returns the statuses.
+fn hammer(gateways: &[SocketAddr], clients: usize, total: usize, path: &str) -> Vec<u16> {
+    let gateways = Arc::new(gateways.to_vec());
+    let per_client = total / clients;
+    let threads: Vec<_> = (0..clients)
+        .map(|c| {
+            let gateways = Arc::clone(&gateways);
+            let path = path.to_string();
+            std::thread::spawn(move || {
+                (0..per_client)
+                    .map(|i| http_get(gateways[(c + i) % gateways.len()], &path, None, &[]).status)
+                    .collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .flat_map(|t| t.join().expect("client thread"))
+        .collect()
+}
+
+#[test]
+fn two_gateways_sharing_redis_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    for (name, limit) in [
+        (
+            "gcra",
+            "{ name: shared, key: [route], algorithm: gcra, rate: 50/h, burst: 49 }",
+        ),
+        (
+            "sliding_log",
+            "{ name: shared, key: [route], algorithm: sliding_log, rate: 50/h }",
+        ),
+        (
+            "fixed_window",
+            "{ name: shared, key: [route], algorithm: fixed_window, rate: 50/h }",
+        ),
+    ] {
+        redis::cmd("FLUSHALL")
+            .query::<()>(&mut redis.connection())
+            .unwrap();
+        let body = config(&route(limit));
+        let (a, b) = (
+            Gateway::start(&body, &upstream, Some(&redis)),
+            Gateway::start(&body, &upstream, Some(&redis)),
+        );
+        let statuses = hammer(&[a.proxy, b.proxy], 20, 200, "/x");
+        let admitted = statuses.iter().filter(|s| **s == 200).count();
+        let limited = statuses.iter().filter(|s| **s == 429).count();
+        println!("{name}: 200 concurrent requests over 2 gateways, limit 50: admitted {admitted}, limited {limited}");
+        assert_eq!((admitted, limited), (50, 150), "{name}");
+    }
+}
+
+#[test]
+fn concurrency_leases_are_released_when_the_response_finishes() {
+    let (_redis, _upstream, gateway) =
+        one_limit("{ name: inflight, algorithm: concurrency, max: 1 }");
+    let proxy = gateway.proxy;
+    let slow = std::thread::spawn(move || http_get(proxy, "/slow/800", None, &[]).status);
+    std::thread::sleep(Duration::from_millis(300));
+    let busy = gateway.get("/fast");
+    assert_eq!(busy.status, 429);
+    assert_eq!(busy.header("retry-after"), Some("1"));
+    assert_eq!(slow.join().unwrap(), 200);
+    assert_eq!(
+        gateway.get("/fast").status,
+        200,
+        "the finished request returned its lease"
+    );
+    assert_eq!(gateway.get("/fast").status, 200);
+}
+
+#[test]
+fn concurrency_leases_are_released_when_the_client_goes_away() {
+    let (_redis, _upstream, gateway) =
+        one_limit("{ name: inflight, algorithm: concurrency, max: 1 }");
+    let mut abandoned = connect(gateway.proxy, None);
+    abandoned
+        .write_all(b"GET /slow/30000 HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        gateway.get("/fast").status,
+        429,
+        "the slow request holds the only slot"
+    );
+    drop(abandoned);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut status = 429;
+    while status == 429 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        status = gateway.get("/fast").status;
+    }
+    assert_eq!(
+        status, 200,
+        "the slot came back long before the 30 s request could have finished"
+    );
+}
+
+#[test]
+fn concurrency_leases_of_a_killed_gateway_expire() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let body = config(&route(
+        "{ name: inflight, key: [route], algorithm: concurrency, max: 1, lease: 2s }",
+    ));
+    let doomed = Gateway::start(&body, &upstream, Some(&redis));
+    let survivor = Gateway::start(&body, &upstream, Some(&redis));
+    let mut holder = connect(doomed.proxy, None);
+    holder
+        .write_all(b"GET /slow/30000 HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(doomed); // SIGKILL: the lease is never released
+    let started = Instant::now();
+    assert_eq!(
+        survivor.get("/fast").status,
+        429,
+        "the dead gateway's lease still counts"
+    );
+    let mut status = 429;
+    while status == 429 && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(100));
+        status = survivor.get("/fast").status;
+    }
+    assert_eq!(status, 200, "the lease expired");
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "not before the lease's 2 s were over"
+    );
+}
+
+#[test]
+fn shaping_delays_a_burst_instead_of_rejecting_it() {
+    let limit = "{ name: smooth, key: [route], algorithm: leaky_bucket, rate: 10/s, capacity: 1, max_delay: 1s }";
+    let (_redis, _upstream, gateway) = one_limit(limit);
+    let started = Instant::now();
+    let statuses = hammer(&[gateway.proxy], 5, 5, "/x");
+    assert_eq!(statuses, vec![200; 5], "held, not rejected");
+    // The fifth request had to wait for its slot, 400 ms after the first.
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    let statuses = hammer(&[gateway.proxy], 20, 20, "/x");
+    assert!(
+        statuses.contains(&429),
+        "beyond max_delay requests are rejected: {statuses:?}"
+    );
+}
+
+#[test]
+fn costs_come_from_a_header_within_a_cap() {
+    let limit = "{ name: units, key: [route], algorithm: fixed_window, rate: 10/h, cost_header: x-cost, cost_max: 5 }";
+    let (_redis, _upstream, gateway) = one_limit(limit);
+    let heavy = http_get(gateway.proxy, "/x", None, &[("x-cost", "4")]);
+    assert_eq!(heavy.header("ratelimit"), Some("\"units\";r=6;t=3600"));
+    assert_eq!(
+        http_get(gateway.proxy, "/x", None, &[]).header("ratelimit"),
+        Some("\"units\";r=5;t=3600"),
+        "default cost 1"
+    );
+    for bad in ["0", "6", "-1", "lots"] {
+        let response = http_get(gateway.proxy, "/x", None, &[("x-cost", bad)]);
+        assert_eq!(response.status, 400, "cost {bad:?}");
+    }
+    assert_eq!(
+        http_get(gateway.proxy, "/x", None, &[("x-cost", "5")]).status,
+        200
+    );
+    assert_eq!(
+        http_get(gateway.proxy, "/x", None, &[("x-cost", "1")]).status,
+        429
+    );
+    let metrics = gateway.metrics();
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_requests_total",
+            &[("route", "api"), ("decision", "bad_request")]
+        ),
+        4.0
+    );
+}

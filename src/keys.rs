@@ -3,17 +3,20 @@
 //! Layout: `<prefix>:{<route>[.<tag>]}:<limit>:<digest>`.
 //! * prefix, route and limit names come from the config (checked charset, no braces), so keys
 //!   stay readable where that is safe;
-//! * `digest` is a 128-bit xxh3 of the limit's key parts, each length-prefixed, so no client
-//!   byte reaches Redis and every key has the same bounded length;
+//! * `digest` is a 128-bit keyed SipHash-1-3 of the limit's key parts, each tagged and
+//!   length-prefixed, so no client byte reaches Redis, every key has the same bounded length, and
+//!   without the secret nobody can craft two clients that share a bucket;
 //! * the hash tag `{...}` holds the route and a 64-bit digest of the parts *every* limit of the
 //!   route shares, so all keys of one call land in one Redis Cluster slot while different
 //!   clients still spread across slots.
 
 use std::net::IpAddr;
 
+use std::hash::Hasher;
+
 use http::header::HeaderName;
 use http::HeaderMap;
-use xxhash_rust::xxh3::Xxh3;
+use siphasher::sip128::{Hasher128, SipHasher13};
 
 /// One ingredient of a limit's key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,8 +27,24 @@ pub enum KeyPart {
     Method,
     Host,
     Header(HeaderName),
+    /// The first value of a query parameter, as sent (not decoded).
+    Query(Box<str>),
     Const(Box<str>),
 }
+
+/// What a limit does when a header or query part is missing from a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnMissing {
+    /// A missing part counts as an empty one: all such requests share a bucket.
+    #[default]
+    UseEmpty,
+    /// The request is refused with `400`.
+    Deny,
+}
+
+/// A request lacks a part its limit requires (`on_missing: deny`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MissingPart;
 
 impl KeyPart {
     pub fn parse(text: &str) -> Result<KeyPart, String> {
@@ -41,11 +60,16 @@ impl KeyPart {
                         format!("invalid header name {name:?} in key part {text:?}")
                     })?;
                     KeyPart::Header(name)
+                } else if let Some(name) = text.strip_prefix("query:") {
+                    if name.is_empty() {
+                        return Err(format!("empty query parameter name in key part {text:?}"));
+                    }
+                    KeyPart::Query(name.into())
                 } else if let Some(value) = text.strip_prefix("const:") {
                     KeyPart::Const(value.into())
                 } else {
                     return Err(format!(
-                        "unknown key part {text:?}: use client_ip, path, route, method, host, header:NAME or const:TEXT"
+                        "unknown key part {text:?}: use client_ip, path, route, method, host, header:NAME, query:NAME or const:TEXT"
                     ));
                 }
             }
@@ -62,15 +86,27 @@ pub struct RequestFacts<'a> {
     /// Lowercased, without port.
     pub host: &'a str,
     pub path: &'a str,
+    pub query: Option<&'a str>,
     pub headers: &'a HeaderMap,
     pub route: &'a str,
 }
 
-fn feed(hasher: &mut Xxh3, facts: &RequestFacts<'_>, part: &KeyPart) {
+fn query_value<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
+    query?
+        .split('&')
+        .find_map(|pair| match pair.split_once('=') {
+            Some((key, value)) if key == name => Some(value),
+            None if pair == name => Some(""),
+            _ => None,
+        })
+}
+
+/// Feeds one part; returns whether the request had it (header and query parts can be missing).
+fn feed(hasher: &mut impl Hasher, facts: &RequestFacts<'_>, part: &KeyPart) -> bool {
     let mut field = |tag: u8, bytes: &[u8]| {
-        hasher.update(&[tag]);
-        hasher.update(&(bytes.len() as u64).to_le_bytes());
-        hasher.update(bytes);
+        hasher.write(&[tag]);
+        hasher.write(&(bytes.len() as u64).to_le_bytes());
+        hasher.write(bytes);
     };
     match part {
         KeyPart::ClientIp => match facts.client_ip {
@@ -81,11 +117,33 @@ fn feed(hasher: &mut Xxh3, facts: &RequestFacts<'_>, part: &KeyPart) {
         KeyPart::Route => field(4, facts.route.as_bytes()),
         KeyPart::Method => field(5, facts.method.as_bytes()),
         KeyPart::Host => field(6, facts.host.as_bytes()),
-        KeyPart::Header(name) => match facts.headers.get(name) {
-            Some(value) => field(7, value.as_bytes()),
-            None => field(8, b""),
-        },
+        KeyPart::Header(name) => {
+            let value = facts.headers.get(name);
+            field(7, value.map_or(&b""[..], |v| v.as_bytes()));
+            return value.is_some();
+        }
+        KeyPart::Query(name) => {
+            let value = query_value(facts.query, name);
+            field(8, value.unwrap_or("").as_bytes());
+            return value.is_some();
+        }
         KeyPart::Const(text) => field(9, text.as_bytes()),
+    }
+    true
+}
+
+/// The SipHash key of every key digest: from the configured secret, shared by all gateways.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeySecret(u64, u64);
+
+impl KeySecret {
+    pub fn new(secret: &str) -> KeySecret {
+        let digest = xxhash_rust::xxh3::xxh3_128(secret.as_bytes());
+        KeySecret((digest >> 64) as u64, digest as u64)
+    }
+
+    fn hasher(&self) -> SipHasher13 {
+        SipHasher13::new_with_keys(self.0, self.1)
     }
 }
 
@@ -104,6 +162,15 @@ struct LimitKey {
     /// `:<limit>:`
     middle: Box<[u8]>,
     parts: Box<[KeyPart]>,
+    on_missing: OnMissing,
+}
+
+/// How one limit's key is made, as configured.
+#[derive(Debug, Clone)]
+pub struct KeySpec {
+    pub limit: String,
+    pub parts: Vec<KeyPart>,
+    pub on_missing: OnMissing,
 }
 
 /// Builds the keys of every limit of one route.
@@ -111,59 +178,68 @@ struct LimitKey {
 pub struct RouteKeys {
     /// `<prefix>:{<route>`
     head: Box<[u8]>,
+    secret: KeySecret,
     tag_parts: Box<[KeyPart]>,
     limits: Box<[LimitKey]>,
 }
 
 impl RouteKeys {
-    /// `limits` pairs each limit name with its key parts. Names are checked by the config compiler.
-    pub fn new(prefix: &str, route: &str, limits: &[(&str, Vec<KeyPart>)]) -> RouteKeys {
-        let tag_parts: Vec<KeyPart> = match limits.split_first() {
-            Some(((_, first), rest)) => first
+    /// One key per spec; names are checked by the config compiler.
+    pub fn new(prefix: &str, route: &str, secret: KeySecret, specs: &[KeySpec]) -> RouteKeys {
+        let tag_parts: Vec<KeyPart> = match specs.split_first() {
+            Some((first, rest)) => first
+                .parts
                 .iter()
-                .filter(|part| rest.iter().all(|(_, parts)| parts.contains(part)))
+                .filter(|part| rest.iter().all(|spec| spec.parts.contains(part)))
                 .cloned()
                 .collect(),
             None => Vec::new(),
         };
         RouteKeys {
             head: format!("{prefix}:{{{route}").into_bytes().into(),
+            secret,
             tag_parts: tag_parts.into(),
-            limits: limits
+            limits: specs
                 .iter()
-                .map(|(name, parts)| LimitKey {
-                    middle: format!(":{name}:").into_bytes().into(),
-                    parts: parts.clone().into(),
+                .map(|spec| LimitKey {
+                    middle: format!(":{}:", spec.limit).into_bytes().into(),
+                    parts: spec.parts.clone().into(),
+                    on_missing: spec.on_missing,
                 })
                 .collect(),
         }
     }
 
-    /// One key per limit, in the route's order.
-    pub fn build(&self, facts: &RequestFacts<'_>) -> Vec<Vec<u8>> {
+    /// One key per limit, in the route's order; `Err` when a limit with `on_missing: deny` lacks
+    /// a part.
+    pub fn build(&self, facts: &RequestFacts<'_>) -> Result<Vec<Vec<u8>>, MissingPart> {
         let mut tagged_head = Vec::with_capacity(self.head.len() + 18);
         tagged_head.extend_from_slice(&self.head);
         if !self.tag_parts.is_empty() {
-            let mut hasher = Xxh3::new();
+            let mut hasher = self.secret.hasher();
             for part in self.tag_parts.iter() {
                 feed(&mut hasher, facts, part);
             }
             tagged_head.push(b'.');
-            push_hex(&mut tagged_head, &hasher.digest().to_be_bytes());
+            push_hex(&mut tagged_head, &hasher.finish().to_be_bytes());
         }
         tagged_head.push(b'}');
         self.limits
             .iter()
             .map(|limit| {
-                let mut hasher = Xxh3::new();
+                let mut hasher = self.secret.hasher();
+                let mut complete = true;
                 for part in limit.parts.iter() {
-                    feed(&mut hasher, facts, part);
+                    complete &= feed(&mut hasher, facts, part);
+                }
+                if !complete && limit.on_missing == OnMissing::Deny {
+                    return Err(MissingPart);
                 }
                 let mut key = Vec::with_capacity(tagged_head.len() + limit.middle.len() + 32);
                 key.extend_from_slice(&tagged_head);
                 key.extend_from_slice(&limit.middle);
-                push_hex(&mut key, &hasher.digest128().to_be_bytes());
-                key
+                push_hex(&mut key, &hasher.finish128().as_u128().to_be_bytes());
+                Ok(key)
             })
             .collect()
     }
@@ -179,28 +255,33 @@ mod tests {
             method: "GET",
             host: "example.com",
             path,
+            query: Some("api_key=abc&flag"),
             headers,
             route: "api",
         }
     }
 
-    fn parts(list: &[&str]) -> Vec<KeyPart> {
-        list.iter().map(|p| KeyPart::parse(p).unwrap()).collect()
+    fn spec(limit: &str, list: &[&str]) -> KeySpec {
+        KeySpec {
+            limit: limit.to_string(),
+            parts: list.iter().map(|p| KeyPart::parse(p).unwrap()).collect(),
+            on_missing: OnMissing::UseEmpty,
+        }
+    }
+
+    fn keys(specs: &[KeySpec]) -> RouteKeys {
+        RouteKeys::new("sluice", "api", KeySecret::new("s3cret"), specs)
     }
 
     #[test]
     fn keys_are_readable_bounded_and_share_a_hash_tag() {
-        let keys = RouteKeys::new(
-            "sluice",
-            "api",
-            &[
-                ("per_client", parts(&["client_ip", "path"])),
-                ("per_ip", parts(&["client_ip"])),
-            ],
-        );
+        let keys = keys(&[
+            spec("per_client", &["client_ip", "path"]),
+            spec("per_ip", &["client_ip"]),
+        ]);
         let headers = HeaderMap::new();
         let hostile = format!("/{}\r\n{{}}", "a".repeat(8192));
-        let built = keys.build(&facts("10.0.0.1", &hostile, &headers));
+        let built = keys.build(&facts("10.0.0.1", &hostile, &headers)).unwrap();
         let first = String::from_utf8(built[0].clone()).unwrap();
         assert!(first.starts_with("sluice:{api."), "{first}");
         assert!(first.contains("}:per_client:"), "{first}");
@@ -211,36 +292,60 @@ mod tests {
 
     #[test]
     fn different_parts_give_different_keys_and_same_parts_the_same() {
-        let keys = RouteKeys::new("p", "r", &[("l", parts(&["client_ip", "path"]))]);
+        let keys = keys(&[spec("l", &["client_ip", "path"])]);
         let h = HeaderMap::new();
-        let a = keys.build(&facts("10.0.0.1", "/a", &h));
-        assert_eq!(a, keys.build(&facts("10.0.0.1", "/a", &h)));
-        assert_ne!(a, keys.build(&facts("10.0.0.2", "/a", &h)));
-        assert_ne!(a, keys.build(&facts("10.0.0.1", "/b", &h)));
+        let a = keys.build(&facts("10.0.0.1", "/a", &h)).unwrap();
+        assert_eq!(a, keys.build(&facts("10.0.0.1", "/a", &h)).unwrap());
+        assert_ne!(a, keys.build(&facts("10.0.0.2", "/a", &h)).unwrap());
+        assert_ne!(a, keys.build(&facts("10.0.0.1", "/b", &h)).unwrap());
+    }
+
+    #[test]
+    fn the_secret_changes_every_digest() {
+        let h = HeaderMap::new();
+        let specs = [spec("l", &["client_ip"])];
+        let a = RouteKeys::new("p", "r", KeySecret::new("one"), &specs)
+            .build(&facts("10.0.0.1", "/", &h));
+        let b = RouteKeys::new("p", "r", KeySecret::new("two"), &specs)
+            .build(&facts("10.0.0.1", "/", &h));
+        assert_ne!(a, b);
     }
 
     #[test]
     fn limits_without_common_parts_share_the_route_tag() {
-        let keys = RouteKeys::new(
-            "p",
-            "r",
-            &[("a", parts(&["client_ip"])), ("b", parts(&["route"]))],
-        );
+        let keys = keys(&[spec("a", &["client_ip"]), spec("b", &["route"])]);
         let h = HeaderMap::new();
-        let built = keys.build(&facts("10.0.0.1", "/", &h));
-        assert!(built.iter().all(|k| k.starts_with(b"p:{r}:")));
+        let built = keys.build(&facts("10.0.0.1", "/", &h)).unwrap();
+        assert!(built.iter().all(|k| k.starts_with(b"sluice:{api}:")));
     }
 
     #[test]
-    fn missing_and_empty_headers_differ() {
-        let keys = RouteKeys::new("p", "r", &[("l", parts(&["header:x-api-key"]))]);
+    fn missing_parts_are_empty_or_refused() {
+        let mut present = HeaderMap::new();
+        present.insert("x-api-key", "".parse().unwrap());
         let missing = HeaderMap::new();
-        let mut empty = HeaderMap::new();
-        empty.insert("x-api-key", "".parse().unwrap());
-        assert_ne!(
-            keys.build(&facts("10.0.0.1", "/", &missing)),
-            keys.build(&facts("10.0.0.1", "/", &empty))
+        let lenient = keys(&[spec("l", &["header:x-api-key"])]);
+        assert_eq!(
+            lenient.build(&facts("10.0.0.1", "/", &missing)),
+            lenient.build(&facts("10.0.0.1", "/", &present))
         );
+        let strict = keys(&[KeySpec {
+            on_missing: OnMissing::Deny,
+            ..spec("l", &["header:x-api-key", "query:api_key"])
+        }]);
+        assert_eq!(
+            strict.build(&facts("10.0.0.1", "/", &missing)),
+            Err(MissingPart)
+        );
+        assert!(strict.build(&facts("10.0.0.1", "/", &present)).is_ok());
+    }
+
+    #[test]
+    fn query_parts_read_the_first_value() {
+        assert_eq!(query_value(Some("a=1&b=2&a=3"), "a"), Some("1"));
+        assert_eq!(query_value(Some("flag&x=1"), "flag"), Some(""));
+        assert_eq!(query_value(Some("ab=1"), "a"), None);
+        assert_eq!(query_value(None, "a"), None);
     }
 
     #[test]
@@ -249,5 +354,6 @@ mod tests {
             .unwrap_err()
             .contains("unknown key part \"cookie\""));
         assert!(KeyPart::parse("header:bad name").is_err());
+        assert!(KeyPart::parse("query:").is_err());
     }
 }

@@ -12,6 +12,7 @@ pub mod identity;
 pub mod keys;
 pub mod limiter;
 pub mod metrics;
+pub mod path;
 pub mod proxy;
 pub mod router;
 pub mod upstream;

@@ -117,7 +117,7 @@ mod tests {
                 Duration::ZERO,
             ),
             limits: Box::new([]),
-            keys: RouteKeys::new("p", "r", &[]),
+            keys: RouteKeys::new("p", "r", crate::keys::KeySecret::new("s"), &[]),
             policy_header: None,
             needs_request_id: false,
             holds_leases: false,

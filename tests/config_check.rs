@@ -110,7 +110,7 @@ fn every_mistake_of_a_file_is_reported_at_once() {
             "routes[0].name: invalid name \"bad name{}\": use 1 to 64 of A-Z a-z 0-9 _ . -",
             "routes[0].match.path_prefix: must start with '/', got \"api\"",
             "routes[0].match.methods[1]: invalid HTTP method \"NOT A METHOD\"",
-            "routes[0].limits[0].key[1]: unknown key part \"cookie\": use client_ip, path, route, method, host, header:NAME or const:TEXT",
+            "routes[0].limits[0].key[1]: unknown key part \"cookie\": use client_ip, path, route, method, host, header:NAME, query:NAME or const:TEXT",
             "routes[0].limits[0].algorithm: unknown algorithm \"leaky\": use gcra, token_bucket, leaky_bucket, fixed_window, sliding_window, sliding_log or concurrency",
             "routes[0].limits[1].burst: does not apply to algorithm fixed_window",
             "routes[0].limits[2].name: duplicate limit name \"b\" in this route",
@@ -140,6 +140,19 @@ fn each_algorithm_takes_only_its_own_parameters() {
             "routes[0].limits[4].cost_max: required with cost_header: the largest cost a request may claim",
             "routes[0].limits[5].max_delay: invalid duration \"soon\": unknown period unit \"soon\": use ms, s, m, h or d",
             "routes[0].limits[6].cost_max: cost_max 50 exceeds what this limit can ever admit (10): no request could ever pass",
+        ],
+    );
+}
+
+#[test]
+fn identity_and_path_settings_are_checked() {
+    assert_problems(
+        "identity.yaml",
+        &[
+            "trusted_proxies[1]: invalid address or CIDR \"10.0.0.0/33\"",
+            "ipv6_prefix: must be between 1 and 128, got 0",
+            "path.encoded_slash: unknown value \"decode\": use reject or keep",
+            "routes[0].limits[0].on_missing: unknown value \"skip\": use use_empty or deny",
         ],
     );
 }

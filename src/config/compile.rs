@@ -1,7 +1,7 @@
 //! Raw YAML structs → validated [`Config`], collecting every problem with its path.
 
 use std::collections::HashSet;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::time::Duration;
 
@@ -10,8 +10,12 @@ use http::Method;
 
 use super::raw::{RawConfig, RawRoute, RawServer};
 use super::{Config, FailureMode, Problem, RedisSettings, ServerSettings};
-use crate::keys::{KeyPart, RouteKeys};
+use ipnet::IpNet;
+
+use crate::identity::{Identity, DEFAULT_IPV6_PREFIX};
+use crate::keys::{KeySecret, RouteKeys};
 use crate::limiter::{Algorithm, Limit};
+use crate::path::PathPolicy;
 use crate::router::{Route, RouteMatch, RouteTable};
 use crate::upstream::Upstream;
 
@@ -84,6 +88,25 @@ pub fn compile(source: &Path, raw: RawConfig, problems: &mut Vec<Problem>) -> Op
         }
     };
 
+    // Without a configured secret the prefix keys the hashes: set key_secret in production.
+    let secret = KeySecret::new(raw.key_secret.as_deref().unwrap_or(&key_prefix));
+    let identity = compile_identity(&raw.trusted_proxies, raw.ipv6_prefix, &mut p);
+    let paths = match raw.path.and_then(|path| path.encoded_slash).as_deref() {
+        None | Some("reject") => PathPolicy {
+            keep_encoded_slash: false,
+        },
+        Some("keep") => PathPolicy {
+            keep_encoded_slash: true,
+        },
+        Some(other) => {
+            p.add(
+                "path.encoded_slash",
+                format!("unknown value {other:?}: use reject or keep"),
+            );
+            PathPolicy::default()
+        }
+    };
+
     if raw.routes.is_empty() {
         p.add("routes", "at least one route is required");
     }
@@ -99,7 +122,7 @@ pub fn compile(source: &Path, raw: RawConfig, problems: &mut Vec<Problem>) -> Op
                 );
             }
         }
-        if let Some(route) = compile_route(index, &at, raw_route, &key_prefix, &mut p) {
+        if let Some(route) = compile_route(index, &at, raw_route, &key_prefix, secret, &mut p) {
             routes.push(route);
         }
     }
@@ -114,8 +137,40 @@ pub fn compile(source: &Path, raw: RawConfig, problems: &mut Vec<Problem>) -> Op
         admin_listen,
         redis,
         failure_mode,
+        identity,
+        paths,
         routes: RouteTable::new(routes),
     })
+}
+
+fn compile_identity(trusted: &[String], ipv6_prefix: Option<u8>, p: &mut Problems<'_>) -> Identity {
+    let nets = trusted
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| {
+            let parsed = text
+                .parse::<IpNet>()
+                .or_else(|_| text.parse::<IpAddr>().map(IpNet::from));
+            match parsed {
+                Ok(net) => Some(net.trunc()),
+                Err(_) => {
+                    p.add(
+                        format!("trusted_proxies[{i}]"),
+                        format!("invalid address or CIDR {text:?}"),
+                    );
+                    None
+                }
+            }
+        })
+        .collect();
+    let prefix = ipv6_prefix.unwrap_or(DEFAULT_IPV6_PREFIX);
+    if !(1..=128).contains(&prefix) {
+        p.add(
+            "ipv6_prefix",
+            format!("must be between 1 and 128, got {prefix}"),
+        );
+    }
+    Identity::new(nets, prefix)
 }
 
 fn compile_server(raw: RawServer, p: &mut Problems<'_>) -> ServerSettings {
@@ -176,6 +231,7 @@ fn compile_route(
     at: &str,
     raw: RawRoute,
     key_prefix: &str,
+    secret: KeySecret,
     p: &mut Problems<'_>,
 ) -> Option<Route> {
     let name = match raw.name {
@@ -207,8 +263,8 @@ fn compile_route(
                 );
             }
         }
-        if let Some((limit, parts)) = super::limits::compile_limit(&limit_at, raw_limit, p) {
-            key_specs.push((limit.name.clone(), parts));
+        if let Some((limit, spec)) = super::limits::compile_limit(&limit_at, raw_limit, p) {
+            key_specs.push(spec);
             limits.push(limit);
         }
     }
@@ -219,13 +275,9 @@ fn compile_route(
     } else {
         None
     };
-    let key_refs: Vec<(&str, Vec<KeyPart>)> = key_specs
-        .iter()
-        .map(|(n, parts)| (&**n, parts.clone()))
-        .collect();
     Some(Route {
         index,
-        keys: RouteKeys::new(key_prefix, &name, &key_refs),
+        keys: RouteKeys::new(key_prefix, &name, secret, &key_specs),
         name: name.into(),
         matcher,
         upstream,

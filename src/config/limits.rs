@@ -8,7 +8,7 @@ use http::header::HeaderName;
 use super::compile::{check_name, Problems};
 use super::rate::{parse_duration, parse_rate, Rate};
 use super::raw::RawLimit;
-use crate::keys::KeyPart;
+use crate::keys::{KeyPart, KeySpec, OnMissing};
 use crate::limiter::{policy_of, Algorithm, Cost, Limit};
 
 /// Keeps every microsecond quantity of the algorithms far below 2^53 (exact in Lua doubles).
@@ -56,7 +56,7 @@ pub(crate) fn compile_limit(
     at: &str,
     raw: RawLimit,
     p: &mut Problems<'_>,
-) -> Option<(Limit, Vec<KeyPart>)> {
+) -> Option<(Limit, KeySpec)> {
     let name = match &raw.name {
         Some(name) => check_name(name, &format!("{at}.name"), p).then(|| name.clone()),
         None => {
@@ -76,6 +76,17 @@ pub(crate) fn compile_limit(
         }
     }
     let parts_ok = parts.len() == key_texts.len();
+    let on_missing = match raw.on_missing.as_deref() {
+        None | Some("use_empty") => OnMissing::UseEmpty,
+        Some("deny") => OnMissing::Deny,
+        Some(other) => {
+            p.add(
+                format!("{at}.on_missing"),
+                format!("unknown value {other:?}: use use_empty or deny"),
+            );
+            OnMissing::UseEmpty
+        }
+    };
 
     let kind = raw.algorithm.as_deref().unwrap_or("gcra");
     let known = ALGORITHMS
@@ -144,6 +155,11 @@ pub(crate) fn compile_limit(
 
     let (name, algorithm, cost) = (name?, algorithm?, cost?);
     let policy = rate.map(policy_of);
+    let spec = KeySpec {
+        limit: name.clone(),
+        parts,
+        on_missing,
+    };
     parts_ok.then(|| {
         (
             Limit {
@@ -152,7 +168,7 @@ pub(crate) fn compile_limit(
                 cost,
                 policy,
             },
-            parts,
+            spec,
         )
     })
 }

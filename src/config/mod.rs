@@ -15,6 +15,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::identity::Identity;
+use crate::path::PathPolicy;
 use crate::router::RouteTable;
 
 /// What a request gets when the limiter cannot decide (Redis error or deadline missed).
@@ -66,6 +68,8 @@ pub struct Config {
     /// `None`: limits run in-process.
     pub redis: Option<RedisSettings>,
     pub failure_mode: FailureMode,
+    pub identity: Identity,
+    pub paths: PathPolicy,
     pub routes: RouteTable,
 }
 

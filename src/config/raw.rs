@@ -16,7 +16,17 @@ pub struct RawConfig {
     pub redis: Option<RawRedis>,
     pub failure_mode: Option<String>,
     #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    pub key_secret: Option<String>,
+    pub ipv6_prefix: Option<u8>,
+    pub path: Option<RawPath>,
+    #[serde(default)]
     pub routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawPath {
+    pub encoded_slash: Option<String>,
 }
 
 /// The subset of Pingora's `ServerConf` an operator may set.
@@ -77,6 +87,7 @@ pub struct RawUpstream {
 pub struct RawLimit {
     pub name: Option<String>,
     pub key: Option<Vec<String>>,
+    pub on_missing: Option<String>,
     pub algorithm: Option<String>,
     pub rate: Option<String>,
     pub burst: Option<u64>,

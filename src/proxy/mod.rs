@@ -1,6 +1,7 @@
 //! The Pingora glue: route, key, decide, then proxy or reject. The only module that knows
 //! Pingora's `ProxyHttp`; everything it calls is plain Rust.
 
+pub mod forwarding;
 pub mod respond;
 
 use std::borrow::Cow;
@@ -9,23 +10,31 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use pingora::http::ResponseHeader;
+use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::proxy::{ProxyHttp, Session};
 use pingora::{Error, ErrorType};
 
 use crate::config::{Config, FailureMode};
-use crate::identity;
-use crate::keys::RequestFacts;
+use crate::identity::{self, Identity};
+use crate::keys::{MissingPart, RequestFacts};
 use crate::limiter::{Cost, Decision, LimitRequest, Limiter, LimiterError, RequestId, RequestIds};
 use crate::metrics::{self, Metrics, Outcome};
+use crate::path::{self, PathPolicy};
 use crate::router::{Route, RouteTable};
 use respond::{respond, Rejection};
+
+/// Longest request target (path and query) accepted; longer gets `414`.
+pub const MAX_URI_LEN: usize = 8 * 1024;
+/// Most header bytes (names and values) accepted; more gets `431`.
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 
 /// Per-request state, carried from `request_filter` to `logging`.
 #[derive(Default)]
 pub struct RequestCtx {
     route: Option<Arc<Route>>,
+    /// The normalized path when it differs from the one received: the upstream gets this one.
+    normalized_path: Option<String>,
     decision: Option<Decision>,
     outcome: Option<Outcome>,
     /// What the limiter was asked, kept to release concurrency leases when the request ends.
@@ -68,6 +77,8 @@ fn request_costs(
 
 pub struct Gateway {
     routes: RouteTable,
+    identity: Identity,
+    paths: PathPolicy,
     limiter: Arc<dyn Limiter>,
     failure_mode: FailureMode,
     metrics: Metrics,
@@ -81,6 +92,8 @@ impl Gateway {
         let metrics = Metrics::new(&config.routes);
         Gateway {
             routes: config.routes,
+            identity: config.identity,
+            paths: config.paths,
             limiter,
             failure_mode: config.failure_mode,
             metrics,
@@ -101,6 +114,19 @@ impl Gateway {
             );
         }
     }
+}
+
+/// `414` for an overlong request target, `431` for too many header bytes: before any Redis call.
+fn oversized(req: &RequestHeader) -> Option<Rejection<'static>> {
+    if req.uri.path_and_query().map_or(0, |pq| pq.as_str().len()) > MAX_URI_LEN {
+        return Some(Rejection::UriTooLong);
+    }
+    let header_bytes: usize = req
+        .headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    (header_bytes > MAX_HEADER_BYTES).then_some(Rejection::HeadersTooLarge)
 }
 
 /// The request's host, lowercased, without port or trailing dot.
@@ -142,16 +168,31 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
+        if let Some(rejection) = oversized(session.req_header()) {
+            ctx.outcome = Some(Outcome::BadRequest);
+            respond(session, rejection).await?;
+            return Ok(true);
+        }
         let route = {
             let host = request_host(session);
             let req = session.req_header();
-            let path = req.uri.path();
-            let Some(route) = self.routes.find(&host, path, &req.method) else {
+            let path = match path::normalize(req.uri.path(), self.paths) {
+                Ok(path) => path,
+                Err(error) => {
+                    ctx.outcome = Some(Outcome::BadRequest);
+                    respond(session, Rejection::BadRequest(error.detail())).await?;
+                    return Ok(true);
+                }
+            };
+            let Some(route) = self.routes.find(&host, &path, &req.method) else {
                 ctx.outcome = Some(Outcome::NoRoute);
                 respond(session, Rejection::NoRoute).await?;
                 return Ok(true);
             };
             let route = Arc::clone(route);
+            if let Cow::Owned(normalized) = &path {
+                ctx.normalized_path = Some(normalized.clone());
+            }
             if route.limits.is_empty() {
                 ctx.outcome = Some(Outcome::Allowed);
                 ctx.route = Some(route);
@@ -162,14 +203,25 @@ impl ProxyHttp for Gateway {
                 .and_then(|a| a.as_inet())
                 .map(|a| a.ip());
             let facts = RequestFacts {
-                client_ip: identity::client_ip(peer),
+                client_ip: self.identity.client(peer, &req.headers),
                 method: req.method.as_str(),
                 host: &host,
-                path,
+                path: &path,
+                query: req.uri.query(),
                 headers: &req.headers,
                 route: &route.name,
             };
-            ctx.keys = route.keys.build(&facts);
+            ctx.keys = match route.keys.build(&facts) {
+                Ok(keys) => keys,
+                Err(MissingPart) => {
+                    ctx.outcome = Some(Outcome::BadRequest);
+                    ctx.route = Some(route);
+                    let detail =
+                        "The request lacks a header or query parameter a rate limit is keyed on.";
+                    respond(session, Rejection::BadRequest(detail)).await?;
+                    return Ok(true);
+                }
+            };
             match request_costs(&route.limits, &req.headers) {
                 Ok(costs) => ctx.costs = costs,
                 Err(reason) => {
@@ -255,6 +307,29 @@ impl ProxyHttp for Gateway {
         peer.options.connection_timeout = Some(route.upstream.connect_timeout);
         peer.options.read_timeout = Some(route.upstream.read_timeout);
         Ok(peer)
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        if let Some(path) = &ctx.normalized_path {
+            let target = match upstream_request.uri.query() {
+                Some(query) => format!("{path}?{query}"),
+                None => path.clone(),
+            };
+            let uri = target.parse().map_err(|e| {
+                Error::because(ErrorType::InternalError, "normalized path is not a URI", e)
+            })?;
+            upstream_request.set_uri(uri);
+        }
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| identity::canonical(a.ip()));
+        forwarding::set_headers(upstream_request, peer, self.identity.is_trusted_peer(peer))
     }
 
     async fn response_filter(

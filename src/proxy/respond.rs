@@ -16,8 +16,10 @@ pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
 /// Why a request is answered by the gateway instead of the upstream.
 pub enum Rejection<'a> {
     NoRoute,
-    /// The request cannot be decided as sent (e.g. a malformed cost header).
+    /// The request cannot be decided as sent (a malformed path or cost header).
     BadRequest(&'static str),
+    UriTooLong,
+    HeadersTooLarge,
     Limited {
         route: &'a Route,
         decision: &'a Decision,
@@ -30,6 +32,8 @@ impl Rejection<'_> {
         match self {
             Rejection::NoRoute => 404,
             Rejection::BadRequest(_) => 400,
+            Rejection::UriTooLong => 414,
+            Rejection::HeadersTooLarge => 431,
             Rejection::Limited { .. } => 429,
             Rejection::LimiterUnavailable => 503,
         }
@@ -92,6 +96,18 @@ pub async fn respond(session: &mut Session, rejection: Rejection<'_>) -> pingora
     let body = match &rejection {
         Rejection::NoRoute => problem(status, "Not Found", "No route matches this request.", ""),
         Rejection::BadRequest(detail) => problem(status, "Bad Request", detail, ""),
+        Rejection::UriTooLong => problem(
+            status,
+            "URI Too Long",
+            "The request target is too long.",
+            "",
+        ),
+        Rejection::HeadersTooLarge => problem(
+            status,
+            "Request Header Fields Too Large",
+            "The request headers are too large.",
+            "",
+        ),
         Rejection::LimiterUnavailable => {
             header.insert_header(RETRY_AFTER, "1")?;
             problem(

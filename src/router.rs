@@ -1,7 +1,8 @@
 //! The compiled route table: which route serves a request, by host, path prefix and method.
 //!
-//! Order (most specific first): longer `path_prefix`, then routes with a `host` before those
-//! without, then routes with `methods` before those without, then file order. The first
+//! Order (most specific first): an exact `path` before any prefix, then the longer
+//! `path_prefix`, then an exact `host` before a wildcard `*.example.com` (longer suffix first)
+//! before no host, then routes with `methods` before those without, then file order. The first
 //! route whose every condition holds wins.
 
 use std::sync::Arc;
@@ -13,20 +14,57 @@ use crate::keys::RouteKeys;
 use crate::limiter::Limit;
 use crate::upstream::Upstream;
 
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathMatch {
+    Exact(String),
+    Prefix(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostMatch {
+    /// Lowercased, without port or trailing dot.
+    Exact(String),
+    /// `*.example.com` as `.example.com`: any subdomain, not the apex.
+    Suffix(String),
+}
+
 #[derive(Debug, Clone)]
 pub struct RouteMatch {
-    pub path_prefix: String,
-    /// Lowercased, without port; `None` matches any host.
-    pub host: Option<String>,
+    pub path: PathMatch,
+    /// `None` matches any host.
+    pub host: Option<HostMatch>,
     /// `None` matches any method.
     pub methods: Option<Vec<Method>>,
 }
 
 impl RouteMatch {
     fn matches(&self, host: &str, path: &str, method: &Method) -> bool {
-        path.starts_with(&self.path_prefix)
-            && self.host.as_deref().is_none_or(|h| h == host)
-            && self.methods.as_ref().is_none_or(|m| m.contains(method))
+        let path_ok = match &self.path {
+            PathMatch::Exact(exact) => path == exact,
+            PathMatch::Prefix(prefix) => path.starts_with(prefix.as_str()),
+        };
+        let host_ok = match &self.host {
+            None => true,
+            Some(HostMatch::Exact(exact)) => host == exact,
+            Some(HostMatch::Suffix(suffix)) => {
+                host.len() > suffix.len() && host.ends_with(suffix.as_str())
+            }
+        };
+        path_ok && host_ok && self.methods.as_ref().is_none_or(|m| m.contains(method))
+    }
+
+    /// Larger is more specific; routes are tried in descending order.
+    fn specificity(&self) -> (bool, usize, u8, usize, bool) {
+        let (exact, path_len) = match &self.path {
+            PathMatch::Exact(p) => (true, p.len()),
+            PathMatch::Prefix(p) => (false, p.len()),
+        };
+        let (host_rank, host_len) = match &self.host {
+            Some(HostMatch::Exact(h)) => (2, h.len()),
+            Some(HostMatch::Suffix(s)) => (1, s.len()),
+            None => (0, 0),
+        };
+        (exact, path_len, host_rank, host_len, self.methods.is_some())
     }
 }
 
@@ -56,14 +94,7 @@ pub struct RouteTable {
 
 impl RouteTable {
     pub fn new(mut routes: Vec<Route>) -> RouteTable {
-        routes.sort_by(|a, b| {
-            let (a, b) = (&a.matcher, &b.matcher);
-            b.path_prefix
-                .len()
-                .cmp(&a.path_prefix.len())
-                .then(b.host.is_some().cmp(&a.host.is_some()))
-                .then(b.methods.is_some().cmp(&a.methods.is_some()))
-        });
+        routes.sort_by(|a, b| b.matcher.specificity().cmp(&a.matcher.specificity()));
         RouteTable {
             routes: routes.into_iter().map(Arc::new).collect(),
         }
@@ -103,12 +134,20 @@ mod tests {
         host: Option<&str>,
         methods: Option<Vec<Method>>,
     ) -> Route {
+        let path = match prefix.strip_prefix('=') {
+            Some(exact) => PathMatch::Exact(exact.into()),
+            None => PathMatch::Prefix(prefix.into()),
+        };
+        let host = host.map(|h| match h.strip_prefix('*') {
+            Some(suffix) => HostMatch::Suffix(suffix.into()),
+            None => HostMatch::Exact(h.into()),
+        });
         Route {
             index,
             name: format!("r{index}").into(),
             matcher: RouteMatch {
-                path_prefix: prefix.into(),
-                host: host.map(Into::into),
+                path,
+                host,
                 methods,
             },
             upstream: Upstream::new(
@@ -156,6 +195,33 @@ mod tests {
             found(&table, "api.example.com", "/api/v2/x", Method::POST),
             Some(4)
         );
+    }
+
+    #[test]
+    fn exact_paths_and_wildcard_hosts() {
+        let table = RouteTable::new(vec![
+            route(0, "/", None, None),
+            route(1, "/", Some("*.example.com"), None),
+            route(2, "/", Some("*.eu.example.com"), None),
+            route(3, "=/health", None, None),
+            route(4, "/", Some("www.example.com"), None),
+        ]);
+        assert_eq!(found(&table, "a.example.com", "/x", Method::GET), Some(1));
+        assert_eq!(
+            found(&table, "a.eu.example.com", "/x", Method::GET),
+            Some(2)
+        );
+        assert_eq!(found(&table, "www.example.com", "/x", Method::GET), Some(4));
+        assert_eq!(
+            found(&table, "example.com", "/x", Method::GET),
+            Some(0),
+            "a wildcard is not the apex"
+        );
+        assert_eq!(
+            found(&table, "www.example.com", "/health", Method::GET),
+            Some(3)
+        );
+        assert_eq!(found(&table, "x", "/health/more", Method::GET), Some(0));
     }
 
     #[test]

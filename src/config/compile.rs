@@ -16,7 +16,7 @@ use crate::identity::{Identity, DEFAULT_IPV6_PREFIX};
 use crate::keys::{KeySecret, RouteKeys};
 use crate::limiter::{Algorithm, Limit};
 use crate::path::PathPolicy;
-use crate::router::{Route, RouteMatch, RouteTable};
+use crate::router::{HostMatch, PathMatch, Route, RouteMatch, RouteTable};
 use crate::upstream::Upstream;
 
 pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 25;
@@ -302,27 +302,68 @@ fn compile_match(
         );
         return None;
     };
-    let path_prefix = raw.path_prefix.unwrap_or_else(|| "/".to_string());
     let mut ok = true;
-    if !path_prefix.starts_with('/') {
-        p.add(
-            format!("{at}.match.path_prefix"),
-            format!("must start with '/', got {path_prefix:?}"),
-        );
-        ok = false;
-    }
-    let host = raw
-        .host
-        .map(|h| h.trim_end_matches('.').to_ascii_lowercase());
-    if let Some(host) = &host {
-        if host.is_empty() || host.contains([':', '/', ' ']) {
+    let path = match (raw.path, raw.path_prefix) {
+        (Some(_), Some(_)) => {
             p.add(
-                format!("{at}.match.host"),
-                format!("invalid host {host:?}: a DNS name without port"),
+                format!("{at}.match"),
+                "path and path_prefix are exclusive: use one",
+            );
+            ok = false;
+            PathMatch::Prefix("/".to_string())
+        }
+        (Some(exact), None) => PathMatch::Exact(exact),
+        (None, prefix) => PathMatch::Prefix(prefix.unwrap_or_else(|| "/".to_string())),
+    };
+    let (field, text) = match &path {
+        PathMatch::Exact(p) => ("path", p),
+        PathMatch::Prefix(p) => ("path_prefix", p),
+    };
+    // Requests are matched on their normalized path: a pattern that is not normalized could
+    // never match.
+    match crate::path::normalize(
+        text,
+        crate::path::PathPolicy {
+            keep_encoded_slash: true,
+        },
+    ) {
+        Ok(normal) if normal == text.as_str() => {}
+        _ => {
+            p.add(
+                format!("{at}.match.{field}"),
+                format!("must be a normalized absolute path starting with '/', got {text:?}"),
             );
             ok = false;
         }
     }
+    let host = raw
+        .host
+        .map(|h| h.trim_end_matches('.').to_ascii_lowercase());
+    let host = match host {
+        None => None,
+        Some(host) => {
+            let (suffix, name) = match host.strip_prefix("*.") {
+                Some(rest) => (true, rest),
+                None => (false, host.as_str()),
+            };
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            {
+                p.add(
+                    format!("{at}.match.host"),
+                    format!("invalid host {host:?}: a DNS name without port, or *.suffix"),
+                );
+                ok = false;
+            }
+            Some(if suffix {
+                HostMatch::Suffix(format!(".{name}"))
+            } else {
+                HostMatch::Exact(host)
+            })
+        }
+    };
     let methods = raw.methods.map(|list| {
         list.iter()
             .enumerate()
@@ -342,7 +383,7 @@ fn compile_match(
             .collect()
     });
     ok.then_some(RouteMatch {
-        path_prefix,
+        path,
         host,
         methods,
     })

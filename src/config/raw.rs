@@ -71,6 +71,7 @@ pub struct RawRoute {
 #[derive(Debug, Deserialize)]
 pub struct RawMatch {
     pub path_prefix: Option<String>,
+    pub path: Option<String>,
     pub host: Option<String>,
     pub methods: Option<Vec<String>>,
 }

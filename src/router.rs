@@ -94,7 +94,7 @@ pub struct RouteTable {
 
 impl RouteTable {
     pub fn new(mut routes: Vec<Route>) -> RouteTable {
-        routes.sort_by(|a, b| b.matcher.specificity().cmp(&a.matcher.specificity()));
+        routes.sort_by_key(|r| std::cmp::Reverse(r.matcher.specificity()));
         RouteTable {
             routes: routes.into_iter().map(Arc::new).collect(),
         }

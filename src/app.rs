@@ -6,6 +6,7 @@ use std::sync::Arc;
 use pingora::apps::http_app::HttpServer;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
+use pingora::services::background::GenBackgroundService;
 use pingora::services::listening::Service;
 
 use crate::admin::AdminApp;
@@ -16,6 +17,7 @@ use crate::limiter::redis::RedisLimiter;
 use crate::limiter::Limiter;
 use crate::metrics;
 use crate::proxy::Gateway;
+use crate::upstream::HealthChecker;
 
 /// Keys the in-process backend tracks at most (see `limiter/local.rs`).
 pub const LOCAL_MAX_KEYS: usize = 1_000_000;
@@ -86,6 +88,17 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
 
     let limiter = build_limiter(&config)?;
     log::info!("{}", config.summary());
+    let checkers: Vec<(String, HealthChecker)> = config
+        .routes
+        .in_file_order()
+        .iter()
+        .filter_map(|r| {
+            Some((
+                format!("health check {}", r.name),
+                r.upstream.health_checker()?,
+            ))
+        })
+        .collect();
     let (listen, admin_listen, failure_mode) = (
         config.listen.clone(),
         config.admin_listen,
@@ -101,6 +114,17 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
         proxy.add_tcp(&addr.to_string());
     }
     server.add_service(proxy).add_dependency(&bootstrap);
+
+    for (name, checker) in checkers {
+        match checker {
+            HealthChecker::RoundRobin(lb) => {
+                server.add_service(GenBackgroundService::new(name, lb))
+            }
+            HealthChecker::Consistent(lb) => {
+                server.add_service(GenBackgroundService::new(name, lb))
+            }
+        };
+    }
 
     if let Some(addr) = admin_listen {
         let mut admin = Service::new(

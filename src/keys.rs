@@ -132,6 +132,15 @@ fn feed(hasher: &mut impl Hasher, facts: &RequestFacts<'_>, part: &KeyPart) -> b
     true
 }
 
+/// A 64-bit digest of `parts` for choosing an upstream server (consistent hashing).
+pub fn digest_parts(facts: &RequestFacts<'_>, parts: &[KeyPart]) -> u64 {
+    let mut hasher = SipHasher13::new();
+    for part in parts {
+        feed(&mut hasher, facts, part);
+    }
+    hasher.finish()
+}
+
 /// The SipHash key of every key digest: from the configured secret, shared by all gateways.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeySecret(u64, u64);

@@ -126,7 +126,6 @@ impl RouteTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn route(
         index: usize,
@@ -150,11 +149,7 @@ mod tests {
                 host,
                 methods,
             },
-            upstream: Upstream::new(
-                vec!["127.0.0.1:1".parse().unwrap()],
-                Duration::ZERO,
-                Duration::ZERO,
-            ),
+            upstream: Upstream::round_robin(vec!["127.0.0.1:1".parse().unwrap()]).unwrap(),
             limits: Box::new([]),
             keys: RouteKeys::new("p", "r", crate::keys::KeySecret::new("s"), &[]),
             policy_header: None,

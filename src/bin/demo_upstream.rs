@@ -1,6 +1,6 @@
 //! `demo-upstream`: a tiny HTTP backend for the quick start and the end-to-end tests.
 //!
-//! Answers every request with 200 and a line naming the method, path and `X-Forwarded-For` it
+//! Answers every request with 200 and a line naming the method, path, `X-Forwarded-For` and Host it
 //! saw; a path containing `/slow/<ms>` is answered after that many milliseconds (for
 //! concurrency tests); `GET /__stats` returns how many other requests it has served. Usage:
 //! `demo-upstream [ADDR]` (default 127.0.0.1:3000).
@@ -43,8 +43,13 @@ impl ServeHttp for Demo {
                 .get("x-forwarded-for")
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("-");
+            let host = req
+                .headers
+                .get("host")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-");
             format!(
-                "demo upstream: {} {} (x-forwarded-for: {xff})\n",
+                "demo upstream: {} {} (x-forwarded-for: {xff}) (host: {host})\n",
                 req.method, req.uri
             )
         };

@@ -13,16 +13,18 @@ use super::{Config, FailureMode, Problem, RedisSettings, ServerSettings};
 use ipnet::IpNet;
 
 use crate::identity::{Identity, DEFAULT_IPV6_PREFIX};
-use crate::keys::{KeySecret, RouteKeys};
+use crate::keys::{KeyPart, KeySecret, RouteKeys};
 use crate::limiter::{Algorithm, Limit};
 use crate::path::PathPolicy;
 use crate::router::{HostMatch, PathMatch, Route, RouteMatch, RouteTable};
-use crate::upstream::Upstream;
+use crate::upstream::{Balance, Upstream, UpstreamSettings};
 
 pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 25;
 pub const DEFAULT_KEY_PREFIX: &str = "sluice";
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 1_000;
 pub const DEFAULT_READ_TIMEOUT_MS: u64 = 30_000;
+/// Other servers tried after a connection failure.
+pub const DEFAULT_RETRIES: usize = 1;
 const MAX_LIMITS_PER_ROUTE: usize = 16;
 const MAX_NAME_LEN: usize = 64;
 
@@ -429,29 +431,124 @@ fn compile_upstream(
             }
         }
     }
-    let timeout = |value: Option<u64>, default: u64, field: &str, p: &mut Problems<'_>| {
+    let mut millis = |value: Option<u64>, default: u64, field: &str, p: &mut Problems<'_>| {
         let ms = value.unwrap_or(default);
         if !(1..=3_600_000).contains(&ms) {
             p.add(
                 format!("{at}.upstream.{field}"),
                 format!("must be between 1 and 3600000 ms, got {ms}"),
             );
+            ok = false;
         }
         Duration::from_millis(ms)
     };
-    let connect = timeout(
+    let connect_timeout = millis(
         raw.connect_timeout_ms,
         DEFAULT_CONNECT_TIMEOUT_MS,
         "connect_timeout_ms",
         p,
     );
-    let read = timeout(
+    let read_timeout = millis(
         raw.read_timeout_ms,
         DEFAULT_READ_TIMEOUT_MS,
         "read_timeout_ms",
         p,
     );
-    ok.then(|| Upstream::new(servers, connect, read))
+    let health_check = raw
+        .health_check_interval_ms
+        .map(|ms| millis(Some(ms), ms, "health_check_interval_ms", p));
+    let balance = match (raw.balance.as_deref(), raw.hash_key) {
+        (None | Some("round_robin"), None) => Balance::RoundRobin,
+        (Some("consistent"), Some(texts)) if !texts.is_empty() => {
+            let parts: Vec<KeyPart> = texts
+                .iter()
+                .enumerate()
+                .filter_map(|(i, text)| {
+                    KeyPart::parse(text)
+                        .map_err(|e| p.add(format!("{at}.upstream.hash_key[{i}]"), e))
+                        .ok()
+                })
+                .collect();
+            ok &= parts.len() == texts.len();
+            Balance::Consistent(parts)
+        }
+        (Some("consistent"), _) => {
+            p.add(
+                format!("{at}.upstream.hash_key"),
+                "required with balance: consistent, e.g. [client_ip]",
+            );
+            ok = false;
+            Balance::RoundRobin
+        }
+        (None | Some("round_robin"), Some(_)) => {
+            p.add(
+                format!("{at}.upstream.hash_key"),
+                "applies only with balance: consistent",
+            );
+            ok = false;
+            Balance::RoundRobin
+        }
+        (Some(other), _) => {
+            p.add(
+                format!("{at}.upstream.balance"),
+                format!("unknown balance {other:?}: use round_robin or consistent"),
+            );
+            ok = false;
+            Balance::RoundRobin
+        }
+    };
+    let retries = raw.retries.unwrap_or(DEFAULT_RETRIES);
+    if retries > 10 {
+        p.add(
+            format!("{at}.upstream.retries"),
+            format!("at most 10, got {retries}"),
+        );
+        ok = false;
+    }
+    if let Some(prefix) = &raw.strip_prefix {
+        if !prefix.starts_with('/') || prefix.len() < 2 || prefix.ends_with('/') {
+            p.add(
+                format!("{at}.upstream.strip_prefix"),
+                format!("must look like /api (no trailing slash), got {prefix:?}"),
+            );
+            ok = false;
+        }
+    }
+    let host = raw
+        .host
+        .as_deref()
+        .and_then(|h| match HeaderValue::from_str(h) {
+            Ok(value) if !h.is_empty() => Some(value),
+            _ => {
+                p.add(
+                    format!("{at}.upstream.host"),
+                    format!("invalid Host value {h:?}"),
+                );
+                ok = false;
+                None
+            }
+        });
+    if !ok {
+        return None;
+    }
+    let settings = UpstreamSettings {
+        servers,
+        balance,
+        health_check,
+        connect_timeout,
+        read_timeout,
+        retries,
+        strip_prefix: raw.strip_prefix,
+        host,
+    };
+    Upstream::new(settings)
+        .map_err(|e| {
+            p.add(
+                format!("{at}.upstream.servers"),
+                format!("cannot build the pool: {e}"),
+            )
+        })
+        .ok()
 }
 
 /// `"a";q=10;w=1, "b";q=100;w=60`: the IETF httpapi RateLimit-Policy list, built once.

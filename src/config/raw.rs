@@ -82,6 +82,12 @@ pub struct RawUpstream {
     pub servers: Vec<String>,
     pub connect_timeout_ms: Option<u64>,
     pub read_timeout_ms: Option<u64>,
+    pub balance: Option<String>,
+    pub hash_key: Option<Vec<String>>,
+    pub health_check_interval_ms: Option<u64>,
+    pub retries: Option<usize>,
+    pub strip_prefix: Option<String>,
+    pub host: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -17,7 +17,7 @@ use pingora::{Error, ErrorType};
 
 use crate::config::{Config, FailureMode};
 use crate::identity::{self, Identity};
-use crate::keys::{MissingPart, RequestFacts};
+use crate::keys::{self, MissingPart, RequestFacts};
 use crate::limiter::{Cost, Decision, LimitRequest, Limiter, LimiterError, RequestId, RequestIds};
 use crate::metrics::{self, Metrics, Outcome};
 use crate::path::{self, PathPolicy};
@@ -35,6 +35,10 @@ pub struct RequestCtx {
     route: Option<Arc<Route>>,
     /// The normalized path when it differs from the one received: the upstream gets this one.
     normalized_path: Option<String>,
+    /// Consistent-hashing key for the upstream pool.
+    balance_key: [u8; 8],
+    /// Upstream servers that refused the connection: not tried again for this request.
+    failed: Vec<std::net::SocketAddr>,
     decision: Option<Decision>,
     outcome: Option<Outcome>,
     /// What the limiter was asked, kept to release concurrency leases when the request ends.
@@ -193,11 +197,6 @@ impl ProxyHttp for Gateway {
             if let Cow::Owned(normalized) = &path {
                 ctx.normalized_path = Some(normalized.clone());
             }
-            if route.limits.is_empty() {
-                ctx.outcome = Some(Outcome::Allowed);
-                ctx.route = Some(route);
-                return Ok(false);
-            }
             let peer = session
                 .client_addr()
                 .and_then(|a| a.as_inet())
@@ -211,6 +210,14 @@ impl ProxyHttp for Gateway {
                 headers: &req.headers,
                 route: &route.name,
             };
+            if let Some(parts) = route.upstream.hash_parts() {
+                ctx.balance_key = keys::digest_parts(&facts, parts).to_be_bytes();
+            }
+            if route.limits.is_empty() {
+                ctx.outcome = Some(Outcome::Allowed);
+                ctx.route = Some(route);
+                return Ok(false);
+            }
             ctx.keys = match route.keys.build(&facts) {
                 Ok(keys) => keys,
                 Err(MissingPart) => {
@@ -300,13 +307,40 @@ impl ProxyHttp for Gateway {
                 "no route selected for the request",
             )
         })?;
-        let addr = route.upstream.pick().ok_or_else(|| {
-            Error::explain(ErrorType::InternalError, "route has no upstream server")
-        })?;
+        let upstream = &route.upstream;
+        let addr = upstream
+            .pick(&ctx.balance_key, &ctx.failed)
+            .ok_or_else(|| {
+                Error::explain(
+                    ErrorType::ConnectNoRoute,
+                    "no healthy upstream server left to try",
+                )
+            })?;
         let mut peer = Box::new(HttpPeer::new(addr, false, String::new()));
-        peer.options.connection_timeout = Some(route.upstream.connect_timeout);
-        peer.options.read_timeout = Some(route.upstream.read_timeout);
+        peer.options.connection_timeout = Some(upstream.settings.connect_timeout);
+        peer.options.read_timeout = Some(upstream.settings.read_timeout);
         Ok(peer)
+    }
+
+    /// A server that refused the connection never saw the request: try another, up to `retries`.
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut error: Box<Error>,
+    ) -> Box<Error> {
+        let retries = ctx
+            .route
+            .as_ref()
+            .map_or(0, |r| r.upstream.settings.retries);
+        if let Some(addr) = peer._address.as_inet() {
+            if ctx.failed.len() < retries {
+                ctx.failed.push(*addr);
+                error.set_retry(true);
+            }
+        }
+        error
     }
 
     async fn upstream_request_filter(
@@ -315,15 +349,24 @@ impl ProxyHttp for Gateway {
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        if let Some(path) = &ctx.normalized_path {
-            let target = match upstream_request.uri.query() {
-                Some(query) => format!("{path}?{query}"),
-                None => path.clone(),
-            };
-            let uri = target.parse().map_err(|e| {
-                Error::because(ErrorType::InternalError, "normalized path is not a URI", e)
-            })?;
-            upstream_request.set_uri(uri);
+        if let Some(route) = &ctx.route {
+            let upstream = &route.upstream;
+            let received = upstream_request.uri.path().to_string();
+            let decided = ctx.normalized_path.as_deref().unwrap_or(&received);
+            let path = upstream.upstream_path(decided);
+            if path != received {
+                let target = match upstream_request.uri.query() {
+                    Some(query) => format!("{path}?{query}"),
+                    None => path.into_owned(),
+                };
+                let uri = target.parse().map_err(|e| {
+                    Error::because(ErrorType::InternalError, "rewritten path is not a URI", e)
+                })?;
+                upstream_request.set_uri(uri);
+            }
+            if let Some(host) = &upstream.settings.host {
+                upstream_request.insert_header(http::header::HOST, host.clone())?;
+            }
         }
         let peer = session
             .client_addr()

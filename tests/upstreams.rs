@@ -1,0 +1,140 @@
+//! Upstream pools through a real gateway: round robin, consistent hashing, retries on connect
+//! failure only, health checks, strip_prefix and host rewrite.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::{free_port, http_get, Gateway, Upstream};
+
+fn gateway(upstream_yaml: &str, any: &Upstream) -> Gateway {
+    let body = format!(
+        "routes:\n  - name: api\n    match: {{ path_prefix: / }}\n    upstream: {upstream_yaml}\n"
+    );
+    Gateway::start(&body, any, None)
+}
+
+#[test]
+fn round_robin_spreads_requests_over_every_server() {
+    let (a, b) = (Upstream::start(), Upstream::start());
+    let gateway = gateway(&format!("{{ servers: [{}, {}] }}", a.addr, b.addr), &a);
+    for _ in 0..10 {
+        assert_eq!(gateway.get("/x").status, 200);
+    }
+    assert_eq!((a.served(), b.served()), (5, 5));
+}
+
+#[test]
+fn consistent_hashing_keeps_a_key_on_one_server() {
+    let (a, b) = (Upstream::start(), Upstream::start());
+    let yaml = format!(
+        "{{ servers: [{}, {}], balance: consistent, hash_key: [\"header:x-user\"] }}",
+        a.addr, b.addr
+    );
+    let gateway = gateway(&yaml, &a);
+    for user in 0..20 {
+        let header = [("x-user", format!("user-{user}"))];
+        let headers: Vec<(&str, &str)> = header.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let before = (a.served(), b.served());
+        for _ in 0..3 {
+            assert_eq!(http_get(gateway.proxy, "/x", None, &headers).status, 200);
+        }
+        let after = (a.served(), b.served());
+        assert!(
+            after == (before.0 + 3, before.1) || after == (before.0, before.1 + 3),
+            "user-{user} moved: {before:?} -> {after:?}"
+        );
+    }
+    assert!(
+        a.served() > 0 && b.served() > 0,
+        "keys spread over both servers"
+    );
+}
+
+#[test]
+fn a_refused_connection_is_retried_on_another_server() {
+    let live = Upstream::start();
+    let dead = format!("127.0.0.1:{}", free_port());
+    let gateway = gateway(
+        &format!("{{ servers: [{dead}, {}], retries: 1 }}", live.addr),
+        &live,
+    );
+    for _ in 0..6 {
+        assert_eq!(gateway.get("/x").status, 200);
+    }
+    assert_eq!(live.served(), 6);
+    let no_retry = self::gateway(
+        &format!("{{ servers: [{dead}, {}], retries: 0 }}", live.addr),
+        &live,
+    );
+    let statuses: Vec<u16> = (0..6).map(|_| no_retry.get("/x").status).collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 502).count(),
+        3,
+        "{statuses:?}"
+    );
+}
+
+#[test]
+fn a_request_that_reached_a_server_is_never_retried() {
+    let (a, b) = (Upstream::start(), Upstream::start());
+    let yaml = format!(
+        "{{ servers: [{}, {}], retries: 3, read_timeout_ms: 300 }}",
+        a.addr, b.addr
+    );
+    let gateway = gateway(&yaml, &a);
+    let response = gateway.get("/slow/1500");
+    assert!(
+        response.status >= 500,
+        "the read timed out: {}",
+        response.status
+    );
+    std::thread::sleep(Duration::from_millis(1700)); // let the slow request finish upstream
+    assert_eq!(a.served() + b.served(), 1, "sent once, not once per retry");
+}
+
+#[test]
+fn health_checks_take_a_dead_server_out_of_rotation() {
+    let live = Upstream::start();
+    let dead = format!("127.0.0.1:{}", free_port());
+    let yaml = format!(
+        "{{ servers: [{dead}, {}], retries: 0, health_check_interval_ms: 100 }}",
+        live.addr
+    );
+    let gateway = gateway(&yaml, &live);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut streak = 0;
+    while streak < 10 && Instant::now() < deadline {
+        streak = if gateway.get("/x").status == 200 {
+            streak + 1
+        } else {
+            0
+        };
+    }
+    assert_eq!(
+        streak, 10,
+        "after a few checks every request goes to the live server"
+    );
+}
+
+#[test]
+fn strip_prefix_and_host_rewrite_shape_the_upstream_request() {
+    let upstream = Upstream::start();
+    let body = format!(
+        "routes:\n  - name: api\n    match: {{ path_prefix: /api/ }}\n    upstream: {{ servers: [{}], strip_prefix: /api, host: backend.internal }}\n",
+        upstream.addr
+    );
+    let gateway = Gateway::start(&body, &upstream, None);
+    let response = gateway.get("/api/./users?id=7");
+    assert_eq!(response.status, 200);
+    assert!(
+        response.body.contains("GET /users?id=7 "),
+        "{}",
+        response.body
+    );
+    assert!(
+        response.body.contains("(host: backend.internal)"),
+        "{}",
+        response.body
+    );
+}

@@ -25,7 +25,8 @@ local function fixed_window_decide(key, now, limit, window, _, cost)
     e, n = now + window, 0
   end
   local reset = e - now
-  if n + cost > limit then
+  -- A peek (cost 0) asks for nothing: it never denies.
+  if cost > 0 and n + cost > limit then
     local retry = -1
     if cost <= limit then
       retry = ceil_ms(reset)
@@ -36,7 +37,7 @@ local function fixed_window_decide(key, now, limit, window, _, cost)
   if cost > 0 then
     write = { fresh, e, n + cost, reset, cost }
   end
-  return 1, limit - n - cost, 0, ceil_ms(reset), 0, write
+  return 1, math.max(limit - n - cost, 0), 0, ceil_ms(reset), 0, write
 end
 
 local function fixed_window_commit(key, write)

@@ -10,7 +10,7 @@
 --                                           reset_after_ms, delay_ms, write (nil: nothing to store)
 -- commit(key, write, id)                 -> SET key <tat> PX <ttl_ms>; the TTL is the time until
 --                                           the TAT is in the past, when the state equals no key.
--- A denied request writes nothing. cost = 0 peeks and writes nothing.
+-- A denied request writes nothing. cost = 0 peeks: never denied, writes nothing.
 
 local function gcra_remaining(tolerance, ttl, emission)
   local next = tolerance - ttl
@@ -26,7 +26,8 @@ local function gcra_decide(key, now, emission, tolerance, max_delay, cost)
   local new_tat = math.max(tat, now) + increment
   -- How far beyond the tolerance this request would reach: > 0 means past the burst.
   local over = new_tat - now - tolerance
-  if over > max_delay then
+  -- A peek (cost 0) asks for nothing: it never denies.
+  if cost > 0 and over > max_delay then
     local ttl = math.max(tat - now, 0)
     local retry = -1
     if increment <= tolerance + max_delay then
@@ -35,11 +36,11 @@ local function gcra_decide(key, now, emission, tolerance, max_delay, cost)
     return 0, gcra_remaining(tolerance, ttl, emission), retry, ceil_ms(ttl), 0, nil
   end
   local ttl = new_tat - now
-  local write = nil
+  local write, delay = nil, 0
   if cost > 0 then
-    write = { new_tat, ttl }
+    write, delay = { new_tat, ttl }, ceil_ms(over)
   end
-  return 1, gcra_remaining(tolerance, ttl, emission), 0, ceil_ms(ttl), ceil_ms(over), write
+  return 1, gcra_remaining(tolerance, ttl, emission), 0, ceil_ms(ttl), delay, write
 end
 
 local function gcra_commit(key, write)

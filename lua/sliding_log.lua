@@ -24,7 +24,8 @@ local function sliding_log_decide(key, now, limit, window, _, cost)
   if newest_at and newest_at > now - window then
     reset = newest_at + window - now
   end
-  if count + cost > limit then
+  -- A peek (cost 0) asks for nothing: it never denies.
+  if cost > 0 and count + cost > limit then
     local retry = -1
     if cost <= limit then
       -- The (count + cost - limit)-th oldest live unit must leave the window first.
@@ -34,7 +35,7 @@ local function sliding_log_decide(key, now, limit, window, _, cost)
     return 0, math.max(limit - count, 0), retry, ceil_ms(reset), 0, nil
   end
   if cost == 0 then
-    return 1, limit - count, 0, ceil_ms(reset), 0, nil
+    return 1, math.max(limit - count, 0), 0, ceil_ms(reset), 0, nil
   end
   return 1, limit - count - cost, 0, ceil_ms(window), 0, { now, window, cost }
 end

@@ -54,7 +54,8 @@ local function sliding_window_decide(key, now, limit, window, _, cost)
     end
     return 0
   end
-  if estimate + cost > limit then
+  -- A peek (cost 0) asks for nothing: it never denies.
+  if cost > 0 and estimate + cost > limit then
     local retry = -1
     if cost <= limit then
       local wait
@@ -72,7 +73,7 @@ local function sliding_window_decide(key, now, limit, window, _, cost)
   if cost > 0 then
     write = { start, previous, current + cost, start + 2 * window - now }
   end
-  return 1, limit - estimate - cost, 0, ceil_ms(reset(current + cost)), 0, write
+  return 1, math.max(limit - estimate - cost, 0), 0, ceil_ms(reset(current + cost)), 0, write
 end
 
 local function sliding_window_commit(key, write)

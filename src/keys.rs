@@ -40,6 +40,16 @@ pub enum OnMissing {
     UseEmpty,
     /// The request is refused with `400`.
     Deny,
+    /// The limit is left out for this request: it neither counts nor denies (its state is only
+    /// read, so the response headers still describe it).
+    Skip,
+}
+
+/// The keys of one request, and which limits it skips (bit i: limit i).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuiltKeys {
+    pub keys: Vec<Vec<u8>>,
+    pub skipped: u32,
 }
 
 /// A request lacks a part its limit requires (`on_missing: deny`).
@@ -219,9 +229,9 @@ impl RouteKeys {
         }
     }
 
-    /// One key per limit, in the route's order; `Err` when a limit with `on_missing: deny` lacks
-    /// a part.
-    pub fn build(&self, facts: &RequestFacts<'_>) -> Result<Vec<Vec<u8>>, MissingPart> {
+    /// One key per limit, in the route's order, and the limits skipped for lack of a part;
+    /// `Err` when a limit with `on_missing: deny` lacks a part.
+    pub fn build(&self, facts: &RequestFacts<'_>) -> Result<BuiltKeys, MissingPart> {
         let mut tagged_head = Vec::with_capacity(self.head.len() + 18);
         tagged_head.extend_from_slice(&self.head);
         if !self.tag_parts.is_empty() {
@@ -233,16 +243,21 @@ impl RouteKeys {
             push_hex(&mut tagged_head, &hasher.finish().to_be_bytes());
         }
         tagged_head.push(b'}');
-        self.limits
+        let mut skipped = 0u32;
+        let keys = self
+            .limits
             .iter()
-            .map(|limit| {
+            .enumerate()
+            .map(|(i, limit)| {
                 let mut hasher = self.secret.hasher();
                 let mut complete = true;
                 for part in limit.parts.iter() {
                     complete &= feed(&mut hasher, facts, part);
                 }
-                if !complete && limit.on_missing == OnMissing::Deny {
-                    return Err(MissingPart);
+                match (complete, limit.on_missing) {
+                    (false, OnMissing::Deny) => return Err(MissingPart),
+                    (false, OnMissing::Skip) => skipped |= 1 << i,
+                    _ => {}
                 }
                 let mut key = Vec::with_capacity(tagged_head.len() + limit.middle.len() + 32);
                 key.extend_from_slice(&tagged_head);
@@ -250,7 +265,8 @@ impl RouteKeys {
                 push_hex(&mut key, &hasher.finish128().as_u128().to_be_bytes());
                 Ok(key)
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(BuiltKeys { keys, skipped })
     }
 }
 
@@ -290,7 +306,10 @@ mod tests {
         ]);
         let headers = HeaderMap::new();
         let hostile = format!("/{}\r\n{{}}", "a".repeat(8192));
-        let built = keys.build(&facts("10.0.0.1", &hostile, &headers)).unwrap();
+        let built = keys
+            .build(&facts("10.0.0.1", &hostile, &headers))
+            .unwrap()
+            .keys;
         let first = String::from_utf8(built[0].clone()).unwrap();
         assert!(first.starts_with("sluice:{api."), "{first}");
         assert!(first.contains("}:per_client:"), "{first}");
@@ -324,7 +343,7 @@ mod tests {
     fn limits_without_common_parts_share_the_route_tag() {
         let keys = keys(&[spec("a", &["client_ip"]), spec("b", &["route"])]);
         let h = HeaderMap::new();
-        let built = keys.build(&facts("10.0.0.1", "/", &h)).unwrap();
+        let built = keys.build(&facts("10.0.0.1", "/", &h)).unwrap().keys;
         assert!(built.iter().all(|k| k.starts_with(b"sluice:{api}:")));
     }
 
@@ -347,6 +366,27 @@ mod tests {
             Err(MissingPart)
         );
         assert!(strict.build(&facts("10.0.0.1", "/", &present)).is_ok());
+        let optional = keys(&[
+            spec("always", &["client_ip"]),
+            KeySpec {
+                on_missing: OnMissing::Skip,
+                ..spec("keyed", &["header:x-api-key"])
+            },
+        ]);
+        assert_eq!(
+            optional
+                .build(&facts("10.0.0.1", "/", &missing))
+                .unwrap()
+                .skipped,
+            0b10
+        );
+        assert_eq!(
+            optional
+                .build(&facts("10.0.0.1", "/", &present))
+                .unwrap()
+                .skipped,
+            0
+        );
     }
 
     #[test]

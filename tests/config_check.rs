@@ -152,7 +152,7 @@ fn identity_and_path_settings_are_checked() {
             "trusted_proxies[1]: invalid address or CIDR \"10.0.0.0/33\"",
             "ipv6_prefix: must be between 1 and 128, got 0",
             "path.encoded_slash: unknown value \"decode\": use reject or keep",
-            "routes[0].limits[0].on_missing: unknown value \"skip\": use use_empty or deny",
+            "routes[0].limits[0].on_missing: unknown value \"ignore\": use use_empty, skip or deny",
         ],
     );
 }

@@ -203,3 +203,26 @@ fn untrusted_forwarding_claims_never_reach_the_upstream() {
     assert_eq!(response.status, 400);
     assert_eq!(upstream.served(), 1);
 }
+
+#[test]
+fn a_limit_whose_part_is_missing_can_be_skipped_or_deny() {
+    let limits = "{ name: per_key, key: [\"header:x-api-key\"], on_missing: skip, rate: 1/h }\n      - { name: per_tenant, key: [\"query:tenant\"], on_missing: deny, rate: 100/h, burst: 99 }";
+    let (_redis, _upstream, gateway) = gateway("", limits);
+    // Without the key header, per_key is skipped: it neither counts nor denies.
+    for _ in 0..3 {
+        assert_eq!(get(&gateway, "/x?tenant=a", &[]).status, 200);
+    }
+    assert_eq!(
+        get(&gateway, "/x?tenant=a", &[("x-api-key", "k1")]).status,
+        200
+    );
+    assert_eq!(
+        get(&gateway, "/x?tenant=a", &[("x-api-key", "k1")]).status,
+        429
+    );
+    assert_eq!(
+        get(&gateway, "/x", &[]).status,
+        400,
+        "the tenant is required"
+    );
+}

@@ -79,10 +79,11 @@ pub(crate) fn compile_limit(
     let on_missing = match raw.on_missing.as_deref() {
         None | Some("use_empty") => OnMissing::UseEmpty,
         Some("deny") => OnMissing::Deny,
+        Some("skip") => OnMissing::Skip,
         Some(other) => {
             p.add(
                 format!("{at}.on_missing"),
-                format!("unknown value {other:?}: use use_empty or deny"),
+                format!("unknown value {other:?}: use use_empty, skip or deny"),
             );
             OnMissing::UseEmpty
         }

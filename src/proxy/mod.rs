@@ -218,8 +218,11 @@ impl ProxyHttp for Gateway {
                 ctx.route = Some(route);
                 return Ok(false);
             }
-            ctx.keys = match route.keys.build(&facts) {
-                Ok(keys) => keys,
+            let skipped = match route.keys.build(&facts) {
+                Ok(built) => {
+                    ctx.keys = built.keys;
+                    built.skipped
+                }
                 Err(MissingPart) => {
                     ctx.outcome = Some(Outcome::BadRequest);
                     ctx.route = Some(route);
@@ -230,7 +233,15 @@ impl ProxyHttp for Gateway {
                 }
             };
             match request_costs(&route.limits, &req.headers) {
-                Ok(costs) => ctx.costs = costs,
+                Ok(mut costs) => {
+                    // A skipped limit is only read (cost 0): it neither counts nor denies.
+                    for (i, cost) in costs.iter_mut().enumerate() {
+                        if skipped & (1 << i) != 0 {
+                            *cost = 0;
+                        }
+                    }
+                    ctx.costs = costs;
+                }
                 Err(reason) => {
                     ctx.outcome = Some(Outcome::BadRequest);
                     ctx.route = Some(route);

@@ -24,7 +24,8 @@ pub fn decide(
         count = 0;
     }
     let reset = end - now;
-    if count + cost > limit {
+    // A peek (cost 0) asks for nothing: it never denies.
+    if cost > 0 && count + cost > limit {
         let retry = (cost <= limit).then_some(reset);
         return (denied(limit.saturating_sub(count), retry, reset), None);
     }
@@ -35,7 +36,7 @@ pub fn decide(
         },
         ttl_us: reset,
     });
-    (allowed(limit - count - cost, reset), write)
+    (allowed(limit.saturating_sub(count + cost), reset), write)
 }
 
 #[cfg(test)]

@@ -36,7 +36,8 @@ pub fn decide(p: Params, tat: Option<i64>, now: i64, cost: u64) -> (LimitStatus,
     let new_tat = tat.max(now) + increment;
     // How far beyond the tolerance this request would reach: > 0 means past the burst.
     let over = new_tat - now - p.tolerance;
-    if over > p.max_delay {
+    // A peek (cost 0) asks for nothing: it never denies.
+    if cost > 0 && over > p.max_delay {
         let ttl = (tat - now).max(0);
         let possible = increment <= p.tolerance + p.max_delay;
         return (
@@ -50,7 +51,9 @@ pub fn decide(p: Params, tat: Option<i64>, now: i64, cost: u64) -> (LimitStatus,
     }
     let ttl = new_tat - now;
     let mut status = allowed(p.remaining(ttl), ttl);
-    status.delay_ms = ceil_ms(over);
+    if cost > 0 {
+        status.delay_ms = ceil_ms(over);
+    }
     let write = (cost > 0).then_some(Write {
         state: State::Gcra { tat_us: new_tat },
         ttl_us: ttl,

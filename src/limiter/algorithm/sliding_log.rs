@@ -23,7 +23,8 @@ pub fn decide(
         .filter(|&t| t > now - window)
         .collect();
     let count = live.len() as u64;
-    if count + cost > limit {
+    // A peek (cost 0) asks for nothing: it never denies.
+    if cost > 0 && count + cost > limit {
         let retry = (cost <= limit).then(|| {
             let must_expire = (count + cost - limit) as usize;
             live[must_expire - 1] + window - now
@@ -33,7 +34,7 @@ pub fn decide(
     }
     if cost == 0 {
         let reset = live.back().map_or(0, |&newest| newest + window - now);
-        return (allowed(limit - count, reset), None);
+        return (allowed(limit.saturating_sub(count), reset), None);
     }
     let mut stamps = live;
     stamps.extend(std::iter::repeat_n(now, cost as usize));

@@ -57,7 +57,8 @@ pub fn decide(
             0
         }
     };
-    if estimate + cost > limit {
+    // A peek (cost 0) asks for nothing: it never denies.
+    if cost > 0 && estimate + cost > limit {
         let retry = (cost <= limit).then(|| {
             let wait = if current + cost <= limit {
                 elapsed_when_fits(limit - current - cost, window, previous) - elapsed
@@ -81,7 +82,7 @@ pub fn decide(
         ttl_us: start + 2 * window - now,
     });
     (
-        allowed(limit - estimate - cost, reset(current + cost)),
+        allowed(limit.saturating_sub(estimate + cost), reset(current + cost)),
         write,
     )
 }

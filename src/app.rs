@@ -12,6 +12,7 @@ use pingora::services::listening::Service;
 use crate::admin::AdminApp;
 use crate::config::{redacted_url, Config, ServerSettings};
 use crate::limiter::clock::SystemClock;
+use crate::limiter::guard::Guarded;
 use crate::limiter::local::LocalLimiter;
 use crate::limiter::redis::RedisLimiter;
 use crate::limiter::Limiter;
@@ -63,10 +64,12 @@ pub fn server_conf(settings: &ServerSettings, daemon: bool) -> ServerConf {
 /// Builds the limiter the configuration asks for. Nothing connects yet.
 pub fn build_limiter(config: &Config) -> Result<Arc<dyn Limiter>, String> {
     Ok(match &config.redis {
-        Some(redis) => Arc::new(
-            RedisLimiter::new(&redis.url, redis.timeout)
-                .map_err(|e| format!("redis client for {}: {e}", redacted_url(&redis.url)))?,
-        ),
+        Some(redis) => {
+            let backend = RedisLimiter::new(&redis.url, redis.timeout)
+                .map_err(|e| format!("redis client for {}: {e}", redacted_url(&redis.url)))?;
+            // The deny cache and the circuit breaker keep a flood or an outage away from Redis.
+            Arc::new(Guarded::new(Arc::new(backend), true))
+        }
         None => Arc::new(LocalLimiter::new(Arc::new(SystemClock), LOCAL_MAX_KEYS)),
     })
 }

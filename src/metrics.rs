@@ -5,7 +5,8 @@
 use std::sync::LazyLock;
 
 use pingora_prometheus::prometheus::{
-    register_histogram_vec, register_int_counter_vec, HistogramVec, IntCounter, IntCounterVec,
+    register_histogram_vec, register_int_counter, register_int_counter_vec, register_int_gauge,
+    HistogramVec, IntCounter, IntCounterVec, IntGauge,
 };
 
 use crate::router::RouteTable;
@@ -45,6 +46,22 @@ pub static UPSTREAM_RESPONSES: LazyLock<IntCounterVec> = LazyLock::new(|| {
         &["route", "status_class"]
     )
     .expect("sluice_upstream_responses_total registers once")
+});
+
+pub static DENY_CACHE_HITS: LazyLock<IntCounter> = LazyLock::new(|| {
+    register_int_counter!(
+        "sluice_deny_cache_hits_total",
+        "Requests denied by the local deny cache without calling the limiter backend."
+    )
+    .expect("sluice_deny_cache_hits_total registers once")
+});
+
+pub static BREAKER_STATE: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "sluice_redis_breaker_state",
+        "Redis circuit breaker: 0 closed (calling Redis), 1 open (failing fast), 2 half-open (probing)."
+    )
+    .expect("sluice_redis_breaker_state registers once")
 });
 
 /// Label name used for requests that matched no route.
@@ -149,4 +166,6 @@ pub fn init() {
         LIMITER_ERRORS.with_label_values(&[kind]);
     }
     LazyLock::force(&UPSTREAM_RESPONSES);
+    LazyLock::force(&DENY_CACHE_HITS);
+    LazyLock::force(&BREAKER_STATE);
 }

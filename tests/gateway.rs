@@ -384,3 +384,75 @@ fn metrics_endpoint_is_prometheus_text_with_every_family() {
         "ok\n"
     );
 }
+
+#[test]
+fn a_flood_from_a_denied_client_is_answered_by_the_deny_cache() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let gateway = Gateway::start(&redis_config("allow", BURST_ROUTE), &upstream, Some(&redis));
+    let evalsha = |redis: &RedisServer| -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut redis.connection())
+            .unwrap();
+        info.lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let statuses: Vec<u16> = (0..200).map(|_| gateway.get("/api/flood").status).collect();
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 5);
+    let calls = evalsha(&redis);
+    assert!(
+        calls <= 7,
+        "200 requests, 5 admitted: {calls} EVALSHA calls (the rest from the deny cache)"
+    );
+    let metrics = gateway.metrics();
+    assert!(metric(&metrics, "sluice_deny_cache_hits_total", &[]) >= 190.0);
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_requests_total",
+            &[("route", "api"), ("decision", "limited")]
+        ),
+        195.0
+    );
+}
+
+#[test]
+fn the_breaker_opens_while_redis_is_down_and_closes_when_it_returns() {
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let gateway = Gateway::start(&redis_config("allow", BURST_ROUTE), &upstream, Some(&redis));
+    assert_eq!(gateway.get("/api/a").status, 200);
+    redis.stop();
+    for _ in 0..10 {
+        assert_eq!(gateway.get("/api/a").status, 200);
+    }
+    let metrics = gateway.metrics();
+    assert_eq!(
+        metric(&metrics, "sluice_redis_breaker_state", &[]),
+        1.0,
+        "open"
+    );
+    assert!(
+        metric(
+            &metrics,
+            "sluice_limiter_errors_total",
+            &[("kind", "breaker_open")]
+        ) > 0.0
+    );
+    let _redis = RedisServer::start_on(redis.port);
+    let mut closed = false;
+    for _ in 0..50 {
+        gateway.get("/api/b");
+        if metric(&gateway.metrics(), "sluice_redis_breaker_state", &[]) == 0.0 {
+            closed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(closed, "the breaker closed once Redis answered again");
+}

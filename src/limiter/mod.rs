@@ -3,6 +3,7 @@
 
 pub mod algorithm;
 pub mod clock;
+pub mod guard;
 pub mod local;
 pub mod redis;
 pub mod script;
@@ -174,6 +175,8 @@ pub enum LimiterError {
     Reply(String),
     #[error("in-process limiter is full ({0} keys tracked)")]
     LocalCapacity(usize),
+    #[error("the Redis circuit breaker is open")]
+    BreakerOpen,
 }
 
 impl LimiterError {
@@ -184,7 +187,7 @@ impl LimiterError {
     }
 
     /// Every value `kind()` can take, so metrics can show them at zero from the start.
-    pub const KINDS: [&'static str; 13] = [
+    pub const KINDS: [&'static str; 14] = [
         "timeout",
         "connection",
         "noscript",
@@ -198,6 +201,7 @@ impl LimiterError {
         "server",
         "reply",
         "local_capacity",
+        "breaker_open",
     ];
 
     pub fn kind(&self) -> &'static str {
@@ -207,6 +211,7 @@ impl LimiterError {
             LimiterError::Server { code, .. } => code,
             LimiterError::Reply(_) => "reply",
             LimiterError::LocalCapacity(_) => "local_capacity",
+            LimiterError::BreakerOpen => "breaker_open",
         }
     }
 }

@@ -1,0 +1,411 @@
+//! Guards around a limiter backend: a circuit breaker that stops calling an unavailable Redis,
+//! and a local deny cache that answers known offenders without calling it at all.
+//!
+//! * **Deny cache.** When a key is denied with "retry after r", no request for that key can pass
+//!   before then: other gateways only ever consume, and time moves the same for all. So later
+//!   requests for it are denied in-process until then, with the same decision aged by the time
+//!   passed. Only limits with a fixed cost are cached (a smaller cost could pass sooner), and
+//!   never concurrency limits (slots free whenever a request ends). Bounded; exact expiry.
+//! * **Circuit breaker.** After `FAILURES_TO_OPEN` consecutive errors the backend is not called
+//!   for a short interval (doubling from 50 ms up to 500 ms, so recovery is seen within a second
+//!   of Redis returning); then one request probes it. Errors while open are `breaker_open`, and
+//!   the failure mode applies. Its state is `sluice_redis_breaker_state` and each transition is
+//!   logged.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::{Algorithm, Cost, Decision, LimitRequest, Limiter, LimiterError, Readiness};
+use crate::metrics;
+
+const SHARDS: usize = 16;
+/// Keys the deny cache holds at most; beyond it, new denials are simply not cached.
+pub const DENY_CACHE_CAPACITY: usize = 100_000;
+const FAILURES_TO_OPEN: u32 = 3;
+const FIRST_OPEN_MS: u64 = 50;
+const MAX_OPEN_MS: u64 = 500;
+
+struct Denial {
+    until: Instant,
+    at: Instant,
+    decision: Decision,
+}
+
+/// Keys known to be denied, until when.
+pub struct DenyCache {
+    shards: Box<[Mutex<HashMap<Box<[u8]>, Denial>>]>,
+    shard_capacity: usize,
+}
+
+impl DenyCache {
+    pub fn new(capacity: usize) -> DenyCache {
+        DenyCache {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shard_capacity: capacity.div_ceil(SHARDS).max(1),
+        }
+    }
+
+    fn shard(&self, key: &[u8]) -> &Mutex<HashMap<Box<[u8]>, Denial>> {
+        &self.shards[(xxh3_64(key) % SHARDS as u64) as usize]
+    }
+
+    /// The cached decision for any of `keys`, aged to `now`.
+    pub fn lookup(&self, keys: &[Vec<u8>], now: Instant) -> Option<Decision> {
+        for key in keys {
+            let shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(denial) = shard.get(key.as_slice()).filter(|d| d.until > now) {
+                let elapsed = now.duration_since(denial.at).as_millis() as u64;
+                let mut decision = denial.decision.clone();
+                for status in &mut decision.statuses {
+                    status.retry_after_ms =
+                        status.retry_after_ms.map(|ms| ms.saturating_sub(elapsed));
+                    status.reset_after_ms = status.reset_after_ms.saturating_sub(elapsed);
+                }
+                return Some(decision);
+            }
+        }
+        None
+    }
+
+    /// Remembers a denial of the request's denying limit, when it is safe to.
+    pub fn remember(&self, request: &LimitRequest<'_>, decision: &Decision, now: Instant) {
+        let Some(index) = decision.denied_by else {
+            return;
+        };
+        let limit = &request.limits[index];
+        let fixed_cost = matches!(limit.cost, Cost::Fixed(_));
+        let concurrency = matches!(limit.algorithm, Algorithm::Concurrency { .. });
+        let Some(Some(retry_ms)) = decision.retry_after_ms() else {
+            return;
+        };
+        if !fixed_cost || concurrency || retry_ms == 0 {
+            return;
+        }
+        let key = &request.keys[index];
+        let mut shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
+        if shard.len() >= self.shard_capacity && !shard.contains_key(key.as_slice()) {
+            shard.retain(|_, d| d.until > now);
+            if shard.len() >= self.shard_capacity {
+                return;
+            }
+        }
+        let denial = Denial {
+            until: now + Duration::from_millis(retry_ms),
+            at: now,
+            decision: decision.clone(),
+        };
+        shard.insert(key.clone().into_boxed_slice(), denial);
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Breaker states, as the `sluice_redis_breaker_state` gauge shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    Closed = 0,
+    Open = 1,
+    HalfOpen = 2,
+}
+
+impl BreakerState {
+    fn from_u8(value: u8) -> BreakerState {
+        match value {
+            1 => BreakerState::Open,
+            2 => BreakerState::HalfOpen,
+            _ => BreakerState::Closed,
+        }
+    }
+}
+
+/// Stops calling a failing backend for a short, growing interval; one request probes it.
+pub struct Breaker {
+    epoch: Instant,
+    state: AtomicU8,
+    failures: AtomicU32,
+    open_until_ms: AtomicU64,
+    interval_ms: AtomicU64,
+}
+
+impl Default for Breaker {
+    fn default() -> Self {
+        Breaker::new()
+    }
+}
+
+impl Breaker {
+    pub fn new() -> Breaker {
+        metrics::BREAKER_STATE.set(0);
+        Breaker {
+            epoch: Instant::now(),
+            state: AtomicU8::new(BreakerState::Closed as u8),
+            failures: AtomicU32::new(0),
+            open_until_ms: AtomicU64::new(0),
+            interval_ms: AtomicU64::new(FIRST_OPEN_MS),
+        }
+    }
+
+    pub fn state(&self) -> BreakerState {
+        BreakerState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn transition(&self, from: BreakerState, to: BreakerState) -> bool {
+        let moved = self
+            .state
+            .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if moved {
+            metrics::BREAKER_STATE.set(to as i64);
+            match to {
+                BreakerState::Open => log::warn!(
+                    "redis circuit breaker open: not calling Redis for {} ms",
+                    self.interval_ms.load(Ordering::Relaxed)
+                ),
+                BreakerState::HalfOpen => {
+                    log::info!("redis circuit breaker half-open: probing Redis")
+                }
+                BreakerState::Closed => {
+                    log::info!("redis circuit breaker closed: Redis answers again")
+                }
+            }
+        }
+        moved
+    }
+
+    /// Whether a call may go through now (`false`: fail fast).
+    pub fn admit(&self) -> bool {
+        match self.state() {
+            BreakerState::Closed => true,
+            BreakerState::HalfOpen => false, // one probe is in flight
+            BreakerState::Open => {
+                self.now_ms() >= self.open_until_ms.load(Ordering::Acquire)
+                    && self.transition(BreakerState::Open, BreakerState::HalfOpen)
+            }
+        }
+    }
+
+    pub fn on_success(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+        if self.transition(BreakerState::HalfOpen, BreakerState::Closed) {
+            self.interval_ms.store(FIRST_OPEN_MS, Ordering::Relaxed);
+        }
+    }
+
+    pub fn on_failure(&self) {
+        let open = |interval: u64| {
+            self.open_until_ms
+                .store(self.now_ms() + interval, Ordering::Release);
+        };
+        if self.state() == BreakerState::HalfOpen {
+            let interval = (self.interval_ms.load(Ordering::Relaxed) * 2).min(MAX_OPEN_MS);
+            self.interval_ms.store(interval, Ordering::Relaxed);
+            open(interval);
+            self.transition(BreakerState::HalfOpen, BreakerState::Open);
+            return;
+        }
+        if self.failures.fetch_add(1, Ordering::Relaxed) + 1 >= FAILURES_TO_OPEN {
+            open(self.interval_ms.load(Ordering::Relaxed));
+            self.transition(BreakerState::Closed, BreakerState::Open);
+        }
+    }
+}
+
+/// A backend behind the deny cache and, for Redis, the breaker.
+pub struct Guarded {
+    inner: Arc<dyn Limiter>,
+    deny_cache: DenyCache,
+    breaker: Option<Breaker>,
+}
+
+impl Guarded {
+    pub fn new(inner: Arc<dyn Limiter>, with_breaker: bool) -> Guarded {
+        Guarded {
+            inner,
+            deny_cache: DenyCache::new(DENY_CACHE_CAPACITY),
+            breaker: with_breaker.then(Breaker::new),
+        }
+    }
+}
+
+#[async_trait]
+impl Limiter for Guarded {
+    async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
+        let now = Instant::now();
+        if let Some(decision) = self.deny_cache.lookup(request.keys, now) {
+            metrics::DENY_CACHE_HITS.inc();
+            return Ok(decision);
+        }
+        if let Some(breaker) = &self.breaker {
+            if !breaker.admit() {
+                return Err(LimiterError::BreakerOpen);
+            }
+        }
+        let result = self.inner.check(request).await;
+        match (&result, &self.breaker) {
+            (Ok(_), Some(breaker)) => breaker.on_success(),
+            (Err(e), Some(breaker)) if !e.always_denies() => breaker.on_failure(),
+            _ => {}
+        }
+        if let Ok(decision) = &result {
+            if !decision.allowed() {
+                self.deny_cache.remember(request, decision, now);
+            }
+        }
+        result
+    }
+
+    async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
+        self.inner.release(request).await
+    }
+
+    async fn readiness(&self) -> Readiness {
+        self.inner.readiness().await
+    }
+
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::rate::parse_rate;
+    use crate::limiter::{Limit, LimitStatus, RequestId};
+
+    fn denied(retry: u64) -> Decision {
+        Decision::from_statuses(vec![LimitStatus {
+            allowed: false,
+            remaining: 0,
+            retry_after_ms: Some(retry),
+            reset_after_ms: retry,
+            delay_ms: 0,
+        }])
+    }
+
+    #[test]
+    fn denials_are_served_locally_until_they_expire() {
+        let cache = DenyCache::new(10);
+        let limits = [Limit::new(
+            "l",
+            Algorithm::Gcra {
+                emission_us: 1000,
+                tolerance_us: 1000,
+                max_delay_us: 0,
+            },
+            1,
+            parse_rate("1/s").unwrap(),
+        )];
+        let keys = vec![b"k".to_vec()];
+        let request = LimitRequest {
+            limits: &limits,
+            keys: &keys,
+            costs: &[1],
+            id: RequestId(0),
+        };
+        let t0 = Instant::now();
+        cache.remember(&request, &denied(1000), t0);
+        let aged = cache
+            .lookup(&keys, t0 + Duration::from_millis(400))
+            .unwrap();
+        assert_eq!(aged.statuses[0].retry_after_ms, Some(600));
+        assert!(cache
+            .lookup(&keys, t0 + Duration::from_millis(1000))
+            .is_none());
+        assert!(cache.lookup(&[b"other".to_vec()], t0).is_none());
+    }
+
+    #[test]
+    fn concurrency_and_header_costs_are_never_cached() {
+        let cache = DenyCache::new(10);
+        let concurrency = [Limit::new(
+            "c",
+            Algorithm::Concurrency {
+                max: 1,
+                lease_us: 1,
+            },
+            1,
+            parse_rate("1/s").unwrap(),
+        )];
+        let keys = vec![b"k".to_vec()];
+        let now = Instant::now();
+        cache.remember(
+            &LimitRequest {
+                limits: &concurrency,
+                keys: &keys,
+                costs: &[1],
+                id: RequestId(0),
+            },
+            &denied(500),
+            now,
+        );
+        let mut header = Limit::new(
+            "h",
+            Algorithm::FixedWindow {
+                limit: 5,
+                window_us: 1,
+            },
+            1,
+            parse_rate("1/s").unwrap(),
+        );
+        header.cost = Cost::Header {
+            name: http::header::HeaderName::from_static("x-cost"),
+            max: 5,
+            default: 1,
+        };
+        cache.remember(
+            &LimitRequest {
+                limits: &[header],
+                keys: &keys,
+                costs: &[1],
+                id: RequestId(0),
+            },
+            &denied(500),
+            now,
+        );
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn the_breaker_opens_after_repeated_failures_and_a_probe_closes_it() {
+        let breaker = Breaker::new();
+        for _ in 0..FAILURES_TO_OPEN {
+            assert!(breaker.admit());
+            breaker.on_failure();
+        }
+        assert_eq!(breaker.state(), BreakerState::Open);
+        assert!(!breaker.admit());
+        std::thread::sleep(Duration::from_millis(FIRST_OPEN_MS + 10));
+        assert!(breaker.admit(), "one probe");
+        assert_eq!(breaker.state(), BreakerState::HalfOpen);
+        assert!(!breaker.admit(), "only one probe at a time");
+        breaker.on_failure();
+        assert_eq!(
+            (breaker.state(), breaker.interval_ms.load(Ordering::Relaxed)),
+            (BreakerState::Open, 2 * FIRST_OPEN_MS)
+        );
+        std::thread::sleep(Duration::from_millis(2 * FIRST_OPEN_MS + 10));
+        assert!(breaker.admit());
+        breaker.on_success();
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        assert!(breaker.admit());
+    }
+}

@@ -36,9 +36,11 @@ struct Denial {
     decision: Decision,
 }
 
+type Shard = Mutex<HashMap<Box<[u8]>, Denial>>;
+
 /// Keys known to be denied, until when.
 pub struct DenyCache {
-    shards: Box<[Mutex<HashMap<Box<[u8]>, Denial>>]>,
+    shards: Box<[Shard]>,
     shard_capacity: usize,
 }
 
@@ -50,7 +52,7 @@ impl DenyCache {
         }
     }
 
-    fn shard(&self, key: &[u8]) -> &Mutex<HashMap<Box<[u8]>, Denial>> {
+    fn shard(&self, key: &[u8]) -> &Shard {
         &self.shards[(xxh3_64(key) % SHARDS as u64) as usize]
     }
 

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+
 use pingora::apps::http_app::HttpServer;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
@@ -17,7 +19,8 @@ use crate::limiter::local::LocalLimiter;
 use crate::limiter::redis::RedisLimiter;
 use crate::limiter::Limiter;
 use crate::metrics;
-use crate::proxy::Gateway;
+use crate::proxy::{Active, ActiveConfig, Gateway};
+use crate::reload::{Reloader, RestartOnly};
 use crate::upstream::HealthChecker;
 
 /// Keys the in-process backend tracks at most (see `limiter/local.rs`).
@@ -108,9 +111,16 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
         config.failure_mode,
     );
 
+    let (source, restart_only) = (config.source.clone(), RestartOnly::of(&config));
+    let active: ActiveConfig = Arc::new(ArcSwap::from_pointee(Active::new(config)));
+    let reloader = Reloader::new(source, restart_only, Arc::clone(&active));
+    server.add_service(GenBackgroundService::new(
+        "sluice reload".to_string(),
+        Arc::new(reloader),
+    ));
     let mut proxy = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
-        Gateway::new(config, Arc::clone(&limiter)),
+        Gateway::new(active, Arc::clone(&limiter)),
         "sluice proxy",
     );
     for addr in &listen {

@@ -14,5 +14,6 @@ pub mod limiter;
 pub mod metrics;
 pub mod path;
 pub mod proxy;
+pub mod reload;
 pub mod router;
 pub mod upstream;

@@ -64,6 +64,15 @@ pub static BREAKER_STATE: LazyLock<IntGauge> = LazyLock::new(|| {
     .expect("sluice_redis_breaker_state registers once")
 });
 
+pub static CONFIG_RELOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_config_reloads_total",
+        "Configuration reloads (SIGHUP) by result: success, or error (the old configuration stays).",
+        &["result"]
+    )
+    .expect("sluice_config_reloads_total registers once")
+});
+
 /// Label name used for requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "_unmatched";
 
@@ -168,4 +177,7 @@ pub fn init() {
     LazyLock::force(&UPSTREAM_RESPONSES);
     LazyLock::force(&DENY_CACHE_HITS);
     LazyLock::force(&BREAKER_STATE);
+    for result in ["success", "error"] {
+        CONFIG_RELOADS.with_label_values(&[result]);
+    }
 }

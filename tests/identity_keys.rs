@@ -165,7 +165,11 @@ fn a_hostile_8kb_path_makes_one_fixed_length_key() {
     let keys = keys(&redis);
     assert_eq!(keys.len(), 1);
     let key = &keys[0];
-    assert_eq!(key.len(), "t:{api.}:per_path:".len() + 16 + 32, "{key}");
+    assert_eq!(
+        key.len(),
+        "t:{api.}:per_path.:".len() + 16 + 8 + 32,
+        "{key}"
+    );
     assert!(key.bytes().all(|b| b.is_ascii_graphic()), "{key}");
 }
 

@@ -156,8 +156,13 @@ pub(crate) fn compile_limit(
 
     let (name, algorithm, cost) = (name?, algorithm?, cost?);
     let policy = rate.map(policy_of);
+    // The key carries a fingerprint of the limit's definition: state written under one rate is
+    // never read under another (a reload that loosens a limit starts fresh buckets).
+    let [p1, p2, p3] = algorithm.script_params();
+    let definition = format!("{}:{p1}:{p2}:{p3}", algorithm.script_name());
+    let fingerprint = xxhash_rust::xxh3::xxh3_64(definition.as_bytes()) as u32;
     let spec = KeySpec {
-        limit: name.clone(),
+        limit: format!("{name}.{fingerprint:08x}"),
         parts,
         on_missing,
     };

@@ -35,7 +35,7 @@ impl FailureMode {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisSettings {
     pub url: String,
     pub timeout: Duration,
@@ -43,7 +43,7 @@ pub struct RedisSettings {
 }
 
 /// The `server:` section, handed to Pingora's `ServerConf` (unset fields keep sluice's defaults).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServerSettings {
     pub threads: Option<usize>,
     pub pid_file: Option<String>,

@@ -15,6 +15,8 @@ use pingora::prelude::HttpPeer;
 use pingora::proxy::{ProxyHttp, Session};
 use pingora::{Error, ErrorType};
 
+use arc_swap::ArcSwap;
+
 use crate::config::{Config, FailureMode};
 use crate::identity::{self, Identity};
 use crate::keys::{self, MissingPart, RequestFacts};
@@ -32,6 +34,8 @@ pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 /// Per-request state, carried from `request_filter` to `logging`.
 #[derive(Default)]
 pub struct RequestCtx {
+    /// The configuration this request started with.
+    active: Option<Arc<Active>>,
     route: Option<Arc<Route>>,
     /// The normalized path when it differs from the one received: the upstream gets this one.
     normalized_path: Option<String>,
@@ -79,34 +83,50 @@ fn request_costs(
         .collect()
 }
 
-pub struct Gateway {
+/// What a configuration decides, swapped whole on reload. A request keeps the one it started
+/// with until it ends.
+pub struct Active {
     routes: RouteTable,
     identity: Identity,
     paths: PathPolicy,
-    limiter: Arc<dyn Limiter>,
     failure_mode: FailureMode,
     metrics: Metrics,
+}
+
+impl Active {
+    pub fn new(config: Config) -> Active {
+        Active {
+            metrics: Metrics::new(&config.routes),
+            routes: config.routes,
+            identity: config.identity,
+            paths: config.paths,
+            failure_mode: config.failure_mode,
+        }
+    }
+}
+
+/// The configuration in force; `store` a new [`Active`] to reload.
+pub type ActiveConfig = Arc<ArcSwap<Active>>;
+
+pub struct Gateway {
+    active: ActiveConfig,
+    limiter: Arc<dyn Limiter>,
     request_ids: RequestIds,
     /// Unix second of the last limiter error logged: at most one line per second.
     last_error_log: AtomicU64,
 }
 
 impl Gateway {
-    pub fn new(config: Config, limiter: Arc<dyn Limiter>) -> Gateway {
-        let metrics = Metrics::new(&config.routes);
+    pub fn new(active: ActiveConfig, limiter: Arc<dyn Limiter>) -> Gateway {
         Gateway {
-            routes: config.routes,
-            identity: config.identity,
-            paths: config.paths,
+            active,
             limiter,
-            failure_mode: config.failure_mode,
-            metrics,
             request_ids: RequestIds::new(),
             last_error_log: AtomicU64::new(0),
         }
     }
 
-    fn log_limiter_error(&self, error: &LimiterError) {
+    fn log_limiter_error(&self, error: &LimiterError, failure_mode: FailureMode) {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -114,7 +134,7 @@ impl Gateway {
             log::warn!(
                 "rate limiter unavailable ({}): {error}; failure_mode={} applies",
                 error.kind(),
-                self.failure_mode.as_str()
+                failure_mode.as_str()
             );
         }
     }
@@ -172,6 +192,8 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
+        let active = self.active.load_full();
+        ctx.active = Some(Arc::clone(&active));
         if let Some(rejection) = oversized(session.req_header()) {
             ctx.outcome = Some(Outcome::BadRequest);
             respond(session, rejection).await?;
@@ -180,7 +202,7 @@ impl ProxyHttp for Gateway {
         let route = {
             let host = request_host(session);
             let req = session.req_header();
-            let path = match path::normalize(req.uri.path(), self.paths) {
+            let path = match path::normalize(req.uri.path(), active.paths) {
                 Ok(path) => path,
                 Err(error) => {
                     ctx.outcome = Some(Outcome::BadRequest);
@@ -188,7 +210,7 @@ impl ProxyHttp for Gateway {
                     return Ok(true);
                 }
             };
-            let Some(route) = self.routes.find(&host, &path, &req.method) else {
+            let Some(route) = active.routes.find(&host, &path, &req.method) else {
                 ctx.outcome = Some(Outcome::NoRoute);
                 respond(session, Rejection::NoRoute).await?;
                 return Ok(true);
@@ -202,7 +224,7 @@ impl ProxyHttp for Gateway {
                 .and_then(|a| a.as_inet())
                 .map(|a| a.ip());
             let facts = RequestFacts {
-                client_ip: self.identity.client(peer, &req.headers),
+                client_ip: active.identity.client(peer, &req.headers),
                 method: req.method.as_str(),
                 host: &host,
                 path: &path,
@@ -289,8 +311,8 @@ impl ProxyHttp for Gateway {
                 metrics::LIMITER_ERRORS
                     .with_label_values(&[error.kind()])
                     .inc();
-                self.log_limiter_error(&error);
-                match self.failure_mode {
+                self.log_limiter_error(&error, active.failure_mode);
+                match active.failure_mode {
                     FailureMode::Allow if !error.always_denies() => {
                         ctx.outcome = Some(Outcome::ErrorAllowed);
                         false
@@ -383,7 +405,11 @@ impl ProxyHttp for Gateway {
             .client_addr()
             .and_then(|a| a.as_inet())
             .map(|a| identity::canonical(a.ip()));
-        forwarding::set_headers(upstream_request, peer, self.identity.is_trusted_peer(peer))
+        let trusted = ctx
+            .active
+            .as_ref()
+            .is_some_and(|a| a.identity.is_trusted_peer(peer));
+        forwarding::set_headers(upstream_request, peer, trusted)
     }
 
     async fn response_filter(
@@ -399,9 +425,12 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, session: &mut Session, _error: Option<&Error>, ctx: &mut RequestCtx) {
+        let Some(active) = ctx.active.clone() else {
+            return; // the request failed before it was routed (e.g. a malformed request)
+        };
         let route_metrics = match &ctx.route {
-            Some(route) => self.metrics.route(route.index),
-            None => self.metrics.unmatched(),
+            Some(route) => active.metrics.route(route.index),
+            None => active.metrics.unmatched(),
         };
         let Some(outcome) = ctx.outcome else {
             return; // the request failed before it was routed (e.g. a malformed request)
@@ -414,7 +443,7 @@ impl ProxyHttp for Gateway {
                     metrics::LIMITER_ERRORS
                         .with_label_values(&[error.kind()])
                         .inc();
-                    self.log_limiter_error(&error);
+                    self.log_limiter_error(&error, active.failure_mode);
                 }
             }
         }

@@ -229,6 +229,10 @@ impl Gateway {
         http_get(self.proxy, path, None, &[])
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn get_from(&self, source: &str, path: &str) -> Response {
         http_get(
             self.proxy,

@@ -4,16 +4,18 @@
 -- ARGV[1]  : now in microseconds, or "" to read the clock from Redis TIME (the production path:
 --            every gateway shares the Redis clock; the explicit clock exists for tests)
 -- ARGV[2]  : request id, unique across gateways (sliding log members, concurrency leases)
--- ARGV[3 + 5*(i-1) ..] for limit i: algorithm name, param 1, param 2, param 3, cost
+-- ARGV[3 + 6*(i-1) ..] for limit i: algorithm name, param 1, param 2, param 3, cost,
+--            shadow (1: decided and reported, but its denial does not deny the request)
 -- Reply    : a flat array, 5 integers per limit, in KEYS order:
 --            allowed (1|0), remaining, retry_after_ms (-1: never), reset_after_ms, delay_ms
 --
 -- Phase one reads every state and decides; phase two writes, and only if every limit allowed,
--- so a denied request never consumes quota from the other limits. When the request is denied,
+-- so a denied request never consumes quota from the other limits. A shadow limit that denies does
+-- not stop the others from being written (and writes nothing itself). When the request is denied,
 -- the limits that allowed it report their unconsumed state (a cost-0 peek).
 
-if #ARGV ~= 2 + 5 * #KEYS then
-  return redis.error_reply('ERR sluice: expected ' .. (2 + 5 * #KEYS) .. ' arguments, got ' .. #ARGV)
+if #ARGV ~= 2 + 6 * #KEYS then
+  return redis.error_reply('ERR sluice: expected ' .. (2 + 6 * #KEYS) .. ' arguments, got ' .. #ARGV)
 end
 
 local now = tonumber(ARGV[1])
@@ -35,14 +37,14 @@ local ALGORITHMS = {
 }
 
 local function decide(i, cost)
-  local base = 3 + 5 * (i - 1)
+  local base = 3 + 6 * (i - 1)
   local algorithm = ALGORITHMS[ARGV[base]]
   return algorithm[1](KEYS[i], now, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]),
     tonumber(ARGV[base + 3]), cost, id)
 end
 
 for i = 1, #KEYS do
-  local name = ARGV[3 + 5 * (i - 1)]
+  local name = ARGV[3 + 6 * (i - 1)]
   if not ALGORITHMS[name] then
     return redis.error_reply('ERR sluice: unknown algorithm ' .. tostring(name))
   end
@@ -50,8 +52,8 @@ end
 
 local reply, writes, all_allowed = {}, {}, true
 for i = 1, #KEYS do
-  local allowed, remaining, retry, reset, delay, write = decide(i, tonumber(ARGV[7 + 5 * (i - 1)]))
-  if allowed == 0 then
+  local allowed, remaining, retry, reset, delay, write = decide(i, tonumber(ARGV[7 + 6 * (i - 1)]))
+  if allowed == 0 and ARGV[8 + 6 * (i - 1)] ~= '1' then
     all_allowed = false
   end
   writes[i] = write
@@ -62,7 +64,7 @@ end
 if all_allowed then
   for i = 1, #KEYS do
     if writes[i] then
-      ALGORITHMS[ARGV[3 + 5 * (i - 1)]][2](KEYS[i], writes[i], id)
+      ALGORITHMS[ARGV[3 + 6 * (i - 1)]][2](KEYS[i], writes[i], id)
     end
   end
 else

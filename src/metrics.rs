@@ -14,7 +14,7 @@ use crate::router::RouteTable;
 pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "sluice_requests_total",
-        "Requests by route and limiter decision (allowed, limited, error_allowed, error_denied, no_route, bad_request).",
+        "Requests by route and limiter decision (allowed, limited, error_allowed, error_denied, no_route, bad_request, shadow_limited).",
         &["route", "decision"]
     )
     .expect("sluice_requests_total registers once")
@@ -85,16 +85,18 @@ pub enum Outcome {
     ErrorDenied = 3,
     NoRoute = 4,
     BadRequest = 5,
+    ShadowLimited = 6,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 7] = [
         Outcome::Allowed,
         Outcome::Limited,
         Outcome::ErrorAllowed,
         Outcome::ErrorDenied,
         Outcome::NoRoute,
         Outcome::BadRequest,
+        Outcome::ShadowLimited,
     ];
 
     pub fn label(self) -> &'static str {
@@ -105,6 +107,7 @@ impl Outcome {
             Outcome::ErrorDenied => "error_denied",
             Outcome::NoRoute => "no_route",
             Outcome::BadRequest => "bad_request",
+            Outcome::ShadowLimited => "shadow_limited",
         }
     }
 }
@@ -113,7 +116,7 @@ const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
 /// Counter handles for one route.
 pub struct RouteMetrics {
-    decisions: [IntCounter; 6],
+    decisions: [IntCounter; 7],
     status_classes: [IntCounter; 5],
 }
 

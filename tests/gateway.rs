@@ -511,3 +511,59 @@ fn sighup_reloads_a_valid_config_and_keeps_the_old_one_on_errors() {
         1.0
     );
 }
+
+#[test]
+fn shadow_limits_count_but_let_requests_through() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let routes = r#"
+  - name: trial
+    match: { path_prefix: /trial/ }
+    upstream: { servers: [UPSTREAM] }
+    shadow: true
+    limits:
+      - { name: strict, key: [client_ip], rate: 1/h }
+  - name: mixed
+    match: { path_prefix: /mixed/ }
+    upstream: { servers: [UPSTREAM] }
+    limits:
+      - { name: enforced, key: [client_ip], rate: 3/h, burst: 2 }
+      - { name: candidate, key: [client_ip], rate: 1/h, shadow: true }
+"#;
+    let gateway = Gateway::start(&redis_config("allow", routes), &upstream, Some(&redis));
+    for _ in 0..3 {
+        let response = gateway.get("/trial/x");
+        assert_eq!(response.status, 200);
+        assert_eq!(
+            response.header("ratelimit"),
+            None,
+            "shadow limits are not advertised"
+        );
+    }
+    let statuses: Vec<u16> = (0..4).map(|_| gateway.get("/mixed/x").status).collect();
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429],
+        "the enforced limit still counts every admitted request"
+    );
+    let metrics = gateway.metrics();
+    let count = |route, decision| {
+        metric(
+            &metrics,
+            "sluice_requests_total",
+            &[("route", route), ("decision", decision)],
+        )
+    };
+    assert_eq!(
+        (count("trial", "allowed"), count("trial", "shadow_limited")),
+        (1.0, 2.0)
+    );
+    assert_eq!(
+        (
+            count("mixed", "allowed"),
+            count("mixed", "shadow_limited"),
+            count("mixed", "limited")
+        ),
+        (1.0, 2.0, 1.0)
+    );
+}

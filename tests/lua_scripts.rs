@@ -464,7 +464,7 @@ fn malformed_calls_are_refused_with_a_message() {
         .invoke::<Vec<i64>>(&mut con)
         .unwrap_err();
     assert!(
-        err.to_string().contains("expected 7 arguments, got 1"),
+        err.to_string().contains("expected 8 arguments, got 1"),
         "{err}"
     );
     let err = redis::Script::new(SOURCE)
@@ -476,9 +476,33 @@ fn malformed_calls_are_refused_with_a_message() {
         .arg(1)
         .arg(0)
         .arg(1)
+        .arg(0)
         .invoke::<Vec<i64>>(&mut con)
         .unwrap_err();
     assert!(err.to_string().contains("unknown algorithm leaky"), "{err}");
+}
+
+#[test]
+fn a_shadow_limit_is_decided_but_never_blocks_the_others() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let mut shadow = gcra("1/h", 0, 1);
+    shadow.shadow = true;
+    let limits = [gcra("10/s", 9, 1), shadow];
+    let first = call(&mut con, &["enforced", "shadow"], &limits, T0);
+    assert_eq!((first[0], first[5]), (1, 1));
+    let second = call(&mut con, &["enforced", "shadow"], &limits, T0);
+    assert_eq!((second[0], second[5]), (1, 0), "the shadow limit denies...");
+    assert_eq!(
+        second[1], 8,
+        "...and the enforced one still counts the request"
+    );
+    let decision =
+        sluice::limiter::Decision::of(script::parse_statuses(&second, 2).unwrap(), &limits);
+    assert_eq!(
+        (decision.allowed(), decision.shadow_denied_by),
+        (true, Some(1))
+    );
 }
 
 #[test]

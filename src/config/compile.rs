@@ -272,6 +272,11 @@ fn compile_route(
     }
 
     let (name, matcher, upstream) = (name?, matcher?, upstream?);
+    if raw.shadow.unwrap_or(false) {
+        for limit in &mut limits {
+            limit.shadow = true;
+        }
+    }
     let policy_header = if raw.rate_limit_headers.unwrap_or(true) {
         policy_header(&limits)
     } else {
@@ -556,6 +561,7 @@ fn compile_upstream(
 fn policy_header(limits: &[Limit]) -> Option<HeaderValue> {
     let items: Vec<String> = limits
         .iter()
+        .filter(|l| !l.shadow)
         .filter_map(|l| l.policy.map(|(q, w)| format!("\"{}\";q={q};w={w}", l.name)))
         .collect();
     if items.is_empty() {

@@ -173,6 +173,7 @@ pub(crate) fn compile_limit(
                 algorithm,
                 cost,
                 policy,
+                shadow: raw.shadow.unwrap_or(false),
             },
             spec,
         )

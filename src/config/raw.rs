@@ -66,6 +66,7 @@ pub struct RawRoute {
     #[serde(default)]
     pub limits: Vec<RawLimit>,
     pub rate_limit_headers: Option<bool>,
+    pub shadow: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -105,4 +106,5 @@ pub struct RawLimit {
     pub cost: Option<u64>,
     pub cost_header: Option<String>,
     pub cost_max: Option<u64>,
+    pub shadow: Option<bool>,
 }

@@ -104,7 +104,7 @@ impl LocalLimiter {
             statuses.push(status);
             writes.push(write);
         }
-        let decision = Decision::from_statuses(statuses);
+        let decision = Decision::of(statuses, limits);
         if !decision.allowed() {
             // Nothing is consumed: limits that would have allowed report their state as it
             // stands (a cost-0 peek), like lua/check.lua.
@@ -121,7 +121,7 @@ impl LocalLimiter {
                     };
                 }
             }
-            return Ok(Decision::from_statuses(statuses));
+            return Ok(Decision::of(statuses, limits));
         }
 
         // Make room for new keys before writing anything, so a full map fails atomically.

@@ -37,6 +37,9 @@ pub struct Limit {
     /// What the `RateLimit-Policy` header advertises: quota `q` per `w` seconds; `None` for
     /// limits that are not rates (concurrency).
     pub policy: Option<(u64, u64)>,
+    /// Decided and counted, never enforced: a denial lets the request through (and consumes
+    /// nothing from this limit), for rolling out new limits safely.
+    pub shadow: bool,
 }
 
 impl Limit {
@@ -47,6 +50,7 @@ impl Limit {
             algorithm,
             cost: Cost::Fixed(cost),
             policy: Some(policy_of(rate)),
+            shadow: false,
         }
     }
 }
@@ -126,21 +130,44 @@ pub struct LimitStatus {
 pub struct Decision {
     /// One status per limit, in the route's order.
     pub statuses: Vec<LimitStatus>,
-    /// The denying limit with the longest wait, if any limit denied.
+    /// The denying limit with the longest wait, if any enforced limit denied.
     pub denied_by: Option<usize>,
+    /// The same among shadow limits: the request would have been denied by this one.
+    pub shadow_denied_by: Option<usize>,
 }
 
 impl Decision {
+    /// A decision where every limit is enforced.
     pub fn from_statuses(statuses: Vec<LimitStatus>) -> Decision {
-        let denied_by = statuses
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| !s.allowed)
-            .max_by_key(|(_, s)| s.retry_after_ms.unwrap_or(u64::MAX))
-            .map(|(index, _)| index);
+        Decision::judge(statuses, |_| false)
+    }
+
+    /// A decision over `limits`: shadow limits never deny (and never delay); their denials are
+    /// reported in `shadow_denied_by`.
+    pub fn of(statuses: Vec<LimitStatus>, limits: &[Limit]) -> Decision {
+        Decision::judge(statuses, |i| limits.get(i).is_some_and(|l| l.shadow))
+    }
+
+    fn judge(mut statuses: Vec<LimitStatus>, shadow: impl Fn(usize) -> bool) -> Decision {
+        let longest = |statuses: &[LimitStatus], in_shadow: bool| {
+            statuses
+                .iter()
+                .enumerate()
+                .filter(|(i, s)| !s.allowed && shadow(*i) == in_shadow)
+                .max_by_key(|(_, s)| s.retry_after_ms.unwrap_or(u64::MAX))
+                .map(|(index, _)| index)
+        };
+        for (i, status) in statuses.iter_mut().enumerate() {
+            if shadow(i) {
+                status.delay_ms = 0;
+            }
+        }
+        let denied_by = longest(&statuses, false);
+        let shadow_denied_by = longest(&statuses, true);
         Decision {
             statuses,
             denied_by,
+            shadow_denied_by,
         }
     }
 

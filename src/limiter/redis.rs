@@ -67,7 +67,8 @@ impl RedisLimiter {
             .invoke_async(&mut connection)
             .await
             .map_err(classify)?;
-        script::parse_reply(&reply, request.limits.len())
+        script::parse_statuses(&reply, request.limits.len())
+            .map(|statuses| Decision::of(statuses, request.limits))
     }
 
     async fn release_leases(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {

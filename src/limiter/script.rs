@@ -45,12 +45,18 @@ pub fn push_args(
             .arg(p1)
             .arg(p2)
             .arg(p3)
-            .arg(*cost);
+            .arg(*cost)
+            .arg(u8::from(limit.shadow));
     }
 }
 
-/// Turns the script's flat integer reply into a decision, refusing anything malformed.
+/// Turns the script's flat integer reply into a decision where every limit is enforced.
 pub fn parse_reply(reply: &[i64], limits: usize) -> Result<Decision, LimiterError> {
+    parse_statuses(reply, limits).map(Decision::from_statuses)
+}
+
+/// The per-limit statuses of the script's flat integer reply, refusing anything malformed.
+pub fn parse_statuses(reply: &[i64], limits: usize) -> Result<Vec<LimitStatus>, LimiterError> {
     if reply.len() != limits * REPLY_STRIDE {
         return Err(LimiterError::Reply(format!(
             "expected {} integers for {limits} limits, got {}",
@@ -78,7 +84,7 @@ pub fn parse_reply(reply: &[i64], limits: usize) -> Result<Decision, LimiterErro
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Decision::from_statuses(statuses))
+    Ok(statuses)
 }
 
 #[cfg(test)]

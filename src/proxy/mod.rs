@@ -285,7 +285,13 @@ impl ProxyHttp for Gateway {
 
         let handled = match result {
             Ok(decision) if decision.allowed() => {
-                ctx.outcome = Some(Outcome::Allowed);
+                // A shadow limit said no: count it, let the request through.
+                let shadowed = decision.shadow_denied_by.is_some();
+                ctx.outcome = Some(if shadowed {
+                    Outcome::ShadowLimited
+                } else {
+                    Outcome::Allowed
+                });
                 let delay = decision.delay_ms();
                 ctx.decision = Some(decision);
                 if delay > 0 {
@@ -436,7 +442,8 @@ impl ProxyHttp for Gateway {
             return; // the request failed before it was routed (e.g. a malformed request)
         };
         route_metrics.count(outcome);
-        if let (Outcome::Allowed, Some(route)) = (outcome, &ctx.route) {
+        let admitted = matches!(outcome, Outcome::Allowed | Outcome::ShadowLimited);
+        if let (true, Some(route)) = (admitted, &ctx.route) {
             // The response is finished or the client has gone: return concurrency leases.
             if route.holds_leases {
                 if let Err(error) = self.limiter.release(&ctx.limit_request(route)).await {
@@ -447,7 +454,10 @@ impl ProxyHttp for Gateway {
                 }
             }
         }
-        if matches!(outcome, Outcome::Allowed | Outcome::ErrorAllowed) {
+        if matches!(
+            outcome,
+            Outcome::Allowed | Outcome::ShadowLimited | Outcome::ErrorAllowed
+        ) {
             if let Some(response) = session.response_written() {
                 route_metrics.count_upstream_status(response.status.as_u16());
             }

@@ -52,7 +52,7 @@ pub fn ratelimit_value(route: &Route, decision: &Decision) -> Option<HeaderValue
         .limits
         .iter()
         .zip(&decision.statuses)
-        .filter(|(limit, _)| limit.policy.is_some());
+        .filter(|(limit, _)| limit.policy.is_some() && !limit.shadow);
     for (i, (limit, status)) in rates.enumerate() {
         if i > 0 {
             value.push_str(", ");

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use http::header::HeaderValue;
 use http::Method;
 
+use crate::config::FailureMode;
 use crate::keys::RouteKeys;
 use crate::limiter::Limit;
 use crate::upstream::Upstream;
@@ -84,6 +85,10 @@ pub struct Route {
     pub needs_request_id: bool,
     /// Some limit is a concurrency limit: admitted requests release their lease when done.
     pub holds_leases: bool,
+    /// Overrides the global `failure_mode` for this route (e.g. `deny` for a login route).
+    pub failure_mode: Option<FailureMode>,
+    /// Overrides `redis.timeout_ms` for this route's limiter calls.
+    pub limiter_timeout: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Default)]
@@ -155,6 +160,8 @@ mod tests {
             policy_header: None,
             needs_request_id: false,
             holds_leases: false,
+            failure_mode: None,
+            limiter_timeout: None,
         }
     }
 

@@ -567,3 +567,37 @@ fn shadow_limits_count_but_let_requests_through() {
         (1.0, 2.0, 1.0)
     );
 }
+
+#[test]
+fn script_flush_mid_traffic_is_invisible_to_clients_and_counts_stay_exact() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let routes = "  - name: api\n    match: { path_prefix: / }\n    upstream: { servers: [UPSTREAM] }\n    limits:\n      - { name: exact, key: [route], algorithm: fixed_window, rate: 10/h }\n";
+    let gateway = Gateway::start(&redis_config("deny", routes), &upstream, Some(&redis));
+    let mut statuses: Vec<u16> = (0..4).map(|_| gateway.get("/x").status).collect();
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query::<()>(&mut redis.connection())
+        .unwrap();
+    statuses.extend((0..8).map(|_| gateway.get("/x").status));
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 429, 429],
+        "NOSCRIPT reloaded, nothing double counted"
+    );
+    let metrics = gateway.metrics();
+    assert_eq!(metric(&metrics, "sluice_limiter_errors_total", &[]), 0.0);
+}
+
+#[test]
+fn a_route_can_override_the_failure_mode() {
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let routes = format!(
+        "  - name: login\n    match: {{ path_prefix: /login }}\n    upstream: {{ servers: [UPSTREAM] }}\n    failure_mode: deny\n    limiter_timeout_ms: 40\n    limits:\n      - {{ name: per_client, rate: 5/m, burst: 4 }}\n{BURST_ROUTE}"
+    );
+    let gateway = Gateway::start(&redis_config("allow", &routes), &upstream, Some(&redis));
+    redis.stop();
+    assert_eq!(gateway.get("/login").status, 503, "login fails closed");
+    assert_eq!(gateway.get("/api/x").status, 200, "the rest fails open");
+}

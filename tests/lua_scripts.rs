@@ -104,6 +104,7 @@ fn call_as(
         keys: &key_bytes,
         costs: &costs,
         id: RequestId(id),
+        deadline: None,
     };
     script::push_args(&mut invocation, &request, now);
     invocation.invoke(con)
@@ -128,6 +129,7 @@ fn call_costs(
         keys: &key_bytes,
         costs,
         id: RequestId(id),
+        deadline: None,
     };
     script::push_args(&mut invocation, &request, Some(now));
     invocation.invoke(con).expect("script call")
@@ -850,6 +852,7 @@ fn script_and_in_process_backend_agree() {
                         keys: &key_bytes[..n],
                         costs: &costs[..n],
                         id: RequestId(id),
+                        deadline: None,
                     };
                     local.release_now(&request);
                     let release_script = redis::Script::new(RELEASE_SOURCE);
@@ -872,6 +875,7 @@ fn script_and_in_process_backend_agree() {
                     keys: &key_bytes[..n],
                     costs: &costs[..n],
                     id: RequestId(id),
+                    deadline: None,
                 };
                 let from_local: Decision = local.check_at(&request, now as i64).unwrap();
                 prop_assert_eq!(

@@ -78,17 +78,8 @@ pub fn compile(source: &Path, raw: RawConfig, problems: &mut Vec<Problem>) -> Op
         .map_or(DEFAULT_KEY_PREFIX, |r| r.key_prefix.as_str())
         .to_string();
 
-    let failure_mode = match raw.failure_mode.as_deref() {
-        None | Some("allow") => FailureMode::Allow,
-        Some("deny") => FailureMode::Deny,
-        Some(other) => {
-            p.add(
-                "failure_mode",
-                format!("unknown failure mode {other:?}: use allow or deny"),
-            );
-            FailureMode::Allow
-        }
-    };
+    let failure_mode = failure_mode(raw.failure_mode.as_deref(), "failure_mode", &mut p)
+        .unwrap_or(FailureMode::Allow);
 
     // Without a configured secret the prefix keys the hashes: set key_secret in production.
     let secret = KeySecret::new(raw.key_secret.as_deref().unwrap_or(&key_prefix));
@@ -143,6 +134,20 @@ pub fn compile(source: &Path, raw: RawConfig, problems: &mut Vec<Problem>) -> Op
         paths,
         routes: RouteTable::new(routes),
     })
+}
+
+fn failure_mode(text: Option<&str>, at: &str, p: &mut Problems<'_>) -> Option<FailureMode> {
+    match text? {
+        "allow" => Some(FailureMode::Allow),
+        "deny" => Some(FailureMode::Deny),
+        other => {
+            p.add(
+                at,
+                format!("unknown failure mode {other:?}: use allow or deny"),
+            );
+            None
+        }
+    }
 }
 
 fn compile_identity(trusted: &[String], ipv6_prefix: Option<u8>, p: &mut Problems<'_>) -> Identity {
@@ -271,6 +276,22 @@ fn compile_route(
         }
     }
 
+    let route_failure_mode = failure_mode(
+        raw.failure_mode.as_deref(),
+        &format!("{at}.failure_mode"),
+        p,
+    );
+    let limiter_timeout = raw.limiter_timeout_ms.and_then(|ms| {
+        if (1..=10_000).contains(&ms) {
+            Some(Duration::from_millis(ms))
+        } else {
+            p.add(
+                format!("{at}.limiter_timeout_ms"),
+                format!("must be between 1 and 10000 ms, got {ms}"),
+            );
+            None
+        }
+    });
     let (name, matcher, upstream) = (name?, matcher?, upstream?);
     if raw.shadow.unwrap_or(false) {
         for limit in &mut limits {
@@ -289,6 +310,8 @@ fn compile_route(
         matcher,
         upstream,
         needs_request_id: limits.iter().any(|l| l.algorithm.needs_request_id()),
+        failure_mode: route_failure_mode,
+        limiter_timeout,
         holds_leases: limits
             .iter()
             .any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })),

@@ -67,6 +67,8 @@ pub struct RawRoute {
     pub limits: Vec<RawLimit>,
     pub rate_limit_headers: Option<bool>,
     pub shadow: Option<bool>,
+    pub failure_mode: Option<String>,
+    pub limiter_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -322,6 +322,7 @@ mod tests {
             keys: &keys,
             costs: &[1],
             id: RequestId(0),
+            deadline: None,
         };
         let t0 = Instant::now();
         cache.remember(&request, &denied(1000), t0);
@@ -355,6 +356,7 @@ mod tests {
                 keys: &keys,
                 costs: &[1],
                 id: RequestId(0),
+                deadline: None,
             },
             &denied(500),
             now,
@@ -379,6 +381,7 @@ mod tests {
                 keys: &keys,
                 costs: &[1],
                 id: RequestId(0),
+                deadline: None,
             },
             &denied(500),
             now,

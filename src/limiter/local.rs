@@ -80,6 +80,7 @@ impl LocalLimiter {
             keys,
             costs,
             id,
+            ..
         } = *request;
         if limits.len() != keys.len() || limits.len() != costs.len() {
             return Err(LimiterError::Reply(format!(
@@ -228,6 +229,7 @@ mod tests {
             keys,
             costs,
             id: RequestId(id),
+            deadline: None,
         }
     }
 

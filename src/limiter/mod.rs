@@ -109,6 +109,8 @@ pub struct LimitRequest<'a> {
     pub keys: &'a [Vec<u8>],
     pub costs: &'a [u64],
     pub id: RequestId,
+    /// Overrides the backend's deadline for this call.
+    pub deadline: Option<std::time::Duration>,
 }
 
 /// How one limit judged one request. Times are whole milliseconds, rounded up.

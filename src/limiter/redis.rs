@@ -95,11 +95,13 @@ impl RedisLimiter {
     /// Runs `call` under the deadline; a call that misses it is abandoned, never retried.
     async fn within_deadline<T>(
         &self,
+        deadline: Option<Duration>,
         call: impl std::future::Future<Output = Result<T, LimiterError>>,
     ) -> Result<T, LimiterError> {
-        match tokio::time::timeout(self.deadline, call).await {
+        let deadline = deadline.unwrap_or(self.deadline);
+        match tokio::time::timeout(deadline, call).await {
             Ok(Err(LimiterError::Timeout(_))) | Err(_) => {
-                Err(LimiterError::Timeout(self.deadline_ms()))
+                Err(LimiterError::Timeout(deadline.as_millis() as u64))
             }
             Ok(result) => result,
         }
@@ -135,11 +137,13 @@ pub fn classify(error: redis::RedisError) -> LimiterError {
 #[async_trait]
 impl Limiter for RedisLimiter {
     async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
-        self.within_deadline(self.evaluate(request)).await
+        self.within_deadline(request.deadline, self.evaluate(request))
+            .await
     }
 
     async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
-        self.within_deadline(self.release_leases(request)).await
+        self.within_deadline(request.deadline, self.release_leases(request))
+            .await
     }
 
     async fn readiness(&self) -> Readiness {

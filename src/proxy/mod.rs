@@ -58,6 +58,7 @@ impl RequestCtx {
             keys: &self.keys,
             costs: &self.costs,
             id: self.id,
+            deadline: route.limiter_timeout,
         }
     }
 }
@@ -317,8 +318,8 @@ impl ProxyHttp for Gateway {
                 metrics::LIMITER_ERRORS
                     .with_label_values(&[error.kind()])
                     .inc();
-                self.log_limiter_error(&error, active.failure_mode);
-                match active.failure_mode {
+                self.log_limiter_error(&error, route.failure_mode.unwrap_or(active.failure_mode));
+                match route.failure_mode.unwrap_or(active.failure_mode) {
                     FailureMode::Allow if !error.always_denies() => {
                         ctx.outcome = Some(Outcome::ErrorAllowed);
                         false

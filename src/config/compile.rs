@@ -100,6 +100,17 @@ pub fn compile(source: &Path, raw: RawConfig, problems: &mut Vec<Problem>) -> Op
         }
     };
 
+    let access_log_sample = raw.access_log.and_then(|log| {
+        let sample = log.sample.unwrap_or(1);
+        if sample == 0 {
+            p.add(
+                "access_log.sample",
+                "must be at least 1 (log 1 request in N)",
+            );
+        }
+        log.enabled.unwrap_or(false).then_some(sample.max(1))
+    });
+
     if raw.routes.is_empty() {
         p.add("routes", "at least one route is required");
     }
@@ -132,6 +143,7 @@ pub fn compile(source: &Path, raw: RawConfig, problems: &mut Vec<Problem>) -> Op
         failure_mode,
         identity,
         paths,
+        access_log_sample,
         routes: RouteTable::new(routes),
     })
 }

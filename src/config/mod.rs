@@ -70,6 +70,8 @@ pub struct Config {
     pub failure_mode: FailureMode,
     pub identity: Identity,
     pub paths: PathPolicy,
+    /// Log one line per request, for 1 request in `n`; `None`: off.
+    pub access_log_sample: Option<u64>,
     pub routes: RouteTable,
 }
 

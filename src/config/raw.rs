@@ -20,8 +20,15 @@ pub struct RawConfig {
     pub key_secret: Option<String>,
     pub ipv6_prefix: Option<u8>,
     pub path: Option<RawPath>,
+    pub access_log: Option<RawAccessLog>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawAccessLog {
+    pub enabled: Option<bool>,
+    pub sample: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

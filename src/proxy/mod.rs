@@ -36,6 +36,9 @@ pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 pub struct RequestCtx {
     /// The configuration this request started with.
     active: Option<Arc<Active>>,
+    /// When the request reached `request_filter`, and how long its limiter call took.
+    started: Option<Instant>,
+    limiter_time: std::time::Duration,
     route: Option<Arc<Route>>,
     /// The normalized path when it differs from the one received: the upstream gets this one.
     normalized_path: Option<String>,
@@ -92,6 +95,7 @@ pub struct Active {
     paths: PathPolicy,
     failure_mode: FailureMode,
     metrics: Metrics,
+    access_log_sample: Option<u64>,
 }
 
 impl Active {
@@ -102,6 +106,7 @@ impl Active {
             identity: config.identity,
             paths: config.paths,
             failure_mode: config.failure_mode,
+            access_log_sample: config.access_log_sample,
         }
     }
 }
@@ -115,6 +120,8 @@ pub struct Gateway {
     request_ids: RequestIds,
     /// Unix second of the last limiter error logged: at most one line per second.
     last_error_log: AtomicU64,
+    /// Requests seen, for access log sampling.
+    logged: AtomicU64,
 }
 
 impl Gateway {
@@ -124,6 +131,7 @@ impl Gateway {
             limiter,
             request_ids: RequestIds::new(),
             last_error_log: AtomicU64::new(0),
+            logged: AtomicU64::new(0),
         }
     }
 
@@ -139,6 +147,36 @@ impl Gateway {
             );
         }
     }
+}
+
+/// One structured line per request (`target: sluice::access`): route, decision, denying limit,
+/// status, total and limiter time. Client addresses appear here, never in metrics.
+fn access_log(session: &Session, ctx: &RequestCtx, outcome: Outcome) {
+    let route = ctx.route.as_ref();
+    let limit = match (route, &ctx.decision) {
+        (Some(route), Some(decision)) => decision
+            .denied_by
+            .or(decision.shadow_denied_by)
+            .and_then(|i| route.limits.get(i))
+            .map_or("-", |l| &*l.name),
+        _ => "-",
+    };
+    let status = session.response_written().map_or(0, |r| r.status.as_u16());
+    let peer = session
+        .client_addr()
+        .map_or_else(|| "-".to_string(), |a| a.to_string());
+    let total_ms = ctx
+        .started
+        .map_or(0.0, |t| t.elapsed().as_secs_f64() * 1000.0);
+    log::info!(
+        target: "sluice::access",
+        "peer={peer} method={} path={:?} route={} decision={} limit={limit} status={status} total_ms={total_ms:.3} limiter_ms={:.3}",
+        session.req_header().method,
+        session.req_header().uri.path(),
+        route.map_or("-", |r| &*r.name),
+        outcome.label(),
+        ctx.limiter_time.as_secs_f64() * 1000.0,
+    );
 }
 
 /// `414` for an overlong request target, `431` for too many header bytes: before any Redis call.
@@ -195,6 +233,7 @@ impl ProxyHttp for Gateway {
     ) -> pingora::Result<bool> {
         let active = self.active.load_full();
         ctx.active = Some(Arc::clone(&active));
+        ctx.started = Some(Instant::now());
         if let Some(rejection) = oversized(session.req_header()) {
             ctx.outcome = Some(Outcome::BadRequest);
             respond(session, rejection).await?;
@@ -280,9 +319,10 @@ impl ProxyHttp for Gateway {
 
         let started = Instant::now();
         let result = self.limiter.check(&ctx.limit_request(&route)).await;
+        ctx.limiter_time = started.elapsed();
         metrics::LIMITER_DURATION
             .with_label_values(&[self.limiter.backend()])
-            .observe(started.elapsed().as_secs_f64());
+            .observe(ctx.limiter_time.as_secs_f64());
 
         let handled = match result {
             Ok(decision) if decision.allowed() => {
@@ -461,6 +501,11 @@ impl ProxyHttp for Gateway {
         ) {
             if let Some(response) = session.response_written() {
                 route_metrics.count_upstream_status(response.status.as_u16());
+            }
+        }
+        if let Some(sample) = active.access_log_sample {
+            if self.logged.fetch_add(1, Ordering::Relaxed) % sample == 0 {
+                access_log(session, ctx, outcome);
             }
         }
     }

@@ -645,3 +645,35 @@ fn the_access_log_writes_one_sampled_line_per_request() {
         "{log}"
     );
 }
+
+#[test]
+fn the_grafana_dashboard_only_uses_exported_metrics() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let gateway = Gateway::start(&redis_config("allow", BURST_ROUTE), &upstream, Some(&redis));
+    gateway.get("/api/x");
+    let exported = gateway.metrics();
+    let dashboard =
+        std::fs::read_to_string(support::repo_path("docs/grafana-dashboard.json")).unwrap();
+    // JSON is YAML: no JSON parser needed.
+    let parsed: serde_yaml::Value =
+        serde_yaml::from_str(&dashboard).expect("the dashboard is valid JSON");
+    let panels = parsed["panels"].as_sequence().expect("panels");
+    let mut checked = 0;
+    for panel in panels {
+        for target in panel["targets"].as_sequence().expect("targets") {
+            let expr = target["expr"].as_str().expect("expr");
+            for name in expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("sluice_"))
+            {
+                assert!(
+                    exported.contains(&format!("\n{name}")),
+                    "{name} in {expr:?} is not exported"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 9);
+}

@@ -14,7 +14,7 @@ use crate::router::RouteTable;
 pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "sluice_requests_total",
-        "Requests by route and limiter decision (allowed, limited, error_allowed, error_denied, no_route, bad_request, shadow_limited).",
+        "Requests by route and limiter decision (allowed, limited, error_allowed, error_denied, no_route, bad_request, shadow_limited, local_allowed, local_limited).",
         &["route", "decision"]
     )
     .expect("sluice_requests_total registers once")
@@ -86,10 +86,12 @@ pub enum Outcome {
     NoRoute = 4,
     BadRequest = 5,
     ShadowLimited = 6,
+    LocalAllowed = 7,
+    LocalLimited = 8,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 9] = [
         Outcome::Allowed,
         Outcome::Limited,
         Outcome::ErrorAllowed,
@@ -97,6 +99,8 @@ impl Outcome {
         Outcome::NoRoute,
         Outcome::BadRequest,
         Outcome::ShadowLimited,
+        Outcome::LocalAllowed,
+        Outcome::LocalLimited,
     ];
 
     pub fn label(self) -> &'static str {
@@ -108,6 +112,8 @@ impl Outcome {
             Outcome::NoRoute => "no_route",
             Outcome::BadRequest => "bad_request",
             Outcome::ShadowLimited => "shadow_limited",
+            Outcome::LocalAllowed => "local_allowed",
+            Outcome::LocalLimited => "local_limited",
         }
     }
 }
@@ -116,7 +122,7 @@ const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
 /// Counter handles for one route.
 pub struct RouteMetrics {
-    decisions: [IntCounter; 7],
+    decisions: [IntCounter; 9],
     status_classes: [IntCounter; 5],
 }
 

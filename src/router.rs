@@ -89,6 +89,8 @@ pub struct Route {
     pub failure_mode: Option<FailureMode>,
     /// Overrides `redis.timeout_ms` for this route's limiter calls.
     pub limiter_timeout: Option<std::time::Duration>,
+    /// The limits scaled to one gateway's share (`limit / instances`), for `failure_mode: local`.
+    pub local_limits: Box<[Limit]>,
 }
 
 #[derive(Debug, Default)]
@@ -162,6 +164,7 @@ mod tests {
             holds_leases: false,
             failure_mode: None,
             limiter_timeout: None,
+            local_limits: Box::new([]),
         }
     }
 

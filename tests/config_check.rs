@@ -106,7 +106,7 @@ fn every_mistake_of_a_file_is_reported_at_once() {
         "many_mistakes.yaml",
         &[
             "redis.url: invalid redis URL: Redis URL did not parse - InvalidClientConfig",
-            "failure_mode: unknown failure mode \"maybe\": use allow or deny",
+            "failure_mode: unknown failure mode \"maybe\": use allow, deny or local",
             "routes[0].name: invalid name \"bad name{}\": use 1 to 64 of A-Z a-z 0-9 _ . -",
             "routes[0].match.path_prefix: must be a normalized absolute path starting with '/', got \"api\"",
             "routes[0].match.methods[1]: invalid HTTP method \"NOT A METHOD\"",

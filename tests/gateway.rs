@@ -677,3 +677,29 @@ fn the_grafana_dashboard_only_uses_exported_metrics() {
     }
     assert!(checked >= 9);
 }
+
+#[test]
+fn failure_mode_local_enforces_this_gateways_share_while_redis_is_down() {
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let routes = "  - name: api\n    match: { path_prefix: / }\n    upstream: { servers: [UPSTREAM] }\n    limits:\n      - { name: per_client, rate: 10/h, burst: 9 }\n";
+    let config = redis_config("local", routes)
+        .replace("failure_mode: local", "failure_mode: local\ninstances: 2");
+    let gateway = Gateway::start(&config, &upstream, Some(&redis));
+    redis.stop();
+    let statuses: Vec<u16> = (0..8).map(|_| gateway.get("/x").status).collect();
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 200, 429, 429, 429],
+        "10 per hour over 2 gateways: 5 here"
+    );
+    let metrics = gateway.metrics();
+    let count = |decision| {
+        metric(
+            &metrics,
+            "sluice_requests_total",
+            &[("route", "api"), ("decision", decision)],
+        )
+    };
+    assert_eq!((count("local_allowed"), count("local_limited")), (5.0, 3.0));
+}

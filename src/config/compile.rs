@@ -100,6 +100,13 @@ pub fn compile(source: &Path, raw: RawConfig, problems: &mut Vec<Problem>) -> Op
         }
     };
 
+    let instances = raw.instances.unwrap_or(1);
+    if !(1..=10_000).contains(&instances) {
+        p.add(
+            "instances",
+            format!("must be between 1 and 10000, got {instances}"),
+        );
+    }
     let access_log_sample = raw.access_log.and_then(|log| {
         let sample = log.sample.unwrap_or(1);
         if sample == 0 {
@@ -126,7 +133,15 @@ pub fn compile(source: &Path, raw: RawConfig, problems: &mut Vec<Problem>) -> Op
                 );
             }
         }
-        if let Some(route) = compile_route(index, &at, raw_route, &key_prefix, secret, &mut p) {
+        if let Some(route) = compile_route(
+            index,
+            &at,
+            raw_route,
+            &key_prefix,
+            secret,
+            instances,
+            &mut p,
+        ) {
             routes.push(route);
         }
     }
@@ -152,10 +167,11 @@ fn failure_mode(text: Option<&str>, at: &str, p: &mut Problems<'_>) -> Option<Fa
     match text? {
         "allow" => Some(FailureMode::Allow),
         "deny" => Some(FailureMode::Deny),
+        "local" => Some(FailureMode::Local),
         other => {
             p.add(
                 at,
-                format!("unknown failure mode {other:?}: use allow or deny"),
+                format!("unknown failure mode {other:?}: use allow, deny or local"),
             );
             None
         }
@@ -251,6 +267,7 @@ fn compile_route(
     raw: RawRoute,
     key_prefix: &str,
     secret: KeySecret,
+    instances: u64,
     p: &mut Problems<'_>,
 ) -> Option<Route> {
     let name = match raw.name {
@@ -324,6 +341,7 @@ fn compile_route(
         needs_request_id: limits.iter().any(|l| l.algorithm.needs_request_id()),
         failure_mode: route_failure_mode,
         limiter_timeout,
+        local_limits: limits.iter().map(|l| l.share(instances)).collect(),
         holds_leases: limits
             .iter()
             .any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })),

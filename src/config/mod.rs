@@ -24,6 +24,8 @@ use crate::router::RouteTable;
 pub enum FailureMode {
     Allow,
     Deny,
+    /// Enforce the limits in-process at `limit / instances` while Redis is unavailable.
+    Local,
 }
 
 impl FailureMode {
@@ -31,6 +33,7 @@ impl FailureMode {
         match self {
             FailureMode::Allow => "allow",
             FailureMode::Deny => "deny",
+            FailureMode::Local => "local",
         }
     }
 }

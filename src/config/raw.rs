@@ -15,6 +15,7 @@ pub struct RawConfig {
     pub admin: Option<RawAdmin>,
     pub redis: Option<RawRedis>,
     pub failure_mode: Option<String>,
+    pub instances: Option<u64>,
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
     pub key_secret: Option<String>,

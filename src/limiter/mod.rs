@@ -55,6 +55,48 @@ impl Limit {
     }
 }
 
+impl Limit {
+    /// This limit as one of `instances` gateways' equal share: rates and counts divided (at least
+    /// one unit remains), for enforcing in-process while Redis is away.
+    pub fn share(&self, instances: u64) -> Limit {
+        let k = instances.max(1);
+        let algorithm = match self.algorithm {
+            Algorithm::Gcra {
+                emission_us,
+                tolerance_us,
+                max_delay_us,
+            } => {
+                let emission_us = emission_us.saturating_mul(k);
+                Algorithm::Gcra {
+                    emission_us,
+                    tolerance_us: tolerance_us.max(emission_us),
+                    max_delay_us,
+                }
+            }
+            Algorithm::FixedWindow { limit, window_us } => Algorithm::FixedWindow {
+                limit: (limit / k).max(1),
+                window_us,
+            },
+            Algorithm::SlidingWindow { limit, window_us } => Algorithm::SlidingWindow {
+                limit: (limit / k).max(1),
+                window_us,
+            },
+            Algorithm::SlidingLog { limit, window_us } => Algorithm::SlidingLog {
+                limit: (limit / k).max(1),
+                window_us,
+            },
+            Algorithm::Concurrency { max, lease_us } => Algorithm::Concurrency {
+                max: (max / k).max(1),
+                lease_us,
+            },
+        };
+        Limit {
+            algorithm,
+            ..self.clone()
+        }
+    }
+}
+
 /// `(q, w)`: the rate's count per its period in whole seconds (rounded up, at least 1).
 pub fn policy_of(rate: Rate) -> (u64, u64) {
     (
@@ -281,6 +323,53 @@ mod tests {
             reset_after_ms: 0,
             delay_ms: 0,
         }
+    }
+
+    #[test]
+    fn a_share_divides_rates_and_counts_but_keeps_at_least_one_unit() {
+        let rate = crate::config::rate::parse_rate("10/s").unwrap();
+        let gcra = Limit::new(
+            "g",
+            Algorithm::Gcra {
+                emission_us: 100_000,
+                tolerance_us: 1_000_000,
+                max_delay_us: 0,
+            },
+            1,
+            rate,
+        );
+        assert_eq!(
+            gcra.share(2).algorithm,
+            Algorithm::Gcra {
+                emission_us: 200_000,
+                tolerance_us: 1_000_000,
+                max_delay_us: 0
+            },
+            "half the rate, half the burst (the tolerance in time stays)"
+        );
+        let window = Limit::new(
+            "w",
+            Algorithm::FixedWindow {
+                limit: 3,
+                window_us: 1,
+            },
+            1,
+            rate,
+        );
+        assert_eq!(
+            window.share(2).algorithm,
+            Algorithm::FixedWindow {
+                limit: 1,
+                window_us: 1
+            }
+        );
+        assert_eq!(
+            window.share(10).algorithm,
+            Algorithm::FixedWindow {
+                limit: 1,
+                window_us: 1
+            }
+        );
     }
 
     #[test]

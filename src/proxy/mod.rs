@@ -20,6 +20,8 @@ use arc_swap::ArcSwap;
 use crate::config::{Config, FailureMode};
 use crate::identity::{self, Identity};
 use crate::keys::{self, MissingPart, RequestFacts};
+use crate::limiter::clock::SystemClock;
+use crate::limiter::local::LocalLimiter;
 use crate::limiter::{Cost, Decision, LimitRequest, Limiter, LimiterError, RequestId, RequestIds};
 use crate::metrics::{self, Metrics, Outcome};
 use crate::path::{self, PathPolicy};
@@ -42,6 +44,8 @@ pub struct RequestCtx {
     route: Option<Arc<Route>>,
     /// The normalized path when it differs from the one received: the upstream gets this one.
     normalized_path: Option<String>,
+    /// The in-process fallback decided this request (`failure_mode: local`).
+    decided_locally: bool,
     /// Consistent-hashing key for the upstream pool.
     balance_key: [u8; 8],
     /// Upstream servers that refused the connection: not tried again for this request.
@@ -117,6 +121,8 @@ pub type ActiveConfig = Arc<ArcSwap<Active>>;
 pub struct Gateway {
     active: ActiveConfig,
     limiter: Arc<dyn Limiter>,
+    /// Decides `failure_mode: local` requests while Redis is unavailable.
+    fallback: LocalLimiter,
     request_ids: RequestIds,
     /// Unix second of the last limiter error logged: at most one line per second.
     last_error_log: AtomicU64,
@@ -129,6 +135,7 @@ impl Gateway {
         Gateway {
             active,
             limiter,
+            fallback: LocalLimiter::new(Arc::new(SystemClock), crate::app::LOCAL_MAX_KEYS),
             request_ids: RequestIds::new(),
             last_error_log: AtomicU64::new(0),
             logged: AtomicU64::new(0),
@@ -324,14 +331,31 @@ impl ProxyHttp for Gateway {
             .with_label_values(&[self.limiter.backend()])
             .observe(ctx.limiter_time.as_secs_f64());
 
+        // failure_mode: local — Redis could not decide: this gateway's share decides instead.
+        let failure_mode = route.failure_mode.unwrap_or(active.failure_mode);
+        let (result, local) = match result {
+            Err(error) if failure_mode == FailureMode::Local && !error.always_denies() => {
+                metrics::LIMITER_ERRORS
+                    .with_label_values(&[error.kind()])
+                    .inc();
+                self.log_limiter_error(&error, failure_mode);
+                let request = LimitRequest {
+                    limits: &route.local_limits,
+                    ..ctx.limit_request(&route)
+                };
+                (self.fallback.check(&request).await, true)
+            }
+            other => (other, false),
+        };
+        ctx.decided_locally = local;
         let handled = match result {
             Ok(decision) if decision.allowed() => {
                 // A shadow limit said no: count it, let the request through.
                 let shadowed = decision.shadow_denied_by.is_some();
-                ctx.outcome = Some(if shadowed {
-                    Outcome::ShadowLimited
-                } else {
-                    Outcome::Allowed
+                ctx.outcome = Some(match (local, shadowed) {
+                    (true, _) => Outcome::LocalAllowed,
+                    (false, true) => Outcome::ShadowLimited,
+                    (false, false) => Outcome::Allowed,
                 });
                 let delay = decision.delay_ms();
                 ctx.decision = Some(decision);
@@ -342,7 +366,11 @@ impl ProxyHttp for Gateway {
                 false
             }
             Ok(decision) => {
-                ctx.outcome = Some(Outcome::Limited);
+                ctx.outcome = Some(if local {
+                    Outcome::LocalLimited
+                } else {
+                    Outcome::Limited
+                });
                 respond(
                     session,
                     Rejection::Limited {
@@ -358,8 +386,8 @@ impl ProxyHttp for Gateway {
                 metrics::LIMITER_ERRORS
                     .with_label_values(&[error.kind()])
                     .inc();
-                self.log_limiter_error(&error, route.failure_mode.unwrap_or(active.failure_mode));
-                match route.failure_mode.unwrap_or(active.failure_mode) {
+                self.log_limiter_error(&error, failure_mode);
+                match failure_mode {
                     FailureMode::Allow if !error.always_denies() => {
                         ctx.outcome = Some(Outcome::ErrorAllowed);
                         false
@@ -483,11 +511,23 @@ impl ProxyHttp for Gateway {
             return; // the request failed before it was routed (e.g. a malformed request)
         };
         route_metrics.count(outcome);
-        let admitted = matches!(outcome, Outcome::Allowed | Outcome::ShadowLimited);
+        let admitted = matches!(
+            outcome,
+            Outcome::Allowed | Outcome::ShadowLimited | Outcome::LocalAllowed
+        );
         if let (true, Some(route)) = (admitted, &ctx.route) {
             // The response is finished or the client has gone: return concurrency leases.
             if route.holds_leases {
-                if let Err(error) = self.limiter.release(&ctx.limit_request(route)).await {
+                let released = if ctx.decided_locally {
+                    let request = LimitRequest {
+                        limits: &route.local_limits,
+                        ..ctx.limit_request(route)
+                    };
+                    self.fallback.release(&request).await
+                } else {
+                    self.limiter.release(&ctx.limit_request(route)).await
+                };
+                if let Err(error) = released {
                     metrics::LIMITER_ERRORS
                         .with_label_values(&[error.kind()])
                         .inc();

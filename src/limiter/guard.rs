@@ -7,7 +7,7 @@
 //!   passed. Only limits with a fixed cost are cached (a smaller cost could pass sooner), and
 //!   never concurrency limits (slots free whenever a request ends). Bounded; exact expiry.
 //! * **Circuit breaker.** After `FAILURES_TO_OPEN` consecutive errors the backend is not called
-//!   for a short interval (doubling from 50 ms up to 500 ms, so recovery is seen within a second
+//!   for a short interval (doubling from 50 ms up to 200 ms, so recovery is seen within a second
 //!   of Redis returning); then one request probes it. Errors while open are `breaker_open`, and
 //!   the failure mode applies. Its state is `sluice_redis_breaker_state` and each transition is
 //!   logged.
@@ -28,7 +28,7 @@ const SHARDS: usize = 16;
 pub const DENY_CACHE_CAPACITY: usize = 100_000;
 const FAILURES_TO_OPEN: u32 = 3;
 const FIRST_OPEN_MS: u64 = 50;
-const MAX_OPEN_MS: u64 = 500;
+const MAX_OPEN_MS: u64 = 200;
 
 struct Denial {
     until: Instant,

@@ -703,3 +703,77 @@ fn failure_mode_local_enforces_this_gateways_share_while_redis_is_down() {
     };
     assert_eq!((count("local_allowed"), count("local_limited")), (5.0, 3.0));
 }
+
+#[test]
+fn redis_errors_are_counted_by_kind_and_the_failure_mode_applies() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let gateway = Gateway::start(&redis_config("deny", BURST_ROUTE), &upstream, Some(&redis));
+    assert_eq!(gateway.get("/api/warm").status, 200);
+    let mut con = redis.connection();
+    // Out of memory: every write is refused.
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query::<()>(&mut con)
+        .unwrap();
+    assert_eq!(gateway.get("/api/oom").status, 503);
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query::<()>(&mut con)
+        .unwrap();
+    // A replica (after a failover gone wrong): writes are refused with READONLY.
+    std::thread::sleep(Duration::from_millis(250)); // past any breaker pause
+    redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(support::free_port())
+        .query::<()>(&mut con)
+        .unwrap();
+    assert_eq!(gateway.get("/api/readonly").status, 503);
+    redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query::<()>(&mut con)
+        .unwrap();
+    let metrics = gateway.metrics();
+    assert_eq!(
+        metric(&metrics, "sluice_limiter_errors_total", &[("kind", "oom")]),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_limiter_errors_total",
+            &[("kind", "readonly")]
+        ),
+        1.0
+    );
+}
+
+#[test]
+fn sluice_starts_without_redis_and_engages_when_redis_appears() {
+    let upstream = Upstream::start();
+    let port = support::free_port();
+    let config = redis_config("allow", BURST_ROUTE)
+        .replace("REDIS_URL", &format!("redis://127.0.0.1:{port}/0"));
+    let gateway = Gateway::start(&config, &upstream, None);
+    assert_eq!(gateway.get("/api/a").status, 200);
+    let ready = support::http_get(gateway.admin, "/readyz", None, &[]);
+    assert!(ready.body.starts_with("degraded"), "{}", ready.body);
+    let _redis = RedisServer::start_on(port);
+    let mut engaged = false;
+    for _ in 0..50 {
+        if gateway.get("/api/b").header("ratelimit").is_some() {
+            engaged = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(engaged, "limiting engaged without a restart");
+    assert!(support::http_get(gateway.admin, "/readyz", None, &[])
+        .body
+        .starts_with("ready"));
+}

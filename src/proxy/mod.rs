@@ -459,14 +459,17 @@ impl ProxyHttp for Gateway {
     ) -> pingora::Result<()> {
         if let Some(route) = &ctx.route {
             let upstream = &route.upstream;
-            let received = upstream_request.uri.path().to_string();
-            let decided = ctx.normalized_path.as_deref().unwrap_or(&received);
-            let path = upstream.upstream_path(decided);
-            if path != received {
-                let target = match upstream_request.uri.query() {
+            // Only a request whose path changes pays for building a new target.
+            let target = {
+                let uri = &upstream_request.uri;
+                let decided = ctx.normalized_path.as_deref().unwrap_or(uri.path());
+                let path = upstream.upstream_path(decided);
+                (path != uri.path()).then(|| match uri.query() {
                     Some(query) => format!("{path}?{query}"),
                     None => path.into_owned(),
-                };
+                })
+            };
+            if let Some(target) = target {
                 let uri = target.parse().map_err(|e| {
                     Error::because(ErrorType::InternalError, "rewritten path is not a URI", e)
                 })?;

@@ -12,7 +12,7 @@ use pingora::services::background::GenBackgroundService;
 use pingora::services::listening::Service;
 
 use crate::admin::AdminApp;
-use crate::config::{redacted_url, Config, ServerSettings};
+use crate::config::{Config, ServerSettings};
 use crate::limiter::clock::SystemClock;
 use crate::limiter::guard::Guarded;
 use crate::limiter::local::LocalLimiter;
@@ -68,8 +68,8 @@ pub fn server_conf(settings: &ServerSettings, daemon: bool) -> ServerConf {
 pub fn build_limiter(config: &Config) -> Result<Arc<dyn Limiter>, String> {
     Ok(match &config.redis {
         Some(redis) => {
-            let backend = RedisLimiter::new(&redis.url, redis.timeout)
-                .map_err(|e| format!("redis client for {}: {e}", redacted_url(&redis.url)))?;
+            let backend = RedisLimiter::new(&redis.topology, redis.timeout)
+                .map_err(|e| format!("redis client for {}: {e}", redis.topology.describe()))?;
             // The deny cache and the circuit breaker keep a flood or an outage away from Redis.
             Arc::new(Guarded::new(Arc::new(backend), true))
         }

@@ -8,7 +8,11 @@
 //!   without the secret nobody can craft two clients that share a bucket;
 //! * the hash tag `{...}` holds the route and a 64-bit digest of the parts *every* limit of the
 //!   route shares, so all keys of one call land in one Redis Cluster slot while different
-//!   clients still spread across slots.
+//!   clients still spread across slots;
+//! * a route with a split limit (`split: N`, a hot key cut into N sub-keys) tags its keys
+//!   `{<route>.s<i>}` instead: `i` is the digest of the parts its other limits share, modulo N
+//!   (a client always lands on the same shard, with its own keys), or a per-gateway round robin
+//!   when the route has only split limits. Still one slot per call.
 
 use std::net::IpAddr;
 
@@ -175,6 +179,23 @@ fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     }
 }
 
+/// `.s<shard>` in decimal, without formatting machinery.
+fn push_shard(out: &mut Vec<u8>, shard: u32) {
+    out.extend_from_slice(b".s");
+    let mut digits = [0u8; 10];
+    let mut n = shard;
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend(digits[..len].iter().rev());
+}
+
 /// The fixed pieces of one limit's key, built at config load.
 #[derive(Debug, Clone)]
 struct LimitKey {
@@ -190,6 +211,37 @@ pub struct KeySpec {
     pub limit: String,
     pub parts: Vec<KeyPart>,
     pub on_missing: OnMissing,
+    /// Sub-keys (shards) of a split limit; 1 for an ordinary limit.
+    pub shards: u32,
+}
+
+/// How the hash tag of a route's call is chosen.
+#[derive(Debug)]
+enum TagChoice {
+    /// `{route[.digest of the shared parts]}`.
+    SharedParts,
+    /// `{route.s<i>}`, `i` = digest of the shared parts of the unsplit limits mod `shards`.
+    ShardBySharedParts { shards: u32 },
+    /// `{route.s<i>}`, `i` from a round robin over `shards` (the route has only split limits).
+    ShardRoundRobin {
+        shards: u32,
+        next: std::sync::atomic::AtomicU32,
+    },
+}
+
+impl Clone for TagChoice {
+    fn clone(&self) -> TagChoice {
+        match self {
+            TagChoice::SharedParts => TagChoice::SharedParts,
+            TagChoice::ShardBySharedParts { shards } => {
+                TagChoice::ShardBySharedParts { shards: *shards }
+            }
+            TagChoice::ShardRoundRobin { shards, .. } => TagChoice::ShardRoundRobin {
+                shards: *shards,
+                next: std::sync::atomic::AtomicU32::new(0),
+            },
+        }
+    }
 }
 
 /// Builds the keys of every limit of one route.
@@ -199,13 +251,21 @@ pub struct RouteKeys {
     head: Box<[u8]>,
     secret: KeySecret,
     tag_parts: Box<[KeyPart]>,
+    tag_choice: TagChoice,
     limits: Box<[LimitKey]>,
 }
 
 impl RouteKeys {
-    /// One key per spec; names are checked by the config compiler.
+    /// One key per spec; names are checked by the config compiler, and split limits of one
+    /// route have the same number of shards.
     pub fn new(prefix: &str, route: &str, secret: KeySecret, specs: &[KeySpec]) -> RouteKeys {
-        let tag_parts: Vec<KeyPart> = match specs.split_first() {
+        let shards = specs.iter().map(|s| s.shards).max().unwrap_or(1);
+        // With split limits, the tag follows the parts the *unsplit* limits share.
+        let tagging: Vec<&KeySpec> = specs
+            .iter()
+            .filter(|spec| shards <= 1 || spec.shards <= 1)
+            .collect();
+        let tag_parts: Vec<KeyPart> = match tagging.split_first() {
             Some((first, rest)) => first
                 .parts
                 .iter()
@@ -214,10 +274,19 @@ impl RouteKeys {
                 .collect(),
             None => Vec::new(),
         };
+        let tag_choice = match (shards, tagging.is_empty()) {
+            (0 | 1, _) => TagChoice::SharedParts,
+            (shards, false) => TagChoice::ShardBySharedParts { shards },
+            (shards, true) => TagChoice::ShardRoundRobin {
+                shards,
+                next: std::sync::atomic::AtomicU32::new(0),
+            },
+        };
         RouteKeys {
             head: format!("{prefix}:{{{route}").into_bytes().into(),
             secret,
             tag_parts: tag_parts.into(),
+            tag_choice,
             limits: specs
                 .iter()
                 .map(|spec| LimitKey {
@@ -234,13 +303,29 @@ impl RouteKeys {
     pub fn build(&self, facts: &RequestFacts<'_>) -> Result<BuiltKeys, MissingPart> {
         let mut tagged_head = Vec::with_capacity(self.head.len() + 18);
         tagged_head.extend_from_slice(&self.head);
-        if !self.tag_parts.is_empty() {
+        let shared_digest = || {
             let mut hasher = self.secret.hasher();
             for part in self.tag_parts.iter() {
                 feed(&mut hasher, facts, part);
             }
-            tagged_head.push(b'.');
-            push_hex(&mut tagged_head, &hasher.finish().to_be_bytes());
+            hasher.finish()
+        };
+        match &self.tag_choice {
+            TagChoice::SharedParts if self.tag_parts.is_empty() => {}
+            TagChoice::SharedParts => {
+                tagged_head.push(b'.');
+                push_hex(&mut tagged_head, &shared_digest().to_be_bytes());
+            }
+            TagChoice::ShardBySharedParts { shards } => {
+                push_shard(
+                    &mut tagged_head,
+                    (shared_digest() % u64::from(*shards)) as u32,
+                );
+            }
+            TagChoice::ShardRoundRobin { shards, next } => {
+                let turn = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                push_shard(&mut tagged_head, turn % shards);
+            }
         }
         tagged_head.push(b'}');
         let mut skipped = 0u32;
@@ -291,7 +376,51 @@ mod tests {
             limit: limit.to_string(),
             parts: list.iter().map(|p| KeyPart::parse(p).unwrap()).collect(),
             on_missing: OnMissing::UseEmpty,
+            shards: 1,
         }
+    }
+
+    fn tag(key: &[u8]) -> String {
+        let text = String::from_utf8(key.to_vec()).unwrap();
+        text[..=text.find('}').unwrap()].to_string()
+    }
+
+    #[test]
+    fn a_split_limit_shards_the_tag_by_the_parts_the_other_limits_share() {
+        let keys = keys(&[
+            spec("per_client", &["client_ip"]),
+            KeySpec {
+                shards: 4,
+                ..spec("global", &[])
+            },
+        ]);
+        let h = HeaderMap::new();
+        let mut shards = std::collections::BTreeSet::new();
+        for i in 0..64 {
+            let ip = format!("10.0.0.{i}");
+            let built = keys.build(&facts(&ip, "/", &h)).unwrap().keys;
+            assert_eq!(tag(&built[0]), tag(&built[1]), "one slot per call");
+            assert_eq!(built, keys.build(&facts(&ip, "/", &h)).unwrap().keys);
+            shards.insert(tag(&built[0]));
+        }
+        let expected: std::collections::BTreeSet<String> =
+            (0..4).map(|i| format!("sluice:{{api.s{i}}}")).collect();
+        assert_eq!(shards, expected);
+    }
+
+    #[test]
+    fn a_route_of_split_limits_only_takes_the_shards_in_turn() {
+        let keys = keys(&[KeySpec {
+            shards: 12,
+            ..spec("global", &["route"])
+        }]);
+        let h = HeaderMap::new();
+        let tags: Vec<String> = (0..13)
+            .map(|_| tag(&keys.build(&facts("10.0.0.1", "/", &h)).unwrap().keys[0]))
+            .collect();
+        assert_eq!(tags[0], "sluice:{api.s0}");
+        assert_eq!(tags[10], "sluice:{api.s10}");
+        assert_eq!(tags[12], tags[0]);
     }
 
     fn keys(specs: &[KeySpec]) -> RouteKeys {

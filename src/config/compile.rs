@@ -8,8 +8,8 @@ use std::time::Duration;
 use http::header::HeaderValue;
 use http::Method;
 
-use super::raw::{RawConfig, RawRoute, RawServer};
-use super::{Config, FailureMode, Problem, RedisSettings, ServerSettings};
+use super::raw::{RawConfig, RawRedis, RawRoute, RawServer};
+use super::{Config, FailureMode, Problem, RedisSettings, ServerSettings, Topology};
 use ipnet::IpNet;
 
 use crate::identity::{Identity, DEFAULT_IPV6_PREFIX};
@@ -59,19 +59,23 @@ pub fn compile(source: &Path, raw: RawConfig, problems: &mut Vec<Problem>) -> Op
         .and_then(|text| socket_addr(&text, "admin.listen", &mut p));
 
     let redis = raw.redis.map(|redis| {
-        let url = redis.url.unwrap_or_default();
-        if url.is_empty() {
-            p.add("redis.url", "required when the redis section is present (omit the section for in-process limits)");
-        } else if let Err(e) = redis::Client::open(url.as_str()) {
-            p.add("redis.url", format!("invalid redis URL: {e}"));
-        }
+        let topology = compile_topology(&redis, &mut p);
         let timeout_ms = redis.timeout_ms.unwrap_or(DEFAULT_REDIS_TIMEOUT_MS);
         if !(1..=10_000).contains(&timeout_ms) {
-            p.add("redis.timeout_ms", format!("must be between 1 and 10000 ms, got {timeout_ms}"));
+            p.add(
+                "redis.timeout_ms",
+                format!("must be between 1 and 10000 ms, got {timeout_ms}"),
+            );
         }
-        let key_prefix = redis.key_prefix.unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_string());
+        let key_prefix = redis
+            .key_prefix
+            .unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_string());
         check_name(&key_prefix, "redis.key_prefix", &mut p);
-        RedisSettings { url, timeout: Duration::from_millis(timeout_ms), key_prefix }
+        RedisSettings {
+            topology,
+            timeout: Duration::from_millis(timeout_ms),
+            key_prefix,
+        }
     });
     let key_prefix = redis
         .as_ref()
@@ -245,6 +249,81 @@ fn socket_addr(text: &str, at: &str, p: &mut Problems<'_>) -> Option<SocketAddr>
     }
 }
 
+/// `redis.mode` and the addresses that mode needs; every problem reported.
+fn compile_topology(redis: &RawRedis, p: &mut Problems) -> Topology {
+    let mode = redis.mode.as_deref().unwrap_or("standalone");
+    let check_url = |url: &str, path: &str, p: &mut Problems| {
+        if let Err(e) = redis::Client::open(url) {
+            p.add(path, format!("invalid redis URL: {e}"));
+        }
+    };
+    let check_list = |list: &Option<Vec<String>>, path: &str, p: &mut Problems| -> Vec<String> {
+        let list = list.clone().unwrap_or_default();
+        if list.is_empty() {
+            p.add(
+                path,
+                format!("required in {mode} mode: a list of redis:// URLs"),
+            );
+        }
+        for (i, url) in list.iter().enumerate() {
+            check_url(url, &format!("{path}[{i}]"), p);
+        }
+        list
+    };
+    let unused = |present: bool, key: &str, p: &mut Problems| {
+        if present {
+            p.add(format!("redis.{key}"), format!("not used in {mode} mode"));
+        }
+    };
+    match mode {
+        "standalone" => {
+            unused(redis.nodes.is_some(), "nodes", p);
+            unused(redis.sentinels.is_some(), "sentinels", p);
+            unused(redis.master_name.is_some(), "master_name", p);
+            let url = redis.url.clone().unwrap_or_default();
+            if url.is_empty() {
+                p.add("redis.url", "required when the redis section is present (omit the section for in-process limits)");
+            } else {
+                check_url(&url, "redis.url", p);
+            }
+            Topology::Standalone { url }
+        }
+        "cluster" => {
+            unused(redis.url.is_some(), "url", p);
+            unused(redis.sentinels.is_some(), "sentinels", p);
+            unused(redis.master_name.is_some(), "master_name", p);
+            Topology::Cluster {
+                nodes: check_list(&redis.nodes, "redis.nodes", p),
+            }
+        }
+        "sentinel" => {
+            unused(redis.url.is_some(), "url", p);
+            unused(redis.nodes.is_some(), "nodes", p);
+            let sentinels = check_list(&redis.sentinels, "redis.sentinels", p);
+            let master_name = redis.master_name.clone().unwrap_or_default();
+            if master_name.is_empty() {
+                p.add(
+                    "redis.master_name",
+                    "required in sentinel mode: the name the sentinels monitor",
+                );
+            }
+            Topology::Sentinel {
+                sentinels,
+                master_name,
+                master_username: redis.master_username.clone(),
+                master_password: redis.master_password.clone(),
+            }
+        }
+        other => {
+            p.add(
+                "redis.mode",
+                format!("unknown mode {other:?}: use standalone, cluster or sentinel"),
+            );
+            Topology::Standalone { url: String::new() }
+        }
+    }
+}
+
 /// Names end up in Redis keys and response headers: a short, safe alphabet, no braces.
 pub(crate) fn check_name(name: &str, at: &str, p: &mut Problems<'_>) -> bool {
     let ok = !name.is_empty()
@@ -303,6 +382,21 @@ fn compile_route(
             key_specs.push(spec);
             limits.push(limit);
         }
+    }
+
+    let mut splits: Vec<u32> = key_specs
+        .iter()
+        .map(|s| s.shards)
+        .filter(|&n| n > 1)
+        .collect();
+    splits.dedup();
+    if splits.len() > 1 {
+        p.add(
+            format!("{at}.limits"),
+            format!(
+                "split limits of one route must have the same number of shards, got {splits:?}"
+            ),
+        );
     }
 
     let route_failure_mode = failure_mode(

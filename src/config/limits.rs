@@ -52,6 +52,9 @@ fn duration(
     Some(value)
 }
 
+/// The most sub-keys a split limit may have.
+const MAX_SPLIT: u64 = 256;
+
 pub(crate) fn compile_limit(
     at: &str,
     raw: RawLimit,
@@ -139,19 +142,12 @@ pub(crate) fn compile_limit(
     )
     .unwrap_or_default();
     let algorithm = compile_algorithm(at, kind, &raw, rate, max_delay, p);
+    let shards = compile_split(at, &raw, algorithm.as_ref(), p);
+    // A split limit is `shards` sub-keys, each an equal share of the whole.
+    let algorithm = algorithm.map(|a| a.share(u64::from(shards)));
 
-    // The largest cost one request can ever be granted by this limit.
-    let capacity = algorithm.map(|a| match a {
-        Algorithm::Gcra {
-            emission_us,
-            tolerance_us,
-            max_delay_us,
-        } => (tolerance_us + max_delay_us) / emission_us,
-        Algorithm::FixedWindow { limit, .. }
-        | Algorithm::SlidingWindow { limit, .. }
-        | Algorithm::SlidingLog { limit, .. } => limit,
-        Algorithm::Concurrency { .. } => 1,
-    });
+    // The largest cost one request can ever be granted by this limit (per shard).
+    let capacity = algorithm.map(|a| a.capacity());
     let cost = compile_cost(at, &raw, capacity, p);
 
     let (name, algorithm, cost) = (name?, algorithm?, cost?);
@@ -165,6 +161,7 @@ pub(crate) fn compile_limit(
         limit: format!("{name}.{fingerprint:08x}"),
         parts,
         on_missing,
+        shards,
     };
     parts_ok.then(|| {
         (
@@ -178,6 +175,51 @@ pub(crate) fn compile_limit(
             spec,
         )
     })
+}
+
+/// `split: N`: how many sub-keys a hot limit is cut into (1 = not split).
+fn compile_split(
+    at: &str,
+    raw: &RawLimit,
+    algorithm: Option<&Algorithm>,
+    p: &mut Problems<'_>,
+) -> u32 {
+    let Some(split) = raw.split else {
+        return 1;
+    };
+    if !(1..=MAX_SPLIT).contains(&split) {
+        p.add(
+            format!("{at}.split"),
+            format!("must be between 1 and {MAX_SPLIT}, got {split}"),
+        );
+        return 1;
+    }
+    if let Some(algorithm) = algorithm {
+        if matches!(algorithm, Algorithm::Concurrency { .. }) {
+            p.add(
+                format!("{at}.split"),
+                "does not apply to algorithm concurrency (leases are released by key)",
+            );
+            return 1;
+        }
+        // Every shard must keep at least one unit, or N shards would admit more than the whole.
+        let whole = match *algorithm {
+            Algorithm::Gcra {
+                tolerance_us,
+                emission_us,
+                ..
+            } => tolerance_us / emission_us,
+            ref other => other.capacity(),
+        };
+        if whole < split {
+            p.add(
+                format!("{at}.split"),
+                format!("{split} shards need a limit (or burst) of at least {split} units, this one has {whole}"),
+            );
+            return 1;
+        }
+    }
+    split as u32
 }
 
 fn compile_algorithm(

@@ -40,9 +40,62 @@ impl FailureMode {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisSettings {
-    pub url: String,
+    pub topology: Topology,
     pub timeout: Duration,
     pub key_prefix: String,
+}
+
+/// How sluice reaches Redis (`redis.mode`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Topology {
+    /// One server (or a proxy in front of many): `redis.url`.
+    Standalone { url: String },
+    /// A Redis Cluster, discovered from any of its `nodes`; calls go to the slot's master.
+    Cluster { nodes: Vec<String> },
+    /// The master that the `sentinels` name `master_name`, found again after a failover.
+    Sentinel {
+        sentinels: Vec<String>,
+        master_name: String,
+        master_username: Option<String>,
+        master_password: Option<String>,
+    },
+}
+
+impl Topology {
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Topology::Standalone { .. } => "standalone",
+            Topology::Cluster { .. } => "cluster",
+            Topology::Sentinel { .. } => "sentinel",
+        }
+    }
+
+    /// Where Redis is, for logs (no passwords).
+    pub fn describe(&self) -> String {
+        match self {
+            Topology::Standalone { url } => format!("redis at {}", redacted_url(url)),
+            Topology::Cluster { nodes } => format!(
+                "redis cluster seeded by {}",
+                nodes
+                    .iter()
+                    .map(|u| redacted_url(u))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Topology::Sentinel {
+                sentinels,
+                master_name,
+                ..
+            } => format!(
+                "redis master {master_name:?} from sentinels {}",
+                sentinels
+                    .iter()
+                    .map(|u| redacted_url(u))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
 }
 
 /// The `server:` section, handed to Pingora's `ServerConf` (unset fields keep sluice's defaults).
@@ -121,7 +174,7 @@ impl Config {
             .map(|r| r.limits.len())
             .sum();
         let backend = match &self.redis {
-            Some(redis) => format!("redis at {}", redacted_url(&redis.url)),
+            Some(redis) => redis.topology.describe(),
             None => "in-process limiter".to_string(),
         };
         format!(

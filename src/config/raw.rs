@@ -60,7 +60,13 @@ pub struct RawAdmin {
 
 #[derive(Debug, Deserialize)]
 pub struct RawRedis {
+    pub mode: Option<String>,
     pub url: Option<String>,
+    pub nodes: Option<Vec<String>>,
+    pub sentinels: Option<Vec<String>>,
+    pub master_name: Option<String>,
+    pub master_username: Option<String>,
+    pub master_password: Option<String>,
     pub timeout_ms: Option<u64>,
     pub key_prefix: Option<String>,
 }
@@ -117,4 +123,5 @@ pub struct RawLimit {
     pub cost_header: Option<String>,
     pub cost_max: Option<u64>,
     pub shadow: Option<bool>,
+    pub split: Option<u64>,
 }

@@ -4,6 +4,7 @@
 pub mod algorithm;
 pub mod clock;
 pub mod guard;
+pub mod link;
 pub mod local;
 pub mod redis;
 pub mod script;
@@ -56,42 +57,11 @@ impl Limit {
 }
 
 impl Limit {
-    /// This limit as one of `instances` gateways' equal share: rates and counts divided (at least
-    /// one unit remains), for enforcing in-process while Redis is away.
+    /// This limit as one of `instances` gateways' equal share, for enforcing in-process while
+    /// Redis is away (see [`Algorithm::share`]).
     pub fn share(&self, instances: u64) -> Limit {
-        let k = instances.max(1);
-        let algorithm = match self.algorithm {
-            Algorithm::Gcra {
-                emission_us,
-                tolerance_us,
-                max_delay_us,
-            } => {
-                let emission_us = emission_us.saturating_mul(k);
-                Algorithm::Gcra {
-                    emission_us,
-                    tolerance_us: tolerance_us.max(emission_us),
-                    max_delay_us,
-                }
-            }
-            Algorithm::FixedWindow { limit, window_us } => Algorithm::FixedWindow {
-                limit: (limit / k).max(1),
-                window_us,
-            },
-            Algorithm::SlidingWindow { limit, window_us } => Algorithm::SlidingWindow {
-                limit: (limit / k).max(1),
-                window_us,
-            },
-            Algorithm::SlidingLog { limit, window_us } => Algorithm::SlidingLog {
-                limit: (limit / k).max(1),
-                window_us,
-            },
-            Algorithm::Concurrency { max, lease_us } => Algorithm::Concurrency {
-                max: (max / k).max(1),
-                lease_us,
-            },
-        };
         Limit {
-            algorithm,
+            algorithm: self.algorithm.share(instances),
             ..self.clone()
         }
     }

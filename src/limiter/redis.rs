@@ -1,36 +1,31 @@
 //! Redis backend: every limit of a route in one EVALSHA of `script::SOURCE`, under a deadline.
 //!
-//! The connection manager is created lazily on first use, inside the runtime that serves
-//! requests (a connection made before Pingora forks or on a runtime that is later dropped is
-//! dead). `redis::Script` sends EVALSHA and falls back to loading the script on NOSCRIPT. A call
-//! that misses its deadline is abandoned, never retried: it may already have counted.
+//! The connection (standalone, cluster or sentinel: `link.rs`) is made lazily on first use,
+//! inside the runtime that serves requests (a connection made before Pingora forks or on a
+//! runtime that is later dropped is dead). `redis::Script` sends EVALSHA and falls back to loading
+//! the script on NOSCRIPT. A call that misses its deadline is abandoned, never retried: it may
+//! already have counted.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use super::link::Link;
 use super::{script, Algorithm, Decision, LimitRequest, Limiter, LimiterError, Readiness};
-
-/// How long a background reconnect attempt may take; requests never wait for it beyond
-/// their own deadline.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+use crate::config::Topology;
 
 pub struct RedisLimiter {
-    client: redis::Client,
-    connection: OnceLock<ConnectionManager>,
+    link: Link,
     script: redis::Script,
     release: redis::Script,
     deadline: Duration,
 }
 
 impl RedisLimiter {
-    /// Validates the URL; connects nothing yet.
-    pub fn new(url: &str, deadline: Duration) -> Result<RedisLimiter, redis::RedisError> {
+    /// Validates the addresses; connects nothing yet.
+    pub fn new(topology: &Topology, deadline: Duration) -> Result<RedisLimiter, redis::RedisError> {
         Ok(RedisLimiter {
-            client: redis::Client::open(url)?,
-            connection: OnceLock::new(),
+            link: Link::new(topology, deadline)?,
             script: redis::Script::new(script::SOURCE),
             release: redis::Script::new(script::RELEASE_SOURCE),
             deadline,
@@ -41,23 +36,8 @@ impl RedisLimiter {
         self.deadline.as_millis() as u64
     }
 
-    fn connection(&self) -> Result<ConnectionManager, LimiterError> {
-        if let Some(connection) = self.connection.get() {
-            return Ok(connection.clone());
-        }
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(CONNECT_TIMEOUT.max(self.deadline)))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(500));
-        let manager = ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-            .map_err(|e| LimiterError::Connection(e.to_string()))?;
-        Ok(self.connection.get_or_init(|| manager).clone())
-    }
-
     async fn evaluate(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
-        let mut connection = self.connection()?;
+        let mut connection = self.link.connection().await?;
         let mut invocation = self.script.prepare_invoke();
         for key in request.keys {
             invocation.key(key.as_slice());
@@ -84,7 +64,7 @@ impl RedisLimiter {
             return Ok(());
         }
         invocation.arg(request.id.to_string());
-        let mut connection = self.connection()?;
+        let mut connection = self.link.connection().await?;
         invocation
             .invoke_async::<i64>(&mut connection)
             .await
@@ -99,12 +79,16 @@ impl RedisLimiter {
         call: impl std::future::Future<Output = Result<T, LimiterError>>,
     ) -> Result<T, LimiterError> {
         let deadline = deadline.unwrap_or(self.deadline);
-        match tokio::time::timeout(deadline, call).await {
+        let result = match tokio::time::timeout(deadline, call).await {
             Ok(Err(LimiterError::Timeout(_))) | Err(_) => {
                 Err(LimiterError::Timeout(deadline.as_millis() as u64))
             }
             Ok(result) => result,
+        };
+        if let Err(error) = &result {
+            self.link.failed(error);
         }
+        result
     }
 }
 
@@ -148,7 +132,7 @@ impl Limiter for RedisLimiter {
 
     async fn readiness(&self) -> Readiness {
         let ping = async {
-            let mut connection = self.connection()?;
+            let mut connection = self.link.connection().await?;
             redis::cmd("PING")
                 .query_async::<String>(&mut connection)
                 .await

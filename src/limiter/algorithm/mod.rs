@@ -39,6 +39,59 @@ pub enum Algorithm {
     Concurrency { max: u64, lease_us: u64 },
 }
 
+impl Algorithm {
+    /// One of `k` equal shares: rates and counts divided by `k` (at least one unit remains), the
+    /// burst window kept, so `k` shares together never admit more than the whole.
+    pub fn share(&self, k: u64) -> Algorithm {
+        let k = k.max(1);
+        match *self {
+            Algorithm::Gcra {
+                emission_us,
+                tolerance_us,
+                max_delay_us,
+            } => {
+                let emission_us = emission_us.saturating_mul(k);
+                Algorithm::Gcra {
+                    emission_us,
+                    tolerance_us: tolerance_us.max(emission_us),
+                    max_delay_us,
+                }
+            }
+            Algorithm::FixedWindow { limit, window_us } => Algorithm::FixedWindow {
+                limit: (limit / k).max(1),
+                window_us,
+            },
+            Algorithm::SlidingWindow { limit, window_us } => Algorithm::SlidingWindow {
+                limit: (limit / k).max(1),
+                window_us,
+            },
+            Algorithm::SlidingLog { limit, window_us } => Algorithm::SlidingLog {
+                limit: (limit / k).max(1),
+                window_us,
+            },
+            Algorithm::Concurrency { max, lease_us } => Algorithm::Concurrency {
+                max: (max / k).max(1),
+                lease_us,
+            },
+        }
+    }
+
+    /// The most units one key can ever grant at once.
+    pub fn capacity(&self) -> u64 {
+        match *self {
+            Algorithm::Gcra {
+                emission_us,
+                tolerance_us,
+                max_delay_us,
+            } => (tolerance_us + max_delay_us) / emission_us,
+            Algorithm::FixedWindow { limit, .. }
+            | Algorithm::SlidingWindow { limit, .. }
+            | Algorithm::SlidingLog { limit, .. } => limit,
+            Algorithm::Concurrency { .. } => 1,
+        }
+    }
+}
+
 /// A unique request identity: members of sliding logs and concurrency leases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct RequestId(pub u128);

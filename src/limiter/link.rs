@@ -1,0 +1,233 @@
+//! How the Redis backend reaches Redis: one server, a Cluster, or the master named by Sentinels.
+//!
+//! Every link connects lazily, inside the runtime that serves requests, and hands out a cheap
+//! clone of a multiplexed connection per call. The caller bounds every call with its deadline;
+//! a link only decides where a call goes:
+//! * standalone: redis-rs's `ConnectionManager` (reconnects in the background);
+//! * cluster: redis-rs's async `ClusterConnection`, which routes EVALSHA by the slot of its first
+//!   key (all keys of one call share a hash tag) and follows MOVED/ASK after a failover;
+//! * sentinel: a multiplexed connection to the master the Sentinels name. A connection error,
+//!   `READONLY` (the master was demoted) or a missed deadline drops it, and the next call asks the
+//!   Sentinels again: a failover is followed without a restart.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisConnectionInfo, RedisFuture, Value};
+
+use super::LimiterError;
+use crate::config::Topology;
+
+/// How long a (re)connect attempt may take in the background; requests never wait for it
+/// beyond their own deadline.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Cluster redirections (MOVED, ASK, TRYAGAIN) a call may follow; the deadline bounds them too.
+const CLUSTER_RETRIES: u32 = 2;
+
+/// A connection to use for one call.
+#[derive(Clone)]
+pub enum Connection {
+    Standalone(ConnectionManager),
+    Cluster(ClusterConnection),
+    Sentinel(MultiplexedConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Standalone(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+            Connection::Sentinel(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Standalone(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+            Connection::Sentinel(c) => c.get_db(),
+        }
+    }
+}
+
+/// The way to Redis for one topology.
+pub enum Link {
+    Standalone {
+        client: redis::Client,
+        manager: OnceLock<ConnectionManager>,
+        response_timeout: Duration,
+    },
+    Cluster {
+        client: Box<ClusterClient>,
+        connection: tokio::sync::OnceCell<ClusterConnection>,
+    },
+    Sentinel(Arc<SentinelLink>),
+}
+
+impl Link {
+    /// Validates addresses; connects nothing yet. `deadline` bounds each call's response.
+    pub fn new(topology: &Topology, deadline: Duration) -> Result<Link, redis::RedisError> {
+        let response_timeout = CONNECT_TIMEOUT.max(deadline);
+        Ok(match topology {
+            Topology::Standalone { url } => Link::Standalone {
+                client: redis::Client::open(url.as_str())?,
+                manager: OnceLock::new(),
+                response_timeout,
+            },
+            Topology::Cluster { nodes } => Link::Cluster {
+                client: Box::new(
+                    ClusterClient::builder(nodes.iter().map(String::as_str))
+                        .connection_timeout(CONNECT_TIMEOUT)
+                        .response_timeout(response_timeout)
+                        .retries(CLUSTER_RETRIES)
+                        .min_retry_wait(5)
+                        .max_retry_wait(50)
+                        .build()?,
+                ),
+                connection: tokio::sync::OnceCell::new(),
+            },
+            Topology::Sentinel {
+                sentinels,
+                master_name,
+                master_username,
+                master_password,
+            } => {
+                let mut master = RedisConnectionInfo::default();
+                if let Some(username) = master_username {
+                    master = master.set_username(username);
+                }
+                if let Some(password) = master_password {
+                    master = master.set_password(password);
+                }
+                let client = SentinelClient::build(
+                    sentinels.iter().map(String::as_str).collect(),
+                    master_name.clone(),
+                    Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(master)),
+                    SentinelServerType::Master,
+                )?;
+                Link::Sentinel(Arc::new(SentinelLink {
+                    sentinel: tokio::sync::Mutex::new(client),
+                    current: ArcSwapOption::empty(),
+                    response_timeout,
+                }))
+            }
+        })
+    }
+
+    /// A connection for one call, connecting first if needed.
+    pub async fn connection(&self) -> Result<Connection, LimiterError> {
+        match self {
+            Link::Standalone {
+                client,
+                manager,
+                response_timeout,
+            } => {
+                if let Some(manager) = manager.get() {
+                    return Ok(Connection::Standalone(manager.clone()));
+                }
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(*response_timeout))
+                    .set_number_of_retries(1)
+                    .set_min_delay(Duration::from_millis(10))
+                    .set_max_delay(Duration::from_millis(500));
+                let created = ConnectionManager::new_lazy_with_config(client.clone(), config)
+                    .map_err(|e| LimiterError::Connection(e.to_string()))?;
+                Ok(Connection::Standalone(
+                    manager.get_or_init(|| created).clone(),
+                ))
+            }
+            Link::Cluster { client, connection } => connection
+                .get_or_try_init(|| client.get_async_connection())
+                .await
+                .map(|c| Connection::Cluster(c.clone()))
+                .map_err(|e| LimiterError::Connection(format!("redis cluster: {e}"))),
+            Link::Sentinel(link) => link.connection().await.map(Connection::Sentinel),
+        }
+    }
+
+    /// Told after a failed call: a Sentinel link forgets a master that may have moved.
+    pub fn failed(&self, error: &LimiterError) {
+        if let Link::Sentinel(link) = self {
+            let master_may_have_moved = matches!(
+                error,
+                LimiterError::Connection(_)
+                    | LimiterError::Timeout(_)
+                    | LimiterError::Server {
+                        code: "readonly",
+                        ..
+                    }
+            );
+            if master_may_have_moved {
+                link.current.store(None);
+            }
+        }
+    }
+}
+
+/// The current master's connection, found through the Sentinels when there is none.
+pub struct SentinelLink {
+    /// Also makes discovery single-flight: callers queue here and reuse what the first found.
+    sentinel: tokio::sync::Mutex<SentinelClient>,
+    current: ArcSwapOption<MultiplexedConnection>,
+    response_timeout: Duration,
+}
+
+impl SentinelLink {
+    async fn connection(self: &Arc<Self>) -> Result<MultiplexedConnection, LimiterError> {
+        if let Some(current) = self.current.load_full() {
+            return Ok((*current).clone());
+        }
+        // Discovery runs as its own task: a caller that gives up at its deadline does not
+        // cancel it, so the next caller finds the master already connected.
+        let link = Arc::clone(self);
+        tokio::spawn(async move { link.discover().await })
+            .await
+            .map_err(|e| LimiterError::Connection(format!("sentinel discovery task: {e}")))?
+    }
+
+    async fn discover(&self) -> Result<MultiplexedConnection, LimiterError> {
+        let mut sentinel = self.sentinel.lock().await;
+        if let Some(current) = self.current.load_full() {
+            return Ok((*current).clone());
+        }
+        let discovered = async {
+            // Asks the Sentinels for the master's address and checks that it says it is master.
+            let client = sentinel.async_get_client().await?;
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(Some(self.response_timeout));
+            client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+        };
+        let connection = tokio::time::timeout(CONNECT_TIMEOUT * 2, discovered)
+            .await
+            .map_err(|_| LimiterError::Connection("sentinel discovery timed out".into()))?
+            .map_err(|e| LimiterError::Connection(format!("redis master via sentinel: {e}")))?;
+        log::info!("connected to the redis master named by the sentinels");
+        self.current.store(Some(Arc::new(connection.clone())));
+        Ok(connection)
+    }
+}

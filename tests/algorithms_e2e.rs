@@ -5,11 +5,9 @@
 mod support;
 
 use std::io::Write;
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{connect, http_get, metric, Gateway, RedisServer, Upstream};
+use support::{connect, hammer, http_get, metric, Gateway, RedisServer, Upstream};
 
 fn config(routes: &str) -> String {
     format!("redis:\n  url: REDIS_URL\n  timeout_ms: 200\nfailure_mode: deny\nroutes:\n{routes}")
@@ -27,27 +25,6 @@ fn one_limit(limit: &str) -> (RedisServer, Upstream, Gateway) {
     let upstream = Upstream::start();
     let gateway = Gateway::start(&config(&route(limit)), &upstream, Some(&redis));
     (redis, upstream, gateway)
-}
-
-/// Sends `total` requests from `clients` threads spread over `gateways`; returns the statuses.
-fn hammer(gateways: &[SocketAddr], clients: usize, total: usize, path: &str) -> Vec<u16> {
-    let gateways = Arc::new(gateways.to_vec());
-    let per_client = total / clients;
-    let threads: Vec<_> = (0..clients)
-        .map(|c| {
-            let gateways = Arc::clone(&gateways);
-            let path = path.to_string();
-            std::thread::spawn(move || {
-                (0..per_client)
-                    .map(|i| http_get(gateways[(c + i) % gateways.len()], &path, None, &[]).status)
-                    .collect::<Vec<u16>>()
-            })
-        })
-        .collect();
-    threads
-        .into_iter()
-        .flat_map(|t| t.join().expect("client thread"))
-        .collect()
 }
 
 #[test]

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod topologies;
+
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -245,6 +247,11 @@ impl Gateway {
     pub fn metrics(&self) -> String {
         http_get(self.admin, "/metrics", None, &[]).body
     }
+
+    /// The process has not exited (no panic, no abort).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
 }
 
 impl Drop for Gateway {
@@ -346,4 +353,80 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 pub fn repo_path(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+/// Sends `total` requests from `clients` threads spread over `gateways`; returns the statuses.
+pub fn hammer(gateways: &[SocketAddr], clients: usize, total: usize, path: &str) -> Vec<u16> {
+    let gateways = std::sync::Arc::new(gateways.to_vec());
+    let per_client = total / clients;
+    let threads: Vec<_> = (0..clients)
+        .map(|c| {
+            let gateways = std::sync::Arc::clone(&gateways);
+            let path = path.to_string();
+            std::thread::spawn(move || {
+                (0..per_client)
+                    .map(|i| http_get(gateways[(c + i) % gateways.len()], &path, None, &[]).status)
+                    .collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .flat_map(|t| t.join().expect("client thread"))
+        .collect()
+}
+
+/// One answered request of a timed load.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    pub status: u16,
+    pub latency: Duration,
+    /// Since the load started.
+    pub at: Duration,
+    pub client: usize,
+}
+
+/// `clients` threads send requests for `duration`, each as its own client (`X-Forwarded-For:
+/// 198.51.100.x`, so a gateway trusting 127.0.0.1 keys them apart), round robin over `gateways`.
+pub fn load_for(
+    gateways: &[SocketAddr],
+    clients: usize,
+    duration: Duration,
+    path: &str,
+) -> Vec<Sample> {
+    let gateways = std::sync::Arc::new(gateways.to_vec());
+    let start = Instant::now();
+    let threads: Vec<_> = (0..clients)
+        .map(|client| {
+            let gateways = std::sync::Arc::clone(&gateways);
+            let path = path.to_string();
+            std::thread::spawn(move || {
+                let forwarded = format!("198.51.100.{}", client % 250 + 1);
+                let mut samples = Vec::new();
+                let mut i = 0;
+                while start.elapsed() < duration {
+                    let sent = Instant::now();
+                    let status = http_get(
+                        gateways[(client + i) % gateways.len()],
+                        &path,
+                        None,
+                        &[("X-Forwarded-For", &forwarded)],
+                    )
+                    .status;
+                    samples.push(Sample {
+                        status,
+                        latency: sent.elapsed(),
+                        at: sent - start,
+                        client,
+                    });
+                    i += 1;
+                }
+                samples
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .flat_map(|t| t.join().expect("load thread"))
+        .collect()
 }

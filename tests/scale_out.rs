@@ -1,0 +1,363 @@
+//! Scale-out: three gateways share one exact limit through a standalone Redis and through a real
+//! 3-master Redis Cluster; keys spread over every master; a hot limit split into shards keeps
+//! its bound; a master failover (Cluster and Sentinel) under load is followed without a restart,
+//! with decisions during it following the failure mode. Every figure is printed.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::topologies::{RedisCluster, RedisSentinels, MASTER_NAME};
+use support::{hammer, load_for, metric, Gateway, RedisServer, Sample, Upstream};
+
+/// The `redis:` section for a topology, indented under `redis:`.
+fn redis_section(mode: &str, urls: &[String], timeout_ms: u64) -> String {
+    let list = urls.join(", ");
+    let addresses = match mode {
+        "standalone" => format!("  url: {}\n", urls[0]),
+        "cluster" => format!("  mode: cluster\n  nodes: [{list}]\n"),
+        _ => format!("  mode: sentinel\n  sentinels: [{list}]\n  master_name: {MASTER_NAME}\n"),
+    };
+    format!("redis:\n{addresses}  timeout_ms: {timeout_ms}\n")
+}
+
+fn route(name: &str, limits: &str) -> String {
+    format!(
+        "  - name: {name}\n    match: {{ path_prefix: /{name} }}\n    upstream: {{ servers: [UPSTREAM] }}\n    limits: [{limits}]\n"
+    )
+}
+
+const N: usize = 60;
+
+/// One route per algorithm, each with one limit of N per hour on one shared key.
+fn exact_limit_routes() -> String {
+    [
+        ("gcra", "algorithm: gcra, rate: 60/h, burst: 59"),
+        (
+            "token_bucket",
+            "algorithm: token_bucket, rate: 60/h, capacity: 60",
+        ),
+        ("fixed_window", "algorithm: fixed_window, rate: 60/h"),
+        ("sliding_log", "algorithm: sliding_log, rate: 60/h"),
+        ("sliding_window", "algorithm: sliding_window, rate: 60/h"),
+    ]
+    .iter()
+    .map(|(name, limit)| route(name, &format!("{{ name: shared, key: [route], {limit} }}")))
+    .collect()
+}
+
+fn hour_of(redis_port: u16) -> u64 {
+    let (seconds, _): (u64, u64) =
+        support::topologies::query(redis_port, &mut redis::cmd("TIME")).expect("TIME");
+    seconds / 3600
+}
+
+/// 30 concurrent clients over three gateways, 240 requests per algorithm: exactly N admitted.
+fn three_gateways_admit_exactly_n(topology: &str, redis_section: &str, a_redis_port: u16) {
+    let upstream = Upstream::start();
+    let body = format!(
+        "{redis_section}failure_mode: deny\nroutes:\n{}",
+        exact_limit_routes()
+    );
+    let gateways: Vec<Gateway> = (0..3)
+        .map(|_| Gateway::start(&body, &upstream, None))
+        .collect();
+    let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
+    for name in [
+        "gcra",
+        "token_bucket",
+        "fixed_window",
+        "sliding_log",
+        "sliding_window",
+    ] {
+        let hour = hour_of(a_redis_port);
+        let statuses = hammer(&addresses, 30, 240, &format!("/{name}/x"));
+        let admitted = statuses.iter().filter(|s| **s == 200).count();
+        let limited = statuses.iter().filter(|s| **s == 429).count();
+        println!(
+            "{topology}: {name}: 240 requests from 30 concurrent clients over 3 gateways, limit {N}: admitted {admitted}, limited {limited}"
+        );
+        assert_eq!(
+            admitted + limited,
+            240,
+            "{topology} {name}: only 200 or 429"
+        );
+        if name == "sliding_window" && hour_of(a_redis_port) != hour {
+            // Across an aligned-window boundary the approximation's bound applies instead:
+            // at most N in each aligned window.
+            assert!(admitted <= 2 * N, "{topology} {name}: {admitted}");
+        } else {
+            assert_eq!(admitted, N, "{topology} {name}");
+        }
+    }
+}
+
+#[test]
+fn three_gateways_share_one_exact_limit_on_standalone_redis() {
+    let redis = RedisServer::start();
+    three_gateways_admit_exactly_n(
+        "standalone",
+        &redis_section("standalone", &[redis.url()], 200),
+        redis.port,
+    );
+}
+
+#[test]
+fn three_gateways_share_one_exact_limit_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let port = cluster.masters()[0];
+    three_gateways_admit_exactly_n(
+        "cluster",
+        &redis_section("cluster", &cluster.urls(), 200),
+        port,
+    );
+}
+
+#[test]
+fn keys_of_many_clients_spread_over_every_master_and_a_split_limit_keeps_its_bound() {
+    let cluster = RedisCluster::start();
+    let upstream = Upstream::start();
+    let routes = [
+        route("per_client", "{ name: per_client, key: [client_ip], rate: 1000/h }"),
+        route(
+            "with_global",
+            "{ name: per_client, key: [client_ip], rate: 1000/h }, { name: global, key: [route], algorithm: fixed_window, rate: 40/h, split: 8 }",
+        ),
+        route(
+            "global_only",
+            "{ name: global, key: [route], algorithm: fixed_window, rate: 120/h, split: 4 }",
+        ),
+    ]
+    .concat();
+    let body = format!(
+        "{}failure_mode: deny\ntrusted_proxies: [127.0.0.1]\nroutes:\n{routes}",
+        redis_section("cluster", &cluster.urls(), 200)
+    );
+    let gateways: Vec<Gateway> = (0..3)
+        .map(|_| Gateway::start(&body, &upstream, None))
+        .collect();
+    let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
+
+    // 300 clients, one request each: 300 per-client keys.
+    let statuses: Vec<u16> = (0..300)
+        .map(|i| {
+            let client = format!("203.0.{}.{}", i / 200, i % 200 + 1);
+            support::http_get(
+                addresses[i % 3],
+                "/per_client/x",
+                None,
+                &[("X-Forwarded-For", &client)],
+            )
+            .status
+        })
+        .collect();
+    assert!(statuses.iter().all(|s| *s == 200));
+    let spread = cluster.keys_per_master();
+    println!("per_client: 300 clients -> keys per master {spread:?}");
+    assert_eq!(spread.iter().map(|(_, n)| n).sum::<u64>(), 300);
+    for (port, keys) in &spread {
+        assert!(
+            *keys >= 50,
+            "master {port} holds only {keys} of 300 keys: {spread:?}"
+        );
+    }
+    cluster.flush();
+
+    // A per-client limit with a global limit split over 8 shards: 100 clients, 5 requests each.
+    // Clients land on shards by digest; every shard sees far more than its 5 units, so exactly
+    // the whole 40 pass, and the keys still spread.
+    let mut admitted = 0;
+    for round in 0..5 {
+        for i in 0..100 {
+            let client = format!("198.18.0.{}", i + 1);
+            let status = support::http_get(
+                addresses[(i + round) % 3],
+                "/with_global/x",
+                None,
+                &[("X-Forwarded-For", &client)],
+            )
+            .status;
+            admitted += usize::from(status == 200);
+        }
+    }
+    let spread = cluster.keys_per_master();
+    println!("with_global (split 8): 500 requests from 100 clients, global limit 40: admitted {admitted}; keys per master {spread:?}");
+    assert_eq!(admitted, 40);
+    assert!(spread.iter().all(|(_, n)| *n > 0), "{spread:?}");
+
+    // A global limit alone, split over 4 shards taken in turn by each gateway: under a flood
+    // every shard empties, exactly the whole 120 pass, never more.
+    let statuses = hammer(&addresses, 30, 600, "/global_only/x");
+    let admitted = statuses.iter().filter(|s| **s == 200).count();
+    let global_keys: Vec<(u16, u64)> = cluster.keys_per_master();
+    println!("global_only (split 4): 600 requests from 30 clients over 3 gateways, limit 120: admitted {admitted}; keys per master {global_keys:?}");
+    assert_eq!(admitted, 120);
+}
+
+/// Latency percentiles of a load, in ms, for the printed report.
+fn report(what: &str, samples: &[Sample]) {
+    let mut latencies: Vec<Duration> = samples.iter().map(|s| s.latency).collect();
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e3;
+    let count = |status: u16| samples.iter().filter(|s| s.status == status).count();
+    println!(
+        "{what}: {} requests: {} 200, {} 503, {} other; latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        samples.len(),
+        count(200),
+        count(503),
+        samples.len() - count(200) - count(503),
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    );
+}
+
+/// Decisions under a failover: only 200 (decided) or 503 (`failure_mode: deny`); some 503s
+/// while the master is gone; every client decided by Redis again at the end.
+fn check_failover(what: &str, samples: &[Sample], killed_at: Duration, gateways: &mut [Gateway]) {
+    report(what, samples);
+    assert!(
+        samples.iter().all(|s| s.status == 200 || s.status == 503),
+        "{what}: only decisions or the failure mode's 503"
+    );
+    assert!(
+        samples
+            .iter()
+            .all(|s| s.status == 200 || s.at + s.latency >= killed_at),
+        "{what}: no failure before the kill"
+    );
+    let failed = samples.iter().filter(|s| s.status == 503).count();
+    assert!(
+        failed > 0,
+        "{what}: the failure mode applied while the master was gone"
+    );
+    let last_failure = samples
+        .iter()
+        .filter(|s| s.status == 503)
+        .map(|s| s.at)
+        .max()
+        .unwrap_or_default();
+    println!(
+        "{what}: failures from {:.2} s (kill) to {:.2} s, then decided by Redis again",
+        killed_at.as_secs_f64(),
+        last_failure.as_secs_f64()
+    );
+    for gateway in gateways.iter_mut() {
+        assert!(gateway.is_running(), "{what}: the gateway is still running");
+        let text = gateway.metrics();
+        println!(
+            "{what}: gateway decisions: allowed {}, error_denied {}; limiter errors {}",
+            metric(&text, "sluice_requests_total", &[("decision", "allowed")]),
+            metric(
+                &text,
+                "sluice_requests_total",
+                &[("decision", "error_denied")]
+            ),
+            metric(&text, "sluice_limiter_errors_total", &[]),
+        );
+    }
+}
+
+/// Requests from every client until all are decided by Redis again (bounded wait).
+fn wait_until_all_decided(gateways: &[Gateway], clients: usize, path: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let all = (0..clients).all(|client| {
+            let forwarded = format!("198.51.100.{}", client % 250 + 1);
+            gateways.iter().all(|g| {
+                support::http_get(g.proxy, path, None, &[("X-Forwarded-For", &forwarded)]).status
+                    == 200
+            })
+        });
+        if all {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not decided by Redis again within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+const FAILOVER_CLIENTS: usize = 12;
+
+fn failover_body(redis_section: &str) -> String {
+    format!(
+        "{redis_section}failure_mode: deny\ntrusted_proxies: [127.0.0.1]\nroutes:\n{}",
+        route(
+            "api",
+            "{ name: per_client, key: [client_ip], rate: 1000000/s }"
+        )
+    )
+}
+
+#[test]
+fn a_cluster_master_failover_under_load_is_followed_without_restart() {
+    let mut cluster = RedisCluster::start();
+    let upstream = Upstream::start();
+    let body = failover_body(&redis_section("cluster", &cluster.urls(), 50));
+    let mut gateways: Vec<Gateway> = (0..2)
+        .map(|_| Gateway::start(&body, &upstream, None))
+        .collect();
+    wait_until_all_decided(&gateways, FAILOVER_CLIENTS, "/api/x");
+    let before = cluster.keys_per_master();
+    let victim = before
+        .iter()
+        .find(|(_, keys)| *keys > 0)
+        .map(|(port, _)| *port)
+        .expect("a master holding keys");
+    println!("cluster: keys per master before {before:?}; killing master {victim}");
+
+    let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
+    let started = Instant::now();
+    let load = std::thread::spawn(move || {
+        load_for(
+            &addresses,
+            FAILOVER_CLIENTS,
+            Duration::from_secs(9),
+            "/api/x",
+        )
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let killed_at = started.elapsed();
+    cluster.kill(victim);
+    let samples = load.join().expect("load");
+    check_failover("cluster failover", &samples, killed_at, &mut gateways);
+    wait_until_all_decided(&gateways, FAILOVER_CLIENTS, "/api/x");
+    assert!(cluster.is_ok());
+    println!("cluster: masters after {:?}", cluster.keys_per_master());
+}
+
+#[test]
+fn a_sentinel_failover_under_load_is_followed_without_restart() {
+    let mut redis = RedisSentinels::start();
+    let upstream = Upstream::start();
+    let body = failover_body(&redis_section("sentinel", &redis.urls(), 50));
+    let mut gateways: Vec<Gateway> = (0..2)
+        .map(|_| Gateway::start(&body, &upstream, None))
+        .collect();
+    wait_until_all_decided(&gateways, FAILOVER_CLIENTS, "/api/x");
+    let old_master = redis.master.port;
+    let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
+    let started = Instant::now();
+    let load = std::thread::spawn(move || {
+        load_for(
+            &addresses,
+            FAILOVER_CLIENTS,
+            Duration::from_secs(9),
+            "/api/x",
+        )
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let killed_at = started.elapsed();
+    redis.master.kill();
+    let samples = load.join().expect("load");
+    check_failover("sentinel failover", &samples, killed_at, &mut gateways);
+    wait_until_all_decided(&gateways, FAILOVER_CLIENTS, "/api/x");
+    let new_master = redis.current_master().expect("the sentinels name a master");
+    assert_eq!(new_master, redis.replica.port, "the replica was promoted");
+    let keys: u64 = support::topologies::query(new_master, &mut redis::cmd("DBSIZE")).unwrap_or(0);
+    println!("sentinel: master {old_master} killed, {new_master} promoted, holds {keys} keys");
+    assert!(keys > 0, "decisions are written to the new master");
+}

@@ -156,3 +156,24 @@ fn identity_and_path_settings_are_checked() {
         ],
     );
 }
+
+#[test]
+fn redis_topology_and_split_settings_are_checked() {
+    assert_problems(
+        "redis_topology.yaml",
+        &[
+            "redis.url: not used in sentinel mode",
+            "redis.nodes: not used in sentinel mode",
+            "redis.sentinels[1]: invalid redis URL: Redis URL did not parse - InvalidClientConfig",
+            "redis.master_name: required in sentinel mode: the name the sentinels monitor",
+            "routes[0].limits[2].split: 4 shards need a limit (or burst) of at least 4 units, this one has 3",
+            "routes[0].limits[3].split: does not apply to algorithm concurrency (leases are released by key)",
+            "routes[0].limits[4].split: must be between 1 and 256, got 1000",
+            "routes[0].limits: split limits of one route must have the same number of shards, got [4, 8]",
+        ],
+    );
+    assert_problems(
+        "redis_mode.yaml",
+        &["redis.mode: unknown mode \"clustered\": use standalone, cluster or sentinel"],
+    );
+}

@@ -270,16 +270,32 @@ fn compile_topology(redis: &RawRedis, p: &mut Problems) -> Topology {
         }
         list
     };
-    let unused = |present: bool, key: &str, p: &mut Problems| {
-        if present {
-            p.add(format!("redis.{key}"), format!("not used in {mode} mode"));
+    // Every mode-specific key, and the modes that use it.
+    let mode_keys: [(&str, bool, &[&str]); 6] = [
+        ("url", redis.url.is_some(), &["standalone"]),
+        ("nodes", redis.nodes.is_some(), &["cluster"]),
+        ("sentinels", redis.sentinels.is_some(), &["sentinel"]),
+        ("master_name", redis.master_name.is_some(), &["sentinel"]),
+        (
+            "master_username",
+            redis.master_username.is_some(),
+            &["sentinel"],
+        ),
+        (
+            "master_password",
+            redis.master_password.is_some(),
+            &["sentinel"],
+        ),
+    ];
+    if matches!(mode, "standalone" | "cluster" | "sentinel") {
+        for (key, present, modes) in mode_keys {
+            if present && !modes.contains(&mode) {
+                p.add(format!("redis.{key}"), format!("not used in {mode} mode"));
+            }
         }
-    };
+    }
     match mode {
         "standalone" => {
-            unused(redis.nodes.is_some(), "nodes", p);
-            unused(redis.sentinels.is_some(), "sentinels", p);
-            unused(redis.master_name.is_some(), "master_name", p);
             let url = redis.url.clone().unwrap_or_default();
             if url.is_empty() {
                 p.add("redis.url", "required when the redis section is present (omit the section for in-process limits)");
@@ -288,17 +304,10 @@ fn compile_topology(redis: &RawRedis, p: &mut Problems) -> Topology {
             }
             Topology::Standalone { url }
         }
-        "cluster" => {
-            unused(redis.url.is_some(), "url", p);
-            unused(redis.sentinels.is_some(), "sentinels", p);
-            unused(redis.master_name.is_some(), "master_name", p);
-            Topology::Cluster {
-                nodes: check_list(&redis.nodes, "redis.nodes", p),
-            }
-        }
+        "cluster" => Topology::Cluster {
+            nodes: check_list(&redis.nodes, "redis.nodes", p),
+        },
         "sentinel" => {
-            unused(redis.url.is_some(), "url", p);
-            unused(redis.nodes.is_some(), "nodes", p);
             let sentinels = check_list(&redis.sentinels, "redis.sentinels", p);
             let master_name = redis.master_name.clone().unwrap_or_default();
             if master_name.is_empty() {
@@ -389,6 +398,7 @@ fn compile_route(
         .map(|s| s.shards)
         .filter(|&n| n > 1)
         .collect();
+    splits.sort_unstable();
     splits.dedup();
     if splits.len() > 1 {
         p.add(

@@ -4,12 +4,14 @@
 # requests/s, p50/p99 latency, non-2xx, and Redis EVALSHA calls per request. Scenarios:
 #   1 upstream direct   2 sluice, no limits   3 one GCRA limit on [client_ip, path] (all pass)
 #   4 three limits (all pass)   5 one client over its limit (denials)   6 in-process backend
+#   7 OpenResty-style peer: nginx + ngx_lua, EVALSHA of a token bucket per request (benches/peers/)
 # Usage: scripts/bench.sh [SECONDS_PER_SCENARIO]   (default 5; the whole run stays under 2 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 require_cargo
-install_missing cc:build-essential cmake:cmake redis-server:redis-server wrk:wrk
+install_missing cc:build-essential cmake:cmake redis-server:redis-server wrk:wrk nginx:nginx \
+  /usr/lib/nginx/modules/ngx_http_lua_module.so:libnginx-mod-http-lua
 seconds=${1:-5}
 cargo build --release --bins
 
@@ -71,5 +73,39 @@ sluice one redis "$one";     row 3 "sluice, 1 GCRA limit" "http://127.0.0.1:$pro
 sluice three redis "$three"; row 4 "sluice, 3 limits" "http://127.0.0.1:$proxy/x"
 sluice tiny redis "$tiny";   row 5 "sluice, client over its limit" "http://127.0.0.1:$proxy/x"
 sluice local local "$one";   row 6 "sluice, in-process backend" "http://127.0.0.1:$proxy/x"
+
+# 7: nginx + ngx_lua with the peer's token bucket in the same Redis, 2 workers, keepalive upstream.
+peer=$(port)
+mkdir -p "$work/nginx/logs" "$work/nginx/tmp"
+cat > "$work/nginx/nginx.conf" <<NGINX
+load_module /usr/lib/nginx/modules/ndk_http_module.so;
+load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
+worker_processes 2;
+daemon off;
+pid logs/nginx.pid;
+error_log logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path tmp/body;
+    proxy_temp_path tmp/proxy;
+    upstream backend { server 127.0.0.1:$upstream_port; keepalive 64; keepalive_requests 1000000; }
+    lua_package_path "$PWD/benches/peers/openresty/?.lua;;";
+    init_by_lua_block { require("ratelimit").init("$PWD/benches/peers/openresty/token_bucket.lua", "127.0.0.1", $redis_port) }
+    server {
+        listen 127.0.0.1:$peer;
+        location / {
+            access_by_lua_block { require("ratelimit").access(1000000, 1000000) }
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+NGINX
+nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" >/dev/null 2>&1 & pids+=($!)
+wait_port "$peer"
+row 7 "nginx + ngx_lua token bucket in Redis" "http://127.0.0.1:$peer/x"
 echo
 echo "machine: $(nproc) cores; wrk -t2 -c32 -d${seconds}s; $(redis-server --version | awk '{print $3}'); release build"

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Installs the Debian packages named as arguments when their command is missing.
-# Usage: scripts/deps.sh COMMAND:PACKAGE ...   (e.g. cmake:cmake redis-server:redis-server)
+# Installs the Debian packages named as arguments when their command (or, for an absolute path,
+# their file) is missing.
+# Usage: install_missing COMMAND:PACKAGE ...   (e.g. cmake:cmake /usr/lib/x.so:libx)
 # Sourced by quickstart.sh and test.sh; uses sudo when not root.
 set -euo pipefail
 
 install_missing() {
   local missing=() pair
   for pair in "$@"; do
-    command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+    local need=${pair%%:*}
+    if [[ $need == /* ]]; then
+      [ -e "$need" ] || missing+=("${pair#*:}")
+    else
+      command -v "$need" >/dev/null 2>&1 || missing+=("${pair#*:}")
+    fi
   done
   ((${#missing[@]})) || return 0
   local sudo=""

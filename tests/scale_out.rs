@@ -292,6 +292,27 @@ fn failover_body(redis_section: &str) -> String {
     )
 }
 
+/// Loads the gateways for 9 s, calls `kill` (a master dies) at 2 s, checks how the failover was
+/// decided, then waits until Redis decides every client again.
+fn failover_under_load(what: &str, gateways: &mut [Gateway], kill: impl FnOnce()) {
+    let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
+    let started = Instant::now();
+    let load = std::thread::spawn(move || {
+        load_for(
+            &addresses,
+            FAILOVER_CLIENTS,
+            Duration::from_secs(9),
+            "/api/x",
+        )
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let killed_at = started.elapsed();
+    kill();
+    let samples = load.join().expect("load");
+    check_failover(what, &samples, killed_at, gateways);
+    wait_until_all_decided(gateways, FAILOVER_CLIENTS, "/api/x");
+}
+
 #[test]
 fn a_cluster_master_failover_under_load_is_followed_without_restart() {
     let mut cluster = RedisCluster::start();
@@ -309,22 +330,7 @@ fn a_cluster_master_failover_under_load_is_followed_without_restart() {
         .expect("a master holding keys");
     println!("cluster: keys per master before {before:?}; killing master {victim}");
 
-    let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
-    let started = Instant::now();
-    let load = std::thread::spawn(move || {
-        load_for(
-            &addresses,
-            FAILOVER_CLIENTS,
-            Duration::from_secs(9),
-            "/api/x",
-        )
-    });
-    std::thread::sleep(Duration::from_secs(2));
-    let killed_at = started.elapsed();
-    cluster.kill(victim);
-    let samples = load.join().expect("load");
-    check_failover("cluster failover", &samples, killed_at, &mut gateways);
-    wait_until_all_decided(&gateways, FAILOVER_CLIENTS, "/api/x");
+    failover_under_load("cluster failover", &mut gateways, || cluster.kill(victim));
     assert!(cluster.is_ok());
     println!("cluster: masters after {:?}", cluster.keys_per_master());
 }
@@ -339,22 +345,7 @@ fn a_sentinel_failover_under_load_is_followed_without_restart() {
         .collect();
     wait_until_all_decided(&gateways, FAILOVER_CLIENTS, "/api/x");
     let old_master = redis.master.port;
-    let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
-    let started = Instant::now();
-    let load = std::thread::spawn(move || {
-        load_for(
-            &addresses,
-            FAILOVER_CLIENTS,
-            Duration::from_secs(9),
-            "/api/x",
-        )
-    });
-    std::thread::sleep(Duration::from_secs(2));
-    let killed_at = started.elapsed();
-    redis.master.kill();
-    let samples = load.join().expect("load");
-    check_failover("sentinel failover", &samples, killed_at, &mut gateways);
-    wait_until_all_decided(&gateways, FAILOVER_CLIENTS, "/api/x");
+    failover_under_load("sentinel failover", &mut gateways, || redis.master.kill());
     let new_master = redis.current_master().expect("the sentinels name a master");
     assert_eq!(new_master, redis.replica.port, "the replica was promoted");
     let keys: u64 = support::topologies::query(new_master, &mut redis::cmd("DBSIZE")).unwrap_or(0);

@@ -179,23 +179,6 @@ fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     }
 }
 
-/// `.s<shard>` in decimal, without formatting machinery.
-fn push_shard(out: &mut Vec<u8>, shard: u32) {
-    out.extend_from_slice(b".s");
-    let mut digits = [0u8; 10];
-    let mut n = shard;
-    let mut len = 0;
-    loop {
-        digits[len] = b'0' + (n % 10) as u8;
-        len += 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend(digits[..len].iter().rev());
-}
-
 /// The fixed pieces of one limit's key, built at config load.
 #[derive(Debug, Clone)]
 struct LimitKey {
@@ -215,29 +198,39 @@ pub struct KeySpec {
     pub shards: u32,
 }
 
+/// The `.s<i>` suffix of each shard's hash tag, made at load.
+type ShardSuffixes = Box<[Box<[u8]>]>;
+
+fn shard_suffixes(shards: u32) -> ShardSuffixes {
+    (0..shards)
+        .map(|i| format!(".s{i}").into_bytes().into())
+        .collect()
+}
+
 /// How the hash tag of a route's call is chosen.
 #[derive(Debug)]
 enum TagChoice {
     /// `{route[.digest of the shared parts]}`.
     SharedParts,
-    /// `{route.s<i>}`, `i` = digest of the shared parts of the unsplit limits mod `shards`.
-    ShardBySharedParts { shards: u32 },
-    /// `{route.s<i>}`, `i` from a round robin over `shards` (the route has only split limits).
+    /// `{route.s<i>}`, `i` = digest of the shared parts of the unsplit limits mod the shards.
+    ShardBySharedParts { suffixes: ShardSuffixes },
+    /// `{route.s<i>}`, `i` from a round robin over the shards (the route has only split limits).
     ShardRoundRobin {
-        shards: u32,
+        suffixes: ShardSuffixes,
         next: std::sync::atomic::AtomicU32,
     },
 }
 
 impl Clone for TagChoice {
+    /// A clone starts its own round robin (an atomic counter is not `Clone`).
     fn clone(&self) -> TagChoice {
         match self {
             TagChoice::SharedParts => TagChoice::SharedParts,
-            TagChoice::ShardBySharedParts { shards } => {
-                TagChoice::ShardBySharedParts { shards: *shards }
-            }
-            TagChoice::ShardRoundRobin { shards, .. } => TagChoice::ShardRoundRobin {
-                shards: *shards,
+            TagChoice::ShardBySharedParts { suffixes } => TagChoice::ShardBySharedParts {
+                suffixes: suffixes.clone(),
+            },
+            TagChoice::ShardRoundRobin { suffixes, .. } => TagChoice::ShardRoundRobin {
+                suffixes: suffixes.clone(),
                 next: std::sync::atomic::AtomicU32::new(0),
             },
         }
@@ -276,9 +269,11 @@ impl RouteKeys {
         };
         let tag_choice = match (shards, tagging.is_empty()) {
             (0 | 1, _) => TagChoice::SharedParts,
-            (shards, false) => TagChoice::ShardBySharedParts { shards },
+            (shards, false) => TagChoice::ShardBySharedParts {
+                suffixes: shard_suffixes(shards),
+            },
             (shards, true) => TagChoice::ShardRoundRobin {
-                shards,
+                suffixes: shard_suffixes(shards),
                 next: std::sync::atomic::AtomicU32::new(0),
             },
         };
@@ -316,15 +311,13 @@ impl RouteKeys {
                 tagged_head.push(b'.');
                 push_hex(&mut tagged_head, &shared_digest().to_be_bytes());
             }
-            TagChoice::ShardBySharedParts { shards } => {
-                push_shard(
-                    &mut tagged_head,
-                    (shared_digest() % u64::from(*shards)) as u32,
-                );
+            TagChoice::ShardBySharedParts { suffixes } => {
+                let shard = shared_digest() % suffixes.len() as u64;
+                tagged_head.extend_from_slice(&suffixes[shard as usize]);
             }
-            TagChoice::ShardRoundRobin { shards, next } => {
+            TagChoice::ShardRoundRobin { suffixes, next } => {
                 let turn = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                push_shard(&mut tagged_head, turn % shards);
+                tagged_head.extend_from_slice(&suffixes[turn as usize % suffixes.len()]);
             }
         }
         tagged_head.push(b'}');

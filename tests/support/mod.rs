@@ -43,32 +43,46 @@ pub struct RedisServer {
     pub port: u16,
 }
 
+/// The arguments of a throwaway redis-server on loopback: no persistence.
+pub fn redis_args(port: u16) -> Vec<String> {
+    let port = port.to_string();
+    [
+        "--port",
+        &port,
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Starts redis-server, failing the test loudly when it is not installed.
+pub fn spawn_redis(args: &[String]) -> Child {
+    Command::new("redis-server")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start redis-server ({e}): it is required by this test. \
+                 Run scripts/test.sh, which installs it, or: apt-get install redis-server"
+            )
+        })
+}
+
 impl RedisServer {
     pub fn start() -> RedisServer {
         RedisServer::start_on(free_port())
     }
 
     pub fn start_on(port: u16) -> RedisServer {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start redis-server ({e}): it is required by this test. \
-                     Run scripts/test.sh, which installs it, or: apt-get install redis-server"
-                )
-            });
+        let child = spawn_redis(&redis_args(port));
         let mut server = RedisServer { child, port };
         let url = server.url();
         wait_until(

@@ -6,44 +6,25 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::free_port;
+use super::{free_port, redis_args, spawn_redis};
 
 /// Node timeout of the cluster and down-after of the sentinels: a failover takes a few seconds.
 pub const FAILURE_DETECTION_MS: u64 = 1000;
 
-fn spawn_redis(args: &[String]) -> Child {
-    Command::new("redis-server")
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot start redis-server ({e}): it is required by this test. \
-                 Run scripts/test.sh, which installs it, or: apt-get install redis-server"
-            )
-        })
-}
-
 fn base_args(port: u16, dir: &Path) -> Vec<String> {
-    [
-        "--port",
-        &port.to_string(),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        // Replicas sync at once (the default waits 5 s for more replicas to share the transfer).
-        "--repl-diskless-sync-delay",
-        "0",
-        "--dir",
-        &dir.display().to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    let mut args = redis_args(port);
+    args.extend(
+        [
+            // Replicas sync at once (the default waits 5 s for more replicas to share the transfer).
+            "--repl-diskless-sync-delay",
+            "0",
+            "--dir",
+            &dir.display().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    args
 }
 
 fn connection(port: u16) -> Option<redis::Connection> {

@@ -15,6 +15,7 @@ use crate::admin::AdminApp;
 use crate::config::{Config, ServerSettings};
 use crate::limiter::clock::SystemClock;
 use crate::limiter::guard::Guarded;
+use crate::limiter::leased::Leased;
 use crate::limiter::local::LocalLimiter;
 use crate::limiter::redis::RedisLimiter;
 use crate::limiter::Limiter;
@@ -70,8 +71,10 @@ pub fn build_limiter(config: &Config) -> Result<Arc<dyn Limiter>, String> {
         Some(redis) => {
             let backend = RedisLimiter::new(&redis.topology, redis.timeout)
                 .map_err(|e| format!("redis client for {}: {e}", redis.topology.describe()))?;
-            // The deny cache and the circuit breaker keep a flood or an outage away from Redis.
-            Arc::new(Guarded::new(Arc::new(backend), true))
+            // Leases serve `mode: leased` limits locally; the deny cache and the circuit breaker
+            // keep a flood or an outage away from Redis.
+            let leased = Leased::new(Arc::new(backend));
+            Arc::new(Guarded::new(Arc::new(leased), true))
         }
         None => Arc::new(LocalLimiter::new(Arc::new(SystemClock), LOCAL_MAX_KEYS)),
     })

@@ -11,7 +11,7 @@ use redis::Commands;
 use sluice::config::rate::parse_rate;
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
-use sluice::limiter::script::{self, RELEASE_SOURCE, SOURCE};
+use sluice::limiter::script::{self, REFUND_SOURCE, RELEASE_SOURCE, SOURCE};
 use sluice::limiter::{Algorithm, Cost, Decision, Limit, LimitRequest, RequestId};
 use support::RedisServer;
 
@@ -790,6 +790,76 @@ fn concurrency_leases_are_bounded_released_and_expire() {
         [1, 1]
     );
     assert!((29_000..=30_000).contains(&pttl(&mut con, "c")));
+}
+
+/// Gives back `units` of `limit` at `now` with `lua/refund.lua`; its reply (1: state changed).
+fn refund(con: &mut redis::Connection, key: &str, limit: &Limit, units: u64, now: u64) -> i64 {
+    let (name, p1, units) = script::refund_args(&limit.algorithm, units);
+    redis::Script::new(REFUND_SOURCE)
+        .key(key)
+        .arg(now)
+        .arg(name)
+        .arg(p1)
+        .arg(units)
+        .invoke(con)
+        .expect("refund call")
+}
+
+#[test]
+fn refunds_give_back_gcra_credit_and_window_counts_and_nothing_else() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    // GCRA 10/s, burst 9: take 6, give 2 back, 6 are admitted again (4 + 2).
+    let limit = gcra("10/s", 9, 6);
+    assert_eq!(
+        call(&mut con, &["g"], std::slice::from_ref(&limit), T0)[..2],
+        [1, 4]
+    );
+    assert_eq!(refund(&mut con, "g", &limit, 2, T0), 1);
+    let stored: u64 = con.get("g").unwrap();
+    assert_eq!(stored, T0 + 400 * MS, "the TAT moved back by 2 emissions");
+    assert!((1..=400).contains(&pttl(&mut con, "g")));
+    assert_eq!(
+        call(&mut con, &["g"], std::slice::from_ref(&limit), T0)[..2],
+        [1, 0]
+    );
+    // Giving back more than is taken is a full bucket: the key goes.
+    assert_eq!(refund(&mut con, "g", &limit, 50, T0), 1);
+    assert!(!con.exists::<_, bool>("g").unwrap());
+    assert_eq!(
+        refund(&mut con, "g", &limit, 1, T0),
+        0,
+        "no key, nothing to give back to"
+    );
+
+    // Fixed window 10/m: the count drops while the window is open, never below zero.
+    let counted = window("10/m", 7);
+    assert_eq!(
+        call(&mut con, &["w"], std::slice::from_ref(&counted), T0)[..2],
+        [1, 3]
+    );
+    assert_eq!(refund(&mut con, "w", &counted, 3, T0 + SEC), 1);
+    assert_eq!(con.hget::<_, _, u64>("w", "n").unwrap(), 4);
+    assert_eq!(refund(&mut con, "w", &counted, 30, T0 + SEC), 1);
+    assert_eq!(con.hget::<_, _, u64>("w", "n").unwrap(), 0);
+    assert!(pttl(&mut con, "w") > 58_000, "the window's expiry is kept");
+    // A closed window has nothing to give back to.
+    assert_eq!(
+        call(&mut con, &["w"], std::slice::from_ref(&counted), T0)[..2],
+        [1, 3]
+    );
+    assert_eq!(refund(&mut con, "w", &counted, 3, T0 + 60 * SEC), 0);
+    assert_eq!(con.hget::<_, _, u64>("w", "n").unwrap(), 7);
+
+    let err = redis::Script::new(REFUND_SOURCE)
+        .key("x")
+        .arg(T0)
+        .arg("sliding_log")
+        .arg(0)
+        .arg(1)
+        .invoke::<i64>(&mut con)
+        .unwrap_err();
+    assert!(err.to_string().contains("refund does not apply"), "{err}");
 }
 
 fn arb_limit() -> impl Strategy<Value = Limit> {

@@ -1,7 +1,8 @@
 //! Scale-out: three gateways share one exact limit through a standalone Redis and through a real
 //! 3-master Redis Cluster; keys spread over every master; a hot limit split into shards keeps
 //! its bound; a master failover (Cluster and Sentinel) under load is followed without a restart,
-//! with decisions during it following the failure mode. Every figure is printed.
+//! with decisions during it following the failure mode; a hot global limit in leased mode keeps its
+//! bound over two gateways with a fraction of the Redis calls. Every figure is printed.
 
 mod support;
 
@@ -351,4 +352,110 @@ fn a_sentinel_failover_under_load_is_followed_without_restart() {
     let keys: u64 = support::topologies::query(new_master, &mut redis::cmd("DBSIZE")).unwrap_or(0);
     println!("sentinel: master {old_master} killed, {new_master} promoted, holds {keys} keys");
     assert!(keys > 0, "decisions are written to the new master");
+}
+
+/// EVALSHA calls Redis has served since its statistics were last reset.
+fn evalsha_calls(redis: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.connection())
+        .expect("INFO");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().expect("calls"))
+}
+
+fn reset_stats(redis: &RedisServer) {
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query::<()>(&mut redis.connection())
+        .expect("CONFIG RESETSTAT");
+}
+
+/// The count a fixed window limit named `name` holds in Redis.
+fn window_count(redis: &RedisServer, name: &str) -> u64 {
+    let mut con = redis.connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{name}.*"))
+        .query(&mut con)
+        .expect("KEYS");
+    assert_eq!(keys.len(), 1, "one key for {name}: {keys:?}");
+    redis::cmd("HGET")
+        .arg(&keys[0])
+        .arg("n")
+        .query(&mut con)
+        .expect("HGET")
+}
+
+/// A hot global limit in exact and leased mode, over two gateways: leased admits exactly the
+/// limit under a flood with a fraction of the Redis calls, and a gateway gives back the units it
+/// did not spend once the key is idle.
+#[test]
+fn two_gateways_lease_a_hot_global_limit_and_give_back_what_they_did_not_spend() {
+    const LIMIT: usize = 400;
+    const L: u64 = 20;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let limit = |name: &str, leased: bool| {
+        let mode = if leased {
+            format!(", mode: leased, lease_units: {L}")
+        } else {
+            String::new()
+        };
+        let limit = format!(
+            "{{ name: {name}, key: [route], algorithm: fixed_window, rate: {LIMIT}/h{mode} }}"
+        );
+        route(name, &limit)
+    };
+    let body = format!(
+        "{}failure_mode: deny\nroutes:\n{}{}{}",
+        redis_section("standalone", &[redis.url()], 200),
+        limit("exact", false),
+        limit("leased", true),
+        limit("giveback", true),
+    );
+    let gateways = [
+        Gateway::start(&body, &upstream, None),
+        Gateway::start(&body, &upstream, None),
+    ];
+    let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
+
+    let mut calls = Vec::new();
+    for name in ["exact", "leased"] {
+        reset_stats(&redis);
+        let statuses = hammer(&addresses, 8, 2 * LIMIT, &format!("/{name}/x"));
+        let admitted = statuses.iter().filter(|s| **s == 200).count();
+        let evalsha = evalsha_calls(&redis);
+        println!(
+            "{name}: {} requests from 8 clients over 2 gateways, limit {LIMIT}, lease {L}: admitted {admitted}, EVALSHA {evalsha} ({:.3} per request)",
+            2 * LIMIT,
+            evalsha as f64 / (2 * LIMIT) as f64
+        );
+        assert_eq!(admitted, LIMIT, "{name}: a flood spends every lease");
+        calls.push(evalsha);
+    }
+    assert!(
+        calls[1] * 4 < calls[0],
+        "leases cut Redis calls: exact {}, leased {}",
+        calls[0],
+        calls[1]
+    );
+
+    // Below the limit, Redis counts what was admitted plus what the gateways hold (at most
+    // 2 × L); once the key is idle, the held units go back.
+    let statuses = hammer(&addresses, 8, 200, "/giveback/x");
+    assert!(statuses.iter().all(|s| *s == 200));
+    let counted = window_count(&redis, "giveback");
+    println!(
+        "giveback: 200 admitted, Redis counted {counted} (held by the gateways: {})",
+        counted - 200
+    );
+    assert!((200..=200 + 2 * L).contains(&counted), "{counted}");
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(
+        window_count(&redis, "giveback"),
+        200,
+        "unspent units were given back"
+    );
 }

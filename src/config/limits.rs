@@ -9,7 +9,7 @@ use super::compile::{check_name, Problems};
 use super::rate::{parse_duration, parse_rate, Rate};
 use super::raw::RawLimit;
 use crate::keys::{KeyPart, KeySpec, OnMissing};
-use crate::limiter::{policy_of, Algorithm, Cost, Limit};
+use crate::limiter::{policy_of, Algorithm, Cost, Leasing, Limit};
 
 /// Keeps every microsecond quantity of the algorithms far below 2^53 (exact in Lua doubles).
 const MAX_TOLERANCE_US: u64 = 1 << 50;
@@ -149,6 +149,7 @@ pub(crate) fn compile_limit(
     // The largest cost one request can ever be granted by this limit (per shard).
     let capacity = algorithm.map(|a| a.capacity());
     let cost = compile_cost(at, &raw, capacity, p);
+    let leased = compile_leasing(at, &raw, algorithm.as_ref(), p);
 
     let (name, algorithm, cost) = (name?, algorithm?, cost?);
     let policy = rate.map(policy_of);
@@ -171,6 +172,7 @@ pub(crate) fn compile_limit(
                 cost,
                 policy,
                 shadow: raw.shadow.unwrap_or(false),
+                leased,
             },
             spec,
         )
@@ -220,6 +222,64 @@ fn compile_split(
         }
     }
     split as u32
+}
+
+/// A lease is this share of the limit's capacity unless `lease_units` says otherwise.
+const DEFAULT_LEASE_DIVISOR: u64 = 10;
+
+/// `mode: exact | leased` and `lease_units`: leases apply to limits whose unused units can be
+/// given back exactly (GCRA and its buckets without shaping, the fixed window).
+fn compile_leasing(
+    at: &str,
+    raw: &RawLimit,
+    algorithm: Option<&Algorithm>,
+    p: &mut Problems<'_>,
+) -> Option<Leasing> {
+    let leased = match raw.mode.as_deref() {
+        None | Some("exact") => false,
+        Some("leased") => true,
+        Some(other) => {
+            p.add(
+                format!("{at}.mode"),
+                format!("unknown mode {other:?}: use exact or leased"),
+            );
+            return None;
+        }
+    };
+    if !leased {
+        if raw.lease_units.is_some() {
+            p.add(
+                format!("{at}.lease_units"),
+                "applies only with mode: leased",
+            );
+        }
+        return None;
+    }
+    let algorithm = algorithm?;
+    let refundable = match *algorithm {
+        Algorithm::Gcra { max_delay_us, .. } => max_delay_us == 0,
+        Algorithm::FixedWindow { .. } => true,
+        _ => false,
+    };
+    if !refundable {
+        p.add(
+            format!("{at}.mode"),
+            "leased applies to gcra, token_bucket, leaky_bucket (without max_delay) and fixed_window",
+        );
+        return None;
+    }
+    let capacity = algorithm.capacity();
+    let max_units = raw
+        .lease_units
+        .unwrap_or((capacity / DEFAULT_LEASE_DIVISOR).max(1));
+    if !(1..=capacity).contains(&max_units) {
+        p.add(
+            format!("{at}.lease_units"),
+            format!("must be between 1 and the limit's capacity ({capacity}), got {max_units}"),
+        );
+        return None;
+    }
+    Some(Leasing { max_units })
 }
 
 fn compile_algorithm(

@@ -124,4 +124,6 @@ pub struct RawLimit {
     pub cost_max: Option<u64>,
     pub shadow: Option<bool>,
     pub split: Option<u64>,
+    pub mode: Option<String>,
+    pub lease_units: Option<u64>,
 }

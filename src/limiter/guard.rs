@@ -278,6 +278,15 @@ impl Limiter for Guarded {
         self.inner.release(request).await
     }
 
+    async fn refund(
+        &self,
+        algorithm: &Algorithm,
+        key: &[u8],
+        units: u64,
+    ) -> Result<(), LimiterError> {
+        self.inner.refund(algorithm, key, units).await
+    }
+
     async fn readiness(&self) -> Readiness {
         self.inner.readiness().await
     }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::algorithm::{self, State, Write};
+use super::algorithm::{self, Refund, State, Write};
 use super::clock::Clock;
 use super::{Algorithm, Decision, LimitRequest, LimitStatus, Limiter, LimiterError, Readiness};
 
@@ -165,6 +165,31 @@ impl LocalLimiter {
         }
     }
 
+    /// Gives back `units` of `key` at an explicit time (see [`Algorithm::refund`]).
+    pub fn refund_at(&self, algorithm: &Algorithm, key: &[u8], units: u64, now_us: i64) {
+        let mut shard = self.shards[Self::shard_of(key)]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let state = shard
+            .get(key)
+            .filter(|e| e.expires_at_us > now_us)
+            .map(|e| &e.state);
+        match algorithm.refund(state, now_us, units) {
+            Refund::Unchanged => {}
+            Refund::Clear => {
+                shard.remove(key);
+            }
+            Refund::Store(Write { state, ttl_us }) => {
+                if let Some(entry) = shard.get_mut(key) {
+                    *entry = Entry {
+                        state,
+                        expires_at_us: now_us + ttl_us,
+                    };
+                }
+            }
+        }
+    }
+
     /// Live and expired-but-unswept entries, for tests and metrics.
     pub fn tracked_keys(&self) -> usize {
         self.shards
@@ -186,6 +211,16 @@ impl Limiter for LocalLimiter {
 
     async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
         self.release_now(request);
+        Ok(())
+    }
+
+    async fn refund(
+        &self,
+        algorithm: &Algorithm,
+        key: &[u8],
+        units: u64,
+    ) -> Result<(), LimiterError> {
+        self.refund_at(algorithm, key, units, self.clock.now_us());
         Ok(())
     }
 

@@ -4,6 +4,7 @@
 pub mod algorithm;
 pub mod clock;
 pub mod guard;
+pub mod leased;
 pub mod link;
 pub mod local;
 pub mod redis;
@@ -41,6 +42,16 @@ pub struct Limit {
     /// Decided and counted, never enforced: a denial lets the request through (and consumes
     /// nothing from this limit), for rolling out new limits safely.
     pub shadow: bool,
+    /// `mode: leased`: taken from Redis in leases and spent locally (`leased.rs`); `None`:
+    /// exact, one decision in Redis per request.
+    pub leased: Option<Leasing>,
+}
+
+/// How a leased limit is leased: at most `max_units` (L) held unspent per gateway and key, so
+/// `instances × L` bounds what leasing can admit beyond the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Leasing {
+    pub max_units: u64,
 }
 
 impl Limit {
@@ -52,6 +63,7 @@ impl Limit {
             cost: Cost::Fixed(cost),
             policy: Some(policy_of(rate)),
             shadow: false,
+            leased: None,
         }
     }
 }
@@ -274,6 +286,14 @@ pub trait Limiter: Send + Sync {
     /// Returns the concurrency leases `request` took (call once the response is finished or the
     /// client has gone). Limits of other algorithms are ignored.
     async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError>;
+
+    /// Gives back `units` of a leased limit's key that were taken and not spent.
+    async fn refund(
+        &self,
+        algorithm: &Algorithm,
+        key: &[u8],
+        units: u64,
+    ) -> Result<(), LimiterError>;
 
     async fn readiness(&self) -> Readiness;
 

@@ -18,6 +18,7 @@ pub struct RedisLimiter {
     link: Link,
     script: redis::Script,
     release: redis::Script,
+    refund: redis::Script,
     deadline: Duration,
 }
 
@@ -28,6 +29,7 @@ impl RedisLimiter {
             link: Link::new(topology, deadline)?,
             script: redis::Script::new(script::SOURCE),
             release: redis::Script::new(script::RELEASE_SOURCE),
+            refund: redis::Script::new(script::REFUND_SOURCE),
             deadline,
         })
     }
@@ -64,6 +66,23 @@ impl RedisLimiter {
             return Ok(());
         }
         invocation.arg(request.id.to_string());
+        let mut connection = self.link.connection().await?;
+        invocation
+            .invoke_async::<i64>(&mut connection)
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+
+    async fn give_back(
+        &self,
+        algorithm: &Algorithm,
+        key: &[u8],
+        units: u64,
+    ) -> Result<(), LimiterError> {
+        let (name, p1, units) = script::refund_args(algorithm, units);
+        let mut invocation = self.refund.prepare_invoke();
+        invocation.key(key).arg("").arg(name).arg(p1).arg(units);
         let mut connection = self.link.connection().await?;
         invocation
             .invoke_async::<i64>(&mut connection)
@@ -127,6 +146,16 @@ impl Limiter for RedisLimiter {
 
     async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
         self.within_deadline(request.deadline, self.release_leases(request))
+            .await
+    }
+
+    async fn refund(
+        &self,
+        algorithm: &Algorithm,
+        key: &[u8],
+        units: u64,
+    ) -> Result<(), LimiterError> {
+        self.within_deadline(None, self.give_back(algorithm, key, units))
             .await
     }
 

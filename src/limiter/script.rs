@@ -1,7 +1,7 @@
 //! The Lua scripts, composed from `lua/`, and the encoding of their arguments and replies. The
 //! contracts are stated in `lua/check.lua` and `lua/release.lua`.
 
-use super::{Decision, LimitRequest, LimitStatus, LimiterError};
+use super::{Algorithm, Decision, LimitRequest, LimitStatus, LimiterError};
 
 /// prelude, one file per algorithm, then the driver: one script, one EVALSHA per request.
 pub const SOURCE: &str = concat!(
@@ -19,6 +19,20 @@ pub const SOURCE: &str = concat!(
     "\n",
     include_str!("../../lua/check.lua"),
 );
+
+/// Gives back the unspent units of a leased limit (`lua/refund.lua`).
+pub const REFUND_SOURCE: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    "\n",
+    include_str!("../../lua/refund.lua"),
+);
+
+/// Arguments of one refund call after the clock (`lua/refund.lua`): algorithm, its emission
+/// interval (GCRA) and the units.
+pub fn refund_args(algorithm: &Algorithm, units: u64) -> (&'static str, u64, u64) {
+    let [p1, _, _] = algorithm.script_params();
+    (algorithm.script_name(), p1, units)
+}
 
 /// Returns a request's concurrency leases.
 pub const RELEASE_SOURCE: &str = include_str!("../../lua/release.lua");

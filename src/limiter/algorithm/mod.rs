@@ -257,6 +257,48 @@ impl Algorithm {
     }
 }
 
+/// What giving back unspent units does to a key's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refund {
+    /// Nothing to give back to: no state, or a window already closed.
+    Unchanged,
+    Store(Write),
+    /// The state is back to "full": the same as no key.
+    Clear,
+}
+
+impl Algorithm {
+    /// Gives back `units` that were taken earlier and not spent (leased quotas); mirrors
+    /// `lua/refund.lua`. Only GCRA and the fixed window take refunds (checked at config load).
+    pub fn refund(&self, state: Option<&State>, now_us: i64, units: u64) -> Refund {
+        match (*self, state) {
+            (Algorithm::Gcra { emission_us, .. }, Some(State::Gcra { tat_us })) => {
+                let credit = i64::try_from(emission_us.saturating_mul(units)).unwrap_or(i64::MAX);
+                let tat_us = tat_us.saturating_sub(credit);
+                if tat_us <= now_us {
+                    return Refund::Clear;
+                }
+                Refund::Store(Write {
+                    state: State::Gcra { tat_us },
+                    ttl_us: tat_us - now_us,
+                })
+            }
+            (Algorithm::FixedWindow { .. }, Some(&State::Window { end_us, count }))
+                if now_us < end_us =>
+            {
+                Refund::Store(Write {
+                    state: State::Window {
+                        end_us,
+                        count: count.saturating_sub(units),
+                    },
+                    ttl_us: end_us - now_us,
+                })
+            }
+            _ => Refund::Unchanged,
+        }
+    }
+}
+
 /// Removes the lease of `id` (in-process backend; the Redis side is `lua/release.lua`).
 pub fn release(state: &mut State, id: RequestId) {
     if let State::Leases { leases } = state {

@@ -1,0 +1,671 @@
+//! Leased quotas (`mode: leased`): a gateway takes up to L units of a hot limit from the backend
+//! in one call, spends them locally, and gives back what it did not spend once the key is idle.
+//!
+//! * A lease is taken by asking for `cost + extra` units in the same atomic check as the route's
+//!   other limits. `extra` is sized from this gateway's observed rate on the key (enough for
+//!   `HORIZON` of its traffic), never more than L minus what it already holds, and never more than
+//!   the limit had left at the last answer, so near exhaustion leasing turns exact.
+//! * Units held are spent without calling the backend. While one request tops a key up, others
+//!   that find it empty ask for their own cost only, so a gateway never holds more than L unspent
+//!   units of a key: N gateways admit at most `limit + N × L` in any window.
+//! * Unspent units are given back (`Limiter::refund`) once a key has been idle for `IDLE`. A fixed
+//!   window's units are worthless once their window has closed: they are dropped, and given back
+//!   only while the window has more than `REFUND_MARGIN` left, so a refund never lands in the
+//!   next window.
+//! * A denied top-up is asked again once with the exact costs: a request is never denied for
+//!   units it did not need.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Once};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::{
+    Algorithm, Decision, Leasing, Limit, LimitRequest, LimitStatus, Limiter, LimiterError,
+    Readiness,
+};
+
+const SHARDS: usize = 16;
+/// Keys a gateway holds leases for at most; beyond it, further keys are decided exactly.
+pub const POOL_CAPACITY: usize = 10_000;
+/// A lease is sized to last this long at the rate this gateway has seen on the key.
+const HORIZON: Duration = Duration::from_millis(100);
+/// Unspent units of a key nobody has asked for in this long are given back.
+pub const IDLE: Duration = Duration::from_millis(250);
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
+/// A fixed window's units are given back only while it has longer than this left.
+const REFUND_MARGIN: Duration = Duration::from_millis(50);
+
+/// The units a gateway holds of one key.
+struct Pool {
+    algorithm: Algorithm,
+    units: u64,
+    /// What the limit had left at the backend's last answer.
+    remaining: u64,
+    reset_at: Instant,
+    /// Fixed window: when the window the units were taken in closes.
+    closes_at: Option<Instant>,
+    topped_up_at: Instant,
+    spent_since_top_up: u64,
+    last_used: Instant,
+    /// A request is asking the backend for more; others ask for their own cost only.
+    topping_up: bool,
+}
+
+impl Pool {
+    fn new(algorithm: Algorithm, now: Instant) -> Pool {
+        Pool {
+            algorithm,
+            units: 0,
+            remaining: 0,
+            reset_at: now,
+            closes_at: None,
+            topped_up_at: now,
+            spent_since_top_up: 0,
+            last_used: now,
+            topping_up: true,
+        }
+    }
+
+    /// Units to take beyond `cost`: the rate seen since the last top-up over `HORIZON`.
+    fn extra(&self, now: Instant, max_units: u64, cost: u64) -> u64 {
+        let elapsed = now
+            .duration_since(self.topped_up_at)
+            .max(Duration::from_millis(1));
+        let spent = u128::from(self.spent_since_top_up + cost);
+        let wanted = spent * HORIZON.as_micros() / elapsed.as_micros();
+        u64::try_from(wanted)
+            .unwrap_or(u64::MAX)
+            .min(max_units.saturating_sub(self.units))
+            .min(self.remaining.saturating_sub(cost))
+    }
+
+    fn status(&self, now: Instant) -> LimitStatus {
+        LimitStatus {
+            allowed: true,
+            remaining: self.remaining + self.units,
+            retry_after_ms: Some(0),
+            reset_after_ms: self.reset_at.saturating_duration_since(now).as_millis() as u64,
+            delay_ms: 0,
+        }
+    }
+
+    fn closed(&self, now: Instant) -> bool {
+        self.closes_at.is_some_and(|at| now >= at)
+    }
+}
+
+/// What one leased limit of a request does.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// Paid from units held: the status to report.
+    Held(LimitStatus),
+    /// Asked of the backend: `want` units, of which `want - cost` are kept if allowed.
+    Ask { want: u64, topping_up: bool },
+}
+
+type Shard = Mutex<HashMap<Box<[u8]>, Pool>>;
+
+/// Units held per key, sharded to keep lock hold times short.
+struct Pools {
+    shards: Box<[Shard]>,
+    shard_capacity: usize,
+}
+
+impl Pools {
+    fn new(capacity: usize) -> Pools {
+        Pools {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shard_capacity: capacity.div_ceil(SHARDS).max(1),
+        }
+    }
+
+    fn lock(&self, key: &[u8]) -> MutexGuard<'_, HashMap<Box<[u8]>, Pool>> {
+        self.shards[(xxh3_64(key) % SHARDS as u64) as usize]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Pays `cost` from the units held, or says what to ask the backend for.
+    fn take(&self, limit: &Limit, leasing: Leasing, key: &[u8], cost: u64, now: Instant) -> Step {
+        let exact = Step::Ask {
+            want: cost,
+            topping_up: false,
+        };
+        let mut shard = self.lock(key);
+        let Some(pool) = shard.get_mut(key) else {
+            if shard.len() >= self.shard_capacity {
+                return exact;
+            }
+            // No rate seen yet: the first request asks for its own cost and starts the clock.
+            shard.insert(key.into(), Pool::new(limit.algorithm, now));
+            return Step::Ask {
+                want: cost,
+                topping_up: true,
+            };
+        };
+        if pool.closed(now) {
+            pool.units = 0;
+        }
+        if pool.units >= cost {
+            pool.units -= cost;
+            pool.spent_since_top_up += cost;
+            pool.last_used = now;
+            return Step::Held(pool.status(now));
+        }
+        if pool.topping_up {
+            return exact;
+        }
+        pool.topping_up = true;
+        Step::Ask {
+            want: cost + pool.extra(now, leasing.max_units, cost),
+            topping_up: true,
+        }
+    }
+
+    /// Records the backend's answer to a top-up: `kept` units more are held.
+    fn settle(&self, key: &[u8], kept: u64, cost: u64, status: &LimitStatus, now: Instant) {
+        let mut shard = self.lock(key);
+        let Some(pool) = shard.get_mut(key) else {
+            return;
+        };
+        pool.topping_up = false;
+        pool.remaining = status.remaining;
+        if !status.allowed {
+            return;
+        }
+        let reset = Duration::from_millis(status.reset_after_ms);
+        pool.units += kept;
+        pool.reset_at = now + reset;
+        pool.closes_at =
+            matches!(pool.algorithm, Algorithm::FixedWindow { .. }).then(|| now + reset);
+        pool.topped_up_at = now;
+        pool.spent_since_top_up = cost;
+        pool.last_used = now;
+    }
+
+    /// Puts back units paid from the pool for a request that was denied after all.
+    fn put_back(&self, key: &[u8], cost: u64) {
+        if let Some(pool) = self.lock(key).get_mut(key) {
+            pool.units += cost;
+            pool.spent_since_top_up = pool.spent_since_top_up.saturating_sub(cost);
+        }
+    }
+
+    /// Ends a top-up that got no answer.
+    fn abandon(&self, key: &[u8]) {
+        if let Some(pool) = self.lock(key).get_mut(key) {
+            pool.topping_up = false;
+        }
+    }
+
+    /// Drops the pools of idle keys and closed windows; returns the units to give back.
+    fn sweep(&self, now: Instant) -> Vec<(Algorithm, Box<[u8]>, u64)> {
+        let mut refunds = Vec::new();
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            shard.retain(|key, pool| {
+                let closed = pool.closed(now);
+                let idle = now.duration_since(pool.last_used) >= IDLE;
+                if pool.topping_up || !(closed || idle) {
+                    return true;
+                }
+                let window_open = pool
+                    .closes_at
+                    .is_none_or(|at| at.saturating_duration_since(now) > REFUND_MARGIN);
+                if pool.units > 0 && window_open {
+                    refunds.push((pool.algorithm, key.clone(), pool.units));
+                }
+                false
+            });
+        }
+        refunds
+    }
+
+    fn held(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| {
+                let shard = s.lock().unwrap_or_else(|p| p.into_inner());
+                shard.values().map(|pool| pool.units).sum::<u64>()
+            })
+            .sum()
+    }
+}
+
+/// A limiter that serves `mode: leased` limits from leases taken of `inner`; routes without
+/// leased limits go straight to `inner`.
+pub struct Leased {
+    inner: Arc<dyn Limiter>,
+    pools: Arc<Pools>,
+    sweeper: Once,
+}
+
+impl Leased {
+    pub fn new(inner: Arc<dyn Limiter>) -> Leased {
+        Leased {
+            inner,
+            pools: Arc::new(Pools::new(POOL_CAPACITY)),
+            sweeper: Once::new(),
+        }
+    }
+
+    /// Units held unspent across all keys (tests and tools).
+    pub fn held(&self) -> u64 {
+        self.pools.held()
+    }
+
+    /// Gives back the units of keys idle (or windows closed) at `now`.
+    pub async fn give_back_idle(&self, now: Instant) {
+        give_back(&self.pools, self.inner.as_ref(), now).await;
+    }
+
+    /// Starts the task that gives back idle keys' units, inside the runtime serving requests.
+    fn start_sweeper(&self) {
+        self.sweeper.call_once(|| {
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            let pools = Arc::downgrade(&self.pools);
+            let inner = Arc::downgrade(&self.inner);
+            runtime.spawn(async move {
+                let mut tick = tokio::time::interval(SWEEP_EVERY);
+                loop {
+                    tick.tick().await;
+                    let (Some(pools), Some(inner)) = (pools.upgrade(), inner.upgrade()) else {
+                        break;
+                    };
+                    give_back(&pools, inner.as_ref(), Instant::now()).await;
+                }
+            });
+        });
+    }
+
+    /// One backend call for the limits in `asked`, at the given costs.
+    async fn ask(
+        &self,
+        request: &LimitRequest<'_>,
+        asked: &[usize],
+        costs: &[u64],
+    ) -> Result<Decision, LimiterError> {
+        if asked.len() == request.limits.len() {
+            let whole = LimitRequest { costs, ..*request };
+            return self.inner.check(&whole).await;
+        }
+        let limits: Vec<Limit> = asked.iter().map(|&i| request.limits[i].clone()).collect();
+        let keys: Vec<Vec<u8>> = asked.iter().map(|&i| request.keys[i].clone()).collect();
+        let part = LimitRequest {
+            limits: &limits,
+            keys: &keys,
+            costs,
+            ..*request
+        };
+        self.inner.check(&part).await
+    }
+
+    /// Undoes what `steps` did to the pools when the request is not admitted.
+    fn unwind(&self, request: &LimitRequest<'_>, steps: &[Step]) {
+        for (i, step) in steps.iter().enumerate() {
+            match *step {
+                Step::Held(_) => self.pools.put_back(&request.keys[i], request.costs[i]),
+                Step::Ask {
+                    topping_up: true, ..
+                } => self.pools.abandon(&request.keys[i]),
+                Step::Ask { .. } => {}
+            }
+        }
+    }
+}
+
+/// A status for a step the code above never produces (the answer's length is checked first):
+/// a denial that never retries, rather than a panic on the request path.
+fn unreachable_status() -> LimitStatus {
+    LimitStatus {
+        allowed: false,
+        remaining: 0,
+        retry_after_ms: None,
+        reset_after_ms: 0,
+        delay_ms: 0,
+    }
+}
+
+async fn give_back(pools: &Pools, inner: &dyn Limiter, now: Instant) {
+    for (algorithm, key, units) in pools.sweep(now) {
+        if let Err(error) = inner.refund(&algorithm, &key, units).await {
+            log::debug!("could not give back {units} leased units: {error}");
+        }
+    }
+}
+
+#[async_trait]
+impl Limiter for Leased {
+    async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
+        if request.limits.iter().all(|l| l.leased.is_none()) {
+            return self.inner.check(request).await;
+        }
+        self.start_sweeper();
+        let now = Instant::now();
+        let steps: Vec<Step> = request
+            .limits
+            .iter()
+            .zip(request.keys)
+            .zip(request.costs)
+            .map(|((limit, key), &cost)| match limit.leased {
+                Some(leasing) => self.pools.take(limit, leasing, key, cost, now),
+                None => Step::Ask {
+                    want: cost,
+                    topping_up: false,
+                },
+            })
+            .collect();
+        let asked: Vec<usize> = (0..steps.len())
+            .filter(|&i| matches!(steps[i], Step::Ask { .. }))
+            .collect();
+        let wants: Vec<u64> = asked
+            .iter()
+            .map(|&i| match steps[i] {
+                Step::Ask { want, .. } => want,
+                Step::Held(_) => 0,
+            })
+            .collect();
+        let costs: Vec<u64> = asked.iter().map(|&i| request.costs[i]).collect();
+
+        if asked.is_empty() {
+            let statuses = steps.iter().map(|step| match *step {
+                Step::Held(status) => status,
+                Step::Ask { .. } => unreachable_status(),
+            });
+            return Ok(Decision::of(statuses.collect(), request.limits));
+        }
+        let mut answer = self.ask(request, &asked, &wants).await;
+        // The larger ask stands only if it was allowed; otherwise ask once more, exactly.
+        let mut leasing = wants != costs;
+        if leasing && matches!(&answer, Ok(d) if !d.allowed()) {
+            answer = self.ask(request, &asked, &costs).await;
+            leasing = false;
+        }
+        let answer = match answer {
+            Ok(answer) if answer.statuses.len() == asked.len() => answer,
+            Ok(answer) => {
+                self.unwind(request, &steps);
+                return Err(LimiterError::Reply(format!(
+                    "{} statuses for {} limits",
+                    answer.statuses.len(),
+                    asked.len()
+                )));
+            }
+            Err(error) => {
+                self.unwind(request, &steps);
+                return Err(error);
+            }
+        };
+
+        let allowed = answer.allowed();
+        let mut answered = answer.statuses.iter().zip(&wants);
+        let mut statuses: Vec<LimitStatus> = Vec::with_capacity(steps.len());
+        for (i, step) in steps.iter().enumerate() {
+            let status = match *step {
+                Step::Held(status) => {
+                    if !allowed {
+                        self.pools.put_back(&request.keys[i], request.costs[i]);
+                    }
+                    status
+                }
+                Step::Ask { topping_up, .. } => {
+                    let Some((status, &want)) = answered.next() else {
+                        statuses.push(unreachable_status());
+                        continue;
+                    };
+                    let cost = request.costs[i];
+                    let kept = if allowed && leasing { want - cost } else { 0 };
+                    if topping_up {
+                        self.pools.settle(&request.keys[i], kept, cost, status, now);
+                    }
+                    LimitStatus {
+                        remaining: status.remaining + kept,
+                        ..*status
+                    }
+                }
+            };
+            statuses.push(status);
+        }
+        Ok(Decision::of(statuses, request.limits))
+    }
+
+    async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
+        self.inner.release(request).await
+    }
+
+    async fn refund(
+        &self,
+        algorithm: &Algorithm,
+        key: &[u8],
+        units: u64,
+    ) -> Result<(), LimiterError> {
+        self.inner.refund(algorithm, key, units).await
+    }
+
+    async fn readiness(&self) -> Readiness {
+        self.inner.readiness().await
+    }
+
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::config::rate::parse_rate;
+    use crate::limiter::clock::ManualClock;
+    use crate::limiter::local::LocalLimiter;
+    use crate::limiter::RequestId;
+
+    /// The in-process backend, counting the checks that reach it.
+    struct Counting {
+        backend: LocalLimiter,
+        checks: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Limiter for Counting {
+        async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
+            self.checks.fetch_add(1, Ordering::Relaxed);
+            self.backend.check(request).await
+        }
+        async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
+            self.backend.release(request).await
+        }
+        async fn refund(&self, a: &Algorithm, key: &[u8], units: u64) -> Result<(), LimiterError> {
+            self.backend.refund(a, key, units).await
+        }
+        async fn readiness(&self) -> Readiness {
+            Readiness::Ready
+        }
+        fn backend(&self) -> &'static str {
+            "counting"
+        }
+    }
+
+    /// A backend whose clock stands still (no refill), and its checks counted.
+    fn backend() -> Arc<Counting> {
+        Arc::new(Counting {
+            backend: LocalLimiter::new(Arc::new(ManualClock::new(0)), 1000),
+            checks: AtomicUsize::new(0),
+        })
+    }
+
+    fn leased(algorithm: Algorithm, max_units: u64) -> [Limit; 1] {
+        let mut limit = Limit::new("hot", algorithm, 1, parse_rate("1/s").unwrap());
+        limit.leased = Some(Leasing { max_units });
+        [limit]
+    }
+
+    fn window(limit: u64) -> Algorithm {
+        Algorithm::FixedWindow {
+            limit,
+            window_us: 3_600_000_000,
+        }
+    }
+
+    const KEY: &[u8] = b"hot";
+
+    async fn call(limiter: &dyn Limiter, limits: &[Limit], cost: u64) -> Decision {
+        let keys = [KEY.to_vec()];
+        let request = LimitRequest {
+            limits,
+            keys: &keys,
+            costs: &[cost],
+            id: RequestId(1),
+            deadline: None,
+        };
+        limiter.check(&request).await.expect("decided")
+    }
+
+    /// What the backend has left of the key (a cost-0 peek, not counted as a gateway check).
+    async fn left(backend: &Counting, limits: &[Limit]) -> u64 {
+        let keys = [KEY.to_vec()];
+        let request = LimitRequest {
+            limits,
+            keys: &keys,
+            costs: &[0],
+            id: RequestId(1),
+            deadline: None,
+        };
+        backend.backend.check(&request).await.unwrap().statuses[0].remaining
+    }
+
+    #[tokio::test]
+    async fn a_hot_key_is_served_from_leases_with_few_backend_calls() {
+        let backend = backend();
+        let gateway = Leased::new(backend.clone());
+        let limits = leased(window(1000), 100);
+        for _ in 0..200 {
+            assert!(call(&gateway, &limits, 1).await.allowed());
+        }
+        let checks = backend.checks.load(Ordering::Relaxed);
+        assert!(checks <= 6, "{checks} backend checks for 200 requests");
+        // Everything admitted or held was counted by the backend, nothing more.
+        assert_eq!(1000 - left(&backend, &limits).await, 200 + gateway.held());
+        assert!(gateway.held() <= 100);
+    }
+
+    #[tokio::test]
+    async fn two_gateways_never_admit_more_than_the_limit_and_idle_units_go_back() {
+        let backend = backend();
+        let (a, b) = (Leased::new(backend.clone()), Leased::new(backend.clone()));
+        let limits = leased(window(100), 10);
+        let mut admitted = 0;
+        for i in 0..300 {
+            let gateway = if i % 2 == 0 { &a } else { &b };
+            admitted += usize::from(call(gateway, &limits, 1).await.allowed());
+        }
+        let held = a.held() + b.held();
+        assert!(held <= 20, "each gateway holds at most L = 10, held {held}");
+        assert_eq!(
+            admitted as u64 + held,
+            100,
+            "admitted {admitted}, held {held}"
+        );
+        let later = Instant::now() + Duration::from_secs(1);
+        a.give_back_idle(later).await;
+        b.give_back_idle(later).await;
+        assert_eq!((a.held(), b.held()), (0, 0));
+        assert_eq!(left(&backend, &limits).await, held);
+        for _ in 0..held + 5 {
+            admitted += usize::from(call(&a, &limits, 1).await.allowed());
+        }
+        assert_eq!(admitted, 100, "the units given back are admitted, no more");
+    }
+
+    #[tokio::test]
+    async fn a_denied_top_up_is_asked_again_for_the_exact_cost() {
+        let backend = backend();
+        let gateway = Leased::new(backend.clone());
+        let limits = leased(window(100), 50);
+        // The first request starts the clock; the second leases 50 more.
+        for _ in 0..2 {
+            assert!(call(&gateway, &limits, 1).await.allowed());
+        }
+        assert_eq!(gateway.held(), 50);
+        for _ in 0..50 {
+            assert!(call(&gateway, &limits, 1).await.allowed());
+        }
+        // Another gateway takes all but one unit; this one still believes 48 are left.
+        assert!(call(backend.as_ref(), &limits[..], 47).await.allowed());
+        let checks = backend.checks.load(Ordering::Relaxed);
+        assert!(
+            call(&gateway, &limits, 1).await.allowed(),
+            "1 unit was left"
+        );
+        assert_eq!(backend.checks.load(Ordering::Relaxed), checks + 2);
+        let denied = call(&gateway, &limits, 1).await;
+        assert!(!denied.allowed());
+        assert!(denied.retry_after_ms().flatten().is_some());
+    }
+
+    #[tokio::test]
+    async fn units_paid_from_a_lease_are_put_back_when_another_limit_denies() {
+        let backend = backend();
+        let gateway = Leased::new(backend.clone());
+        let [hot] = leased(window(100), 10);
+        let strict = Limit::new("strict", window(3), 1, parse_rate("3/h").unwrap());
+        let limits = [hot, strict];
+        let keys = [KEY.to_vec(), b"strict".to_vec()];
+        let mut admitted = 0;
+        for _ in 0..10 {
+            let request = LimitRequest {
+                limits: &limits,
+                keys: &keys,
+                costs: &[1, 1],
+                id: RequestId(1),
+                deadline: None,
+            };
+            admitted += usize::from(gateway.check(&request).await.unwrap().allowed());
+        }
+        assert_eq!(admitted, 3);
+        let held = gateway.held();
+        assert_eq!(100 - left(&backend, &limits[..1]).await, 3 + held);
+    }
+
+    #[test]
+    fn refunds_move_a_gcra_back_and_a_window_count_down_while_it_is_open() {
+        use crate::limiter::algorithm::{Refund, State, Write};
+        let gcra = Algorithm::Gcra {
+            emission_us: 100,
+            tolerance_us: 1000,
+            max_delay_us: 0,
+        };
+        let tat = State::Gcra { tat_us: 1500 };
+        assert_eq!(
+            gcra.refund(Some(&tat), 1000, 2),
+            Refund::Store(Write {
+                state: State::Gcra { tat_us: 1300 },
+                ttl_us: 300
+            })
+        );
+        assert_eq!(gcra.refund(Some(&tat), 1000, 5), Refund::Clear);
+        assert_eq!(gcra.refund(None, 1000, 5), Refund::Unchanged);
+        let open = State::Window {
+            end_us: 2000,
+            count: 3,
+        };
+        let w = window(10);
+        assert_eq!(
+            w.refund(Some(&open), 1000, 5),
+            Refund::Store(Write {
+                state: State::Window {
+                    end_us: 2000,
+                    count: 0
+                },
+                ttl_us: 1000
+            })
+        );
+        assert_eq!(w.refund(Some(&open), 2000, 1), Refund::Unchanged);
+    }
+}

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# First cut of the performance bench (issue 7): on loopback, starts redis-server, the demo
-# upstream and one sluice per scenario, drives each with wrk for a bounded time, and prints
-# requests/s, p50/p99 latency, non-2xx, and Redis EVALSHA calls per request. Scenarios:
+# The performance bench (docs/performance.md): on loopback, starts redis-server, the demo upstream
+# and one sluice per scenario, drives each with wrk for a bounded time, and prints one table:
+# requests/s, p50/p99/p99.9 latency, non-2xx, gateway CPU per request (/proc utime+stime of the
+# serving processes), Redis commands per request (INFO stats) and EVALSHA usec_per_call (INFO
+# commandstats). Scenarios, all in one run so the ratios are meaningful on a noisy machine:
 #   1 upstream direct   2 sluice, no limits   3 one GCRA limit on [client_ip, path] (all pass)
 #   4 three limits (all pass)   5 one client over its limit (denials)   6 in-process backend
 #   7 OpenResty-style peer: nginx + ngx_lua, EVALSHA of a token bucket per request (benches/peers/)
-# Usage: scripts/bench.sh [SECONDS_PER_SCENARIO]   (default 5; the whole run stays under 2 min)
+#   8 hot global limit (key: [route]), exact   9 the same limit, mode: leased
+# Then open-loop load (examples/fixed_rate.rs) at half of scenario 2's peak against scenarios 2
+# and 3: the p99 latency the limiter adds. Results also go to target/bench/results.tsv, and
+# scripts/chart.py draws docs/performance.svg from them.
+# Usage: scripts/bench.sh [SECONDS_PER_SCENARIO]   (default 5; the whole run stays under 3 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -13,7 +19,10 @@ require_cargo
 install_missing cc:build-essential cmake:cmake redis-server:redis-server wrk:wrk nginx:nginx \
   /usr/lib/nginx/modules/ngx_http_lua_module.so:libnginx-mod-http-lua
 seconds=${1:-5}
-cargo build --release --bins
+cargo build --release --bins --example fixed_rate
+results=target/bench/results.tsv
+mkdir -p target/bench
+: > "$results"
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 work=$(mktemp -d)
@@ -25,11 +34,15 @@ wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/n
 redis_port=$(port); upstream_port=$(port)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null 2>&1 & pids+=($!)
 ./target/release/demo-upstream "127.0.0.1:$upstream_port" >/dev/null 2>&1 & pids+=($!)
+upstream_pid=$!
 wait_port "$redis_port"; wait_port "$upstream_port"
-evalsha() { redis-cli -p "$redis_port" info commandstats | awk -F'[=,]' '/cmdstat_evalsha/ {print $2}' | tr -d '\r' | grep . || echo 0; }
+redis_stat() { redis-cli -p "$redis_port" info all | tr -d '\r'; }
+# cpu_ticks PID...: user + system clock ticks the processes have used.
+cpu_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
+ticks_per_s=$(getconf CLK_TCK)
 
 # sluice NAME BACKEND LIMITS: starts a gateway; sets $proxy to its port.
-proxy=
+proxy=; serving=
 sluice() {
   local name=$1 backend=$2 limits=$3
   proxy=$(port)
@@ -44,6 +57,7 @@ sluice() {
     if [ -n "$limits" ]; then printf '    limits:\n%s\n' "$limits"; fi
   } > "$work/$name.yaml"
   RUST_LOG=error ./target/release/sluice -c "$work/$name.yaml" >/dev/null 2>&1 & pids+=($!)
+  serving=$!
   wait_port "$proxy"
 }
 
@@ -54,25 +68,58 @@ three="      - $huge
       - { name: per_route, key: [route], algorithm: fixed_window, rate: 1000000/s }"
 tiny="      - { name: per_client, key: [client_ip], algorithm: gcra, rate: 1/h }"
 
-printf '| # | scenario | req/s | p50 ms | p99 ms | non-2xx | EVALSHA/req |\n| --- | --- | --- | --- | --- | --- | --- |\n'
+hot_exact="      - { name: global, key: [route], algorithm: gcra, rate: 1000000/s, burst: 1000000 }"
+hot_leased="      - { name: global, key: [route], algorithm: gcra, rate: 1000000/s, burst: 1000000, mode: leased }"
+
+cat > "$work/report.lua" <<'LUA'
+done = function(summary, latency, requests)
+  io.write(string.format("REPORT %d %d %d %d %d %d\n", summary.requests, summary.errors.status,
+    latency:percentile(50), latency:percentile(99), latency:percentile(99.9), summary.duration))
+end
+LUA
+
+printf '| # | scenario | req/s | p50 ms | p99 ms | p99.9 ms | non-2xx | gateway CPU us/req | Redis cmds/req | EVALSHA us/call |\n'
+printf '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
+# row N LABEL URL PID...: one closed-loop wrk run; CPU is counted for the given processes.
 row() {
-  local n=$1 label=$2 url=$3 before after out requests
-  before=$(evalsha)
-  out=$(wrk -t2 -c32 -d"${seconds}s" --latency "$url" 2>&1)
-  after=$(evalsha)
-  requests=$(awk '/requests in/ {print $1}' <<<"$out")
-  printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$n" "$label" \
-    "$(awk '/Requests\/sec/ {printf "%.0f", $2}' <<<"$out")" \
-    "$(awk '$1=="50%" {print $2}' <<<"$out")" "$(awk '$1=="99%" {print $2}' <<<"$out")" \
-    "$(awk '/Non-2xx/ {print $5} END {}' <<<"$out" | grep . || echo 0)" \
-    "$(awk -v a="$after" -v b="$before" -v r="$requests" 'BEGIN {printf "%.3f", (r > 0 ? (a - b) / r : 0)}')"
+  local n=$1 label=$2 url=$3; shift 3
+  local before after cpu0 cpu1 out
+  before=$(redis_stat); cpu0=$(cpu_ticks "$@")
+  out=$(wrk -t2 -c32 -d"${seconds}s" -s "$work/report.lua" "$url" 2>&1)
+  cpu1=$(cpu_ticks "$@"); after=$(redis_stat)
+  read -r requests non2xx p50 p99 p999 duration < <(awk '/^REPORT/ {print $2, $3, $4, $5, $6, $7}' <<<"$out")
+  awk -v n="$n" -v label="$label" -v r="$requests" -v bad="$non2xx" -v p50="$p50" -v p99="$p99" \
+      -v p999="$p999" -v us="$duration" -v cpu="$(( cpu1 - cpu0 ))" -v hz="$ticks_per_s" \
+      -v results="$results" -v b="$before" -v a="$after" '
+    function stat(text, name,    lines, i, kv) {
+      split(text, lines, "\n")
+      for (i in lines) if (index(lines[i], name) == 1) { return substr(lines[i], length(name) + 1) }
+      return ""
+    }
+    function evalsha(text, field,    line, parts, i, kv) {
+      line = stat(text, "cmdstat_evalsha:"); split(line, parts, ",")
+      for (i in parts) { split(parts[i], kv, "="); if (kv[1] == field) return kv[2] }
+      return 0
+    }
+    BEGIN {
+      rps = r / (us / 1e6)
+      commands = stat(a, "total_commands_processed:") - stat(b, "total_commands_processed:") - 1
+      calls = evalsha(a, "calls") - evalsha(b, "calls")
+      usec = evalsha(a, "usec") - evalsha(b, "usec")
+      cpu_us = cpu * 1e6 / hz / r
+      printf "| %s | %s | %.0f | %.2f | %.2f | %.2f | %d | %.1f | %.3f | %s |\n", n, label, rps, p50 / 1000,
+        p99 / 1000, p999 / 1000, bad, cpu_us, commands / r, (calls > 0 ? sprintf("%.2f", usec / calls) : "-")
+      printf "%s\t%s\t%.0f\t%.3f\t%.3f\n", n, label, rps, p99 / 1000, p999 / 1000 >> results
+    }'
 }
-row 1 "upstream direct" "http://127.0.0.1:$upstream_port/x"
-sluice none redis "";       row 2 "sluice, no limits" "http://127.0.0.1:$proxy/x"
-sluice one redis "$one";     row 3 "sluice, 1 GCRA limit" "http://127.0.0.1:$proxy/x"
-sluice three redis "$three"; row 4 "sluice, 3 limits" "http://127.0.0.1:$proxy/x"
-sluice tiny redis "$tiny";   row 5 "sluice, client over its limit" "http://127.0.0.1:$proxy/x"
-sluice local local "$one";   row 6 "sluice, in-process backend" "http://127.0.0.1:$proxy/x"
+row 1 "upstream direct" "http://127.0.0.1:$upstream_port/x" "$upstream_pid"
+sluice none redis "";       row 2 "sluice, no limits" "http://127.0.0.1:$proxy/x" "$serving"
+none_port=$proxy
+sluice one redis "$one";     row 3 "sluice, 1 GCRA limit" "http://127.0.0.1:$proxy/x" "$serving"
+one_port=$proxy
+sluice three redis "$three"; row 4 "sluice, 3 limits" "http://127.0.0.1:$proxy/x" "$serving"
+sluice tiny redis "$tiny";   row 5 "sluice, client over its limit" "http://127.0.0.1:$proxy/x" "$serving"
+sluice local local "$one";   row 6 "sluice, in-process backend" "http://127.0.0.1:$proxy/x" "$serving"
 
 # 7: nginx + ngx_lua with the peer's token bucket in the same Redis, 2 workers, keepalive upstream.
 peer=$(port)
@@ -105,7 +152,29 @@ http {
 }
 NGINX
 nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" >/dev/null 2>&1 & pids+=($!)
+nginx_master=$!
 wait_port "$peer"
-row 7 "nginx + ngx_lua token bucket in Redis" "http://127.0.0.1:$peer/x"
+# shellcheck disable=SC2046 # one PID per word
+row 7 "nginx + ngx_lua token bucket in Redis" "http://127.0.0.1:$peer/x" $(pgrep -P "$nginx_master")
+sluice hot redis "$hot_exact";   row 8 "hot global limit, exact" "http://127.0.0.1:$proxy/x" "$serving"
+sluice leased redis "$hot_leased"; row 9 "hot global limit, mode: leased" "http://127.0.0.1:$proxy/x" "$serving"
+
+# Open loop at half of scenario 2's peak: latency the limiter adds at a rate the gateway can hold.
+half=$(awk -F'\t' '$1 == 2 {printf "%d", $3 / 2}' "$results")
 echo
-echo "machine: $(nproc) cores; wrk -t2 -c32 -d${seconds}s; $(redis-server --version | awk '{print $3}'); release build"
+echo "Fixed rate ${half} req/s (half of scenario 2's peak), ${seconds}s, 32 connections, latency from the scheduled send time:"
+echo
+printf '| # | scenario | achieved req/s | non-2xx | p50 ms | p99 ms | p99.9 ms |\n| --- | --- | --- | --- | --- | --- | --- |\n'
+declare -A fixed_p99
+for case in "2 $none_port sluice, no limits" "3 $one_port sluice, 1 GCRA limit"; do
+  read -r n at label <<<"$case"
+  out=$(./target/release/examples/fixed_rate "127.0.0.1:$at" /x "$half" "$seconds" 32)
+  read -r rate bad p50 p99 p999 < <(awk '{print $6, $4, $8, $10, $12}' <<<"$out")
+  fixed_p99[$n]=$p99
+  awk -v n="$n" -v l="$label" -v r="$rate" -v b="$bad" -v p50="$p50" -v p99="$p99" -v p999="$p999" \
+    'BEGIN {printf "| %s | %s | %s | %s | %.2f | %.2f | %.2f |\n", n, l, r, b, p50 / 1000, p99 / 1000, p999 / 1000}'
+done
+awk -v a="${fixed_p99[3]}" -v b="${fixed_p99[2]}" 'BEGIN {printf "\np99 added by the limiter at that rate: %.2f ms\n", (a - b) / 1000}'
+echo
+echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo); wrk -t2 -c32 -d${seconds}s; redis $(redis-server --version | awk '{print $3}' | cut -d= -f2); release build"
+python3 scripts/chart.py "$results" docs/performance.svg

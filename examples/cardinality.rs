@@ -69,11 +69,30 @@ fn client(proxy: SocketAddr, source: [u8; 4], count: u64, seed: u64, statuses: &
     }
 }
 
+/// Resident set size of a process, from /proc.
+fn rss_kib(pid: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let [_, proxy, redis_url, addresses, per_address] = args.as_slice() else {
-        eprintln!("usage: cardinality PROXY_ADDR REDIS_URL ADDRESSES REQUESTS_PER_ADDRESS");
-        std::process::exit(2);
+    let (proxy, redis_url, addresses, per_address, gateway_pid) = match args.as_slice() {
+        [_, proxy, redis_url, addresses, per_address] => {
+            (proxy, redis_url, addresses, per_address, None)
+        }
+        [_, proxy, redis_url, addresses, per_address, pid] => {
+            (proxy, redis_url, addresses, per_address, Some(pid.clone()))
+        }
+        _ => {
+            eprintln!(
+                "usage: cardinality PROXY_ADDR REDIS_URL ADDRESSES REQUESTS_PER_ADDRESS [GATEWAY_PID]"
+            );
+            std::process::exit(2);
+        }
     };
     let proxy: SocketAddr = proxy.parse().expect("proxy address");
     let addresses: u64 = addresses.parse().expect("addresses");
@@ -104,8 +123,44 @@ fn main() {
             })
         })
         .collect();
+    // The gateway's resident memory while the distinct keys pour in: it should stay flat.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = gateway_pid.map(|pid| {
+        let (statuses, done) = (Arc::clone(&statuses), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let mut rss = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let sent: u64 = statuses.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+                if let Some(kib) = rss_kib(&pid) {
+                    println!(
+                        "+{:.0} s: {sent} requests answered, gateway RSS {:.1} MiB",
+                        started.elapsed().as_secs_f64(),
+                        kib as f64 / 1024.0
+                    );
+                    rss.push(kib);
+                }
+                std::thread::sleep(Duration::from_secs(5));
+            }
+            rss
+        })
+    });
     for thread in threads {
         thread.join().expect("worker");
+    }
+    done.store(true, Ordering::Relaxed);
+    if let Some(rss) = sampler.map(|s| s.join().expect("sampler")) {
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        let (first, max) = (
+            rss.first().copied().unwrap_or(0),
+            rss.iter().copied().max().unwrap_or(0),
+        );
+        let last = rss.last().copied().unwrap_or(0);
+        println!(
+            "gateway RSS: first sample {:.1} MiB, max {:.1} MiB, last {:.1} MiB",
+            mib(first),
+            mib(max),
+            mib(last)
+        );
     }
     let elapsed = started.elapsed();
     let total = addresses * per_address;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cardinality flood on loopback: 100,000 distinct random paths from 1,000 source addresses
 # (127.1.x.y) through sluice with a limit keyed on [client_ip, path]; prints the Redis key count
-# and used_memory before, at the peak, and while they drain back to the baseline.
+# and used_memory before, at the peak, and while they drain back to the baseline, and the gateway's
+# RSS every 5 s during the flood (`scripts/cardinality.sh 1000 1000`: one million distinct keys).
 # Usage: scripts/cardinality.sh [ADDRESSES] [REQUESTS_PER_ADDRESS]   (defaults 1000 100)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,9 +36,10 @@ routes:
       - { name: per_client, key: [client_ip], algorithm: gcra, rate: 1000/s, burst: 1000 }
 YAML
 RUST_LOG=warn ./target/release/sluice -c "$work/sluice.yaml" & pids+=($!)
+gateway=$!
 for _ in $(seq 100); do
   (exec 3<>"/dev/tcp/127.0.0.1/$proxy_port") 2>/dev/null && break
   sleep 0.1
 done
 echo "machine: $(nproc) cores, $(redis-server --version | awk '{print $3}')"
-./target/release/examples/cardinality "127.0.0.1:$proxy_port" "redis://127.0.0.1:$redis_port/0" "$addresses" "$per_address"
+./target/release/examples/cardinality "127.0.0.1:$proxy_port" "redis://127.0.0.1:$redis_port/0" "$addresses" "$per_address" "$gateway"

@@ -21,6 +21,9 @@ use std::hash::Hasher;
 use http::header::HeaderName;
 use http::HeaderMap;
 use siphasher::sip128::{Hasher128, SipHasher13};
+use smallvec::SmallVec;
+
+use crate::limiter::{Key, Keys};
 
 /// One ingredient of a limit's key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,7 +55,7 @@ pub enum OnMissing {
 /// The keys of one request, and which limits it skips (bit i: limit i).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BuiltKeys {
-    pub keys: Vec<Vec<u8>>,
+    pub keys: Keys,
     pub skipped: u32,
 }
 
@@ -172,11 +175,12 @@ impl KeySecret {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
-fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
-    for b in bytes {
-        out.push(HEX[usize::from(b >> 4)]);
-        out.push(HEX[usize::from(b & 0xf)]);
-    }
+fn push_hex(out: &mut impl Extend<u8>, bytes: &[u8]) {
+    out.extend(
+        bytes
+            .iter()
+            .flat_map(|b| [HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]),
+    );
 }
 
 /// The fixed pieces of one limit's key, built at config load.
@@ -296,8 +300,10 @@ impl RouteKeys {
     /// One key per limit, in the route's order, and the limits skipped for lack of a part;
     /// `Err` when a limit with `on_missing: deny` lacks a part.
     pub fn build(&self, facts: &RequestFacts<'_>) -> Result<BuiltKeys, MissingPart> {
-        let mut tagged_head = Vec::with_capacity(self.head.len() + 18);
-        tagged_head.extend_from_slice(&self.head);
+        // The tag's variable end (`.<digest>` or a shard suffix) and the closing brace; every
+        // key of the route starts with head + tag. Built in place: no heap allocation for keys
+        // up to KEY_INLINE bytes.
+        let mut tag: SmallVec<[u8; 40]> = SmallVec::new();
         let shared_digest = || {
             let mut hasher = self.secret.hasher();
             for part in self.tag_parts.iter() {
@@ -308,42 +314,39 @@ impl RouteKeys {
         match &self.tag_choice {
             TagChoice::SharedParts if self.tag_parts.is_empty() => {}
             TagChoice::SharedParts => {
-                tagged_head.push(b'.');
-                push_hex(&mut tagged_head, &shared_digest().to_be_bytes());
+                tag.push(b'.');
+                push_hex(&mut tag, &shared_digest().to_be_bytes());
             }
             TagChoice::ShardBySharedParts { suffixes } => {
                 let shard = shared_digest() % suffixes.len() as u64;
-                tagged_head.extend_from_slice(&suffixes[shard as usize]);
+                tag.extend_from_slice(&suffixes[shard as usize]);
             }
             TagChoice::ShardRoundRobin { suffixes, next } => {
                 let turn = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tagged_head.extend_from_slice(&suffixes[turn as usize % suffixes.len()]);
+                tag.extend_from_slice(&suffixes[turn as usize % suffixes.len()]);
             }
         }
-        tagged_head.push(b'}');
+        tag.push(b'}');
         let mut skipped = 0u32;
-        let keys = self
-            .limits
-            .iter()
-            .enumerate()
-            .map(|(i, limit)| {
-                let mut hasher = self.secret.hasher();
-                let mut complete = true;
-                for part in limit.parts.iter() {
-                    complete &= feed(&mut hasher, facts, part);
-                }
-                match (complete, limit.on_missing) {
-                    (false, OnMissing::Deny) => return Err(MissingPart),
-                    (false, OnMissing::Skip) => skipped |= 1 << i,
-                    _ => {}
-                }
-                let mut key = Vec::with_capacity(tagged_head.len() + limit.middle.len() + 32);
-                key.extend_from_slice(&tagged_head);
-                key.extend_from_slice(&limit.middle);
-                push_hex(&mut key, &hasher.finish128().as_u128().to_be_bytes());
-                Ok(key)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut keys = Keys::new();
+        for (i, limit) in self.limits.iter().enumerate() {
+            let mut hasher = self.secret.hasher();
+            let mut complete = true;
+            for part in limit.parts.iter() {
+                complete &= feed(&mut hasher, facts, part);
+            }
+            match (complete, limit.on_missing) {
+                (false, OnMissing::Deny) => return Err(MissingPart),
+                (false, OnMissing::Skip) => skipped |= 1 << i,
+                _ => {}
+            }
+            let mut key = Key::new();
+            key.extend_from_slice(&self.head);
+            key.extend_from_slice(&tag);
+            key.extend_from_slice(&limit.middle);
+            push_hex(&mut key, &hasher.finish128().as_u128().to_be_bytes());
+            keys.push(key);
+        }
         Ok(BuiltKeys { keys, skipped })
     }
 }
@@ -432,7 +435,7 @@ mod tests {
             .build(&facts("10.0.0.1", &hostile, &headers))
             .unwrap()
             .keys;
-        let first = String::from_utf8(built[0].clone()).unwrap();
+        let first = String::from_utf8(built[0].to_vec()).unwrap();
         assert!(first.starts_with("sluice:{api."), "{first}");
         assert!(first.contains("}:per_client:"), "{first}");
         assert_eq!(built[0].len(), "sluice:{api.}:per_client:".len() + 16 + 32);

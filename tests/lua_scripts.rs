@@ -12,7 +12,7 @@ use sluice::config::rate::parse_rate;
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
 use sluice::limiter::script::{self, REFUND_SOURCE, RELEASE_SOURCE, SOURCE};
-use sluice::limiter::{Algorithm, Cost, Decision, Limit, LimitRequest, RequestId};
+use sluice::limiter::{Algorithm, Cost, Decision, Key, Limit, LimitRequest, RequestId};
 use support::RedisServer;
 
 const T0: u64 = 1_763_500_000_123_456; // a realistic Redis TIME in microseconds
@@ -97,7 +97,7 @@ fn call_as(
     for key in keys {
         invocation.key(*key);
     }
-    let key_bytes: Vec<Vec<u8>> = keys.iter().map(|k| k.as_bytes().to_vec()).collect();
+    let key_bytes: Vec<Key> = keys.iter().map(|k| Key::from_slice(k.as_bytes())).collect();
     let costs = costs(limits);
     let request = LimitRequest {
         limits,
@@ -123,7 +123,7 @@ fn call_costs(
     for key in keys {
         invocation.key(*key);
     }
-    let key_bytes: Vec<Vec<u8>> = keys.iter().map(|k| k.as_bytes().to_vec()).collect();
+    let key_bytes: Vec<Key> = keys.iter().map(|k| Key::from_slice(k.as_bytes())).collect();
     let request = LimitRequest {
         limits,
         keys: &key_bytes,
@@ -903,7 +903,10 @@ fn script_and_in_process_backend_agree() {
             let local = LocalLimiter::new(Arc::new(ManualClock::new(0)), 10_000);
             let names: Vec<String> = (0..limits.len()).map(|i| format!("prop:{i}")).collect();
             let keys: Vec<&str> = names.iter().map(String::as_str).collect();
-            let key_bytes: Vec<Vec<u8>> = names.iter().map(|n| n.clone().into_bytes()).collect();
+            let key_bytes: Vec<Key> = names
+                .iter()
+                .map(|n| Key::from_slice(n.as_bytes()))
+                .collect();
             let costs = costs(&limits);
             let mut now = T0;
             let mut admitted: Vec<(u128, usize)> = Vec::new();

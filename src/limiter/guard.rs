@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::{Algorithm, Cost, Decision, LimitRequest, Limiter, LimiterError, Readiness};
+use super::{Algorithm, Cost, Decision, Key, LimitRequest, Limiter, LimiterError, Readiness};
 use crate::metrics;
 
 const SHARDS: usize = 16;
@@ -57,7 +57,7 @@ impl DenyCache {
     }
 
     /// The cached decision for any of `keys`, aged to `now`.
-    pub fn lookup(&self, keys: &[Vec<u8>], now: Instant) -> Option<Decision> {
+    pub fn lookup(&self, keys: &[Key], now: Instant) -> Option<Decision> {
         for key in keys {
             let shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
             if let Some(denial) = shard.get(key.as_slice()).filter(|d| d.until > now) {
@@ -101,7 +101,7 @@ impl DenyCache {
             at: now,
             decision: decision.clone(),
         };
-        shard.insert(key.clone().into_boxed_slice(), denial);
+        shard.insert(Box::from(key.as_slice()), denial);
     }
 
     pub fn len(&self) -> usize {
@@ -325,7 +325,7 @@ mod tests {
             1,
             parse_rate("1/s").unwrap(),
         )];
-        let keys = vec![b"k".to_vec()];
+        let keys = vec![Key::from_slice(b"k")];
         let request = LimitRequest {
             limits: &limits,
             keys: &keys,
@@ -342,7 +342,7 @@ mod tests {
         assert!(cache
             .lookup(&keys, t0 + Duration::from_millis(1000))
             .is_none());
-        assert!(cache.lookup(&[b"other".to_vec()], t0).is_none());
+        assert!(cache.lookup(&[Key::from_slice(b"other")], t0).is_none());
     }
 
     #[test]
@@ -357,7 +357,7 @@ mod tests {
             1,
             parse_rate("1/s").unwrap(),
         )];
-        let keys = vec![b"k".to_vec()];
+        let keys = vec![Key::from_slice(b"k")];
         let now = Instant::now();
         cache.remember(
             &LimitRequest {

@@ -23,8 +23,8 @@ use async_trait::async_trait;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::{
-    Algorithm, Decision, Leasing, Limit, LimitRequest, LimitStatus, Limiter, LimiterError,
-    Readiness,
+    Algorithm, Decision, Key, Leasing, Limit, LimitRequest, LimitStatus, Limiter, LimiterError,
+    Readiness, Statuses,
 };
 
 const SHARDS: usize = 16;
@@ -295,7 +295,7 @@ impl Leased {
             return self.inner.check(&whole).await;
         }
         let limits: Vec<Limit> = asked.iter().map(|&i| request.limits[i].clone()).collect();
-        let keys: Vec<Vec<u8>> = asked.iter().map(|&i| request.keys[i].clone()).collect();
+        let keys: Vec<Key> = asked.iter().map(|&i| request.keys[i].clone()).collect();
         let part = LimitRequest {
             limits: &limits,
             keys: &keys,
@@ -377,7 +377,7 @@ impl Limiter for Leased {
                 Step::Held(status) => status,
                 Step::Ask { .. } => unreachable_status(),
             });
-            return Ok(Decision::of(statuses.collect(), request.limits));
+            return Ok(Decision::of(statuses.collect::<Statuses>(), request.limits));
         }
         let mut answer = self.ask(request, &asked, &wants).await;
         // The larger ask stands only if it was allowed; otherwise ask once more, exactly.
@@ -516,7 +516,7 @@ mod tests {
     const KEY: &[u8] = b"hot";
 
     async fn call(limiter: &dyn Limiter, limits: &[Limit], cost: u64) -> Decision {
-        let keys = [KEY.to_vec()];
+        let keys = [Key::from_slice(KEY)];
         let request = LimitRequest {
             limits,
             keys: &keys,
@@ -529,7 +529,7 @@ mod tests {
 
     /// What the backend has left of the key (a cost-0 peek, not counted as a gateway check).
     async fn left(backend: &Counting, limits: &[Limit]) -> u64 {
-        let keys = [KEY.to_vec()];
+        let keys = [Key::from_slice(KEY)];
         let request = LimitRequest {
             limits,
             keys: &keys,
@@ -616,7 +616,7 @@ mod tests {
         let [hot] = leased(window(100), 10);
         let strict = Limit::new("strict", window(3), 1, parse_rate("3/h").unwrap());
         let limits = [hot, strict];
-        let keys = [KEY.to_vec(), b"strict".to_vec()];
+        let keys = [Key::from_slice(KEY), Key::from_slice(b"strict")];
         let mut admitted = 0;
         for _ in 0..10 {
             let request = LimitRequest {

@@ -14,7 +14,12 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::algorithm::{self, Refund, State, Write};
 use super::clock::Clock;
-use super::{Algorithm, Decision, LimitRequest, LimitStatus, Limiter, LimiterError, Readiness};
+use smallvec::SmallVec;
+
+use super::{
+    Algorithm, Decision, Key, LimitRequest, LimitStatus, Limiter, LimiterError, Readiness,
+    Statuses, LIMITS_INLINE,
+};
 
 const SHARDS: usize = 64;
 
@@ -24,6 +29,9 @@ struct Entry {
 }
 
 type Shard = HashMap<Box<[u8]>, Entry>;
+/// The locked shards of one request, and per key the index of its shard's guard.
+type Guards<'a> = SmallVec<[MutexGuard<'a, Shard>; LIMITS_INLINE]>;
+type Slots = SmallVec<[usize; LIMITS_INLINE]>;
 
 pub struct LocalLimiter {
     shards: Box<[Mutex<Shard>]>,
@@ -49,8 +57,8 @@ impl LocalLimiter {
 
     /// Locks the shards of `keys` in ascending order; returns the guards and, per key, the
     /// index of its guard.
-    fn lock<'a>(&'a self, keys: &[Vec<u8>]) -> (Vec<MutexGuard<'a, Shard>>, Vec<usize>) {
-        let shard_ids: Vec<usize> = keys.iter().map(|k| Self::shard_of(k)).collect();
+    fn lock<'a>(&'a self, keys: &[Key]) -> (Guards<'a>, Slots) {
+        let shard_ids: Slots = keys.iter().map(|k| Self::shard_of(k)).collect();
         let mut order = shard_ids.clone();
         order.sort_unstable();
         order.dedup();
@@ -97,8 +105,8 @@ impl LocalLimiter {
                 .map(|e| e.state.clone())
         };
 
-        let mut statuses = Vec::with_capacity(limits.len());
-        let mut writes: Vec<Option<Write>> = Vec::with_capacity(limits.len());
+        let mut statuses = Statuses::new();
+        let mut writes: SmallVec<[Option<Write>; LIMITS_INLINE]> = SmallVec::new();
         for ((limit, key), (&slot, &cost)) in limits.iter().zip(keys).zip(slots.iter().zip(costs)) {
             let state = live(&guards[slot], key);
             let (status, write) = limit.algorithm.decide(state.as_ref(), now_us, cost, id);
@@ -145,7 +153,7 @@ impl LocalLimiter {
                 match map.get_mut(key.as_slice()) {
                     Some(existing) => *existing = entry,
                     None => {
-                        map.insert(key.clone().into_boxed_slice(), entry);
+                        map.insert(Box::from(key.as_slice()), entry);
                     }
                 }
             }
@@ -255,7 +263,7 @@ mod tests {
 
     fn request<'a>(
         limits: &'a [Limit],
-        keys: &'a [Vec<u8>],
+        keys: &'a [Key],
         costs: &'a [u64],
         id: u128,
     ) -> LimitRequest<'a> {
@@ -272,7 +280,7 @@ mod tests {
     fn a_denying_limit_consumes_nothing_from_the_others() {
         let limiter = LocalLimiter::new(Arc::new(ManualClock::new(0)), 1000);
         let limits = [limit("wide", gcra(10, 9)), limit("narrow", gcra(1, 1))];
-        let keys = vec![b"wide".to_vec(), b"narrow".to_vec()];
+        let keys = vec![Key::from_slice(b"wide"), Key::from_slice(b"narrow")];
         let both = request(&limits, &keys, &[1, 1], 0);
         let allowed = (0..5)
             .filter(|_| limiter.check_at(&both, 0).unwrap().allowed())
@@ -301,7 +309,7 @@ mod tests {
                 lease_us: 60_000_000,
             },
         )];
-        let keys = vec![b"c".to_vec()];
+        let keys = vec![Key::from_slice(b"c")];
         assert!(limiter
             .check_at(&request(&limits, &keys, &[1], 1), 0)
             .unwrap()
@@ -328,7 +336,7 @@ mod tests {
         let limits = [limit("l", gcra(1, 0))];
         let mut refused = 0;
         for i in 0..(SHARDS * 4) {
-            let key = vec![format!("k{i}").into_bytes()];
+            let key = [Key::from_slice(format!("k{i}").as_bytes())];
             match limiter.check_at(&request(&limits, &key, &[1], 0), 0) {
                 Ok(d) => assert!(d.allowed()),
                 Err(LimiterError::LocalCapacity(_)) => refused += 1,
@@ -339,7 +347,7 @@ mod tests {
         // Two seconds later every state has expired: new keys fit again.
         let after = (0..SHARDS)
             .filter(|i| {
-                let key = [format!("n{i}").into_bytes()];
+                let key = [Key::from_slice(format!("n{i}").as_bytes())];
                 limiter
                     .check_at(&request(&limits, &key, &[1], 0), 2_000_000)
                     .is_ok()

@@ -13,6 +13,7 @@ pub mod script;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use smallvec::SmallVec;
 
 pub use algorithm::{Algorithm, RequestId};
 
@@ -125,12 +126,31 @@ impl Default for RequestIds {
     }
 }
 
+/// Bytes a limiter key holds without a heap allocation: more than any key sluice builds from
+/// names of ordinary length (`keys.rs`); longer ones spill to the heap and still work.
+pub const KEY_INLINE: usize = 128;
+
+/// One limiter key.
+pub type Key = SmallVec<[u8; KEY_INLINE]>;
+
+/// Limits a route can have without its per-request vectors touching the heap.
+pub const LIMITS_INLINE: usize = 4;
+
+/// The keys of one request, one per limit.
+pub type Keys = SmallVec<[Key; LIMITS_INLINE]>;
+
+/// One cost per limit.
+pub type Costs = SmallVec<[u64; LIMITS_INLINE]>;
+
+/// One status per limit.
+pub type Statuses = SmallVec<[LimitStatus; LIMITS_INLINE]>;
+
 /// Everything one limiter call needs: the route's limits, one key and one cost per limit, and
 /// a request id unique across gateways (log members and leases).
 #[derive(Debug, Clone, Copy)]
 pub struct LimitRequest<'a> {
     pub limits: &'a [Limit],
-    pub keys: &'a [Vec<u8>],
+    pub keys: &'a [Key],
     pub costs: &'a [u64],
     pub id: RequestId,
     /// Overrides the backend's deadline for this call.
@@ -155,7 +175,7 @@ pub struct LimitStatus {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     /// One status per limit, in the route's order.
-    pub statuses: Vec<LimitStatus>,
+    pub statuses: Statuses,
     /// The denying limit with the longest wait, if any enforced limit denied.
     pub denied_by: Option<usize>,
     /// The same among shadow limits: the request would have been denied by this one.
@@ -164,17 +184,18 @@ pub struct Decision {
 
 impl Decision {
     /// A decision where every limit is enforced.
-    pub fn from_statuses(statuses: Vec<LimitStatus>) -> Decision {
+    pub fn from_statuses(statuses: impl Into<Statuses>) -> Decision {
         Decision::judge(statuses, |_| false)
     }
 
     /// A decision over `limits`: shadow limits never deny (and never delay); their denials are
     /// reported in `shadow_denied_by`.
-    pub fn of(statuses: Vec<LimitStatus>, limits: &[Limit]) -> Decision {
+    pub fn of(statuses: impl Into<Statuses>, limits: &[Limit]) -> Decision {
         Decision::judge(statuses, |i| limits.get(i).is_some_and(|l| l.shadow))
     }
 
-    fn judge(mut statuses: Vec<LimitStatus>, shadow: impl Fn(usize) -> bool) -> Decision {
+    fn judge(statuses: impl Into<Statuses>, shadow: impl Fn(usize) -> bool) -> Decision {
+        let mut statuses = statuses.into();
         let longest = |statuses: &[LimitStatus], in_shadow: bool| {
             statuses
                 .iter()

@@ -65,7 +65,7 @@ impl RedisLimiter {
         if !any {
             return Ok(());
         }
-        invocation.arg(request.id.to_string());
+        invocation.arg(&request.id.hex()[..]);
         let mut connection = self.link.connection().await?;
         invocation
             .invoke_async::<i64>(&mut connection)

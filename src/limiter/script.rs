@@ -1,7 +1,7 @@
 //! The Lua scripts, composed from `lua/`, and the encoding of their arguments and replies. The
 //! contracts are stated in `lua/check.lua` and `lua/release.lua`.
 
-use super::{Algorithm, Decision, LimitRequest, LimitStatus, LimiterError};
+use super::{Algorithm, Decision, LimitRequest, LimitStatus, LimiterError, Statuses};
 
 /// prelude, one file per algorithm, then the driver: one script, one EVALSHA per request.
 pub const SOURCE: &str = concat!(
@@ -51,7 +51,7 @@ pub fn push_args(
         Some(now) => invocation.arg(now),
         None => invocation.arg(""),
     };
-    invocation.arg(request.id.to_string());
+    invocation.arg(&request.id.hex()[..]);
     for (limit, cost) in request.limits.iter().zip(request.costs) {
         let [p1, p2, p3] = limit.algorithm.script_params();
         invocation
@@ -70,7 +70,7 @@ pub fn parse_reply(reply: &[i64], limits: usize) -> Result<Decision, LimiterErro
 }
 
 /// The per-limit statuses of the script's flat integer reply, refusing anything malformed.
-pub fn parse_statuses(reply: &[i64], limits: usize) -> Result<Vec<LimitStatus>, LimiterError> {
+pub fn parse_statuses(reply: &[i64], limits: usize) -> Result<Statuses, LimiterError> {
     if reply.len() != limits * REPLY_STRIDE {
         return Err(LimiterError::Reply(format!(
             "expected {} integers for {limits} limits, got {}",
@@ -97,7 +97,7 @@ pub fn parse_statuses(reply: &[i64], limits: usize) -> Result<Vec<LimitStatus>, 
                 delay_ms: delay as u64,
             })
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Statuses, _>>()?;
     Ok(statuses)
 }
 

@@ -22,7 +22,9 @@ use crate::identity::{self, Identity};
 use crate::keys::{self, MissingPart, RequestFacts};
 use crate::limiter::clock::SystemClock;
 use crate::limiter::local::LocalLimiter;
-use crate::limiter::{Cost, Decision, LimitRequest, Limiter, LimiterError, RequestId, RequestIds};
+use crate::limiter::{
+    Cost, Costs, Decision, Keys, LimitRequest, Limiter, LimiterError, RequestId, RequestIds,
+};
 use crate::metrics::{self, Metrics, Outcome};
 use crate::path::{self, PathPolicy};
 use crate::router::{Route, RouteTable};
@@ -53,8 +55,8 @@ pub struct RequestCtx {
     decision: Option<Decision>,
     outcome: Option<Outcome>,
     /// What the limiter was asked, kept to release concurrency leases when the request ends.
-    keys: Vec<Vec<u8>>,
-    costs: Vec<u64>,
+    keys: Keys,
+    costs: Costs,
     id: RequestId,
 }
 
@@ -74,7 +76,7 @@ impl RequestCtx {
 fn request_costs(
     limits: &[crate::limiter::Limit],
     headers: &http::HeaderMap,
-) -> Result<Vec<u64>, &'static str> {
+) -> Result<Costs, &'static str> {
     limits
         .iter()
         .map(|limit| match &limit.cost {

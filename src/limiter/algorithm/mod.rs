@@ -96,9 +96,23 @@ impl Algorithm {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct RequestId(pub u128);
 
+impl RequestId {
+    /// 32 lowercase hex digits, on the stack (the scripts' request id argument).
+    pub fn hex(&self) -> [u8; 32] {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 32];
+        for (i, digit) in out.iter_mut().enumerate() {
+            let shift = 4 * (31 - i);
+            *digit = HEX[((self.0 >> shift) & 0xf) as usize];
+        }
+        out
+    }
+}
+
 impl fmt::Display for RequestId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}", self.0)
+        // Always ASCII hex digits.
+        f.write_str(std::str::from_utf8(&self.hex()).unwrap_or_default())
     }
 }
 

@@ -12,6 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use http::header::{HeaderMap, HeaderName};
 use ipnet::IpNet;
+use smallvec::SmallVec;
 
 /// Longest forwarding header sluice will walk; longer ones are ignored (the peer is the client).
 pub const MAX_FORWARDED_LEN: usize = 2048;
@@ -63,8 +64,11 @@ fn parse_forwarded_node(node: &str) -> Option<IpAddr> {
 }
 
 /// The `for=` nodes of every element of a `Forwarded` value, in order; `None` if any is malformed.
-fn forwarded_for(value: &str) -> Option<Vec<IpAddr>> {
-    let mut nodes = Vec::new();
+/// The hops of one forwarding header; ordinary chains fit inline (no heap allocation).
+type Hops = SmallVec<[IpAddr; 8]>;
+
+fn forwarded_for(value: &str) -> Option<Hops> {
+    let mut nodes = Hops::new();
     for element in value.split(',') {
         let mut found = None;
         for pair in element.split(';') {
@@ -78,7 +82,7 @@ fn forwarded_for(value: &str) -> Option<Vec<IpAddr>> {
     Some(nodes)
 }
 
-fn x_forwarded_for(value: &str) -> Option<Vec<IpAddr>> {
+fn x_forwarded_for(value: &str) -> Option<Hops> {
     value
         .split(',')
         .map(|hop| hop.trim().parse().ok())
@@ -114,7 +118,7 @@ impl Identity {
         if !self.is_trusted(peer) {
             return None;
         }
-        let hops = match single(headers, &X_FORWARDED_FOR) {
+        let mut hops = match single(headers, &X_FORWARDED_FOR) {
             Some(value) => x_forwarded_for(value)?,
             None if headers.contains_key(&X_FORWARDED_FOR) => return None, // repeated or unreadable
             None => forwarded_for(single(headers, &FORWARDED)?)?,
@@ -122,7 +126,9 @@ impl Identity {
         if hops.is_empty() || hops.len() > MAX_HOPS {
             return None;
         }
-        let hops: Vec<IpAddr> = hops.into_iter().map(canonical).collect();
+        for hop in hops.iter_mut() {
+            *hop = canonical(*hop);
+        }
         // Every hop trusted: the leftmost is as far as the chain goes.
         Some(
             hops.iter()

@@ -1,0 +1,168 @@
+//! The per-request work sluice does itself — route lookup, path normalization, client identity,
+//! key building, decision parsing, and an in-process decision on known keys — makes no heap
+//! allocation. A counting global allocator counts this thread's allocations around each step.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderValue, Method};
+use sluice::config::Config;
+use sluice::keys::RequestFacts;
+use sluice::limiter::clock::ManualClock;
+use sluice::limiter::local::LocalLimiter;
+use sluice::limiter::{script, Decision, LimitRequest, RequestId};
+use sluice::path::normalize;
+
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count() {
+    // `try_with`: the thread-local may be gone while a thread is torn down.
+    let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count();
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count();
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count();
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Allocations this thread made while running `work` `times` times.
+fn allocations(times: usize, mut work: impl FnMut()) -> u64 {
+    let before = ALLOCATIONS.with(Cell::get);
+    for _ in 0..times {
+        work();
+    }
+    ALLOCATIONS.with(Cell::get) - before
+}
+
+const CONFIG: &str = r#"
+listen: [127.0.0.1:1]
+trusted_proxies: [127.0.0.1/32]
+routes:
+  - name: api
+    match: { path_prefix: /api, methods: [GET, POST] }
+    upstream: { servers: [127.0.0.1:1] }
+    limits:
+      - { name: per_client, key: [client_ip], rate: 100/s, burst: 50 }
+      - { name: per_path, key: [client_ip, path], algorithm: fixed_window, rate: 5000/m }
+      - { name: per_tenant, key: [header:x-tenant, route], algorithm: sliding_window, rate: 10000/m }
+  - name: other
+    match: { path_prefix: /other }
+    upstream: { servers: [127.0.0.1:1] }
+"#;
+
+#[test]
+fn per_request_work_allocates_nothing() {
+    let config = Config::from_yaml(Path::new("inline.yaml"), CONFIG).expect("config");
+    let mut headers = HeaderMap::new();
+    headers.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
+    headers.insert("x-tenant", HeaderValue::from_static("acme"));
+    let peer: IpAddr = "127.0.0.1".parse().unwrap();
+    let method = Method::GET;
+    let path = "/api/v1/items/42";
+
+    let route = Arc::clone(
+        config
+            .routes
+            .find("example.com", path, &method)
+            .expect("route"),
+    );
+    let client_ip = config.identity.client(Some(peer), &headers);
+    let facts = RequestFacts {
+        client_ip,
+        method: method.as_str(),
+        host: "example.com",
+        path,
+        query: None,
+        headers: &headers,
+        route: &route.name,
+    };
+    let costs = [1u64; 3];
+    let reply: Vec<i64> = vec![
+        1, 49, 0, 20, 0, 1, 4999, 0, 60_000, 0, 1, 9_999, 0, 60_000, 0,
+    ];
+    let limiter = LocalLimiter::new(Arc::new(ManualClock::new(1_000_000)), 1000);
+    let built = route.keys.build(&facts).expect("keys");
+    let request = LimitRequest {
+        limits: &route.limits,
+        keys: &built.keys,
+        costs: &costs,
+        id: RequestId(7),
+        deadline: None,
+    };
+    assert!(
+        limiter.check_at(&request, 1_000_000).unwrap().allowed(),
+        "warm the keys"
+    );
+
+    let now = Cell::new(1_000_000i64);
+    let steps: [(&str, u64); 6] = [
+        (
+            "route lookup",
+            allocations(1000, || {
+                assert!(config.routes.find("example.com", path, &method).is_some());
+            }),
+        ),
+        (
+            "path normalization",
+            allocations(1000, || {
+                assert!(normalize(path, config.paths).is_ok());
+            }),
+        ),
+        (
+            "client identity",
+            allocations(1000, || {
+                assert_eq!(config.identity.client(Some(peer), &headers), client_ip);
+            }),
+        ),
+        (
+            "key building",
+            allocations(1000, || {
+                assert_eq!(route.keys.build(&facts).expect("keys").keys.len(), 3);
+            }),
+        ),
+        (
+            "decision parsing",
+            allocations(1000, || {
+                let statuses = script::parse_statuses(&reply, 3).expect("reply");
+                assert!(Decision::of(statuses, &route.limits).allowed());
+            }),
+        ),
+        (
+            "in-process decision",
+            allocations(1000, || {
+                // 20 ms apart: within every limit.
+                now.set(now.get() + 20_000);
+                assert!(limiter.check_at(&request, now.get()).unwrap().allowed());
+            }),
+        ),
+    ];
+    for (step, count) in steps {
+        println!("{step}: {count} allocations in 1000 requests");
+    }
+    for (step, count) in steps {
+        assert_eq!(count, 0, "{step} allocated {count} times in 1000 requests");
+    }
+}

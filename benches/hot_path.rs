@@ -1,0 +1,118 @@
+//! Micro-benchmarks of the per-request work sluice does itself (docs/performance.md): route
+//! lookup, client identity, key building, decision parsing and the in-process limiter.
+//! `cargo bench --bench hot_path`; criterion reports ns per operation.
+
+use std::hint::black_box;
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use http::{HeaderMap, HeaderValue, Method};
+use sluice::config::Config;
+use sluice::keys::RequestFacts;
+use sluice::limiter::clock::ManualClock;
+use sluice::limiter::local::LocalLimiter;
+use sluice::limiter::{script, Decision, Key, LimitRequest, RequestId};
+
+/// 40 routes (hosts, prefixes, methods) ahead of the one the benchmark asks for, so the lookup
+/// does real work; that route has three limits.
+fn config() -> Config {
+    let mut yaml = String::from("listen: [127.0.0.1:1]\ntrusted_proxies: [10.0.0.0/8]\nroutes:\n");
+    for i in 0..40 {
+        yaml.push_str(&format!(
+            "  - name: r{i}\n    match: {{ host: h{i}.example.com, path_prefix: /svc{i}, methods: [GET] }}\n    upstream: {{ servers: [127.0.0.1:1] }}\n"
+        ));
+    }
+    yaml.push_str(
+        r#"  - name: api
+    match: { path_prefix: /api }
+    upstream: { servers: [127.0.0.1:1] }
+    limits:
+      - { name: per_client, key: [client_ip], rate: 100/s, burst: 50 }
+      - { name: per_path, key: [client_ip, path], algorithm: fixed_window, rate: 1000000/m }
+      - { name: per_tenant, key: [header:x-tenant, route], algorithm: sliding_window, rate: 1000000/m }
+"#,
+    );
+    Config::from_yaml(Path::new("bench.yaml"), &yaml).expect("bench config")
+}
+
+fn hot_path(c: &mut Criterion) {
+    let config = config();
+    let method = Method::GET;
+    let path = "/api/v1/items/42";
+    let peer: IpAddr = "10.1.2.3".parse().unwrap();
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "x-forwarded-for",
+        HeaderValue::from_static("203.0.113.7, 10.9.9.9"),
+    );
+    headers.insert("x-tenant", HeaderValue::from_static("acme"));
+    let route = Arc::clone(
+        config
+            .routes
+            .find("example.com", path, &method)
+            .expect("route"),
+    );
+
+    c.bench_function("router: find (41 routes)", |b| {
+        b.iter(|| {
+            config
+                .routes
+                .find(black_box("example.com"), black_box(path), &method)
+        })
+    });
+    c.bench_function("identity: client behind two trusted hops", |b| {
+        b.iter(|| config.identity.client(Some(black_box(peer)), &headers))
+    });
+    c.bench_function("identity + keys: three limits", |b| {
+        b.iter(|| {
+            let client_ip = config.identity.client(Some(black_box(peer)), &headers);
+            let facts = RequestFacts {
+                client_ip,
+                method: method.as_str(),
+                host: "example.com",
+                path: black_box(path),
+                query: None,
+                headers: &headers,
+                route: &route.name,
+            };
+            route.keys.build(&facts).expect("keys")
+        })
+    });
+    let reply: Vec<i64> = vec![
+        1, 49, 0, 20, 0, 1, 999, 0, 60_000, 0, 1, 9_999, 0, 60_000, 0,
+    ];
+    c.bench_function("decision parsing: three limits", |b| {
+        b.iter(|| {
+            let statuses = script::parse_statuses(black_box(&reply), 3).expect("reply");
+            Decision::of(statuses, &route.limits)
+        })
+    });
+
+    let limiter = LocalLimiter::new(Arc::new(ManualClock::new(0)), 1_000_000);
+    let costs = [1u64; 3];
+    let mut now = 0i64;
+    for (label, n) in [("one limit", 1), ("three limits", 3)] {
+        let keys: Vec<Key> = (0..n)
+            .map(|i| Key::from_slice(format!("bench:{label}:{i}").as_bytes()))
+            .collect();
+        let request = LimitRequest {
+            limits: &route.limits[..n],
+            keys: &keys,
+            costs: &costs[..n],
+            id: RequestId(1),
+            deadline: None,
+        };
+        c.bench_function(&format!("in-process limiter: {label}, known keys"), |b| {
+            b.iter(|| {
+                // 20 ms apart: every call is allowed and writes.
+                now += 20_000;
+                limiter.check_at(&request, now).expect("decision")
+            })
+        });
+    }
+}
+
+criterion_group!(benches, hot_path);
+criterion_main!(benches);

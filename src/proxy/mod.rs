@@ -123,6 +123,8 @@ pub type ActiveConfig = Arc<ArcSwap<Active>>;
 pub struct Gateway {
     active: ActiveConfig,
     limiter: Arc<dyn Limiter>,
+    /// `sluice_limiter_duration_seconds` of this limiter's backend, looked up once.
+    limiter_duration: prometheus::Histogram,
     /// Decides `failure_mode: local` requests while Redis is unavailable.
     fallback: LocalLimiter,
     request_ids: RequestIds,
@@ -136,6 +138,7 @@ impl Gateway {
     pub fn new(active: ActiveConfig, limiter: Arc<dyn Limiter>) -> Gateway {
         Gateway {
             active,
+            limiter_duration: metrics::LIMITER_DURATION.with_label_values(&[limiter.backend()]),
             limiter,
             fallback: LocalLimiter::new(Arc::new(SystemClock), crate::app::LOCAL_MAX_KEYS),
             request_ids: RequestIds::new(),
@@ -329,8 +332,7 @@ impl ProxyHttp for Gateway {
         let started = Instant::now();
         let result = self.limiter.check(&ctx.limit_request(&route)).await;
         ctx.limiter_time = started.elapsed();
-        metrics::LIMITER_DURATION
-            .with_label_values(&[self.limiter.backend()])
+        self.limiter_duration
             .observe(ctx.limiter_time.as_secs_f64());
 
         // failure_mode: local — Redis could not decide: this gateway's share decides instead.

@@ -65,7 +65,8 @@ pub fn ratelimit_value(route: &Route, decision: &Decision) -> Option<HeaderValue
             ceil_seconds(status.reset_after_ms)
         );
     }
-    HeaderValue::from_str(&value).ok()
+    // The String's buffer becomes the header's bytes: no second copy.
+    HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
 }
 
 /// Adds `RateLimit-Policy` and `RateLimit` when the route sends them.

@@ -2,8 +2,9 @@
 # The performance bench (docs/performance.md): on loopback, starts redis-server, the demo upstream
 # and one sluice per scenario, drives each with wrk for a bounded time, and prints one table:
 # requests/s, p50/p99/p99.9 latency, non-2xx, gateway CPU per request (/proc utime+stime of the
-# serving processes), Redis commands per request (INFO stats) and EVALSHA usec_per_call (INFO
-# commandstats). Scenarios, all in one run so the ratios are meaningful on a noisy machine:
+# serving processes), EVALSHA calls per request, Redis commands per request including those the
+# scripts run (INFO stats) and EVALSHA usec_per_call (INFO commandstats). Scenarios, all in one
+# run so the ratios are meaningful on a noisy machine:
 #   1 upstream direct   2 sluice, no limits   3 one GCRA limit on [client_ip, path] (all pass)
 #   4 three limits (all pass)   5 one client over its limit (denials)   6 in-process backend
 #   7 OpenResty-style peer: nginx + ngx_lua, EVALSHA of a token bucket per request (benches/peers/)
@@ -78,8 +79,8 @@ done = function(summary, latency, requests)
 end
 LUA
 
-printf '| # | scenario | req/s | p50 ms | p99 ms | p99.9 ms | non-2xx | gateway CPU us/req | Redis cmds/req | EVALSHA us/call |\n'
-printf '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
+printf '| # | scenario | req/s | p50 ms | p99 ms | p99.9 ms | non-2xx | gateway CPU us/req | EVALSHA/req | Redis cmds/req | EVALSHA us/call |\n'
+printf '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
 # row N LABEL URL PID...: one closed-loop wrk run; CPU is counted for the given processes.
 row() {
   local n=$1 label=$2 url=$3; shift 3
@@ -107,8 +108,9 @@ row() {
       calls = evalsha(a, "calls") - evalsha(b, "calls")
       usec = evalsha(a, "usec") - evalsha(b, "usec")
       cpu_us = cpu * 1e6 / hz / r
-      printf "| %s | %s | %.0f | %.2f | %.2f | %.2f | %d | %.1f | %.3f | %s |\n", n, label, rps, p50 / 1000,
-        p99 / 1000, p999 / 1000, bad, cpu_us, commands / r, (calls > 0 ? sprintf("%.2f", usec / calls) : "-")
+      printf "| %s | %s | %.0f | %.2f | %.2f | %.2f | %d | %.1f | %.3f | %.3f | %s |\n", n, label, rps, p50 / 1000,
+        p99 / 1000, p999 / 1000, bad, cpu_us, calls / r, commands / r,
+        (calls > 0 ? sprintf("%.2f", usec / calls) : "-")
       printf "%s\t%s\t%.0f\t%.3f\t%.3f\n", n, label, rps, p99 / 1000, p999 / 1000 >> results
     }'
 }

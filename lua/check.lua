@@ -18,14 +18,7 @@ if #ARGV ~= 2 + 6 * #KEYS then
   return redis.error_reply('ERR sluice: expected ' .. (2 + 6 * #KEYS) .. ' arguments, got ' .. #ARGV)
 end
 
-local now = tonumber(ARGV[1])
-if not now then
-  if redis.replicate_commands then
-    redis.replicate_commands() -- Redis < 7: replicate effects so TIME may precede writes
-  end
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = now_us(ARGV[1])
 local id = ARGV[2]
 
 local ALGORITHMS = {

@@ -12,6 +12,20 @@ local function fmt(n)
   return string.format('%d', n)
 end
 
+-- The time of this call in microseconds: `given` (an explicit clock, for tests) or Redis TIME,
+-- the production path, so every gateway shares the Redis clock.
+local function now_us(given)
+  local now = tonumber(given)
+  if now then
+    return now
+  end
+  if redis.replicate_commands then
+    redis.replicate_commands() -- Redis < 7: replicate effects so TIME may precede writes
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
 -- Microseconds to whole milliseconds, rounded up (0 for anything not positive).
 local function ceil_ms(us)
   if us <= 0 then

@@ -13,14 +13,7 @@
 -- fixed_window: the count drops by units (never below 0) while the window is open; a closed
 --               window has nothing to give back to.
 
-local now = tonumber(ARGV[1])
-if not now then
-  if redis.replicate_commands then
-    redis.replicate_commands() -- Redis < 7: replicate effects so TIME may precede writes
-  end
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = now_us(ARGV[1])
 local algorithm, units = ARGV[2], tonumber(ARGV[4])
 local key = KEYS[1]
 

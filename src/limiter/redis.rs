@@ -66,6 +66,14 @@ impl RedisLimiter {
             return Ok(());
         }
         invocation.arg(&request.id.hex()[..]);
+        self.run_for_effect(&invocation).await
+    }
+
+    /// Runs a script whose integer reply only says what it changed.
+    async fn run_for_effect(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<(), LimiterError> {
         let mut connection = self.link.connection().await?;
         invocation
             .invoke_async::<i64>(&mut connection)
@@ -83,12 +91,7 @@ impl RedisLimiter {
         let (name, p1, units) = script::refund_args(algorithm, units);
         let mut invocation = self.refund.prepare_invoke();
         invocation.key(key).arg("").arg(name).arg(p1).arg(units);
-        let mut connection = self.link.connection().await?;
-        invocation
-            .invoke_async::<i64>(&mut connection)
-            .await
-            .map_err(classify)?;
-        Ok(())
+        self.run_for_effect(&invocation).await
     }
 
     /// Runs `call` under the deadline; a call that misses it is abandoned, never retried.

@@ -37,6 +37,9 @@ pub const IDLE: Duration = Duration::from_millis(250);
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
 /// A fixed window's units are given back only while it has longer than this left.
 const REFUND_MARGIN: Duration = Duration::from_millis(50);
+/// Longer than a top-up and its exact retry can take (two calls of at most the 10 s deadline):
+/// a top-up this old was dropped with its request.
+const TOP_UP_STALE: Duration = Duration::from_secs(30);
 
 /// The units a gateway holds of one key.
 struct Pool {
@@ -50,8 +53,10 @@ struct Pool {
     topped_up_at: Instant,
     spent_since_top_up: u64,
     last_used: Instant,
-    /// A request is asking the backend for more; others ask for their own cost only.
-    topping_up: bool,
+    /// Since when a request has been asking the backend for more; others ask for their own
+    /// cost only meanwhile. A request dropped mid-call never settles: after `TOP_UP_STALE` the
+    /// top-up counts as abandoned.
+    topping_up: Option<Instant>,
 }
 
 impl Pool {
@@ -65,8 +70,13 @@ impl Pool {
             topped_up_at: now,
             spent_since_top_up: 0,
             last_used: now,
-            topping_up: true,
+            topping_up: Some(now),
         }
+    }
+
+    fn topping_up(&self, now: Instant) -> bool {
+        self.topping_up
+            .is_some_and(|since| now.duration_since(since) < TOP_UP_STALE)
     }
 
     /// Units to take beyond `cost`: the rate seen since the last top-up over `HORIZON`.
@@ -155,10 +165,10 @@ impl Pools {
             pool.last_used = now;
             return Step::Held(pool.status(now));
         }
-        if pool.topping_up {
+        if pool.topping_up(now) {
             return exact;
         }
-        pool.topping_up = true;
+        pool.topping_up = Some(now);
         Step::Ask {
             want: cost + pool.extra(now, leasing.max_units, cost),
             topping_up: true,
@@ -171,7 +181,7 @@ impl Pools {
         let Some(pool) = shard.get_mut(key) else {
             return;
         };
-        pool.topping_up = false;
+        pool.topping_up = None;
         pool.remaining = status.remaining;
         if !status.allowed {
             return;
@@ -197,7 +207,7 @@ impl Pools {
     /// Ends a top-up that got no answer.
     fn abandon(&self, key: &[u8]) {
         if let Some(pool) = self.lock(key).get_mut(key) {
-            pool.topping_up = false;
+            pool.topping_up = None;
         }
     }
 
@@ -209,7 +219,7 @@ impl Pools {
             shard.retain(|key, pool| {
                 let closed = pool.closed(now);
                 let idle = now.duration_since(pool.last_used) >= IDLE;
-                if pool.topping_up || !(closed || idle) {
+                if pool.topping_up(now) || !(closed || idle) {
                     return true;
                 }
                 let window_open = pool
@@ -631,6 +641,25 @@ mod tests {
         assert_eq!(admitted, 3);
         let held = gateway.held();
         assert_eq!(100 - left(&backend, &limits[..1]).await, 3 + held);
+    }
+
+    #[test]
+    fn a_top_up_dropped_with_its_request_is_abandoned_after_a_while() {
+        let pools = Pools::new(10);
+        let [limit] = leased(window(100), 10);
+        let leasing = Leasing { max_units: 10 };
+        let t0 = Instant::now();
+        let asks = |at: Instant| match pools.take(&limit, leasing, KEY, 1, at) {
+            Step::Ask { topping_up, .. } => topping_up,
+            Step::Held(_) => panic!("nothing is held"),
+        };
+        assert!(asks(t0), "the first request starts a top-up");
+        // Its request is dropped before the answer: nobody settles it.
+        assert!(
+            !asks(t0 + Duration::from_secs(1)),
+            "meanwhile others ask exactly"
+        );
+        assert!(asks(t0 + TOP_UP_STALE), "then the key tops up again");
     }
 
     #[test]

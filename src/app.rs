@@ -71,10 +71,11 @@ pub fn build_limiter(config: &Config) -> Result<Arc<dyn Limiter>, String> {
         Some(redis) => {
             let backend = RedisLimiter::new(&redis.topology, redis.timeout)
                 .map_err(|e| format!("redis client for {}: {e}", redis.topology.describe()))?;
-            // Leases serve `mode: leased` limits locally; the deny cache and the circuit breaker
-            // keep a flood or an outage away from Redis.
-            let leased = Leased::new(Arc::new(backend));
-            Arc::new(Guarded::new(Arc::new(leased), true))
+            // The deny cache and the circuit breaker keep a flood or an outage away from Redis;
+            // leases serve `mode: leased` limits locally, in front of both, so units a gateway
+            // holds are spent even while a denial of their key is cached.
+            let guarded = Guarded::new(Arc::new(backend), true);
+            Arc::new(Leased::new(Arc::new(guarded)))
         }
         None => Arc::new(LocalLimiter::new(Arc::new(SystemClock), LOCAL_MAX_KEYS)),
     })

@@ -56,6 +56,38 @@ pub static DENY_CACHE_HITS: LazyLock<IntCounter> = LazyLock::new(|| {
     .expect("sluice_deny_cache_hits_total registers once")
 });
 
+pub static LEASE_HELD_DECISIONS: LazyLock<IntCounter> = LazyLock::new(|| {
+    register_int_counter!(
+        "sluice_lease_held_decisions_total",
+        "Decisions of mode: leased limits paid from units this gateway holds, without a Redis call."
+    )
+    .expect("sluice_lease_held_decisions_total registers once")
+});
+
+pub static LEASE_TOP_UPS: LazyLock<IntCounter> = LazyLock::new(|| {
+    register_int_counter!(
+        "sluice_lease_top_ups_total",
+        "Leases taken: calls that took units of a mode: leased limit beyond the request's own cost."
+    )
+    .expect("sluice_lease_top_ups_total registers once")
+});
+
+pub static LEASE_UNITS_RETURNED: LazyLock<IntCounter> = LazyLock::new(|| {
+    register_int_counter!(
+        "sluice_lease_units_returned_total",
+        "Leased units given back to Redis unspent once their key went idle."
+    )
+    .expect("sluice_lease_units_returned_total registers once")
+});
+
+pub static LEASE_UNITS_HELD: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "sluice_lease_units_held",
+        "Leased units this gateway holds unspent, over all keys (at most lease_units per key)."
+    )
+    .expect("sluice_lease_units_held registers once")
+});
+
 pub static BREAKER_STATE: LazyLock<IntGauge> = LazyLock::new(|| {
     register_int_gauge!(
         "sluice_redis_breaker_state",
@@ -185,6 +217,10 @@ pub fn init() {
     }
     LazyLock::force(&UPSTREAM_RESPONSES);
     LazyLock::force(&DENY_CACHE_HITS);
+    LazyLock::force(&LEASE_HELD_DECISIONS);
+    LazyLock::force(&LEASE_TOP_UPS);
+    LazyLock::force(&LEASE_UNITS_RETURNED);
+    LazyLock::force(&LEASE_UNITS_HELD);
     LazyLock::force(&BREAKER_STATE);
     for result in ["success", "error"] {
         CONFIG_RELOADS.with_label_values(&[result]);

@@ -421,18 +421,33 @@ fn two_gateways_lease_a_hot_global_limit_and_give_back_what_they_did_not_spend()
     ];
     let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
 
+    let total = |name: &str| -> u64 {
+        gateways
+            .iter()
+            .map(|g| metric(&g.metrics(), name, &[]) as u64)
+            .sum()
+    };
     let mut calls = Vec::new();
     for name in ["exact", "leased"] {
         reset_stats(&redis);
+        let returned_before = total("sluice_lease_units_returned_total");
         let statuses = hammer(&addresses, 8, 2 * LIMIT, &format!("/{name}/x"));
-        let admitted = statuses.iter().filter(|s| **s == 200).count();
+        let admitted = statuses.iter().filter(|s| **s == 200).count() as u64;
         let evalsha = evalsha_calls(&redis);
+        // Units a gateway took but had no request left to spend go back once the key is idle.
+        std::thread::sleep(Duration::from_millis(800));
+        let returned = total("sluice_lease_units_returned_total") - returned_before;
         println!(
-            "{name}: {} requests from 8 clients over 2 gateways, limit {LIMIT}, lease {L}: admitted {admitted}, EVALSHA {evalsha} ({:.3} per request)",
+            "{name}: {} requests from 8 clients over 2 gateways, limit {LIMIT}, lease {L}: admitted {admitted}, given back unspent {returned}, EVALSHA {evalsha} ({:.3} per request)",
             2 * LIMIT,
             evalsha as f64 / (2 * LIMIT) as f64
         );
-        assert_eq!(admitted, LIMIT, "{name}: a flood spends every lease");
+        assert_eq!(
+            admitted + returned,
+            LIMIT as u64,
+            "{name}: every unit is admitted or given back, none more"
+        );
+        assert!(returned <= 2 * L, "{name}: at most L held per gateway");
         calls.push(evalsha);
     }
     assert!(
@@ -452,10 +467,22 @@ fn two_gateways_lease_a_hot_global_limit_and_give_back_what_they_did_not_spend()
         counted - 200
     );
     assert!((200..=200 + 2 * L).contains(&counted), "{counted}");
+    let returned_before = total("sluice_lease_units_returned_total");
     std::thread::sleep(Duration::from_millis(800));
     assert_eq!(
         window_count(&redis, "giveback"),
         200,
         "unspent units were given back"
+    );
+    assert_eq!(
+        total("sluice_lease_units_returned_total") - returned_before,
+        counted - 200
+    );
+    assert_eq!(total("sluice_lease_units_held"), 0);
+    let held = total("sluice_lease_held_decisions_total");
+    println!("decisions paid from held units over both gateways: {held}");
+    assert!(
+        held > (LIMIT as u64 + 200) / 2,
+        "most leased decisions made no Redis call"
     );
 }

@@ -80,7 +80,9 @@ impl DenyCache {
             return;
         };
         let limit = &request.limits[index];
-        let fixed_cost = matches!(limit.cost, Cost::Fixed(_));
+        // Only a denial of the limit's own fixed cost says when *any* request can pass: a
+        // leased top-up asks for more than that (and is asked again exactly when denied).
+        let fixed_cost = matches!(limit.cost, Cost::Fixed(cost) if request.costs[index] == cost);
         let concurrency = matches!(limit.algorithm, Algorithm::Concurrency { .. });
         let Some(Some(retry_ms)) = decision.retry_after_ms() else {
             return;
@@ -346,7 +348,7 @@ mod tests {
     }
 
     #[test]
-    fn concurrency_and_header_costs_are_never_cached() {
+    fn concurrency_header_costs_and_lease_asks_are_never_cached() {
         let cache = DenyCache::new(10);
         let concurrency = [Limit::new(
             "c",
@@ -389,6 +391,27 @@ mod tests {
                 limits: &[header],
                 keys: &keys,
                 costs: &[1],
+                id: RequestId(0),
+                deadline: None,
+            },
+            &denied(500),
+            now,
+        );
+        // A lease asks for more than the limit's cost: its denial says nothing about cost 1.
+        let window = Limit::new(
+            "w",
+            Algorithm::FixedWindow {
+                limit: 5,
+                window_us: 1,
+            },
+            1,
+            parse_rate("1/s").unwrap(),
+        );
+        cache.remember(
+            &LimitRequest {
+                limits: &[window],
+                keys: &keys,
+                costs: &[4],
                 id: RequestId(0),
                 deadline: None,
             },

@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::metrics;
+
 use super::{
     Algorithm, Decision, Key, Leasing, Limit, LimitRequest, LimitStatus, Limiter, LimiterError,
     Readiness, Statuses,
@@ -163,6 +165,7 @@ impl Pools {
             pool.units -= cost;
             pool.spent_since_top_up += cost;
             pool.last_used = now;
+            metrics::LEASE_HELD_DECISIONS.inc();
             return Step::Held(pool.status(now));
         }
         if pool.topping_up(now) {
@@ -187,6 +190,9 @@ impl Pools {
             return;
         }
         let reset = Duration::from_millis(status.reset_after_ms);
+        if kept > 0 {
+            metrics::LEASE_TOP_UPS.inc();
+        }
         pool.units += kept;
         pool.reset_at = now + reset;
         pool.closes_at =
@@ -343,10 +349,12 @@ fn unreachable_status() -> LimitStatus {
 
 async fn give_back(pools: &Pools, inner: &dyn Limiter, now: Instant) {
     for (algorithm, key, units) in pools.sweep(now) {
-        if let Err(error) = inner.refund(&algorithm, &key, units).await {
-            log::debug!("could not give back {units} leased units: {error}");
+        match inner.refund(&algorithm, &key, units).await {
+            Ok(()) => metrics::LEASE_UNITS_RETURNED.inc_by(units),
+            Err(error) => log::debug!("could not give back {units} leased units: {error}"),
         }
     }
+    metrics::LEASE_UNITS_HELD.set(i64::try_from(pools.held()).unwrap_or(i64::MAX));
 }
 
 #[async_trait]

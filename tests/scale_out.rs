@@ -30,6 +30,15 @@ fn route(name: &str, limits: &str) -> String {
 
 const N: usize = 60;
 
+/// Every test here runs several gateways and Redis servers under load, and the failover tests
+/// measure latency against a 50 ms deadline: they run one at a time, not beside each other.
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// One route per algorithm, each with one limit of N per hour on one shared key.
 fn exact_limit_routes() -> String {
     [
@@ -95,6 +104,7 @@ fn three_gateways_admit_exactly_n(topology: &str, redis_section: &str, a_redis_p
 
 #[test]
 fn three_gateways_share_one_exact_limit_on_standalone_redis() {
+    let _alone = alone();
     let redis = RedisServer::start();
     three_gateways_admit_exactly_n(
         "standalone",
@@ -105,6 +115,7 @@ fn three_gateways_share_one_exact_limit_on_standalone_redis() {
 
 #[test]
 fn three_gateways_share_one_exact_limit_on_a_redis_cluster() {
+    let _alone = alone();
     let cluster = RedisCluster::start();
     let port = cluster.masters()[0];
     three_gateways_admit_exactly_n(
@@ -116,6 +127,7 @@ fn three_gateways_share_one_exact_limit_on_a_redis_cluster() {
 
 #[test]
 fn keys_of_many_clients_spread_over_every_master_and_a_split_limit_keeps_its_bound() {
+    let _alone = alone();
     let cluster = RedisCluster::start();
     let upstream = Upstream::start();
     let routes = [
@@ -316,6 +328,7 @@ fn failover_under_load(what: &str, gateways: &mut [Gateway], kill: impl FnOnce()
 
 #[test]
 fn a_cluster_master_failover_under_load_is_followed_without_restart() {
+    let _alone = alone();
     let mut cluster = RedisCluster::start();
     let upstream = Upstream::start();
     let body = failover_body(&redis_section("cluster", &cluster.urls(), 50));
@@ -338,6 +351,7 @@ fn a_cluster_master_failover_under_load_is_followed_without_restart() {
 
 #[test]
 fn a_sentinel_failover_under_load_is_followed_without_restart() {
+    let _alone = alone();
     let mut redis = RedisSentinels::start();
     let upstream = Upstream::start();
     let body = failover_body(&redis_section("sentinel", &redis.urls(), 50));
@@ -393,6 +407,7 @@ fn window_count(redis: &RedisServer, name: &str) -> u64 {
 /// did not spend once the key is idle.
 #[test]
 fn two_gateways_lease_a_hot_global_limit_and_give_back_what_they_did_not_spend() {
+    let _alone = alone();
     const LIMIT: usize = 400;
     const L: u64 = 20;
     let redis = RedisServer::start();

@@ -20,13 +20,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use smallvec::SmallVec;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::metrics;
 
 use super::{
-    Algorithm, Decision, Key, Leasing, Limit, LimitRequest, LimitStatus, Limiter, LimiterError,
-    Readiness, Statuses,
+    Algorithm, Costs, Decision, Key, Leasing, Limit, LimitRequest, LimitStatus, Limiter,
+    LimiterError, Readiness, Statuses, LIMITS_INLINE,
 };
 
 const SHARDS: usize = 16;
@@ -365,7 +366,7 @@ impl Limiter for Leased {
         }
         self.start_sweeper();
         let now = Instant::now();
-        let steps: Vec<Step> = request
+        let steps: SmallVec<[Step; LIMITS_INLINE]> = request
             .limits
             .iter()
             .zip(request.keys)
@@ -378,17 +379,17 @@ impl Limiter for Leased {
                 },
             })
             .collect();
-        let asked: Vec<usize> = (0..steps.len())
+        let asked: SmallVec<[usize; LIMITS_INLINE]> = (0..steps.len())
             .filter(|&i| matches!(steps[i], Step::Ask { .. }))
             .collect();
-        let wants: Vec<u64> = asked
+        let wants: Costs = asked
             .iter()
             .map(|&i| match steps[i] {
                 Step::Ask { want, .. } => want,
                 Step::Held(_) => 0,
             })
             .collect();
-        let costs: Vec<u64> = asked.iter().map(|&i| request.costs[i]).collect();
+        let costs: Costs = asked.iter().map(|&i| request.costs[i]).collect();
 
         if asked.is_empty() {
             let statuses = steps.iter().map(|step| match *step {
@@ -422,7 +423,7 @@ impl Limiter for Leased {
 
         let allowed = answer.allowed();
         let mut answered = answer.statuses.iter().zip(&wants);
-        let mut statuses: Vec<LimitStatus> = Vec::with_capacity(steps.len());
+        let mut statuses = Statuses::new();
         for (i, step) in steps.iter().enumerate() {
             let status = match *step {
                 Step::Held(status) => {
@@ -437,7 +438,12 @@ impl Limiter for Leased {
                         continue;
                     };
                     let cost = request.costs[i];
-                    let kept = if allowed && leasing { want - cost } else { 0 };
+                    // A shadow limit that denied consumed nothing, even in an allowed request.
+                    let kept = if allowed && leasing && status.allowed {
+                        want - cost
+                    } else {
+                        0
+                    };
                     if topping_up {
                         self.pools.settle(&request.keys[i], kept, cost, status, now);
                     }
@@ -649,6 +655,32 @@ mod tests {
         assert_eq!(admitted, 3);
         let held = gateway.held();
         assert_eq!(100 - left(&backend, &limits[..1]).await, 3 + held);
+    }
+
+    #[tokio::test]
+    async fn a_shadow_limit_that_denies_a_top_up_keeps_nothing() {
+        let backend = backend();
+        let gateway = Leased::new(backend.clone());
+        let mut limits = leased(window(10), 5);
+        limits[0].shadow = true;
+        for _ in 0..2 {
+            assert!(call(&gateway, &limits, 1).await.allowed());
+        }
+        assert_eq!(gateway.held(), 5);
+        // Another gateway takes what is left; this one spends what it holds, then asks again.
+        assert!(call(backend.as_ref(), &limits[..], 3).await.allowed());
+        for _ in 0..5 {
+            assert!(call(&gateway, &limits, 1).await.allowed());
+        }
+        let shadowed = call(&gateway, &limits, 1).await;
+        assert!(shadowed.allowed(), "a shadow limit never denies");
+        assert_eq!(shadowed.shadow_denied_by, Some(0));
+        assert_eq!(
+            shadowed.statuses[0].remaining, 0,
+            "and reports nothing left"
+        );
+        assert_eq!(gateway.held(), 0, "the denied lease left nothing in hand");
+        assert_eq!(left(&backend, &limits).await, 0);
     }
 
     #[test]

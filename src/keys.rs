@@ -23,7 +23,7 @@ use http::HeaderMap;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use smallvec::SmallVec;
 
-use crate::limiter::{Key, Keys};
+use crate::limiter::{push_hex, Key, Keys};
 
 /// One ingredient of a limit's key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,16 +171,6 @@ impl KeySecret {
     fn hasher(&self) -> SipHasher13 {
         SipHasher13::new_with_keys(self.0, self.1)
     }
-}
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
-fn push_hex(out: &mut impl Extend<u8>, bytes: &[u8]) {
-    out.extend(
-        bytes
-            .iter()
-            .flat_map(|b| [HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]),
-    );
 }
 
 /// The fixed pieces of one limit's key, built at config load.

@@ -10,12 +10,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
+use smallvec::SmallVec;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::algorithm::{self, Refund, State, Write};
 use super::clock::Clock;
-use smallvec::SmallVec;
-
 use super::{
     Algorithm, Decision, Key, LimitRequest, LimitStatus, Limiter, LimiterError, Readiness,
     Statuses, LIMITS_INLINE,

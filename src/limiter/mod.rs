@@ -133,6 +133,16 @@ pub const KEY_INLINE: usize = 128;
 /// One limiter key.
 pub type Key = SmallVec<[u8; KEY_INLINE]>;
 
+/// Appends `bytes` as lowercase hex: the digests in keys, the request id in script arguments.
+pub fn push_hex(out: &mut impl Extend<u8>, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.extend(
+        bytes
+            .iter()
+            .flat_map(|b| [HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]),
+    );
+}
+
 /// Limits a route can have without its per-request vectors touching the heap.
 pub const LIMITS_INLINE: usize = 4;
 

@@ -15,6 +15,8 @@ mod sliding_window;
 use std::collections::VecDeque;
 use std::fmt;
 
+use smallvec::SmallVec;
+
 use super::LimitStatus;
 
 /// How one limit decides. Parameters are precomputed at config load.
@@ -98,13 +100,9 @@ pub struct RequestId(pub u128);
 
 impl RequestId {
     /// 32 lowercase hex digits, on the stack (the scripts' request id argument).
-    pub fn hex(&self) -> [u8; 32] {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut out = [0u8; 32];
-        for (i, digit) in out.iter_mut().enumerate() {
-            let shift = 4 * (31 - i);
-            *digit = HEX[((self.0 >> shift) & 0xf) as usize];
-        }
+    pub fn hex(&self) -> SmallVec<[u8; 32]> {
+        let mut out = SmallVec::new();
+        super::push_hex(&mut out, &self.0.to_be_bytes());
         out
     }
 }

@@ -13,7 +13,7 @@ use sluice::config::Config;
 use sluice::keys::RequestFacts;
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
-use sluice::limiter::{script, Decision, Key, LimitRequest, RequestId};
+use sluice::limiter::{entries, script, Ask, Asks, Key, LimitRequest, RequestId};
 
 /// 40 routes (hosts, prefixes, methods) ahead of the one the benchmark asks for, so the lookup
 /// does real work; that route has three limits.
@@ -77,32 +77,45 @@ fn hot_path(c: &mut Criterion) {
                 headers: &headers,
                 route: &route.name,
             };
-            route.keys.build(&facts).expect("keys")
+            route.asks(&facts).expect("keys")
         })
     });
+    let route_asks = route
+        .asks(&RequestFacts {
+            client_ip: peer,
+            method: method.as_str(),
+            host: "example.com",
+            path,
+            query: None,
+            headers: &headers,
+            route: &route.name,
+        })
+        .expect("keys");
+    let route_entries = entries(route.limits.limits(), &route_asks);
+    let request = LimitRequest::new(&route_entries);
     let reply: Vec<i64> = vec![
         1, 49, 0, 20, 0, 1, 999, 0, 60_000, 0, 1, 9_999, 0, 60_000, 0,
     ];
     c.bench_function("decision parsing: three limits", |b| {
         b.iter(|| {
             let statuses = script::parse_statuses(black_box(&reply), 3).expect("reply");
-            Decision::of(statuses, &route.limits)
+            request.decision(statuses)
         })
     });
 
     let limiter = LocalLimiter::new(Arc::new(ManualClock::new(0)), 1_000_000);
-    let costs = [1u64; 3];
     let mut now = 0i64;
     for (label, n) in [("one limit", 1), ("three limits", 3)] {
-        let keys: Vec<Key> = (0..n)
-            .map(|i| Key::from_slice(format!("bench:{label}:{i}").as_bytes()))
+        let asks: Asks = (0..n)
+            .map(|i| Ask {
+                key: Key::from_slice(format!("bench:{label}:{i}").as_bytes()),
+                cost: 1,
+            })
             .collect();
+        let entries = entries(&route.limits.limits()[..n], &asks);
         let request = LimitRequest {
-            limits: &route.limits[..n],
-            keys: &keys,
-            costs: &costs[..n],
             id: RequestId(1),
-            deadline: None,
+            ..LimitRequest::new(&entries)
         };
         c.bench_function(&format!("in-process limiter: {label}, known keys"), |b| {
             b.iter(|| {

@@ -16,10 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::HeaderMap;
-use sluice::config::{Config, Topology};
+use sluice::config::Config;
 use sluice::keys::RequestFacts;
 use sluice::limiter::redis::RedisLimiter;
-use sluice::limiter::{LimitRequest, Limiter, RequestId};
+use sluice::limiter::{entries, LimitRequest, Limiter, RequestId, Topology};
 
 /// One route per scenario; every limit generous enough that all calls are allowed.
 const SCENARIOS: &str = r#"
@@ -134,7 +134,6 @@ async fn main() {
                     (Arc::clone(&limiter), Arc::clone(route), Arc::clone(&done));
                 tokio::spawn(async move {
                     let headers = HeaderMap::new();
-                    let costs = vec![1u64; route.limits.len()];
                     let mut state = (task as u64 + 1) * 0x9E37_79B9_7F4A_7C15;
                     let mut n = 0u64;
                     while Instant::now() < deadline {
@@ -151,14 +150,12 @@ async fn main() {
                             headers: &headers,
                             route: &route.name,
                         };
-                        let keys = route.keys.build(&facts).expect("keys");
+                        let asks = route.asks(&facts).expect("keys");
+                        let entries = entries(route.limits.limits(), &asks);
                         n += 1;
                         let request = LimitRequest {
-                            limits: &route.limits,
-                            keys: &keys.keys,
-                            costs: &costs,
                             id: RequestId(u128::from(state) << 32 | u128::from(n)),
-                            deadline: None,
+                            ..LimitRequest::new(&entries)
                         };
                         let decision = limiter.check(&request).await.expect("decision");
                         assert!(decision.denied_by.is_none(), "every call is allowed");

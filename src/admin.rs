@@ -8,18 +8,17 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use pingora_prometheus::PrometheusHttpApp;
 
-use crate::config::FailureMode;
-use crate::limiter::{Limiter, Readiness};
+use crate::limiter::{FailureMode, Policy, Readiness};
 
 pub struct AdminApp {
-    limiter: Arc<dyn Limiter>,
+    policy: Arc<Policy>,
     failure_mode: FailureMode,
 }
 
 impl AdminApp {
-    pub fn new(limiter: Arc<dyn Limiter>, failure_mode: FailureMode) -> AdminApp {
+    pub fn new(policy: Arc<Policy>, failure_mode: FailureMode) -> AdminApp {
         AdminApp {
-            limiter,
+            policy,
             failure_mode,
         }
     }
@@ -48,16 +47,16 @@ impl ServeHttp for AdminApp {
         match session.req_header().uri.path() {
             "/metrics" => PrometheusHttpApp.response(session).await,
             "/healthz" => text(200, "ok\n".to_string()),
-            "/readyz" => match self.limiter.readiness().await {
+            "/readyz" => match self.policy.readiness().await {
                 Readiness::Ready => {
-                    text(200, format!("ready: {} limiter\n", self.limiter.backend()))
+                    text(200, format!("ready: {} limiter\n", self.policy.backend()))
                 }
                 // The failure mode is deciding for Redis: the gateway still serves, degraded.
                 Readiness::Unavailable(reason) => text(
                     200,
                     format!(
                         "degraded: {} limiter unavailable ({reason}); failure_mode {} applies\n",
-                        self.limiter.backend(),
+                        self.policy.backend(),
                         self.failure_mode.as_str()
                     ),
                 ),

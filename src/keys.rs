@@ -23,7 +23,10 @@ use http::HeaderMap;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use smallvec::SmallVec;
 
-use crate::limiter::{push_hex, Key, Keys};
+use crate::limiter::{push_hex, Key, LIMITS_INLINE};
+
+/// The keys of one request, one per limit.
+pub type Keys = SmallVec<[Key; LIMITS_INLINE]>;
 
 /// One ingredient of a limit's key.
 #[derive(Debug, Clone, PartialEq, Eq)]

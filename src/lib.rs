@@ -1,8 +1,12 @@
 //! sluice: a Pingora reverse proxy that enforces exact rate limits shared by every gateway
 //! instance, decided by one Lua script call per request in Redis (or in-process without Redis).
 //!
-//! Layers: `proxy`, `admin` and `app` know Pingora; `config`, `router`, `identity`, `keys` and
-//! `limiter` are plain Rust; `limiter::redis` and `limiter::local` are the two backends.
+//! Layers (arrows point down only; `tests/layering.rs` checks it):
+//! * glue, which knows Pingora: `app` (wiring), `reload` (the configuration service),
+//!   `snapshot` (what a reload swaps), `pool` (upstream pools and health checks), `proxy`, `admin`;
+//! * domain, plain Rust: `config`, `router`, `identity`, `keys`, `path`, `upstream`, `metrics`,
+//!   and the limiter's policy (`limiter::policy`, which owns the verdict);
+//! * backends: `limiter::redis` and `limiter::local`, with their decorators.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -13,7 +17,9 @@ pub mod keys;
 pub mod limiter;
 pub mod metrics;
 pub mod path;
+pub mod pool;
 pub mod proxy;
 pub mod reload;
 pub mod router;
+pub mod snapshot;
 pub mod upstream;

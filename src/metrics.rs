@@ -9,7 +9,9 @@ use pingora_prometheus::prometheus::{
     HistogramVec, IntCounter, IntCounterVec, IntGauge,
 };
 
-use crate::router::RouteTable;
+use crate::limiter::guard::GuardMeters;
+use crate::limiter::leased::LeaseMeters;
+use crate::limiter::{LimiterError, Outcome, PolicyMeters};
 
 pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
@@ -108,48 +110,6 @@ pub static CONFIG_RELOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 /// Label name used for requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "_unmatched";
 
-/// Decision labels, in the order of [`RouteMetrics::decisions`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Allowed = 0,
-    Limited = 1,
-    ErrorAllowed = 2,
-    ErrorDenied = 3,
-    NoRoute = 4,
-    BadRequest = 5,
-    ShadowLimited = 6,
-    LocalAllowed = 7,
-    LocalLimited = 8,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 9] = [
-        Outcome::Allowed,
-        Outcome::Limited,
-        Outcome::ErrorAllowed,
-        Outcome::ErrorDenied,
-        Outcome::NoRoute,
-        Outcome::BadRequest,
-        Outcome::ShadowLimited,
-        Outcome::LocalAllowed,
-        Outcome::LocalLimited,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Outcome::Allowed => "allowed",
-            Outcome::Limited => "limited",
-            Outcome::ErrorAllowed => "error_allowed",
-            Outcome::ErrorDenied => "error_denied",
-            Outcome::NoRoute => "no_route",
-            Outcome::BadRequest => "bad_request",
-            Outcome::ShadowLimited => "shadow_limited",
-            Outcome::LocalAllowed => "local_allowed",
-            Outcome::LocalLimited => "local_limited",
-        }
-    }
-}
-
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
 /// Counter handles for one route.
@@ -188,13 +148,10 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new(routes: &RouteTable) -> Metrics {
+    /// Handles for routes named `names`, in file order.
+    pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Metrics {
         Metrics {
-            routes: routes
-                .in_file_order()
-                .iter()
-                .map(|r| RouteMetrics::new(&r.name))
-                .collect(),
+            routes: names.into_iter().map(RouteMetrics::new).collect(),
             unmatched: RouteMetrics::new(UNMATCHED_ROUTE),
         }
     }
@@ -208,11 +165,40 @@ impl Metrics {
     }
 }
 
+/// The policy's handles: the limiter duration of `backend`, and an error counter per kind.
+pub fn policy_meters(backend: &str) -> PolicyMeters {
+    PolicyMeters {
+        duration: LIMITER_DURATION.with_label_values(&[backend]),
+        errors: LimiterError::KINDS
+            .iter()
+            .map(|kind| LIMITER_ERRORS.with_label_values(&[*kind]))
+            .collect(),
+    }
+}
+
+/// The deny cache's and the breaker's handles.
+pub fn guard_meters() -> GuardMeters {
+    GuardMeters {
+        deny_cache_hits: DENY_CACHE_HITS.clone(),
+        breaker_state: BREAKER_STATE.clone(),
+    }
+}
+
+/// Leasing's handles.
+pub fn lease_meters() -> LeaseMeters {
+    LeaseMeters {
+        held_decisions: LEASE_HELD_DECISIONS.clone(),
+        top_ups: LEASE_TOP_UPS.clone(),
+        units_returned: LEASE_UNITS_RETURNED.clone(),
+        units_held: LEASE_UNITS_HELD.clone(),
+    }
+}
+
 /// Registers every family now, so `/metrics` lists them before the first request.
 pub fn init() {
     LazyLock::force(&REQUESTS);
     LazyLock::force(&LIMITER_DURATION);
-    for kind in crate::limiter::LimiterError::KINDS {
+    for kind in LimiterError::KINDS {
         LIMITER_ERRORS.with_label_values(&[kind]);
     }
     LazyLock::force(&UPSTREAM_RESPONSES);

@@ -1,6 +1,9 @@
-//! Hot reload on SIGHUP: read and compile the file again; on success swap the routes, limits,
-//! identity and path settings atomically (requests in flight finish on the configuration they
-//! started with); on any error keep serving the old one and log every problem.
+//! The configuration service: puts the first snapshot live (its upstreams probed) before the
+//! proxy starts serving, then on every SIGHUP reads and compiles the file again. On success the
+//! new snapshot — routes, limits, identity and path settings, pools and their health checks —
+//! is started and swapped in atomically (requests in flight finish on the one they started
+//! with) and the old one's checks stop; on any error the running configuration stays and every
+//! problem is logged.
 //!
 //! What a running process cannot change in place — listeners, the admin listener, the `server:`
 //! section and the `redis:` section — is logged as needing a graceful upgrade (`sluice -u`,
@@ -12,11 +15,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
+use pingora::services::ServiceReadyNotifier;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::{Config, ConfigError, RedisSettings, ServerSettings};
 use crate::metrics;
-use crate::proxy::{Active, ActiveConfig};
+use crate::snapshot::{Live, Snapshot};
 
 /// The settings a reload cannot change, as the process started with them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,24 +42,24 @@ impl RestartOnly {
     }
 }
 
-/// Reloads `path` into `active` on every SIGHUP.
-pub struct Reloader {
+/// Starts the first snapshot, then reloads `path` into `live` on every SIGHUP.
+pub struct ConfigService {
     path: PathBuf,
     started_with: RestartOnly,
-    active: ActiveConfig,
+    live: Live,
 }
 
-impl Reloader {
-    pub fn new(path: PathBuf, started_with: RestartOnly, active: ActiveConfig) -> Reloader {
-        Reloader {
+impl ConfigService {
+    pub fn new(path: PathBuf, started_with: RestartOnly, live: Live) -> ConfigService {
+        ConfigService {
             path,
             started_with,
-            active,
+            live,
         }
     }
 
     /// One reload attempt: swaps on success, keeps the old configuration on any error.
-    pub fn reload(&self) -> Result<(), ConfigError> {
+    pub async fn reload(&self) -> Result<(), ConfigError> {
         let config = Config::load(&self.path)?;
         let now = RestartOnly::of(&config);
         let fixed = [
@@ -67,25 +71,37 @@ impl Reloader {
         for (section, _) in fixed.iter().filter(|(_, changed)| *changed) {
             log::warn!("reload: `{section}` changed; it takes effect with a graceful upgrade (sluice -u), not a reload");
         }
-        log::info!("reload: {}", config.summary());
-        self.active.store(Arc::new(Active::new(config)));
+        let summary = config.summary();
+        let snapshot = Arc::new(Snapshot::build(config)?);
+        snapshot.start().await;
+        let retired = self.live.swap(snapshot);
+        retired.retire();
+        log::info!("reload: {summary}");
         Ok(())
     }
 }
 
 #[async_trait]
-impl BackgroundService for Reloader {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut hangups = match signal(SignalKind::hangup()) {
+impl BackgroundService for ConfigService {
+    async fn start_with_ready_notifier(
+        &self,
+        mut shutdown: ShutdownWatch,
+        ready: ServiceReadyNotifier,
+    ) {
+        let mut hangups = signal(SignalKind::hangup());
+        self.live.load().start().await;
+        ready.notify_ready();
+        let hangups = match &mut hangups {
             Ok(hangups) => hangups,
             Err(e) => {
                 log::error!("cannot listen for SIGHUP, hot reload is off: {e}");
+                let _ = shutdown.changed().await;
                 return;
             }
         };
         loop {
             tokio::select! {
-                _ = hangups.recv() => match self.reload() {
+                _ = hangups.recv() => match self.reload().await {
                     Ok(()) => metrics::CONFIG_RELOADS.with_label_values(&["success"]).inc(),
                     Err(error) => {
                         metrics::CONFIG_RELOADS.with_label_values(&["error"]).inc();
@@ -94,7 +110,10 @@ impl BackgroundService for Reloader {
                         }
                     }
                 },
-                _ = shutdown.changed() => return,
+                _ = shutdown.changed() => {
+                    self.live.load().retire();
+                    return;
+                }
             }
         }
     }

@@ -10,10 +10,9 @@ use std::sync::Arc;
 use http::header::HeaderValue;
 use http::Method;
 
-use crate::config::FailureMode;
-use crate::keys::RouteKeys;
-use crate::limiter::Limit;
-use crate::upstream::Upstream;
+use crate::keys::{MissingPart, RequestFacts, RouteKeys};
+use crate::limiter::{Ask, Asks, LimitSet, Rejection};
+use crate::upstream::UpstreamSettings;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PathMatch {
@@ -72,25 +71,46 @@ impl RouteMatch {
 /// One route, compiled: everything a request needs, built once at config load.
 #[derive(Debug)]
 pub struct Route {
-    /// Position in the configuration file; indexes per-route metric handles.
+    /// Position in the configuration file; indexes per-route metric handles and pools.
     pub index: usize,
     pub name: Arc<str>,
     pub matcher: RouteMatch,
-    pub upstream: Upstream,
-    pub limits: Box<[Limit]>,
+    pub upstream: UpstreamSettings,
+    pub limits: LimitSet,
     pub keys: RouteKeys,
     /// `RateLimit-Policy` value, or `None` when the route sends no rate-limit headers.
     pub policy_header: Option<HeaderValue>,
-    /// Some limit stores per-request entries (sliding log, concurrency): calls need a request id.
-    pub needs_request_id: bool,
-    /// Some limit is a concurrency limit: admitted requests release their lease when done.
-    pub holds_leases: bool,
-    /// Overrides the global `failure_mode` for this route (e.g. `deny` for a login route).
-    pub failure_mode: Option<FailureMode>,
-    /// Overrides `redis.timeout_ms` for this route's limiter calls.
-    pub limiter_timeout: Option<std::time::Duration>,
-    /// The limits scaled to one gateway's share (`limit / instances`), for `failure_mode: local`.
-    pub local_limits: Box<[Limit]>,
+}
+
+/// Detail of the `400` for a request that lacks a part a limit is keyed on.
+const MISSING_PART: &str =
+    "The request lacks a header or query parameter a rate limit is keyed on.";
+/// Detail of the `400` for a cost header that is not a whole number within the cap.
+const BAD_COST: &str = "The cost header must be a whole number within the limit's cost_max.";
+
+impl Route {
+    /// What the request asks of each limit of this route: its key and its cost (0 for a limit
+    /// skipped for lack of a key part, which is then only read). `Err` when the request cannot
+    /// be decided as sent.
+    pub fn asks(&self, facts: &RequestFacts<'_>) -> Result<Asks, Rejection> {
+        let built = self
+            .keys
+            .build(facts)
+            .map_err(|MissingPart| Rejection::BadRequest(MISSING_PART))?;
+        let mut asks = Asks::new();
+        for (i, (limit, key)) in self.limits.limits().iter().zip(built.keys).enumerate() {
+            let cost = limit
+                .cost
+                .of(facts.headers)
+                .map_err(|_| Rejection::BadRequest(BAD_COST))?;
+            let skipped = built.skipped & (1 << i) != 0;
+            asks.push(Ask {
+                key,
+                cost: if skipped { 0 } else { cost },
+            });
+        }
+        Ok(asks)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -156,15 +176,10 @@ mod tests {
                 host,
                 methods,
             },
-            upstream: Upstream::round_robin(vec!["127.0.0.1:1".parse().unwrap()]).unwrap(),
-            limits: Box::new([]),
+            upstream: UpstreamSettings::round_robin(vec!["127.0.0.1:1".parse().unwrap()]),
+            limits: LimitSet::none(),
             keys: RouteKeys::new("p", "r", crate::keys::KeySecret::new("s"), &[]),
             policy_header: None,
-            needs_request_id: false,
-            holds_leases: false,
-            failure_mode: None,
-            limiter_timeout: None,
-            local_limits: Box::new([]),
         }
     }
 

@@ -13,7 +13,7 @@ use sluice::config::Config;
 use sluice::keys::RequestFacts;
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
-use sluice::limiter::{script, Decision, LimitRequest, RequestId};
+use sluice::limiter::{entries, script, LimitRequest, RequestId};
 use sluice::path::normalize;
 
 struct Counting;
@@ -99,18 +99,15 @@ fn per_request_work_allocates_nothing() {
         headers: &headers,
         route: &route.name,
     };
-    let costs = [1u64; 3];
     let reply: Vec<i64> = vec![
         1, 49, 0, 20, 0, 1, 4999, 0, 60_000, 0, 1, 9_999, 0, 60_000, 0,
     ];
     let limiter = LocalLimiter::new(Arc::new(ManualClock::new(1_000_000)), 1000);
-    let built = route.keys.build(&facts).expect("keys");
+    let asks = route.asks(&facts).expect("keys");
+    let entries = entries(route.limits.limits(), &asks);
     let request = LimitRequest {
-        limits: &route.limits,
-        keys: &built.keys,
-        costs: &costs,
         id: RequestId(7),
-        deadline: None,
+        ..LimitRequest::new(&entries)
     };
     assert!(
         limiter.check_at(&request, 1_000_000).unwrap().allowed(),
@@ -138,16 +135,16 @@ fn per_request_work_allocates_nothing() {
             }),
         ),
         (
-            "key building",
+            "keys and costs",
             allocations(1000, || {
-                assert_eq!(route.keys.build(&facts).expect("keys").keys.len(), 3);
+                assert_eq!(route.asks(&facts).expect("keys").len(), 3);
             }),
         ),
         (
             "decision parsing",
             allocations(1000, || {
                 let statuses = script::parse_statuses(&reply, 3).expect("reply");
-                assert!(Decision::of(statuses, &route.limits).allowed());
+                assert!(request.decision(statuses).allowed());
             }),
         ),
         (

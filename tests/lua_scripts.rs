@@ -8,71 +8,54 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use redis::Commands;
-use sluice::config::rate::parse_rate;
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
 use sluice::limiter::script::{self, REFUND_SOURCE, RELEASE_SOURCE, SOURCE};
-use sluice::limiter::{Algorithm, Cost, Decision, Key, Limit, LimitRequest, RequestId};
-use support::RedisServer;
+use sluice::limiter::{
+    entries, Algorithm, Ask, Asks, Cost, Decision, Key, Limit, LimitRequest, RequestId,
+};
+use support::{limits, RedisServer};
 
 const T0: u64 = 1_763_500_000_123_456; // a realistic Redis TIME in microseconds
 const MS: u64 = 1_000;
 const SEC: u64 = 1_000_000;
 
-/// GCRA with `units` of tolerance (burst + 1, or a bucket's capacity) and a shaping delay.
-fn gcra_units(rate: &str, units: u64, max_delay_us: u64, cost: u64) -> Limit {
-    let rate = parse_rate(rate).unwrap();
-    let emission_us = rate.period_us().div_ceil(rate.count.get());
-    let algorithm = Algorithm::Gcra {
-        emission_us,
-        tolerance_us: emission_us * units,
-        max_delay_us,
-    };
-    Limit::new("g", algorithm, cost, rate)
-}
-
 fn gcra(rate: &str, burst: u64, cost: u64) -> Limit {
-    gcra_units(rate, burst + 1, 0, cost)
+    limits::gcra("g", rate).burst(burst).cost(cost).compile()
 }
 
-fn counted(rate: &str, cost: u64, make: fn(u64, u64) -> Algorithm) -> Limit {
-    let parsed = parse_rate(rate).unwrap();
-    Limit::new(
-        "w",
-        make(parsed.count.get(), parsed.period_us()),
-        cost,
-        parsed,
-    )
+/// GCRA that holds a request up to `max_delay_ms` instead of denying it (0: never).
+fn shaped(rate: &str, burst: u64, max_delay_ms: u64, cost: u64) -> Limit {
+    let limit = limits::gcra("g", rate).burst(burst).cost(cost);
+    match max_delay_ms {
+        0 => limit.compile(),
+        ms => limit.set("max_delay", format!("{ms}ms")).compile(),
+    }
 }
 
 fn window(rate: &str, cost: u64) -> Limit {
-    counted(rate, cost, |limit, window_us| Algorithm::FixedWindow {
-        limit,
-        window_us,
-    })
+    limits::fixed_window("w", rate).cost(cost).compile()
 }
 
 fn sliding(rate: &str, cost: u64) -> Limit {
-    counted(rate, cost, |limit, window_us| Algorithm::SlidingWindow {
-        limit,
-        window_us,
-    })
+    limits::sliding_window("w", rate).cost(cost).compile()
 }
 
 fn log(rate: &str, cost: u64) -> Limit {
-    counted(rate, cost, |limit, window_us| Algorithm::SlidingLog {
-        limit,
-        window_us,
-    })
+    limits::sliding_log("w", rate).cost(cost).compile()
 }
 
-fn concurrency(max: u64, lease_us: u64) -> Limit {
-    Limit::new(
-        "c",
-        Algorithm::Concurrency { max, lease_us },
-        1,
-        parse_rate("1/s").unwrap(),
-    )
+fn concurrency(max: u64, lease_s: u64) -> Limit {
+    limits::concurrency("c", max)
+        .set("lease", format!("{lease_s}s"))
+        .compile()
+}
+
+/// `limit` at a cost the configuration refuses (zero, or more than it can ever admit): what the
+/// script itself answers.
+fn costing(mut limit: Limit, cost: u64) -> Limit {
+    limit.cost = Cost::Fixed(cost);
+    limit
 }
 
 fn costs(limits: &[Limit]) -> Vec<u64> {
@@ -85,6 +68,41 @@ fn costs(limits: &[Limit]) -> Vec<u64> {
         .collect()
 }
 
+/// One ask per key, at the matching cost.
+fn asks(keys: &[&[u8]], costs: &[u64]) -> Asks {
+    keys.iter()
+        .zip(costs)
+        .map(|(key, &cost)| Ask {
+            key: Key::from_slice(key),
+            cost,
+        })
+        .collect()
+}
+
+/// The script call of `limits` at `costs` under `keys`, as request `id`.
+fn invocation<'a>(
+    script: &'a redis::Script,
+    keys: &[&str],
+    limits: &[Limit],
+    costs: &[u64],
+    now: Option<u64>,
+    id: u128,
+) -> redis::ScriptInvocation<'a> {
+    let mut invocation = script.prepare_invoke();
+    for key in keys {
+        invocation.key(*key);
+    }
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let asks = asks(&key_bytes, costs);
+    let entries = entries(limits, &asks);
+    let request = LimitRequest {
+        id: RequestId(id),
+        ..LimitRequest::new(&entries)
+    };
+    script::push_args(&mut invocation, &request, now);
+    invocation
+}
+
 fn call_as(
     con: &mut redis::Connection,
     keys: &[&str],
@@ -93,21 +111,7 @@ fn call_as(
     id: u128,
 ) -> redis::RedisResult<Vec<i64>> {
     let script = redis::Script::new(SOURCE);
-    let mut invocation = script.prepare_invoke();
-    for key in keys {
-        invocation.key(*key);
-    }
-    let key_bytes: Vec<Key> = keys.iter().map(|k| Key::from_slice(k.as_bytes())).collect();
-    let costs = costs(limits);
-    let request = LimitRequest {
-        limits,
-        keys: &key_bytes,
-        costs: &costs,
-        id: RequestId(id),
-        deadline: None,
-    };
-    script::push_args(&mut invocation, &request, now);
-    invocation.invoke(con)
+    invocation(&script, keys, limits, &costs(limits), now, id).invoke(con)
 }
 
 fn call_costs(
@@ -119,20 +123,9 @@ fn call_costs(
     id: u128,
 ) -> Vec<i64> {
     let script = redis::Script::new(SOURCE);
-    let mut invocation = script.prepare_invoke();
-    for key in keys {
-        invocation.key(*key);
-    }
-    let key_bytes: Vec<Key> = keys.iter().map(|k| Key::from_slice(k.as_bytes())).collect();
-    let request = LimitRequest {
-        limits,
-        keys: &key_bytes,
-        costs,
-        id: RequestId(id),
-        deadline: None,
-    };
-    script::push_args(&mut invocation, &request, Some(now));
-    invocation.invoke(con).expect("script call")
+    invocation(&script, keys, limits, costs, Some(now), id)
+        .invoke(con)
+        .expect("script call")
 }
 
 fn call_raw(
@@ -225,7 +218,7 @@ fn gcra_cost_above_capacity_never_succeeds_and_says_so() {
     let redis = RedisServer::start();
     let mut con = redis.connection();
     assert_eq!(
-        call(&mut con, &["k"], &[gcra("10/s", 4, 6)], T0),
+        call(&mut con, &["k"], &[costing(gcra("10/s", 4, 1), 6)], T0),
         vec![0, 5, -1, 0, 0]
     );
     assert!(!con.exists::<_, bool>("k").unwrap());
@@ -236,7 +229,7 @@ fn gcra_cost_zero_peeks_without_writing() {
     let redis = RedisServer::start();
     let mut con = redis.connection();
     assert_eq!(
-        call(&mut con, &["k"], &[gcra("10/s", 4, 0)], T0),
+        call(&mut con, &["k"], &[costing(gcra("10/s", 4, 1), 0)], T0),
         vec![1, 5, 0, 0, 0]
     );
     assert!(!con.exists::<_, bool>("k").unwrap());
@@ -405,7 +398,7 @@ fn fixed_window_cost_above_limit_never_succeeds_and_the_clock_never_runs_back() 
     let redis = RedisServer::start();
     let mut con = redis.connection();
     assert_eq!(
-        call(&mut con, &["w"], &[window("3/s", 4)], T0),
+        call(&mut con, &["w"], &[costing(window("3/s", 1), 4)], T0),
         vec![0, 3, -1, 1000, 0]
     );
     assert!(!con.exists::<_, bool>("w").unwrap());
@@ -512,7 +505,7 @@ fn token_and_leaky_buckets_are_gcra_with_capacity_as_tolerance() {
     let redis = RedisServer::start();
     let mut con = redis.connection();
     // Token bucket: capacity 5, refill 1/s. Five at once, then one per second.
-    let bucket = gcra_units("1/s", 5, 0, 1);
+    let bucket = limits::token_bucket("b", "1/s", 5).compile();
     let passed = (0..8)
         .filter(|_| call(&mut con, &["t"], std::slice::from_ref(&bucket), T0)[0] == 1)
         .count();
@@ -522,7 +515,7 @@ fn token_and_leaky_buckets_are_gcra_with_capacity_as_tolerance() {
         1
     );
     // Leaky bucket, capacity 3 draining 1/s: admitted iff level + cost <= capacity. It fills.
-    let leaky = gcra_units("1/s", 3, 0, 2);
+    let leaky = limits::leaky_bucket("l", "1/s", 3).cost(2).compile();
     assert_eq!(
         call(&mut con, &["l"], std::slice::from_ref(&leaky), T0)[..2],
         [1, 1]
@@ -545,7 +538,7 @@ fn token_and_leaky_buckets_are_gcra_with_capacity_as_tolerance() {
 fn max_delay_admits_and_delays_instead_of_denying() {
     let redis = RedisServer::start();
     let mut con = redis.connection();
-    let shaped = gcra_units("10/s", 1, 250_000, 1);
+    let shaped = shaped("10/s", 0, 250, 1);
     let replies: Vec<Vec<i64>> = (0..4)
         .map(|_| call(&mut con, &["s"], std::slice::from_ref(&shaped), T0))
         .collect();
@@ -625,7 +618,7 @@ fn sliding_window_edge_cases() {
     let redis = RedisServer::start();
     let mut con = redis.connection();
     assert_eq!(
-        call(&mut con, &["x"], &[sliding("3/s", 4)], T0)[2],
+        call(&mut con, &["x"], &[costing(sliding("3/s", 1), 4)], T0)[2],
         -1,
         "cost above the limit never passes"
     );
@@ -737,7 +730,7 @@ fn sliding_log_is_exact_and_keeps_one_unique_member_per_unit() {
         "one member per unit of cost"
     );
     assert_eq!(
-        call(&mut con, &["n"], &[log("3/s", 4)], T0)[2],
+        call(&mut con, &["n"], &[costing(log("3/s", 1), 4)], T0)[2],
         -1,
         "cost above the limit never passes"
     );
@@ -752,7 +745,7 @@ fn sliding_log_is_exact_and_keeps_one_unique_member_per_unit() {
 fn concurrency_leases_are_bounded_released_and_expire() {
     let redis = RedisServer::start();
     let mut con = redis.connection();
-    let limit = concurrency(2, 30 * SEC);
+    let limit = concurrency(2, 30);
     assert_eq!(
         call_as(&mut con, &["c"], std::slice::from_ref(&limit), Some(T0), 1).unwrap(),
         vec![1, 1, 0, 30_000, 0]
@@ -868,13 +861,13 @@ fn arb_limit() -> impl Strategy<Value = Limit> {
         (rate.clone(), 0u64..6, 0u64..300_000, 1u64..4).prop_map(
             |((_, rate), burst, delay, cost)| {
                 let delay = if delay < 150_000 { 0 } else { delay };
-                gcra_units(&rate, burst + 1, delay, cost.min(burst + 1))
+                shaped(&rate, burst, delay / 1000, cost.min(burst + 1))
             }
         ),
         (rate.clone(), 1u64..4).prop_map(|((count, rate), cost)| window(&rate, cost.min(count))),
         (rate.clone(), 1u64..4).prop_map(|((count, rate), cost)| sliding(&rate, cost.min(count))),
         (rate, 1u64..4).prop_map(|((count, rate), cost)| log(&rate, cost.min(count))),
-        (1u64..4, 1u64..3).prop_map(|(max, secs)| concurrency(max, secs * SEC)),
+        (1u64..4, 1u64..3).prop_map(|(max, secs)| concurrency(max, secs)),
     ]
 }
 
@@ -903,10 +896,7 @@ fn script_and_in_process_backend_agree() {
             let local = LocalLimiter::new(Arc::new(ManualClock::new(0)), 10_000);
             let names: Vec<String> = (0..limits.len()).map(|i| format!("prop:{i}")).collect();
             let keys: Vec<&str> = names.iter().map(String::as_str).collect();
-            let key_bytes: Vec<Key> = names
-                .iter()
-                .map(|n| Key::from_slice(n.as_bytes()))
-                .collect();
+            let key_bytes: Vec<&[u8]> = names.iter().map(|n| n.as_bytes()).collect();
             let costs = costs(&limits);
             let mut now = T0;
             let mut admitted: Vec<(u128, usize)> = Vec::new();
@@ -920,14 +910,12 @@ fn script_and_in_process_backend_agree() {
                 let n = if only_first { 1 } else { limits.len() };
                 if release && !admitted.is_empty() {
                     let (id, n) = admitted.remove(0);
-                    let request = LimitRequest {
-                        limits: &limits[..n],
-                        keys: &key_bytes[..n],
-                        costs: &costs[..n],
+                    let asks = asks(&key_bytes[..n], &costs[..n]);
+                    let entries = entries(&limits[..n], &asks);
+                    local.release_now(&LimitRequest {
                         id: RequestId(id),
-                        deadline: None,
-                    };
-                    local.release_now(&request);
+                        ..LimitRequest::new(&entries)
+                    });
                     let release_script = redis::Script::new(RELEASE_SOURCE);
                     let mut invocation = release_script.prepare_invoke();
                     for (limit, key) in limits[..n].iter().zip(&keys[..n]) {
@@ -943,12 +931,11 @@ fn script_and_in_process_backend_agree() {
                 let id = i as u128;
                 let reply = call_costs(&mut con, &keys[..n], &limits[..n], &costs[..n], now, id);
                 let from_redis = script::parse_reply(&reply, n).unwrap();
+                let asks = asks(&key_bytes[..n], &costs[..n]);
+                let entries = entries(&limits[..n], &asks);
                 let request = LimitRequest {
-                    limits: &limits[..n],
-                    keys: &key_bytes[..n],
-                    costs: &costs[..n],
                     id: RequestId(id),
-                    deadline: None,
+                    ..LimitRequest::new(&entries)
                 };
                 let from_local: Decision = local.check_at(&request, now as i64).unwrap();
                 prop_assert_eq!(

@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 
-use super::compile::{check_name, Problems};
-use super::rate::{parse_duration, parse_rate, Rate};
+use super::problem::{check_name, Problems};
+use super::rate::{parse_duration, parse_rate};
 use super::raw::RawLimit;
 use crate::keys::{KeyPart, KeySpec, OnMissing};
-use crate::limiter::{policy_of, Algorithm, Cost, Leasing, Limit};
+use crate::limiter::{Algorithm, Cost, Leasing, Limit, Rate};
 
 /// Keeps every microsecond quantity of the algorithms far below 2^53 (exact in Lua doubles).
 const MAX_TOLERANCE_US: u64 = 1 << 50;
@@ -36,12 +36,7 @@ fn accepts(algorithm: &str, field: &str) -> bool {
     }
 }
 
-fn duration(
-    text: Option<&str>,
-    at: String,
-    max: Duration,
-    p: &mut Problems<'_>,
-) -> Option<Duration> {
+fn duration(text: Option<&str>, at: String, max: Duration, p: &mut Problems) -> Option<Duration> {
     let value = parse_duration(text?)
         .map_err(|e| p.add(at.clone(), e))
         .ok()?;
@@ -55,11 +50,7 @@ fn duration(
 /// The most sub-keys a split limit may have.
 const MAX_SPLIT: u64 = 256;
 
-pub(crate) fn compile_limit(
-    at: &str,
-    raw: RawLimit,
-    p: &mut Problems<'_>,
-) -> Option<(Limit, KeySpec)> {
+pub(crate) fn compile_limit(at: &str, raw: RawLimit, p: &mut Problems) -> Option<(Limit, KeySpec)> {
     let name = match &raw.name {
         Some(name) => check_name(name, &format!("{at}.name"), p).then(|| name.clone()),
         None => {
@@ -152,7 +143,7 @@ pub(crate) fn compile_limit(
     let leased = compile_leasing(at, &raw, algorithm.as_ref(), p);
 
     let (name, algorithm, cost) = (name?, algorithm?, cost?);
-    let policy = rate.map(policy_of);
+    let policy = rate.map(|rate| rate.policy());
     // The key carries a fingerprint of the limit's definition: state written under one rate is
     // never read under another (a reload that loosens a limit starts fresh buckets).
     let [p1, p2, p3] = algorithm.script_params();
@@ -180,12 +171,7 @@ pub(crate) fn compile_limit(
 }
 
 /// `split: N`: how many sub-keys a hot limit is cut into (1 = not split).
-fn compile_split(
-    at: &str,
-    raw: &RawLimit,
-    algorithm: Option<&Algorithm>,
-    p: &mut Problems<'_>,
-) -> u32 {
+fn compile_split(at: &str, raw: &RawLimit, algorithm: Option<&Algorithm>, p: &mut Problems) -> u32 {
     let Some(split) = raw.split else {
         return 1;
     };
@@ -233,7 +219,7 @@ fn compile_leasing(
     at: &str,
     raw: &RawLimit,
     algorithm: Option<&Algorithm>,
-    p: &mut Problems<'_>,
+    p: &mut Problems,
 ) -> Option<Leasing> {
     let leased = match raw.mode.as_deref() {
         None | Some("exact") => false,
@@ -288,10 +274,10 @@ fn compile_algorithm(
     raw: &RawLimit,
     rate: Option<Rate>,
     max_delay: Duration,
-    p: &mut Problems<'_>,
+    p: &mut Problems,
 ) -> Option<Algorithm> {
     let max_delay_us = max_delay.as_micros() as u64;
-    let gcra = |units: u64, field: &str, p: &mut Problems<'_>| {
+    let gcra = |units: u64, field: &str, p: &mut Problems| {
         let rate = rate?;
         let emission_us = rate.period_us().div_ceil(rate.count.get());
         match units.checked_mul(emission_us) {
@@ -371,18 +357,13 @@ fn compile_algorithm(
     }
 }
 
-fn compile_cost(
-    at: &str,
-    raw: &RawLimit,
-    capacity: Option<u64>,
-    p: &mut Problems<'_>,
-) -> Option<Cost> {
+fn compile_cost(at: &str, raw: &RawLimit, capacity: Option<u64>, p: &mut Problems) -> Option<Cost> {
     let fixed = raw.cost.unwrap_or(1);
     if fixed == 0 {
         p.add(format!("{at}.cost"), "must be at least 1");
         return None;
     }
-    let too_large = |value: u64, field: &str, p: &mut Problems<'_>| match capacity {
+    let too_large = |value: u64, field: &str, p: &mut Problems| match capacity {
         Some(capacity) if value > capacity => {
             p.add(
                 format!("{at}.{field}"),

@@ -1,28 +1,9 @@
 //! `rate:` values: `N/s`, `N/m`, `N/h`, `N/d`, or `N/<count><unit>` such as `100/30s` or `5/500ms`.
 
-use std::fmt;
 use std::num::NonZeroU64;
 use std::time::Duration;
 
-/// A count of requests per period, as the operator wrote it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rate {
-    pub count: NonZeroU64,
-    pub period: Duration,
-}
-
-impl Rate {
-    /// The period in microseconds, the unit every limiter computes in.
-    pub fn period_us(&self) -> u64 {
-        self.period.as_micros() as u64
-    }
-}
-
-impl fmt::Display for Rate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}ms", self.count, self.period.as_millis())
-    }
-}
+use crate::limiter::Rate;
 
 /// The longest period a rate may have: one year keeps every microsecond count far below 2^53,
 /// so the Lua scripts (doubles) and the Rust backend compute identical integers.

@@ -6,10 +6,12 @@
 
 use serde::Deserialize;
 
+use super::server::ServerSettings;
+
 #[derive(Debug, Default, Deserialize)]
 pub struct RawConfig {
     #[serde(default)]
-    pub server: RawServer,
+    pub server: ServerSettings,
     #[serde(default)]
     pub listen: Vec<String>,
     pub admin: Option<RawAdmin>,
@@ -35,22 +37,6 @@ pub struct RawAccessLog {
 #[derive(Debug, Deserialize)]
 pub struct RawPath {
     pub encoded_slash: Option<String>,
-}
-
-/// The subset of Pingora's `ServerConf` an operator may set.
-#[derive(Debug, Default, Deserialize)]
-pub struct RawServer {
-    pub threads: Option<usize>,
-    pub pid_file: Option<String>,
-    pub upgrade_sock: Option<String>,
-    pub error_log: Option<String>,
-    pub user: Option<String>,
-    pub group: Option<String>,
-    pub daemon: Option<bool>,
-    pub work_stealing: Option<bool>,
-    pub grace_period_seconds: Option<u64>,
-    pub graceful_shutdown_timeout_seconds: Option<u64>,
-    pub upstream_keepalive_pool_size: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]

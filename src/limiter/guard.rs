@@ -11,6 +11,8 @@
 //!   of Redis returning); then one request probes it. Errors while open are `breaker_open`, and
 //!   the failure mode applies. Its state is `sluice_redis_breaker_state` and each transition is
 //!   logged.
+//!
+//! Both read time from the injected [`Clock`], and count through handles given at construction.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -18,10 +20,35 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use prometheus::{IntCounter, IntGauge};
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::{Algorithm, Cost, Decision, Key, LimitRequest, Limiter, LimiterError, Readiness};
-use crate::metrics;
+use super::algorithm::Algorithm;
+use super::backend::Limiter;
+use super::clock::Clock;
+use super::decision::Decision;
+use super::error::LimiterError;
+use super::limit::Cost;
+use super::request::{Entry, LimitRequest};
+
+/// What the guards count: deny-cache hits and the breaker's state.
+#[derive(Clone)]
+pub struct GuardMeters {
+    pub deny_cache_hits: IntCounter,
+    /// 0 closed, 1 open, 2 half-open.
+    pub breaker_state: IntGauge,
+}
+
+impl GuardMeters {
+    /// Handles registered nowhere (tests and tools).
+    pub fn unregistered() -> GuardMeters {
+        GuardMeters {
+            deny_cache_hits: IntCounter::new("deny_cache_hits", "unregistered")
+                .expect("a valid counter"),
+            breaker_state: IntGauge::new("breaker_state", "unregistered").expect("a valid gauge"),
+        }
+    }
+}
 
 const SHARDS: usize = 16;
 /// Keys the deny cache holds at most; beyond it, new denials are simply not cached.
@@ -56,11 +83,14 @@ impl DenyCache {
         &self.shards[(xxh3_64(key) % SHARDS as u64) as usize]
     }
 
-    /// The cached decision for any of `keys`, aged to `now`.
-    pub fn lookup(&self, keys: &[Key], now: Instant) -> Option<Decision> {
-        for key in keys {
-            let shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(denial) = shard.get(key.as_slice()).filter(|d| d.until > now) {
+    /// The cached decision for the key of any of `entries`, aged to `now`.
+    pub fn lookup(&self, entries: &[Entry<'_>], now: Instant) -> Option<Decision> {
+        for entry in entries {
+            let shard = self
+                .shard(entry.key)
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(denial) = shard.get(entry.key).filter(|d| d.until > now) {
                 let elapsed = now.duration_since(denial.at).as_millis() as u64;
                 let mut decision = denial.decision.clone();
                 for status in &mut decision.statuses {
@@ -79,20 +109,22 @@ impl DenyCache {
         let Some(index) = decision.denied_by else {
             return;
         };
-        let limit = &request.limits[index];
+        let Some(entry) = request.entries.get(index) else {
+            return;
+        };
         // Only a denial of the limit's own fixed cost says when *any* request can pass: a
         // leased top-up asks for more than that (and is asked again exactly when denied).
-        let fixed_cost = matches!(limit.cost, Cost::Fixed(cost) if request.costs[index] == cost);
-        let concurrency = matches!(limit.algorithm, Algorithm::Concurrency { .. });
+        let fixed_cost = matches!(entry.limit.cost, Cost::Fixed(cost) if entry.cost == cost);
+        let concurrency = matches!(entry.limit.algorithm, Algorithm::Concurrency { .. });
         let Some(Some(retry_ms)) = decision.retry_after_ms() else {
             return;
         };
         if !fixed_cost || concurrency || retry_ms == 0 {
             return;
         }
-        let key = &request.keys[index];
+        let key = entry.key;
         let mut shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
-        if shard.len() >= self.shard_capacity && !shard.contains_key(key.as_slice()) {
+        if shard.len() >= self.shard_capacity && !shard.contains_key(key) {
             shard.retain(|_, d| d.until > now);
             if shard.len() >= self.shard_capacity {
                 return;
@@ -103,7 +135,7 @@ impl DenyCache {
             at: now,
             decision: decision.clone(),
         };
-        shard.insert(Box::from(key.as_slice()), denial);
+        shard.insert(Box::from(key), denial);
     }
 
     pub fn len(&self) -> usize {
@@ -138,28 +170,27 @@ impl BreakerState {
 
 /// Stops calling a failing backend for a short, growing interval; one request probes it.
 pub struct Breaker {
+    clock: Arc<dyn Clock>,
     epoch: Instant,
     state: AtomicU8,
     failures: AtomicU32,
     open_until_ms: AtomicU64,
     interval_ms: AtomicU64,
-}
-
-impl Default for Breaker {
-    fn default() -> Self {
-        Breaker::new()
-    }
+    gauge: IntGauge,
 }
 
 impl Breaker {
-    pub fn new() -> Breaker {
-        metrics::BREAKER_STATE.set(0);
+    /// A closed breaker; `gauge` shows its state.
+    pub fn new(clock: Arc<dyn Clock>, gauge: IntGauge) -> Breaker {
+        gauge.set(BreakerState::Closed as i64);
         Breaker {
-            epoch: Instant::now(),
+            epoch: clock.instant(),
+            clock,
             state: AtomicU8::new(BreakerState::Closed as u8),
             failures: AtomicU32::new(0),
             open_until_ms: AtomicU64::new(0),
             interval_ms: AtomicU64::new(FIRST_OPEN_MS),
+            gauge,
         }
     }
 
@@ -168,7 +199,7 @@ impl Breaker {
     }
 
     fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        self.clock.instant().duration_since(self.epoch).as_millis() as u64
     }
 
     fn transition(&self, from: BreakerState, to: BreakerState) -> bool {
@@ -177,7 +208,7 @@ impl Breaker {
             .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if moved {
-            metrics::BREAKER_STATE.set(to as i64);
+            self.gauge.set(to as i64);
             match to {
                 BreakerState::Open => log::warn!(
                     "redis circuit breaker open: not calling Redis for {} ms",
@@ -235,16 +266,25 @@ impl Breaker {
 /// A backend behind the deny cache and, for Redis, the breaker.
 pub struct Guarded {
     inner: Arc<dyn Limiter>,
+    clock: Arc<dyn Clock>,
     deny_cache: DenyCache,
     breaker: Option<Breaker>,
+    deny_cache_hits: IntCounter,
 }
 
 impl Guarded {
-    pub fn new(inner: Arc<dyn Limiter>, with_breaker: bool) -> Guarded {
+    pub fn new(
+        inner: Arc<dyn Limiter>,
+        with_breaker: bool,
+        clock: Arc<dyn Clock>,
+        meters: GuardMeters,
+    ) -> Guarded {
         Guarded {
             inner,
             deny_cache: DenyCache::new(DENY_CACHE_CAPACITY),
-            breaker: with_breaker.then(Breaker::new),
+            breaker: with_breaker.then(|| Breaker::new(Arc::clone(&clock), meters.breaker_state)),
+            clock,
+            deny_cache_hits: meters.deny_cache_hits,
         }
     }
 }
@@ -252,9 +292,9 @@ impl Guarded {
 #[async_trait]
 impl Limiter for Guarded {
     async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
-        let now = Instant::now();
-        if let Some(decision) = self.deny_cache.lookup(request.keys, now) {
-            metrics::DENY_CACHE_HITS.inc();
+        let now = self.clock.instant();
+        if let Some(decision) = self.deny_cache.lookup(request.entries, now) {
+            self.deny_cache_hits.inc();
             return Ok(decision);
         }
         if let Some(breaker) = &self.breaker {
@@ -275,34 +315,16 @@ impl Limiter for Guarded {
         }
         result
     }
-
-    async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
-        self.inner.release(request).await
-    }
-
-    async fn refund(
-        &self,
-        algorithm: &Algorithm,
-        key: &[u8],
-        units: u64,
-    ) -> Result<(), LimiterError> {
-        self.inner.refund(algorithm, key, units).await
-    }
-
-    async fn readiness(&self) -> Readiness {
-        self.inner.readiness().await
-    }
-
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::rate::parse_rate;
-    use crate::limiter::{Limit, LimitStatus, RequestId};
+    use crate::limiter::clock::ManualClock;
+    use crate::limiter::limit::Limit;
+    use crate::limiter::request::entries;
+    use crate::limiter::status::LimitStatus;
+    use crate::limiter::testing::{asks, concurrency, gcra, limit, window};
 
     fn denied(retry: u64) -> Decision {
         Decision::from_statuses(vec![LimitStatus {
@@ -314,135 +336,90 @@ mod tests {
         }])
     }
 
+    /// Remembers a denial of `limits[0]` asked at `cost`.
+    fn remember(cache: &DenyCache, limits: &[Limit], cost: u64, retry: u64, now: Instant) {
+        let asks = asks(&[b"k"], &[cost]);
+        let entries = entries(limits, &asks);
+        cache.remember(&LimitRequest::new(&entries), &denied(retry), now);
+    }
+
+    fn lookup(cache: &DenyCache, key: &[u8], now: Instant) -> Option<Decision> {
+        let limits = [limit("l", gcra(1, 0))];
+        let asks = asks(&[key], &[1]);
+        let entries = entries(&limits, &asks);
+        cache.lookup(&entries, now)
+    }
+
     #[test]
     fn denials_are_served_locally_until_they_expire() {
         let cache = DenyCache::new(10);
-        let limits = [Limit::new(
-            "l",
-            Algorithm::Gcra {
-                emission_us: 1000,
-                tolerance_us: 1000,
-                max_delay_us: 0,
-            },
-            1,
-            parse_rate("1/s").unwrap(),
-        )];
-        let keys = vec![Key::from_slice(b"k")];
-        let request = LimitRequest {
-            limits: &limits,
-            keys: &keys,
-            costs: &[1],
-            id: RequestId(0),
-            deadline: None,
-        };
         let t0 = Instant::now();
-        cache.remember(&request, &denied(1000), t0);
-        let aged = cache
-            .lookup(&keys, t0 + Duration::from_millis(400))
-            .unwrap();
+        remember(&cache, &[limit("l", gcra(1000, 0))], 1, 1000, t0);
+        let aged = lookup(&cache, b"k", t0 + Duration::from_millis(400)).unwrap();
         assert_eq!(aged.statuses[0].retry_after_ms, Some(600));
-        assert!(cache
-            .lookup(&keys, t0 + Duration::from_millis(1000))
-            .is_none());
-        assert!(cache.lookup(&[Key::from_slice(b"other")], t0).is_none());
+        assert!(lookup(&cache, b"k", t0 + Duration::from_millis(1000)).is_none());
+        assert!(lookup(&cache, b"other", t0).is_none());
     }
 
     #[test]
     fn concurrency_header_costs_and_lease_asks_are_never_cached() {
         let cache = DenyCache::new(10);
-        let concurrency = [Limit::new(
-            "c",
-            Algorithm::Concurrency {
-                max: 1,
-                lease_us: 1,
-            },
-            1,
-            parse_rate("1/s").unwrap(),
-        )];
-        let keys = vec![Key::from_slice(b"k")];
         let now = Instant::now();
-        cache.remember(
-            &LimitRequest {
-                limits: &concurrency,
-                keys: &keys,
-                costs: &[1],
-                id: RequestId(0),
-                deadline: None,
-            },
-            &denied(500),
-            now,
-        );
-        let mut header = Limit::new(
-            "h",
-            Algorithm::FixedWindow {
-                limit: 5,
-                window_us: 1,
-            },
-            1,
-            parse_rate("1/s").unwrap(),
-        );
+        remember(&cache, &[limit("c", concurrency(1))], 1, 500, now);
+        let mut header = limit("h", window(5));
         header.cost = Cost::Header {
             name: http::header::HeaderName::from_static("x-cost"),
             max: 5,
             default: 1,
         };
-        cache.remember(
-            &LimitRequest {
-                limits: &[header],
-                keys: &keys,
-                costs: &[1],
-                id: RequestId(0),
-                deadline: None,
-            },
-            &denied(500),
-            now,
-        );
+        remember(&cache, &[header], 1, 500, now);
         // A lease asks for more than the limit's cost: its denial says nothing about cost 1.
-        let window = Limit::new(
-            "w",
-            Algorithm::FixedWindow {
-                limit: 5,
-                window_us: 1,
-            },
-            1,
-            parse_rate("1/s").unwrap(),
-        );
-        cache.remember(
-            &LimitRequest {
-                limits: &[window],
-                keys: &keys,
-                costs: &[4],
-                id: RequestId(0),
-                deadline: None,
-            },
-            &denied(500),
-            now,
-        );
+        remember(&cache, &[limit("w", window(5))], 4, 500, now);
         assert!(cache.is_empty());
     }
 
     #[test]
     fn the_breaker_opens_after_repeated_failures_and_a_probe_closes_it() {
-        let breaker = Breaker::new();
+        let clock = Arc::new(ManualClock::new(0));
+        let gauge = GuardMeters::unregistered().breaker_state;
+        let breaker = Breaker::new(clock.clone(), gauge.clone());
         for _ in 0..FAILURES_TO_OPEN {
             assert!(breaker.admit());
             breaker.on_failure();
         }
         assert_eq!(breaker.state(), BreakerState::Open);
+        assert_eq!(gauge.get(), 1);
         assert!(!breaker.admit());
-        std::thread::sleep(Duration::from_millis(FIRST_OPEN_MS + 10));
+        clock.advance_by(Duration::from_millis(FIRST_OPEN_MS - 1));
+        assert!(!breaker.admit(), "still open just before the interval ends");
+        clock.advance_by(Duration::from_millis(1));
         assert!(breaker.admit(), "one probe");
-        assert_eq!(breaker.state(), BreakerState::HalfOpen);
+        assert_eq!((breaker.state(), gauge.get()), (BreakerState::HalfOpen, 2));
         assert!(!breaker.admit(), "only one probe at a time");
         breaker.on_failure();
         assert_eq!(
             (breaker.state(), breaker.interval_ms.load(Ordering::Relaxed)),
             (BreakerState::Open, 2 * FIRST_OPEN_MS)
         );
-        std::thread::sleep(Duration::from_millis(2 * FIRST_OPEN_MS + 10));
+        clock.advance_by(Duration::from_millis(2 * FIRST_OPEN_MS));
         assert!(breaker.admit());
         breaker.on_success();
-        assert_eq!(breaker.state(), BreakerState::Closed);
+        assert_eq!((breaker.state(), gauge.get()), (BreakerState::Closed, 0));
         assert!(breaker.admit());
+    }
+
+    #[test]
+    fn the_interval_doubles_up_to_its_cap() {
+        let clock = Arc::new(ManualClock::new(0));
+        let breaker = Breaker::new(clock.clone(), GuardMeters::unregistered().breaker_state);
+        for _ in 0..FAILURES_TO_OPEN {
+            breaker.on_failure();
+        }
+        for _ in 0..5 {
+            clock.advance_by(Duration::from_millis(MAX_OPEN_MS));
+            assert!(breaker.admit());
+            breaker.on_failure();
+        }
+        assert_eq!(breaker.interval_ms.load(Ordering::Relaxed), MAX_OPEN_MS);
     }
 }

@@ -20,15 +20,47 @@ use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use prometheus::{IntCounter, IntGauge};
 use smallvec::SmallVec;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::metrics;
+use super::algorithm::Algorithm;
+use super::backend::{Limiter, RefundUnits};
+use super::clock::Clock;
+use super::decision::{Decision, Statuses};
+use super::error::LimiterError;
+use super::limit::{Leasing, Limit, LIMITS_INLINE};
+use super::request::{Entries, Entry, LimitRequest};
+use super::status::LimitStatus;
 
-use super::{
-    Algorithm, Costs, Decision, Key, Leasing, Limit, LimitRequest, LimitStatus, Limiter,
-    LimiterError, Readiness, Statuses, LIMITS_INLINE,
-};
+/// What leasing counts.
+#[derive(Clone)]
+pub struct LeaseMeters {
+    /// Decisions paid from units held, without a backend call.
+    pub held_decisions: IntCounter,
+    /// Calls that took units beyond the request's own cost.
+    pub top_ups: IntCounter,
+    /// Units given back unspent.
+    pub units_returned: IntCounter,
+    /// Units held unspent, over all keys.
+    pub units_held: IntGauge,
+}
+
+impl LeaseMeters {
+    /// Handles registered nowhere (tests and tools).
+    pub fn unregistered() -> LeaseMeters {
+        let counter = |name| IntCounter::new(name, "unregistered").expect("a valid counter");
+        LeaseMeters {
+            held_decisions: counter("held_decisions"),
+            top_ups: counter("top_ups"),
+            units_returned: counter("units_returned"),
+            units_held: IntGauge::new("units_held", "unregistered").expect("a valid gauge"),
+        }
+    }
+}
+
+/// Per-request vectors of a leased call, inline for routes of ordinary size.
+type Costs = SmallVec<[u64; LIMITS_INLINE]>;
 
 const SHARDS: usize = 16;
 /// Keys a gateway holds leases for at most; beyond it, further keys are decided exactly.
@@ -125,13 +157,15 @@ type Shard = Mutex<HashMap<Box<[u8]>, Pool>>;
 struct Pools {
     shards: Box<[Shard]>,
     shard_capacity: usize,
+    meters: LeaseMeters,
 }
 
 impl Pools {
-    fn new(capacity: usize) -> Pools {
+    fn new(capacity: usize, meters: LeaseMeters) -> Pools {
         Pools {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             shard_capacity: capacity.div_ceil(SHARDS).max(1),
+            meters,
         }
     }
 
@@ -166,7 +200,7 @@ impl Pools {
             pool.units -= cost;
             pool.spent_since_top_up += cost;
             pool.last_used = now;
-            metrics::LEASE_HELD_DECISIONS.inc();
+            self.meters.held_decisions.inc();
             return Step::Held(pool.status(now));
         }
         if pool.topping_up(now) {
@@ -192,7 +226,7 @@ impl Pools {
         }
         let reset = Duration::from_millis(status.reset_after_ms);
         if kept > 0 {
-            metrics::LEASE_TOP_UPS.inc();
+            self.meters.top_ups.inc();
         }
         pool.units += kept;
         pool.reset_at = now + reset;
@@ -253,18 +287,28 @@ impl Pools {
 }
 
 /// A limiter that serves `mode: leased` limits from leases taken of `inner`; routes without
-/// leased limits go straight to `inner`.
+/// leased limits go straight to `inner`. Unspent units go back through `refunds`, the backend
+/// itself.
 pub struct Leased {
     inner: Arc<dyn Limiter>,
+    refunds: Arc<dyn RefundUnits>,
+    clock: Arc<dyn Clock>,
     pools: Arc<Pools>,
     sweeper: Once,
 }
 
 impl Leased {
-    pub fn new(inner: Arc<dyn Limiter>) -> Leased {
+    pub fn new(
+        inner: Arc<dyn Limiter>,
+        refunds: Arc<dyn RefundUnits>,
+        clock: Arc<dyn Clock>,
+        meters: LeaseMeters,
+    ) -> Leased {
         Leased {
             inner,
-            pools: Arc::new(Pools::new(POOL_CAPACITY)),
+            refunds,
+            clock,
+            pools: Arc::new(Pools::new(POOL_CAPACITY, meters)),
             sweeper: Once::new(),
         }
     }
@@ -276,7 +320,7 @@ impl Leased {
 
     /// Gives back the units of keys idle (or windows closed) at `now`.
     pub async fn give_back_idle(&self, now: Instant) {
-        give_back(&self.pools, self.inner.as_ref(), now).await;
+        give_back(&self.pools, self.refunds.as_ref(), now).await;
     }
 
     /// Starts the task that gives back idle keys' units, inside the runtime serving requests.
@@ -286,50 +330,49 @@ impl Leased {
                 return;
             };
             let pools = Arc::downgrade(&self.pools);
-            let inner = Arc::downgrade(&self.inner);
+            let refunds = Arc::downgrade(&self.refunds);
+            let clock = Arc::clone(&self.clock);
             runtime.spawn(async move {
                 let mut tick = tokio::time::interval(SWEEP_EVERY);
                 loop {
                     tick.tick().await;
-                    let (Some(pools), Some(inner)) = (pools.upgrade(), inner.upgrade()) else {
+                    let (Some(pools), Some(refunds)) = (pools.upgrade(), refunds.upgrade()) else {
                         break;
                     };
-                    give_back(&pools, inner.as_ref(), Instant::now()).await;
+                    give_back(&pools, refunds.as_ref(), clock.instant()).await;
                 }
             });
         });
     }
 
-    /// One backend call for the limits in `asked`, at the given costs.
+    /// One backend call for the entries in `asked`, at the given costs.
     async fn ask(
         &self,
         request: &LimitRequest<'_>,
         asked: &[usize],
         costs: &[u64],
     ) -> Result<Decision, LimiterError> {
-        if asked.len() == request.limits.len() {
-            let whole = LimitRequest { costs, ..*request };
-            return self.inner.check(&whole).await;
-        }
-        let limits: Vec<Limit> = asked.iter().map(|&i| request.limits[i].clone()).collect();
-        let keys: Vec<Key> = asked.iter().map(|&i| request.keys[i].clone()).collect();
-        let part = LimitRequest {
-            limits: &limits,
-            keys: &keys,
-            costs,
-            ..*request
-        };
-        self.inner.check(&part).await
+        let entries: Entries = asked
+            .iter()
+            .zip(costs)
+            .filter_map(|(&i, &cost)| request.entries.get(i).map(|entry| Entry { cost, ..*entry }))
+            .collect();
+        self.inner
+            .check(&LimitRequest {
+                entries: &entries,
+                ..*request
+            })
+            .await
     }
 
     /// Undoes what `steps` did to the pools when the request is not admitted.
     fn unwind(&self, request: &LimitRequest<'_>, steps: &[Step]) {
-        for (i, step) in steps.iter().enumerate() {
+        for (entry, step) in request.entries.iter().zip(steps) {
             match *step {
-                Step::Held(_) => self.pools.put_back(&request.keys[i], request.costs[i]),
+                Step::Held(_) => self.pools.put_back(entry.key, entry.cost),
                 Step::Ask {
                     topping_up: true, ..
-                } => self.pools.abandon(&request.keys[i]),
+                } => self.pools.abandon(entry.key),
                 Step::Ask { .. } => {}
             }
         }
@@ -348,33 +391,36 @@ fn unreachable_status() -> LimitStatus {
     }
 }
 
-async fn give_back(pools: &Pools, inner: &dyn Limiter, now: Instant) {
+async fn give_back(pools: &Pools, refunds: &dyn RefundUnits, now: Instant) {
     for (algorithm, key, units) in pools.sweep(now) {
-        match inner.refund(&algorithm, &key, units).await {
-            Ok(()) => metrics::LEASE_UNITS_RETURNED.inc_by(units),
+        match refunds.refund(&algorithm, &key, units).await {
+            Ok(()) => pools.meters.units_returned.inc_by(units),
             Err(error) => log::debug!("could not give back {units} leased units: {error}"),
         }
     }
-    metrics::LEASE_UNITS_HELD.set(i64::try_from(pools.held()).unwrap_or(i64::MAX));
+    pools
+        .meters
+        .units_held
+        .set(i64::try_from(pools.held()).unwrap_or(i64::MAX));
 }
 
 #[async_trait]
 impl Limiter for Leased {
     async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
-        if request.limits.iter().all(|l| l.leased.is_none()) {
+        if request.entries.iter().all(|e| e.limit.leased.is_none()) {
             return self.inner.check(request).await;
         }
         self.start_sweeper();
-        let now = Instant::now();
+        let now = self.clock.instant();
         let steps: SmallVec<[Step; LIMITS_INLINE]> = request
-            .limits
+            .entries
             .iter()
-            .zip(request.keys)
-            .zip(request.costs)
-            .map(|((limit, key), &cost)| match limit.leased {
-                Some(leasing) => self.pools.take(limit, leasing, key, cost, now),
+            .map(|entry| match entry.limit.leased {
+                Some(leasing) => self
+                    .pools
+                    .take(entry.limit, leasing, entry.key, entry.cost, now),
                 None => Step::Ask {
-                    want: cost,
+                    want: entry.cost,
                     topping_up: false,
                 },
             })
@@ -389,14 +435,14 @@ impl Limiter for Leased {
                 Step::Held(_) => 0,
             })
             .collect();
-        let costs: Costs = asked.iter().map(|&i| request.costs[i]).collect();
+        let costs: Costs = asked.iter().map(|&i| request.entries[i].cost).collect();
 
         if asked.is_empty() {
             let statuses = steps.iter().map(|step| match *step {
                 Step::Held(status) => status,
                 Step::Ask { .. } => unreachable_status(),
             });
-            return Ok(Decision::of(statuses.collect::<Statuses>(), request.limits));
+            return Ok(request.decision(statuses.collect::<Statuses>()));
         }
         let mut answer = self.ask(request, &asked, &wants).await;
         // The larger ask stands only if it was allowed; otherwise ask once more, exactly.
@@ -424,11 +470,11 @@ impl Limiter for Leased {
         let allowed = answer.allowed();
         let mut answered = answer.statuses.iter().zip(&wants);
         let mut statuses = Statuses::new();
-        for (i, step) in steps.iter().enumerate() {
+        for (entry, step) in request.entries.iter().zip(&steps) {
             let status = match *step {
                 Step::Held(status) => {
                     if !allowed {
-                        self.pools.put_back(&request.keys[i], request.costs[i]);
+                        self.pools.put_back(entry.key, entry.cost);
                     }
                     status
                 }
@@ -437,15 +483,14 @@ impl Limiter for Leased {
                         statuses.push(unreachable_status());
                         continue;
                     };
-                    let cost = request.costs[i];
                     // A shadow limit that denied consumed nothing, even in an allowed request.
                     let kept = if allowed && leasing && status.allowed {
-                        want - cost
+                        want - entry.cost
                     } else {
                         0
                     };
                     if topping_up {
-                        self.pools.settle(&request.keys[i], kept, cost, status, now);
+                        self.pools.settle(entry.key, kept, entry.cost, status, now);
                     }
                     LimitStatus {
                         remaining: status.remaining + kept,
@@ -455,28 +500,7 @@ impl Limiter for Leased {
             };
             statuses.push(status);
         }
-        Ok(Decision::of(statuses, request.limits))
-    }
-
-    async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
-        self.inner.release(request).await
-    }
-
-    async fn refund(
-        &self,
-        algorithm: &Algorithm,
-        key: &[u8],
-        units: u64,
-    ) -> Result<(), LimiterError> {
-        self.inner.refund(algorithm, key, units).await
-    }
-
-    async fn readiness(&self) -> Readiness {
-        self.inner.readiness().await
-    }
-
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
+        Ok(request.decision(statuses))
     }
 }
 
@@ -485,14 +509,14 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::config::rate::parse_rate;
-    use crate::limiter::clock::ManualClock;
+    use crate::limiter::clock::{ManualClock, SystemClock};
     use crate::limiter::local::LocalLimiter;
-    use crate::limiter::RequestId;
+    use crate::limiter::request::entries;
+    use crate::limiter::testing::{asks, limit, window};
 
     /// The in-process backend, counting the checks that reach it.
     struct Counting {
-        backend: LocalLimiter,
+        backend: Arc<LocalLimiter>,
         checks: AtomicUsize,
     }
 
@@ -502,72 +526,61 @@ mod tests {
             self.checks.fetch_add(1, Ordering::Relaxed);
             self.backend.check(request).await
         }
-        async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
-            self.backend.release(request).await
-        }
-        async fn refund(&self, a: &Algorithm, key: &[u8], units: u64) -> Result<(), LimiterError> {
-            self.backend.refund(a, key, units).await
-        }
-        async fn readiness(&self) -> Readiness {
-            Readiness::Ready
-        }
-        fn backend(&self) -> &'static str {
-            "counting"
-        }
     }
 
     /// A backend whose clock stands still (no refill), and its checks counted.
     fn backend() -> Arc<Counting> {
         Arc::new(Counting {
-            backend: LocalLimiter::new(Arc::new(ManualClock::new(0)), 1000),
+            backend: Arc::new(LocalLimiter::new(Arc::new(ManualClock::new(0)), 1000)),
             checks: AtomicUsize::new(0),
         })
     }
 
+    /// A gateway leasing from `backend`, giving units back to it.
+    fn gateway(backend: &Arc<Counting>) -> Leased {
+        Leased::new(
+            backend.clone(),
+            backend.backend.clone(),
+            Arc::new(SystemClock),
+            LeaseMeters::unregistered(),
+        )
+    }
+
     fn leased(algorithm: Algorithm, max_units: u64) -> [Limit; 1] {
-        let mut limit = Limit::new("hot", algorithm, 1, parse_rate("1/s").unwrap());
+        let mut limit = limit("hot", algorithm);
         limit.leased = Some(Leasing { max_units });
         [limit]
     }
 
-    fn window(limit: u64) -> Algorithm {
-        Algorithm::FixedWindow {
-            limit,
-            window_us: 3_600_000_000,
-        }
-    }
-
     const KEY: &[u8] = b"hot";
 
+    async fn call_keys(
+        limiter: &dyn Limiter,
+        limits: &[Limit],
+        keys: &[&[u8]],
+        costs: &[u64],
+    ) -> Decision {
+        let asks = asks(keys, costs);
+        let entries = entries(limits, &asks);
+        limiter
+            .check(&LimitRequest::new(&entries))
+            .await
+            .expect("decided")
+    }
+
     async fn call(limiter: &dyn Limiter, limits: &[Limit], cost: u64) -> Decision {
-        let keys = [Key::from_slice(KEY)];
-        let request = LimitRequest {
-            limits,
-            keys: &keys,
-            costs: &[cost],
-            id: RequestId(1),
-            deadline: None,
-        };
-        limiter.check(&request).await.expect("decided")
+        call_keys(limiter, limits, &[KEY], &[cost]).await
     }
 
     /// What the backend has left of the key (a cost-0 peek, not counted as a gateway check).
     async fn left(backend: &Counting, limits: &[Limit]) -> u64 {
-        let keys = [Key::from_slice(KEY)];
-        let request = LimitRequest {
-            limits,
-            keys: &keys,
-            costs: &[0],
-            id: RequestId(1),
-            deadline: None,
-        };
-        backend.backend.check(&request).await.unwrap().statuses[0].remaining
+        call(backend.backend.as_ref(), limits, 0).await.statuses[0].remaining
     }
 
     #[tokio::test]
     async fn a_hot_key_is_served_from_leases_with_few_backend_calls() {
         let backend = backend();
-        let gateway = Leased::new(backend.clone());
+        let gateway = gateway(&backend);
         let limits = leased(window(1000), 100);
         for _ in 0..200 {
             assert!(call(&gateway, &limits, 1).await.allowed());
@@ -582,7 +595,7 @@ mod tests {
     #[tokio::test]
     async fn two_gateways_never_admit_more_than_the_limit_and_idle_units_go_back() {
         let backend = backend();
-        let (a, b) = (Leased::new(backend.clone()), Leased::new(backend.clone()));
+        let (a, b) = (gateway(&backend), gateway(&backend));
         let limits = leased(window(100), 10);
         let mut admitted = 0;
         for i in 0..300 {
@@ -610,7 +623,7 @@ mod tests {
     #[tokio::test]
     async fn a_denied_top_up_is_asked_again_for_the_exact_cost() {
         let backend = backend();
-        let gateway = Leased::new(backend.clone());
+        let gateway = gateway(&backend);
         let limits = leased(window(100), 50);
         // The first request starts the clock; the second leases 50 more.
         for _ in 0..2 {
@@ -636,21 +649,14 @@ mod tests {
     #[tokio::test]
     async fn units_paid_from_a_lease_are_put_back_when_another_limit_denies() {
         let backend = backend();
-        let gateway = Leased::new(backend.clone());
+        let gateway = gateway(&backend);
         let [hot] = leased(window(100), 10);
-        let strict = Limit::new("strict", window(3), 1, parse_rate("3/h").unwrap());
+        let strict = limit("strict", window(3));
         let limits = [hot, strict];
-        let keys = [Key::from_slice(KEY), Key::from_slice(b"strict")];
         let mut admitted = 0;
         for _ in 0..10 {
-            let request = LimitRequest {
-                limits: &limits,
-                keys: &keys,
-                costs: &[1, 1],
-                id: RequestId(1),
-                deadline: None,
-            };
-            admitted += usize::from(gateway.check(&request).await.unwrap().allowed());
+            let decision = call_keys(&gateway, &limits, &[KEY, b"strict"], &[1, 1]).await;
+            admitted += usize::from(decision.allowed());
         }
         assert_eq!(admitted, 3);
         let held = gateway.held();
@@ -660,7 +666,7 @@ mod tests {
     #[tokio::test]
     async fn a_shadow_limit_that_denies_a_top_up_keeps_nothing() {
         let backend = backend();
-        let gateway = Leased::new(backend.clone());
+        let gateway = gateway(&backend);
         let mut limits = leased(window(10), 5);
         limits[0].shadow = true;
         for _ in 0..2 {
@@ -685,7 +691,7 @@ mod tests {
 
     #[test]
     fn a_top_up_dropped_with_its_request_is_abandoned_after_a_while() {
-        let pools = Pools::new(10);
+        let pools = Pools::new(10, LeaseMeters::unregistered());
         let [limit] = leased(window(100), 10);
         let leasing = Leasing { max_units: 10 };
         let t0 = Instant::now();

@@ -22,8 +22,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisConnectionInfo, RedisFuture, Value};
 
-use super::LimiterError;
-use crate::config::Topology;
+use super::error::LimiterError;
+use super::topology::Topology;
 
 /// How long a (re)connect attempt may take in the background; requests never wait for it
 /// beyond their own deadline.

@@ -13,21 +13,27 @@ use async_trait::async_trait;
 use smallvec::SmallVec;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::algorithm::{self, Refund, State, Write};
+use super::algorithm::{self, Algorithm, Refund, State, Write};
+use super::backend::{Backend, Limiter, Readiness, RefundUnits, ReleaseSlots};
 use super::clock::Clock;
-use super::{
-    Algorithm, Decision, Key, LimitRequest, LimitStatus, Limiter, LimiterError, Readiness,
-    Statuses, LIMITS_INLINE,
-};
+use super::decision::{Decision, Statuses};
+use super::error::LimiterError;
+use super::limit::LIMITS_INLINE;
+use super::request::{Entry, LimitRequest};
+use super::status::LimitStatus;
 
 const SHARDS: usize = 64;
 
-struct Entry {
+/// Keys the in-process backend tracks at most, unless told otherwise.
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// One key's state and when it becomes equivalent to absent.
+struct Record {
     state: State,
     expires_at_us: i64,
 }
 
-type Shard = HashMap<Box<[u8]>, Entry>;
+type Shard = HashMap<Box<[u8]>, Record>;
 /// The locked shards of one request, and per key the index of its shard's guard.
 type Guards<'a> = SmallVec<[MutexGuard<'a, Shard>; LIMITS_INLINE]>;
 type Slots = SmallVec<[usize; LIMITS_INLINE]>;
@@ -54,10 +60,10 @@ impl LocalLimiter {
         (xxh3_64(key) % SHARDS as u64) as usize
     }
 
-    /// Locks the shards of `keys` in ascending order; returns the guards and, per key, the
-    /// index of its guard.
-    fn lock<'a>(&'a self, keys: &[Key]) -> (Guards<'a>, Slots) {
-        let shard_ids: Slots = keys.iter().map(|k| Self::shard_of(k)).collect();
+    /// Locks the shards of the entries' keys in ascending order; returns the guards and, per
+    /// entry, the index of its guard.
+    fn lock<'a>(&'a self, entries: &[Entry<'_>]) -> (Guards<'a>, Slots) {
+        let shard_ids: Slots = entries.iter().map(|e| Self::shard_of(e.key)).collect();
         let mut order = shard_ids.clone();
         order.sort_unstable();
         order.dedup();
@@ -82,22 +88,8 @@ impl LocalLimiter {
         request: &LimitRequest<'_>,
         now_us: i64,
     ) -> Result<Decision, LimiterError> {
-        let LimitRequest {
-            limits,
-            keys,
-            costs,
-            id,
-            ..
-        } = *request;
-        if limits.len() != keys.len() || limits.len() != costs.len() {
-            return Err(LimiterError::Reply(format!(
-                "{} limits, {} keys, {} costs",
-                limits.len(),
-                keys.len(),
-                costs.len()
-            )));
-        }
-        let (mut guards, slots) = self.lock(keys);
+        let (entries, id) = (request.entries, request.id);
+        let (mut guards, slots) = self.lock(entries);
         let live = |map: &Shard, key: &[u8]| {
             map.get(key)
                 .filter(|e| e.expires_at_us > now_us)
@@ -106,53 +98,59 @@ impl LocalLimiter {
 
         let mut statuses = Statuses::new();
         let mut writes: SmallVec<[Option<Write>; LIMITS_INLINE]> = SmallVec::new();
-        for ((limit, key), (&slot, &cost)) in limits.iter().zip(keys).zip(slots.iter().zip(costs)) {
-            let state = live(&guards[slot], key);
-            let (status, write) = limit.algorithm.decide(state.as_ref(), now_us, cost, id);
+        for (entry, &slot) in entries.iter().zip(&slots) {
+            let state = live(&guards[slot], entry.key);
+            let (status, write) =
+                entry
+                    .limit
+                    .algorithm
+                    .decide(state.as_ref(), now_us, entry.cost, id);
             statuses.push(status);
             writes.push(write);
         }
-        let decision = Decision::of(statuses, limits);
+        let decision = request.decision(statuses);
         if !decision.allowed() {
             // Nothing is consumed: limits that would have allowed report their state as it
             // stands (a cost-0 peek), like lua/check.lua.
             let mut statuses = decision.statuses;
-            for ((status, limit), (key, &slot)) in
-                statuses.iter_mut().zip(limits).zip(keys.iter().zip(&slots))
-            {
+            for ((status, entry), &slot) in statuses.iter_mut().zip(entries).zip(&slots) {
                 if status.allowed {
-                    let state = live(&guards[slot], key);
-                    let peek = limit.algorithm.decide(state.as_ref(), now_us, 0, id).0;
+                    let state = live(&guards[slot], entry.key);
+                    let peek = entry
+                        .limit
+                        .algorithm
+                        .decide(state.as_ref(), now_us, 0, id)
+                        .0;
                     *status = LimitStatus {
                         delay_ms: 0,
                         ..peek
                     };
                 }
             }
-            return Ok(Decision::of(statuses, limits));
+            return Ok(request.decision(statuses));
         }
 
         // Make room for new keys before writing anything, so a full map fails atomically.
-        for (key, &slot) in keys.iter().zip(&slots) {
+        for (entry, &slot) in entries.iter().zip(&slots) {
             let map = &mut guards[slot];
-            if map.len() >= self.shard_capacity && !map.contains_key(key.as_slice()) {
+            if map.len() >= self.shard_capacity && !map.contains_key(entry.key) {
                 map.retain(|_, e| e.expires_at_us > now_us);
                 if map.len() >= self.shard_capacity {
                     return Err(LimiterError::LocalCapacity(self.max_keys));
                 }
             }
         }
-        for ((key, &slot), write) in keys.iter().zip(&slots).zip(writes) {
+        for ((entry, &slot), write) in entries.iter().zip(&slots).zip(writes) {
             if let Some(Write { state, ttl_us }) = write {
-                let entry = Entry {
+                let record = Record {
                     state,
                     expires_at_us: now_us + ttl_us,
                 };
                 let map = &mut guards[slot];
-                match map.get_mut(key.as_slice()) {
-                    Some(existing) => *existing = entry,
+                match map.get_mut(entry.key) {
+                    Some(existing) => *existing = record,
                     None => {
-                        map.insert(Box::from(key.as_slice()), entry);
+                        map.insert(Box::from(entry.key), record);
                     }
                 }
             }
@@ -162,11 +160,11 @@ impl LocalLimiter {
 
     /// Drops the leases `request.id` holds in the concurrency limits of `request`.
     pub fn release_now(&self, request: &LimitRequest<'_>) {
-        let (mut guards, slots) = self.lock(request.keys);
-        for ((limit, key), &slot) in request.limits.iter().zip(request.keys).zip(&slots) {
-            if let Algorithm::Concurrency { .. } = limit.algorithm {
-                if let Some(entry) = guards[slot].get_mut(key.as_slice()) {
-                    algorithm::release(&mut entry.state, request.id);
+        let (mut guards, slots) = self.lock(request.entries);
+        for (entry, &slot) in request.entries.iter().zip(&slots) {
+            if let Algorithm::Concurrency { .. } = entry.limit.algorithm {
+                if let Some(record) = guards[slot].get_mut(entry.key) {
+                    algorithm::release(&mut record.state, request.id);
                 }
             }
         }
@@ -187,8 +185,8 @@ impl LocalLimiter {
                 shard.remove(key);
             }
             Refund::Store(Write { state, ttl_us }) => {
-                if let Some(entry) = shard.get_mut(key) {
-                    *entry = Entry {
+                if let Some(record) = shard.get_mut(key) {
+                    *record = Record {
                         state,
                         expires_at_us: now_us + ttl_us,
                     };
@@ -215,12 +213,18 @@ impl Limiter for LocalLimiter {
     async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
         self.check_at(request, self.clock.now_us())
     }
+}
 
+#[async_trait]
+impl ReleaseSlots for LocalLimiter {
     async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
         self.release_now(request);
         Ok(())
     }
+}
 
+#[async_trait]
+impl RefundUnits for LocalLimiter {
     async fn refund(
         &self,
         algorithm: &Algorithm,
@@ -230,12 +234,15 @@ impl Limiter for LocalLimiter {
         self.refund_at(algorithm, key, units, self.clock.now_us());
         Ok(())
     }
+}
 
+#[async_trait]
+impl Backend for LocalLimiter {
     async fn readiness(&self) -> Readiness {
         Readiness::Ready
     }
 
-    fn backend(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         "local"
     }
 }
@@ -243,90 +250,78 @@ impl Limiter for LocalLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::rate::parse_rate;
     use crate::limiter::clock::ManualClock;
-    use crate::limiter::{Limit, RequestId};
+    use crate::limiter::id::RequestId;
+    use crate::limiter::limit::Limit;
+    use crate::limiter::request::entries;
+    use crate::limiter::testing::{asks, concurrency, gcra, limit};
 
-    fn limit(name: &str, algorithm: Algorithm) -> Limit {
-        Limit::new(name, algorithm, 1, parse_rate("1/s").unwrap())
-    }
-
-    fn gcra(count_per_s: u64, burst: u64) -> Algorithm {
-        let emission_us = 1_000_000 / count_per_s;
-        Algorithm::Gcra {
-            emission_us,
-            tolerance_us: emission_us * (burst + 1),
-            max_delay_us: 0,
-        }
-    }
-
-    fn request<'a>(
-        limits: &'a [Limit],
-        keys: &'a [Key],
-        costs: &'a [u64],
+    /// Checks `limits` at `now_us` with these keys and costs, as request `id`.
+    fn check(
+        limiter: &LocalLimiter,
+        limits: &[Limit],
+        keys: &[&[u8]],
+        costs: &[u64],
         id: u128,
-    ) -> LimitRequest<'a> {
-        LimitRequest {
-            limits,
-            keys,
-            costs,
+        now_us: i64,
+    ) -> Result<Decision, LimiterError> {
+        let asks = asks(keys, costs);
+        let entries = entries(limits, &asks);
+        let request = LimitRequest {
             id: RequestId(id),
-            deadline: None,
-        }
+            ..LimitRequest::new(&entries)
+        };
+        limiter.check_at(&request, now_us)
+    }
+
+    fn release(limiter: &LocalLimiter, limits: &[Limit], key: &[u8], id: u128) {
+        let asks = asks(&[key], &[1]);
+        let entries = entries(limits, &asks);
+        limiter.release_now(&LimitRequest {
+            id: RequestId(id),
+            ..LimitRequest::new(&entries)
+        });
     }
 
     #[test]
     fn a_denying_limit_consumes_nothing_from_the_others() {
         let limiter = LocalLimiter::new(Arc::new(ManualClock::new(0)), 1000);
         let limits = [limit("wide", gcra(10, 9)), limit("narrow", gcra(1, 1))];
-        let keys = vec![Key::from_slice(b"wide"), Key::from_slice(b"narrow")];
-        let both = request(&limits, &keys, &[1, 1], 0);
+        let keys: [&[u8]; 2] = [b"wide", b"narrow"];
         let allowed = (0..5)
-            .filter(|_| limiter.check_at(&both, 0).unwrap().allowed())
+            .filter(|_| {
+                check(&limiter, &limits, &keys, &[1, 1], 0, 0)
+                    .unwrap()
+                    .allowed()
+            })
             .count();
         assert_eq!(allowed, 2);
         // "wide" saw five requests but only the two admitted ones counted: 10 - 2 = 8 remain,
         // and denied requests report exactly that.
-        let denied = limiter.check_at(&both, 0).unwrap();
+        let denied = check(&limiter, &limits, &keys, &[1, 1], 0, 0).unwrap();
         assert_eq!(
             (denied.denied_by, denied.statuses[0].remaining),
             (Some(1), 8)
         );
-        let alone = limiter
-            .check_at(&request(&limits[..1], &keys[..1], &[1], 0), 0)
-            .unwrap();
+        let alone = check(&limiter, &limits[..1], &keys[..1], &[1], 0, 0).unwrap();
         assert_eq!(alone.statuses[0].remaining, 7);
     }
 
     #[test]
     fn concurrency_leases_are_released_by_id() {
         let limiter = LocalLimiter::new(Arc::new(ManualClock::new(0)), 1000);
-        let limits = [limit(
-            "c",
-            Algorithm::Concurrency {
-                max: 1,
-                lease_us: 60_000_000,
-            },
-        )];
-        let keys = vec![Key::from_slice(b"c")];
-        assert!(limiter
-            .check_at(&request(&limits, &keys, &[1], 1), 0)
-            .unwrap()
-            .allowed());
-        assert!(!limiter
-            .check_at(&request(&limits, &keys, &[1], 2), 0)
-            .unwrap()
-            .allowed());
-        limiter.release_now(&request(&limits, &keys, &[1], 2)); // not a holder: no effect
-        assert!(!limiter
-            .check_at(&request(&limits, &keys, &[1], 3), 0)
-            .unwrap()
-            .allowed());
-        limiter.release_now(&request(&limits, &keys, &[1], 1));
-        assert!(limiter
-            .check_at(&request(&limits, &keys, &[1], 4), 0)
-            .unwrap()
-            .allowed());
+        let limits = [limit("c", concurrency(1))];
+        let admitted = |id| {
+            check(&limiter, &limits, &[b"c"], &[1], id, 0)
+                .unwrap()
+                .allowed()
+        };
+        assert!(admitted(1));
+        assert!(!admitted(2));
+        release(&limiter, &limits, b"c", 2); // not a holder: no effect
+        assert!(!admitted(3));
+        release(&limiter, &limits, b"c", 1);
+        assert!(admitted(4));
     }
 
     #[test]
@@ -335,8 +330,8 @@ mod tests {
         let limits = [limit("l", gcra(1, 0))];
         let mut refused = 0;
         for i in 0..(SHARDS * 4) {
-            let key = [Key::from_slice(format!("k{i}").as_bytes())];
-            match limiter.check_at(&request(&limits, &key, &[1], 0), 0) {
+            let key = format!("k{i}");
+            match check(&limiter, &limits, &[key.as_bytes()], &[1], 0, 0) {
                 Ok(d) => assert!(d.allowed()),
                 Err(LimiterError::LocalCapacity(_)) => refused += 1,
                 Err(other) => panic!("unexpected {other}"),
@@ -346,10 +341,8 @@ mod tests {
         // Two seconds later every state has expired: new keys fit again.
         let after = (0..SHARDS)
             .filter(|i| {
-                let key = [Key::from_slice(format!("n{i}").as_bytes())];
-                limiter
-                    .check_at(&request(&limits, &key, &[1], 0), 2_000_000)
-                    .is_ok()
+                let key = format!("n{i}");
+                check(&limiter, &limits, &[key.as_bytes()], &[1], 0, 2_000_000).is_ok()
             })
             .count();
         assert!(after > 0);

@@ -10,9 +10,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::algorithm::Algorithm;
+use super::backend::{Backend, Limiter, Readiness, RefundUnits, ReleaseSlots};
+use super::decision::Decision;
+use super::error::LimiterError;
 use super::link::Link;
-use super::{script, Algorithm, Decision, LimitRequest, Limiter, LimiterError, Readiness};
-use crate::config::Topology;
+use super::request::LimitRequest;
+use super::script;
+use super::topology::Topology;
 
 pub struct RedisLimiter {
     link: Link,
@@ -41,24 +46,24 @@ impl RedisLimiter {
     async fn evaluate(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
         let mut connection = self.link.connection().await?;
         let mut invocation = self.script.prepare_invoke();
-        for key in request.keys {
-            invocation.key(key.as_slice());
+        for entry in request.entries {
+            invocation.key(entry.key);
         }
         script::push_args(&mut invocation, request, None);
         let reply: Vec<i64> = invocation
             .invoke_async(&mut connection)
             .await
             .map_err(classify)?;
-        script::parse_statuses(&reply, request.limits.len())
-            .map(|statuses| Decision::of(statuses, request.limits))
+        script::parse_statuses(&reply, request.entries.len())
+            .map(|statuses| request.decision(statuses))
     }
 
     async fn release_leases(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
         let mut invocation = self.release.prepare_invoke();
         let mut any = false;
-        for (limit, key) in request.limits.iter().zip(request.keys) {
-            if let Algorithm::Concurrency { .. } = limit.algorithm {
-                invocation.key(key.as_slice());
+        for entry in request.entries {
+            if let Algorithm::Concurrency { .. } = entry.limit.algorithm {
+                invocation.key(entry.key);
                 any = true;
             }
         }
@@ -146,12 +151,18 @@ impl Limiter for RedisLimiter {
         self.within_deadline(request.deadline, self.evaluate(request))
             .await
     }
+}
 
+#[async_trait]
+impl ReleaseSlots for RedisLimiter {
     async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
         self.within_deadline(request.deadline, self.release_leases(request))
             .await
     }
+}
 
+#[async_trait]
+impl RefundUnits for RedisLimiter {
     async fn refund(
         &self,
         algorithm: &Algorithm,
@@ -161,7 +172,10 @@ impl Limiter for RedisLimiter {
         self.within_deadline(None, self.give_back(algorithm, key, units))
             .await
     }
+}
 
+#[async_trait]
+impl Backend for RedisLimiter {
     async fn readiness(&self) -> Readiness {
         let ping = async {
             let mut connection = self.link.connection().await?;
@@ -180,7 +194,7 @@ impl Limiter for RedisLimiter {
         }
     }
 
-    fn backend(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         "redis"
     }
 }

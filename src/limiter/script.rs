@@ -1,7 +1,11 @@
 //! The Lua scripts, composed from `lua/`, and the encoding of their arguments and replies. The
 //! contracts are stated in `lua/check.lua` and `lua/release.lua`.
 
-use super::{Algorithm, Decision, LimitRequest, LimitStatus, LimiterError, Statuses};
+use super::algorithm::Algorithm;
+use super::decision::{Decision, Statuses};
+use super::error::LimiterError;
+use super::request::LimitRequest;
+use super::status::LimitStatus;
 
 /// prelude, one file per algorithm, then the driver: one script, one EVALSHA per request.
 pub const SOURCE: &str = concat!(
@@ -40,8 +44,8 @@ pub const RELEASE_SOURCE: &str = include_str!("../../lua/release.lua");
 /// Integers per limit in the reply.
 const REPLY_STRIDE: usize = 5;
 
-/// Appends ARGV for one call: the clock (`None`: Redis TIME), the request id, then per limit its
-/// algorithm, parameters and cost. Keys are added by the caller in the same order.
+/// Appends ARGV for one call: the clock (`None`: Redis TIME), the request id, then per entry its
+/// algorithm, parameters, cost and shadow flag. Keys are added by the caller in the same order.
 pub fn push_args(
     invocation: &mut redis::ScriptInvocation<'_>,
     request: &LimitRequest<'_>,
@@ -52,14 +56,15 @@ pub fn push_args(
         None => invocation.arg(""),
     };
     invocation.arg(&request.id.hex()[..]);
-    for (limit, cost) in request.limits.iter().zip(request.costs) {
+    for entry in request.entries {
+        let limit = entry.limit;
         let [p1, p2, p3] = limit.algorithm.script_params();
         invocation
             .arg(limit.algorithm.script_name())
             .arg(p1)
             .arg(p2)
             .arg(p3)
-            .arg(*cost)
+            .arg(entry.cost)
             .arg(u8::from(limit.shadow));
     }
 }

@@ -1,10 +1,12 @@
 //! The Pingora glue: route, key, decide, then proxy or reject. The only module that knows
-//! Pingora's `ProxyHttp`; everything it calls is plain Rust.
+//! Pingora's `ProxyHttp`; what it calls is plain Rust (the router, keys, the limiter policy).
 
 pub mod forwarding;
+pub mod request;
 pub mod respond;
 
 use std::borrow::Cow;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,161 +17,100 @@ use pingora::prelude::HttpPeer;
 use pingora::proxy::{ProxyHttp, Session};
 use pingora::{Error, ErrorType};
 
-use arc_swap::ArcSwap;
-
-use crate::config::{Config, FailureMode};
-use crate::identity::{self, Identity};
-use crate::keys::{self, MissingPart, RequestFacts};
-use crate::limiter::clock::SystemClock;
-use crate::limiter::local::LocalLimiter;
-use crate::limiter::{
-    Cost, Costs, Decision, Keys, LimitRequest, Limiter, LimiterError, RequestId, RequestIds,
-};
-use crate::metrics::{self, Metrics, Outcome};
-use crate::path::{self, PathPolicy};
-use crate::router::{Route, RouteTable};
-use respond::{respond, Rejection};
-
-/// Longest request target (path and query) accepted; longer gets `414`.
-pub const MAX_URI_LEN: usize = 8 * 1024;
-/// Most header bytes (names and values) accepted; more gets `431`.
-pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+use crate::identity;
+use crate::keys::{self, RequestFacts};
+use crate::limiter::{Asks, Policy, Rejection, Verdict};
+use crate::path;
+use crate::router::Route;
+use crate::snapshot::{Live, Snapshot};
+use respond::respond;
 
 /// Per-request state, carried from `request_filter` to `logging`.
 #[derive(Default)]
 pub struct RequestCtx {
     /// The configuration this request started with.
-    active: Option<Arc<Active>>,
-    /// When the request reached `request_filter`, and how long its limiter call took.
+    snapshot: Option<Arc<Snapshot>>,
+    /// When the request reached `request_filter`.
     started: Option<Instant>,
-    limiter_time: std::time::Duration,
     route: Option<Arc<Route>>,
     /// The normalized path when it differs from the one received: the upstream gets this one.
     normalized_path: Option<String>,
-    /// The in-process fallback decided this request (`failure_mode: local`).
-    decided_locally: bool,
     /// Consistent-hashing key for the upstream pool.
     balance_key: [u8; 8],
     /// Upstream servers that refused the connection: not tried again for this request.
-    failed: Vec<std::net::SocketAddr>,
-    decision: Option<Decision>,
-    outcome: Option<Outcome>,
-    /// What the limiter was asked, kept to release concurrency leases when the request ends.
-    keys: Keys,
-    costs: Costs,
-    id: RequestId,
+    failed: Vec<SocketAddr>,
+    /// What the request asked of each limit of its route, kept to settle it when it ends.
+    asks: Asks,
+    verdict: Option<Verdict>,
 }
-
-impl RequestCtx {
-    fn limit_request<'a>(&'a self, route: &'a Route) -> LimitRequest<'a> {
-        LimitRequest {
-            limits: &route.limits,
-            keys: &self.keys,
-            costs: &self.costs,
-            id: self.id,
-            deadline: route.limiter_timeout,
-        }
-    }
-}
-
-/// Each limit's cost for this request; `Err` names what is wrong with a cost header.
-fn request_costs(
-    limits: &[crate::limiter::Limit],
-    headers: &http::HeaderMap,
-) -> Result<Costs, &'static str> {
-    limits
-        .iter()
-        .map(|limit| match &limit.cost {
-            Cost::Fixed(cost) => Ok(*cost),
-            Cost::Header { name, max, default } => match headers.get(name) {
-                None => Ok(*default),
-                Some(value) => std::str::from_utf8(value.as_bytes())
-                    .ok()
-                    .and_then(|text| text.trim().parse::<u64>().ok())
-                    .filter(|cost| (1..=*max).contains(cost))
-                    .ok_or("The cost header must be a whole number within the limit's cost_max."),
-            },
-        })
-        .collect()
-}
-
-/// What a configuration decides, swapped whole on reload. A request keeps the one it started
-/// with until it ends.
-pub struct Active {
-    routes: RouteTable,
-    identity: Identity,
-    paths: PathPolicy,
-    failure_mode: FailureMode,
-    metrics: Metrics,
-    access_log_sample: Option<u64>,
-}
-
-impl Active {
-    pub fn new(config: Config) -> Active {
-        Active {
-            metrics: Metrics::new(&config.routes),
-            routes: config.routes,
-            identity: config.identity,
-            paths: config.paths,
-            failure_mode: config.failure_mode,
-            access_log_sample: config.access_log_sample,
-        }
-    }
-}
-
-/// The configuration in force; `store` a new [`Active`] to reload.
-pub type ActiveConfig = Arc<ArcSwap<Active>>;
 
 pub struct Gateway {
-    active: ActiveConfig,
-    limiter: Arc<dyn Limiter>,
-    /// `sluice_limiter_duration_seconds` of this limiter's backend, looked up once.
-    limiter_duration: prometheus::Histogram,
-    /// Decides `failure_mode: local` requests while Redis is unavailable.
-    fallback: LocalLimiter,
-    request_ids: RequestIds,
-    /// Unix second of the last limiter error logged: at most one line per second.
-    last_error_log: AtomicU64,
+    live: Live,
+    policy: Arc<Policy>,
     /// Requests seen, for access log sampling.
     logged: AtomicU64,
 }
 
 impl Gateway {
-    pub fn new(active: ActiveConfig, limiter: Arc<dyn Limiter>) -> Gateway {
+    pub fn new(live: Live, policy: Arc<Policy>) -> Gateway {
         Gateway {
-            active,
-            limiter_duration: metrics::LIMITER_DURATION.with_label_values(&[limiter.backend()]),
-            limiter,
-            fallback: LocalLimiter::new(Arc::new(SystemClock), crate::app::LOCAL_MAX_KEYS),
-            request_ids: RequestIds::new(),
-            last_error_log: AtomicU64::new(0),
+            live,
+            policy,
             logged: AtomicU64::new(0),
-        }
-    }
-
-    fn log_limiter_error(&self, error: &LimiterError, failure_mode: FailureMode) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        if self.last_error_log.swap(now, Ordering::Relaxed) != now {
-            log::warn!(
-                "rate limiter unavailable ({}): {error}; failure_mode={} applies",
-                error.kind(),
-                failure_mode.as_str()
-            );
         }
     }
 }
 
+/// Finds the request's route and what it asks of each limit (`ctx.route`, `ctx.asks`,
+/// `ctx.balance_key`); `Err` when the gateway answers the request itself.
+fn prepare(
+    req: &RequestHeader,
+    peer: Option<std::net::IpAddr>,
+    snapshot: &Snapshot,
+    ctx: &mut RequestCtx,
+) -> Result<(), Rejection> {
+    if let Some(rejection) = request::oversized(req) {
+        return Err(rejection);
+    }
+    let config = &snapshot.config;
+    let host = request::host(req);
+    let path = path::normalize(req.uri.path(), config.paths)
+        .map_err(|error| Rejection::BadRequest(error.detail()))?;
+    let route = config
+        .routes
+        .find(&host, &path, &req.method)
+        .ok_or(Rejection::NoRoute)?;
+    ctx.route = Some(Arc::clone(route));
+    if let Cow::Owned(normalized) = &path {
+        ctx.normalized_path = Some(normalized.clone());
+    }
+    let facts = RequestFacts {
+        client_ip: config.identity.client(peer, &req.headers),
+        method: req.method.as_str(),
+        host: &host,
+        path: &path,
+        query: req.uri.query(),
+        headers: &req.headers,
+        route: &route.name,
+    };
+    if let Some(parts) = route.upstream.hash_parts() {
+        ctx.balance_key = keys::digest_parts(&facts, parts).to_be_bytes();
+    }
+    if !route.limits.is_empty() {
+        ctx.asks = route.asks(&facts)?;
+    }
+    Ok(())
+}
+
 /// One structured line per request (`target: sluice::access`): route, decision, denying limit,
 /// status, total and limiter time. Client addresses appear here, never in metrics.
-fn access_log(session: &Session, ctx: &RequestCtx, outcome: Outcome) {
+fn access_log(session: &Session, ctx: &RequestCtx, verdict: &Verdict) {
     let route = ctx.route.as_ref();
-    let limit = match (route, &ctx.decision) {
+    let limit = match (route, &verdict.decision) {
         (Some(route), Some(decision)) => decision
             .denied_by
             .or(decision.shadow_denied_by)
-            .and_then(|i| route.limits.get(i))
+            .and_then(|i| route.limits.limits().get(i))
             .map_or("-", |l| &*l.name),
         _ => "-",
     };
@@ -186,48 +127,9 @@ fn access_log(session: &Session, ctx: &RequestCtx, outcome: Outcome) {
         session.req_header().method,
         session.req_header().uri.path(),
         route.map_or("-", |r| &*r.name),
-        outcome.label(),
-        ctx.limiter_time.as_secs_f64() * 1000.0,
+        verdict.outcome.label(),
+        verdict.limiter_time.as_secs_f64() * 1000.0,
     );
-}
-
-/// `414` for an overlong request target, `431` for too many header bytes: before any Redis call.
-fn oversized(req: &RequestHeader) -> Option<Rejection<'static>> {
-    if req.uri.path_and_query().map_or(0, |pq| pq.as_str().len()) > MAX_URI_LEN {
-        return Some(Rejection::UriTooLong);
-    }
-    let header_bytes: usize = req
-        .headers
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len())
-        .sum();
-    (header_bytes > MAX_HEADER_BYTES).then_some(Rejection::HeadersTooLarge)
-}
-
-/// The request's host, lowercased, without port or trailing dot.
-fn request_host(session: &Session) -> Cow<'_, str> {
-    let req = session.req_header();
-    let raw = req
-        .uri
-        .host()
-        .or_else(|| {
-            req.headers
-                .get(http::header::HOST)
-                .and_then(|h| h.to_str().ok())
-        })
-        .unwrap_or("");
-    let without_port = match raw.rfind(':') {
-        Some(i) if !raw.ends_with(']') && raw[i + 1..].bytes().all(|b| b.is_ascii_digit()) => {
-            &raw[..i]
-        }
-        _ => raw,
-    };
-    let host = without_port.trim_end_matches('.');
-    if host.bytes().any(|b| b.is_ascii_uppercase()) {
-        Cow::Owned(host.to_ascii_lowercase())
-    } else {
-        Cow::Borrowed(host)
-    }
 }
 
 #[async_trait]
@@ -238,174 +140,38 @@ impl ProxyHttp for Gateway {
         RequestCtx::default()
     }
 
+    /// Route → identity and keys → policy → respond, or go on to the upstream.
     async fn request_filter(
         &self,
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
-        let active = self.active.load_full();
-        ctx.active = Some(Arc::clone(&active));
+        let snapshot = self.live.load_full();
         ctx.started = Some(Instant::now());
-        if let Some(rejection) = oversized(session.req_header()) {
-            ctx.outcome = Some(Outcome::BadRequest);
-            respond(session, rejection).await?;
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip());
+        let verdict = match prepare(session.req_header(), peer, &snapshot, ctx) {
+            Ok(()) => match &ctx.route {
+                Some(route) => self.policy.decide(&route.limits, &ctx.asks).await,
+                None => Verdict::rejected(Rejection::NoRoute),
+            },
+            Err(rejection) => Verdict::rejected(rejection),
+        };
+        ctx.snapshot = Some(snapshot);
+        let (rejection, delay) = (verdict.rejection, verdict.delay);
+        let verdict = ctx.verdict.insert(verdict);
+        if let Some(rejection) = rejection {
+            let limited = ctx.route.as_deref().zip(verdict.decision.as_ref());
+            respond(session, rejection, limited).await?;
             return Ok(true);
         }
-        let route = {
-            let host = request_host(session);
-            let req = session.req_header();
-            let path = match path::normalize(req.uri.path(), active.paths) {
-                Ok(path) => path,
-                Err(error) => {
-                    ctx.outcome = Some(Outcome::BadRequest);
-                    respond(session, Rejection::BadRequest(error.detail())).await?;
-                    return Ok(true);
-                }
-            };
-            let Some(route) = active.routes.find(&host, &path, &req.method) else {
-                ctx.outcome = Some(Outcome::NoRoute);
-                respond(session, Rejection::NoRoute).await?;
-                return Ok(true);
-            };
-            let route = Arc::clone(route);
-            if let Cow::Owned(normalized) = &path {
-                ctx.normalized_path = Some(normalized.clone());
-            }
-            let peer = session
-                .client_addr()
-                .and_then(|a| a.as_inet())
-                .map(|a| a.ip());
-            let facts = RequestFacts {
-                client_ip: active.identity.client(peer, &req.headers),
-                method: req.method.as_str(),
-                host: &host,
-                path: &path,
-                query: req.uri.query(),
-                headers: &req.headers,
-                route: &route.name,
-            };
-            if let Some(parts) = route.upstream.hash_parts() {
-                ctx.balance_key = keys::digest_parts(&facts, parts).to_be_bytes();
-            }
-            if route.limits.is_empty() {
-                ctx.outcome = Some(Outcome::Allowed);
-                ctx.route = Some(route);
-                return Ok(false);
-            }
-            let skipped = match route.keys.build(&facts) {
-                Ok(built) => {
-                    ctx.keys = built.keys;
-                    built.skipped
-                }
-                Err(MissingPart) => {
-                    ctx.outcome = Some(Outcome::BadRequest);
-                    ctx.route = Some(route);
-                    let detail =
-                        "The request lacks a header or query parameter a rate limit is keyed on.";
-                    respond(session, Rejection::BadRequest(detail)).await?;
-                    return Ok(true);
-                }
-            };
-            match request_costs(&route.limits, &req.headers) {
-                Ok(mut costs) => {
-                    // A skipped limit is only read (cost 0): it neither counts nor denies.
-                    for (i, cost) in costs.iter_mut().enumerate() {
-                        if skipped & (1 << i) != 0 {
-                            *cost = 0;
-                        }
-                    }
-                    ctx.costs = costs;
-                }
-                Err(reason) => {
-                    ctx.outcome = Some(Outcome::BadRequest);
-                    ctx.route = Some(route);
-                    respond(session, Rejection::BadRequest(reason)).await?;
-                    return Ok(true);
-                }
-            }
-            if route.needs_request_id {
-                ctx.id = self.request_ids.next();
-            }
-            route
-        };
-
-        let started = Instant::now();
-        let result = self.limiter.check(&ctx.limit_request(&route)).await;
-        ctx.limiter_time = started.elapsed();
-        self.limiter_duration
-            .observe(ctx.limiter_time.as_secs_f64());
-
-        // failure_mode: local — Redis could not decide: this gateway's share decides instead.
-        let failure_mode = route.failure_mode.unwrap_or(active.failure_mode);
-        let (result, local) = match result {
-            Err(error) if failure_mode == FailureMode::Local && !error.always_denies() => {
-                metrics::LIMITER_ERRORS
-                    .with_label_values(&[error.kind()])
-                    .inc();
-                self.log_limiter_error(&error, failure_mode);
-                let request = LimitRequest {
-                    limits: &route.local_limits,
-                    ..ctx.limit_request(&route)
-                };
-                (self.fallback.check(&request).await, true)
-            }
-            other => (other, false),
-        };
-        ctx.decided_locally = local;
-        let handled = match result {
-            Ok(decision) if decision.allowed() => {
-                // A shadow limit said no: count it, let the request through.
-                let shadowed = decision.shadow_denied_by.is_some();
-                ctx.outcome = Some(match (local, shadowed) {
-                    (true, _) => Outcome::LocalAllowed,
-                    (false, true) => Outcome::ShadowLimited,
-                    (false, false) => Outcome::Allowed,
-                });
-                let delay = decision.delay_ms();
-                ctx.decision = Some(decision);
-                if delay > 0 {
-                    // Shaping (max_delay): the slot is reserved; hold the request until it comes.
-                    tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
-                }
-                false
-            }
-            Ok(decision) => {
-                ctx.outcome = Some(if local {
-                    Outcome::LocalLimited
-                } else {
-                    Outcome::Limited
-                });
-                respond(
-                    session,
-                    Rejection::Limited {
-                        route: &route,
-                        decision: &decision,
-                    },
-                )
-                .await?;
-                ctx.decision = Some(decision);
-                true
-            }
-            Err(error) => {
-                metrics::LIMITER_ERRORS
-                    .with_label_values(&[error.kind()])
-                    .inc();
-                self.log_limiter_error(&error, failure_mode);
-                match failure_mode {
-                    FailureMode::Allow if !error.always_denies() => {
-                        ctx.outcome = Some(Outcome::ErrorAllowed);
-                        false
-                    }
-                    _ => {
-                        ctx.outcome = Some(Outcome::ErrorDenied);
-                        respond(session, Rejection::LimiterUnavailable).await?;
-                        true
-                    }
-                }
-            }
-        };
-        ctx.route = Some(route);
-        Ok(handled)
+        if !delay.is_zero() {
+            // Shaping (max_delay): the slot is reserved; hold the request until it comes.
+            tokio::time::sleep(delay).await;
+        }
+        Ok(false)
     }
 
     async fn upstream_peer(
@@ -413,15 +179,16 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<Box<HttpPeer>> {
-        let route = ctx.route.as_ref().ok_or_else(|| {
-            Error::explain(
+        let (Some(route), Some(snapshot)) = (&ctx.route, &ctx.snapshot) else {
+            return Err(Error::explain(
                 ErrorType::InternalError,
                 "no route selected for the request",
-            )
-        })?;
-        let upstream = &route.upstream;
-        let addr = upstream
-            .pick(&ctx.balance_key, &ctx.failed)
+            ));
+        };
+        let addr = snapshot
+            .pools
+            .route(route.index)
+            .and_then(|pool| pool.pick(&ctx.balance_key, &ctx.failed))
             .ok_or_else(|| {
                 Error::explain(
                     ErrorType::ConnectNoRoute,
@@ -429,8 +196,8 @@ impl ProxyHttp for Gateway {
                 )
             })?;
         let mut peer = Box::new(HttpPeer::new(addr, false, String::new()));
-        peer.options.connection_timeout = Some(upstream.settings.connect_timeout);
-        peer.options.read_timeout = Some(upstream.settings.read_timeout);
+        peer.options.connection_timeout = Some(route.upstream.connect_timeout);
+        peer.options.read_timeout = Some(route.upstream.read_timeout);
         Ok(peer)
     }
 
@@ -442,10 +209,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
         mut error: Box<Error>,
     ) -> Box<Error> {
-        let retries = ctx
-            .route
-            .as_ref()
-            .map_or(0, |r| r.upstream.settings.retries);
+        let retries = ctx.route.as_ref().map_or(0, |r| r.upstream.retries);
         if let Some(addr) = peer._address.as_inet() {
             if ctx.failed.len() < retries {
                 ctx.failed.push(*addr);
@@ -479,7 +243,7 @@ impl ProxyHttp for Gateway {
                 })?;
                 upstream_request.set_uri(uri);
             }
-            if let Some(host) = &upstream.settings.host {
+            if let Some(host) = &upstream.host {
                 upstream_request.insert_header(http::header::HOST, host.clone())?;
             }
         }
@@ -488,9 +252,9 @@ impl ProxyHttp for Gateway {
             .and_then(|a| a.as_inet())
             .map(|a| identity::canonical(a.ip()));
         let trusted = ctx
-            .active
+            .snapshot
             .as_ref()
-            .is_some_and(|a| a.identity.is_trusted_peer(peer));
+            .is_some_and(|s| s.config.identity.is_trusted_peer(peer));
         forwarding::set_headers(upstream_request, peer, trusted)
     }
 
@@ -500,59 +264,35 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        if let (Some(route), Some(decision)) = (&ctx.route, &ctx.decision) {
+        let decision = ctx.verdict.as_ref().and_then(|v| v.decision.as_ref());
+        if let (Some(route), Some(decision)) = (&ctx.route, decision) {
             respond::add_ratelimit_headers(upstream_response, route, decision)?;
         }
         Ok(())
     }
 
+    /// The request has ended: count it, give back its concurrency slots, log it.
     async fn logging(&self, session: &mut Session, _error: Option<&Error>, ctx: &mut RequestCtx) {
-        let Some(active) = ctx.active.clone() else {
-            return; // the request failed before it was routed (e.g. a malformed request)
+        // A request that failed before it was routed (e.g. malformed) has neither.
+        let (Some(snapshot), Some(verdict)) = (&ctx.snapshot, &ctx.verdict) else {
+            return;
         };
         let route_metrics = match &ctx.route {
-            Some(route) => active.metrics.route(route.index),
-            None => active.metrics.unmatched(),
+            Some(route) => snapshot.metrics.route(route.index),
+            None => snapshot.metrics.unmatched(),
         };
-        let Some(outcome) = ctx.outcome else {
-            return; // the request failed before it was routed (e.g. a malformed request)
-        };
-        route_metrics.count(outcome);
-        let admitted = matches!(
-            outcome,
-            Outcome::Allowed | Outcome::ShadowLimited | Outcome::LocalAllowed
-        );
-        if let (true, Some(route)) = (admitted, &ctx.route) {
-            // The response is finished or the client has gone: return concurrency leases.
-            if route.holds_leases {
-                let released = if ctx.decided_locally {
-                    let request = LimitRequest {
-                        limits: &route.local_limits,
-                        ..ctx.limit_request(route)
-                    };
-                    self.fallback.release(&request).await
-                } else {
-                    self.limiter.release(&ctx.limit_request(route)).await
-                };
-                if let Err(error) = released {
-                    metrics::LIMITER_ERRORS
-                        .with_label_values(&[error.kind()])
-                        .inc();
-                    self.log_limiter_error(&error, active.failure_mode);
-                }
-            }
+        route_metrics.count(verdict.outcome);
+        if let Some(route) = &ctx.route {
+            self.policy.finish(&route.limits, &ctx.asks, verdict).await;
         }
-        if matches!(
-            outcome,
-            Outcome::Allowed | Outcome::ShadowLimited | Outcome::ErrorAllowed
-        ) {
+        if verdict.outcome.admitted() {
             if let Some(response) = session.response_written() {
                 route_metrics.count_upstream_status(response.status.as_u16());
             }
         }
-        if let Some(sample) = active.access_log_sample {
+        if let Some(sample) = snapshot.config.access_log_sample {
             if self.logged.fetch_add(1, Ordering::Relaxed) % sample == 0 {
-                access_log(session, ctx, outcome);
+                access_log(session, ctx, verdict);
             }
         }
     }

@@ -1,4 +1,6 @@
-//! The one place where limiter decisions and errors become HTTP responses and headers.
+//! The one place where rejections become HTTP responses, and decisions become `RateLimit`
+//! headers. What each rejection means (status, title, detail, metric label) is decided in
+//! `limiter::verdict`; this writes it as `application/problem+json`.
 
 use std::fmt::Write as _;
 
@@ -7,38 +9,11 @@ use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RET
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 
-use crate::limiter::Decision;
+use crate::limiter::{Decision, Rejection};
 use crate::router::Route;
 
 pub const RATELIMIT: &str = "ratelimit";
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
-
-/// Why a request is answered by the gateway instead of the upstream.
-pub enum Rejection<'a> {
-    NoRoute,
-    /// The request cannot be decided as sent (a malformed path or cost header).
-    BadRequest(&'static str),
-    UriTooLong,
-    HeadersTooLarge,
-    Limited {
-        route: &'a Route,
-        decision: &'a Decision,
-    },
-    LimiterUnavailable,
-}
-
-impl Rejection<'_> {
-    pub fn status(&self) -> u16 {
-        match self {
-            Rejection::NoRoute => 404,
-            Rejection::BadRequest(_) => 400,
-            Rejection::UriTooLong => 414,
-            Rejection::HeadersTooLarge => 431,
-            Rejection::Limited { .. } => 429,
-            Rejection::LimiterUnavailable => 503,
-        }
-    }
-}
 
 /// Whole seconds, rounded up: what `Retry-After` and the `t` parameter carry.
 fn ceil_seconds(ms: u64) -> u64 {
@@ -50,6 +25,7 @@ pub fn ratelimit_value(route: &Route, decision: &Decision) -> Option<HeaderValue
     let mut value = String::with_capacity(32 * route.limits.len());
     let rates = route
         .limits
+        .limits()
         .iter()
         .zip(&decision.statuses)
         .filter(|(limit, _)| limit.policy.is_some() && !limit.shadow);
@@ -90,57 +66,24 @@ fn problem(status: u16, title: &str, detail: &str, extra: &str) -> Bytes {
     ))
 }
 
-/// Writes the whole response for `rejection`.
-pub async fn respond(session: &mut Session, rejection: Rejection<'_>) -> pingora::Result<()> {
+/// Writes the whole response for `rejection`; a `429` names the denying limit of `limited`'s
+/// route and carries its headers.
+pub async fn respond(
+    session: &mut Session,
+    rejection: Rejection,
+    limited: Option<(&Route, &Decision)>,
+) -> pingora::Result<()> {
     let status = rejection.status();
     let mut header = ResponseHeader::build(status, Some(6))?;
-    let body = match &rejection {
-        Rejection::NoRoute => problem(status, "Not Found", "No route matches this request.", ""),
-        Rejection::BadRequest(detail) => problem(status, "Bad Request", detail, ""),
-        Rejection::UriTooLong => problem(
-            status,
-            "URI Too Long",
-            "The request target is too long.",
-            "",
-        ),
-        Rejection::HeadersTooLarge => problem(
-            status,
-            "Request Header Fields Too Large",
-            "The request headers are too large.",
-            "",
-        ),
-        Rejection::LimiterUnavailable => {
+    let body = match (rejection, limited) {
+        (Rejection::Limited { .. }, Some((route, decision))) => {
+            limited_body(&mut header, route, decision)?
+        }
+        (Rejection::LimiterUnavailable, _) => {
             header.insert_header(RETRY_AFTER, "1")?;
-            problem(
-                status,
-                "Service Unavailable",
-                "The rate limiter is unavailable.",
-                "",
-            )
+            problem(status, rejection.title(), rejection.detail(), "")
         }
-        Rejection::Limited { route, decision } => {
-            let denied = decision.denied_by.unwrap_or(0);
-            let limit = route.limits.get(denied).map_or("", |l| &*l.name);
-            let retry = decision.retry_after_ms().flatten();
-            let extra = match retry {
-                Some(ms) => {
-                    let seconds = ceil_seconds(ms).max(1);
-                    header.insert_header(RETRY_AFTER, seconds)?;
-                    format!(",\"limit\":\"{limit}\",\"retry_after_seconds\":{seconds}")
-                }
-                // The request costs more than the limit can ever admit: retrying cannot help.
-                None => format!(",\"limit\":\"{limit}\",\"retry_after_seconds\":null"),
-            };
-            add_ratelimit_headers(&mut header, route, decision)?;
-            let detail = match retry {
-                Some(_) => format!("Rate limit '{limit}' of route '{}' exceeded.", route.name),
-                None => format!(
-                    "The request's cost exceeds what limit '{limit}' of route '{}' can ever admit.",
-                    route.name
-                ),
-            };
-            problem(status, "Too Many Requests", &detail, &extra)
-        }
+        _ => problem(status, rejection.title(), rejection.detail(), ""),
     };
     header.insert_header(CONTENT_TYPE, "application/problem+json")?;
     header.insert_header(CONTENT_LENGTH, body.len())?;
@@ -153,6 +96,35 @@ pub async fn respond(session: &mut Session, rejection: Rejection<'_>) -> pingora
         .write_response_header(Box::new(header), false)
         .await?;
     session.write_response_body(Some(body), true).await
+}
+
+/// The `429` body, `Retry-After` and rate-limit headers of a denied request.
+fn limited_body(
+    header: &mut ResponseHeader,
+    route: &Route,
+    decision: &Decision,
+) -> pingora::Result<Bytes> {
+    let denied = decision.denied_by.unwrap_or(0);
+    let limit = route.limits.limits().get(denied).map_or("", |l| &*l.name);
+    let retry = decision.retry_after_ms().flatten();
+    let extra = match retry {
+        Some(ms) => {
+            let seconds = ceil_seconds(ms).max(1);
+            header.insert_header(RETRY_AFTER, seconds)?;
+            format!(",\"limit\":\"{limit}\",\"retry_after_seconds\":{seconds}")
+        }
+        // The request costs more than the limit can ever admit: retrying cannot help.
+        None => format!(",\"limit\":\"{limit}\",\"retry_after_seconds\":null"),
+    };
+    add_ratelimit_headers(header, route, decision)?;
+    let detail = match retry {
+        Some(_) => format!("Rate limit '{limit}' of route '{}' exceeded.", route.name),
+        None => format!(
+            "The request's cost exceeds what limit '{limit}' of route '{}' can ever admit.",
+            route.name
+        ),
+    };
+    Ok(problem(429, "Too Many Requests", &detail, &extra))
 }
 
 fn request_has_body(session: &Session) -> bool {

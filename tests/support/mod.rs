@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod config;
+pub mod limits;
 pub mod topologies;
 
 /// A port nobody listens on right now.

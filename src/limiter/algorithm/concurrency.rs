@@ -4,8 +4,9 @@
 //! or until the lease expires, so a gateway that dies cannot leak slots. A denied request is told
 //! to retry after the earliest lease expiry, at most one second (slots usually free sooner).
 
-use super::{allowed, denied, RequestId, State, Write};
-use crate::limiter::LimitStatus;
+use super::state::{State, Write};
+use crate::limiter::id::RequestId;
+use crate::limiter::status::LimitStatus;
 
 /// The longest `Retry-After` a full concurrency limit advertises.
 pub const MAX_RETRY_US: i64 = 1_000_000;
@@ -30,7 +31,10 @@ pub fn decide(
         .max()
         .unwrap_or(0);
     if cost == 0 {
-        return (allowed(max.saturating_sub(count), latest), None);
+        return (
+            LimitStatus::allowed(max.saturating_sub(count), latest),
+            None,
+        );
     }
     if count + 1 > max {
         let earliest = live
@@ -39,7 +43,7 @@ pub fn decide(
             .min()
             .unwrap_or(0);
         return (
-            denied(0, Some(earliest.clamp(1, MAX_RETRY_US)), latest),
+            LimitStatus::denied(0, Some(earliest.clamp(1, MAX_RETRY_US)), latest),
             None,
         );
     }
@@ -47,7 +51,7 @@ pub fn decide(
     leases.push((id, now + lease));
     let ttl = latest.max(lease);
     (
-        allowed(max - count - 1, ttl),
+        LimitStatus::allowed(max - count - 1, ttl),
         Some(Write {
             state: State::Leases { leases },
             ttl_us: ttl,

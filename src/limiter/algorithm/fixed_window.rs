@@ -1,7 +1,7 @@
 //! Fixed window counter: mirrors `lua/fixed_window.lua`.
 
-use super::{allowed, denied, State, Write};
-use crate::limiter::LimitStatus;
+use super::state::{State, Write};
+use crate::limiter::status::LimitStatus;
 
 pub fn decide(
     limit: u64,
@@ -27,7 +27,10 @@ pub fn decide(
     // A peek (cost 0) asks for nothing: it never denies.
     if cost > 0 && count + cost > limit {
         let retry = (cost <= limit).then_some(reset);
-        return (denied(limit.saturating_sub(count), retry, reset), None);
+        return (
+            LimitStatus::denied(limit.saturating_sub(count), retry, reset),
+            None,
+        );
     }
     let write = (cost > 0).then_some(Write {
         state: State::Window {
@@ -36,7 +39,10 @@ pub fn decide(
         },
         ttl_us: reset,
     });
-    (allowed(limit.saturating_sub(count + cost), reset), write)
+    (
+        LimitStatus::allowed(limit.saturating_sub(count + cost), reset),
+        write,
+    )
 }
 
 #[cfg(test)]

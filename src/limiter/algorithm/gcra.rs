@@ -1,7 +1,7 @@
 //! GCRA (also the token and leaky buckets): mirrors `lua/gcra.lua`.
 
-use super::{allowed, ceil_ms, denied, State, Write};
-use crate::limiter::LimitStatus;
+use super::state::{State, Write};
+use crate::limiter::status::{ceil_ms, LimitStatus};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Params {
@@ -41,7 +41,7 @@ pub fn decide(p: Params, tat: Option<i64>, now: i64, cost: u64) -> (LimitStatus,
         let ttl = (tat - now).max(0);
         let possible = increment <= p.tolerance + p.max_delay;
         return (
-            denied(
+            LimitStatus::denied(
                 p.remaining(ttl),
                 possible.then_some(over - p.max_delay),
                 ttl,
@@ -50,7 +50,7 @@ pub fn decide(p: Params, tat: Option<i64>, now: i64, cost: u64) -> (LimitStatus,
         );
     }
     let ttl = new_tat - now;
-    let mut status = allowed(p.remaining(ttl), ttl);
+    let mut status = LimitStatus::allowed(p.remaining(ttl), ttl);
     if cost > 0 {
         status.delay_ms = ceil_ms(over);
     }

@@ -11,13 +11,12 @@ mod fixed_window;
 mod gcra;
 mod sliding_log;
 mod sliding_window;
+mod state;
 
-use std::collections::VecDeque;
-use std::fmt;
+pub use state::{Refund, State, Write};
 
-use smallvec::SmallVec;
-
-use super::LimitStatus;
+use crate::limiter::id::RequestId;
+use crate::limiter::status::LimitStatus;
 
 /// How one limit decides. Parameters are precomputed at config load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,83 +90,6 @@ impl Algorithm {
             | Algorithm::SlidingLog { limit, .. } => limit,
             Algorithm::Concurrency { .. } => 1,
         }
-    }
-}
-
-/// A unique request identity: members of sliding logs and concurrency leases.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct RequestId(pub u128);
-
-impl RequestId {
-    /// 32 lowercase hex digits, on the stack (the scripts' request id argument).
-    pub fn hex(&self) -> SmallVec<[u8; 32]> {
-        let mut out = SmallVec::new();
-        super::push_hex(&mut out, &self.0.to_be_bytes());
-        out
-    }
-}
-
-impl fmt::Display for RequestId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Always ASCII hex digits.
-        f.write_str(std::str::from_utf8(&self.hex()).unwrap_or_default())
-    }
-}
-
-/// What a backend remembers per key. Absent state and expired state mean the same thing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum State {
-    /// Theoretical arrival time of the next unit.
-    Gcra { tat_us: i64 },
-    /// End of the current window and the units counted in it.
-    Window { end_us: i64, count: u64 },
-    /// Start of the current aligned window, and the counts of it and of the one before.
-    Sliding {
-        start_us: i64,
-        previous: u64,
-        current: u64,
-    },
-    /// Timestamps of admitted units, ascending.
-    Log { stamps: VecDeque<i64> },
-    /// Leases held: request and expiry.
-    Leases { leases: Vec<(RequestId, i64)> },
-}
-
-/// A state to store, and how long until it is equivalent to absent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Write {
-    pub state: State,
-    pub ttl_us: i64,
-}
-
-/// Microseconds to whole milliseconds, rounded up, as the scripts reply.
-pub fn ceil_ms(us: i64) -> u64 {
-    if us <= 0 {
-        0
-    } else {
-        (us as u64).div_ceil(1000)
-    }
-}
-
-/// The status of a denied request.
-fn denied(remaining: u64, retry_us: Option<i64>, reset_us: i64) -> LimitStatus {
-    LimitStatus {
-        allowed: false,
-        remaining,
-        retry_after_ms: retry_us.map(ceil_ms),
-        reset_after_ms: ceil_ms(reset_us),
-        delay_ms: 0,
-    }
-}
-
-/// The status of an allowed request.
-fn allowed(remaining: u64, reset_us: i64) -> LimitStatus {
-    LimitStatus {
-        allowed: true,
-        remaining,
-        retry_after_ms: Some(0),
-        reset_after_ms: ceil_ms(reset_us),
-        delay_ms: 0,
     }
 }
 
@@ -269,16 +191,6 @@ impl Algorithm {
     }
 }
 
-/// What giving back unspent units does to a key's state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refund {
-    /// Nothing to give back to: no state, or a window already closed.
-    Unchanged,
-    Store(Write),
-    /// The state is back to "full": the same as no key.
-    Clear,
-}
-
 impl Algorithm {
     /// Gives back `units` that were taken earlier and not spent (leased quotas); mirrors
     /// `lua/refund.lua`. Only GCRA and the fixed window take refunds (checked at config load).
@@ -315,32 +227,5 @@ impl Algorithm {
 pub fn release(state: &mut State, id: RequestId) {
     if let State::Leases { leases } = state {
         leases.retain(|(holder, _)| *holder != id);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ceil_ms_rounds_up() {
-        assert_eq!(
-            (
-                ceil_ms(0),
-                ceil_ms(1),
-                ceil_ms(1000),
-                ceil_ms(1001),
-                ceil_ms(-5)
-            ),
-            (0, 1, 1, 2, 0)
-        );
-    }
-
-    #[test]
-    fn request_ids_print_as_fixed_width_hex() {
-        assert_eq!(
-            RequestId(255).to_string(),
-            "000000000000000000000000000000ff"
-        );
     }
 }

@@ -3,8 +3,8 @@
 
 use std::collections::VecDeque;
 
-use super::{allowed, denied, State, Write};
-use crate::limiter::LimitStatus;
+use super::state::{State, Write};
+use crate::limiter::status::LimitStatus;
 
 pub fn decide(
     limit: u64,
@@ -30,16 +30,22 @@ pub fn decide(
             live[must_expire - 1] + window - now
         });
         let reset = live.back().map_or(0, |&newest| newest + window - now);
-        return (denied(limit.saturating_sub(count), retry, reset), None);
+        return (
+            LimitStatus::denied(limit.saturating_sub(count), retry, reset),
+            None,
+        );
     }
     if cost == 0 {
         let reset = live.back().map_or(0, |&newest| newest + window - now);
-        return (allowed(limit.saturating_sub(count), reset), None);
+        return (
+            LimitStatus::allowed(limit.saturating_sub(count), reset),
+            None,
+        );
     }
     let mut stamps = live;
     stamps.extend(std::iter::repeat_n(now, cost as usize));
     (
-        allowed(limit - count - cost, window),
+        LimitStatus::allowed(limit - count - cost, window),
         Some(Write {
             state: State::Log { stamps },
             ttl_us: window,

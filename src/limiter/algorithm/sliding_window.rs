@@ -5,8 +5,8 @@
 //! window's count weighted by the part of it still inside the sliding window, rounded *up* so the
 //! estimate never undercounts. A request passes iff `estimate + cost ≤ limit`.
 
-use super::{allowed, denied, State, Write};
-use crate::limiter::LimitStatus;
+use super::state::{State, Write};
+use crate::limiter::status::LimitStatus;
 
 /// `ceil(previous × (W − elapsed) / W)`, in doubles, in this order (as the Lua does).
 fn weighted(previous: u64, window: i64, elapsed: i64) -> u64 {
@@ -69,7 +69,7 @@ pub fn decide(
             wait.max(1)
         });
         return (
-            denied(limit.saturating_sub(estimate), retry, reset(current)),
+            LimitStatus::denied(limit.saturating_sub(estimate), retry, reset(current)),
             None,
         );
     }
@@ -82,7 +82,7 @@ pub fn decide(
         ttl_us: start + 2 * window - now,
     });
     (
-        allowed(limit.saturating_sub(estimate + cost), reset(current + cost)),
+        LimitStatus::allowed(limit.saturating_sub(estimate + cost), reset(current + cost)),
         write,
     )
 }

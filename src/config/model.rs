@@ -1,0 +1,52 @@
+//! A loaded, validated configuration: what the rest of sluice reads.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use super::redis::RedisSettings;
+use super::server::ServerSettings;
+use crate::identity::Identity;
+use crate::limiter::FailureMode;
+use crate::path::PathPolicy;
+use crate::router::RouteTable;
+
+/// A loaded, validated configuration.
+#[derive(Debug)]
+pub struct Config {
+    pub source: PathBuf,
+    pub server: ServerSettings,
+    pub listen: Vec<SocketAddr>,
+    pub admin_listen: Option<SocketAddr>,
+    /// `None`: limits run in-process.
+    pub redis: Option<RedisSettings>,
+    /// The failure mode of routes that do not set their own.
+    pub failure_mode: FailureMode,
+    pub identity: Identity,
+    pub paths: PathPolicy,
+    /// Log one line per request, for 1 request in `n`; `None`: off.
+    pub access_log_sample: Option<u64>,
+    pub routes: RouteTable,
+}
+
+impl Config {
+    /// One line for `sluice -t` and the log.
+    pub fn summary(&self) -> String {
+        let limits: usize = self
+            .routes
+            .in_file_order()
+            .iter()
+            .map(|r| r.limits.len())
+            .sum();
+        let backend = match &self.redis {
+            Some(redis) => redis.topology.describe(),
+            None => "in-process limiter".to_string(),
+        };
+        format!(
+            "{}: ok: {} routes, {} limits, {}",
+            self.source.display(),
+            self.routes.len(),
+            limits,
+            backend
+        )
+    }
+}

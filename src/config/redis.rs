@@ -1,0 +1,166 @@
+//! The `redis:` section: which topology (one server, a Cluster, Sentinels), the deadline of
+//! every call, and the key prefix. Without the section, limits run in-process.
+
+use std::time::Duration;
+
+use super::problem::{check_name, millis_within, Problems};
+use super::raw::RawRedis;
+use crate::limiter::Topology;
+
+pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 25;
+pub const DEFAULT_KEY_PREFIX: &str = "sluice";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    pub topology: Topology,
+    pub timeout: Duration,
+    pub key_prefix: String,
+}
+
+pub fn compile(raw: RawRedis, p: &mut Problems) -> RedisSettings {
+    let topology = compile_topology(&raw, p);
+    let timeout = millis_within(
+        raw.timeout_ms.unwrap_or(DEFAULT_REDIS_TIMEOUT_MS),
+        1..=10_000,
+        "redis.timeout_ms",
+        p,
+    )
+    .unwrap_or(Duration::from_millis(DEFAULT_REDIS_TIMEOUT_MS));
+    let key_prefix = raw
+        .key_prefix
+        .unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_string());
+    check_name(&key_prefix, "redis.key_prefix", p);
+    RedisSettings {
+        topology,
+        timeout,
+        key_prefix,
+    }
+}
+
+/// `redis.mode` and the addresses that mode needs; every problem reported.
+fn compile_topology(redis: &RawRedis, p: &mut Problems) -> Topology {
+    let mode = redis.mode.as_deref().unwrap_or("standalone");
+    let check_url = |url: &str, path: &str, p: &mut Problems| {
+        if let Err(e) = ::redis::Client::open(url) {
+            p.add(path, format!("invalid redis URL: {e}"));
+        }
+    };
+    let check_list = |list: &Option<Vec<String>>, path: &str, p: &mut Problems| -> Vec<String> {
+        let list = list.clone().unwrap_or_default();
+        if list.is_empty() {
+            p.add(
+                path,
+                format!("required in {mode} mode: a list of redis:// URLs"),
+            );
+        }
+        for (i, url) in list.iter().enumerate() {
+            check_url(url, &format!("{path}[{i}]"), p);
+        }
+        list
+    };
+    // Every mode-specific key, and the modes that use it.
+    let mode_keys: [(&str, bool, &[&str]); 6] = [
+        ("url", redis.url.is_some(), &["standalone"]),
+        ("nodes", redis.nodes.is_some(), &["cluster"]),
+        ("sentinels", redis.sentinels.is_some(), &["sentinel"]),
+        ("master_name", redis.master_name.is_some(), &["sentinel"]),
+        (
+            "master_username",
+            redis.master_username.is_some(),
+            &["sentinel"],
+        ),
+        (
+            "master_password",
+            redis.master_password.is_some(),
+            &["sentinel"],
+        ),
+    ];
+    if matches!(mode, "standalone" | "cluster" | "sentinel") {
+        for (key, present, modes) in mode_keys {
+            if present && !modes.contains(&mode) {
+                p.add(format!("redis.{key}"), format!("not used in {mode} mode"));
+            }
+        }
+    }
+    match mode {
+        "standalone" => {
+            let url = redis.url.clone().unwrap_or_default();
+            if url.is_empty() {
+                p.add("redis.url", "required when the redis section is present (omit the section for in-process limits)");
+            } else {
+                check_url(&url, "redis.url", p);
+            }
+            Topology::Standalone { url }
+        }
+        "cluster" => Topology::Cluster {
+            nodes: check_list(&redis.nodes, "redis.nodes", p),
+        },
+        "sentinel" => {
+            let sentinels = check_list(&redis.sentinels, "redis.sentinels", p);
+            let master_name = redis.master_name.clone().unwrap_or_default();
+            if master_name.is_empty() {
+                p.add(
+                    "redis.master_name",
+                    "required in sentinel mode: the name the sentinels monitor",
+                );
+            }
+            Topology::Sentinel {
+                sentinels,
+                master_name,
+                master_username: redis.master_username.clone(),
+                master_password: redis.master_password.clone(),
+            }
+        }
+        other => {
+            p.add(
+                "redis.mode",
+                format!("unknown mode {other:?}: use standalone, cluster or sentinel"),
+            );
+            Topology::Standalone { url: String::new() }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::problem::problems_of;
+
+    #[test]
+    fn each_mode_takes_its_own_keys() {
+        let (_, problems) = problems_of(
+            "mode: cluster\nurl: redis://127.0.0.1/\ntimeout_ms: 0\n",
+            compile,
+        );
+        assert_eq!(
+            problems,
+            [
+                "redis.url: not used in cluster mode",
+                "redis.nodes: required in cluster mode: a list of redis:// URLs",
+                "redis.timeout_ms: must be between 1 and 10000 ms, got 0",
+            ]
+        );
+        let (settings, problems) = problems_of(
+            "mode: sentinel\nsentinels: [redis://127.0.0.1:26379/]\nmaster_name: m\nkey_prefix: t\n",
+            compile,
+        );
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(
+            (settings.topology.mode(), settings.key_prefix.as_str()),
+            ("sentinel", "t")
+        );
+    }
+
+    #[test]
+    fn urls_modes_and_prefixes_are_checked() {
+        let (_, problems) = problems_of("url: http://x\nkey_prefix: \"a{b}\"\n", compile);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].starts_with("redis.url: invalid redis URL"));
+        assert!(problems[1].starts_with("redis.key_prefix: invalid name"));
+        let (_, problems) = problems_of("mode: ring\n", compile);
+        assert_eq!(
+            problems,
+            ["redis.mode: unknown mode \"ring\": use standalone, cluster or sentinel"]
+        );
+    }
+}

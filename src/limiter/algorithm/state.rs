@@ -1,0 +1,41 @@
+//! What the in-process backend remembers per key, mirroring what the scripts store in Redis.
+
+use std::collections::VecDeque;
+
+use crate::limiter::id::RequestId;
+
+/// What a backend remembers per key. Absent state and expired state mean the same thing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Theoretical arrival time of the next unit.
+    Gcra { tat_us: i64 },
+    /// End of the current window and the units counted in it.
+    Window { end_us: i64, count: u64 },
+    /// Start of the current aligned window, and the counts of it and of the one before.
+    Sliding {
+        start_us: i64,
+        previous: u64,
+        current: u64,
+    },
+    /// Timestamps of admitted units, ascending.
+    Log { stamps: VecDeque<i64> },
+    /// Leases held: request and expiry.
+    Leases { leases: Vec<(RequestId, i64)> },
+}
+
+/// A state to store, and how long until it is equivalent to absent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Write {
+    pub state: State,
+    pub ttl_us: i64,
+}
+
+/// What giving back unspent units does to a key's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refund {
+    /// Nothing to give back to: no state, or a window already closed.
+    Unchanged,
+    Store(Write),
+    /// The state is back to "full": the same as no key.
+    Clear,
+}

@@ -1,0 +1,313 @@
+//! The verdict's one home. Given a route's limits ([`LimitSet`]) and what the request asks of
+//! each ([`Ask`]), the policy calls the limiter, applies the route's failure mode when the
+//! limiter cannot decide (allow, deny, or this gateway's share in-process), and returns one
+//! [`Verdict`]: the decision, the metric outcome and the rejection, if any. When the request
+//! ends, it gives back the concurrency slots to whoever took them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::{Histogram, HistogramOpts, IntCounter};
+
+use super::backend::{Limiter, Readiness, ReleaseSlots};
+use super::clock::Clock;
+use super::decision::Decision;
+use super::engine::Engine;
+use super::error::LimiterError;
+use super::id::{RequestId, RequestIds};
+use super::limit::Limit;
+use super::local::LocalLimiter;
+use super::request::{entries, Ask, LimitRequest};
+use super::verdict::{Holder, Outcome, Rejection, Verdict};
+
+/// What a request gets when the limiter cannot decide (Redis error or deadline missed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureMode {
+    Allow,
+    Deny,
+    /// Enforce the limits in-process at `limit / instances` while Redis is unavailable.
+    Local,
+}
+
+impl FailureMode {
+    /// The names the configuration accepts, for its error messages.
+    pub const NAMES: &'static str = "allow, deny or local";
+
+    pub fn parse(name: &str) -> Option<FailureMode> {
+        match name {
+            "allow" => Some(FailureMode::Allow),
+            "deny" => Some(FailureMode::Deny),
+            "local" => Some(FailureMode::Local),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureMode::Allow => "allow",
+            FailureMode::Deny => "deny",
+            FailureMode::Local => "local",
+        }
+    }
+
+    /// Whether requests are refused while the limiter is unreachable.
+    pub fn refuses(self) -> bool {
+        self == FailureMode::Deny
+    }
+}
+
+/// Every limit of one route as the policy applies them, compiled once at config load.
+#[derive(Debug)]
+pub struct LimitSet {
+    limits: Box<[Limit]>,
+    /// The limits scaled to one gateway's share (`limit / instances`), for `failure_mode: local`.
+    local_shares: Box<[Limit]>,
+    failure_mode: FailureMode,
+    /// Overrides the backend's deadline for this route's calls.
+    deadline: Option<Duration>,
+    /// Some limit stores per-request entries (sliding log, concurrency): calls need an id.
+    needs_request_id: bool,
+    /// Some limit is a concurrency limit: admitted requests give their slot back when done.
+    holds_slots: bool,
+}
+
+impl LimitSet {
+    pub fn new(
+        limits: Vec<Limit>,
+        instances: u64,
+        failure_mode: FailureMode,
+        deadline: Option<Duration>,
+    ) -> LimitSet {
+        use super::algorithm::Algorithm;
+        LimitSet {
+            local_shares: limits.iter().map(|l| l.share(instances)).collect(),
+            needs_request_id: limits.iter().any(|l| l.algorithm.needs_request_id()),
+            holds_slots: limits
+                .iter()
+                .any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })),
+            limits: limits.into(),
+            failure_mode,
+            deadline,
+        }
+    }
+
+    /// A set without limits: every request is admitted without asking a limiter.
+    pub fn none() -> LimitSet {
+        LimitSet::new(Vec::new(), 1, FailureMode::Allow, None)
+    }
+
+    pub fn limits(&self) -> &[Limit] {
+        &self.limits
+    }
+
+    pub fn failure_mode(&self) -> FailureMode {
+        self.failure_mode
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.limits.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.limits.len()
+    }
+}
+
+/// What the policy counts: how long deciding takes, and why it failed.
+#[derive(Clone)]
+pub struct PolicyMeters {
+    /// `sluice_limiter_duration_seconds` of the configured backend.
+    pub duration: Histogram,
+    /// `sluice_limiter_errors_total`, one handle per [`LimiterError::KINDS`] entry.
+    pub errors: Vec<IntCounter>,
+}
+
+impl PolicyMeters {
+    /// Handles registered nowhere (tests and tools).
+    pub fn unregistered() -> PolicyMeters {
+        PolicyMeters {
+            duration: Histogram::with_opts(HistogramOpts::new("duration", "unregistered"))
+                .expect("a valid histogram"),
+            errors: LimiterError::KINDS
+                .iter()
+                .map(|kind| IntCounter::new(*kind, "unregistered").expect("a valid counter"))
+                .collect(),
+        }
+    }
+
+    fn error(&self, error: &LimiterError) {
+        if let Some(counter) = self.errors.get(error.kind_index()) {
+            counter.inc();
+        }
+    }
+}
+
+/// Decides requests against their route's limits, and settles them when they end.
+pub struct Policy {
+    engine: Engine,
+    /// Decides `failure_mode: local` requests while the engine cannot; `None` when the engine
+    /// is itself in-process.
+    fallback: Option<Arc<LocalLimiter>>,
+    clock: Arc<dyn Clock>,
+    ids: RequestIds,
+    meters: PolicyMeters,
+    /// Unix second of the last limiter error logged: at most one line per second.
+    last_error_log: AtomicU64,
+}
+
+impl Policy {
+    pub fn new(
+        engine: Engine,
+        fallback: Option<Arc<LocalLimiter>>,
+        clock: Arc<dyn Clock>,
+        meters: PolicyMeters,
+    ) -> Policy {
+        Policy {
+            engine,
+            fallback,
+            clock,
+            ids: RequestIds::new(),
+            meters,
+            last_error_log: AtomicU64::new(0),
+        }
+    }
+
+    /// The backend's name (`redis`, `local`).
+    pub fn backend(&self) -> &'static str {
+        self.engine.backend.name()
+    }
+
+    pub async fn readiness(&self) -> Readiness {
+        self.engine.backend.readiness().await
+    }
+
+    /// The verdict on a request asking `asks` (one per limit of `set`, in order).
+    pub async fn decide(&self, set: &LimitSet, asks: &[Ask]) -> Verdict {
+        if set.is_empty() {
+            return Verdict::unlimited();
+        }
+        let id = if set.needs_request_id {
+            self.ids.next()
+        } else {
+            RequestId::default()
+        };
+        let entries = entries(&set.limits, asks);
+        let request = LimitRequest {
+            entries: &entries,
+            id,
+            deadline: set.deadline,
+        };
+        let started = self.clock.instant();
+        let result = self.engine.decide.check(&request).await;
+        let limiter_time = self.clock.instant().saturating_duration_since(started);
+        self.meters.duration.observe(limiter_time.as_secs_f64());
+        let verdict = match result {
+            Ok(decision) => judged(decision, Holder::Backend, set),
+            Err(error) => self.unavailable(set, asks, id, error).await,
+        };
+        Verdict {
+            limiter_time,
+            id,
+            ..verdict
+        }
+    }
+
+    /// The limiter could not decide: the route's failure mode does.
+    async fn unavailable(
+        &self,
+        set: &LimitSet,
+        asks: &[Ask],
+        id: RequestId,
+        error: LimiterError,
+    ) -> Verdict {
+        self.report(&error, set.failure_mode);
+        let refused = Verdict::rejected(Rejection::LimiterUnavailable);
+        if error.always_denies() {
+            return refused;
+        }
+        match (set.failure_mode, &self.fallback) {
+            (FailureMode::Allow, _) => Verdict {
+                outcome: Outcome::ErrorAllowed,
+                ..Verdict::unlimited()
+            },
+            (FailureMode::Deny, _) | (FailureMode::Local, None) => refused,
+            (FailureMode::Local, Some(fallback)) => {
+                let entries = entries(&set.local_shares, asks);
+                let shares = LimitRequest {
+                    entries: &entries,
+                    id,
+                    deadline: set.deadline,
+                };
+                match fallback.check(&shares).await {
+                    Ok(decision) => judged(decision, Holder::Fallback, set),
+                    Err(error) => {
+                        self.report(&error, set.failure_mode);
+                        refused
+                    }
+                }
+            }
+        }
+    }
+
+    /// The request has ended (response finished or client gone): gives back the concurrency
+    /// slots it took, to whoever decided it.
+    pub async fn finish(&self, set: &LimitSet, asks: &[Ask], verdict: &Verdict) {
+        let (limits, releaser): (&[Limit], &dyn ReleaseSlots) =
+            match (verdict.holder, &self.fallback) {
+                (Holder::Nobody, _) => return,
+                (Holder::Backend, _) => (&set.limits, self.engine.release.as_ref()),
+                (Holder::Fallback, Some(fallback)) => (&set.local_shares, fallback.as_ref()),
+                (Holder::Fallback, None) => return,
+            };
+        let entries = entries(limits, asks);
+        let request = LimitRequest {
+            entries: &entries,
+            id: verdict.id,
+            deadline: set.deadline,
+        };
+        if let Err(error) = releaser.release(&request).await {
+            self.report(&error, set.failure_mode);
+        }
+    }
+
+    /// Counts an error by kind and logs it, at most once a second.
+    fn report(&self, error: &LimiterError, failure_mode: FailureMode) {
+        self.meters.error(error);
+        let second = (self.clock.now_us() / 1_000_000).max(0) as u64;
+        if self.last_error_log.swap(second, Ordering::Relaxed) != second {
+            log::warn!(
+                "rate limiter unavailable ({}): {error}; failure_mode={} applies",
+                error.kind(),
+                failure_mode.as_str()
+            );
+        }
+    }
+}
+
+/// What a decision means for the request.
+fn judged(decision: Decision, holder: Holder, set: &LimitSet) -> Verdict {
+    let locally = holder == Holder::Fallback;
+    if !decision.allowed() {
+        return Verdict {
+            decision: Some(decision),
+            ..Verdict::rejected(Rejection::Limited { locally })
+        };
+    }
+    let outcome = match (locally, decision.shadow_denied_by.is_some()) {
+        (true, _) => Outcome::LocalAllowed,
+        (false, true) => Outcome::ShadowLimited,
+        (false, false) => Outcome::Allowed,
+    };
+    Verdict {
+        outcome,
+        delay: Duration::from_millis(decision.delay_ms()),
+        decision: Some(decision),
+        holder: if set.holds_slots {
+            holder
+        } else {
+            Holder::Nobody
+        },
+        ..Verdict::unlimited()
+    }
+}

@@ -1,0 +1,73 @@
+//! What one limiter call decides: each limit of a route with the request's key and cost for it.
+
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::decision::{Decision, Statuses};
+use super::id::RequestId;
+use super::key::Key;
+use super::limit::{Limit, LIMITS_INLINE};
+
+/// What one request asks of one limit: the key it is counted under and the units it costs
+/// (0: the limit is only read, e.g. skipped for lack of a key part).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ask {
+    pub key: Key,
+    pub cost: u64,
+}
+
+/// One ask per limit of a route, in the route's order.
+pub type Asks = SmallVec<[Ask; LIMITS_INLINE]>;
+
+/// One limit of a call, with the request's key and cost for it.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'a> {
+    pub limit: &'a Limit,
+    pub key: &'a [u8],
+    pub cost: u64,
+}
+
+/// The entries of one call, inline for routes of ordinary size.
+pub type Entries<'a> = SmallVec<[Entry<'a>; LIMITS_INLINE]>;
+
+/// Pairs each limit with the request's ask for it.
+pub fn entries<'a>(limits: &'a [Limit], asks: &'a [Ask]) -> Entries<'a> {
+    limits
+        .iter()
+        .zip(asks)
+        .map(|(limit, ask)| Entry {
+            limit,
+            key: &ask.key,
+            cost: ask.cost,
+        })
+        .collect()
+}
+
+/// Everything one limiter call needs: its entries and a request id unique across gateways
+/// (log members and concurrency slots).
+#[derive(Debug, Clone, Copy)]
+pub struct LimitRequest<'a> {
+    pub entries: &'a [Entry<'a>],
+    pub id: RequestId,
+    /// Overrides the backend's deadline for this call.
+    pub deadline: Option<Duration>,
+}
+
+impl<'a> LimitRequest<'a> {
+    /// A call with no request id and the backend's own deadline (tests and tools).
+    pub fn new(entries: &'a [Entry<'a>]) -> LimitRequest<'a> {
+        LimitRequest {
+            entries,
+            id: RequestId::default(),
+            deadline: None,
+        }
+    }
+
+    /// The decision of these entries' statuses: shadow limits report but never deny.
+    pub fn decision(&self, statuses: impl Into<Statuses>) -> Decision {
+        Decision::judge(statuses, |i| {
+            self.entries.get(i).is_some_and(|entry| entry.limit.shadow)
+        })
+    }
+}

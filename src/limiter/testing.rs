@@ -1,0 +1,56 @@
+//! Builders for the limiter's unit tests: limits, algorithms and asks in one line each.
+
+use std::time::Duration;
+
+use super::algorithm::Algorithm;
+use super::key::Key;
+use super::limit::Limit;
+use super::rate::Rate;
+use super::request::{Ask, Asks};
+
+/// `count` per `seconds`.
+pub fn rate(count: u64, seconds: u64) -> Rate {
+    Rate::new(count, Duration::from_secs(seconds)).expect("a positive count")
+}
+
+/// A limit of cost 1 named `name`.
+pub fn limit(name: &str, algorithm: Algorithm) -> Limit {
+    Limit::new(name, algorithm, 1, rate(1, 1))
+}
+
+/// GCRA at `per_second` with `burst` extra units.
+pub fn gcra(per_second: u64, burst: u64) -> Algorithm {
+    let emission_us = 1_000_000 / per_second;
+    Algorithm::Gcra {
+        emission_us,
+        tolerance_us: emission_us * (burst + 1),
+        max_delay_us: 0,
+    }
+}
+
+/// A fixed window of `limit` units per hour.
+pub fn window(limit: u64) -> Algorithm {
+    Algorithm::FixedWindow {
+        limit,
+        window_us: 3_600_000_000,
+    }
+}
+
+/// At most `max` in flight, each slot held for a minute at most.
+pub fn concurrency(max: u64) -> Algorithm {
+    Algorithm::Concurrency {
+        max,
+        lease_us: 60_000_000,
+    }
+}
+
+/// One ask per key, at the matching cost.
+pub fn asks(keys: &[&[u8]], costs: &[u64]) -> Asks {
+    keys.iter()
+        .zip(costs)
+        .map(|(key, &cost)| Ask {
+            key: Key::from_slice(key),
+            cost,
+        })
+        .collect()
+}

@@ -1,0 +1,221 @@
+//! Upstream pools on `pingora-load-balancing`, one per route of a configuration: a server chosen
+//! round robin or by consistent hashing (ketama) of a key part, among those the TCP health
+//! checks find alive. A pool is built with the configuration it serves; its checks run once
+//! before that configuration goes live, then in the background until it is retired.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pingora::lb::health_check::TcpHealthCheck;
+use pingora::lb::selection::{BackendIter, BackendSelection, Consistent, RoundRobin};
+use pingora::lb::{Backend, LoadBalancer};
+use tokio::sync::watch;
+
+use crate::router::RouteTable;
+use crate::upstream::{Balance, UpstreamSettings};
+
+/// One route's servers, chosen by its balance.
+#[derive(Clone)]
+pub enum Pool {
+    RoundRobin(Arc<LoadBalancer<RoundRobin>>),
+    Consistent(Arc<LoadBalancer<Consistent>>),
+}
+
+fn balancer<S>(settings: &UpstreamSettings) -> std::io::Result<Arc<LoadBalancer<S>>>
+where
+    S: BackendSelection + 'static,
+    S::Iter: BackendIter,
+{
+    let mut lb = LoadBalancer::<S>::try_from_iter(settings.servers.iter().copied())?;
+    if let Some(interval) = settings.health_check {
+        let mut check = TcpHealthCheck::new();
+        check.peer_template.options.connection_timeout = Some(settings.connect_timeout);
+        lb.set_health_check(check);
+        lb.health_check_frequency = Some(interval);
+        lb.parallel_health_check = true;
+    }
+    Ok(Arc::new(lb))
+}
+
+fn pick<S>(lb: &LoadBalancer<S>, key: &[u8], avoid: &[SocketAddr]) -> Option<SocketAddr>
+where
+    S: BackendSelection + 'static,
+    S::Iter: BackendIter,
+{
+    let inet = |b: &Backend| b.addr.as_inet().copied();
+    lb.select_with(key, 256, |backend, healthy| {
+        healthy && inet(backend).is_some_and(|addr| !avoid.contains(&addr))
+    })
+    .and_then(|b| inet(&b))
+}
+
+/// Runs `lb`'s health checks every `interval` until told to stop.
+async fn check_until_stopped<S>(
+    lb: Arc<LoadBalancer<S>>,
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) where
+    S: BackendSelection + 'static,
+    S::Iter: BackendIter,
+{
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        lb.backends()
+            .run_health_check(lb.parallel_health_check)
+            .await;
+    }
+}
+
+impl Pool {
+    /// `settings.servers` must not be empty; the config compiler guarantees it.
+    pub fn new(settings: &UpstreamSettings) -> std::io::Result<Pool> {
+        Ok(match settings.balance {
+            Balance::RoundRobin => Pool::RoundRobin(balancer(settings)?),
+            Balance::Consistent(_) => Pool::Consistent(balancer(settings)?),
+        })
+    }
+
+    /// A healthy server not in `avoid`; `key` drives consistent hashing.
+    pub fn pick(&self, key: &[u8], avoid: &[SocketAddr]) -> Option<SocketAddr> {
+        match self {
+            Pool::RoundRobin(lb) => pick(lb, key, avoid),
+            Pool::Consistent(lb) => pick(lb, key, avoid),
+        }
+    }
+
+    fn interval(&self) -> Option<Duration> {
+        match self {
+            Pool::RoundRobin(lb) => lb.health_check_frequency,
+            Pool::Consistent(lb) => lb.health_check_frequency,
+        }
+    }
+
+    /// One round of health checks (all servers at once), when the pool has them.
+    async fn check_once(&self) {
+        match self {
+            Pool::RoundRobin(lb) if lb.health_check_frequency.is_some() => {
+                lb.backends().run_health_check(true).await
+            }
+            Pool::Consistent(lb) if lb.health_check_frequency.is_some() => {
+                lb.backends().run_health_check(true).await
+            }
+            _ => {}
+        }
+    }
+
+    fn spawn_checks(&self, stop: watch::Receiver<bool>) {
+        let Some(interval) = self.interval() else {
+            return;
+        };
+        match self {
+            Pool::RoundRobin(lb) => {
+                tokio::spawn(check_until_stopped(Arc::clone(lb), interval, stop));
+            }
+            Pool::Consistent(lb) => {
+                tokio::spawn(check_until_stopped(Arc::clone(lb), interval, stop));
+            }
+        }
+    }
+}
+
+/// The pools of one configuration, indexed by route.
+pub struct Pools {
+    by_route: Box<[Pool]>,
+}
+
+/// Stops the background health checks of a set of pools when dropped (or told to).
+pub struct HealthChecks {
+    stop: watch::Sender<bool>,
+}
+
+impl HealthChecks {
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+impl Drop for HealthChecks {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Pools {
+    /// One pool per route of `routes`, by route index; `Err` names the route that failed.
+    pub fn build(routes: &RouteTable) -> Result<Pools, (usize, std::io::Error)> {
+        let by_route = routes
+            .in_file_order()
+            .iter()
+            .map(|route| Pool::new(&route.upstream).map_err(|e| (route.index, e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Pools {
+            by_route: by_route.into(),
+        })
+    }
+
+    /// The pool of the route at `index`.
+    pub fn route(&self, index: usize) -> Option<&Pool> {
+        self.by_route.get(index)
+    }
+
+    /// Probes every server of every health-checked pool once, all at once: what a
+    /// configuration knows of its servers before it goes live.
+    pub async fn check_once(&self) {
+        let mut rounds = tokio::task::JoinSet::new();
+        for pool in self
+            .by_route
+            .iter()
+            .filter(|pool| pool.interval().is_some())
+        {
+            let pool = pool.clone();
+            rounds.spawn(async move { pool.check_once().await });
+        }
+        while rounds.join_next().await.is_some() {}
+    }
+
+    /// Starts the background checks, in the current runtime, until the handle is dropped.
+    pub fn start_checks(&self) -> HealthChecks {
+        let (stop, watching) = watch::channel(false);
+        for pool in self.by_route.iter() {
+            pool.spawn_checks(watching.clone());
+        }
+        HealthChecks { stop }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    #[test]
+    fn round_robin_visits_every_server_and_avoids_failed_ones() {
+        let pool = Pool::new(&UpstreamSettings::round_robin(vec![addr(1), addr(2)])).unwrap();
+        let mut picks: Vec<_> = (0..4).map(|_| pool.pick(b"", &[]).unwrap()).collect();
+        picks.sort();
+        assert_eq!(picks, vec![addr(1), addr(1), addr(2), addr(2)]);
+        assert!((0..4).all(|_| pool.pick(b"", &[addr(1)]) == Some(addr(2))));
+        assert_eq!(pool.pick(b"", &[addr(1), addr(2)]), None);
+    }
+
+    #[test]
+    fn consistent_hashing_sticks_to_a_server() {
+        let mut settings = UpstreamSettings::round_robin(vec![addr(1), addr(2), addr(3)]);
+        settings.balance = Balance::Consistent(vec![crate::keys::KeyPart::ClientIp]);
+        let pool = Pool::new(&settings).unwrap();
+        for key in [&b"alice"[..], b"bob", b"carol"] {
+            let first = pool.pick(key, &[]);
+            assert!((0..10).all(|_| pool.pick(key, &[]) == first));
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! What one configuration puts in force, swapped whole on reload: the compiled configuration,
+//! the upstream pools built for it (with their health checks) and its per-route metric handles.
+//! A request keeps the snapshot it started with until it ends.
+//!
+//! A snapshot goes live only once its pools have been probed (`start`), so a server that is
+//! down is never chosen, not even by the first requests after a start or a reload; its checks
+//! then run in the background until the snapshot is retired by the next one.
+
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+
+use crate::config::{Config, ConfigError, Problem};
+use crate::metrics::Metrics;
+use crate::pool::{HealthChecks, Pools};
+
+pub struct Snapshot {
+    pub config: Config,
+    pub pools: Pools,
+    pub metrics: Metrics,
+    checks: Mutex<Option<HealthChecks>>,
+}
+
+/// The snapshot in force; `store` a new one to reload.
+pub type Live = Arc<ArcSwap<Snapshot>>;
+
+impl Snapshot {
+    /// Builds the pools and metric handles of `config`; nothing runs yet.
+    pub fn build(config: Config) -> Result<Snapshot, ConfigError> {
+        let pools = Pools::build(&config.routes).map_err(|(index, error)| ConfigError {
+            file: config.source.clone(),
+            problems: vec![Problem::new(
+                format!("routes[{index}].upstream.servers"),
+                format!("cannot build the pool: {error}"),
+            )],
+        })?;
+        let metrics = Metrics::new(config.routes.in_file_order().iter().map(|r| &*r.name));
+        Ok(Snapshot {
+            config,
+            pools,
+            metrics,
+            checks: Mutex::new(None),
+        })
+    }
+
+    /// Probes every health-checked server once, then keeps checking in the background (in
+    /// the current runtime) until [`Snapshot::retire`].
+    pub async fn start(&self) {
+        self.pools.check_once().await;
+        let checks = self.pools.start_checks();
+        *self.checks.lock().unwrap_or_else(|p| p.into_inner()) = Some(checks);
+    }
+
+    /// Stops the background health checks: a newer snapshot is in force.
+    pub fn retire(&self) {
+        if let Some(checks) = self.checks.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            checks.stop();
+        }
+    }
+}

@@ -1,0 +1,418 @@
+//! The module structure of `src/`, read from its own `use` lines and `crate::`/`super::` paths:
+//! no file imports a file that imports it back (directly or through others), no top-level module
+//! imports one that imports it back, and nothing outside the glue imports the glue.
+//!
+//! A `mod.rs` (or `lib.rs`) may name its children; a child reaches its siblings directly
+//! (`super::decision::Decision`), never through its parent's re-exports (`super::Decision`),
+//! which would make the parent and the child import each other.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The modules that know Pingora and wire the process; nothing else may import them.
+const GLUE: &[&str] = &["app", "reload", "snapshot", "pool", "admin", "proxy"];
+
+type ModulePath = Vec<String>;
+
+/// Every module of the library crate and its file.
+fn modules(src: &Path) -> BTreeMap<ModulePath, PathBuf> {
+    fn walk(dir: &Path, prefix: &ModulePath, out: &mut BTreeMap<ModulePath, PathBuf>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .expect("read src")
+            .map(|e| e.expect("dir entry").path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            let name = path.file_stem().unwrap().to_string_lossy().to_string();
+            if path.is_dir() {
+                if name == "bin" && prefix.is_empty() {
+                    continue; // separate binaries, not modules of the library
+                }
+                let mut module = prefix.clone();
+                module.push(name);
+                walk(&path, &module, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                match name.as_str() {
+                    "main" if prefix.is_empty() => {}
+                    "lib" if prefix.is_empty() => {
+                        out.insert(Vec::new(), path);
+                    }
+                    "mod" => {
+                        out.insert(prefix.clone(), path);
+                    }
+                    _ => {
+                        let mut module = prefix.clone();
+                        module.push(name);
+                        out.insert(module, path);
+                    }
+                }
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(src, &Vec::new(), &mut out);
+    out
+}
+
+/// The source without comments (line comments, doc comments) and string literals, so that
+/// only code is read.
+fn code_only(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let bytes = source.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'/' if bytes.get(i + 1) == Some(&b'/') => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                while i + 1 < bytes.len() && !(bytes[i] == b'*' && bytes[i + 1] == b'/') {
+                    i += 1;
+                }
+                i += 2;
+            }
+            b'"' => {
+                // Raw strings (r"…", r#"…"#) are rare here and never hold paths we follow.
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    if bytes[i] == b'\\' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
+                i += 1;
+                out.push_str("\"\"");
+            }
+            b'\'' if bytes.get(i + 2) == Some(&b'\'') || bytes.get(i + 1) == Some(&b'\\') => {
+                // A char literal such as '"' or '\n'; lifetimes ('a) are left alone.
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'\'' {
+                    if bytes[i] == b'\\' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
+                i += 1;
+            }
+            b => {
+                out.push(b as char);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Expands a `use` tree (`a::{b, c::{d as e}}`) into whole paths.
+fn expand_use_tree(tree: &str) -> Vec<String> {
+    let tree = tree.trim();
+    let Some(open) = tree.find('{') else {
+        // `a::b as c` names `a::b`.
+        let path = tree.split_whitespace().next().unwrap_or("");
+        return vec![path.trim_end_matches("::").to_string()];
+    };
+    let prefix: String = tree[..open].split_whitespace().collect();
+    let inner = &tree[open + 1..tree.rfind('}').expect("balanced use tree")];
+    let mut items = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(inner[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(inner[start..].trim());
+    items
+        .into_iter()
+        .filter(|item| !item.is_empty())
+        .flat_map(|item| {
+            let prefix = prefix.clone();
+            expand_use_tree(item).into_iter().map(move |rest| {
+                if rest == "self" {
+                    prefix.trim_end_matches("::").to_string()
+                } else {
+                    format!("{prefix}{rest}")
+                }
+            })
+        })
+        .collect()
+}
+
+/// Splits a file's code into the text of each module it holds: the file's own module, and
+/// inline `mod name { … }` blocks (whose `super` is the file's module), recursively.
+fn scopes(code: &str, module: &ModulePath) -> Vec<(ModulePath, String)> {
+    let mut own = String::with_capacity(code.len());
+    let mut inner = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("mod ") {
+        let before = rest[..at].chars().last();
+        let after = &rest[at + 4..];
+        let ident_len = after
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(after.len());
+        let brace = after[ident_len..].trim_start();
+        let word_start = !before.is_some_and(|c| c.is_alphanumeric() || c == '_');
+        if !(word_start && ident_len > 0 && brace.starts_with('{')) {
+            own.push_str(&rest[..at + 4]);
+            rest = &rest[at + 4..];
+            continue;
+        }
+        own.push_str(&rest[..at]);
+        let body_start = at + 4 + ident_len + (after[ident_len..].len() - brace.len()) + 1;
+        let mut depth = 1;
+        let mut end = body_start;
+        for (i, c) in rest[body_start..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                end = body_start + i;
+                break;
+            }
+        }
+        let mut child = module.clone();
+        child.push(after[..ident_len].to_string());
+        inner.extend(scopes(&rest[body_start..end], &child));
+        rest = &rest[(end + 1).min(rest.len())..];
+    }
+    own.push_str(rest);
+    let mut all = vec![(module.clone(), own)];
+    all.extend(inner);
+    all
+}
+
+/// Every path a file names through `crate`, `super` or `self`: `use` items (expanded) and
+/// paths written inline in the code.
+fn named_paths(code: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    let mut rest = code;
+    // `use` items, which may group paths in braces and span lines.
+    while let Some(at) = rest.find("use ") {
+        let before = rest[..at].chars().last();
+        rest = &rest[at + 4..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let Some(end) = rest.find(';') else { break };
+        let tree = rest[..end].trim();
+        if tree.starts_with("crate::") || tree.starts_with("super::") || tree.starts_with("self::")
+        {
+            paths.extend(expand_use_tree(tree));
+        }
+    }
+    // Inline paths: `crate::a::b`, `super::a`.
+    for root in ["crate::", "super::"] {
+        let mut rest = code;
+        while let Some(at) = rest.find(root) {
+            let before = rest[..at].chars().last();
+            let tail = &rest[at..];
+            let len = tail
+                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                .unwrap_or(tail.len());
+            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                paths.push(tail[..len].trim_end_matches(':').to_string());
+            }
+            rest = &rest[at + root.len()..];
+        }
+    }
+    paths
+}
+
+/// The module a path names: its longest prefix that is a module of the crate.
+fn resolve(
+    from: &ModulePath,
+    path: &str,
+    modules: &BTreeMap<ModulePath, PathBuf>,
+) -> Option<ModulePath> {
+    let mut segments = path.split("::").filter(|s| !s.is_empty());
+    let mut module: ModulePath = match segments.next()? {
+        "crate" => Vec::new(),
+        "self" => from.clone(),
+        "super" => {
+            let mut parent = from.clone();
+            parent.pop();
+            parent
+        }
+        _ => return None,
+    };
+    let mut found = modules.contains_key(&module).then(|| module.clone());
+    for segment in segments {
+        if segment == "super" {
+            module.pop();
+        } else {
+            module.push(segment.to_string());
+        }
+        if modules.contains_key(&module) {
+            found = Some(module.clone());
+        }
+    }
+    found
+}
+
+fn name(module: &ModulePath) -> String {
+    if module.is_empty() {
+        "crate".to_string()
+    } else {
+        module.join("::")
+    }
+}
+
+/// A cycle in `graph`, if any, as the modules along it.
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        Open,
+        Done,
+    }
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        marks: &mut BTreeMap<String, Mark>,
+        stack: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        match marks.get(node) {
+            Some(Mark::Done) => return None,
+            Some(Mark::Open) => {
+                let start = stack.iter().position(|n| n == node).unwrap_or(0);
+                let mut cycle = stack[start..].to_vec();
+                cycle.push(node.to_string());
+                return Some(cycle);
+            }
+            None => {}
+        }
+        marks.insert(node.to_string(), Mark::Open);
+        stack.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, marks, stack) {
+                return Some(cycle);
+            }
+        }
+        stack.pop();
+        marks.insert(node.to_string(), Mark::Done);
+        None
+    }
+    let mut marks = BTreeMap::new();
+    for node in graph.keys() {
+        if let Some(cycle) = visit(node, graph, &mut marks, &mut Vec::new()) {
+            return Some(cycle);
+        }
+    }
+    None
+}
+
+/// File → files it imports (children named by a `mod.rs` through re-exports included).
+fn import_graph() -> BTreeMap<ModulePath, BTreeSet<ModulePath>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let modules = modules(&src);
+    let mut graph = BTreeMap::new();
+    for (module, file) in &modules {
+        let source = std::fs::read_to_string(file).expect("read source");
+        let targets: BTreeSet<ModulePath> = scopes(&code_only(&source), module)
+            .iter()
+            .flat_map(|(scope, code)| {
+                named_paths(code)
+                    .into_iter()
+                    .filter_map(|path| resolve(scope, &path, &modules))
+                    .collect::<Vec<_>>()
+            })
+            .filter(|target| target != module)
+            .collect();
+        graph.insert(module.clone(), targets);
+    }
+    graph
+}
+
+#[test]
+fn no_file_imports_a_file_that_imports_it_back() {
+    let graph: BTreeMap<String, BTreeSet<String>> = import_graph()
+        .iter()
+        .map(|(from, to)| (name(from), to.iter().map(name).collect()))
+        .collect();
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("import cycle between files of src/: {}", cycle.join(" -> "));
+    }
+}
+
+#[test]
+fn no_top_level_module_imports_one_that_imports_it_back() {
+    let top = |m: &ModulePath| m.first().cloned().unwrap_or_else(|| "crate".to_string());
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, targets) in import_graph() {
+        let entry = graph.entry(top(&from)).or_default();
+        for target in targets {
+            if top(&target) != top(&from) && !target.is_empty() {
+                entry.insert(top(&target));
+            }
+        }
+    }
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!(
+            "import cycle between modules of src/: {}",
+            cycle.join(" -> ")
+        );
+    }
+}
+
+#[test]
+fn nothing_outside_the_glue_imports_the_glue() {
+    let is_glue = |m: &ModulePath| m.first().is_some_and(|top| GLUE.contains(&top.as_str()));
+    let mut offenders = Vec::new();
+    for (from, targets) in import_graph() {
+        if from.is_empty() || is_glue(&from) {
+            continue;
+        }
+        for target in targets.iter().filter(|t| is_glue(t)) {
+            offenders.push(format!("{} imports {}", name(&from), name(target)));
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
+
+#[test]
+fn the_reader_sees_grouped_uses_inline_paths_and_parents() {
+    let code = code_only(
+        "use crate::limiter::{decision::{Decision, LimitStatus}, key::Key as K, self};\n\
+         // use crate::commented::Out;\n\
+         let s = \"crate::in_a_string\";\n\
+         fn f() { crate::metrics::init(); super::sibling::g(); }\n",
+    );
+    let paths = named_paths(&code);
+    for expected in [
+        "crate::limiter::decision::Decision",
+        "crate::limiter::decision::LimitStatus",
+        "crate::limiter::key::Key",
+        "crate::limiter",
+        "crate::metrics::init",
+        "super::sibling::g",
+    ] {
+        assert!(
+            paths.iter().any(|p| p == expected),
+            "{expected} in {paths:?}"
+        );
+    }
+    assert!(!paths
+        .iter()
+        .any(|p| p.contains("commented") || p.contains("in_a_string")));
+    let nested = scopes(
+        "use super::x; mod tests { use super::y; }",
+        &vec!["m".to_string()],
+    );
+    assert_eq!(nested[1].0, vec!["m".to_string(), "tests".to_string()]);
+    assert!(nested[0].1.contains("super::x") && !nested[0].1.contains("super::y"));
+    let mut graph = BTreeMap::new();
+    graph.insert("a".to_string(), BTreeSet::from(["b".to_string()]));
+    graph.insert("b".to_string(), BTreeSet::from(["a".to_string()]));
+    assert_eq!(
+        find_cycle(&graph),
+        Some(vec!["a".into(), "b".into(), "a".into()])
+    );
+}

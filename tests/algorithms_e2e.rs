@@ -7,23 +7,24 @@ mod support;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use support::config::{route, Config};
+use support::limits::{concurrency, fixed_window, gcra, leaky_bucket, sliding_log, Limit};
 use support::{connect, hammer, http_get, metric, Gateway, RedisServer, Upstream};
 
-fn config(routes: &str) -> String {
-    format!("redis:\n  url: REDIS_URL\n  timeout_ms: 200\nfailure_mode: deny\nroutes:\n{routes}")
-}
-
-fn route(limit: &str) -> String {
-    format!(
-        "  - name: api\n    match: {{ path_prefix: / }}\n    upstream: {{ servers: [UPSTREAM] }}\n    limits:\n      - {limit}\n"
-    )
+/// A configuration whose one route has the one `limit`, in Redis, failing closed.
+fn config(limit: Limit) -> String {
+    Config::new()
+        .redis("REDIS_URL")
+        .failure_mode("deny")
+        .route(route("api").limit(limit))
+        .yaml()
 }
 
 /// A Redis, an upstream, and a gateway whose one route has the one `limit`.
-fn one_limit(limit: &str) -> (RedisServer, Upstream, Gateway) {
+fn one_limit(limit: Limit) -> (RedisServer, Upstream, Gateway) {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let gateway = Gateway::start(&config(&route(limit)), &upstream, Some(&redis));
+    let gateway = Gateway::start(&config(limit), &upstream, Some(&redis));
     (redis, upstream, gateway)
 }
 
@@ -32,23 +33,17 @@ fn two_gateways_sharing_redis_admit_exactly_the_limit() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
     for (name, limit) in [
-        (
-            "gcra",
-            "{ name: shared, key: [route], algorithm: gcra, rate: 50/h, burst: 49 }",
-        ),
-        (
-            "sliding_log",
-            "{ name: shared, key: [route], algorithm: sliding_log, rate: 50/h }",
-        ),
+        ("gcra", gcra("shared", "50/h").key(&["route"]).burst(49)),
+        ("sliding_log", sliding_log("shared", "50/h").key(&["route"])),
         (
             "fixed_window",
-            "{ name: shared, key: [route], algorithm: fixed_window, rate: 50/h }",
+            fixed_window("shared", "50/h").key(&["route"]),
         ),
     ] {
         redis::cmd("FLUSHALL")
             .query::<()>(&mut redis.connection())
             .unwrap();
-        let body = config(&route(limit));
+        let body = config(limit);
         let (a, b) = (
             Gateway::start(&body, &upstream, Some(&redis)),
             Gateway::start(&body, &upstream, Some(&redis)),
@@ -63,8 +58,7 @@ fn two_gateways_sharing_redis_admit_exactly_the_limit() {
 
 #[test]
 fn concurrency_leases_are_released_when_the_response_finishes() {
-    let (_redis, _upstream, gateway) =
-        one_limit("{ name: inflight, algorithm: concurrency, max: 1 }");
+    let (_redis, _upstream, gateway) = one_limit(concurrency("inflight", 1));
     let proxy = gateway.proxy;
     let slow = std::thread::spawn(move || http_get(proxy, "/slow/800", None, &[]).status);
     std::thread::sleep(Duration::from_millis(300));
@@ -82,8 +76,7 @@ fn concurrency_leases_are_released_when_the_response_finishes() {
 
 #[test]
 fn concurrency_leases_are_released_when_the_client_goes_away() {
-    let (_redis, _upstream, gateway) =
-        one_limit("{ name: inflight, algorithm: concurrency, max: 1 }");
+    let (_redis, _upstream, gateway) = one_limit(concurrency("inflight", 1));
     let mut abandoned = connect(gateway.proxy, None);
     abandoned
         .write_all(b"GET /slow/30000 HTTP/1.1\r\nHost: localhost\r\n\r\n")
@@ -111,9 +104,11 @@ fn concurrency_leases_are_released_when_the_client_goes_away() {
 fn concurrency_leases_of_a_killed_gateway_expire() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let body = config(&route(
-        "{ name: inflight, key: [route], algorithm: concurrency, max: 1, lease: 2s }",
-    ));
+    let body = config(
+        concurrency("inflight", 1)
+            .key(&["route"])
+            .set("lease", "2s"),
+    );
     let doomed = Gateway::start(&body, &upstream, Some(&redis));
     let survivor = Gateway::start(&body, &upstream, Some(&redis));
     let mut holder = connect(doomed.proxy, None);
@@ -142,7 +137,9 @@ fn concurrency_leases_of_a_killed_gateway_expire() {
 
 #[test]
 fn shaping_delays_a_burst_instead_of_rejecting_it() {
-    let limit = "{ name: smooth, key: [route], algorithm: leaky_bucket, rate: 10/s, capacity: 1, max_delay: 1s }";
+    let limit = leaky_bucket("smooth", "10/s", 1)
+        .key(&["route"])
+        .set("max_delay", "1s");
     let (_redis, _upstream, gateway) = one_limit(limit);
     let started = Instant::now();
     let statuses = hammer(&[gateway.proxy], 5, 5, "/x");
@@ -158,7 +155,10 @@ fn shaping_delays_a_burst_instead_of_rejecting_it() {
 
 #[test]
 fn costs_come_from_a_header_within_a_cap() {
-    let limit = "{ name: units, key: [route], algorithm: fixed_window, rate: 10/h, cost_header: x-cost, cost_max: 5 }";
+    let limit = fixed_window("units", "10/h")
+        .key(&["route"])
+        .set("cost_header", "x-cost")
+        .set("cost_max", 5);
     let (_redis, _upstream, gateway) = one_limit(limit);
     let heavy = http_get(gateway.proxy, "/x", None, &[("x-cost", "4")]);
     assert_eq!(heavy.header("ratelimit"), Some("\"units\";r=6;t=3600"));

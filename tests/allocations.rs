@@ -15,6 +15,10 @@ use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
 use sluice::limiter::{entries, script, LimitRequest, RequestId};
 use sluice::path::normalize;
+use support::config::route;
+use support::limits::{fixed_window, gcra, sliding_window};
+
+mod support;
 
 struct Counting;
 
@@ -57,25 +61,25 @@ fn allocations(times: usize, mut work: impl FnMut()) -> u64 {
     ALLOCATIONS.with(Cell::get) - before
 }
 
-const CONFIG: &str = r#"
-listen: [127.0.0.1:1]
-trusted_proxies: [127.0.0.1/32]
-routes:
-  - name: api
-    match: { path_prefix: /api, methods: [GET, POST] }
-    upstream: { servers: [127.0.0.1:1] }
-    limits:
-      - { name: per_client, key: [client_ip], rate: 100/s, burst: 50 }
-      - { name: per_path, key: [client_ip, path], algorithm: fixed_window, rate: 5000/m }
-      - { name: per_tenant, key: [header:x-tenant, route], algorithm: sliding_window, rate: 10000/m }
-  - name: other
-    match: { path_prefix: /other }
-    upstream: { servers: [127.0.0.1:1] }
-"#;
+/// Three limits of three algorithms on one route, behind a trusted proxy.
+fn config() -> String {
+    let body = support::config::Config::new()
+        .set("trusted_proxies", "[127.0.0.1/32]")
+        .route(
+            route("api")
+                .matching("{ path_prefix: /api, methods: [GET, POST] }")
+                .servers(&["127.0.0.1:1"])
+                .limit(gcra("per_client", "100/s").key(&["client_ip"]).burst(50))
+                .limit(fixed_window("per_path", "5000/m").key(&["client_ip", "path"]))
+                .limit(sliding_window("per_tenant", "10000/m").key(&["header:x-tenant", "route"])),
+        )
+        .route(route("other").prefix("/other").servers(&["127.0.0.1:1"]));
+    format!("listen: [127.0.0.1:1]\n{body}")
+}
 
 #[test]
 fn per_request_work_allocates_nothing() {
-    let config = Config::from_yaml(Path::new("inline.yaml"), CONFIG).expect("config");
+    let config = Config::from_yaml(Path::new("inline.yaml"), &config()).expect("config");
     let mut headers = HeaderMap::new();
     headers.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
     headers.insert("x-tenant", HeaderValue::from_static("acme"));

@@ -7,29 +7,36 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use redis::Commands;
+use support::config::{route, Config, Route};
+use support::limits::{fixed_window, gcra};
 use support::{metric, Gateway, RedisServer, Upstream};
 
-fn redis_config(failure_mode: &str, routes: &str) -> String {
-    format!("redis:\n  url: REDIS_URL\n  timeout_ms: 50\n  key_prefix: t\nfailure_mode: {failure_mode}\nroutes:\n{routes}")
+/// Limits in the test Redis (50 ms deadline), with this failure mode.
+fn with_redis(failure_mode: &str) -> Config {
+    Config::new()
+        .redis("REDIS_URL")
+        .redis_key("timeout_ms", 50)
+        .failure_mode(failure_mode)
 }
 
-const BURST_ROUTE: &str = r#"
-  - name: api
-    match: { path_prefix: /api/ }
-    upstream: { servers: [UPSTREAM] }
-    limits:
-      - name: per_client
-        key: [client_ip, path]
-        algorithm: gcra
-        rate: 5/10s
-        burst: 4
-"#;
+/// `/api/`: 5 per 10 s per client and path, in a burst of 5.
+fn burst_route() -> Route {
+    route("api").prefix("/api/").limit(
+        gcra("per_client", "5/10s")
+            .key(&["client_ip", "path"])
+            .burst(4),
+    )
+}
+
+fn burst(failure_mode: &str) -> String {
+    with_redis(failure_mode).route(burst_route()).yaml()
+}
 
 #[test]
 fn a_burst_admits_exactly_the_limit_then_429s_with_headers_then_passes_again() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let gateway = Gateway::start(&redis_config("allow", BURST_ROUTE), &upstream, Some(&redis));
+    let gateway = Gateway::start(&burst("allow"), &upstream, Some(&redis));
 
     let responses: Vec<_> = (0..10).map(|_| gateway.get("/api/items")).collect();
     let statuses: Vec<u16> = responses.iter().map(|r| r.status).collect();
@@ -103,16 +110,12 @@ fn a_burst_admits_exactly_the_limit_then_429s_with_headers_then_passes_again() {
 fn clients_and_paths_have_independent_buckets() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let routes = r#"
-  - name: api
-    match: { path_prefix: /api/ }
-    upstream: { servers: [UPSTREAM] }
-    limits:
-      - name: per_client_path
-        key: [client_ip, path]
-        rate: 1/m
-"#;
-    let gateway = Gateway::start(&redis_config("allow", routes), &upstream, Some(&redis));
+    let config = with_redis("allow").route(
+        route("api")
+            .prefix("/api/")
+            .limit(gcra("per_client_path", "1/m").key(&["client_ip", "path"])),
+    );
+    let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
     for source in ["127.0.0.2", "127.0.0.3"] {
         assert_eq!(
             gateway.get_from(source, "/api/a").status,
@@ -139,21 +142,12 @@ fn clients_and_paths_have_independent_buckets() {
 fn a_denying_limit_leaves_the_other_limits_unconsumed() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let routes = r#"
-  - name: api
-    match: { path_prefix: / }
-    upstream: { servers: [UPSTREAM] }
-    limits:
-      - name: generous
-        key: [client_ip]
-        rate: 10/m
-        burst: 9
-      - name: strict
-        key: [client_ip]
-        algorithm: fixed_window
-        rate: 1/m
-"#;
-    let gateway = Gateway::start(&redis_config("allow", routes), &upstream, Some(&redis));
+    let config = with_redis("allow").route(
+        route("api")
+            .limit(gcra("generous", "10/m").key(&["client_ip"]).burst(9))
+            .limit(fixed_window("strict", "1/m").key(&["client_ip"])),
+    );
+    let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
     let allowed = gateway.get("/x");
     assert_eq!(allowed.status, 200);
     assert_eq!(
@@ -191,7 +185,7 @@ fn a_denying_limit_leaves_the_other_limits_unconsumed() {
 fn unmatched_requests_get_404_and_never_touch_redis() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let gateway = Gateway::start(&redis_config("allow", BURST_ROUTE), &upstream, Some(&redis));
+    let gateway = Gateway::start(&burst("allow"), &upstream, Some(&redis));
     let response = gateway.get("/elsewhere");
     assert_eq!(response.status, 404);
     assert!(response.body.contains("No route"));
@@ -219,7 +213,7 @@ fn unmatched_requests_get_404_and_never_touch_redis() {
 fn redis_down_with_failure_mode_allow_serves_and_counts_errors() {
     let mut redis = RedisServer::start();
     let upstream = Upstream::start();
-    let gateway = Gateway::start(&redis_config("allow", BURST_ROUTE), &upstream, Some(&redis));
+    let gateway = Gateway::start(&burst("allow"), &upstream, Some(&redis));
     assert_eq!(gateway.get("/api/a").status, 200);
     redis.stop();
     for _ in 0..5 {
@@ -263,7 +257,7 @@ fn redis_down_with_failure_mode_allow_serves_and_counts_errors() {
 fn redis_down_with_failure_mode_deny_answers_503_and_the_upstream_sees_nothing() {
     let mut redis = RedisServer::start();
     let upstream = Upstream::start();
-    let gateway = Gateway::start(&redis_config("deny", BURST_ROUTE), &upstream, Some(&redis));
+    let gateway = Gateway::start(&burst("deny"), &upstream, Some(&redis));
     redis.stop();
     for _ in 0..3 {
         let response = gateway.get("/api/a");
@@ -296,8 +290,10 @@ fn a_redis_that_never_answers_trips_the_deadline_not_the_request() {
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("redis://{}/0", silent.local_addr().unwrap());
     let upstream = Upstream::start();
-    let config = redis_config("allow", BURST_ROUTE).replace("REDIS_URL", &url);
-    let gateway = Gateway::start(&config, &upstream, None);
+    let config = with_redis("allow")
+        .redis_key("url", url)
+        .route(burst_route());
+    let gateway = Gateway::start(&config.yaml(), &upstream, None);
     for _ in 0..3 {
         assert_eq!(gateway.get("/api/a").status, 200);
     }
@@ -316,7 +312,7 @@ fn a_redis_that_never_answers_trips_the_deadline_not_the_request() {
 #[test]
 fn without_redis_the_in_process_limiter_enforces_the_same_limits() {
     let upstream = Upstream::start();
-    let gateway = Gateway::start(&format!("routes:\n{BURST_ROUTE}"), &upstream, None);
+    let gateway = Gateway::start(&Config::new().route(burst_route()).yaml(), &upstream, None);
     let statuses: Vec<u16> = (0..7).map(|_| gateway.get("/api/items").status).collect();
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
     assert_eq!(gateway.get_from("127.0.0.9", "/api/items").status, 200);
@@ -336,8 +332,8 @@ fn without_redis_the_in_process_limiter_enforces_the_same_limits() {
 #[test]
 fn routes_can_turn_rate_limit_headers_off() {
     let upstream = Upstream::start();
-    let routes = BURST_ROUTE.replace("    limits:", "    rate_limit_headers: false\n    limits:");
-    let gateway = Gateway::start(&format!("routes:\n{routes}"), &upstream, None);
+    let config = Config::new().route(burst_route().set("rate_limit_headers", false));
+    let gateway = Gateway::start(&config.yaml(), &upstream, None);
     let ok = gateway.get("/api/x");
     assert_eq!(ok.status, 200);
     assert_eq!(ok.header("ratelimit"), None);
@@ -359,7 +355,7 @@ fn routes_can_turn_rate_limit_headers_off() {
 #[test]
 fn metrics_endpoint_is_prometheus_text_with_every_family() {
     let upstream = Upstream::start();
-    let gateway = Gateway::start(&format!("routes:\n{BURST_ROUTE}"), &upstream, None);
+    let gateway = Gateway::start(&Config::new().route(burst_route()).yaml(), &upstream, None);
     gateway.get("/api/x");
     let text = gateway.metrics();
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
@@ -389,7 +385,7 @@ fn metrics_endpoint_is_prometheus_text_with_every_family() {
 fn a_flood_from_a_denied_client_is_answered_by_the_deny_cache() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let gateway = Gateway::start(&redis_config("allow", BURST_ROUTE), &upstream, Some(&redis));
+    let gateway = Gateway::start(&burst("allow"), &upstream, Some(&redis));
     let evalsha = |redis: &RedisServer| -> u64 {
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
@@ -425,7 +421,7 @@ fn a_flood_from_a_denied_client_is_answered_by_the_deny_cache() {
 fn the_breaker_opens_while_redis_is_down_and_closes_when_it_returns() {
     let mut redis = RedisServer::start();
     let upstream = Upstream::start();
-    let gateway = Gateway::start(&redis_config("allow", BURST_ROUTE), &upstream, Some(&redis));
+    let gateway = Gateway::start(&burst("allow"), &upstream, Some(&redis));
     assert_eq!(gateway.get("/api/a").status, 200);
     redis.stop();
     for _ in 0..10 {
@@ -460,26 +456,18 @@ fn the_breaker_opens_while_redis_is_down_and_closes_when_it_returns() {
 #[test]
 fn sighup_reloads_a_valid_config_and_keeps_the_old_one_on_errors() {
     let upstream = Upstream::start();
-    let strict = "routes:\n  - name: api\n    match: { path_prefix: /api/ }\n    upstream: { servers: [UPSTREAM] }\n    limits:\n      - { name: tight, key: [route], rate: 1/h }\n";
-    let gateway = Gateway::start(strict, &upstream, None);
-    let config = std::fs::read_to_string(&gateway.config_path).unwrap();
-    let hup = || {
-        std::process::Command::new("kill")
-            .args(["-HUP", &gateway.pid().to_string()])
-            .status()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(300));
+    let api = |rate: &str, burst: u64| {
+        route("api")
+            .prefix("/api/")
+            .limit(gcra("tight", rate).key(&["route"]).burst(burst))
     };
+    let strict = Config::new().route(api("1/h", 0));
+    let gateway = Gateway::start(&strict.yaml(), &upstream, None);
     assert_eq!(gateway.get("/api/x").status, 200);
     assert_eq!(gateway.get("/api/x").status, 429);
 
     // An invalid file: every problem logged, the old routes keep serving.
-    std::fs::write(
-        &gateway.config_path,
-        config.replace("rate: 1/h", "rate: 1/fortnight"),
-    )
-    .unwrap();
-    hup();
+    assert!(!gateway.reload(&Config::new().route(api("1/fortnight", 0)).yaml()));
     assert_eq!(gateway.get("/api/x").status, 429, "still the old limit");
     assert_eq!(gateway.get("/other").status, 404);
     let metrics = gateway.metrics();
@@ -493,12 +481,10 @@ fn sighup_reloads_a_valid_config_and_keeps_the_old_one_on_errors() {
     );
 
     // A valid one takes effect: a new route, and the limit lifted.
-    let relaxed = config.replace("rate: 1/h", "rate: 100/s, burst: 99").replace(
-        "routes:\n",
-        &format!("routes:\n  - name: other\n    match: {{ path_prefix: /other }}\n    upstream: {{ servers: [{}] }}\n", upstream.addr),
-    );
-    std::fs::write(&gateway.config_path, relaxed).unwrap();
-    hup();
+    let relaxed = Config::new()
+        .route(route("other").prefix("/other"))
+        .route(api("100/s", 99));
+    assert!(gateway.reload(&relaxed.yaml()));
     assert_eq!(gateway.get("/api/x").status, 200, "the new limit");
     assert_eq!(gateway.get("/other").status, 200, "the new route");
     let metrics = gateway.metrics();
@@ -516,21 +502,20 @@ fn sighup_reloads_a_valid_config_and_keeps_the_old_one_on_errors() {
 fn shadow_limits_count_but_let_requests_through() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let routes = r#"
-  - name: trial
-    match: { path_prefix: /trial/ }
-    upstream: { servers: [UPSTREAM] }
-    shadow: true
-    limits:
-      - { name: strict, key: [client_ip], rate: 1/h }
-  - name: mixed
-    match: { path_prefix: /mixed/ }
-    upstream: { servers: [UPSTREAM] }
-    limits:
-      - { name: enforced, key: [client_ip], rate: 3/h, burst: 2 }
-      - { name: candidate, key: [client_ip], rate: 1/h, shadow: true }
-"#;
-    let gateway = Gateway::start(&redis_config("allow", routes), &upstream, Some(&redis));
+    let config = with_redis("allow")
+        .route(
+            route("trial")
+                .prefix("/trial/")
+                .set("shadow", true)
+                .limit(gcra("strict", "1/h").key(&["client_ip"])),
+        )
+        .route(
+            route("mixed")
+                .prefix("/mixed/")
+                .limit(gcra("enforced", "3/h").key(&["client_ip"]).burst(2))
+                .limit(gcra("candidate", "1/h").key(&["client_ip"]).shadow()),
+        );
+    let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
     for _ in 0..3 {
         let response = gateway.get("/trial/x");
         assert_eq!(response.status, 200);
@@ -572,8 +557,9 @@ fn shadow_limits_count_but_let_requests_through() {
 fn script_flush_mid_traffic_is_invisible_to_clients_and_counts_stay_exact() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let routes = "  - name: api\n    match: { path_prefix: / }\n    upstream: { servers: [UPSTREAM] }\n    limits:\n      - { name: exact, key: [route], algorithm: fixed_window, rate: 10/h }\n";
-    let gateway = Gateway::start(&redis_config("deny", routes), &upstream, Some(&redis));
+    let config =
+        with_redis("deny").route(route("api").limit(fixed_window("exact", "10/h").key(&["route"])));
+    let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
     let mut statuses: Vec<u16> = (0..4).map(|_| gateway.get("/x").status).collect();
     redis::cmd("SCRIPT")
         .arg("FLUSH")
@@ -593,10 +579,16 @@ fn script_flush_mid_traffic_is_invisible_to_clients_and_counts_stay_exact() {
 fn a_route_can_override_the_failure_mode() {
     let mut redis = RedisServer::start();
     let upstream = Upstream::start();
-    let routes = format!(
-        "  - name: login\n    match: {{ path_prefix: /login }}\n    upstream: {{ servers: [UPSTREAM] }}\n    failure_mode: deny\n    limiter_timeout_ms: 40\n    limits:\n      - {{ name: per_client, rate: 5/m, burst: 4 }}\n{BURST_ROUTE}"
-    );
-    let gateway = Gateway::start(&redis_config("allow", &routes), &upstream, Some(&redis));
+    let config = with_redis("allow")
+        .route(
+            route("login")
+                .prefix("/login")
+                .set("failure_mode", "deny")
+                .set("limiter_timeout_ms", 40)
+                .limit(gcra("per_client", "5/m").burst(4)),
+        )
+        .route(burst_route());
+    let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
     redis.stop();
     assert_eq!(gateway.get("/login").status, 503, "login fails closed");
     assert_eq!(gateway.get("/api/x").status, 200, "the rest fails open");
@@ -605,8 +597,10 @@ fn a_route_can_override_the_failure_mode() {
 #[test]
 fn the_access_log_writes_one_sampled_line_per_request() {
     let upstream = Upstream::start();
-    let body = format!("access_log: {{ enabled: true, sample: 2 }}\nroutes:\n{BURST_ROUTE}");
-    let config = support::GatewayConfig::write(&body, &upstream, None, 0);
+    let body = Config::new()
+        .set("access_log", "{ enabled: true, sample: 2 }")
+        .route(burst_route());
+    let config = support::GatewayConfig::write(&body.yaml(), &upstream, None, 0);
     let log_path = config.dir.path().join("stderr.log");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("-c")
@@ -650,7 +644,7 @@ fn the_access_log_writes_one_sampled_line_per_request() {
 fn the_grafana_dashboard_only_uses_exported_metrics() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let gateway = Gateway::start(&redis_config("allow", BURST_ROUTE), &upstream, Some(&redis));
+    let gateway = Gateway::start(&burst("allow"), &upstream, Some(&redis));
     gateway.get("/api/x");
     let exported = gateway.metrics();
     let dashboard =
@@ -682,10 +676,10 @@ fn the_grafana_dashboard_only_uses_exported_metrics() {
 fn failure_mode_local_enforces_this_gateways_share_while_redis_is_down() {
     let mut redis = RedisServer::start();
     let upstream = Upstream::start();
-    let routes = "  - name: api\n    match: { path_prefix: / }\n    upstream: { servers: [UPSTREAM] }\n    limits:\n      - { name: per_client, rate: 10/h, burst: 9 }\n";
-    let config = redis_config("local", routes)
-        .replace("failure_mode: local", "failure_mode: local\ninstances: 2");
-    let gateway = Gateway::start(&config, &upstream, Some(&redis));
+    let config = with_redis("local")
+        .set("instances", 2)
+        .route(route("api").limit(gcra("per_client", "10/h").burst(9)));
+    let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
     redis.stop();
     let statuses: Vec<u16> = (0..8).map(|_| gateway.get("/x").status).collect();
     assert_eq!(
@@ -708,7 +702,7 @@ fn failure_mode_local_enforces_this_gateways_share_while_redis_is_down() {
 fn redis_errors_are_counted_by_kind_and_the_failure_mode_applies() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let gateway = Gateway::start(&redis_config("deny", BURST_ROUTE), &upstream, Some(&redis));
+    let gateway = Gateway::start(&burst("deny"), &upstream, Some(&redis));
     assert_eq!(gateway.get("/api/warm").status, 200);
     let mut con = redis.connection();
     // Out of memory: every write is refused.
@@ -757,9 +751,10 @@ fn redis_errors_are_counted_by_kind_and_the_failure_mode_applies() {
 fn sluice_starts_without_redis_and_engages_when_redis_appears() {
     let upstream = Upstream::start();
     let port = support::free_port();
-    let config = redis_config("allow", BURST_ROUTE)
-        .replace("REDIS_URL", &format!("redis://127.0.0.1:{port}/0"));
-    let gateway = Gateway::start(&config, &upstream, None);
+    let config = with_redis("allow")
+        .redis_key("url", format!("redis://127.0.0.1:{port}/0"))
+        .route(burst_route());
+    let gateway = Gateway::start(&config.yaml(), &upstream, None);
     assert_eq!(gateway.get("/api/a").status, 200);
     let ready = support::http_get(gateway.admin, "/readyz", None, &[]);
     assert!(ready.body.starts_with("degraded"), "{}", ready.body);

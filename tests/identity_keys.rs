@@ -4,16 +4,31 @@
 mod support;
 
 use redis::Commands;
+use support::config::{route, Config};
+use support::limits::{gcra, Limit};
 use support::{http_get, Gateway, RedisServer, Upstream};
 
-fn gateway(extra: &str, limit: &str) -> (RedisServer, Upstream, Gateway) {
+/// A gateway trusting `trusted` proxies (none when empty), whose one route has `limits`.
+fn gateway(trusted: &str, limits: Vec<Limit>) -> (RedisServer, Upstream, Gateway) {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let body = format!(
-        "redis:\n  url: REDIS_URL\n  timeout_ms: 200\n  key_prefix: t\n{extra}routes:\n  - name: api\n    match: {{ path_prefix: / }}\n    upstream: {{ servers: [UPSTREAM] }}\n    limits:\n      - {limit}\n"
-    );
-    let gateway = Gateway::start(&body, &upstream, Some(&redis));
+    let mut config = Config::new().redis("REDIS_URL");
+    if !trusted.is_empty() {
+        config = config.set("trusted_proxies", trusted);
+    }
+    let route = limits.into_iter().fold(route("api"), |r, l| r.limit(l));
+    let gateway = Gateway::start(&config.route(route).yaml(), &upstream, Some(&redis));
     (redis, upstream, gateway)
+}
+
+/// One request per client (or per client and path) per hour.
+fn hourly(name: &str, key: &[&str]) -> Vec<Limit> {
+    vec![gcra(name, "1/h").key(key)]
+}
+
+/// 100 per second per client.
+fn generous() -> Vec<Limit> {
+    vec![gcra("per_client", "100/s").burst(99)]
 }
 
 fn keys(redis: &RedisServer) -> Vec<String> {
@@ -28,7 +43,7 @@ fn get(gateway: &Gateway, path: &str, headers: &[(&str, &str)]) -> support::Resp
 fn spoofed_forwarding_headers_from_an_untrusted_peer_share_one_bucket() {
     let (redis, _upstream, gateway) = gateway(
         "",
-        "{ name: per_client, key: [client_ip], rate: 10/h, burst: 9 }",
+        vec![gcra("per_client", "10/h").key(&["client_ip"]).burst(9)],
     );
     let admitted = (0..1000)
         .filter(|i| {
@@ -54,8 +69,8 @@ fn spoofed_forwarding_headers_from_an_untrusted_peer_share_one_bucket() {
 #[test]
 fn a_trusted_chain_keys_on_the_first_untrusted_hop_from_the_right() {
     let (redis, _upstream, gateway) = gateway(
-        "trusted_proxies: [127.0.0.1, 10.0.0.0/8]\n",
-        "{ name: per_client, key: [client_ip], rate: 1/h }",
+        "[127.0.0.1, 10.0.0.0/8]",
+        hourly("per_client", &["client_ip"]),
     );
     let first = get(
         &gateway,
@@ -99,10 +114,7 @@ fn a_trusted_chain_keys_on_the_first_untrusted_hop_from_the_right() {
 
 #[test]
 fn addresses_of_one_ipv6_64_share_a_bucket() {
-    let (redis, _upstream, gateway) = gateway(
-        "trusted_proxies: [127.0.0.1]\n",
-        "{ name: per_client, key: [client_ip], rate: 1/h }",
-    );
+    let (redis, _upstream, gateway) = gateway("[127.0.0.1]", hourly("per_client", &["client_ip"]));
     let admitted = (1..=500)
         .filter(|i| {
             get(
@@ -125,8 +137,7 @@ fn addresses_of_one_ipv6_64_share_a_bucket() {
 
 #[test]
 fn every_spelling_of_a_path_shares_one_key_and_the_upstream_sees_the_normalized_path() {
-    let (redis, _upstream, gateway) =
-        gateway("", "{ name: per_path, key: [client_ip, path], rate: 1/h }");
+    let (redis, _upstream, gateway) = gateway("", hourly("per_path", &["client_ip", "path"]));
     let first = get(&gateway, "/api/x/../users?page=2", &[]);
     assert_eq!(first.status, 200);
     assert!(
@@ -158,8 +169,7 @@ fn every_spelling_of_a_path_shares_one_key_and_the_upstream_sees_the_normalized_
 
 #[test]
 fn a_hostile_8kb_path_makes_one_fixed_length_key() {
-    let (redis, _upstream, gateway) =
-        gateway("", "{ name: per_path, key: [client_ip, path], rate: 1/h }");
+    let (redis, _upstream, gateway) = gateway("", hourly("per_path", &["client_ip", "path"]));
     let hostile = format!("/{}%0D%0A%7B%7D{{}}", "a".repeat(8000));
     assert_eq!(get(&gateway, &hostile, &[]).status, 200);
     let keys = keys(&redis);
@@ -175,7 +185,7 @@ fn a_hostile_8kb_path_makes_one_fixed_length_key() {
 
 #[test]
 fn oversized_requests_are_refused_before_redis() {
-    let (redis, upstream, gateway) = gateway("", "{ name: per_client, rate: 100/s, burst: 99 }");
+    let (redis, upstream, gateway) = gateway("", generous());
     let long = format!("/{}", "a".repeat(9000));
     assert_eq!(get(&gateway, &long, &[]).status, 414);
     let big = "b".repeat(4000);
@@ -194,7 +204,7 @@ fn oversized_requests_are_refused_before_redis() {
 
 #[test]
 fn untrusted_forwarding_claims_never_reach_the_upstream() {
-    let (_redis, upstream, gateway) = gateway("", "{ name: per_client, rate: 100/s, burst: 99 }");
+    let (_redis, upstream, gateway) = gateway("", generous());
     let response = get(&gateway, "/x", &[("x-forwarded-for", "6.6.6.6")]);
     assert_eq!(response.status, 200);
     assert!(
@@ -210,7 +220,15 @@ fn untrusted_forwarding_claims_never_reach_the_upstream() {
 
 #[test]
 fn a_limit_whose_part_is_missing_can_be_skipped_or_deny() {
-    let limits = "{ name: per_key, key: [\"header:x-api-key\"], on_missing: skip, rate: 1/h }\n      - { name: per_tenant, key: [\"query:tenant\"], on_missing: deny, rate: 100/h, burst: 99 }";
+    let limits = vec![
+        gcra("per_key", "1/h")
+            .key(&["header:x-api-key"])
+            .set("on_missing", "skip"),
+        gcra("per_tenant", "100/h")
+            .key(&["query:tenant"])
+            .set("on_missing", "deny")
+            .burst(99),
+    ];
     let (_redis, _upstream, gateway) = gateway("", limits);
     // Without the key header, per_key is skipped: it neither counts nor denies.
     for _ in 0..3 {

@@ -8,24 +8,35 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use support::config::{route, Config, Route};
+use support::limits::{fixed_window, gcra, sliding_log, sliding_window, token_bucket, Limit};
 use support::topologies::{RedisCluster, RedisSentinels, MASTER_NAME};
 use support::{hammer, load_for, metric, Gateway, RedisServer, Sample, Upstream};
 
-/// The `redis:` section for a topology, indented under `redis:`.
-fn redis_section(mode: &str, urls: &[String], timeout_ms: u64) -> String {
-    let list = urls.join(", ");
-    let addresses = match mode {
-        "standalone" => format!("  url: {}\n", urls[0]),
-        "cluster" => format!("  mode: cluster\n  nodes: [{list}]\n"),
-        _ => format!("  mode: sentinel\n  sentinels: [{list}]\n  master_name: {MASTER_NAME}\n"),
+/// Limits in Redis of this topology, with this deadline, failing closed.
+fn redis_config(mode: &str, urls: &[String], timeout_ms: u64) -> Config {
+    let list = format!("[{}]", urls.join(", "));
+    let timeout = format!("timeout_ms: {timeout_ms}");
+    let config = match mode {
+        "standalone" => Config::new().redis_section(&[&format!("url: {}", urls[0]), &timeout]),
+        "cluster" => {
+            Config::new().redis_section(&["mode: cluster", &format!("nodes: {list}"), &timeout])
+        }
+        _ => Config::new().redis_section(&[
+            "mode: sentinel",
+            &format!("sentinels: {list}"),
+            &format!("master_name: {MASTER_NAME}"),
+            &timeout,
+        ]),
     };
-    format!("redis:\n{addresses}  timeout_ms: {timeout_ms}\n")
+    config.failure_mode("deny")
 }
 
-fn route(name: &str, limits: &str) -> String {
-    format!(
-        "  - name: {name}\n    match: {{ path_prefix: /{name} }}\n    upstream: {{ servers: [UPSTREAM] }}\n    limits: [{limits}]\n"
-    )
+/// A route on `/<name>` with these limits.
+fn on_path(name: &str, limits: Vec<Limit>) -> Route {
+    limits
+        .into_iter()
+        .fold(route(name).prefix(&format!("/{name}")), |r, l| r.limit(l))
 }
 
 const N: usize = 60;
@@ -40,20 +51,18 @@ fn alone() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// One route per algorithm, each with one limit of N per hour on one shared key.
-fn exact_limit_routes() -> String {
+fn exact_limit_routes(config: Config) -> Config {
     [
-        ("gcra", "algorithm: gcra, rate: 60/h, burst: 59"),
-        (
-            "token_bucket",
-            "algorithm: token_bucket, rate: 60/h, capacity: 60",
-        ),
-        ("fixed_window", "algorithm: fixed_window, rate: 60/h"),
-        ("sliding_log", "algorithm: sliding_log, rate: 60/h"),
-        ("sliding_window", "algorithm: sliding_window, rate: 60/h"),
+        ("gcra", gcra("shared", "60/h").burst(59)),
+        ("token_bucket", token_bucket("shared", "60/h", 60)),
+        ("fixed_window", fixed_window("shared", "60/h")),
+        ("sliding_log", sliding_log("shared", "60/h")),
+        ("sliding_window", sliding_window("shared", "60/h")),
     ]
-    .iter()
-    .map(|(name, limit)| route(name, &format!("{{ name: shared, key: [route], {limit} }}")))
-    .collect()
+    .into_iter()
+    .fold(config, |config, (name, limit)| {
+        config.route(on_path(name, vec![limit.key(&["route"])]))
+    })
 }
 
 fn hour_of(redis_port: u16) -> u64 {
@@ -63,12 +72,9 @@ fn hour_of(redis_port: u16) -> u64 {
 }
 
 /// 30 concurrent clients over three gateways, 240 requests per algorithm: exactly N admitted.
-fn three_gateways_admit_exactly_n(topology: &str, redis_section: &str, a_redis_port: u16) {
+fn three_gateways_admit_exactly_n(topology: &str, redis: Config, a_redis_port: u16) {
     let upstream = Upstream::start();
-    let body = format!(
-        "{redis_section}failure_mode: deny\nroutes:\n{}",
-        exact_limit_routes()
-    );
+    let body = exact_limit_routes(redis).yaml();
     let gateways: Vec<Gateway> = (0..3)
         .map(|_| Gateway::start(&body, &upstream, None))
         .collect();
@@ -108,7 +114,7 @@ fn three_gateways_share_one_exact_limit_on_standalone_redis() {
     let redis = RedisServer::start();
     three_gateways_admit_exactly_n(
         "standalone",
-        &redis_section("standalone", &[redis.url()], 200),
+        redis_config("standalone", &[redis.url()], 200),
         redis.port,
     );
 }
@@ -120,7 +126,7 @@ fn three_gateways_share_one_exact_limit_on_a_redis_cluster() {
     let port = cluster.masters()[0];
     three_gateways_admit_exactly_n(
         "cluster",
-        &redis_section("cluster", &cluster.urls(), 200),
+        redis_config("cluster", &cluster.urls(), 200),
         port,
     );
 }
@@ -130,22 +136,21 @@ fn keys_of_many_clients_spread_over_every_master_and_a_split_limit_keeps_its_bou
     let _alone = alone();
     let cluster = RedisCluster::start();
     let upstream = Upstream::start();
-    let routes = [
-        route("per_client", "{ name: per_client, key: [client_ip], rate: 1000/h }"),
-        route(
+    let per_client = || gcra("per_client", "1000/h").key(&["client_ip"]);
+    let global = |rate: &str, split: u64| {
+        fixed_window("global", rate)
+            .key(&["route"])
+            .set("split", split)
+    };
+    let body = redis_config("cluster", &cluster.urls(), 200)
+        .set("trusted_proxies", "[127.0.0.1]")
+        .route(on_path("per_client", vec![per_client()]))
+        .route(on_path(
             "with_global",
-            "{ name: per_client, key: [client_ip], rate: 1000/h }, { name: global, key: [route], algorithm: fixed_window, rate: 40/h, split: 8 }",
-        ),
-        route(
-            "global_only",
-            "{ name: global, key: [route], algorithm: fixed_window, rate: 120/h, split: 4 }",
-        ),
-    ]
-    .concat();
-    let body = format!(
-        "{}failure_mode: deny\ntrusted_proxies: [127.0.0.1]\nroutes:\n{routes}",
-        redis_section("cluster", &cluster.urls(), 200)
-    );
+            vec![per_client(), global("40/h", 8)],
+        ))
+        .route(on_path("global_only", vec![global("120/h", 4)]))
+        .yaml();
     let gateways: Vec<Gateway> = (0..3)
         .map(|_| Gateway::start(&body, &upstream, None))
         .collect();
@@ -295,14 +300,14 @@ fn wait_until_all_decided(gateways: &[Gateway], clients: usize, path: &str) {
 
 const FAILOVER_CLIENTS: usize = 12;
 
-fn failover_body(redis_section: &str) -> String {
-    format!(
-        "{redis_section}failure_mode: deny\ntrusted_proxies: [127.0.0.1]\nroutes:\n{}",
-        route(
+fn failover_body(redis: Config) -> String {
+    redis
+        .set("trusted_proxies", "[127.0.0.1]")
+        .route(on_path(
             "api",
-            "{ name: per_client, key: [client_ip], rate: 1000000/s }"
-        )
-    )
+            vec![gcra("per_client", "1000000/s").key(&["client_ip"])],
+        ))
+        .yaml()
 }
 
 /// Loads the gateways for 9 s, calls `kill` (a master dies) at 2 s, checks how the failover was
@@ -331,7 +336,7 @@ fn a_cluster_master_failover_under_load_is_followed_without_restart() {
     let _alone = alone();
     let mut cluster = RedisCluster::start();
     let upstream = Upstream::start();
-    let body = failover_body(&redis_section("cluster", &cluster.urls(), 50));
+    let body = failover_body(redis_config("cluster", &cluster.urls(), 50));
     let mut gateways: Vec<Gateway> = (0..2)
         .map(|_| Gateway::start(&body, &upstream, None))
         .collect();
@@ -354,7 +359,7 @@ fn a_sentinel_failover_under_load_is_followed_without_restart() {
     let _alone = alone();
     let mut redis = RedisSentinels::start();
     let upstream = Upstream::start();
-    let body = failover_body(&redis_section("sentinel", &redis.urls(), 50));
+    let body = failover_body(redis_config("sentinel", &redis.urls(), 50));
     let mut gateways: Vec<Gateway> = (0..2)
         .map(|_| Gateway::start(&body, &upstream, None))
         .collect();
@@ -413,23 +418,14 @@ fn two_gateways_lease_a_hot_global_limit_and_give_back_what_they_did_not_spend()
     let redis = RedisServer::start();
     let upstream = Upstream::start();
     let limit = |name: &str, leased: bool| {
-        let mode = if leased {
-            format!(", mode: leased, lease_units: {L}")
-        } else {
-            String::new()
-        };
-        let limit = format!(
-            "{{ name: {name}, key: [route], algorithm: fixed_window, rate: {LIMIT}/h{mode} }}"
-        );
-        route(name, &limit)
+        let limit = fixed_window(name, &format!("{LIMIT}/h")).key(&["route"]);
+        on_path(name, vec![if leased { limit.leased(L) } else { limit }])
     };
-    let body = format!(
-        "{}failure_mode: deny\nroutes:\n{}{}{}",
-        redis_section("standalone", &[redis.url()], 200),
-        limit("exact", false),
-        limit("leased", true),
-        limit("giveback", true),
-    );
+    let body = redis_config("standalone", &[redis.url()], 200)
+        .route(limit("exact", false))
+        .route(limit("leased", true))
+        .route(limit("giveback", true))
+        .yaml();
     let gateways = [
         Gateway::start(&body, &upstream, None),
         Gateway::start(&body, &upstream, None),

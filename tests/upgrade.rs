@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use support::config::{route, Config};
 use support::{http_get, GatewayConfig, Upstream};
 
 /// Daemons are not our children: reap every pid their pid files name when the test ends.
@@ -52,8 +53,8 @@ fn sluice(args: &[&str], config: &Path) {
 #[test]
 fn daemon_mode_and_graceful_upgrade_fail_no_request() {
     let upstream = Upstream::start();
-    let routes = "routes:\n  - name: all\n    match: { path_prefix: / }\n    upstream: { servers: [UPSTREAM] }\n";
-    let config = GatewayConfig::write(routes, &upstream, None, 1);
+    let routes = Config::new().route(route("all"));
+    let config = GatewayConfig::write(&routes.yaml(), &upstream, None, 1);
     let pid_file = config.pid_file();
     let _daemons = Daemons(vec![pid_file.clone(), pid_file.with_extension("pid.old")]);
 

@@ -5,13 +5,16 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use support::config::{route, Config};
 use support::{free_port, http_get, Gateway, Upstream};
 
+/// A gateway whose one route sends to this `upstream:` value.
 fn gateway(upstream_yaml: &str, any: &Upstream) -> Gateway {
-    let body = format!(
-        "routes:\n  - name: api\n    match: {{ path_prefix: / }}\n    upstream: {upstream_yaml}\n"
-    );
-    Gateway::start(&body, any, None)
+    Gateway::start(&pool(upstream_yaml).yaml(), any, None)
+}
+
+fn pool(upstream_yaml: &str) -> Config {
+    Config::new().route(route("api").upstream(upstream_yaml))
 }
 
 #[test]
@@ -118,13 +121,50 @@ fn health_checks_take_a_dead_server_out_of_rotation() {
 }
 
 #[test]
+fn a_dead_server_is_never_chosen_before_or_after_a_reload() {
+    let live = Upstream::start();
+    let (dead, other_dead) = (free_port(), free_port());
+    let checked = |servers: &[String]| {
+        pool(&format!(
+            "{{ servers: [{}], retries: 0, health_check_interval_ms: 100 }}",
+            servers.join(", ")
+        ))
+        .yaml()
+    };
+    let first = checked(&[format!("127.0.0.1:{dead}"), "UPSTREAM".into()]);
+    let gateway = Gateway::start(&first, &live, None);
+    let all_served = |what: &str| {
+        let statuses: Vec<u16> = (0..20).map(|_| gateway.get("/x").status).collect();
+        assert!(statuses.iter().all(|&s| s == 200), "{what}: {statuses:?}");
+    };
+    // The pool is probed before the listener opens: not even the first request meets the
+    // dead server.
+    all_served("from the start");
+    assert!(gateway.reload(&first));
+    all_served("right after a reload of the same pool");
+    std::thread::sleep(Duration::from_millis(300));
+    all_served("while the new pool's checks run");
+    let changed = checked(&[
+        format!("127.0.0.1:{other_dead}"),
+        "UPSTREAM".into(),
+        format!("127.0.0.1:{dead}"),
+    ]);
+    assert!(gateway.reload(&changed));
+    all_served("right after a reload that changes the pool");
+    std::thread::sleep(Duration::from_millis(300));
+    all_served("while the changed pool's checks run");
+    assert_eq!(live.served(), 100);
+}
+
+#[test]
 fn strip_prefix_and_host_rewrite_shape_the_upstream_request() {
     let upstream = Upstream::start();
-    let body = format!(
-        "routes:\n  - name: api\n    match: {{ path_prefix: /api/ }}\n    upstream: {{ servers: [{}], strip_prefix: /api, host: backend.internal }}\n",
-        upstream.addr
+    let config = Config::new().route(
+        route("api")
+            .prefix("/api/")
+            .upstream("{ servers: [UPSTREAM], strip_prefix: /api, host: backend.internal }"),
     );
-    let gateway = Gateway::start(&body, &upstream, None);
+    let gateway = Gateway::start(&config.yaml(), &upstream, None);
     let response = gateway.get("/api/./users?id=7");
     assert_eq!(response.status, 200);
     assert!(

@@ -413,3 +413,74 @@ fn compile_cost(at: &str, raw: &RawLimit, capacity: Option<u64>, p: &mut Problem
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::problem::problems_of;
+
+    fn limit(yaml: &str) -> (Option<Limit>, Vec<String>) {
+        let (compiled, problems) = problems_of(yaml, |raw: RawLimit, p: &mut Problems| {
+            compile_limit("routes[0].limits[0]", raw, p)
+        });
+        (compiled.map(|(limit, _)| limit), problems)
+    }
+
+    #[test]
+    fn a_gcra_limit_compiles_to_its_emission_interval_and_tolerance() {
+        let (compiled, problems) = limit("{ name: api, rate: 10/s, burst: 4 }");
+        assert!(problems.is_empty(), "{problems:?}");
+        let compiled = compiled.unwrap();
+        assert_eq!(
+            compiled.algorithm,
+            Algorithm::Gcra {
+                emission_us: 100_000,
+                tolerance_us: 500_000,
+                max_delay_us: 0
+            }
+        );
+        assert_eq!(
+            (compiled.policy, compiled.cost),
+            (Some((10, 1)), Cost::Fixed(1))
+        );
+    }
+
+    #[test]
+    fn parameters_of_other_algorithms_and_unpayable_costs_are_refused() {
+        let (compiled, problems) =
+            limit("{ name: w, algorithm: fixed_window, rate: 3/s, burst: 2, max: 1, cost: 4 }");
+        assert!(compiled.is_none());
+        assert_eq!(
+            problems,
+            [
+                "routes[0].limits[0].burst: does not apply to algorithm fixed_window",
+                "routes[0].limits[0].max: does not apply to algorithm fixed_window",
+                "routes[0].limits[0].cost: cost 4 exceeds what this limit can ever admit (3): no request could ever pass",
+            ]
+        );
+    }
+
+    #[test]
+    fn leases_splits_and_concurrency_are_checked() {
+        let (_, problems) = limit("{ name: c, algorithm: concurrency, split: 2, mode: leased }");
+        assert_eq!(
+            problems,
+            ["routes[0].limits[0].max: required for concurrency (requests in flight per key)",]
+        );
+        let (_, problems) =
+            limit("{ name: s, algorithm: sliding_window, rate: 10/s, mode: leased }");
+        assert_eq!(
+            problems,
+            ["routes[0].limits[0].mode: leased applies to gcra, token_bucket, leaky_bucket (without max_delay) and fixed_window"]
+        );
+        let (compiled, problems) =
+            limit("{ name: h, algorithm: fixed_window, rate: 100/m, mode: leased, split: 4 }");
+        assert!(problems.is_empty(), "{problems:?}");
+        let leased = compiled.unwrap();
+        assert_eq!(
+            leased.leased,
+            Some(Leasing { max_units: 2 }),
+            "a tenth of the shard's 25"
+        );
+    }
+}

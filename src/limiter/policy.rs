@@ -311,3 +311,206 @@ fn judged(decision: Decision, holder: Holder, set: &LimitSet) -> Verdict {
         ..Verdict::unlimited()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::limiter::backend::Backend;
+    use crate::limiter::clock::ManualClock;
+    use crate::limiter::testing::{asks, concurrency, gcra, limit};
+
+    /// A backend that cannot decide: every call fails with `error()`.
+    struct Unavailable(fn() -> LimiterError);
+
+    #[async_trait]
+    impl Limiter for Unavailable {
+        async fn check(&self, _: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
+            Err((self.0)())
+        }
+    }
+
+    #[async_trait]
+    impl ReleaseSlots for Unavailable {
+        async fn release(&self, _: &LimitRequest<'_>) -> Result<(), LimiterError> {
+            Err((self.0)())
+        }
+    }
+
+    #[async_trait]
+    impl Backend for Unavailable {
+        async fn readiness(&self) -> Readiness {
+            Readiness::Unavailable("down".into())
+        }
+        fn name(&self) -> &'static str {
+            "redis"
+        }
+    }
+
+    fn timeout() -> LimiterError {
+        LimiterError::Timeout(25)
+    }
+
+    struct Fixture {
+        policy: Policy,
+        clock: Arc<ManualClock>,
+        meters: PolicyMeters,
+    }
+
+    /// A policy whose backend fails with `error`, with the in-process fallback on a manual clock.
+    fn unavailable(error: fn() -> LimiterError) -> Fixture {
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let down = Arc::new(Unavailable(error));
+        let engine = Engine {
+            decide: down.clone(),
+            release: down.clone(),
+            backend: down,
+        };
+        let fallback = Arc::new(LocalLimiter::new(clock.clone(), 1000));
+        let meters = PolicyMeters::unregistered();
+        Fixture {
+            policy: Policy::new(engine, Some(fallback), clock.clone(), meters.clone()),
+            clock,
+            meters,
+        }
+    }
+
+    /// A policy deciding in-process on a manual clock.
+    fn in_process() -> Fixture {
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let local = Arc::new(LocalLimiter::new(clock.clone(), 1000));
+        let meters = PolicyMeters::unregistered();
+        Fixture {
+            policy: Policy::new(Engine::local(local), None, clock.clone(), meters.clone()),
+            clock,
+            meters,
+        }
+    }
+
+    fn set(limits: Vec<Limit>, mode: FailureMode) -> LimitSet {
+        LimitSet::new(limits, 2, mode, None)
+    }
+
+    fn errors(meters: &PolicyMeters, kind: &str) -> u64 {
+        let index = LimiterError::KINDS.iter().position(|k| *k == kind).unwrap();
+        meters.errors[index].get()
+    }
+
+    #[tokio::test]
+    async fn allow_admits_what_the_limiter_cannot_decide_and_counts_why() {
+        let f = unavailable(timeout);
+        let routes = set(vec![limit("l", gcra(1, 0))], FailureMode::Allow);
+        let verdict = f.policy.decide(&routes, &asks(&[b"k"], &[1])).await;
+        assert_eq!(
+            (verdict.outcome, verdict.rejection, verdict.decision.clone()),
+            (Outcome::ErrorAllowed, None, None)
+        );
+        assert!(verdict.admitted());
+        assert_eq!(errors(&f.meters, "timeout"), 1);
+    }
+
+    #[tokio::test]
+    async fn deny_refuses_what_the_limiter_cannot_decide() {
+        let f = unavailable(timeout);
+        let routes = set(vec![limit("l", gcra(1, 0))], FailureMode::Deny);
+        let verdict = f.policy.decide(&routes, &asks(&[b"k"], &[1])).await;
+        assert_eq!(
+            (verdict.outcome, verdict.rejection),
+            (Outcome::ErrorDenied, Some(Rejection::LimiterUnavailable))
+        );
+        assert_eq!(errors(&f.meters, "timeout"), 1);
+    }
+
+    #[tokio::test]
+    async fn local_enforces_this_gateways_share_in_process() {
+        let f = unavailable(timeout);
+        // 10 per second with a burst of 9, shared by 2 gateways: 5 per second each.
+        let routes = set(vec![limit("l", gcra(10, 9))], FailureMode::Local);
+        let ask = asks(&[b"k"], &[1]);
+        let mut outcomes = Vec::new();
+        for _ in 0..6 {
+            outcomes.push(f.policy.decide(&routes, &ask).await.outcome);
+        }
+        assert_eq!(outcomes[..5], [Outcome::LocalAllowed; 5]);
+        let denied = f.policy.decide(&routes, &ask).await;
+        assert_eq!(
+            (denied.outcome, denied.rejection),
+            (
+                Outcome::LocalLimited,
+                Some(Rejection::Limited { locally: true })
+            )
+        );
+        assert!(denied.decision.is_some_and(|d| !d.allowed()));
+        // The share refills at 5 per second: one unit every 200 ms of the manual clock.
+        f.clock.advance_by(Duration::from_millis(200));
+        assert_eq!(
+            f.policy.decide(&routes, &ask).await.outcome,
+            Outcome::LocalAllowed
+        );
+    }
+
+    #[tokio::test]
+    async fn an_untrackable_request_is_refused_whatever_the_failure_mode() {
+        let f = unavailable(|| LimiterError::LocalCapacity(1));
+        let routes = set(vec![limit("l", gcra(1, 0))], FailureMode::Allow);
+        let verdict = f.policy.decide(&routes, &asks(&[b"k"], &[1])).await;
+        assert_eq!(verdict.rejection, Some(Rejection::LimiterUnavailable));
+        assert_eq!(errors(&f.meters, "local_capacity"), 1);
+    }
+
+    #[tokio::test]
+    async fn slots_go_back_to_whoever_took_them() {
+        for f in [unavailable(timeout), in_process()] {
+            // One in flight per key (the share of 2 gateways keeps at least one slot).
+            let routes = set(vec![limit("c", concurrency(1))], FailureMode::Local);
+            let ask = asks(&[b"k"], &[1]);
+            let first = f.policy.decide(&routes, &ask).await;
+            assert!(first.admitted());
+            assert_ne!(first.holder, Holder::Nobody);
+            assert!(!f.policy.decide(&routes, &ask).await.admitted(), "full");
+            f.policy.finish(&routes, &ask, &first).await;
+            assert!(f.policy.decide(&routes, &ask).await.admitted(), "freed");
+        }
+    }
+
+    #[tokio::test]
+    async fn decisions_carry_shadow_denials_and_shaping_delays() {
+        let f = in_process();
+        let mut shadow = limit("candidate", gcra(1, 0));
+        shadow.shadow = true;
+        let routes = set(vec![limit("l", gcra(10, 9)), shadow], FailureMode::Deny);
+        let ask = asks(&[b"a", b"b"], &[1, 1]);
+        assert_eq!(
+            f.policy.decide(&routes, &ask).await.outcome,
+            Outcome::Allowed
+        );
+        let shadowed = f.policy.decide(&routes, &ask).await;
+        assert_eq!(shadowed.outcome, Outcome::ShadowLimited);
+        assert!(shadowed.admitted());
+
+        let mut shaped = limit("s", gcra(10, 0));
+        shaped.algorithm = crate::limiter::algorithm::Algorithm::Gcra {
+            emission_us: 100_000,
+            tolerance_us: 100_000,
+            max_delay_us: 500_000,
+        };
+        let routes = set(vec![shaped], FailureMode::Deny);
+        let ask = asks(&[b"s"], &[1]);
+        assert!(f.policy.decide(&routes, &ask).await.delay.is_zero());
+        assert_eq!(
+            f.policy.decide(&routes, &ask).await.delay,
+            Duration::from_millis(100),
+            "the second request waits for its slot"
+        );
+        assert_eq!(f.meters.duration.get_sample_count(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_route_without_limits_asks_nobody() {
+        let f = unavailable(timeout);
+        let verdict = f.policy.decide(&LimitSet::none(), &[]).await;
+        assert_eq!(verdict, Verdict::unlimited());
+        assert_eq!(errors(&f.meters, "timeout"), 0);
+    }
+}

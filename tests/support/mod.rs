@@ -167,7 +167,7 @@ pub struct Gateway {
     pub proxy: SocketAddr,
     pub admin: SocketAddr,
     pub config_path: PathBuf,
-    _config: GatewayConfig,
+    config: GatewayConfig,
 }
 
 /// A sluice configuration file on free loopback ports, in its own temp dir.
@@ -176,11 +176,15 @@ pub struct GatewayConfig {
     pub path: PathBuf,
     pub proxy: SocketAddr,
     pub admin: SocketAddr,
+    upstream: SocketAddr,
+    redis_url: String,
+    grace_seconds: u64,
 }
 
 impl GatewayConfig {
-    /// Writes the file: `body` holds the top-level keys after `server`/`listen`/`admin`, with
-    /// `UPSTREAM` and `REDIS_URL` replaced. Graceful shutdown waits `grace_seconds` twice.
+    /// Writes the file: `body` holds the top-level keys after `server`/`listen`/`admin` (see
+    /// [`config::Config`]), with `UPSTREAM` and `REDIS_URL` replaced. Graceful shutdown waits
+    /// `grace_seconds` twice.
     pub fn write(
         body: &str,
         upstream: &Upstream,
@@ -188,25 +192,35 @@ impl GatewayConfig {
         grace_seconds: u64,
     ) -> GatewayConfig {
         let dir = tempfile::tempdir().expect("temp dir");
-        let proxy: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let body = body
-            .replace("UPSTREAM", &upstream.addr.to_string())
-            .replace("REDIS_URL", &redis.map(|r| r.url()).unwrap_or_default());
-        let config = format!(
-            "server:\n  threads: 2\n  pid_file: {pid}\n  upgrade_sock: {sock}\n  grace_period_seconds: {grace_seconds}\n  graceful_shutdown_timeout_seconds: {grace_seconds}\n\
-             listen: [{proxy}]\nadmin:\n  listen: {admin}\n{body}",
-            pid = dir.path().join("sluice.pid").display(),
-            sock = dir.path().join("upgrade.sock").display(),
-        );
         let path = dir.path().join("sluice.yaml");
-        std::fs::write(&path, config).expect("write config");
-        GatewayConfig {
+        let config = GatewayConfig {
+            proxy: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+            admin: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+            upstream: upstream.addr,
+            redis_url: redis.map(|r| r.url()).unwrap_or_default(),
+            grace_seconds,
             dir,
             path,
-            proxy,
-            admin,
-        }
+        };
+        config.rewrite(body);
+        config
+    }
+
+    /// Writes `body` over the file, on the same ports.
+    pub fn rewrite(&self, body: &str) {
+        let body = body
+            .replace("UPSTREAM", &self.upstream.to_string())
+            .replace("REDIS_URL", &self.redis_url);
+        let text = format!(
+            "server:\n  threads: 2\n  pid_file: {pid}\n  upgrade_sock: {sock}\n  grace_period_seconds: {grace}\n  graceful_shutdown_timeout_seconds: {grace}\n\
+             listen: [{proxy}]\nadmin:\n  listen: {admin}\n{body}",
+            pid = self.dir.path().join("sluice.pid").display(),
+            sock = self.dir.path().join("upgrade.sock").display(),
+            grace = self.grace_seconds,
+            proxy = self.proxy,
+            admin = self.admin,
+        );
+        std::fs::write(&self.path, text).expect("write config");
     }
 
     pub fn pid_file(&self) -> PathBuf {
@@ -232,7 +246,7 @@ impl Gateway {
             proxy,
             admin,
             config_path: config.path.clone(),
-            _config: config,
+            config,
         };
         wait_until(
             "sluice",
@@ -245,6 +259,34 @@ impl Gateway {
 
     pub fn get(&self, path: &str) -> Response {
         http_get(self.proxy, path, None, &[])
+    }
+
+    /// Rewrites the configuration with `body`, sends SIGHUP, and waits until the reload is
+    /// done; returns whether it was accepted.
+    pub fn reload(&self, body: &str) -> bool {
+        let reloads = |result: &str| {
+            metric(
+                &self.metrics(),
+                "sluice_config_reloads_total",
+                &[("result", result)],
+            )
+        };
+        let before = (reloads("success"), reloads("error"));
+        self.config.rewrite(body);
+        let status = Command::new("kill")
+            .args(["-HUP", &self.pid().to_string()])
+            .status()
+            .expect("kill -HUP");
+        assert!(status.success(), "SIGHUP sent");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            match (reloads("success"), reloads("error")) {
+                (success, _) if success > before.0 => return true,
+                (_, error) if error > before.1 => return false,
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        panic!("the reload was not done within 10 s");
     }
 
     pub fn pid(&self) -> u32 {

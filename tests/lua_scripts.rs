@@ -11,9 +11,7 @@ use redis::Commands;
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
 use sluice::limiter::script::{self, REFUND_SOURCE, RELEASE_SOURCE, SOURCE};
-use sluice::limiter::{
-    entries, Algorithm, Ask, Asks, Cost, Decision, Key, Limit, LimitRequest, RequestId,
-};
+use sluice::limiter::{asks, entries, Algorithm, Cost, Decision, Limit, LimitRequest, RequestId};
 use support::{limits, RedisServer};
 
 const T0: u64 = 1_763_500_000_123_456; // a realistic Redis TIME in microseconds
@@ -64,17 +62,6 @@ fn costs(limits: &[Limit]) -> Vec<u64> {
         .map(|l| match l.cost {
             Cost::Fixed(cost) => cost,
             Cost::Header { default, .. } => default,
-        })
-        .collect()
-}
-
-/// One ask per key, at the matching cost.
-fn asks(keys: &[&[u8]], costs: &[u64]) -> Asks {
-    keys.iter()
-        .zip(costs)
-        .map(|(key, &cost)| Ask {
-            key: Key::from_slice(key),
-            cost,
         })
         .collect()
 }

@@ -42,7 +42,7 @@ pub use key::{push_hex, Key, KEY_INLINE};
 pub use limit::{BadCost, Cost, Leasing, Limit, LIMITS_INLINE};
 pub use policy::{FailureMode, LimitSet, Policy, PolicyMeters};
 pub use rate::Rate;
-pub use request::{entries, Ask, Asks, Entry, LimitRequest};
+pub use request::{asks, entries, Ask, Asks, Entry, LimitRequest};
 pub use status::LimitStatus;
 pub use topology::Topology;
 pub use verdict::{Holder, Outcome, Rejection, Verdict};

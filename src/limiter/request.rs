@@ -20,6 +20,18 @@ pub struct Ask {
 /// One ask per limit of a route, in the route's order.
 pub type Asks = SmallVec<[Ask; LIMITS_INLINE]>;
 
+/// One ask per key, at the matching cost (tools and tests; requests get theirs from their
+/// route, `Route::asks`).
+pub fn asks(keys: &[&[u8]], costs: &[u64]) -> Asks {
+    keys.iter()
+        .zip(costs)
+        .map(|(key, &cost)| Ask {
+            key: Key::from_slice(key),
+            cost,
+        })
+        .collect()
+}
+
 /// One limit of a call, with the request's key and cost for it.
 #[derive(Debug, Clone, Copy)]
 pub struct Entry<'a> {

@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use super::algorithm::Algorithm;
-use super::key::Key;
 use super::limit::Limit;
 use super::rate::Rate;
-use super::request::{Ask, Asks};
+
+pub use super::request::asks;
 
 /// `count` per `seconds`.
 pub fn rate(count: u64, seconds: u64) -> Rate {
@@ -42,15 +42,4 @@ pub fn concurrency(max: u64) -> Algorithm {
         max,
         lease_us: 60_000_000,
     }
-}
-
-/// One ask per key, at the matching cost.
-pub fn asks(keys: &[&[u8]], costs: &[u64]) -> Asks {
-    keys.iter()
-        .zip(costs)
-        .map(|(key, &cost)| Ask {
-            key: Key::from_slice(key),
-            cost,
-        })
-        .collect()
 }

@@ -6,8 +6,11 @@
 -- ARGV[2]  : request id, unique across gateways (sliding log members, concurrency leases)
 -- ARGV[3 + 6*(i-1) ..] for limit i: algorithm name, param 1, param 2, param 3, cost,
 --            shadow (1: decided and reported, but its denial does not deny the request)
--- Reply    : a flat array, 5 integers per limit, in KEYS order:
---            allowed (1|0), remaining, retry_after_ms (-1: never), reset_after_ms, delay_ms
+-- Reply    : a flat array, 6 integers per limit, in KEYS order:
+--            allowed (1|0), remaining, retry_after_ms (-1: never), reset_after_ms, delay_ms,
+--            mark: where this call left the key, in us (gcra: the TAT written; fixed_window: the
+--            window's end), 0 when the call wrote nothing to it or the algorithm has no mark.
+--            A refund of units this call took quotes the mark (refund.lua).
 --
 -- Phase one reads every state and decides; phase two writes, and only if every limit allowed,
 -- so a denied request never consumes quota from the other limits. A shadow limit that denies does
@@ -50,19 +53,20 @@ for i = 1, #KEYS do
     all_allowed = false
   end
   writes[i] = write
-  local at = 5 * (i - 1)
+  local at = 6 * (i - 1)
   reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] = allowed, remaining, retry, reset, delay
+  reply[at + 6] = 0
 end
 
 if all_allowed then
   for i = 1, #KEYS do
     if writes[i] then
-      ALGORITHMS[ARGV[3 + 6 * (i - 1)]][2](KEYS[i], writes[i], id)
+      reply[6 * (i - 1) + 6] = ALGORITHMS[ARGV[3 + 6 * (i - 1)]][2](KEYS[i], writes[i], id) or 0
     end
   end
 else
   for i = 1, #KEYS do
-    local at = 5 * (i - 1)
+    local at = 6 * (i - 1)
     if reply[at + 1] == 1 then
       local _, remaining, retry, reset = decide(i, 0)
       reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] = remaining, retry, reset, 0

@@ -8,6 +8,8 @@
 --                                           reset_after_ms, delay_ms (always 0), write
 -- commit(key, write, id)                 -> new window: HSET e n + PEXPIRE <ms to window end>;
 --                                           same window: HINCRBY n cost (the TTL already ends it).
+--                                           Returns the mark: the window's end (us), which a
+--                                           refund of these units must quote (refund.lua).
 -- A denied request writes nothing. The clock never runs backwards inside a key: a time before
 -- the stored window's start counts as its start.
 
@@ -47,4 +49,5 @@ local function fixed_window_commit(key, write)
   else
     redis.call('HINCRBY', key, 'n', fmt(write[5]))
   end
+  return write[2]
 end

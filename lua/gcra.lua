@@ -10,6 +10,8 @@
 --                                           reset_after_ms, delay_ms, write (nil: nothing to store)
 -- commit(key, write, id)                 -> SET key <tat> PX <ttl_ms>; the TTL is the time until
 --                                           the TAT is in the past, when the state equals no key.
+--                                           Returns the mark: the TAT written (us), which a refund
+--                                           of these units must quote (refund.lua).
 -- A denied request writes nothing. cost = 0 peeks: never denied, writes nothing.
 
 local function gcra_remaining(tolerance, ttl, emission)
@@ -45,4 +47,5 @@ end
 
 local function gcra_commit(key, write)
   redis.call('SET', key, fmt(write[1]), 'PX', ceil_ms(write[2]))
+  return write[1]
 end

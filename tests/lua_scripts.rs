@@ -90,7 +90,17 @@ fn invocation<'a>(
     invocation
 }
 
-fn call_as(
+/// The reply without its marks: five integers per limit (allowed, remaining, retry, reset,
+/// delay). The marks have their own tests (`call_full`).
+fn statuses_only(reply: Vec<i64>) -> Vec<i64> {
+    reply
+        .chunks(script::REPLY_STRIDE)
+        .flat_map(|status| status[..5].to_vec())
+        .collect()
+}
+
+/// The whole reply, marks included.
+fn call_full(
     con: &mut redis::Connection,
     keys: &[&str],
     limits: &[Limit],
@@ -99,6 +109,16 @@ fn call_as(
 ) -> redis::RedisResult<Vec<i64>> {
     let script = redis::Script::new(SOURCE);
     invocation(&script, keys, limits, &costs(limits), now, id).invoke(con)
+}
+
+fn call_as(
+    con: &mut redis::Connection,
+    keys: &[&str],
+    limits: &[Limit],
+    now: Option<u64>,
+    id: u128,
+) -> redis::RedisResult<Vec<i64>> {
+    call_full(con, keys, limits, now, id).map(statuses_only)
 }
 
 fn call_costs(
@@ -473,14 +493,20 @@ fn a_shadow_limit_is_decided_but_never_blocks_the_others() {
     let limits = [gcra("10/s", 9, 1), shadow];
     let first = call(&mut con, &["enforced", "shadow"], &limits, T0);
     assert_eq!((first[0], first[5]), (1, 1));
-    let second = call(&mut con, &["enforced", "shadow"], &limits, T0);
+    let full = call_full(&mut con, &["enforced", "shadow"], &limits, Some(T0), 7).unwrap();
+    let second = statuses_only(full.clone());
     assert_eq!((second[0], second[5]), (1, 0), "the shadow limit denies...");
     assert_eq!(
         second[1], 8,
         "...and the enforced one still counts the request"
     );
+    assert_eq!(
+        (full[5], full[11]),
+        ((T0 + 200 * MS) as i64, 0),
+        "the enforced limit wrote its TAT, the shadow one nothing"
+    );
     let decision =
-        sluice::limiter::Decision::of(script::parse_statuses(&second, 2).unwrap(), &limits);
+        sluice::limiter::Decision::of(script::parse_statuses(&full, 2).unwrap(), &limits);
     assert_eq!(
         (decision.allowed(), decision.shadow_denied_by),
         (true, Some(1))
@@ -772,17 +798,32 @@ fn concurrency_leases_are_bounded_released_and_expire() {
     assert!((29_000..=30_000).contains(&pttl(&mut con, "c")));
 }
 
-/// Gives back `units` of `limit` at `now` with `lua/refund.lua`; its reply (1: state changed).
-fn refund(con: &mut redis::Connection, key: &str, limit: &Limit, units: u64, now: u64) -> i64 {
-    let (name, p1, units) = script::refund_args(&limit.algorithm, units);
+/// Gives back `units` of `limit` at `now` with `lua/refund.lua`, quoting the `mark` of the call
+/// that took them; its reply (1: state changed).
+fn refund(
+    con: &mut redis::Connection,
+    key: &str,
+    limit: &Limit,
+    units: u64,
+    mark: i64,
+    now: u64,
+) -> i64 {
+    let (name, p1, units, mark) = script::refund_args(&limit.algorithm, units, mark);
     redis::Script::new(REFUND_SOURCE)
         .key(key)
         .arg(now)
         .arg(name)
         .arg(p1)
         .arg(units)
+        .arg(mark)
         .invoke(con)
         .expect("refund call")
+}
+
+/// The mark of a one-limit call: where it left the key.
+fn take(con: &mut redis::Connection, key: &str, limit: &Limit, now: u64) -> (i64, i64) {
+    let reply = call_full(con, &[key], std::slice::from_ref(limit), Some(now), 7).unwrap();
+    (reply[0], reply[5])
 }
 
 #[test]
@@ -791,44 +832,43 @@ fn refunds_give_back_gcra_credit_and_window_counts_and_nothing_else() {
     let mut con = redis.connection();
     // GCRA 10/s, burst 9: take 6, give 2 back, 6 are admitted again (4 + 2).
     let limit = gcra("10/s", 9, 6);
+    let (allowed, mark) = take(&mut con, "g", &limit, T0);
     assert_eq!(
-        call(&mut con, &["g"], std::slice::from_ref(&limit), T0)[..2],
-        [1, 4]
+        (allowed, mark),
+        (1, (T0 + 600 * MS) as i64),
+        "the mark is the TAT written"
     );
-    assert_eq!(refund(&mut con, "g", &limit, 2, T0), 1);
+    assert_eq!(refund(&mut con, "g", &limit, 2, mark, T0), 1);
     let stored: u64 = con.get("g").unwrap();
     assert_eq!(stored, T0 + 400 * MS, "the TAT moved back by 2 emissions");
     assert!((1..=400).contains(&pttl(&mut con, "g")));
+    let (_, mark) = take(&mut con, "g", &limit, T0);
     assert_eq!(
-        call(&mut con, &["g"], std::slice::from_ref(&limit), T0)[..2],
-        [1, 0]
+        mark,
+        (T0 + SEC) as i64,
+        "4 + 2 taken again: the bucket is empty"
     );
     // Giving back more than is taken is a full bucket: the key goes.
-    assert_eq!(refund(&mut con, "g", &limit, 50, T0), 1);
+    assert_eq!(refund(&mut con, "g", &limit, 50, mark, T0), 1);
     assert!(!con.exists::<_, bool>("g").unwrap());
     assert_eq!(
-        refund(&mut con, "g", &limit, 1, T0),
+        refund(&mut con, "g", &limit, 1, mark, T0),
         0,
         "no key, nothing to give back to"
     );
 
     // Fixed window 10/m: the count drops while the window is open, never below zero.
     let counted = window("10/m", 7);
-    assert_eq!(
-        call(&mut con, &["w"], std::slice::from_ref(&counted), T0)[..2],
-        [1, 3]
-    );
-    assert_eq!(refund(&mut con, "w", &counted, 3, T0 + SEC), 1);
+    let (_, end) = take(&mut con, "w", &counted, T0);
+    assert_eq!(end, (T0 + 60 * SEC) as i64, "the mark is the window's end");
+    assert_eq!(refund(&mut con, "w", &counted, 3, end, T0 + SEC), 1);
     assert_eq!(con.hget::<_, _, u64>("w", "n").unwrap(), 4);
-    assert_eq!(refund(&mut con, "w", &counted, 30, T0 + SEC), 1);
+    assert_eq!(refund(&mut con, "w", &counted, 30, end, T0 + SEC), 1);
     assert_eq!(con.hget::<_, _, u64>("w", "n").unwrap(), 0);
     assert!(pttl(&mut con, "w") > 58_000, "the window's expiry is kept");
     // A closed window has nothing to give back to.
-    assert_eq!(
-        call(&mut con, &["w"], std::slice::from_ref(&counted), T0)[..2],
-        [1, 3]
-    );
-    assert_eq!(refund(&mut con, "w", &counted, 3, T0 + 60 * SEC), 0);
+    let (_, end) = take(&mut con, "w", &counted, T0);
+    assert_eq!(refund(&mut con, "w", &counted, 3, end, T0 + 60 * SEC), 0);
     assert_eq!(con.hget::<_, _, u64>("w", "n").unwrap(), 7);
 
     let err = redis::Script::new(REFUND_SOURCE)
@@ -837,9 +877,75 @@ fn refunds_give_back_gcra_credit_and_window_counts_and_nothing_else() {
         .arg("sliding_log")
         .arg(0)
         .arg(1)
+        .arg(0)
         .invoke::<i64>(&mut con)
         .unwrap_err();
     assert!(err.to_string().contains("refund does not apply"), "{err}");
+    let err = redis::Script::new(REFUND_SOURCE)
+        .key("x")
+        .arg(T0)
+        .arg("gcra")
+        .arg(100)
+        .arg(1)
+        .invoke::<i64>(&mut con)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("expects units and a mark"),
+        "{err}"
+    );
+}
+
+/// Two gateways interleaved on one key with an explicit clock: gateway A leases units, gateway
+/// B consumes, A's refund arrives late. B's consumption always survives it.
+#[test]
+fn a_late_refund_never_gives_back_what_another_gateway_consumed() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let peek = |con: &mut redis::Connection, key: &str, limit: &Limit, now: u64| {
+        call_costs(con, &[key], std::slice::from_ref(limit), &[0], now, 9)[1]
+    };
+
+    // GCRA 10/s, burst 9 (100 ms per unit). A leases 5 at T0: TAT T0 + 500 ms.
+    let lease = gcra("10/s", 9, 5);
+    let one = gcra("10/s", 9, 1);
+    let (_, mark) = take(&mut con, "g", &lease, T0);
+    // 400 ms later B takes 3: TAT T0 + 800 ms. Then A gives its 5 back.
+    for _ in 0..3 {
+        take(&mut con, "g", &one, T0 + 400 * MS);
+    }
+    assert_eq!(refund(&mut con, "g", &lease, 5, mark, T0 + 400 * MS), 1);
+    assert_eq!(
+        peek(&mut con, "g", &one, T0 + 400 * MS),
+        7,
+        "only the 100 ms of A's units time had not drained went back: B's 3 are still counted"
+    );
+
+    // After a full refill, B takes 3; A's refund of units taken before the refill gives nothing.
+    let (_, mark) = take(&mut con, "r", &lease, T0);
+    for _ in 0..3 {
+        take(&mut con, "r", &one, T0 + 2 * SEC);
+    }
+    assert_eq!(refund(&mut con, "r", &lease, 5, mark, T0 + 2 * SEC), 0);
+    assert_eq!(peek(&mut con, "r", &one, T0 + 2 * SEC), 7);
+
+    // Fixed window 10/m: A leases 5 in the window ending at T0 + 60 s. The window closes; B opens
+    // the next one with 4. A's late refund belongs to the old window: nothing changes.
+    let window_lease = window("10/m", 5);
+    let (_, end) = take(&mut con, "w", &window_lease, T0);
+    let four = window("10/m", 4);
+    take(&mut con, "w", &four, T0 + 61 * SEC);
+    assert_eq!(
+        refund(&mut con, "w", &window_lease, 5, end, T0 + 61 * SEC),
+        0
+    );
+    assert_eq!(con.hget::<_, _, u64>("w", "n").unwrap(), 4);
+    // In its own window, it still goes back.
+    let (_, end) = take(&mut con, "w", &window_lease, T0 + 62 * SEC);
+    assert_eq!(
+        refund(&mut con, "w", &window_lease, 5, end, T0 + 62 * SEC),
+        1
+    );
+    assert_eq!(con.hget::<_, _, u64>("w", "n").unwrap(), 4);
 }
 
 fn arb_limit() -> impl Strategy<Value = Limit> {

@@ -24,7 +24,8 @@ pub trait ReleaseSlots: Send + Sync {
     async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError>;
 }
 
-/// Gives back `units` of a leased limit's key that were taken and not spent.
+/// Gives back `units` of a key that were taken and not spent (leases, shaped requests whose
+/// client left), quoting the `mark_us` the taking call replied.
 #[async_trait]
 pub trait RefundUnits: Send + Sync {
     async fn refund(
@@ -32,6 +33,7 @@ pub trait RefundUnits: Send + Sync {
         algorithm: &Algorithm,
         key: &[u8],
         units: u64,
+        mark_us: i64,
     ) -> Result<(), LimiterError>;
 }
 

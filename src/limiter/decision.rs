@@ -86,6 +86,7 @@ mod tests {
             retry_after_ms: retry,
             reset_after_ms: 0,
             delay_ms: 0,
+            mark_us: 0,
         }
     }
 

@@ -333,6 +333,7 @@ mod tests {
             retry_after_ms: Some(retry),
             reset_after_ms: retry,
             delay_ms: 0,
+            mark_us: 0,
         }])
     }
 

@@ -8,10 +8,11 @@
 //! * Units held are spent without calling the backend. While one request tops a key up, others
 //!   that find it empty ask for their own cost only, so a gateway never holds more than L unspent
 //!   units of a key: N gateways admit at most `limit + N × L` in any window.
-//! * Unspent units are given back (`Limiter::refund`) once a key has been idle for `IDLE`. A fixed
-//!   window's units are worthless once their window has closed: they are dropped, and given back
-//!   only while the window has more than `REFUND_MARGIN` left, so a refund never lands in the
-//!   next window.
+//! * Unspent units are given back (`RefundUnits::refund`) once a key has been idle for `IDLE`,
+//!   quoting the mark of the oldest top-up whose units are still held: the script then gives
+//!   back only what time has not drained of them (GCRA), and nothing once their window has been
+//!   replaced (fixed window), so a refund never undoes what another gateway consumed meanwhile.
+//!   A fixed window's units are worthless once their window has closed: they are dropped.
 //! * A denied top-up is asked again once with the exact costs: a request is never denied for
 //!   units it did not need.
 
@@ -70,8 +71,6 @@ const HORIZON: Duration = Duration::from_millis(100);
 /// Unspent units of a key nobody has asked for in this long are given back.
 pub const IDLE: Duration = Duration::from_millis(250);
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
-/// A fixed window's units are given back only while it has longer than this left.
-const REFUND_MARGIN: Duration = Duration::from_millis(50);
 /// Longer than a top-up and its exact retry can take (two calls of at most the 10 s deadline):
 /// a top-up this old was dropped with its request.
 const TOP_UP_STALE: Duration = Duration::from_secs(30);
@@ -85,6 +84,9 @@ struct Pool {
     reset_at: Instant,
     /// Fixed window: when the window the units were taken in closes.
     closes_at: Option<Instant>,
+    /// The mark (`LimitStatus::mark_us`) of the oldest top-up whose units are still held: what
+    /// a refund of them quotes.
+    mark_us: i64,
     topped_up_at: Instant,
     spent_since_top_up: u64,
     last_used: Instant,
@@ -102,6 +104,7 @@ impl Pool {
             remaining: 0,
             reset_at: now,
             closes_at: None,
+            mark_us: 0,
             topped_up_at: now,
             spent_since_top_up: 0,
             last_used: now,
@@ -134,6 +137,7 @@ impl Pool {
             retry_after_ms: Some(0),
             reset_after_ms: self.reset_at.saturating_duration_since(now).as_millis() as u64,
             delay_ms: 0,
+            mark_us: 0,
         }
     }
 
@@ -227,6 +231,9 @@ impl Pools {
         let reset = Duration::from_millis(status.reset_after_ms);
         if kept > 0 {
             self.meters.top_ups.inc();
+            if pool.units == 0 {
+                pool.mark_us = status.mark_us;
+            }
         }
         pool.units += kept;
         pool.reset_at = now + reset;
@@ -252,8 +259,8 @@ impl Pools {
         }
     }
 
-    /// Drops the pools of idle keys and closed windows; returns the units to give back.
-    fn sweep(&self, now: Instant) -> Vec<(Algorithm, Box<[u8]>, u64)> {
+    /// Drops the pools of idle keys and closed windows; returns what to give back.
+    fn sweep(&self, now: Instant) -> Vec<Unspent> {
         let mut refunds = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
@@ -263,11 +270,14 @@ impl Pools {
                 if pool.topping_up(now) || !(closed || idle) {
                     return true;
                 }
-                let window_open = pool
-                    .closes_at
-                    .is_none_or(|at| at.saturating_duration_since(now) > REFUND_MARGIN);
-                if pool.units > 0 && window_open {
-                    refunds.push((pool.algorithm, key.clone(), pool.units));
+                // A closed window's units are worth nothing (the script would refuse them too).
+                if pool.units > 0 && !closed {
+                    refunds.push(Unspent {
+                        algorithm: pool.algorithm,
+                        key: key.clone(),
+                        units: pool.units,
+                        mark_us: pool.mark_us,
+                    });
                 }
                 false
             });
@@ -388,12 +398,27 @@ fn unreachable_status() -> LimitStatus {
         retry_after_ms: None,
         reset_after_ms: 0,
         delay_ms: 0,
+        mark_us: 0,
     }
 }
 
+/// Units of one key to give back.
+struct Unspent {
+    algorithm: Algorithm,
+    key: Box<[u8]>,
+    units: u64,
+    mark_us: i64,
+}
+
 async fn give_back(pools: &Pools, refunds: &dyn RefundUnits, now: Instant) {
-    for (algorithm, key, units) in pools.sweep(now) {
-        match refunds.refund(&algorithm, &key, units).await {
+    for unspent in pools.sweep(now) {
+        let Unspent {
+            algorithm,
+            key,
+            units,
+            mark_us,
+        } = unspent;
+        match refunds.refund(&algorithm, &key, units, mark_us).await {
             Ok(()) => pools.meters.units_returned.inc_by(units),
             Err(error) => log::debug!("could not give back {units} leased units: {error}"),
         }
@@ -718,21 +743,21 @@ mod tests {
         };
         let tat = State::Gcra { tat_us: 1500 };
         assert_eq!(
-            gcra.refund(Some(&tat), 1000, 2),
+            gcra.refund(Some(&tat), 1000, 2, 1500),
             Refund::Store(Write {
                 state: State::Gcra { tat_us: 1300 },
                 ttl_us: 300
             })
         );
-        assert_eq!(gcra.refund(Some(&tat), 1000, 5), Refund::Clear);
-        assert_eq!(gcra.refund(None, 1000, 5), Refund::Unchanged);
+        assert_eq!(gcra.refund(Some(&tat), 1000, 5, 1500), Refund::Clear);
+        assert_eq!(gcra.refund(None, 1000, 5, 1500), Refund::Unchanged);
         let open = State::Window {
             end_us: 2000,
             count: 3,
         };
         let w = window(10);
         assert_eq!(
-            w.refund(Some(&open), 1000, 5),
+            w.refund(Some(&open), 1000, 5, 2000),
             Refund::Store(Write {
                 state: State::Window {
                     end_us: 2000,
@@ -741,6 +766,38 @@ mod tests {
                 ttl_us: 1000
             })
         );
-        assert_eq!(w.refund(Some(&open), 2000, 1), Refund::Unchanged);
+        assert_eq!(w.refund(Some(&open), 2000, 1, 2000), Refund::Unchanged);
+    }
+
+    #[test]
+    fn a_refund_never_gives_back_what_another_gateway_consumed_since() {
+        use crate::limiter::algorithm::{Refund, State, Write};
+        let gcra = Algorithm::Gcra {
+            emission_us: 100,
+            tolerance_us: 1000,
+            max_delay_us: 0,
+        };
+        // A took 5 units up to TAT 1500 (its mark); the bucket drained to 1400 by now, and B
+        // consumed 3 units since: TAT 1700. A gives its 5 back: only the 100 us of them time
+        // has not drained go back, B's 300 us stay.
+        let tat = State::Gcra { tat_us: 1700 };
+        assert_eq!(
+            gcra.refund(Some(&tat), 1400, 5, 1500),
+            Refund::Store(Write {
+                state: State::Gcra { tat_us: 1600 },
+                ttl_us: 200
+            })
+        );
+        // Past A's mark, nothing of A's units is left to give back.
+        assert_eq!(gcra.refund(Some(&tat), 1500, 5, 1500), Refund::Unchanged);
+        // A window counted in another window than A's units: nothing to give back.
+        let later = State::Window {
+            end_us: 4000,
+            count: 2,
+        };
+        assert_eq!(
+            window(10).refund(Some(&later), 2500, 5, 2000),
+            Refund::Unchanged
+        );
     }
 }

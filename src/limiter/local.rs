@@ -123,6 +123,7 @@ impl LocalLimiter {
                         .0;
                     *status = LimitStatus {
                         delay_ms: 0,
+                        mark_us: 0,
                         ..peek
                     };
                 }
@@ -140,8 +141,15 @@ impl LocalLimiter {
                 }
             }
         }
-        for ((entry, &slot), write) in entries.iter().zip(&slots).zip(writes) {
+        let mut decision = decision;
+        for (((entry, &slot), write), status) in entries
+            .iter()
+            .zip(&slots)
+            .zip(writes)
+            .zip(decision.statuses.iter_mut())
+        {
             if let Some(Write { state, ttl_us }) = write {
+                status.mark_us = state.mark_us();
                 let record = Record {
                     state,
                     expires_at_us: now_us + ttl_us,
@@ -171,7 +179,14 @@ impl LocalLimiter {
     }
 
     /// Gives back `units` of `key` at an explicit time (see [`Algorithm::refund`]).
-    pub fn refund_at(&self, algorithm: &Algorithm, key: &[u8], units: u64, now_us: i64) {
+    pub fn refund_at(
+        &self,
+        algorithm: &Algorithm,
+        key: &[u8],
+        units: u64,
+        mark_us: i64,
+        now_us: i64,
+    ) {
         let mut shard = self.shards[Self::shard_of(key)]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -179,7 +194,7 @@ impl LocalLimiter {
             .get(key)
             .filter(|e| e.expires_at_us > now_us)
             .map(|e| &e.state);
-        match algorithm.refund(state, now_us, units) {
+        match algorithm.refund(state, now_us, units, mark_us) {
             Refund::Unchanged => {}
             Refund::Clear => {
                 shard.remove(key);
@@ -230,8 +245,9 @@ impl RefundUnits for LocalLimiter {
         algorithm: &Algorithm,
         key: &[u8],
         units: u64,
+        mark_us: i64,
     ) -> Result<(), LimiterError> {
-        self.refund_at(algorithm, key, units, self.clock.now_us());
+        self.refund_at(algorithm, key, units, mark_us, self.clock.now_us());
         Ok(())
     }
 }

@@ -92,10 +92,17 @@ impl RedisLimiter {
         algorithm: &Algorithm,
         key: &[u8],
         units: u64,
+        mark_us: i64,
     ) -> Result<(), LimiterError> {
-        let (name, p1, units) = script::refund_args(algorithm, units);
+        let (name, p1, units, mark) = script::refund_args(algorithm, units, mark_us);
         let mut invocation = self.refund.prepare_invoke();
-        invocation.key(key).arg("").arg(name).arg(p1).arg(units);
+        invocation
+            .key(key)
+            .arg("")
+            .arg(name)
+            .arg(p1)
+            .arg(units)
+            .arg(mark);
         self.run_for_effect(&invocation).await
     }
 
@@ -168,8 +175,9 @@ impl RefundUnits for RedisLimiter {
         algorithm: &Algorithm,
         key: &[u8],
         units: u64,
+        mark_us: i64,
     ) -> Result<(), LimiterError> {
-        self.within_deadline(None, self.give_back(algorithm, key, units))
+        self.within_deadline(None, self.give_back(algorithm, key, units, mark_us))
             .await
     }
 }

@@ -32,17 +32,21 @@ pub const REFUND_SOURCE: &str = concat!(
 );
 
 /// Arguments of one refund call after the clock (`lua/refund.lua`): algorithm, its emission
-/// interval (GCRA) and the units.
-pub fn refund_args(algorithm: &Algorithm, units: u64) -> (&'static str, u64, u64) {
+/// interval (GCRA), the units, and the mark of the call that took them.
+pub fn refund_args(
+    algorithm: &Algorithm,
+    units: u64,
+    mark_us: i64,
+) -> (&'static str, u64, u64, i64) {
     let [p1, _, _] = algorithm.script_params();
-    (algorithm.script_name(), p1, units)
+    (algorithm.script_name(), p1, units, mark_us)
 }
 
 /// Returns a request's concurrency leases.
 pub const RELEASE_SOURCE: &str = include_str!("../../lua/release.lua");
 
 /// Integers per limit in the reply.
-const REPLY_STRIDE: usize = 5;
+pub const REPLY_STRIDE: usize = 6;
 
 /// Appends ARGV for one call: the clock (`None`: Redis TIME), the request id, then per entry its
 /// algorithm, parameters, cost and shadow flag. Keys are added by the caller in the same order.
@@ -86,9 +90,15 @@ pub fn parse_statuses(reply: &[i64], limits: usize) -> Result<Statuses, LimiterE
     let statuses = reply
         .chunks_exact(REPLY_STRIDE)
         .map(|status| {
-            let [allowed, remaining, retry, reset, delay] =
-                [status[0], status[1], status[2], status[3], status[4]];
-            if !(0..=1).contains(&allowed) || remaining < 0 || retry < -1 || reset < 0 || delay < 0
+            let [allowed, remaining, retry, reset, delay, mark] = [
+                status[0], status[1], status[2], status[3], status[4], status[5],
+            ];
+            if !(0..=1).contains(&allowed)
+                || remaining < 0
+                || retry < -1
+                || reset < 0
+                || delay < 0
+                || mark < 0
             {
                 return Err(LimiterError::Reply(format!(
                     "out-of-range status {status:?}"
@@ -100,6 +110,7 @@ pub fn parse_statuses(reply: &[i64], limits: usize) -> Result<Statuses, LimiterE
                 retry_after_ms: (retry >= 0).then_some(retry as u64),
                 reset_after_ms: reset as u64,
                 delay_ms: delay as u64,
+                mark_us: mark,
             })
         })
         .collect::<Result<Statuses, _>>()?;
@@ -112,21 +123,23 @@ mod tests {
 
     #[test]
     fn parses_a_reply_and_names_the_longest_denial() {
-        let d = parse_reply(&[1, 4, 0, 100, 0, 0, 0, 250, 1000, 0], 2).unwrap();
+        let d = parse_reply(&[1, 4, 0, 100, 0, 7, 0, 0, 250, 1000, 0, 0], 2).unwrap();
         assert_eq!(d.denied_by, Some(1));
         assert_eq!(d.statuses[0].remaining, 4);
         assert_eq!(d.statuses[1].retry_after_ms, Some(250));
-        let never = parse_reply(&[0, 0, -1, 0, 0], 1).unwrap();
+        assert_eq!(d.statuses[0].mark_us, 7);
+        let never = parse_reply(&[0, 0, -1, 0, 0, 0], 1).unwrap();
         assert_eq!(never.retry_after_ms(), Some(None));
-        let shaped = parse_reply(&[1, 0, 0, 300, 120], 1).unwrap();
+        let shaped = parse_reply(&[1, 0, 0, 300, 120, 9], 1).unwrap();
         assert_eq!(shaped.delay_ms(), 120);
     }
 
     #[test]
     fn refuses_malformed_replies() {
         assert!(parse_reply(&[1, 2, 3], 1).is_err());
-        assert!(parse_reply(&[2, 0, 0, 0, 0], 1).is_err());
-        assert!(parse_reply(&[0, -1, 0, 0, 0], 1).is_err());
-        assert!(parse_reply(&[1, 0, 0, 0, -3], 1).is_err());
+        assert!(parse_reply(&[2, 0, 0, 0, 0, 0], 1).is_err());
+        assert!(parse_reply(&[0, -1, 0, 0, 0, 0], 1).is_err());
+        assert!(parse_reply(&[1, 0, 0, 0, -3, 0], 1).is_err());
+        assert!(parse_reply(&[1, 0, 0, 0, 0, -1], 1).is_err());
     }
 }

@@ -13,6 +13,11 @@ pub struct LimitStatus {
     pub reset_after_ms: u64,
     /// How long an allowed request is held before it proceeds (shaping with `max_delay`).
     pub delay_ms: u64,
+    /// Where the call left the limit's state, in microseconds: the TAT a GCRA wrote, the end of
+    /// the window a fixed window counted in; 0 when the call wrote nothing or the algorithm has
+    /// no mark. A refund of the units this call took quotes it, so it never gives back what
+    /// others consumed since.
+    pub mark_us: i64,
 }
 
 impl LimitStatus {
@@ -24,6 +29,7 @@ impl LimitStatus {
             retry_after_ms: Some(0),
             reset_after_ms: ceil_ms(reset_us),
             delay_ms: 0,
+            mark_us: 0,
         }
     }
 
@@ -35,6 +41,7 @@ impl LimitStatus {
             retry_after_ms: retry_us.map(ceil_ms),
             reset_after_ms: ceil_ms(reset_us),
             delay_ms: 0,
+            mark_us: 0,
         }
     }
 }

@@ -194,10 +194,20 @@ impl Algorithm {
 impl Algorithm {
     /// Gives back `units` that were taken earlier and not spent (leased quotas); mirrors
     /// `lua/refund.lua`. Only GCRA and the fixed window take refunds (checked at config load).
-    pub fn refund(&self, state: Option<&State>, now_us: i64, units: u64) -> Refund {
+    ///
+    /// `mark_us` is what the call that took the units replied (`LimitStatus::mark_us`): a refund
+    /// never gives back more than the part of those units time has not drained (GCRA), nor
+    /// anything once their window has been replaced (fixed window), so it cannot undo what other
+    /// gateways consumed since.
+    pub fn refund(&self, state: Option<&State>, now_us: i64, units: u64, mark_us: i64) -> Refund {
         match (*self, state) {
             (Algorithm::Gcra { emission_us, .. }, Some(State::Gcra { tat_us })) => {
-                let credit = i64::try_from(emission_us.saturating_mul(units)).unwrap_or(i64::MAX);
+                let credit = i64::try_from(emission_us.saturating_mul(units))
+                    .unwrap_or(i64::MAX)
+                    .min(mark_us.saturating_sub(now_us));
+                if credit <= 0 {
+                    return Refund::Unchanged;
+                }
                 let tat_us = tat_us.saturating_sub(credit);
                 if tat_us <= now_us {
                     return Refund::Clear;
@@ -208,7 +218,7 @@ impl Algorithm {
                 })
             }
             (Algorithm::FixedWindow { .. }, Some(&State::Window { end_us, count }))
-                if now_us < end_us =>
+                if now_us < end_us && end_us == mark_us =>
             {
                 Refund::Store(Write {
                     state: State::Window {

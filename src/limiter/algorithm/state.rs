@@ -23,6 +23,18 @@ pub enum State {
     Leases { leases: Vec<(RequestId, i64)> },
 }
 
+impl State {
+    /// Where this state stands, as the scripts reply it: a GCRA's TAT, a fixed window's end;
+    /// 0 for the others.
+    pub fn mark_us(&self) -> i64 {
+        match *self {
+            State::Gcra { tat_us } => tat_us,
+            State::Window { end_us, .. } => end_us,
+            _ => 0,
+        }
+    }
+}
+
 /// A state to store, and how long until it is equivalent to absent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Write {

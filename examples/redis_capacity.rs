@@ -100,6 +100,7 @@ async fn main() {
     let limiter = Arc::new(
         RedisLimiter::new(
             &Topology::Standalone { url: url.clone() },
+            &Default::default(),
             Duration::from_secs(2),
         )
         .expect("redis url"),

@@ -1,4 +1,6 @@
-//! The admin listener: `GET /metrics` (Prometheus text), `/healthz` (alive), `/readyz`.
+//! The admin listener: `GET /metrics` (Prometheus text), `/healthz` (alive), `/readyz`
+//! (`200` when the limiter backend answers, or when it does not and the failure mode still
+//! serves; `503` when it does not and the failure mode refuses traffic).
 
 use std::sync::Arc;
 
@@ -51,6 +53,15 @@ impl ServeHttp for AdminApp {
                 Readiness::Ready => {
                     text(200, format!("ready: {} limiter\n", self.policy.backend()))
                 }
+                // The failure mode refuses traffic: send it to a gateway that can decide.
+                Readiness::Unavailable(reason) if self.failure_mode.refuses() => text(
+                    503,
+                    format!(
+                        "not ready: {} limiter unavailable ({reason}); failure_mode {} refuses requests\n",
+                        self.policy.backend(),
+                        self.failure_mode.as_str()
+                    ),
+                ),
                 // The failure mode is deciding for Redis: the gateway still serves, degraded.
                 Readiness::Unavailable(reason) => text(
                     200,

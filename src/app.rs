@@ -16,6 +16,7 @@ use crate::config::{Config, ServerSettings};
 use crate::limiter::clock::{Clock, SystemClock};
 use crate::limiter::local::{LocalLimiter, DEFAULT_MAX_KEYS};
 use crate::limiter::{Engine, Policy};
+use crate::listening::{BoundFirst, ReadyReport};
 use crate::metrics;
 use crate::proxy::Gateway;
 use crate::reload::{ConfigService, RestartOnly};
@@ -60,6 +61,7 @@ pub fn build_policy(config: &Config) -> Result<Policy, String> {
         Some(redis) => {
             let engine = Engine::redis(
                 &redis.topology,
+                &redis.auth,
                 redis.timeout,
                 Arc::clone(&clock),
                 metrics::guard_meters(),
@@ -110,12 +112,28 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
         Gateway::new(live, Arc::clone(&policy)),
         "sluice proxy",
     );
-    for addr in &listen {
-        proxy.add_tcp(&addr.to_string());
+    let addresses: Vec<String> = listen.iter().map(ToString::to_string).collect();
+    for address in &addresses {
+        proxy.add_tcp(address);
     }
+    // Connect to Redis now, from the proxy's own runtime, rather than at the first request.
+    let warm = Arc::clone(&policy);
+    let proxy = BoundFirst::new(proxy, addresses).on_start(move || {
+        tokio::spawn(async move {
+            warm.readiness().await;
+        });
+    });
     let proxy = server.add_service(proxy);
     proxy.add_dependency(&bootstrap);
     proxy.add_dependency(&configuration);
+
+    // `sluice -d` returns once this reports: listeners bound and configuration live (or, when
+    // taking over from an old instance, once it waits for the sockets).
+    let report = server.add_service(ReadyReport::service());
+    report.add_dependency(&configuration);
+    if !options.upgrade {
+        report.add_dependency(&proxy);
+    }
 
     if let Some(addr) = admin_listen {
         let mut admin = Service::new(
@@ -123,7 +141,11 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
             HttpServer::new_app(AdminApp::new(policy, failure_mode)),
         );
         admin.add_tcp(&addr.to_string());
-        server.add_service(admin).add_dependency(&bootstrap);
+        let admin = server.add_service(BoundFirst::new(admin, vec![addr.to_string()]));
+        admin.add_dependency(&bootstrap);
+        if !options.upgrade {
+            report.add_dependency(&admin);
+        }
     }
     server.run_forever()
 }

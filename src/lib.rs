@@ -12,14 +12,17 @@
 pub mod admin;
 pub mod app;
 pub mod config;
+pub mod daemon;
 pub mod identity;
 pub mod keys;
 pub mod limiter;
+pub mod listening;
 pub mod metrics;
 pub mod path;
 pub mod pool;
 pub mod proxy;
 pub mod reload;
 pub mod router;
+pub mod secret;
 pub mod snapshot;
 pub mod upstream;

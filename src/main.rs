@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use mimalloc::MiMalloc;
 use sluice::app::{self, RunOptions};
-use sluice::config::Config;
+use sluice::config::{Config, ConfigError};
+use sluice::daemon;
 
 /// A Pingora reverse proxy with exact, shared rate limits in Redis.
 #[derive(Debug, Parser)]
@@ -18,7 +19,7 @@ struct Cli {
     /// Check the configuration, print every problem, and exit.
     #[arg(short = 't', long = "test")]
     test: bool,
-    /// Run in the background.
+    /// Run in the background; return once serving (exit 0), or with the reason it cannot.
     #[arg(short = 'd', long = "daemon")]
     daemon: bool,
     /// Take over the listening sockets of a running instance (graceful upgrade).
@@ -36,7 +37,19 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
 
-    let config = match Config::load(&cli.conf) {
+    // What start will need is checked with the file: `-t` passes only what can start.
+    let config = Config::load(&cli.conf).and_then(|config| {
+        let problems = config.server.check_environment();
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError {
+                file: cli.conf.clone(),
+                problems,
+            })
+        }
+    });
+    let config = match config {
         Ok(config) => config,
         Err(error) => {
             eprintln!("{error}");
@@ -52,10 +65,15 @@ fn main() -> ExitCode {
         println!("{}", config.summary());
         return ExitCode::SUCCESS;
     }
+    let daemonize = cli.daemon || config.server.daemon;
+    if daemonize && !daemon::launched() {
+        return daemon::launch();
+    }
+    daemon::connect_to_launcher();
     match app::run(
         config,
         RunOptions {
-            daemon: cli.daemon,
+            daemon: daemonize,
             upgrade: cli.upgrade,
         },
     ) {

@@ -10,7 +10,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The modules that know Pingora and wire the process; nothing else may import them.
-const GLUE: &[&str] = &["app", "reload", "snapshot", "pool", "admin", "proxy"];
+const GLUE: &[&str] = &[
+    "app",
+    "reload",
+    "snapshot",
+    "pool",
+    "admin",
+    "proxy",
+    "daemon",
+    "listening",
+];
 
 type ModulePath = Vec<String>;
 

@@ -54,3 +54,131 @@ fn the_unit_matches_the_runtime_directory_convention() {
         assert!(unit.lines().any(|l| l == line), "missing {line:?}");
     }
 }
+
+/// The values of `key=` in the unit, in order.
+fn unit_values(unit: &str, key: &str) -> Vec<String> {
+    let prefix = format!("{key}=");
+    unit.lines()
+        .filter_map(|line| line.strip_prefix(&prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The unit's own start, reload and stop sequence, run as systemd would run it but without
+/// systemd: `ExecStartPre`, `ExecStart` with `RUNTIME_DIRECTORY` set (it returns once serving;
+/// the pid file appears in the runtime directory and names the live daemon), every
+/// `ExecReload` step in order while clients keep connecting (none refused; the new pid replaces
+/// the old, which drains and exits), then `KillSignal` to the main pid (it exits within
+/// `TimeoutStopSec`).
+#[test]
+fn the_units_start_reload_and_stop_sequence_serves_throughout() {
+    use std::time::Duration;
+    use support::config::{route, Config};
+    use support::daemons::{alive, exits_within, read_pid, steady_load, Daemons};
+
+    let unit = std::fs::read_to_string(support::repo_path("systemd/sluice.service")).unwrap();
+    let upstream = support::Upstream::start();
+    let runtime = tempfile::tempdir().unwrap();
+    let etc = tempfile::tempdir().unwrap();
+    let proxy: std::net::SocketAddr = format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap();
+    let admin = format!("127.0.0.1:{}", support::free_port());
+    // As an operator writes it: no pid_file or upgrade_sock (the runtime directory holds them).
+    let body = Config::new()
+        .route(route("all").servers(&[upstream.addr]))
+        .yaml();
+    let config = etc.path().join("sluice.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "server:\n  grace_period_seconds: 1\n  graceful_shutdown_timeout_seconds: 1\nlisten: [{proxy}]\nadmin: {{ listen: {admin} }}\n{body}"
+        ),
+    )
+    .unwrap();
+    let pid_file = runtime.path().join("sluice.pid");
+    let _daemons = Daemons(vec![pid_file.clone(), pid_file.with_extension("pid.old")]);
+    let log = runtime.path().join("sluice.log");
+    // `$MAINPID` is the pid systemd read from the pid file when the start (or the last reload)
+    // completed, not the file's content while a reload is under way.
+    let run = |command: &str, main_pid: Option<u32>| {
+        let command = command
+            .replace("/usr/bin/sluice", env!("CARGO_BIN_EXE_sluice"))
+            .replace("/etc/sluice/sluice.yaml", &config.display().to_string())
+            .replace(
+                "$MAINPID",
+                &main_pid.map_or(String::new(), |p| p.to_string()),
+            );
+        let argv: Vec<&str> = command.split_whitespace().collect();
+        let output = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let status = Command::new(argv[0])
+            .args(&argv[1..])
+            .env("RUNTIME_DIRECTORY", runtime.path())
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(output.try_clone().unwrap())
+            .stderr(output)
+            .status()
+            .unwrap_or_else(|e| panic!("{command}: {e}"));
+        assert!(
+            status.success(),
+            "{command} exited with {status}: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    };
+
+    for command in unit_values(&unit, "ExecStartPre") {
+        run(&command, None);
+    }
+    for command in unit_values(&unit, "ExecStart") {
+        run(&command, None);
+    }
+    let old = read_pid(&pid_file);
+    assert!(
+        alive(old),
+        "the pid file in the runtime directory names the daemon"
+    );
+    assert_eq!(support::http_get(proxy, "/started", None, &[]).status, 200);
+
+    let load = steady_load(proxy, 100);
+    std::thread::sleep(Duration::from_millis(300));
+    for command in unit_values(&unit, "ExecReload") {
+        run(&command, Some(old));
+    }
+    let statuses = load.join().unwrap();
+    assert!(
+        statuses.iter().all(|&s| s == 200),
+        "a request failed or was refused during the reload: {statuses:?}"
+    );
+    let new = read_pid(&pid_file);
+    assert_ne!(new, old, "the new pid replaced the old");
+    assert!(
+        exits_within(old, Duration::from_secs(10)),
+        "the old one drained and exited: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(support::http_get(proxy, "/reloaded", None, &[]).status, 200);
+
+    let signal = unit_values(&unit, "KillSignal").pop().expect("KillSignal");
+    let stop_timeout: u64 = unit_values(&unit, "TimeoutStopSec")
+        .pop()
+        .expect("TimeoutStopSec")
+        .parse()
+        .unwrap();
+    let status = Command::new("kill")
+        .args([
+            &format!("-{}", signal.trim_start_matches("SIG")),
+            &new.to_string(),
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(
+        exits_within(new, Duration::from_secs(stop_timeout)),
+        "stopped within TimeoutStopSec"
+    );
+}

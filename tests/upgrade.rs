@@ -3,38 +3,13 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::config::{route, Config};
-use support::{http_get, GatewayConfig, Upstream};
-
-/// Daemons are not our children: reap every pid their pid files name when the test ends.
-struct Daemons(Vec<PathBuf>);
-
-impl Drop for Daemons {
-    fn drop(&mut self) {
-        for file in &self.0 {
-            if let Ok(pid) = std::fs::read_to_string(file) {
-                let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
-            }
-        }
-    }
-}
-
-fn read_pid(file: &Path) -> u32 {
-    std::fs::read_to_string(file)
-        .expect("pid file")
-        .trim()
-        .parse()
-        .expect("numeric pid")
-}
-
-fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
-}
+use support::daemons::{alive, exits_within, read_pid, steady_load, Daemons};
+use support::{free_port, http_get, GatewayConfig, Upstream};
 
 fn sluice(args: &[&str], config: &Path) {
     let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -59,27 +34,13 @@ fn daemon_mode_and_graceful_upgrade_fail_no_request() {
     let _daemons = Daemons(vec![pid_file.clone(), pid_file.with_extension("pid.old")]);
 
     sluice(&["-d"], &config.path);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(config.proxy).is_err() || !pid_file.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the daemon did not start serving"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // `-d` returns once serving: no waiting here.
     let old = read_pid(&pid_file);
+    assert!(alive(old), "the pid file names the live daemon");
     assert_eq!(http_get(config.proxy, "/before", None, &[]).status, 200);
+    assert_eq!(http_get(config.admin, "/healthz", None, &[]).body, "ok\n");
 
-    let proxy = config.proxy;
-    let load = std::thread::spawn(move || {
-        (0..120)
-            .map(|_| {
-                std::thread::sleep(Duration::from_millis(20));
-                std::panic::catch_unwind(|| http_get(proxy, "/during", None, &[]).status)
-                    .unwrap_or(0)
-            })
-            .collect::<Vec<u16>>()
-    });
+    let load = steady_load(config.proxy, 120);
     std::thread::sleep(Duration::from_millis(300));
     sluice(&["-u", "-d"], &config.path);
     Command::new("kill")
@@ -92,12 +53,85 @@ fn daemon_mode_and_graceful_upgrade_fail_no_request() {
 
     let new = read_pid(&pid_file);
     assert_ne!(new, old, "the pid file names the new instance");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while alive(old) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(!alive(old), "the old instance drains and exits");
+    assert!(
+        exits_within(old, Duration::from_secs(15)),
+        "the old instance drains and exits"
+    );
     assert!(alive(new));
     assert_eq!(http_get(config.proxy, "/after", None, &[]).status, 200);
     assert_eq!(upstream.served(), 122);
+}
+
+/// Runs sluice with `args`; its exit status, what it printed, and how long it took. Output goes
+/// to a file: a daemon keeps inherited pipes open, and reading them would wait for it to exit.
+fn run(args: &[&str], config: &Path) -> (i32, String, Duration) {
+    let log = tempfile::NamedTempFile::new().expect("log file");
+    let started = Instant::now();
+    let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .arg("-c")
+        .arg(config)
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(log.reopen().expect("log file"))
+        .stderr(log.reopen().expect("log file"))
+        .status()
+        .expect("run sluice");
+    let took = started.elapsed();
+    let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+    (status.code().unwrap_or(-1), text, took)
+}
+
+#[test]
+fn a_port_in_use_fails_the_start_at_once_with_the_reason() {
+    let upstream = Upstream::start();
+    let config = GatewayConfig::write(
+        &Config::new().route(route("all")).yaml(),
+        &upstream,
+        None,
+        0,
+    );
+    let _daemons = Daemons(vec![config.pid_file()]);
+    for taken in [config.proxy, config.admin] {
+        let holder = std::net::TcpListener::bind(taken).expect("hold the port");
+        for args in [&[][..], &["-d"][..]] {
+            let (code, text, took) = run(args, &config.path);
+            assert_eq!(code, 1, "sluice {args:?} with {taken} taken: {text}");
+            assert!(
+                text.contains(&format!("cannot listen on {taken}: Address already in use")),
+                "{text}"
+            );
+            assert!(took < Duration::from_secs(5), "failed within {took:?}");
+        }
+        drop(holder);
+    }
+    // With the ports free, the same file serves.
+    let (code, text, _) = run(&["-d"], &config.path);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(http_get(config.proxy, "/", None, &[]).status, 200);
+}
+
+#[test]
+fn a_daemon_that_cannot_start_is_reported_by_the_command_that_started_it() {
+    let upstream = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let body = Config::new().route(route("all"));
+    let config = GatewayConfig::write(&body.yaml(), &upstream, None, 0);
+    let _daemons = Daemons(vec![config.pid_file()]);
+    // An address nobody can bind on this machine: the daemon reports why and exits.
+    let unbindable = format!("192.0.2.1:{}", free_port());
+    let text = std::fs::read_to_string(&config.path).unwrap().replacen(
+        &format!("listen: [{}]", config.proxy),
+        &format!("listen: [{unbindable}]"),
+        1,
+    );
+    let path = dir.path().join("sluice.yaml");
+    std::fs::write(&path, text).unwrap();
+    let (code, text, took) = run(&["-d"], &path);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains(&format!("cannot listen on {unbindable}")),
+        "{text}"
+    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
 }

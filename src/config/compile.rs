@@ -47,7 +47,10 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
     let failure_mode = routes::failure_mode(raw.failure_mode.as_deref(), "failure_mode", p)
         .unwrap_or(FailureMode::Allow);
     // Without a configured secret the prefix keys the hashes: set key_secret in production.
-    let secret = KeySecret::new(raw.key_secret.as_deref().unwrap_or(&key_prefix));
+    let key_secret = raw
+        .key_secret
+        .and_then(|secret| super::secrets::compile(secret, "key_secret", p));
+    let secret = KeySecret::new(key_secret.as_ref().map_or(&*key_prefix, |s| s.expose()));
     let identity = compile_identity(&raw.trusted_proxies, raw.ipv6_prefix, p);
     let paths = compile_paths(raw.path, p);
     let instances = raw.instances.unwrap_or(1);

@@ -14,6 +14,7 @@ pub mod rate;
 pub mod raw;
 pub mod redis;
 pub mod routes;
+pub mod secrets;
 pub mod server;
 pub mod upstreams;
 

@@ -4,7 +4,10 @@
 //! cannot be wrong. Unknown keys are collected by `serde_ignored` (see `mod.rs`) so that all
 //! of them are reported at once, with their paths.
 
-use serde::Deserialize;
+use std::fmt;
+
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 
 use super::server::ServerSettings;
 
@@ -20,7 +23,7 @@ pub struct RawConfig {
     pub instances: Option<u64>,
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
-    pub key_secret: Option<String>,
+    pub key_secret: Option<RawSecret>,
     pub ipv6_prefix: Option<u8>,
     pub path: Option<RawPath>,
     pub access_log: Option<RawAccessLog>,
@@ -52,7 +55,9 @@ pub struct RawRedis {
     pub sentinels: Option<Vec<String>>,
     pub master_name: Option<String>,
     pub master_username: Option<String>,
-    pub master_password: Option<String>,
+    pub master_password: Option<RawSecret>,
+    pub username: Option<String>,
+    pub password: Option<RawSecret>,
     pub timeout_ms: Option<u64>,
     pub key_prefix: Option<String>,
 }
@@ -112,4 +117,61 @@ pub struct RawLimit {
     pub split: Option<u64>,
     pub mode: Option<String>,
     pub lease_units: Option<u64>,
+}
+
+/// A secret as written: a string, or `{ file: PATH }`, `{ env: NAME }` or
+/// `{ credential: NAME }`. Its `Debug` never shows a value.
+#[derive(Clone)]
+pub enum RawSecret {
+    Plain(String),
+    From(RawSecretFrom),
+}
+
+/// Where a secret is to be read from: exactly one of the three.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSecretFrom {
+    pub file: Option<String>,
+    pub env: Option<String>,
+    pub credential: Option<String>,
+}
+
+impl fmt::Debug for RawSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RawSecret::Plain(_) => f.write_str("Plain(***)"),
+            RawSecret::From(from) => write!(f, "From({from:?})"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RawSecret {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SecretVisitor;
+        impl<'de> Visitor<'de> for SecretVisitor {
+            type Value = RawSecret;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string, or { file: PATH }, { env: NAME } or { credential: NAME }")
+            }
+
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<RawSecret, E> {
+                Ok(RawSecret::Plain(value.to_string()))
+            }
+
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<RawSecret, E> {
+                Ok(RawSecret::Plain(value.to_string()))
+            }
+
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<RawSecret, E> {
+                Ok(RawSecret::Plain(value.to_string()))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawSecret, A::Error> {
+                RawSecretFrom::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(RawSecret::From)
+            }
+        }
+        deserializer.deserialize_any(SecretVisitor)
+    }
 }

@@ -1,11 +1,13 @@
-//! The `redis:` section: which topology (one server, a Cluster, Sentinels), the deadline of
-//! every call, and the key prefix. Without the section, limits run in-process.
+//! The `redis:` section: which topology (one server, a Cluster, Sentinels), who sluice is to it
+//! (`username`, `password`: a secret, so it can come from a file, the environment or a systemd
+//! credential), the deadline of every call, and the key prefix. Without the section, limits run
+//! in-process. No URL is ever repeated in a problem: URLs may hold passwords.
 
 use std::time::Duration;
 
 use super::problem::{check_name, millis_within, Problems};
 use super::raw::RawRedis;
-use crate::limiter::Topology;
+use crate::limiter::{RedisAuth, Topology};
 
 pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 25;
 pub const DEFAULT_KEY_PREFIX: &str = "sluice";
@@ -13,12 +15,14 @@ pub const DEFAULT_KEY_PREFIX: &str = "sluice";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisSettings {
     pub topology: Topology,
+    pub auth: RedisAuth,
     pub timeout: Duration,
     pub key_prefix: String,
 }
 
 pub fn compile(raw: RawRedis, p: &mut Problems) -> RedisSettings {
     let topology = compile_topology(&raw, p);
+    let auth = compile_auth(&raw, p);
     let timeout = millis_within(
         raw.timeout_ms.unwrap_or(DEFAULT_REDIS_TIMEOUT_MS),
         1..=10_000,
@@ -32,17 +36,58 @@ pub fn compile(raw: RawRedis, p: &mut Problems) -> RedisSettings {
     check_name(&key_prefix, "redis.key_prefix", p);
     RedisSettings {
         topology,
+        auth,
         timeout,
         key_prefix,
+    }
+}
+
+/// `username` and `password` (in sentinel mode also spelled `master_username` and
+/// `master_password`): who sluice is to the servers holding the limits.
+fn compile_auth(raw: &RawRedis, p: &mut Problems) -> RedisAuth {
+    let pick = |plain: &str, sentinel: &str, both: bool, p: &mut Problems| {
+        if both {
+            p.add(
+                format!("redis.{sentinel}"),
+                format!("{sentinel} is another spelling of {plain}: give only one"),
+            );
+        }
+    };
+    pick(
+        "username",
+        "master_username",
+        raw.username.is_some() && raw.master_username.is_some(),
+        p,
+    );
+    pick(
+        "password",
+        "master_password",
+        raw.password.is_some() && raw.master_password.is_some(),
+        p,
+    );
+    let password = match (&raw.password, &raw.master_password) {
+        (Some(password), _) => super::secrets::compile(password.clone(), "redis.password", p),
+        (None, Some(password)) => {
+            super::secrets::compile(password.clone(), "redis.master_password", p)
+        }
+        (None, None) => None,
+    };
+    RedisAuth {
+        username: raw.username.clone().or_else(|| raw.master_username.clone()),
+        password,
     }
 }
 
 /// `redis.mode` and the addresses that mode needs; every problem reported.
 fn compile_topology(redis: &RawRedis, p: &mut Problems) -> Topology {
     let mode = redis.mode.as_deref().unwrap_or("standalone");
+    // The URL is never repeated: it may hold a password.
     let check_url = |url: &str, path: &str, p: &mut Problems| {
-        if let Err(e) = ::redis::Client::open(url) {
-            p.add(path, format!("invalid redis URL: {e}"));
+        if ::redis::Client::open(url).is_err() {
+            p.add(
+                path,
+                "invalid redis URL: expected redis://[user[:password]@]host[:port][/db], rediss://..., or redis+unix:///path[?db=N]",
+            );
         }
     };
     let check_list = |list: &Option<Vec<String>>, path: &str, p: &mut Problems| -> Vec<String> {
@@ -107,8 +152,6 @@ fn compile_topology(redis: &RawRedis, p: &mut Problems) -> Topology {
             Topology::Sentinel {
                 sentinels,
                 master_name,
-                master_username: redis.master_username.clone(),
-                master_password: redis.master_password.clone(),
             }
         }
         other => {
@@ -148,6 +191,34 @@ mod tests {
         assert_eq!(
             (settings.topology.mode(), settings.key_prefix.as_str()),
             ("sentinel", "t")
+        );
+    }
+
+    #[test]
+    fn a_password_comes_from_a_secret_and_no_problem_repeats_a_url() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "file-pw\n").unwrap();
+        let (settings, problems) = problems_of(
+            &format!(
+                "url: redis://10.0.0.5/0\nusername: sluice\npassword: {{ file: {} }}\n",
+                file.display()
+            ),
+            compile,
+        );
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(settings.auth.username.as_deref(), Some("sluice"));
+        assert_eq!(settings.auth.password.unwrap().expose(), "file-pw");
+        let (_, problems) = problems_of("url: \"redis://:leaked-pw@host:notaport/0\"\n", compile);
+        assert_eq!(problems.len(), 1);
+        assert!(!problems[0].contains("leaked-pw"), "{problems:?}");
+        let (_, problems) = problems_of(
+            "mode: sentinel\nsentinels: [redis://s:26379/]\nmaster_name: m\npassword: a\nmaster_password: b\n",
+            compile,
+        );
+        assert_eq!(
+            problems,
+            ["redis.master_password: master_password is another spelling of password: give only one"]
         );
     }
 

@@ -1,10 +1,18 @@
 //! The `server:` section: how the process runs (threads, pid file, upgrade socket, user, grace
 //! periods). Declared once: the YAML reads straight into [`ServerSettings`], which also knows
 //! sluice's defaults; the glue hands the result to Pingora.
+//!
+//! Under systemd (`RuntimeDirectory=`), the pid file and the upgrade socket default to the
+//! runtime directory systemd exports as `$RUNTIME_DIRECTORY`; elsewhere to `/tmp`.
+//! [`ServerSettings::check_environment`] checks what starting will need (the user, the group,
+//! writable directories), for `sluice -t` and before a start.
 
+use std::path::{Path, PathBuf};
+
+use nix::unistd::{access, AccessFlags, Group, User};
 use serde::Deserialize;
 
-use super::problem::Problems;
+use super::problem::{Problem, Problems};
 
 /// Threads that serve requests unless set.
 pub const DEFAULT_THREADS: usize = 2;
@@ -12,8 +20,28 @@ pub const DEFAULT_THREADS: usize = 2;
 pub const DEFAULT_GRACE_PERIOD_SECONDS: u64 = 5;
 /// Seconds in-flight requests get to finish at shutdown, unless set.
 pub const DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS: u64 = 10;
-const DEFAULT_PID_FILE: &str = "/tmp/sluice.pid";
-const DEFAULT_UPGRADE_SOCK: &str = "/tmp/sluice_upgrade.sock";
+/// The pid file's name in the runtime directory.
+const PID_FILE_NAME: &str = "sluice.pid";
+/// The upgrade socket's name in the runtime directory.
+const UPGRADE_SOCK_NAME: &str = "upgrade.sock";
+/// Where the pid file and upgrade socket go without a runtime directory.
+const FALLBACK_DIRECTORY: &str = "/tmp";
+
+/// The runtime directory systemd gives the unit (`RuntimeDirectory=`): the first of
+/// `$RUNTIME_DIRECTORY`'s colon-separated paths.
+pub fn runtime_directory() -> Option<PathBuf> {
+    let value = std::env::var_os("RUNTIME_DIRECTORY")?;
+    let first = value.to_str()?.split(':').next()?.to_string();
+    (!first.is_empty()).then(|| PathBuf::from(first))
+}
+
+fn in_runtime_directory(name: &str) -> String {
+    runtime_directory()
+        .map(|dir| dir.join(name))
+        .unwrap_or_else(|| Path::new(FALLBACK_DIRECTORY).join(format!("sluice_{name}")))
+        .to_string_lossy()
+        .into_owned()
+}
 
 /// The subset of Pingora's `ServerConf` an operator may set; `None` keeps sluice's default.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -37,16 +65,52 @@ impl ServerSettings {
         self.threads.unwrap_or(DEFAULT_THREADS)
     }
 
+    /// `server.pid_file`, else `$RUNTIME_DIRECTORY/sluice.pid`, else `/tmp/sluice_sluice.pid`.
     pub fn pid_file(&self) -> String {
         self.pid_file
             .clone()
-            .unwrap_or_else(|| DEFAULT_PID_FILE.to_string())
+            .unwrap_or_else(|| in_runtime_directory(PID_FILE_NAME))
     }
 
+    /// `server.upgrade_sock`, else `$RUNTIME_DIRECTORY/upgrade.sock`, else
+    /// `/tmp/sluice_upgrade.sock`.
     pub fn upgrade_sock(&self) -> String {
         self.upgrade_sock
             .clone()
-            .unwrap_or_else(|| DEFAULT_UPGRADE_SOCK.to_string())
+            .unwrap_or_else(|| in_runtime_directory(UPGRADE_SOCK_NAME))
+    }
+
+    /// What starting will need of this machine: the user and group exist, and the directories
+    /// of the pid file, the upgrade socket and the error log exist and are writable.
+    pub fn check_environment(&self) -> Vec<Problem> {
+        let mut p = Problems::default();
+        if let Some(user) = &self.user {
+            match User::from_name(user) {
+                Ok(Some(_)) => {}
+                Ok(None) => p.add("server.user", format!("no such user {user:?}")),
+                Err(e) => p.add("server.user", format!("cannot look up {user:?}: {e}")),
+            }
+        }
+        if let Some(group) = &self.group {
+            match Group::from_name(group) {
+                Ok(Some(_)) => {}
+                Ok(None) => p.add("server.group", format!("no such group {group:?}")),
+                Err(e) => p.add("server.group", format!("cannot look up {group:?}: {e}")),
+            }
+        }
+        let files = [
+            ("server.pid_file", Some(self.pid_file())),
+            ("server.upgrade_sock", Some(self.upgrade_sock())),
+            ("server.error_log", self.error_log.clone()),
+        ];
+        for (at, file) in files {
+            if let Some(file) = file {
+                if let Err(reason) = writable_place(Path::new(&file)) {
+                    p.add(at, reason);
+                }
+            }
+        }
+        p.0
     }
 
     pub fn work_stealing(&self) -> bool {
@@ -62,6 +126,26 @@ impl ServerSettings {
         self.graceful_shutdown_timeout_seconds
             .unwrap_or(DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS)
     }
+}
+
+/// Whether `file` can be created (or, if it exists, written) by this process.
+fn writable_place(file: &Path) -> Result<(), String> {
+    if file.exists() {
+        return access(file, AccessFlags::W_OK)
+            .map_err(|e| format!("{} is not writable: {e}", file.display()));
+    }
+    let directory = match file.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    if !directory.is_dir() {
+        return Err(format!(
+            "the directory {} does not exist",
+            directory.display()
+        ));
+    }
+    access(directory, AccessFlags::W_OK | AccessFlags::X_OK)
+        .map_err(|e| format!("cannot create files in {}: {e}", directory.display()))
 }
 
 /// Checks the section; the settings are used as written.
@@ -96,6 +180,48 @@ mod tests {
         let (settings, problems) = problems_of("threads: 4\ndaemon: true\n", check);
         assert!(problems.is_empty());
         assert_eq!((settings.threads(), settings.daemon), (4, true));
-        assert_eq!(settings.pid_file(), DEFAULT_PID_FILE);
+        assert!(settings.pid_file().ends_with("sluice.pid"));
+    }
+
+    #[test]
+    fn what_start_needs_is_checked_before_it_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = ServerSettings {
+            user: Some("no-such-user-of-sluice".into()),
+            group: Some("no-such-group-of-sluice".into()),
+            error_log: Some("/nonexistent/sluice/error.log".into()),
+            pid_file: Some(dir.path().join("sluice.pid").display().to_string()),
+            upgrade_sock: Some(
+                dir.path()
+                    .join("missing/upgrade.sock")
+                    .display()
+                    .to_string(),
+            ),
+            ..ServerSettings::default()
+        };
+        let problems: Vec<String> = settings
+            .check_environment()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            problems,
+            [
+                "server.user: no such user \"no-such-user-of-sluice\"".to_string(),
+                "server.group: no such group \"no-such-group-of-sluice\"".to_string(),
+                format!(
+                    "server.upgrade_sock: the directory {} does not exist",
+                    dir.path().join("missing").display()
+                ),
+                "server.error_log: the directory /nonexistent/sluice does not exist".to_string(),
+            ]
+        );
+        let root = ServerSettings {
+            user: Some("root".into()),
+            pid_file: Some(dir.path().join("sluice.pid").display().to_string()),
+            upgrade_sock: Some(dir.path().join("upgrade.sock").display().to_string()),
+            ..ServerSettings::default()
+        };
+        assert!(root.check_environment().is_empty());
     }
 }

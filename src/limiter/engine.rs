@@ -15,7 +15,7 @@ use super::guard::{GuardMeters, Guarded};
 use super::leased::{LeaseMeters, Leased};
 use super::local::LocalLimiter;
 use super::redis::RedisLimiter;
-use super::topology::Topology;
+use super::topology::{RedisAuth, Topology};
 
 /// The configured limiter as the policy uses it.
 #[derive(Clone)]
@@ -41,12 +41,13 @@ impl Engine {
     /// Limits in Redis: validates the addresses, connects nothing yet.
     pub fn redis(
         topology: &Topology,
+        auth: &RedisAuth,
         deadline: Duration,
         clock: Arc<dyn Clock>,
         guard_meters: GuardMeters,
         lease_meters: LeaseMeters,
     ) -> Result<Engine, redis::RedisError> {
-        let redis = Arc::new(RedisLimiter::new(topology, deadline)?);
+        let redis = Arc::new(RedisLimiter::new(topology, auth, deadline)?);
         let guarded = Arc::new(Guarded::new(
             redis.clone(),
             true,

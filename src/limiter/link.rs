@@ -20,10 +20,13 @@ use redis::aio::{
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisConnectionInfo, RedisFuture, Value};
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisConnectionInfo,
+    RedisFuture, Value,
+};
 
 use super::error::LimiterError;
-use super::topology::Topology;
+use super::topology::{RedisAuth, Topology};
 
 /// How long a (re)connect attempt may take in the background; requests never wait for it
 /// beyond their own deadline.
@@ -78,48 +81,45 @@ pub enum Link {
         manager: OnceLock<ConnectionManager>,
         response_timeout: Duration,
     },
-    Cluster {
-        client: Box<ClusterClient>,
-        connection: tokio::sync::OnceCell<ClusterConnection>,
-    },
+    Cluster(Arc<ClusterLink>),
     Sentinel(Arc<SentinelLink>),
 }
 
 impl Link {
     /// Validates addresses; connects nothing yet. `deadline` bounds each call's response.
-    pub fn new(topology: &Topology, deadline: Duration) -> Result<Link, redis::RedisError> {
+    pub fn new(
+        topology: &Topology,
+        auth: &RedisAuth,
+        deadline: Duration,
+    ) -> Result<Link, redis::RedisError> {
         let response_timeout = CONNECT_TIMEOUT.max(deadline);
         Ok(match topology {
             Topology::Standalone { url } => Link::Standalone {
-                client: redis::Client::open(url.as_str())?,
+                client: redis::Client::open(authenticated(url, auth)?)?,
                 manager: OnceLock::new(),
                 response_timeout,
             },
-            Topology::Cluster { nodes } => Link::Cluster {
-                client: Box::new(
-                    ClusterClient::builder(nodes.iter().map(String::as_str))
-                        .connection_timeout(CONNECT_TIMEOUT)
-                        .response_timeout(response_timeout)
-                        .retries(CLUSTER_RETRIES)
-                        .min_retry_wait(5)
-                        .max_retry_wait(50)
-                        .build()?,
-                ),
-                connection: tokio::sync::OnceCell::new(),
-            },
+            Topology::Cluster { nodes } => Link::Cluster(Arc::new(ClusterLink {
+                client: ClusterClient::builder(
+                    nodes
+                        .iter()
+                        .map(|node| authenticated(node, auth))
+                        .collect::<Result<Vec<_>, _>>()?,
+                )
+                .connection_timeout(CONNECT_TIMEOUT)
+                .response_timeout(response_timeout)
+                .retries(CLUSTER_RETRIES)
+                .min_retry_wait(5)
+                .max_retry_wait(50)
+                .build()?,
+                current: ArcSwapOption::empty(),
+                connecting: tokio::sync::Mutex::new(()),
+            })),
             Topology::Sentinel {
                 sentinels,
                 master_name,
-                master_username,
-                master_password,
             } => {
-                let mut master = RedisConnectionInfo::default();
-                if let Some(username) = master_username {
-                    master = master.set_username(username);
-                }
-                if let Some(password) = master_password {
-                    master = master.set_password(password);
-                }
+                let master = with_auth(RedisConnectionInfo::default(), auth);
                 let client = SentinelClient::build(
                     sentinels.iter().map(String::as_str).collect(),
                     master_name.clone(),
@@ -158,11 +158,7 @@ impl Link {
                     manager.get_or_init(|| created).clone(),
                 ))
             }
-            Link::Cluster { client, connection } => connection
-                .get_or_try_init(|| client.get_async_connection())
-                .await
-                .map(|c| Connection::Cluster(c.clone()))
-                .map_err(|e| LimiterError::Connection(format!("redis cluster: {e}"))),
+            Link::Cluster(link) => link.connection().await.map(Connection::Cluster),
             Link::Sentinel(link) => link.connection().await.map(Connection::Sentinel),
         }
     }
@@ -183,6 +179,62 @@ impl Link {
                 link.current.store(None);
             }
         }
+    }
+}
+
+/// `settings` with the username and password of `auth` (when set) instead of the URL's.
+fn with_auth(mut settings: RedisConnectionInfo, auth: &RedisAuth) -> RedisConnectionInfo {
+    if let Some(username) = &auth.username {
+        settings = settings.set_username(username);
+    }
+    if let Some(password) = &auth.password {
+        settings = settings.set_password(password.expose());
+    }
+    settings
+}
+
+/// The connection info of `url`, authenticated as `auth` says.
+fn authenticated(url: &str, auth: &RedisAuth) -> Result<ConnectionInfo, redis::RedisError> {
+    let info = url.into_connection_info()?;
+    let settings = with_auth(info.redis_settings().clone(), auth);
+    Ok(info.set_redis_settings(settings))
+}
+
+/// The connection to a Cluster, made once: it follows the cluster's changes itself.
+pub struct ClusterLink {
+    client: ClusterClient,
+    current: ArcSwapOption<ClusterConnection>,
+    /// Makes connecting single-flight: callers queue here and reuse what the first made.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl ClusterLink {
+    async fn connection(self: &Arc<Self>) -> Result<ClusterConnection, LimiterError> {
+        if let Some(current) = self.current.load_full() {
+            return Ok((*current).clone());
+        }
+        // Connecting (every node, then the slot map) runs as its own task: a caller that gives
+        // up at its deadline does not cancel it, so a cold start connects once, however slow
+        // the first attempt is.
+        let link = Arc::clone(self);
+        tokio::spawn(async move { link.connect().await })
+            .await
+            .map_err(|e| LimiterError::Connection(format!("redis cluster connect task: {e}")))?
+    }
+
+    async fn connect(&self) -> Result<ClusterConnection, LimiterError> {
+        let _one_at_a_time = self.connecting.lock().await;
+        if let Some(current) = self.current.load_full() {
+            return Ok((*current).clone());
+        }
+        let connection = self
+            .client
+            .get_async_connection()
+            .await
+            .map_err(|e| LimiterError::Connection(format!("redis cluster: {e}")))?;
+        log::info!("connected to the redis cluster");
+        self.current.store(Some(Arc::new(connection.clone())));
+        Ok(connection)
     }
 }
 

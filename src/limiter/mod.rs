@@ -44,5 +44,5 @@ pub use policy::{FailureMode, LimitSet, Policy, PolicyMeters};
 pub use rate::Rate;
 pub use request::{asks, entries, Ask, Asks, Entry, LimitRequest};
 pub use status::LimitStatus;
-pub use topology::Topology;
+pub use topology::{RedisAuth, Topology};
 pub use verdict::{Holder, Outcome, Rejection, Verdict};

@@ -17,7 +17,7 @@ use super::error::LimiterError;
 use super::link::Link;
 use super::request::LimitRequest;
 use super::script;
-use super::topology::Topology;
+use super::topology::{RedisAuth, Topology};
 
 pub struct RedisLimiter {
     link: Link,
@@ -29,9 +29,13 @@ pub struct RedisLimiter {
 
 impl RedisLimiter {
     /// Validates the addresses; connects nothing yet.
-    pub fn new(topology: &Topology, deadline: Duration) -> Result<RedisLimiter, redis::RedisError> {
+    pub fn new(
+        topology: &Topology,
+        auth: &RedisAuth,
+        deadline: Duration,
+    ) -> Result<RedisLimiter, redis::RedisError> {
         Ok(RedisLimiter {
-            link: Link::new(topology, deadline)?,
+            link: Link::new(topology, auth, deadline)?,
             script: redis::Script::new(script::SOURCE),
             release: redis::Script::new(script::RELEASE_SOURCE),
             refund: redis::Script::new(script::REFUND_SOURCE),

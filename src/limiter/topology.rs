@@ -1,7 +1,12 @@
-//! Where Redis is: one server, a Cluster, or the master that Sentinels name.
+//! Where Redis is — one server, a Cluster, or the master that Sentinels name — and who sluice is
+//! to it. URLs are shown only redacted: no password, whatever form the URL takes.
+
+use std::fmt;
+
+use crate::secret::Secret;
 
 /// How sluice reaches Redis (`redis.mode`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum Topology {
     /// One server (or a proxy in front of many): `redis.url`.
     Standalone { url: String },
@@ -11,9 +16,15 @@ pub enum Topology {
     Sentinel {
         sentinels: Vec<String>,
         master_name: String,
-        master_username: Option<String>,
-        master_password: Option<String>,
     },
+}
+
+/// Who sluice is to the servers that hold the limits (the server, the cluster's nodes, the
+/// sentinels' master), beyond what their URLs say.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisAuth {
+    pub username: Option<String>,
+    pub password: Option<Secret>,
 }
 
 impl Topology {
@@ -39,7 +50,6 @@ impl Topology {
             Topology::Sentinel {
                 sentinels,
                 master_name,
-                ..
             } => format!(
                 "redis master {master_name:?} from sentinels {}",
                 list(sentinels)
@@ -48,12 +58,75 @@ impl Topology {
     }
 }
 
-/// The URL without its password, for logs.
+impl fmt::Debug for Topology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+/// Query parameters that carry a password in redis-rs URLs (`redis+unix:///s?pass=...`).
+const PASSWORD_PARAMETERS: [&str; 2] = ["pass", "password"];
+
+/// The URL without its password, for logs and messages: the user information before the last
+/// `@` of the authority (`redis://user:pw@host`) and any `pass=` query value become `***`.
 pub fn redacted_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let (head, query) = match url.split_once('?') {
+        Some((head, query)) => (head, Some(query)),
+        None => (url, None),
+    };
+    let mut out = match (head.find("://"), head.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}://***{}", &url[..scheme_end], &url[at..])
+            format!("{}://***{}", &head[..scheme_end], &head[at..])
         }
-        _ => url.to_string(),
+        _ => head.to_string(),
+    };
+    if let Some(query) = query {
+        out.push('?');
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _))
+                    if PASSWORD_PARAMETERS.contains(&key.to_ascii_lowercase().as_str()) =>
+                {
+                    format!("{key}=***")
+                }
+                _ => pair.to_string(),
+            })
+            .collect();
+        out.push_str(&pairs.join("&"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_url_form_loses_its_password() {
+        for (url, shown) in [
+            (
+                "redis://:pw@127.0.0.1:6379/0",
+                "redis://***@127.0.0.1:6379/0",
+            ),
+            ("redis://user:pw@host/0", "redis://***@host/0"),
+            ("rediss://user:p@w/x@host:6380", "rediss://***@host:6380"),
+            (
+                "redis+unix:///run/redis.sock?db=1&pass=pw",
+                "redis+unix:///run/redis.sock?db=1&pass=***",
+            ),
+            (
+                "unix:///run/redis.sock?user=u&PASS=pw",
+                "unix:///run/redis.sock?user=u&PASS=***",
+            ),
+            ("redis://host:6379", "redis://host:6379"),
+        ] {
+            assert_eq!(redacted_url(url), shown);
+        }
+        let sentinel = Topology::Sentinel {
+            sentinels: vec!["redis://:pw@s1:26379".into()],
+            master_name: "m".into(),
+        };
+        assert!(!format!("{sentinel:?}").contains("pw"));
     }
 }

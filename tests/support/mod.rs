@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod config;
+pub mod daemons;
 pub mod limits;
 pub mod topologies;
 

@@ -105,7 +105,7 @@ fn every_mistake_of_a_file_is_reported_at_once() {
     assert_problems(
         "many_mistakes.yaml",
         &[
-            "redis.url: invalid redis URL: Redis URL did not parse - InvalidClientConfig",
+            "redis.url: invalid redis URL: expected redis://[user[:password]@]host[:port][/db], rediss://..., or redis+unix:///path[?db=N]",
             "failure_mode: unknown failure mode \"maybe\": use allow, deny or local",
             "routes[0].name: invalid name \"bad name{}\": use 1 to 64 of A-Z a-z 0-9 _ . -",
             "routes[0].match.path_prefix: must be a normalized absolute path starting with '/', got \"api\"",
@@ -164,7 +164,7 @@ fn redis_topology_and_split_settings_are_checked() {
         &[
             "redis.url: not used in sentinel mode",
             "redis.nodes: not used in sentinel mode",
-            "redis.sentinels[1]: invalid redis URL: Redis URL did not parse - InvalidClientConfig",
+            "redis.sentinels[1]: invalid redis URL: expected redis://[user[:password]@]host[:port][/db], rediss://..., or redis+unix:///path[?db=N]",
             "redis.master_name: required in sentinel mode: the name the sentinels monitor",
             "routes[0].limits[2].split: 4 shards need a limit (or burst) of at least 4 units, this one has 3",
             "routes[0].limits[3].split: does not apply to algorithm concurrency (leases are released by key)",
@@ -185,5 +185,18 @@ fn redis_topology_and_split_settings_are_checked() {
     assert_problems(
         "redis_mode.yaml",
         &["redis.mode: unknown mode \"clustered\": use standalone, cluster or sentinel"],
+    );
+}
+
+#[test]
+fn what_start_needs_is_checked_by_sluice_t() {
+    assert_problems(
+        "start_needs.yaml",
+        &[
+            "server.user: no such user \"no-such-user-of-sluice\"",
+            "server.group: no such group \"no-such-group-of-sluice\"",
+            "server.pid_file: the directory /nonexistent/sluice does not exist",
+            "server.error_log: the directory /nonexistent/sluice does not exist",
+        ],
     );
 }

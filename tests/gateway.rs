@@ -258,7 +258,22 @@ fn redis_down_with_failure_mode_deny_answers_503_and_the_upstream_sees_nothing()
     let mut redis = RedisServer::start();
     let upstream = Upstream::start();
     let gateway = Gateway::start(&burst("deny"), &upstream, Some(&redis));
+    let ready = support::http_get(gateway.admin, "/readyz", None, &[]);
+    assert_eq!(
+        (ready.status, ready.body.as_str()),
+        (200, "ready: redis limiter\n")
+    );
     redis.stop();
+    // The failure mode refuses traffic: a load balancer should send it elsewhere.
+    let ready = support::http_get(gateway.admin, "/readyz", None, &[]);
+    assert_eq!(ready.status, 503, "{}", ready.body);
+    assert!(
+        ready
+            .body
+            .starts_with("not ready: redis limiter unavailable"),
+        "{}",
+        ready.body
+    );
     for _ in 0..3 {
         let response = gateway.get("/api/a");
         assert_eq!(response.status, 503);

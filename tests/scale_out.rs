@@ -78,6 +78,11 @@ fn three_gateways_admit_exactly_n(topology: &str, redis: Config, a_redis_port: u
     let gateways: Vec<Gateway> = (0..3)
         .map(|_| Gateway::start(&body, &upstream, None))
         .collect();
+    // With failure_mode: deny, a gateway whose limiter cannot decide yet refuses (503) and says
+    // so on /readyz: load goes to gateways that are ready, as a load balancer would send it.
+    for gateway in &gateways {
+        gateway.wait_ready();
+    }
     let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
     for name in [
         "gcra",
@@ -93,10 +98,14 @@ fn three_gateways_admit_exactly_n(topology: &str, redis: Config, a_redis_port: u
         println!(
             "{topology}: {name}: 240 requests from 30 concurrent clients over 3 gateways, limit {N}: admitted {admitted}, limited {limited}"
         );
-        assert_eq!(
-            admitted + limited,
-            240,
-            "{topology} {name}: only 200 or 429"
+        let others: Vec<u16> = statuses
+            .iter()
+            .copied()
+            .filter(|s| *s != 200 && *s != 429)
+            .collect();
+        assert!(
+            others.is_empty(),
+            "{topology} {name}: only 200 or 429, got {others:?}"
         );
         if name == "sliding_window" && hour_of(a_redis_port) != hour {
             // Across an aligned-window boundary the approximation's bound applies instead:
@@ -154,6 +163,9 @@ fn keys_of_many_clients_spread_over_every_master_and_a_split_limit_keeps_its_bou
     let gateways: Vec<Gateway> = (0..3)
         .map(|_| Gateway::start(&body, &upstream, None))
         .collect();
+    for gateway in &gateways {
+        gateway.wait_ready();
+    }
     let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
 
     // 300 clients, one request each: 300 per-client keys.
@@ -432,6 +444,9 @@ fn two_gateways_lease_a_hot_global_limit_and_give_back_what_they_did_not_spend()
         Gateway::start(&body, &upstream, None),
         Gateway::start(&body, &upstream, None),
     ];
+    for gateway in &gateways {
+        gateway.wait_ready();
+    }
     let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
 
     let total = |name: &str| -> u64 {

@@ -44,6 +44,7 @@ fn reap(child: &mut Child) {
 pub struct RedisServer {
     child: Child,
     pub port: u16,
+    password: Option<String>,
 }
 
 /// The arguments of a throwaway redis-server on loopback: no persistence.
@@ -85,8 +86,25 @@ impl RedisServer {
     }
 
     pub fn start_on(port: u16) -> RedisServer {
-        let child = spawn_redis(&redis_args(port));
-        let mut server = RedisServer { child, port };
+        RedisServer::start_with(port, None)
+    }
+
+    /// A server that requires `password` (`--requirepass`).
+    pub fn start_with_password(password: &str) -> RedisServer {
+        RedisServer::start_with(free_port(), Some(password))
+    }
+
+    fn start_with(port: u16, password: Option<&str>) -> RedisServer {
+        let mut args = redis_args(port);
+        if let Some(password) = password {
+            args.extend(["--requirepass".to_string(), password.to_string()]);
+        }
+        let child = spawn_redis(&args);
+        let mut server = RedisServer {
+            child,
+            port,
+            password: password.map(str::to_string),
+        };
         let url = server.url();
         wait_until(
             "redis-server",
@@ -102,7 +120,16 @@ impl RedisServer {
         server
     }
 
+    /// The URL with the password, if the server has one.
     pub fn url(&self) -> String {
+        match &self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}/0", self.port),
+            None => self.plain_url(),
+        }
+    }
+
+    /// The URL without any password.
+    pub fn plain_url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
@@ -171,6 +198,16 @@ pub struct Gateway {
     config: GatewayConfig,
 }
 
+/// How to launch a gateway beyond its configuration.
+#[derive(Debug, Default, Clone)]
+pub struct Launch {
+    pub env: Vec<(String, String)>,
+    /// `RUST_LOG`; `warn` unless set.
+    pub log_level: Option<&'static str>,
+    /// Standard error to a file ([`Gateway::log`]) instead of the test's.
+    pub capture_log: bool,
+}
+
 /// A sluice configuration file on free loopback ports, in its own temp dir.
 pub struct GatewayConfig {
     pub dir: tempfile::TempDir,
@@ -232,15 +269,32 @@ impl GatewayConfig {
 impl Gateway {
     /// Starts sluice (in the foreground, as a child) with a config written by [`GatewayConfig::write`].
     pub fn start(body: &str, upstream: &Upstream, redis: Option<&RedisServer>) -> Gateway {
+        Gateway::launch(body, upstream, redis, &Launch::default())
+    }
+
+    /// Starts sluice as [`Gateway::start`] does, with extra environment and its standard error
+    /// in a file (see [`Gateway::log`]) instead of the test's.
+    pub fn launch(
+        body: &str,
+        upstream: &Upstream,
+        redis: Option<&RedisServer>,
+        launch: &Launch,
+    ) -> Gateway {
         let config = GatewayConfig::write(body, upstream, redis, 0);
-        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        command
             .arg("-c")
             .arg(&config.path)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start sluice");
+            .env("RUST_LOG", launch.log_level.unwrap_or("warn"))
+            .envs(launch.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(Stdio::null());
+        if launch.capture_log {
+            let log = std::fs::File::create(config.dir.path().join("stderr.log")).expect("log");
+            command.stderr(log);
+        } else {
+            command.stderr(Stdio::inherit());
+        }
+        let child = command.spawn().expect("start sluice");
         let (proxy, admin) = (config.proxy, config.admin);
         let mut gateway = Gateway {
             child,
@@ -256,6 +310,28 @@ impl Gateway {
             || TcpStream::connect(proxy).is_ok() && TcpStream::connect(admin).is_ok(),
         );
         gateway
+    }
+
+    /// Waits (at most 30 s) until `/readyz` answers 200: the limiter's backend answers.
+    pub fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = http_get(self.admin, "/readyz", None, &[]);
+            if ready.status == 200 && ready.body.starts_with("ready") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not ready within 30 s: {}",
+                ready.body
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// What sluice wrote to its standard error, when launched with `capture_log`.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.config.dir.path().join("stderr.log")).unwrap_or_default()
     }
 
     pub fn get(&self, path: &str) -> Response {

@@ -94,7 +94,7 @@ fn hot_path(c: &mut Criterion) {
     let route_entries = entries(route.limits.limits(), &route_asks);
     let request = LimitRequest::new(&route_entries);
     let reply: Vec<i64> = vec![
-        1, 49, 0, 20, 0, 1, 999, 0, 60_000, 0, 1, 9_999, 0, 60_000, 0,
+        1, 49, 0, 20, 0, 1, 1, 999, 0, 60_000, 0, 1, 1, 9_999, 0, 60_000, 0, 0,
     ];
     c.bench_function("decision parsing: three limits", |b| {
         b.iter(|| {

@@ -18,6 +18,7 @@ use crate::limiter::local::{LocalLimiter, DEFAULT_MAX_KEYS};
 use crate::limiter::{Engine, Policy};
 use crate::listening::{BoundFirst, ReadyReport};
 use crate::metrics;
+use crate::proxy::front::FrontDoor;
 use crate::proxy::Gateway;
 use crate::reload::{ConfigService, RestartOnly};
 use crate::snapshot::{Live, Snapshot};
@@ -98,6 +99,10 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
         config.admin_listen,
         config.failure_mode,
     );
+    let (head_timeout, keepalive_timeout) = (
+        config.server.request_head_timeout(),
+        config.server.keepalive_timeout(),
+    );
     let (source, restart_only) = (config.source.clone(), RestartOnly::of(&config));
     let snapshot = Snapshot::build(config).map_err(|e| e.to_string())?;
     let live: Live = Arc::new(ArcSwap::from_pointee(snapshot));
@@ -107,10 +112,13 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
         "sluice configuration".to_string(),
         Arc::new(ConfigService::new(source, restart_only, Arc::clone(&live))),
     ));
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+    let gateway = pingora::proxy::http_proxy(
         &server.configuration,
         Gateway::new(live, Arc::clone(&policy)),
-        "sluice proxy",
+    );
+    let mut proxy = Service::new(
+        "sluice proxy".to_string(),
+        FrontDoor::new(gateway, head_timeout, keepalive_timeout),
     );
     let addresses: Vec<String> = listen.iter().map(ToString::to_string).collect();
     for address in &addresses {

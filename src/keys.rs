@@ -84,7 +84,8 @@ impl KeyPart {
                     if name.is_empty() {
                         return Err(format!("empty query parameter name in key part {text:?}"));
                     }
-                    KeyPart::Query(name.into())
+                    // Compared decoded, as requests' parameter names are.
+                    KeyPart::Query(String::from_utf8_lossy(&decode_component(name)).into())
                 } else if let Some(value) = text.strip_prefix("const:") {
                     KeyPart::Const(value.into())
                 } else {
@@ -111,14 +112,52 @@ pub struct RequestFacts<'a> {
     pub route: &'a str,
 }
 
-fn query_value<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
-    query?
-        .split('&')
-        .find_map(|pair| match pair.split_once('=') {
-            Some((key, value)) if key == name => Some(value),
-            None if pair == name => Some(""),
-            _ => None,
-        })
+/// Bytes of a decoded query name or value kept inline; longer ones spill to the heap.
+type Decoded = SmallVec<[u8; 64]>;
+
+fn hex_digit(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// A query component as its bytes mean them: `%XX` decoded, `+` a space (form encoding); a
+/// malformed escape is kept as written.
+fn decode_component(text: &str) -> Decoded {
+    let bytes = text.as_bytes();
+    let mut out = Decoded::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => match (
+                bytes.get(i + 1).copied().and_then(hex_digit),
+                bytes.get(i + 2).copied().and_then(hex_digit),
+            ) {
+                (Some(high), Some(low)) => {
+                    out.push(high << 4 | low);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The first value of the query parameter `name`, decoded, compared on decoded names: one value
+/// is one bucket however a client spells it (`tenant=a%62c` is `tenant=abc`).
+fn query_value(query: Option<&str>, name: &str) -> Option<Decoded> {
+    query?.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (decode_component(key).as_slice() == name.as_bytes()).then(|| decode_component(value))
+    })
 }
 
 /// Feeds one part; returns whether the request had it (header and query parts can be missing).
@@ -144,7 +183,7 @@ fn feed(hasher: &mut impl Hasher, facts: &RequestFacts<'_>, part: &KeyPart) -> b
         }
         KeyPart::Query(name) => {
             let value = query_value(facts.query, name);
-            field(8, value.unwrap_or("").as_bytes());
+            field(8, value.as_deref().unwrap_or(b""));
             return value.is_some();
         }
         KeyPart::Const(text) => field(9, text.as_bytes()),
@@ -508,11 +547,29 @@ mod tests {
     }
 
     #[test]
-    fn query_parts_read_the_first_value() {
-        assert_eq!(query_value(Some("a=1&b=2&a=3"), "a"), Some("1"));
-        assert_eq!(query_value(Some("flag&x=1"), "flag"), Some(""));
-        assert_eq!(query_value(Some("ab=1"), "a"), None);
+    fn query_parts_read_the_first_value_decoded() {
+        let value = |query, name| query_value(Some(query), name).map(|v| v.to_vec());
+        assert_eq!(value("a=1&b=2&a=3", "a"), Some(b"1".to_vec()));
+        assert_eq!(value("flag&x=1", "flag"), Some(b"".to_vec()));
+        assert_eq!(value("ab=1", "a"), None);
         assert_eq!(query_value(None, "a"), None);
+        for spelling in [
+            "tenant=acme+co",
+            "tenant=acme%20co",
+            "ten%61nt=acm%65%20co",
+            "%74enant=acme co",
+        ] {
+            assert_eq!(
+                value(spelling, "tenant"),
+                Some(b"acme co".to_vec()),
+                "{spelling}"
+            );
+        }
+        assert_eq!(
+            value("t=%zz%4", "t"),
+            Some(b"%zz%4".to_vec()),
+            "malformed escapes stay"
+        );
     }
 
     #[test]

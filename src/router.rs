@@ -80,6 +80,11 @@ pub struct Route {
     pub keys: RouteKeys,
     /// `RateLimit-Policy` value, or `None` when the route sends no rate-limit headers.
     pub policy_header: Option<HeaderValue>,
+    /// The largest request body accepted (`413` beyond); `None`: no limit.
+    pub max_body_bytes: Option<u64>,
+    /// How long a request may take from its arrival to the end of its response (`504`
+    /// beyond); `None`: only the upstream's per-read timeouts apply.
+    pub request_timeout: Option<std::time::Duration>,
 }
 
 /// Detail of the `400` for a request that lacks a part a limit is keyed on.
@@ -180,6 +185,8 @@ mod tests {
             limits: LimitSet::none(),
             keys: RouteKeys::new("p", "r", crate::keys::KeySecret::new("s"), &[]),
             policy_header: None,
+            max_body_bytes: None,
+            request_timeout: None,
         }
     }
 

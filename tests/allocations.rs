@@ -104,7 +104,7 @@ fn per_request_work_allocates_nothing() {
         route: &route.name,
     };
     let reply: Vec<i64> = vec![
-        1, 49, 0, 20, 0, 1, 4999, 0, 60_000, 0, 1, 9_999, 0, 60_000, 0,
+        1, 49, 0, 20, 0, 1, 1, 4999, 0, 60_000, 0, 1, 1, 9_999, 0, 60_000, 0, 0,
     ];
     let limiter = LocalLimiter::new(Arc::new(ManualClock::new(1_000_000)), 1000);
     let asks = route.asks(&facts).expect("keys");

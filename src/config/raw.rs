@@ -74,6 +74,8 @@ pub struct RawRoute {
     pub shadow: Option<bool>,
     pub failure_mode: Option<String>,
     pub limiter_timeout_ms: Option<u64>,
+    pub max_body_bytes: Option<u64>,
+    pub request_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

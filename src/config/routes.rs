@@ -91,6 +91,15 @@ pub fn compile(
     let limiter_timeout = raw
         .limiter_timeout_ms
         .and_then(|ms| millis_within(ms, 1..=10_000, &format!("{at}.limiter_timeout_ms"), p));
+    let request_timeout = raw
+        .request_timeout_ms
+        .and_then(|ms| millis_within(ms, 1..=86_400_000, &format!("{at}.request_timeout_ms"), p));
+    if raw.max_body_bytes == Some(0) {
+        p.add(
+            format!("{at}.max_body_bytes"),
+            "must be at least 1 (omit it for no limit)",
+        );
+    }
     let (name, matcher, upstream) = (name?, matcher?, upstream?);
     if raw.shadow.unwrap_or(false) {
         for limit in &mut limits {
@@ -115,6 +124,8 @@ pub fn compile(
             limiter_timeout,
         ),
         policy_header,
+        max_body_bytes: raw.max_body_bytes,
+        request_timeout,
     })
 }
 

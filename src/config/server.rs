@@ -8,11 +8,12 @@
 //! writable directories), for `sluice -t` and before a start.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use nix::unistd::{access, AccessFlags, Group, User};
 use serde::Deserialize;
 
-use super::problem::{Problem, Problems};
+use super::problem::{millis_within, Problem, Problems};
 
 /// Threads that serve requests unless set.
 pub const DEFAULT_THREADS: usize = 2;
@@ -20,6 +21,10 @@ pub const DEFAULT_THREADS: usize = 2;
 pub const DEFAULT_GRACE_PERIOD_SECONDS: u64 = 5;
 /// Seconds in-flight requests get to finish at shutdown, unless set.
 pub const DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS: u64 = 10;
+/// How long a new connection has to deliver its request head, unless set.
+pub const DEFAULT_REQUEST_HEAD_TIMEOUT_MS: u64 = 10_000;
+/// How long a kept-alive connection may wait for its next request, unless set.
+pub const DEFAULT_KEEPALIVE_TIMEOUT_MS: u64 = 60_000;
 /// The pid file's name in the runtime directory.
 const PID_FILE_NAME: &str = "sluice.pid";
 /// The upgrade socket's name in the runtime directory.
@@ -58,6 +63,8 @@ pub struct ServerSettings {
     pub grace_period_seconds: Option<u64>,
     pub graceful_shutdown_timeout_seconds: Option<u64>,
     pub upstream_keepalive_pool_size: Option<usize>,
+    pub request_head_timeout_ms: Option<u64>,
+    pub keepalive_timeout_ms: Option<u64>,
 }
 
 impl ServerSettings {
@@ -113,6 +120,22 @@ impl ServerSettings {
         p.0
     }
 
+    /// How long a new connection has to deliver its whole request head.
+    pub fn request_head_timeout(&self) -> Duration {
+        Duration::from_millis(
+            self.request_head_timeout_ms
+                .unwrap_or(DEFAULT_REQUEST_HEAD_TIMEOUT_MS),
+        )
+    }
+
+    /// How long a kept-alive connection may wait for, and read, its next request head.
+    pub fn keepalive_timeout(&self) -> Duration {
+        Duration::from_millis(
+            self.keepalive_timeout_ms
+                .unwrap_or(DEFAULT_KEEPALIVE_TIMEOUT_MS),
+        )
+    }
+
     pub fn work_stealing(&self) -> bool {
         self.work_stealing.unwrap_or(true)
     }
@@ -150,6 +173,17 @@ fn writable_place(file: &Path) -> Result<(), String> {
 
 /// Checks the section; the settings are used as written.
 pub fn check(settings: ServerSettings, p: &mut Problems) -> ServerSettings {
+    for (at, ms) in [
+        (
+            "server.request_head_timeout_ms",
+            settings.request_head_timeout_ms,
+        ),
+        ("server.keepalive_timeout_ms", settings.keepalive_timeout_ms),
+    ] {
+        if let Some(ms) = ms {
+            millis_within(ms, 100..=3_600_000, at, p);
+        }
+    }
     if let Some(threads) = settings.threads {
         if !(1..=1024).contains(&threads) {
             p.add(

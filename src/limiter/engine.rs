@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::backend::{Backend, Limiter, ReleaseSlots};
+use super::backend::{Backend, Limiter, RefundUnits, ReleaseSlots};
 use super::clock::Clock;
 use super::guard::{GuardMeters, Guarded};
 use super::leased::{LeaseMeters, Leased};
@@ -24,6 +24,8 @@ pub struct Engine {
     pub decide: Arc<dyn Limiter>,
     /// Gives concurrency slots back, straight to the backend.
     pub release: Arc<dyn ReleaseSlots>,
+    /// Gives units back, straight to the backend.
+    pub refund: Arc<dyn RefundUnits>,
     /// Names the backend and says whether it can decide now.
     pub backend: Arc<dyn Backend>,
 }
@@ -34,6 +36,7 @@ impl Engine {
         Engine {
             decide: limiter.clone(),
             release: limiter.clone(),
+            refund: limiter.clone(),
             backend: limiter,
         }
     }
@@ -58,6 +61,7 @@ impl Engine {
         Ok(Engine {
             decide: leased,
             release: redis.clone(),
+            refund: redis.clone(),
             backend: redis,
         })
     }

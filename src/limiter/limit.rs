@@ -28,18 +28,25 @@ pub enum Cost {
 pub struct BadCost;
 
 impl Cost {
-    /// What this request costs.
+    /// What this request costs. A cost header sent twice, or holding a list, is refused: it
+    /// is never charged at one of its values.
     pub fn of(&self, headers: &HeaderMap) -> Result<u64, BadCost> {
         match self {
             Cost::Fixed(cost) => Ok(*cost),
-            Cost::Header { name, max, default } => match headers.get(name) {
-                None => Ok(*default),
-                Some(value) => std::str::from_utf8(value.as_bytes())
+            Cost::Header { name, max, default } => {
+                let mut values = headers.get_all(name).iter();
+                let Some(value) = values.next() else {
+                    return Ok(*default);
+                };
+                if values.next().is_some() {
+                    return Err(BadCost);
+                }
+                std::str::from_utf8(value.as_bytes())
                     .ok()
                     .and_then(|text| text.trim().parse::<u64>().ok())
                     .filter(|cost| (1..=*max).contains(cost))
-                    .ok_or(BadCost),
-            },
+                    .ok_or(BadCost)
+            }
         }
     }
 }
@@ -159,9 +166,17 @@ mod tests {
             ("6", Err(BadCost)),
             ("0", Err(BadCost)),
             ("x", Err(BadCost)),
+            ("1, 5", Err(BadCost)),
         ] {
             headers.insert("x-cost", value.parse().unwrap());
             assert_eq!(cost.of(&headers), expected, "{value:?}");
         }
+        headers.insert("x-cost", "5".parse().unwrap());
+        headers.append("x-cost", "1".parse().unwrap());
+        assert_eq!(
+            cost.of(&headers),
+            Err(BadCost),
+            "twice is never the smaller"
+        );
     }
 }

@@ -45,4 +45,4 @@ pub use rate::Rate;
 pub use request::{asks, entries, Ask, Asks, Entry, LimitRequest};
 pub use status::LimitStatus;
 pub use topology::{RedisAuth, Topology};
-pub use verdict::{Holder, Outcome, Rejection, Verdict};
+pub use verdict::{Decider, Outcome, Rejection, UpstreamFailure, Verdict};

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use prometheus::{Histogram, HistogramOpts, IntCounter};
 
-use super::backend::{Limiter, Readiness, ReleaseSlots};
+use super::algorithm::Algorithm;
+use super::backend::{Limiter, Readiness, RefundUnits, ReleaseSlots};
 use super::clock::Clock;
 use super::decision::Decision;
 use super::engine::Engine;
@@ -19,7 +20,7 @@ use super::id::{RequestId, RequestIds};
 use super::limit::Limit;
 use super::local::LocalLimiter;
 use super::request::{entries, Ask, LimitRequest};
-use super::verdict::{Holder, Outcome, Rejection, Verdict};
+use super::verdict::{Decider, Outcome, Rejection, Verdict};
 
 /// What a request gets when the limiter cannot decide (Redis error or deadline missed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,7 +204,7 @@ impl Policy {
         let limiter_time = self.clock.instant().saturating_duration_since(started);
         self.meters.duration.observe(limiter_time.as_secs_f64());
         let verdict = match result {
-            Ok(decision) => judged(decision, Holder::Backend, set),
+            Ok(decision) => judged(decision, Decider::Backend),
             Err(error) => self.unavailable(set, asks, id, error).await,
         };
         Verdict {
@@ -240,7 +241,7 @@ impl Policy {
                     deadline: set.deadline,
                 };
                 match fallback.check(&shares).await {
-                    Ok(decision) => judged(decision, Holder::Fallback, set),
+                    Ok(decision) => judged(decision, Decider::Fallback),
                     Err(error) => {
                         self.report(&error, set.failure_mode);
                         refused
@@ -254,11 +255,11 @@ impl Policy {
     /// slots it took, to whoever decided it.
     pub async fn finish(&self, set: &LimitSet, asks: &[Ask], verdict: &Verdict) {
         let (limits, releaser): (&[Limit], &dyn ReleaseSlots) =
-            match (verdict.holder, &self.fallback) {
-                (Holder::Nobody, _) => return,
-                (Holder::Backend, _) => (&set.limits, self.engine.release.as_ref()),
-                (Holder::Fallback, Some(fallback)) => (&set.local_shares, fallback.as_ref()),
-                (Holder::Fallback, None) => return,
+            match (verdict.decider, &self.fallback) {
+                _ if !set.holds_slots || !verdict.admitted() => return,
+                (Decider::Nobody, _) | (Decider::Fallback, None) => return,
+                (Decider::Backend, _) => (&set.limits, self.engine.release.as_ref()),
+                (Decider::Fallback, Some(fallback)) => (&set.local_shares, fallback.as_ref()),
             };
         let entries = entries(limits, asks);
         let request = LimitRequest {
@@ -268,6 +269,38 @@ impl Policy {
         };
         if let Err(error) = releaser.release(&request).await {
             self.report(&error, set.failure_mode);
+        }
+    }
+
+    /// An admitted request will not go on (its client left while it was held for shaping):
+    /// gives back the units its call took from each exact GCRA and fixed-window limit, quoting
+    /// the call's marks so nothing another request consumed since is given back. Other limits
+    /// keep what they counted (a sliding window or log cannot give back exactly; a leased limit's
+    /// units go back with its lease); concurrency slots go back with [`Policy::finish`].
+    pub async fn give_back(&self, set: &LimitSet, asks: &[Ask], verdict: &Verdict) {
+        let Some(decision) = verdict.decision.as_ref().filter(|_| verdict.admitted()) else {
+            return;
+        };
+        let (limits, refunds): (&[Limit], &dyn RefundUnits) =
+            match (verdict.decider, &self.fallback) {
+                (Decider::Backend, _) => (&set.limits, self.engine.refund.as_ref()),
+                (Decider::Fallback, Some(fallback)) => (&set.local_shares, fallback.as_ref()),
+                _ => return,
+            };
+        for ((limit, ask), status) in limits.iter().zip(asks).zip(&decision.statuses) {
+            let refundable = matches!(
+                limit.algorithm,
+                Algorithm::Gcra { .. } | Algorithm::FixedWindow { .. }
+            ) && limit.leased.is_none();
+            if !refundable || ask.cost == 0 || status.mark_us <= 0 {
+                continue;
+            }
+            if let Err(error) = refunds
+                .refund(&limit.algorithm, &ask.key, ask.cost, status.mark_us)
+                .await
+            {
+                self.report(&error, set.failure_mode);
+            }
         }
     }
 
@@ -286,8 +319,8 @@ impl Policy {
 }
 
 /// What a decision means for the request.
-fn judged(decision: Decision, holder: Holder, set: &LimitSet) -> Verdict {
-    let locally = holder == Holder::Fallback;
+fn judged(decision: Decision, decider: Decider) -> Verdict {
+    let locally = decider == Decider::Fallback;
     if !decision.allowed() {
         return Verdict {
             decision: Some(decision),
@@ -303,11 +336,7 @@ fn judged(decision: Decision, holder: Holder, set: &LimitSet) -> Verdict {
         outcome,
         delay: Duration::from_millis(decision.delay_ms()),
         decision: Some(decision),
-        holder: if set.holds_slots {
-            holder
-        } else {
-            Holder::Nobody
-        },
+        decider,
         ..Verdict::unlimited()
     }
 }
@@ -339,6 +368,19 @@ mod tests {
     }
 
     #[async_trait]
+    impl RefundUnits for Unavailable {
+        async fn refund(
+            &self,
+            _: &Algorithm,
+            _: &[u8],
+            _: u64,
+            _: i64,
+        ) -> Result<(), LimiterError> {
+            Err((self.0)())
+        }
+    }
+
+    #[async_trait]
     impl Backend for Unavailable {
         async fn readiness(&self) -> Readiness {
             Readiness::Unavailable("down".into())
@@ -365,6 +407,7 @@ mod tests {
         let engine = Engine {
             decide: down.clone(),
             release: down.clone(),
+            refund: down.clone(),
             backend: down,
         };
         let fallback = Arc::new(LocalLimiter::new(clock.clone(), 1000));
@@ -467,7 +510,7 @@ mod tests {
             let ask = asks(&[b"k"], &[1]);
             let first = f.policy.decide(&routes, &ask).await;
             assert!(first.admitted());
-            assert_ne!(first.holder, Holder::Nobody);
+            assert_ne!(first.decider, Decider::Nobody);
             assert!(!f.policy.decide(&routes, &ask).await.admitted(), "full");
             f.policy.finish(&routes, &ask, &first).await;
             assert!(f.policy.decide(&routes, &ask).await.admitted(), "freed");
@@ -504,6 +547,29 @@ mod tests {
             "the second request waits for its slot"
         );
         assert_eq!(f.meters.duration.get_sample_count(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_held_request_whose_client_left_gives_its_units_back() {
+        let f = in_process();
+        let mut shaped = limit("s", gcra(10, 0));
+        shaped.algorithm = crate::limiter::algorithm::Algorithm::Gcra {
+            emission_us: 100_000,
+            tolerance_us: 100_000,
+            max_delay_us: 500_000,
+        };
+        let routes = set(vec![shaped], FailureMode::Deny);
+        let ask = asks(&[b"s"], &[1]);
+        assert!(f.policy.decide(&routes, &ask).await.delay.is_zero());
+        let held = f.policy.decide(&routes, &ask).await;
+        assert_eq!(held.delay, Duration::from_millis(100));
+        // Its client leaves before its turn: the slot it reserved goes back, and the next
+        // request gets the same turn instead of the one after.
+        f.policy.give_back(&routes, &ask, &held).await;
+        assert_eq!(
+            f.policy.decide(&routes, &ask).await.delay,
+            Duration::from_millis(100)
+        );
     }
 
     #[tokio::test]

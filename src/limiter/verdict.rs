@@ -68,6 +68,8 @@ pub enum Rejection {
     BadRequest(&'static str),
     UriTooLong,
     HeadersTooLarge,
+    /// The request body is larger than the route accepts (`max_body_bytes`).
+    BodyTooLarge,
     /// A limit denied the request (the decision says which, and until when); `locally`: the
     /// in-process fallback decided while Redis was away.
     Limited {
@@ -84,6 +86,7 @@ impl Rejection {
             Rejection::BadRequest(_) => 400,
             Rejection::UriTooLong => 414,
             Rejection::HeadersTooLarge => 431,
+            Rejection::BodyTooLarge => 413,
             Rejection::Limited { .. } => 429,
             Rejection::LimiterUnavailable => 503,
         }
@@ -96,6 +99,7 @@ impl Rejection {
             Rejection::BadRequest(_) => "Bad Request",
             Rejection::UriTooLong => "URI Too Long",
             Rejection::HeadersTooLarge => "Request Header Fields Too Large",
+            Rejection::BodyTooLarge => "Content Too Large",
             Rejection::Limited { .. } => "Too Many Requests",
             Rejection::LimiterUnavailable => "Service Unavailable",
         }
@@ -108,6 +112,7 @@ impl Rejection {
             Rejection::BadRequest(detail) => detail,
             Rejection::UriTooLong => "The request target is too long.",
             Rejection::HeadersTooLarge => "The request headers are too large.",
+            Rejection::BodyTooLarge => "The request body is larger than this route accepts.",
             Rejection::Limited { .. } => "A rate limit of this route is exceeded.",
             Rejection::LimiterUnavailable => "The rate limiter is unavailable.",
         }
@@ -117,9 +122,10 @@ impl Rejection {
     pub fn outcome(self) -> Outcome {
         match self {
             Rejection::NoRoute => Outcome::NoRoute,
-            Rejection::BadRequest(_) | Rejection::UriTooLong | Rejection::HeadersTooLarge => {
-                Outcome::BadRequest
-            }
+            Rejection::BadRequest(_)
+            | Rejection::UriTooLong
+            | Rejection::HeadersTooLarge
+            | Rejection::BodyTooLarge => Outcome::BadRequest,
             Rejection::Limited { locally: false } => Outcome::Limited,
             Rejection::Limited { locally: true } => Outcome::LocalLimited,
             Rejection::LimiterUnavailable => Outcome::ErrorDenied,
@@ -127,9 +133,43 @@ impl Rejection {
     }
 }
 
-/// Who holds the concurrency slots an admitted request took, to give them back when it ends.
+/// Why a request its limits admitted got no answer from the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    /// No server could be reached: none healthy, connection refused or reset, TLS failed.
+    Unreachable,
+    /// A server did not answer within the route's timeouts.
+    TimedOut,
+}
+
+impl UpstreamFailure {
+    pub fn status(self) -> u16 {
+        match self {
+            UpstreamFailure::Unreachable => 502,
+            UpstreamFailure::TimedOut => 504,
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            UpstreamFailure::Unreachable => "Bad Gateway",
+            UpstreamFailure::TimedOut => "Gateway Timeout",
+        }
+    }
+
+    pub fn detail(self) -> &'static str {
+        match self {
+            UpstreamFailure::Unreachable => "The upstream server could not be reached.",
+            UpstreamFailure::TimedOut => "The upstream server did not answer in time.",
+        }
+    }
+}
+
+/// Who decided a request: whom to give back what it took (concurrency slots when it ends,
+/// units when it is abandoned).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Holder {
+pub enum Decider {
+    /// No limiter (no limits, or the failure mode decided without one).
     #[default]
     Nobody,
     /// The configured backend.
@@ -152,8 +192,8 @@ pub struct Verdict {
     pub limiter_time: Duration,
     /// The id the limiter saw (sliding-log members, concurrency slots).
     pub id: RequestId,
-    /// Who holds this request's concurrency slots.
-    pub holder: Holder,
+    /// Who decided this request.
+    pub decider: Decider,
 }
 
 impl Verdict {
@@ -175,7 +215,7 @@ impl Verdict {
             delay: Duration::ZERO,
             limiter_time: Duration::ZERO,
             id: RequestId::default(),
-            holder: Holder::Nobody,
+            decider: Decider::Nobody,
         }
     }
 
@@ -196,6 +236,7 @@ mod tests {
             (Rejection::BadRequest("x"), 400, "bad_request"),
             (Rejection::UriTooLong, 414, "bad_request"),
             (Rejection::HeadersTooLarge, 431, "bad_request"),
+            (Rejection::BodyTooLarge, 413, "bad_request"),
             (Rejection::Limited { locally: false }, 429, "limited"),
             (Rejection::Limited { locally: true }, 429, "local_limited"),
             (Rejection::LimiterUnavailable, 503, "error_denied"),

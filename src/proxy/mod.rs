@@ -2,6 +2,7 @@
 //! Pingora's `ProxyHttp`; what it calls is plain Rust (the router, keys, the limiter policy).
 
 pub mod forwarding;
+pub mod front;
 pub mod request;
 pub mod respond;
 
@@ -12,14 +13,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
-use pingora::proxy::{ProxyHttp, Session};
-use pingora::{Error, ErrorType};
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::{Error, ErrorSource, ErrorType};
 
 use crate::identity;
 use crate::keys::{self, RequestFacts};
-use crate::limiter::{Asks, Policy, Rejection, Verdict};
+use crate::limiter::{Asks, Policy, Rejection, UpstreamFailure, Verdict};
 use crate::path;
 use crate::router::Route;
 use crate::snapshot::{Live, Snapshot};
@@ -32,9 +34,17 @@ pub struct RequestCtx {
     snapshot: Option<Arc<Snapshot>>,
     /// When the request reached `request_filter`.
     started: Option<Instant>,
+    /// When the route's `request_timeout` runs out.
+    deadline: Option<Instant>,
+    /// Request body bytes received so far.
+    body_bytes: u64,
     route: Option<Arc<Route>>,
     /// The normalized path when it differs from the one received: the upstream gets this one.
     normalized_path: Option<String>,
+    /// The form the request target came in.
+    target: Option<request::Target>,
+    /// The client the request is keyed on (the peer, or the first untrusted forwarding hop).
+    client: Option<std::net::IpAddr>,
     /// Consistent-hashing key for the upstream pool.
     balance_key: [u8; 8],
     /// Upstream servers that refused the connection: not tried again for this request.
@@ -72,20 +82,33 @@ fn prepare(
     if let Some(rejection) = request::oversized(req) {
         return Err(rejection);
     }
+    let target = request::target(req)?;
+    ctx.target = Some(target);
+    request::check_host(req)?;
     let config = &snapshot.config;
     let host = request::host(req);
-    let path = path::normalize(req.uri.path(), config.paths)
-        .map_err(|error| Rejection::BadRequest(error.detail()))?;
+    let path = match target {
+        request::Target::Asterisk => Cow::Borrowed("/"),
+        _ => path::normalize(req.uri.path(), config.paths)
+            .map_err(|error| Rejection::BadRequest(error.detail()))?,
+    };
     let route = config
         .routes
         .find(&host, &path, &req.method)
         .ok_or(Rejection::NoRoute)?;
     ctx.route = Some(Arc::clone(route));
+    if let Some(max) = route.max_body_bytes {
+        if request::declared_body_length(req).is_some_and(|length| length > max) {
+            return Err(Rejection::BodyTooLarge);
+        }
+    }
     if let Cow::Owned(normalized) = &path {
         ctx.normalized_path = Some(normalized.clone());
     }
+    let client_ip = config.identity.client(peer, &req.headers);
+    ctx.client = Some(client_ip);
     let facts = RequestFacts {
-        client_ip: config.identity.client(peer, &req.headers),
+        client_ip,
         method: req.method.as_str(),
         host: &host,
         path: &path,
@@ -100,6 +123,78 @@ fn prepare(
         ctx.asks = route.asks(&facts)?;
     }
     Ok(())
+}
+
+/// Holds an admitted request for its shaping delay (`max_delay`): its slot is reserved, it goes
+/// on when the slot comes. `false` when its client leaves meanwhile (HTTP/2: the stream is
+/// reset; HTTP/1: the connection is closed, seen in the kernel's TCP state without reading).
+async fn hold(session: &mut Session, delay: std::time::Duration) -> bool {
+    if let Some(closed) = session.as_downstream_mut().watch_h2_stream_close() {
+        return tokio::select! {
+            () = tokio::time::sleep(delay) => true,
+            _ = closed => false,
+        };
+    }
+    let until = tokio::time::Instant::now() + delay;
+    let mut look = tokio::time::interval(std::time::Duration::from_millis(20));
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep_until(until) => return true,
+            _ = look.tick() => if client_left(session) {
+                return false;
+            },
+        }
+    }
+}
+
+/// The client has closed its side of the connection: TCP `CLOSE_WAIT`, `LAST_ACK` or `CLOSE`.
+fn client_left(session: &Session) -> bool {
+    const CLOSE: u8 = 7;
+    const CLOSE_WAIT: u8 = 8;
+    const LAST_ACK: u8 = 9;
+    session
+        .digest()
+        .and_then(|digest| digest.socket_digest.as_ref())
+        .and_then(|socket| socket.tcp_info())
+        .is_some_and(|info| matches!(info.tcpi_state, CLOSE | CLOSE_WAIT | LAST_ACK))
+}
+
+/// `504` once the route's `request_timeout` has run out.
+fn past_deadline(ctx: &RequestCtx) -> pingora::Result<()> {
+    match ctx.deadline {
+        Some(deadline) if Instant::now() >= deadline => Err(Error::explain(
+            ErrorType::HTTPStatus(UpstreamFailure::TimedOut.status()),
+            "the route's request_timeout ran out",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// What the gateway answers for a request it could not proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// The client is gone: nothing to answer.
+    Nothing,
+    Rejection(Rejection),
+    Upstream(UpstreamFailure),
+    Status(u16),
+}
+
+fn failure_answer(error: &Error) -> Answer {
+    use ErrorType::*;
+    match (error.etype(), error.esource()) {
+        (HTTPStatus(413), _) => Answer::Rejection(Rejection::BodyTooLarge),
+        (HTTPStatus(504), _) => Answer::Upstream(UpstreamFailure::TimedOut),
+        (HTTPStatus(code), _) => Answer::Status(*code),
+        (ConnectTimedout, _) | (ReadTimedout | WriteTimedout, ErrorSource::Upstream) => {
+            Answer::Upstream(UpstreamFailure::TimedOut)
+        }
+        (ReadError | WriteError | ConnectionClosed, ErrorSource::Downstream) => Answer::Nothing,
+        (_, ErrorSource::Downstream) => Answer::Status(400),
+        (ConnectNoRoute | ConnectRefused | ConnectError | ConnectProxyFailure, _)
+        | (_, ErrorSource::Upstream) => Answer::Upstream(UpstreamFailure::Unreachable),
+        _ => Answer::Status(500),
+    }
 }
 
 /// One structured line per request (`target: sluice::access`): route, decision, denying limit,
@@ -140,6 +235,25 @@ impl ProxyHttp for Gateway {
         RequestCtx::default()
     }
 
+    /// The head has arrived: the front door's head deadline no longer applies.
+    async fn early_request_filter(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        front::head_received();
+        Ok(())
+    }
+
+    /// The connection has served a request: its next one gets the keep-alive deadline.
+    fn persist_connection_context(
+        &self,
+        _session: &Session,
+        _ctx: &RequestCtx,
+    ) -> Option<Box<dyn std::any::Any + Send + Sync>> {
+        Some(Box::new(front::Served))
+    }
+
     /// Route → identity and keys → policy → respond, or go on to the upstream.
     async fn request_filter(
         &self,
@@ -147,7 +261,8 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
         let snapshot = self.live.load_full();
-        ctx.started = Some(Instant::now());
+        let started = Instant::now();
+        ctx.started = Some(started);
         let peer = session
             .client_addr()
             .and_then(|a| a.as_inet())
@@ -160,6 +275,11 @@ impl ProxyHttp for Gateway {
             Err(rejection) => Verdict::rejected(rejection),
         };
         ctx.snapshot = Some(snapshot);
+        ctx.deadline = ctx
+            .route
+            .as_ref()
+            .and_then(|route| route.request_timeout)
+            .map(|timeout| started + timeout);
         let (rejection, delay) = (verdict.rejection, verdict.delay);
         let verdict = ctx.verdict.insert(verdict);
         if let Some(rejection) = rejection {
@@ -167,9 +287,19 @@ impl ProxyHttp for Gateway {
             respond(session, rejection, limited).await?;
             return Ok(true);
         }
-        if !delay.is_zero() {
-            // Shaping (max_delay): the slot is reserved; hold the request until it comes.
-            tokio::time::sleep(delay).await;
+        if !delay.is_zero() && !hold(session, delay).await {
+            // Its client left while it waited: it does not go upstream, and the units it
+            // reserved go back.
+            if let (Some(route), Some(verdict)) = (&ctx.route, &ctx.verdict) {
+                self.policy
+                    .give_back(&route.limits, &ctx.asks, verdict)
+                    .await;
+            }
+            return Err(Error::explain(
+                ErrorType::ConnectionClosed,
+                "the client left while its request was held for shaping",
+            )
+            .into_down());
         }
         Ok(false)
     }
@@ -196,9 +326,91 @@ impl ProxyHttp for Gateway {
                 )
             })?;
         let mut peer = Box::new(HttpPeer::new(addr, false, String::new()));
-        peer.options.connection_timeout = Some(route.upstream.connect_timeout);
-        peer.options.read_timeout = Some(route.upstream.read_timeout);
+        let upstream = &route.upstream;
+        // Every wait on the upstream ends by the route's deadline, when it has one.
+        let bounded = |timeout: std::time::Duration| match ctx.deadline {
+            Some(deadline) => timeout.min(deadline.saturating_duration_since(Instant::now())),
+            None => timeout,
+        };
+        if ctx
+            .deadline
+            .is_some_and(|deadline| Instant::now() >= deadline)
+        {
+            return Err(Error::explain(
+                ErrorType::HTTPStatus(504),
+                "the route's request_timeout ran out",
+            ));
+        }
+        peer.options.connection_timeout = Some(bounded(upstream.connect_timeout));
+        peer.options.read_timeout = Some(bounded(upstream.read_timeout));
+        if let Some(deadline) = ctx.deadline {
+            peer.options.write_timeout = Some(deadline.saturating_duration_since(Instant::now()));
+        }
         Ok(peer)
+    }
+
+    /// Counts the body against the route's `max_body_bytes` (`413` once it is exceeded).
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        let received = body.as_ref().map_or(0, |b| b.len() as u64);
+        ctx.body_bytes += received;
+        let max = ctx.route.as_ref().and_then(|route| route.max_body_bytes);
+        if max.is_some_and(|max| ctx.body_bytes > max) {
+            return Err(Error::explain(
+                ErrorType::HTTPStatus(Rejection::BodyTooLarge.status()),
+                "the request body exceeds the route's max_body_bytes",
+            ));
+        }
+        past_deadline(ctx)
+    }
+
+    fn upstream_response_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<Option<std::time::Duration>> {
+        past_deadline(ctx).map(|()| None)
+    }
+
+    /// The request could not be proxied: answer with what went wrong, in the problem style of
+    /// the gateway's other answers (`502` unreachable, `504` too slow, `413` too large).
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        error: &Error,
+        _ctx: &mut RequestCtx,
+    ) -> FailToProxy {
+        let answer = failure_answer(error);
+        let code = match answer {
+            Answer::Nothing => 0,
+            Answer::Rejection(rejection) => rejection.status(),
+            Answer::Upstream(failure) => failure.status(),
+            Answer::Status(code) => code,
+        };
+        if session.response_written().is_none() {
+            let written = match answer {
+                Answer::Nothing => Ok(()),
+                Answer::Rejection(rejection) => respond(session, rejection, None).await,
+                Answer::Upstream(failure) => {
+                    respond::respond_upstream_failure(session, failure).await
+                }
+                Answer::Status(code) => session.respond_error(code).await,
+            };
+            if let Err(e) = written {
+                log::debug!("could not answer a failed request: {e}");
+            }
+        }
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
     }
 
     /// A server that refused the connection never saw the request: try another, up to `retries`.
@@ -227,15 +439,21 @@ impl ProxyHttp for Gateway {
     ) -> pingora::Result<()> {
         if let Some(route) = &ctx.route {
             let upstream = &route.upstream;
-            // Only a request whose path changes pays for building a new target.
-            let target = {
-                let uri = &upstream_request.uri;
-                let decided = ctx.normalized_path.as_deref().unwrap_or(uri.path());
-                let path = upstream.upstream_path(decided);
-                (path != uri.path()).then(|| match uri.query() {
-                    Some(query) => format!("{path}?{query}"),
-                    None => path.into_owned(),
-                })
+            // Only a request whose target changes pays for building a new one: a changed path,
+            // or an absolute-form target (the upstream gets the origin form). `OPTIONS *` goes
+            // as it came.
+            let target = match ctx.target {
+                Some(request::Target::Asterisk) => None,
+                form => {
+                    let uri = &upstream_request.uri;
+                    let decided = ctx.normalized_path.as_deref().unwrap_or(uri.path());
+                    let path = upstream.upstream_path(decided);
+                    let rewrite = path != uri.path() || form == Some(request::Target::Absolute);
+                    rewrite.then(|| match uri.query() {
+                        Some(query) => format!("{path}?{query}"),
+                        None => path.into_owned(),
+                    })
+                }
             };
             if let Some(target) = target {
                 let uri = target.parse().map_err(|e| {
@@ -255,7 +473,23 @@ impl ProxyHttp for Gateway {
             .snapshot
             .as_ref()
             .is_some_and(|s| s.config.identity.is_trusted_peer(peer));
-        forwarding::set_headers(upstream_request, peer, trusted)
+        let host = session
+            .req_header()
+            .headers
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok());
+        let hop = forwarding::Hop {
+            peer,
+            trusted,
+            client: ctx.client,
+            proto: "http",
+            host,
+            port: session
+                .server_addr()
+                .and_then(|a| a.as_inet())
+                .map(|a| a.port()),
+        };
+        forwarding::set_headers(upstream_request, hop)
     }
 
     async fn response_filter(

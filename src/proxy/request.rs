@@ -1,11 +1,101 @@
-//! What sluice reads of a request head before deciding: its size, its host, and the facts its
-//! route's keys are built from.
+//! What sluice reads of a request head before deciding: its size, the form of its target, its
+//! host; each refused with a `400` (or `414`/`431`) when a backend could read it otherwise.
 
 use std::borrow::Cow;
 
+use http::{Method, Version};
 use pingora::http::RequestHeader;
 
 use crate::limiter::Rejection;
+
+/// The form of a request target (RFC 9112 §3.2) sluice accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// `/path?query`
+    Origin,
+    /// `http://host/path?query`: the authority (which Pingora requires to equal `Host`) is the
+    /// host; the upstream gets the origin form.
+    Absolute,
+    /// `*`, for `OPTIONS` only: routed as `/`, forwarded as `*`.
+    Asterisk,
+}
+
+const BAD_TARGET: &str =
+    "The request target must be an absolute path (/...), an absolute URI (http://host/...), or * for OPTIONS.";
+const BAD_HOST: &str =
+    "The Host header must be a host name or address with at most one numeric port.";
+const NO_HOST: &str = "An HTTP/1.1 request must carry a Host header.";
+
+/// The form of the request's target; anything else is `400`.
+pub fn target(req: &RequestHeader) -> Result<Target, Rejection> {
+    let raw = req.raw_path();
+    let lower = |prefix: &[u8]| {
+        raw.len() >= prefix.len() && raw[..prefix.len()].eq_ignore_ascii_case(prefix)
+    };
+    if raw.first() == Some(&b'/') {
+        Ok(Target::Origin)
+    } else if raw == b"*" && req.method == Method::OPTIONS {
+        Ok(Target::Asterisk)
+    } else if (lower(b"http://") || lower(b"https://")) && req.uri.path().starts_with('/') {
+        Ok(Target::Absolute)
+    } else {
+        Err(Rejection::BadRequest(BAD_TARGET))
+    }
+}
+
+/// A `Host` that names one host and at most one numeric port; HTTP/1.1 requires one.
+pub fn check_host(req: &RequestHeader) -> Result<(), Rejection> {
+    let mut hosts = req.headers.get_all(http::header::HOST).iter();
+    let Some(host) = hosts.next() else {
+        // HTTP/2 carries the authority in the URI instead.
+        return match (req.version, req.uri.authority()) {
+            (Version::HTTP_11, None) => Err(Rejection::BadRequest(NO_HOST)),
+            _ => Ok(()),
+        };
+    };
+    if hosts.next().is_some() {
+        return Err(Rejection::BadRequest(BAD_HOST));
+    }
+    let host = host.to_str().map_err(|_| Rejection::BadRequest(BAD_HOST))?;
+    valid_authority(host)
+        .then_some(())
+        .ok_or(Rejection::BadRequest(BAD_HOST))
+}
+
+/// `name[:port]`, `a.b.c.d[:port]` or `[v6][:port]`; a port is 1 to 5 digits up to 65535.
+fn valid_authority(host: &str) -> bool {
+    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
+        let Some((address, after)) = rest.split_once(']') else {
+            return false;
+        };
+        if address.parse::<std::net::Ipv6Addr>().is_err() {
+            return false;
+        }
+        match after {
+            "" => return true,
+            after => match after.strip_prefix(':') {
+                Some(port) => ("v6", Some(port)),
+                None => return false,
+            },
+        }
+    } else {
+        match host.split_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (host, None),
+        }
+    };
+    let name_ok = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(&b));
+    let port_ok = port.is_none_or(|port| {
+        !port.is_empty()
+            && port.len() <= 5
+            && port.bytes().all(|b| b.is_ascii_digit())
+            && port.parse::<u32>().is_ok_and(|p| p <= 65_535)
+    });
+    name_ok && port_ok
+}
 
 /// Longest request target (path and query) accepted; longer gets `414`.
 pub const MAX_URI_LEN: usize = 8 * 1024;
@@ -23,6 +113,14 @@ pub fn oversized(req: &RequestHeader) -> Option<Rejection> {
         .map(|(name, value)| name.as_str().len() + value.len())
         .sum();
     (header_bytes > MAX_HEADER_BYTES).then_some(Rejection::HeadersTooLarge)
+}
+
+/// The body length the request declares (`Content-Length`), if any.
+pub fn declared_body_length(req: &RequestHeader) -> Option<u64> {
+    req.headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// The request's host, lowercased, without port or trailing dot.
@@ -47,5 +145,38 @@ pub fn host(req: &RequestHeader) -> Cow<'_, str> {
         Cow::Owned(host.to_ascii_lowercase())
     } else {
         Cow::Borrowed(host)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_have_one_name_and_at_most_one_numeric_port() {
+        for good in [
+            "example.com",
+            "example.com:8080",
+            "10.0.0.1:80",
+            "[::1]",
+            "[2001:db8::1]:443",
+            "a_b.local",
+        ] {
+            assert!(valid_authority(good), "{good}");
+        }
+        for bad in [
+            "",
+            "a:b",
+            "a:1:2",
+            "example.com:",
+            "example.com:99999",
+            "[::1",
+            "[zz]",
+            "a b",
+            "a@b",
+            "[::1]x",
+        ] {
+            assert!(!valid_authority(bad), "{bad:?}");
+        }
     }
 }

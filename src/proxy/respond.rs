@@ -9,7 +9,7 @@ use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RET
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 
-use crate::limiter::{Decision, Rejection};
+use crate::limiter::{Decision, Rejection, UpstreamFailure};
 use crate::router::Route;
 
 pub const RATELIMIT: &str = "ratelimit";
@@ -85,6 +85,27 @@ pub async fn respond(
         }
         _ => problem(status, rejection.title(), rejection.detail(), ""),
     };
+    send(session, header, body).await
+}
+
+/// Writes the response for a request whose upstream failed, unless a response has already
+/// begun (then the connection is simply closed by Pingora).
+pub async fn respond_upstream_failure(
+    session: &mut Session,
+    failure: UpstreamFailure,
+) -> pingora::Result<()> {
+    let status = failure.status();
+    let header = ResponseHeader::build(status, Some(4))?;
+    let body = problem(status, failure.title(), failure.detail(), "");
+    send(session, header, body).await
+}
+
+/// Sends `header` and `body` as an `application/problem+json` answer of the gateway.
+async fn send(
+    session: &mut Session,
+    mut header: ResponseHeader,
+    body: Bytes,
+) -> pingora::Result<()> {
     header.insert_header(CONTENT_TYPE, "application/problem+json")?;
     header.insert_header(CONTENT_LENGTH, body.len())?;
     header.insert_header(CACHE_CONTROL, "no-store")?;

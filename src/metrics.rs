@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 
 use pingora_prometheus::prometheus::{
     register_histogram_vec, register_int_counter, register_int_counter_vec, register_int_gauge,
-    HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    register_int_gauge_vec, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
 };
 
 use crate::limiter::guard::GuardMeters;
@@ -25,7 +25,7 @@ pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub static LIMITER_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
     register_histogram_vec!(
         "sluice_limiter_duration_seconds",
-        "Time spent deciding one request's limits (one Redis round trip, or the in-process backend).",
+        "Time spent deciding one request's limits, by what answered: the backend (redis: one round trip; local: in-process), the deny cache (deny_cache) or leases held (lease).",
         &["backend"],
         vec![0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25]
     )
@@ -98,6 +98,15 @@ pub static BREAKER_STATE: LazyLock<IntGauge> = LazyLock::new(|| {
     .expect("sluice_redis_breaker_state registers once")
 });
 
+pub static BUILD_INFO: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "sluice_build_info",
+        "Always 1: the version of sluice serving.",
+        &["version"]
+    )
+    .expect("sluice_build_info registers once")
+});
+
 pub static CONFIG_RELOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "sluice_config_reloads_total",
@@ -143,6 +152,7 @@ impl RouteMetrics {
 
 /// Handles for every route of a configuration, indexed by `Route::index`.
 pub struct Metrics {
+    names: Vec<String>,
     routes: Vec<RouteMetrics>,
     unmatched: RouteMetrics,
 }
@@ -150,9 +160,24 @@ pub struct Metrics {
 impl Metrics {
     /// Handles for routes named `names`, in file order.
     pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Metrics {
+        let names: Vec<String> = names.into_iter().map(str::to_string).collect();
         Metrics {
-            routes: names.into_iter().map(RouteMetrics::new).collect(),
+            routes: names.iter().map(|name| RouteMetrics::new(name)).collect(),
+            names,
             unmatched: RouteMetrics::new(UNMATCHED_ROUTE),
+        }
+    }
+
+    /// Stops exporting the series of this configuration's routes that `next` no longer has
+    /// (a reload removed them): a dashboard shows what is configured, not every route ever was.
+    pub fn retire_routes_missing_from(&self, next: &Metrics) {
+        for name in self.names.iter().filter(|name| !next.names.contains(name)) {
+            for outcome in Outcome::ALL {
+                let _ = REQUESTS.remove_label_values(&[name, outcome.label()]);
+            }
+            for class in STATUS_CLASSES {
+                let _ = UPSTREAM_RESPONSES.remove_label_values(&[name, class]);
+            }
         }
     }
 
@@ -169,6 +194,8 @@ impl Metrics {
 pub fn policy_meters(backend: &str) -> PolicyMeters {
     PolicyMeters {
         duration: LIMITER_DURATION.with_label_values(&[backend]),
+        deny_cache_duration: LIMITER_DURATION.with_label_values(&["deny_cache"]),
+        lease_duration: LIMITER_DURATION.with_label_values(&["lease"]),
         errors: LimiterError::KINDS
             .iter()
             .map(|kind| LIMITER_ERRORS.with_label_values(&[*kind]))
@@ -210,5 +237,13 @@ pub fn init() {
     LazyLock::force(&BREAKER_STATE);
     for result in ["success", "error"] {
         CONFIG_RELOADS.with_label_values(&[result]);
+    }
+    BUILD_INFO
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
+    // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
+    let process = pingora_prometheus::prometheus::process_collector::ProcessCollector::for_self();
+    if let Err(e) = pingora_prometheus::prometheus::register(Box::new(process)) {
+        log::debug!("process metrics: {e}");
     }
 }

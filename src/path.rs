@@ -63,8 +63,11 @@ fn decode_unreserved(path: &str, policy: PathPolicy) -> Result<String, PathError
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] != b'%' {
-            out.push(char::from(bytes[i]));
-            i += 1;
+            // Everything up to the next escape is copied as it is: its bytes, not a Latin-1
+            // reading of them.
+            let run = path[i..].find('%').map_or(path.len(), |at| i + at);
+            out.push_str(&path[i..run]);
+            i = run;
             continue;
         }
         let (Some(&hi), Some(&lo)) = (bytes.get(i + 1), bytes.get(i + 2)) else {
@@ -94,7 +97,7 @@ pub fn normalize(path: &str, policy: PathPolicy) -> Result<Cow<'_, str>, PathErr
     if !path.starts_with('/') {
         return Err(PathError::NotAbsolute);
     }
-    if !path.contains('%') && !path.contains("//") && !path.contains("/.") && path.is_ascii() {
+    if !path.contains('%') && !path.contains("//") && !path.contains("/.") {
         return Ok(Cow::Borrowed(path));
     }
     let decoded = decode_unreserved(path, policy)?;
@@ -130,6 +133,13 @@ mod tests {
 
     fn norm(path: &str) -> Result<String, PathError> {
         normalize(path, PathPolicy::default()).map(Cow::into_owned)
+    }
+
+    #[test]
+    fn bytes_beyond_ascii_are_kept_as_they_are() {
+        assert_eq!(norm("/caf\u{e9}/./x").unwrap(), "/caf\u{e9}/x");
+        assert_eq!(norm("/caf%c3%a9//x").unwrap(), "/caf%C3%A9/x");
+        assert_eq!(norm("/\u{65e5}\u{672c}").unwrap(), "/\u{65e5}\u{672c}");
     }
 
     #[test]

@@ -74,8 +74,11 @@ impl ConfigService {
         let summary = config.summary();
         let snapshot = Arc::new(Snapshot::build(config)?);
         snapshot.start().await;
-        let retired = self.live.swap(snapshot);
+        let retired = self.live.swap(Arc::clone(&snapshot));
         retired.retire();
+        retired
+            .metrics
+            .retire_routes_missing_from(&snapshot.metrics);
         log::info!("reload: {summary}");
         Ok(())
     }

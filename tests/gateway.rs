@@ -102,7 +102,17 @@ fn a_burst_admits_exactly_the_limit_then_429s_with_headers_then_passes_again() {
             "sluice_limiter_duration_seconds_count",
             &[("backend", "redis")]
         ),
-        12.0
+        8.0,
+        "7 decisions and the first denial of the burst went to Redis"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_limiter_duration_seconds_count",
+            &[("backend", "deny_cache")]
+        ),
+        4.0,
+        "the burst's other denials were answered by the deny cache"
     );
 }
 
@@ -386,6 +396,22 @@ fn metrics_endpoint_is_prometheus_text_with_every_family() {
         );
     }
     assert!(text.contains("# TYPE sluice_limiter_errors_total counter"));
+    assert_eq!(
+        metric(
+            &text,
+            "sluice_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        1.0
+    );
+    for family in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+    ] {
+        assert!(text.contains(&format!("\n{family} ")), "{family} missing");
+    }
+    assert!(metric(&text, "process_resident_memory_bytes", &[]) > 0.0);
     assert!(
         !text.contains("127.0.0.1\"") && !text.contains("/api/x"),
         "no client address or raw path in labels"
@@ -422,6 +448,16 @@ fn a_flood_from_a_denied_client_is_answered_by_the_deny_cache() {
     );
     let metrics = gateway.metrics();
     assert!(metric(&metrics, "sluice_deny_cache_hits_total", &[]) >= 190.0);
+    // Answers from the deny cache are timed apart from Redis calls: Redis's latency reads true.
+    let timed = |backend| {
+        metric(
+            &metrics,
+            "sluice_limiter_duration_seconds_count",
+            &[("backend", backend)],
+        )
+    };
+    assert!(timed("deny_cache") >= 190.0, "{}", timed("deny_cache"));
+    assert!(timed("redis") <= 7.0, "{}", timed("redis"));
     assert_eq!(
         metric(
             &metrics,
@@ -502,6 +538,13 @@ fn sighup_reloads_a_valid_config_and_keeps_the_old_one_on_errors() {
     assert!(gateway.reload(&relaxed.yaml()));
     assert_eq!(gateway.get("/api/x").status, 200, "the new limit");
     assert_eq!(gateway.get("/other").status, 200, "the new route");
+    // A reload that removes a route stops exporting its series.
+    assert!(gateway.metrics().contains("route=\"other\""));
+    assert!(gateway.reload(&Config::new().route(api("100/s", 99)).yaml()));
+    assert!(
+        !gateway.metrics().contains("route=\"other\""),
+        "the removed route's series are gone"
+    );
     let metrics = gateway.metrics();
     assert_eq!(
         metric(
@@ -509,7 +552,7 @@ fn sighup_reloads_a_valid_config_and_keeps_the_old_one_on_errors() {
             "sluice_config_reloads_total",
             &[("result", "success")]
         ),
-        1.0
+        2.0
     );
 }
 

@@ -1,9 +1,10 @@
 //! `demo-upstream`: a tiny HTTP backend for the quick start and the end-to-end tests.
 //!
 //! Answers every request with 200 and a line naming the method, path, `X-Forwarded-For` and Host it
-//! saw; a path containing `/slow/<ms>` is answered after that many milliseconds (for
-//! concurrency tests); `GET /__stats` returns how many other requests it has served. Usage:
-//! `demo-upstream [ADDR]` (default 127.0.0.1:3000).
+//! saw, then the request target byte for byte (`target: ...`) and every forwarding header it
+//! received (`x-real-ip: ...`); a path containing `/slow/<ms>` is answered after that many
+//! milliseconds (for concurrency tests); `GET /__stats` returns how many other requests it has
+//! served. Usage: `demo-upstream [ADDR]` (default 127.0.0.1:3000).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -35,7 +36,7 @@ impl ServeHttp for Demo {
         }
         let req = session.req_header();
         let body = if req.uri.path() == "/__stats" {
-            format!("{}\n", self.served.load(Ordering::Relaxed))
+            format!("{}\n", self.served.load(Ordering::Relaxed)).into_bytes()
         } else {
             self.served.fetch_add(1, Ordering::Relaxed);
             let xff = req
@@ -48,13 +49,28 @@ impl ServeHttp for Demo {
                 .get("host")
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("-");
-            format!(
-                "demo upstream: {} {} (x-forwarded-for: {xff}) (host: {host})\n",
+            let mut body = format!(
+                "demo upstream: {} {} (x-forwarded-for: {xff}) (host: {host})\ntarget: ",
                 req.method, req.uri
             )
+            .into_bytes();
+            body.extend_from_slice(req.raw_path());
+            body.push(b'\n');
+            for (name, value) in req.headers.iter() {
+                let forwarding = name.as_str().starts_with("x-forwarded-")
+                    || name == "forwarded"
+                    || name == "x-real-ip";
+                if forwarding {
+                    body.extend_from_slice(name.as_str().as_bytes());
+                    body.extend_from_slice(b": ");
+                    body.extend_from_slice(value.as_bytes());
+                    body.push(b'\n');
+                }
+            }
+            body
         };
         let length = body.len();
-        let mut response = Response::new(body.into_bytes());
+        let mut response = Response::new(body);
         response.headers_mut().insert(
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("text/plain"),

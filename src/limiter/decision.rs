@@ -17,6 +17,18 @@ pub struct Decision {
     pub denied_by: Option<usize>,
     /// The same among shadow limits: the request would have been denied by this one.
     pub shadow_denied_by: Option<usize>,
+    /// What answered: the backend, or a shortcut in front of it.
+    pub source: Source,
+}
+
+/// What answered a decision: the backend (Redis, or the in-process limiter), or the deny cache
+/// or leases held, without a backend call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Source {
+    #[default]
+    Backend,
+    DenyCache,
+    Leases,
 }
 
 impl Decision {
@@ -53,6 +65,7 @@ impl Decision {
             statuses,
             denied_by,
             shadow_denied_by,
+            source: Source::Backend,
         }
     }
 

@@ -26,7 +26,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::algorithm::Algorithm;
 use super::backend::Limiter;
 use super::clock::Clock;
-use super::decision::Decision;
+use super::decision::{Decision, Source};
 use super::error::LimiterError;
 use super::limit::Cost;
 use super::request::{Entry, LimitRequest};
@@ -295,7 +295,10 @@ impl Limiter for Guarded {
         let now = self.clock.instant();
         if let Some(decision) = self.deny_cache.lookup(request.entries, now) {
             self.deny_cache_hits.inc();
-            return Ok(decision);
+            return Ok(Decision {
+                source: Source::DenyCache,
+                ..decision
+            });
         }
         if let Some(breaker) = &self.breaker {
             if !breaker.admit() {

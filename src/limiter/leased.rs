@@ -28,7 +28,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::algorithm::Algorithm;
 use super::backend::{Limiter, RefundUnits};
 use super::clock::Clock;
-use super::decision::{Decision, Statuses};
+use super::decision::{Decision, Source, Statuses};
 use super::error::LimiterError;
 use super::limit::{Leasing, Limit, LIMITS_INLINE};
 use super::request::{Entries, Entry, LimitRequest};
@@ -467,7 +467,10 @@ impl Limiter for Leased {
                 Step::Held(status) => status,
                 Step::Ask { .. } => unreachable_status(),
             });
-            return Ok(request.decision(statuses.collect::<Statuses>()));
+            return Ok(Decision {
+                source: Source::Leases,
+                ..request.decision(statuses.collect::<Statuses>())
+            });
         }
         let mut answer = self.ask(request, &asked, &wants).await;
         // The larger ask stands only if it was allowed; otherwise ask once more, exactly.

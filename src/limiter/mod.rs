@@ -34,7 +34,7 @@ pub mod verdict;
 
 pub use algorithm::Algorithm;
 pub use backend::{Backend, Limiter, Readiness, RefundUnits, ReleaseSlots};
-pub use decision::{Decision, Statuses};
+pub use decision::{Decision, Source, Statuses};
 pub use engine::Engine;
 pub use error::LimiterError;
 pub use id::{RequestId, RequestIds};

@@ -13,7 +13,7 @@ use prometheus::{Histogram, HistogramOpts, IntCounter};
 use super::algorithm::Algorithm;
 use super::backend::{Limiter, Readiness, RefundUnits, ReleaseSlots};
 use super::clock::Clock;
-use super::decision::Decision;
+use super::decision::{Decision, Source};
 use super::engine::Engine;
 use super::error::LimiterError;
 use super::id::{RequestId, RequestIds};
@@ -115,11 +115,15 @@ impl LimitSet {
     }
 }
 
-/// What the policy counts: how long deciding takes, and why it failed.
+/// What the policy counts: how long deciding takes (by what answered), and why it failed.
 #[derive(Clone)]
 pub struct PolicyMeters {
     /// `sluice_limiter_duration_seconds` of the configured backend.
     pub duration: Histogram,
+    /// The same, for decisions the deny cache answered.
+    pub deny_cache_duration: Histogram,
+    /// The same, for decisions paid from leases held.
+    pub lease_duration: Histogram,
     /// `sluice_limiter_errors_total`, one handle per [`LimiterError::KINDS`] entry.
     pub errors: Vec<IntCounter>,
 }
@@ -127,9 +131,14 @@ pub struct PolicyMeters {
 impl PolicyMeters {
     /// Handles registered nowhere (tests and tools).
     pub fn unregistered() -> PolicyMeters {
+        let histogram = || {
+            Histogram::with_opts(HistogramOpts::new("duration", "unregistered"))
+                .expect("a valid histogram")
+        };
         PolicyMeters {
-            duration: Histogram::with_opts(HistogramOpts::new("duration", "unregistered"))
-                .expect("a valid histogram"),
+            duration: histogram(),
+            deny_cache_duration: histogram(),
+            lease_duration: histogram(),
             errors: LimiterError::KINDS
                 .iter()
                 .map(|kind| IntCounter::new(*kind, "unregistered").expect("a valid counter"))
@@ -202,7 +211,12 @@ impl Policy {
         let started = self.clock.instant();
         let result = self.engine.decide.check(&request).await;
         let limiter_time = self.clock.instant().saturating_duration_since(started);
-        self.meters.duration.observe(limiter_time.as_secs_f64());
+        let histogram = match result.as_ref().map(|d| d.source) {
+            Ok(Source::DenyCache) => &self.meters.deny_cache_duration,
+            Ok(Source::Leases) => &self.meters.lease_duration,
+            _ => &self.meters.duration,
+        };
+        histogram.observe(limiter_time.as_secs_f64());
         let verdict = match result {
             Ok(decision) => judged(decision, Decider::Backend),
             Err(error) => self.unavailable(set, asks, id, error).await,

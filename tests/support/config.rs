@@ -10,6 +10,7 @@ use super::limits::Limit;
 /// writes).
 #[derive(Debug, Clone, Default)]
 pub struct Config {
+    server: Vec<String>,
     redis: Option<Vec<String>>,
     top: Vec<String>,
     routes: Vec<Route>,
@@ -18,6 +19,12 @@ pub struct Config {
 impl Config {
     pub fn new() -> Config {
         Config::default()
+    }
+
+    /// A key of the `server:` section (beside what the harness writes there).
+    pub fn server(mut self, key: &str, value: impl Display) -> Config {
+        self.server.push(format!("{key}: {value}"));
+        self
     }
 
     /// Limits in the Redis at `url` (deadline 200 ms, key prefix `t`).
@@ -63,6 +70,12 @@ impl Config {
 
 impl Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.server.is_empty() {
+            writeln!(f, "server:")?;
+            for line in &self.server {
+                writeln!(f, "  {line}")?;
+            }
+        }
         if let Some(lines) = &self.redis {
             writeln!(f, "redis:")?;
             for line in lines {

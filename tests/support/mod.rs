@@ -244,13 +244,25 @@ impl GatewayConfig {
         config
     }
 
-    /// Writes `body` over the file, on the same ports.
+    /// Writes `body` over the file, on the same ports. A `server:` section at the top of `body`
+    /// joins the one the harness writes.
     pub fn rewrite(&self, body: &str) {
         let body = body
             .replace("UPSTREAM", &self.upstream.to_string())
             .replace("REDIS_URL", &self.redis_url);
+        let (server, body) = match body.strip_prefix("server:\n") {
+            Some(rest) => {
+                let end = rest
+                    .lines()
+                    .take_while(|l| l.starts_with("  "))
+                    .map(|l| l.len() + 1)
+                    .sum::<usize>();
+                (rest[..end].to_string(), rest[end..].to_string())
+            }
+            None => (String::new(), body),
+        };
         let text = format!(
-            "server:\n  threads: 2\n  pid_file: {pid}\n  upgrade_sock: {sock}\n  grace_period_seconds: {grace}\n  graceful_shutdown_timeout_seconds: {grace}\n\
+            "server:\n  threads: 2\n  pid_file: {pid}\n  upgrade_sock: {sock}\n  grace_period_seconds: {grace}\n  graceful_shutdown_timeout_seconds: {grace}\n{server}\
              listen: [{proxy}]\nadmin:\n  listen: {admin}\n{body}",
             pid = self.dir.path().join("sluice.pid").display(),
             sock = self.dir.path().join("upgrade.sock").display(),

@@ -25,12 +25,10 @@ pub const DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS: u64 = 10;
 pub const DEFAULT_REQUEST_HEAD_TIMEOUT_MS: u64 = 10_000;
 /// How long a kept-alive connection may wait for its next request, unless set.
 pub const DEFAULT_KEEPALIVE_TIMEOUT_MS: u64 = 60_000;
-/// The pid file's name in the runtime directory.
-const PID_FILE_NAME: &str = "sluice.pid";
-/// The upgrade socket's name in the runtime directory.
-const UPGRADE_SOCK_NAME: &str = "upgrade.sock";
-/// Where the pid file and upgrade socket go without a runtime directory.
-const FALLBACK_DIRECTORY: &str = "/tmp";
+/// The pid file: its name in the runtime directory, and where it goes without one.
+const PID_FILE: (&str, &str) = ("sluice.pid", "/tmp/sluice.pid");
+/// The upgrade socket: its name in the runtime directory, and where it goes without one.
+const UPGRADE_SOCK: (&str, &str) = ("upgrade.sock", "/tmp/sluice_upgrade.sock");
 
 /// The runtime directory systemd gives the unit (`RuntimeDirectory=`): the first of
 /// `$RUNTIME_DIRECTORY`'s colon-separated paths.
@@ -40,12 +38,10 @@ pub fn runtime_directory() -> Option<PathBuf> {
     (!first.is_empty()).then(|| PathBuf::from(first))
 }
 
-fn in_runtime_directory(name: &str) -> String {
+fn in_runtime_directory((name, fallback): (&str, &str)) -> String {
     runtime_directory()
-        .map(|dir| dir.join(name))
-        .unwrap_or_else(|| Path::new(FALLBACK_DIRECTORY).join(format!("sluice_{name}")))
-        .to_string_lossy()
-        .into_owned()
+        .map(|dir| dir.join(name).to_string_lossy().into_owned())
+        .unwrap_or_else(|| fallback.to_string())
 }
 
 /// The subset of Pingora's `ServerConf` an operator may set; `None` keeps sluice's default.
@@ -72,11 +68,11 @@ impl ServerSettings {
         self.threads.unwrap_or(DEFAULT_THREADS)
     }
 
-    /// `server.pid_file`, else `$RUNTIME_DIRECTORY/sluice.pid`, else `/tmp/sluice_sluice.pid`.
+    /// `server.pid_file`, else `$RUNTIME_DIRECTORY/sluice.pid`, else `/tmp/sluice.pid`.
     pub fn pid_file(&self) -> String {
         self.pid_file
             .clone()
-            .unwrap_or_else(|| in_runtime_directory(PID_FILE_NAME))
+            .unwrap_or_else(|| in_runtime_directory(PID_FILE))
     }
 
     /// `server.upgrade_sock`, else `$RUNTIME_DIRECTORY/upgrade.sock`, else
@@ -84,7 +80,7 @@ impl ServerSettings {
     pub fn upgrade_sock(&self) -> String {
         self.upgrade_sock
             .clone()
-            .unwrap_or_else(|| in_runtime_directory(UPGRADE_SOCK_NAME))
+            .unwrap_or_else(|| in_runtime_directory(UPGRADE_SOCK))
     }
 
     /// What starting will need of this machine: the user and group exist, and the directories

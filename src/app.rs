@@ -12,7 +12,8 @@ use pingora::services::background::GenBackgroundService;
 use pingora::services::listening::Service;
 
 use crate::admin::AdminApp;
-use crate::config::{Config, ServerSettings};
+use crate::config::listeners::Listener;
+use crate::config::{Config, ConfigError, ServerSettings};
 use crate::limiter::clock::{Clock, SystemClock};
 use crate::limiter::local::{LocalLimiter, DEFAULT_MAX_KEYS};
 use crate::limiter::{Engine, Policy};
@@ -22,6 +23,8 @@ use crate::proxy::front::FrontDoor;
 use crate::proxy::Gateway;
 use crate::reload::{ConfigService, RestartOnly};
 use crate::snapshot::{Live, Snapshot};
+use crate::tls::TlsListeners;
+use pingora::apps::HttpServerOptions;
 
 /// Command-line switches that change how the server starts.
 #[derive(Debug, Clone, Copy, Default)]
@@ -53,6 +56,31 @@ pub fn server_conf(settings: &ServerSettings, daemon: bool) -> ServerConf {
     }
 }
 
+/// What start needs beyond a valid file, checked by `sluice -t` too: certificates whose keys
+/// match (with warnings for those that expire soon) and the files of HTTPS upstreams.
+pub fn preflight(config: &Config) -> Result<Vec<String>, ConfigError> {
+    pingora::tls::install_default_crypto_provider();
+    let mut problems = config.server.check_environment();
+    let warnings = match crate::tls::check(config) {
+        Ok(warnings) => warnings,
+        Err(mut error) => {
+            problems.append(&mut error.problems);
+            Vec::new()
+        }
+    };
+    if let Err(mut found) = crate::pool::Pools::build(&config.routes) {
+        problems.append(&mut found);
+    }
+    if problems.is_empty() {
+        Ok(warnings)
+    } else {
+        Err(ConfigError {
+            file: config.source.clone(),
+            problems,
+        })
+    }
+}
+
 /// The policy the configuration asks for: Redis (with the in-process fallback for
 /// `failure_mode: local`) or in-process only. Nothing connects yet.
 pub fn build_policy(config: &Config) -> Result<Policy, String> {
@@ -80,6 +108,8 @@ pub fn build_policy(config: &Config) -> Result<Policy, String> {
 /// Starts serving and never returns.
 pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallible, String> {
     metrics::init();
+    // One rustls provider for the process: listeners, HTTPS upstreams and `rediss://` use it.
+    pingora::tls::install_default_crypto_provider();
     let opt = Opt {
         upgrade: options.upgrade,
         daemon: options.daemon,
@@ -104,43 +134,75 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
         config.server.keepalive_timeout(),
     );
     let (source, restart_only) = (config.source.clone(), RestartOnly::of(&config));
+    let tls = Arc::new(TlsListeners::load(&config).map_err(|e| e.to_string())?);
     let snapshot = Snapshot::build(config).map_err(|e| e.to_string())?;
     let live: Live = Arc::new(ArcSwap::from_pointee(snapshot));
 
     // The proxy serves only once the configuration service has probed the upstreams.
     let configuration = server.add_service(GenBackgroundService::new(
         "sluice configuration".to_string(),
-        Arc::new(ConfigService::new(source, restart_only, Arc::clone(&live))),
+        Arc::new(ConfigService::new(
+            source,
+            restart_only,
+            Arc::clone(&live),
+            Arc::clone(&tls),
+        )),
     ));
-    let gateway = pingora::proxy::http_proxy(
-        &server.configuration,
-        Gateway::new(live, Arc::clone(&policy)),
-    );
-    let mut proxy = Service::new(
-        "sluice proxy".to_string(),
-        FrontDoor::new(gateway, head_timeout, keepalive_timeout),
-    );
-    let addresses: Vec<String> = listen.iter().map(ToString::to_string).collect();
-    for address in &addresses {
-        proxy.add_tcp(address);
-    }
-    // Connect to Redis now, from the proxy's own runtime, rather than at the first request.
-    let warm = Arc::clone(&policy);
-    let proxy = BoundFirst::new(proxy, addresses).on_start(move || {
-        tokio::spawn(async move {
-            warm.readiness().await;
+    // Plain and TLS listeners in one service; cleartext HTTP/2 listeners (h2c) in another, since
+    // prior-knowledge HTTP/2 is a setting of the whole service.
+    let (h2c, others): (Vec<Listener>, Vec<Listener>) = listen.into_iter().partition(|l| l.h2c);
+    let mut proxies = Vec::new();
+    for (name, listeners, cleartext_h2) in [
+        ("sluice proxy", others, false),
+        ("sluice proxy h2c", h2c, true),
+    ] {
+        if listeners.is_empty() {
+            continue;
+        }
+        let mut app = pingora::proxy::http_proxy(
+            &server.configuration,
+            Gateway::new(Arc::clone(&live), Arc::clone(&policy)),
+        );
+        let mut options = HttpServerOptions::default();
+        options.h2c = cleartext_h2;
+        // An HTTP/2 connection with no stream open closes after the keep-alive timeout, as
+        // an idle HTTP/1.1 connection does (FrontDoor).
+        options.h2_idle_timeout = Some(keepalive_timeout);
+        app.server_options = Some(options);
+        let mut service = Service::new(
+            name.to_string(),
+            FrontDoor::new(app, head_timeout, keepalive_timeout),
+        );
+        let mut addresses = Vec::new();
+        for listener in &listeners {
+            let address = listener.addr.to_string();
+            match tls.settings(listener) {
+                Some(settings) => service.add_tls_with_settings(&address, None, settings),
+                None => service.add_tcp(&address),
+            }
+            addresses.push(address);
+        }
+        // Connect to Redis now, from the proxy's own runtime, rather than at the first request.
+        let warm = Arc::clone(&policy);
+        let service = BoundFirst::new(service, addresses).on_start(move || {
+            tokio::spawn(async move {
+                warm.readiness().await;
+            });
         });
-    });
-    let proxy = server.add_service(proxy);
-    proxy.add_dependency(&bootstrap);
-    proxy.add_dependency(&configuration);
+        let service = server.add_service(service);
+        service.add_dependency(&bootstrap);
+        service.add_dependency(&configuration);
+        proxies.push(service);
+    }
 
     // `sluice -d` returns once this reports: listeners bound and configuration live (or, when
     // taking over from an old instance, once it waits for the sockets).
     let report = server.add_service(ReadyReport::service());
     report.add_dependency(&configuration);
     if !options.upgrade {
-        report.add_dependency(&proxy);
+        for proxy in &proxies {
+            report.add_dependency(proxy);
+        }
     }
 
     if let Some(addr) = admin_listen {

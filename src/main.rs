@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use mimalloc::MiMalloc;
 use sluice::app::{self, RunOptions};
-use sluice::config::{Config, ConfigError};
+use sluice::config::Config;
 use sluice::daemon;
 
 /// A Pingora reverse proxy with exact, shared rate limits in Redis.
@@ -38,19 +38,15 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
 
     // What start will need is checked with the file: `-t` passes only what can start.
-    let config = Config::load(&cli.conf).and_then(|config| {
-        let problems = config.server.check_environment();
-        if problems.is_empty() {
-            Ok(config)
-        } else {
-            Err(ConfigError {
-                file: cli.conf.clone(),
-                problems,
-            })
+    let checked = Config::load(&cli.conf)
+        .and_then(|config| app::preflight(&config).map(|warnings| (config, warnings)));
+    let config = match checked {
+        Ok((config, warnings)) => {
+            for warning in warnings {
+                eprintln!("sluice: warning: {warning}");
+            }
+            config
         }
-    });
-    let config = match config {
-        Ok(config) => config,
         Err(error) => {
             eprintln!("{error}");
             eprintln!(

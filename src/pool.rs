@@ -12,14 +12,23 @@ use pingora::lb::selection::{BackendIter, BackendSelection, Consistent, RoundRob
 use pingora::lb::{Backend, LoadBalancer};
 use tokio::sync::watch;
 
+use crate::config::Problem;
 use crate::router::RouteTable;
+use crate::tls::PeerTls;
 use crate::upstream::{Balance, UpstreamSettings};
 
 /// One route's servers, chosen by its balance.
 #[derive(Clone)]
-pub enum Pool {
+enum Balancer {
     RoundRobin(Arc<LoadBalancer<RoundRobin>>),
     Consistent(Arc<LoadBalancer<Consistent>>),
+}
+
+/// One route's upstream: its servers, and what an HTTPS connection to them needs.
+#[derive(Clone)]
+pub struct Pool {
+    balancer: Balancer,
+    pub tls: Option<PeerTls>,
 }
 
 fn balancer<S>(settings: &UpstreamSettings) -> std::io::Result<Arc<LoadBalancer<S>>>
@@ -74,36 +83,40 @@ async fn check_until_stopped<S>(
 }
 
 impl Pool {
-    /// `settings.servers` must not be empty; the config compiler guarantees it.
-    pub fn new(settings: &UpstreamSettings) -> std::io::Result<Pool> {
-        Ok(match settings.balance {
-            Balance::RoundRobin => Pool::RoundRobin(balancer(settings)?),
-            Balance::Consistent(_) => Pool::Consistent(balancer(settings)?),
-        })
+    /// `settings.servers` must not be empty; the config compiler guarantees it. `Err` says
+    /// what is wrong (a bad CA or client certificate file, a server list Pingora refuses).
+    pub fn new(settings: &UpstreamSettings) -> Result<Pool, String> {
+        let built = |e: std::io::Error| format!("cannot build the pool: {e}");
+        let balancer = match settings.balance {
+            Balance::RoundRobin => Balancer::RoundRobin(balancer(settings).map_err(built)?),
+            Balance::Consistent(_) => Balancer::Consistent(balancer(settings).map_err(built)?),
+        };
+        let tls = settings.tls.as_ref().map(PeerTls::load).transpose()?;
+        Ok(Pool { balancer, tls })
     }
 
     /// A healthy server not in `avoid`; `key` drives consistent hashing.
     pub fn pick(&self, key: &[u8], avoid: &[SocketAddr]) -> Option<SocketAddr> {
-        match self {
-            Pool::RoundRobin(lb) => pick(lb, key, avoid),
-            Pool::Consistent(lb) => pick(lb, key, avoid),
+        match &self.balancer {
+            Balancer::RoundRobin(lb) => pick(lb, key, avoid),
+            Balancer::Consistent(lb) => pick(lb, key, avoid),
         }
     }
 
     fn interval(&self) -> Option<Duration> {
-        match self {
-            Pool::RoundRobin(lb) => lb.health_check_frequency,
-            Pool::Consistent(lb) => lb.health_check_frequency,
+        match &self.balancer {
+            Balancer::RoundRobin(lb) => lb.health_check_frequency,
+            Balancer::Consistent(lb) => lb.health_check_frequency,
         }
     }
 
     /// One round of health checks (all servers at once), when the pool has them.
     async fn check_once(&self) {
-        match self {
-            Pool::RoundRobin(lb) if lb.health_check_frequency.is_some() => {
+        match &self.balancer {
+            Balancer::RoundRobin(lb) if lb.health_check_frequency.is_some() => {
                 lb.backends().run_health_check(true).await
             }
-            Pool::Consistent(lb) if lb.health_check_frequency.is_some() => {
+            Balancer::Consistent(lb) if lb.health_check_frequency.is_some() => {
                 lb.backends().run_health_check(true).await
             }
             _ => {}
@@ -114,11 +127,11 @@ impl Pool {
         let Some(interval) = self.interval() else {
             return;
         };
-        match self {
-            Pool::RoundRobin(lb) => {
+        match &self.balancer {
+            Balancer::RoundRobin(lb) => {
                 tokio::spawn(check_until_stopped(Arc::clone(lb), interval, stop));
             }
-            Pool::Consistent(lb) => {
+            Balancer::Consistent(lb) => {
                 tokio::spawn(check_until_stopped(Arc::clone(lb), interval, stop));
             }
         }
@@ -148,13 +161,22 @@ impl Drop for HealthChecks {
 }
 
 impl Pools {
-    /// One pool per route of `routes`, by route index; `Err` names the route that failed.
-    pub fn build(routes: &RouteTable) -> Result<Pools, (usize, std::io::Error)> {
-        let by_route = routes
-            .in_file_order()
-            .iter()
-            .map(|route| Pool::new(&route.upstream).map_err(|e| (route.index, e)))
-            .collect::<Result<Vec<_>, _>>()?;
+    /// One pool per route of `routes`, by route index; `Err` lists what is wrong, by route.
+    pub fn build(routes: &RouteTable) -> Result<Pools, Vec<Problem>> {
+        let mut problems = Vec::new();
+        let mut by_route = Vec::new();
+        for route in routes.in_file_order() {
+            match Pool::new(&route.upstream) {
+                Ok(pool) => by_route.push(pool),
+                Err(reason) => problems.push(Problem::new(
+                    format!("routes[{}].upstream", route.index),
+                    reason,
+                )),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
         Ok(Pools {
             by_route: by_route.into(),
         })

@@ -5,9 +5,10 @@
 //! with) and the old one's checks stop; on any error the running configuration stays and every
 //! problem is logged.
 //!
-//! What a running process cannot change in place — listeners, the admin listener, the `server:`
-//! section and the `redis:` section — is logged as needing a graceful upgrade (`sluice -u`,
-//! `systemctl reload`), and keeps its old value until then.
+//! What a running process cannot change in place — listeners (their addresses and protocols;
+//! their certificates do reload), the admin listener, the `server:` section and the `redis:`
+//! section — is logged as needing a graceful upgrade (`sluice -u`, `systemctl reload`), and
+//! keeps its old value until then.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,11 +22,12 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::config::{Config, ConfigError, RedisSettings, ServerSettings};
 use crate::metrics;
 use crate::snapshot::{Live, Snapshot};
+use crate::tls::TlsListeners;
 
 /// The settings a reload cannot change, as the process started with them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestartOnly {
-    listen: Vec<std::net::SocketAddr>,
+    listen: Vec<(std::net::SocketAddr, bool, bool, bool)>,
     admin_listen: Option<std::net::SocketAddr>,
     redis: Option<RedisSettings>,
     server: ServerSettings,
@@ -34,7 +36,7 @@ pub struct RestartOnly {
 impl RestartOnly {
     pub fn of(config: &Config) -> RestartOnly {
         RestartOnly {
-            listen: config.listen.clone(),
+            listen: config.listen.iter().map(|l| l.shape()).collect(),
             admin_listen: config.admin_listen,
             redis: config.redis.clone(),
             server: config.server.clone(),
@@ -42,19 +44,27 @@ impl RestartOnly {
     }
 }
 
-/// Starts the first snapshot, then reloads `path` into `live` on every SIGHUP.
+/// Starts the first snapshot, then reloads `path` into `live` (and the certificates into the
+/// TLS listeners) on every SIGHUP.
 pub struct ConfigService {
     path: PathBuf,
     started_with: RestartOnly,
     live: Live,
+    tls: Arc<TlsListeners>,
 }
 
 impl ConfigService {
-    pub fn new(path: PathBuf, started_with: RestartOnly, live: Live) -> ConfigService {
+    pub fn new(
+        path: PathBuf,
+        started_with: RestartOnly,
+        live: Live,
+        tls: Arc<TlsListeners>,
+    ) -> ConfigService {
         ConfigService {
             path,
             started_with,
             live,
+            tls,
         }
     }
 
@@ -72,8 +82,11 @@ impl ConfigService {
             log::warn!("reload: `{section}` changed; it takes effect with a graceful upgrade (sluice -u), not a reload");
         }
         let summary = config.summary();
+        // Every certificate is read and checked before anything changes.
+        let certificates = self.tls.prepare(&config)?;
         let snapshot = Arc::new(Snapshot::build(config)?);
         snapshot.start().await;
+        self.tls.swap(certificates);
         let retired = self.live.swap(Arc::clone(&snapshot));
         retired.retire();
         retired

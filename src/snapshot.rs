@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
-use crate::config::{Config, ConfigError, Problem};
+use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::pool::{HealthChecks, Pools};
 
@@ -27,12 +27,9 @@ pub type Live = Arc<ArcSwap<Snapshot>>;
 impl Snapshot {
     /// Builds the pools and metric handles of `config`; nothing runs yet.
     pub fn build(config: Config) -> Result<Snapshot, ConfigError> {
-        let pools = Pools::build(&config.routes).map_err(|(index, error)| ConfigError {
+        let pools = Pools::build(&config.routes).map_err(|problems| ConfigError {
             file: config.source.clone(),
-            problems: vec![Problem::new(
-                format!("routes[{index}].upstream.servers"),
-                format!("cannot build the pool: {error}"),
-            )],
+            problems,
         })?;
         let metrics = Metrics::new(config.routes.in_file_order().iter().map(|r| &*r.name));
         Ok(Snapshot {

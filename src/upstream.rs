@@ -5,11 +5,26 @@
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use http::header::HeaderValue;
 
 use crate::keys::KeyPart;
+use crate::pem::CertificateFiles;
+
+/// TLS to the upstream servers (HTTPS upstreams).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamTls {
+    /// The name sent by SNI and, with `verify`, checked against the server's certificate.
+    pub sni: String,
+    /// Check the server's certificate chain and name (on by default).
+    pub verify: bool,
+    /// CA certificates to trust instead of the system's.
+    pub ca: Option<PathBuf>,
+    /// A client certificate, for upstreams that require mutual TLS.
+    pub client: Option<CertificateFiles>,
+}
 
 /// How servers are chosen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +48,11 @@ pub struct UpstreamSettings {
     pub retries: usize,
     pub strip_prefix: Option<String>,
     pub host: Option<HeaderValue>,
+    /// HTTPS to the servers; `None`: plain HTTP.
+    pub tls: Option<UpstreamTls>,
+    /// Speak HTTP/2 to the servers (by ALPN over TLS, with prior knowledge in the clear): what
+    /// gRPC upstreams need.
+    pub http2: bool,
 }
 
 impl UpstreamSettings {
@@ -47,6 +67,8 @@ impl UpstreamSettings {
             retries: 0,
             strip_prefix: None,
             host: None,
+            tls: None,
+            http2: false,
         }
     }
 

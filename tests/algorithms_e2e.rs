@@ -112,6 +112,8 @@ fn concurrency_leases_of_a_killed_gateway_expire() {
     let doomed = Gateway::start(&body, &upstream, Some(&redis));
     let survivor = Gateway::start(&body, &upstream, Some(&redis));
     let mut holder = connect(doomed.proxy, None);
+    // The lease is taken after this instant, so it cannot expire before 2 s from it.
+    let sent = Instant::now();
     holder
         .write_all(b"GET /slow/30000 HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .unwrap();
@@ -130,8 +132,9 @@ fn concurrency_leases_of_a_killed_gateway_expire() {
     }
     assert_eq!(status, 200, "the lease expired");
     assert!(
-        started.elapsed() >= Duration::from_millis(1500),
-        "not before the lease's 2 s were over"
+        sent.elapsed() >= Duration::from_millis(1950),
+        "not before the lease's 2 s were over ({:?})",
+        sent.elapsed()
     );
 }
 

@@ -19,6 +19,7 @@ const GLUE: &[&str] = &[
     "proxy",
     "daemon",
     "listening",
+    "tls",
 ];
 
 type ModulePath = Vec<String>;

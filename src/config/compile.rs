@@ -2,11 +2,12 @@
 //! top-level settings here; every problem collected with its path.
 
 use std::collections::HashSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::Path;
 
 use ipnet::IpNet;
 
+use super::listeners::socket_addr;
 use super::model::Config;
 use super::problem::Problems;
 use super::raw::{RawAccessLog, RawConfig, RawPath};
@@ -22,18 +23,7 @@ use crate::router::RouteTable;
 pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config> {
     let server = super::server::check(raw.server, p);
 
-    if raw.listen.is_empty() {
-        p.add(
-            "listen",
-            "at least one listen address is required, e.g. [0.0.0.0:8080]",
-        );
-    }
-    let listen: Vec<SocketAddr> = raw
-        .listen
-        .iter()
-        .enumerate()
-        .filter_map(|(i, text)| socket_addr(text, &format!("listen[{i}]"), p))
-        .collect();
+    let listen = super::listeners::compile(raw.listen, p);
     let admin_listen = raw
         .admin
         .and_then(|admin| admin.listen)
@@ -100,19 +90,6 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
         access_log_sample,
         routes: RouteTable::new(compiled),
     })
-}
-
-fn socket_addr(text: &str, at: &str, p: &mut Problems) -> Option<SocketAddr> {
-    match text.parse() {
-        Ok(addr) => Some(addr),
-        Err(_) => {
-            p.add(
-                at,
-                format!("invalid address {text:?}: expected IP:PORT, e.g. 127.0.0.1:8080"),
-            );
-            None
-        }
-    }
 }
 
 fn compile_identity(trusted: &[String], ipv6_prefix: Option<u8>, p: &mut Problems) -> Identity {

@@ -8,6 +8,7 @@
 
 pub mod compile;
 pub mod limits;
+pub mod listeners;
 pub mod model;
 pub mod problem;
 pub mod rate;

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use super::listeners::Listener;
 use super::redis::RedisSettings;
 use super::server::ServerSettings;
 use crate::identity::Identity;
@@ -15,7 +16,7 @@ use crate::router::RouteTable;
 pub struct Config {
     pub source: PathBuf,
     pub server: ServerSettings,
-    pub listen: Vec<SocketAddr>,
+    pub listen: Vec<Listener>,
     pub admin_listen: Option<SocketAddr>,
     /// `None`: limits run in-process.
     pub redis: Option<RedisSettings>,

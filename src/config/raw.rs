@@ -16,7 +16,7 @@ pub struct RawConfig {
     #[serde(default)]
     pub server: ServerSettings,
     #[serde(default)]
-    pub listen: Vec<String>,
+    pub listen: Vec<RawListener>,
     pub admin: Option<RawAdmin>,
     pub redis: Option<RawRedis>,
     pub failure_mode: Option<String>,
@@ -58,6 +58,7 @@ pub struct RawRedis {
     pub master_password: Option<RawSecret>,
     pub username: Option<String>,
     pub password: Option<RawSecret>,
+    pub tls: Option<RawRedisTls>,
     pub timeout_ms: Option<u64>,
     pub key_prefix: Option<String>,
 }
@@ -98,6 +99,17 @@ pub struct RawUpstream {
     pub retries: Option<usize>,
     pub strip_prefix: Option<String>,
     pub host: Option<String>,
+    pub tls: Option<RawUpstreamTls>,
+    pub http2: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawUpstreamTls {
+    pub sni: Option<String>,
+    pub verify: Option<bool>,
+    pub ca: Option<String>,
+    pub cert: Option<String>,
+    pub key: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -176,4 +188,65 @@ impl<'de> Deserialize<'de> for RawSecret {
         }
         deserializer.deserialize_any(SecretVisitor)
     }
+}
+
+/// A listener as written: an address, or a table.
+#[derive(Debug, Clone)]
+pub enum RawListener {
+    Address(String),
+    Table(RawListenerTable),
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawListenerTable {
+    pub addr: Option<String>,
+    pub tls: Option<RawListenerTls>,
+    pub h2c: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawListenerTls {
+    #[serde(default)]
+    pub certificates: Vec<RawCertificate>,
+    pub http2: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCertificate {
+    pub cert: Option<String>,
+    pub key: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for RawListener {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ListenerVisitor;
+        impl<'de> Visitor<'de> for ListenerVisitor {
+            type Value = RawListener;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an address (IP:PORT), or { addr, tls, h2c }")
+            }
+
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<RawListener, E> {
+                Ok(RawListener::Address(value.to_string()))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawListener, A::Error> {
+                RawListenerTable::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(RawListener::Table)
+            }
+        }
+        deserializer.deserialize_any(ListenerVisitor)
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRedisTls {
+    pub ca: Option<String>,
+    pub cert: Option<String>,
+    pub key: Option<String>,
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use super::problem::{check_name, millis_within, Problems};
 use super::raw::RawRedis;
-use crate::limiter::{RedisAuth, Topology};
+use crate::limiter::{RedisAuth, RedisTls, Topology};
+use crate::secret::Secret;
 
 pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 25;
 pub const DEFAULT_KEY_PREFIX: &str = "sluice";
@@ -75,7 +76,49 @@ fn compile_auth(raw: &RawRedis, p: &mut Problems) -> RedisAuth {
     RedisAuth {
         username: raw.username.clone().or_else(|| raw.master_username.clone()),
         password,
+        tls: compile_tls(raw, p),
     }
+}
+
+/// `redis.tls`: PEM files read now, for `rediss://` connections.
+fn compile_tls(raw: &RawRedis, p: &mut Problems) -> Option<RedisTls> {
+    let tls = raw.tls.as_ref()?;
+    let read = |path: &str, at: &str, p: &mut Problems| match std::fs::read(path) {
+        Ok(bytes) if !bytes.is_empty() => Some(bytes),
+        Ok(_) => {
+            p.add(at, format!("{path} is empty"));
+            None
+        }
+        Err(e) => {
+            p.add(at, format!("cannot read {path}: {e}"));
+            None
+        }
+    };
+    let sentinel = raw.mode.as_deref() == Some("sentinel");
+    if sentinel && (tls.ca.is_some() || tls.cert.is_some()) {
+        p.add(
+            "redis.tls",
+            "in sentinel mode the master is checked against the system's roots: ca, cert and key do not apply (give tls: {})",
+        );
+    }
+    let ca = tls
+        .ca
+        .as_deref()
+        .and_then(|path| read(path, "redis.tls.ca", p));
+    let client = match (&tls.cert, &tls.key) {
+        (Some(cert), Some(key)) => {
+            let cert = read(cert, "redis.tls.cert", p);
+            let key = read(key, "redis.tls.key", p)
+                .map(|bytes| Secret::new(String::from_utf8_lossy(&bytes).into_owned()));
+            cert.zip(key)
+        }
+        (None, None) => None,
+        _ => {
+            p.add("redis.tls", "a client certificate needs both cert and key");
+            None
+        }
+    };
+    Some(RedisTls { ca, client })
 }
 
 /// `redis.mode` and the addresses that mode needs; every problem reported.

@@ -7,9 +7,10 @@ use std::time::Duration;
 use http::header::HeaderValue;
 
 use super::problem::Problems;
-use super::raw::RawUpstream;
+use super::raw::{RawUpstream, RawUpstreamTls};
 use crate::keys::KeyPart;
-use crate::upstream::{Balance, UpstreamSettings};
+use crate::pem::CertificateFiles;
+use crate::upstream::{Balance, UpstreamSettings, UpstreamTls};
 
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 1_000;
 pub const DEFAULT_READ_TIMEOUT_MS: u64 = 30_000;
@@ -149,6 +150,7 @@ pub fn compile(at: &str, raw: Option<RawUpstream>, p: &mut Problems) -> Option<U
                 None
             }
         });
+    let tls = compile_tls(at, raw.tls, raw.servers.first().map(String::as_str), p);
     if !ok {
         return None;
     }
@@ -161,6 +163,55 @@ pub fn compile(at: &str, raw: Option<RawUpstream>, p: &mut Problems) -> Option<U
         retries,
         strip_prefix: raw.strip_prefix,
         host,
+        tls,
+        http2: raw.http2.unwrap_or(false),
+    })
+}
+
+/// `upstream.tls`: SNI (by default the host of the first server as written), verification (on
+/// by default), a CA file, a client certificate.
+fn compile_tls(
+    at: &str,
+    raw: Option<RawUpstreamTls>,
+    first_server: Option<&str>,
+    p: &mut Problems,
+) -> Option<UpstreamTls> {
+    let raw = raw?;
+    let host_of = |server: &str| {
+        let host = server.rsplit_once(':').map_or(server, |(host, _)| host);
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string()
+    };
+    let sni = raw
+        .sni
+        .or_else(|| first_server.map(host_of))
+        .unwrap_or_default();
+    if sni.is_empty() {
+        p.add(
+            format!("{at}.upstream.tls.sni"),
+            "required: the server's name",
+        );
+    }
+    let client = match (raw.cert, raw.key) {
+        (Some(cert), Some(key)) => Some(CertificateFiles {
+            cert: cert.into(),
+            key: key.into(),
+        }),
+        (None, None) => None,
+        _ => {
+            p.add(
+                format!("{at}.upstream.tls"),
+                "a client certificate needs both cert and key",
+            );
+            None
+        }
+    };
+    Some(UpstreamTls {
+        sni,
+        verify: raw.verify.unwrap_or(true),
+        ca: raw.ca.map(Into::into),
+        client,
     })
 }
 

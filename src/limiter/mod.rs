@@ -44,5 +44,5 @@ pub use policy::{FailureMode, LimitSet, Policy, PolicyMeters};
 pub use rate::Rate;
 pub use request::{asks, entries, Ask, Asks, Entry, LimitRequest};
 pub use status::LimitStatus;
-pub use topology::{RedisAuth, Topology};
-pub use verdict::{Decider, Outcome, Rejection, UpstreamFailure, Verdict};
+pub use topology::{RedisAuth, RedisTls, Topology};
+pub use verdict::{Decider, GrpcStatus, Outcome, Rejection, UpstreamFailure, Verdict};

@@ -25,6 +25,16 @@ pub enum Topology {
 pub struct RedisAuth {
     pub username: Option<String>,
     pub password: Option<Secret>,
+    /// For `rediss://` URLs: the CA to trust instead of the system's, a client certificate.
+    pub tls: Option<RedisTls>,
+}
+
+/// TLS material for `rediss://` connections, read at load (PEM).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    pub ca: Option<Vec<u8>>,
+    /// A client certificate chain and its key.
+    pub client: Option<(Vec<u8>, Secret)>,
 }
 
 impl Topology {

@@ -118,6 +118,20 @@ impl Rejection {
         }
     }
 
+    /// The gRPC status a gRPC client gets instead (RESOURCE_EXHAUSTED for a limit, as Envoy's
+    /// rate limit filter answers; the gRPC mapping of the HTTP status for the rest).
+    pub fn grpc_status(self) -> GrpcStatus {
+        match self {
+            Rejection::Limited { .. } => GrpcStatus::ResourceExhausted,
+            Rejection::LimiterUnavailable => GrpcStatus::Unavailable,
+            Rejection::NoRoute => GrpcStatus::Unimplemented,
+            Rejection::BadRequest(_)
+            | Rejection::UriTooLong
+            | Rejection::HeadersTooLarge
+            | Rejection::BodyTooLarge => GrpcStatus::Internal,
+        }
+    }
+
     /// The metric label of a request answered with this rejection.
     pub fn outcome(self) -> Outcome {
         match self {
@@ -162,6 +176,26 @@ impl UpstreamFailure {
             UpstreamFailure::Unreachable => "The upstream server could not be reached.",
             UpstreamFailure::TimedOut => "The upstream server did not answer in time.",
         }
+    }
+
+    /// What a gRPC client gets instead: UNAVAILABLE (the gRPC mapping of 502 and 504).
+    pub fn grpc_status(self) -> GrpcStatus {
+        GrpcStatus::Unavailable
+    }
+}
+
+/// The gRPC status codes sluice answers with (`grpc-status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrpcStatus {
+    ResourceExhausted = 8,
+    Unimplemented = 12,
+    Internal = 13,
+    Unavailable = 14,
+}
+
+impl GrpcStatus {
+    pub fn code(self) -> u8 {
+        self as u8
     }
 }
 

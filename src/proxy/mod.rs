@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
+use pingora::protocols::ALPN;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType};
 
@@ -26,6 +27,9 @@ use crate::path;
 use crate::router::Route;
 use crate::snapshot::{Live, Snapshot};
 use respond::respond;
+
+/// Requests one HTTP/2 connection to an upstream carries at once.
+const UPSTREAM_H2_STREAMS: usize = 100;
 
 /// Per-request state, carried from `request_filter` to `logging`.
 #[derive(Default)]
@@ -287,6 +291,12 @@ impl ProxyHttp for Gateway {
             respond(session, rejection, limited).await?;
             return Ok(true);
         }
+        if session.is_upgrade_req() {
+            // A WebSocket (or other upgraded) connection may idle as long as its upstream may:
+            // the route's read timeout bounds both directions of the tunnel.
+            let idle = ctx.route.as_ref().map(|route| route.upstream.read_timeout);
+            session.set_read_timeout(idle);
+        }
         if !delay.is_zero() && !hold(session, delay).await {
             // Its client left while it waited: it does not go upstream, and the units it
             // reserved go back.
@@ -315,9 +325,8 @@ impl ProxyHttp for Gateway {
                 "no route selected for the request",
             ));
         };
-        let addr = snapshot
-            .pools
-            .route(route.index)
+        let pool = snapshot.pools.route(route.index);
+        let addr = pool
             .and_then(|pool| pool.pick(&ctx.balance_key, &ctx.failed))
             .ok_or_else(|| {
                 Error::explain(
@@ -325,8 +334,22 @@ impl ProxyHttp for Gateway {
                     "no healthy upstream server left to try",
                 )
             })?;
-        let mut peer = Box::new(HttpPeer::new(addr, false, String::new()));
+        let tls = pool.and_then(|pool| pool.tls.as_ref());
+        let sni = tls.map_or_else(String::new, |tls| tls.sni.clone());
+        let mut peer = Box::new(HttpPeer::new(addr, tls.is_some(), sni));
+        if let Some(tls) = tls {
+            peer.options.verify_cert = tls.verify;
+            peer.options.verify_hostname = tls.verify;
+            peer.options.ca = tls.ca.clone();
+            peer.client_cert_key = tls.client.clone();
+            peer.group_key = tls.reuse_group;
+        }
         let upstream = &route.upstream;
+        if upstream.http2 {
+            // Over TLS by ALPN; in the clear with prior knowledge (gRPC upstreams).
+            peer.options.alpn = ALPN::H2;
+            peer.options.max_h2_streams = UPSTREAM_H2_STREAMS;
+        }
         // Every wait on the upstream ends by the route's deadline, when it has one.
         let bounded = |timeout: std::time::Duration| match ctx.deadline {
             Some(deadline) => timeout.min(deadline.saturating_duration_since(Instant::now())),
@@ -478,11 +501,14 @@ impl ProxyHttp for Gateway {
             .headers
             .get(http::header::HOST)
             .and_then(|h| h.to_str().ok());
+        let tls = session
+            .digest()
+            .is_some_and(|digest| digest.ssl_digest.is_some());
         let hop = forwarding::Hop {
             peer,
             trusted,
             client: ctx.client,
-            proto: "http",
+            proto: if tls { "https" } else { "http" },
             host,
             port: session
                 .server_addr()

@@ -1,15 +1,18 @@
 //! The one place where rejections become HTTP responses, and decisions become `RateLimit`
-//! headers. What each rejection means (status, title, detail, metric label) is decided in
-//! `limiter::verdict`; this writes it as `application/problem+json`.
+//! headers. What each rejection means (status, title, detail, gRPC status, metric label) is
+//! decided in `limiter::verdict`; this writes it as `application/problem+json`, or, for a gRPC
+//! call, as what a gRPC client understands: HTTP 200 with `grpc-status`, `grpc-message` and, for
+//! a limit, the retry delay (`grpc-retry-pushback-ms`, `Retry-After`) — a trailers-only answer.
 
 use std::fmt::Write as _;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use pingora::http::ResponseHeader;
+use pingora::protocols::http::HttpTask;
 use pingora::proxy::Session;
 
-use crate::limiter::{Decision, Rejection, UpstreamFailure};
+use crate::limiter::{Decision, GrpcStatus, Rejection, UpstreamFailure};
 use crate::router::Route;
 
 pub const RATELIMIT: &str = "ratelimit";
@@ -73,6 +76,9 @@ pub async fn respond(
     rejection: Rejection,
     limited: Option<(&Route, &Decision)>,
 ) -> pingora::Result<()> {
+    if is_grpc(session) {
+        return respond_grpc_rejection(session, rejection, limited).await;
+    }
     let status = rejection.status();
     let mut header = ResponseHeader::build(status, Some(6))?;
     let body = match (rejection, limited) {
@@ -94,10 +100,87 @@ pub async fn respond_upstream_failure(
     session: &mut Session,
     failure: UpstreamFailure,
 ) -> pingora::Result<()> {
+    if is_grpc(session) {
+        let header = ResponseHeader::build(200, Some(4))?;
+        return send_grpc(session, header, failure.grpc_status(), failure.detail()).await;
+    }
     let status = failure.status();
     let header = ResponseHeader::build(status, Some(4))?;
     let body = problem(status, failure.title(), failure.detail(), "");
     send(session, header, body).await
+}
+
+/// A gRPC call: `content-type: application/grpc` (and its `+proto`, `+json`... forms).
+pub fn is_grpc(session: &Session) -> bool {
+    session
+        .req_header()
+        .headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// `grpc-message` is percent-encoded (gRPC over HTTP/2): `%` and what is not printable ASCII.
+fn grpc_message(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if (0x20..0x7f).contains(&byte) && byte != b'%' {
+            out.push(char::from(byte));
+        } else {
+            let _ = write!(out, "%{byte:02X}");
+        }
+    }
+    out
+}
+
+/// The gRPC answer of a rejection; a limit carries its retry delay and `RateLimit` headers.
+async fn respond_grpc_rejection(
+    session: &mut Session,
+    rejection: Rejection,
+    limited: Option<(&Route, &Decision)>,
+) -> pingora::Result<()> {
+    let mut header = ResponseHeader::build(200, Some(8))?;
+    let message = match (rejection, limited) {
+        (Rejection::Limited { .. }, Some((route, decision))) => {
+            let limit = decision
+                .denied_by
+                .and_then(|i| route.limits.limits().get(i))
+                .map_or("", |l| &*l.name);
+            if let Some(ms) = decision.retry_after_ms().flatten() {
+                header.insert_header("grpc-retry-pushback-ms", ms)?;
+                header.insert_header(RETRY_AFTER, ceil_seconds(ms).max(1))?;
+            }
+            add_ratelimit_headers(&mut header, route, decision)?;
+            format!("rate limit '{limit}' of route '{}' exceeded", route.name)
+        }
+        (Rejection::LimiterUnavailable, _) => {
+            header.insert_header("grpc-retry-pushback-ms", 1000)?;
+            rejection.detail().to_string()
+        }
+        _ => rejection.detail().to_string(),
+    };
+    send_grpc(session, header, rejection.grpc_status(), &message).await
+}
+
+/// Sends a trailers-only gRPC answer: one HEADERS frame that ends the stream.
+async fn send_grpc(
+    session: &mut Session,
+    mut header: ResponseHeader,
+    status: GrpcStatus,
+    message: &str,
+) -> pingora::Result<()> {
+    header.insert_header(CONTENT_TYPE, "application/grpc")?;
+    header.insert_header("grpc-status", u16::from(status.code()))?;
+    header.insert_header("grpc-message", grpc_message(message))?;
+    if !session.is_http2() {
+        header.insert_header(CONTENT_LENGTH, 0)?;
+    }
+    if request_has_body(session) {
+        session.set_keepalive(None);
+    }
+    session
+        .write_response_tasks(vec![HttpTask::Header(Box::new(header), true)])
+        .await
+        .map(|_| ())
 }
 
 /// Sends `header` and `body` as an `application/problem+json` answer of the gateway.

@@ -7,10 +7,11 @@ use std::fmt::{self, Display};
 use super::limits::Limit;
 
 /// A gateway configuration (everything but `server`, `listen` and `admin`, which the harness
-/// writes).
+/// writes, unless [`Config::listen`] names the listeners).
 #[derive(Debug, Clone, Default)]
 pub struct Config {
     server: Vec<String>,
+    listen: Vec<String>,
     redis: Option<Vec<String>>,
     top: Vec<String>,
     routes: Vec<Route>,
@@ -24,6 +25,13 @@ impl Config {
     /// A key of the `server:` section (beside what the harness writes there).
     pub fn server(mut self, key: &str, value: impl Display) -> Config {
         self.server.push(format!("{key}: {value}"));
+        self
+    }
+
+    /// The proxy's listeners, each a YAML value: `PROXY` is the harness's plain address (the
+    /// one it waits for), e.g. `listen(&["PROXY", "{ addr: 127.0.0.1:8443, tls: ... }"])`.
+    pub fn listen(mut self, listeners: &[&str]) -> Config {
+        self.listen = listeners.iter().map(|l| l.to_string()).collect();
         self
     }
 
@@ -74,6 +82,12 @@ impl Display for Config {
             writeln!(f, "server:")?;
             for line in &self.server {
                 writeln!(f, "  {line}")?;
+            }
+        }
+        if !self.listen.is_empty() {
+            writeln!(f, "listen:")?;
+            for listener in &self.listen {
+                writeln!(f, "  - {listener}")?;
             }
         }
         if let Some(lines) = &self.redis {

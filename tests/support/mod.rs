@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod certs;
 pub mod config;
 pub mod daemons;
 pub mod limits;
@@ -261,13 +262,20 @@ impl GatewayConfig {
             }
             None => (String::new(), body),
         };
+        // A body with its own `listen:` (naming `PROXY` among its listeners) replaces the
+        // harness's single plain listener.
+        let body = body.replace("PROXY", &self.proxy.to_string());
+        let listen = if body.lines().any(|l| l.starts_with("listen:")) {
+            String::new()
+        } else {
+            format!("listen: [{}]\n", self.proxy)
+        };
         let text = format!(
             "server:\n  threads: 2\n  pid_file: {pid}\n  upgrade_sock: {sock}\n  grace_period_seconds: {grace}\n  graceful_shutdown_timeout_seconds: {grace}\n{server}\
-             listen: [{proxy}]\nadmin:\n  listen: {admin}\n{body}",
+             {listen}admin:\n  listen: {admin}\n{body}",
             pid = self.dir.path().join("sluice.pid").display(),
             sock = self.dir.path().join("upgrade.sock").display(),
             grace = self.grace_seconds,
-            proxy = self.proxy,
             admin = self.admin,
         );
         std::fs::write(&self.path, text).expect("write config");

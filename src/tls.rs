@@ -1,0 +1,363 @@
+//! TLS on rustls: the certificates a listener serves and the material of HTTPS upstreams.
+//!
+//! A TLS listener chooses its certificate by SNI among its certificates' own names (their
+//! subjectAltName DNS names, else their common name; exact names first, then `*.` wildcards);
+//! the first certificate answers a client that sends no name, or one none of them holds.
+//! Certificates are loaded and checked (each key must match its certificate) at start, by
+//! `sluice -t`, and at every reload; a reload swaps them in place, so no connection is dropped,
+//! and a bad file fails the reload and keeps the running set. TLS 1.2 and 1.3 only (Pingora's
+//! rustls acceptor offers nothing older).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use pingora::listeners::tls::TlsSettings;
+use pingora::tls::sign::CertifiedKey;
+use pingora::tls::{ClientHello, CryptoProvider, ResolvesServerCert};
+use pingora::utils::tls::{CertKey, WrappedX509};
+
+use crate::config::listeners::{CertificateFiles, Listener};
+use crate::config::{Config, ConfigError, Problem};
+use crate::upstream::UpstreamTls;
+
+/// `sluice -t` warns about certificates that expire sooner than this.
+pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
+
+/// One loaded certificate: its chain and key, the names it answers, when it expires.
+struct Loaded {
+    key: Arc<CertifiedKey>,
+    names: Vec<String>,
+    not_after: i64,
+    file: PathBuf,
+}
+
+/// The certificates of one listener, indexed by the names they answer.
+pub struct CertificateSet {
+    exact: HashMap<String, Arc<CertifiedKey>>,
+    /// `*.example.com` as `example.com`.
+    wildcard: HashMap<String, Arc<CertifiedKey>>,
+    default: Arc<CertifiedKey>,
+    loaded: Vec<Loaded>,
+}
+
+fn crypto_provider() -> Result<Arc<CryptoProvider>, String> {
+    pingora::tls::install_default_crypto_provider();
+    CryptoProvider::get_default()
+        .cloned()
+        .ok_or_else(|| "no TLS crypto provider is installed".to_string())
+}
+
+/// The DNS names a certificate answers, and when it expires (Unix seconds).
+fn names_and_expiry(der: &[u8]) -> Result<(Vec<String>, i64), String> {
+    let (_, certificate) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    let mut names: Vec<String> = match certificate.subject_alternative_name() {
+        Ok(Some(san)) => san
+            .value
+            .general_names
+            .iter()
+            .filter_map(|name| match name {
+                x509_parser::extensions::GeneralName::DNSName(dns) => {
+                    Some(dns.to_ascii_lowercase())
+                }
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    if names.is_empty() {
+        names.extend(
+            certificate
+                .subject()
+                .iter_common_name()
+                .filter_map(|cn| cn.as_str().ok())
+                .map(str::to_ascii_lowercase),
+        );
+    }
+    Ok((names, certificate.validity().not_after.timestamp()))
+}
+
+fn load_one(files: &CertificateFiles) -> Result<Loaded, String> {
+    let (cert, key) = (files.cert.display(), files.key.display());
+    let (chain, private) = pingora::tls::load_certs_and_key_files(
+        &files.cert.to_string_lossy(),
+        &files.key.to_string_lossy(),
+    )
+    .map_err(|e| format!("cannot read {cert} and {key}: {e}"))?
+    .ok_or_else(|| format!("no certificate in {cert}, or no private key in {key}"))?;
+    let first = chain
+        .first()
+        .ok_or_else(|| format!("no certificate in {cert}"))?;
+    let (names, not_after) = names_and_expiry(first).map_err(|e| format!("{cert}: {e}"))?;
+    let signing = crypto_provider()?
+        .key_provider
+        .load_private_key(private)
+        .map_err(|e| format!("{key}: unusable private key: {e}"))?;
+    let certified = CertifiedKey::new(chain, signing);
+    certified
+        .keys_match()
+        .map_err(|_| format!("the key in {key} does not match the certificate in {cert}"))?;
+    Ok(Loaded {
+        key: Arc::new(certified),
+        names,
+        not_after,
+        file: files.cert.clone(),
+    })
+}
+
+impl CertificateSet {
+    /// Loads every certificate of a listener (`at` names it in problems).
+    pub fn load(at: &str, files: &[CertificateFiles]) -> Result<CertificateSet, Vec<Problem>> {
+        let mut problems = Vec::new();
+        let mut loaded = Vec::new();
+        for (i, pair) in files.iter().enumerate() {
+            match load_one(pair) {
+                Ok(one) => loaded.push(one),
+                Err(reason) => {
+                    problems.push(Problem::new(format!("{at}.tls.certificates[{i}]"), reason))
+                }
+            }
+        }
+        let Some(first) = loaded.first() else {
+            if problems.is_empty() {
+                problems.push(Problem::new(
+                    format!("{at}.tls.certificates"),
+                    "no certificate",
+                ));
+            }
+            return Err(problems);
+        };
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        let default = Arc::clone(&first.key);
+        let (mut exact, mut wildcard) = (HashMap::new(), HashMap::new());
+        for one in &loaded {
+            for name in &one.names {
+                // The first certificate naming a host wins.
+                match name.strip_prefix("*.") {
+                    Some(suffix) => wildcard
+                        .entry(suffix.to_string())
+                        .or_insert_with(|| Arc::clone(&one.key)),
+                    None => exact
+                        .entry(name.clone())
+                        .or_insert_with(|| Arc::clone(&one.key)),
+                };
+            }
+        }
+        Ok(CertificateSet {
+            exact,
+            wildcard,
+            default,
+            loaded,
+        })
+    }
+
+    /// The certificate for `server_name` (SNI), or the default.
+    pub fn choose(&self, server_name: Option<&str>) -> Arc<CertifiedKey> {
+        let Some(name) = server_name.map(|n| n.trim_end_matches('.').to_ascii_lowercase()) else {
+            return Arc::clone(&self.default);
+        };
+        if let Some(key) = self.exact.get(&name) {
+            return Arc::clone(key);
+        }
+        name.split_once('.')
+            .and_then(|(_, parent)| self.wildcard.get(parent))
+            .map_or_else(|| Arc::clone(&self.default), Arc::clone)
+    }
+
+    /// Warnings for certificates that expire within `window` of now (or have expired).
+    pub fn expiring(&self, window: Duration) -> Vec<String> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        self.loaded
+            .iter()
+            .filter(|one| one.not_after - now < window.as_secs() as i64)
+            .map(|one| {
+                let days = (one.not_after - now) as f64 / 86_400.0;
+                if days < 0.0 {
+                    format!("{} has expired ({:.0} days ago)", one.file.display(), -days)
+                } else {
+                    format!("{} expires in {days:.1} days", one.file.display())
+                }
+            })
+            .collect()
+    }
+}
+
+/// A listener's certificate choice, swappable while it serves.
+pub struct SniResolver {
+    set: ArcSwap<CertificateSet>,
+}
+
+impl fmt::Debug for SniResolver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SniResolver").finish_non_exhaustive()
+    }
+}
+
+impl ResolvesServerCert for SniResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.set.load().choose(hello.server_name()))
+    }
+}
+
+/// The TLS listeners of this process, by address: each listener's resolver outlives reloads.
+pub struct TlsListeners {
+    resolvers: Vec<(SocketAddr, Arc<SniResolver>)>,
+}
+
+/// Loads the certificates of every TLS listener of `config`.
+fn load_all(config: &Config) -> Result<Vec<(SocketAddr, CertificateSet)>, ConfigError> {
+    let mut problems = Vec::new();
+    let mut sets = Vec::new();
+    for (i, listener) in config.listen.iter().enumerate() {
+        let Some(tls) = &listener.tls else { continue };
+        match CertificateSet::load(&format!("listen[{i}]"), &tls.certificates) {
+            Ok(set) => sets.push((listener.addr, set)),
+            Err(mut found) => problems.append(&mut found),
+        }
+    }
+    if problems.is_empty() {
+        Ok(sets)
+    } else {
+        Err(ConfigError {
+            file: config.source.clone(),
+            problems,
+        })
+    }
+}
+
+/// What `sluice -t` says of the certificates: problems, and warnings about expiry.
+pub fn check(config: &Config) -> Result<Vec<String>, ConfigError> {
+    Ok(load_all(config)?
+        .iter()
+        .flat_map(|(_, set)| set.expiring(EXPIRY_WARNING))
+        .collect())
+}
+
+impl TlsListeners {
+    /// Loads the certificates of `config`'s TLS listeners.
+    pub fn load(config: &Config) -> Result<TlsListeners, ConfigError> {
+        let resolvers = load_all(config)?
+            .into_iter()
+            .map(|(addr, set)| {
+                let resolver = SniResolver {
+                    set: ArcSwap::from_pointee(set),
+                };
+                (addr, Arc::new(resolver))
+            })
+            .collect();
+        Ok(TlsListeners { resolvers })
+    }
+
+    /// The TLS settings of `listener` (one of those loaded).
+    pub fn settings(&self, listener: &Listener) -> Option<TlsSettings> {
+        let tls = listener.tls.as_ref()?;
+        let (_, resolver) = self
+            .resolvers
+            .iter()
+            .find(|(addr, _)| *addr == listener.addr)?;
+        let mut settings = TlsSettings::intermediate("", "").ok()?;
+        settings.set_cert_resolver(Arc::clone(resolver) as Arc<dyn ResolvesServerCert>);
+        if tls.http2 {
+            settings.enable_h2();
+        }
+        Some(settings)
+    }
+
+    /// Loads the certificates `config` names for the listeners this process serves, without
+    /// using them yet: a reload fails on any problem and keeps what is served.
+    pub fn prepare(
+        &self,
+        config: &Config,
+    ) -> Result<Vec<(SocketAddr, CertificateSet)>, ConfigError> {
+        load_all(config)
+    }
+
+    /// Serves the prepared certificates from now on; listeners not served (a reload cannot add
+    /// one) are ignored.
+    pub fn swap(&self, sets: Vec<(SocketAddr, CertificateSet)>) {
+        for (addr, set) in sets {
+            if let Some((_, resolver)) = self.resolvers.iter().find(|(a, _)| *a == addr) {
+                resolver.set.store(Arc::new(set));
+            }
+        }
+    }
+}
+
+/// What an HTTPS upstream needs per connection, loaded once per configuration.
+#[derive(Clone)]
+pub struct PeerTls {
+    pub sni: String,
+    pub verify: bool,
+    pub ca: Option<Arc<[WrappedX509]>>,
+    pub client: Option<Arc<CertKey>>,
+    /// Pingora's connection reuse key leaves the CA out: connections verified against one CA
+    /// are pooled apart from those verified against another (`HttpPeer::group_key`).
+    pub reuse_group: u64,
+}
+
+fn read_pem_certificates(path: &Path) -> Result<Vec<Vec<u8>>, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut reader = std::io::BufReader::new(pem.as_slice());
+    let mut out = Vec::new();
+    for item in rustls_pemfile::certs(&mut reader) {
+        let der = item.map_err(|e| format!("{}: {e}", path.display()))?;
+        // Checked here: Pingora parses it again later and panics on bad DER.
+        x509_parser::parse_x509_certificate(&der)
+            .map_err(|e| format!("{}: not an X.509 certificate: {e}", path.display()))?;
+        out.push(der.to_vec());
+    }
+    if out.is_empty() {
+        return Err(format!("no certificate in {}", path.display()));
+    }
+    Ok(out)
+}
+
+impl PeerTls {
+    pub fn load(tls: &UpstreamTls) -> Result<PeerTls, String> {
+        let mut ca_digest = xxhash_rust::xxh3::Xxh3::new();
+        let ca = match &tls.ca {
+            Some(path) => {
+                let mut certificates = Vec::new();
+                for der in read_pem_certificates(path)? {
+                    ca_digest.update(&der);
+                    certificates.push(WrappedX509::new(der, pingora::utils::tls::parse_x509));
+                }
+                Some(Arc::from(certificates.into_boxed_slice()))
+            }
+            None => None,
+        };
+        let client = match &tls.client {
+            Some(files) => {
+                let chain = read_pem_certificates(&files.cert)?;
+                let (_, key) = pingora::tls::load_certs_and_key_files(
+                    &files.cert.to_string_lossy(),
+                    &files.key.to_string_lossy(),
+                )
+                .map_err(|e| format!("cannot read {}: {e}", files.key.display()))?
+                .ok_or_else(|| format!("no private key in {}", files.key.display()))?;
+                Some(Arc::new(CertKey::new(chain, key.secret_der().to_vec())))
+            }
+            None => None,
+        };
+        Ok(PeerTls {
+            sni: tls.sni.clone(),
+            verify: tls.verify,
+            ca,
+            client,
+            reuse_group: if tls.ca.is_some() {
+                ca_digest.digest()
+            } else {
+                0
+            },
+        })
+    }
+}

@@ -10,15 +10,19 @@
 #   7 OpenResty-style peer: nginx + ngx_lua, EVALSHA of a token bucket per request (benches/peers/)
 #   8 hot global limit (key: [route]), exact   9 the same limit, mode: leased
 # Then open-loop load (examples/fixed_rate.rs) at half of scenario 2's peak against scenarios 2
-# and 3: the p99 latency the limiter adds. Results also go to target/bench/results.tsv, and
-# scripts/chart.py draws docs/performance.svg from them.
+# and 3: the p99 latency the limiter adds. Then TLS, sluice beside nginx with the same certificate
+# (ECDSA P-256) and the same upstream, no limits, 2 threads / 2 workers each:
+#   T1 a new TLS handshake per request (wrk, Connection: close)   T2 keep-alive requests over TLS
+#   (wrk)   T3 HTTP/2 over TLS, 8 connections x 16 concurrent streams (h2load)
+# Results also go to target/bench/results.tsv, and scripts/chart.py draws docs/performance.svg
+# from them.
 # Usage: scripts/bench.sh [SECONDS_PER_SCENARIO]   (default 5; the whole run stays under 3 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 require_cargo
 install_missing cc:build-essential cmake:cmake redis-server:redis-server wrk:wrk nginx:nginx \
-  /usr/lib/nginx/modules/ngx_http_lua_module.so:libnginx-mod-http-lua
+  /usr/lib/nginx/modules/ngx_http_lua_module.so:libnginx-mod-http-lua openssl:openssl h2load:nghttp2-client
 seconds=${1:-5}
 cargo build --release --bins --example fixed_rate
 results=target/bench/results.tsv
@@ -177,6 +181,91 @@ for case in "2 $none_port sluice, no limits" "3 $one_port sluice, 1 GCRA limit";
     'BEGIN {printf "| %s | %s | %s | %s | %.2f | %.2f | %.2f |\n", n, l, r, b, p50 / 1000, p99 / 1000, p999 / 1000}'
 done
 awk -v a="${fixed_p99[3]}" -v b="${fixed_p99[2]}" 'BEGIN {printf "\np99 added by the limiter at that rate: %.2f ms\n", (a - b) / 1000}'
+# TLS: sluice and nginx with the same certificate and upstream, no limits, alternating per row.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=bench.test \
+  -addext subjectAltName=DNS:bench.test -keyout "$work/tls.key" -out "$work/tls.pem" 2>/dev/null
+tls_sluice=$(port)
+cat > "$work/tls.yaml" <<YAML
+server: { threads: 2, pid_file: $work/tls.pid, upgrade_sock: $work/tls.sock, grace_period_seconds: 0, graceful_shutdown_timeout_seconds: 0 }
+listen:
+  - { addr: 127.0.0.1:$tls_sluice, tls: { certificates: [{ cert: $work/tls.pem, key: $work/tls.key }] } }
+routes:
+  - { name: bench, match: { path_prefix: / }, upstream: { servers: [127.0.0.1:$upstream_port] } }
+YAML
+RUST_LOG=error ./target/release/sluice -c "$work/tls.yaml" >/dev/null 2>&1 & pids+=($!)
+tls_sluice_pid=$!
+tls_nginx=$(port)
+mkdir -p "$work/nginx-tls/logs" "$work/nginx-tls/tmp"
+cat > "$work/nginx-tls/nginx.conf" <<NGINX
+worker_processes 2;
+daemon off;
+pid logs/nginx.pid;
+error_log logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path tmp/body;
+    proxy_temp_path tmp/proxy;
+    upstream backend { server 127.0.0.1:$upstream_port; keepalive 64; keepalive_requests 1000000; }
+    server {
+        listen 127.0.0.1:$tls_nginx ssl http2;
+        ssl_certificate $work/tls.pem;
+        ssl_certificate_key $work/tls.key;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        location / {
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+NGINX
+nginx -p "$work/nginx-tls" -c "$work/nginx-tls/nginx.conf" >/dev/null 2>&1 & pids+=($!)
+tls_nginx_master=$!
+wait_port "$tls_sluice"; wait_port "$tls_nginx"
+tls_nginx_workers=$(pgrep -P "$tls_nginx_master" | tr '\n' ' ')
+
+# tls_measure KIND URL PID...: "req/s p99-or-mean-ms non-2xx cpu-us/req" for one load run.
+tls_measure() {
+  local kind=$1 url=$2; shift 2
+  local cpu0 cpu1 out requests bad latency rps
+  cpu0=$(cpu_ticks "$@")
+  case $kind in
+    handshake) out=$(wrk -t2 -c32 -d"${seconds}s" -H "Connection: close" -s "$work/report.lua" "$url" 2>&1) ;;
+    keepalive) out=$(wrk -t2 -c32 -d"${seconds}s" -s "$work/report.lua" "$url" 2>&1) ;;
+    h2) out=$(h2load -t2 -c8 -m16 -D "$seconds" "$url" 2>&1) ;;
+  esac
+  cpu1=$(cpu_ticks "$@")
+  if [ "$kind" = h2 ]; then
+    requests=$(awk '/^requests:/ {print $8}' <<<"$out")
+    bad=$(awk '/^requests:/ {f = $10} /^status codes:/ {print f + $5 + $7 + $9}' <<<"$out")
+    rps=$(awk '/^finished in/ {print $4}' <<<"$out")
+    latency=$(awk '/^time for request:/ {v=$6; if (v ~ /us$/) {sub(/us$/, "", v); v /= 1000} else if (v ~ /ms$/) {sub(/ms$/, "", v)} else {sub(/s$/, "", v); v *= 1000}; print v}' <<<"$out")
+  else
+    read -r requests bad _ p99 _ duration < <(awk '/^REPORT/ {print $2, $3, $4, $5, $6, $7}' <<<"$out")
+    rps=$(awk -v r="$requests" -v us="$duration" 'BEGIN {print r / (us / 1e6)}')
+    latency=$(awk -v p="$p99" 'BEGIN {print p / 1000}')
+  fi
+  awk -v rps="$rps" -v l="$latency" -v b="$bad" -v cpu="$(( cpu1 - cpu0 ))" -v hz="$ticks_per_s" -v r="$requests" \
+    'BEGIN {printf "%.0f %.2f %d %.1f\n", rps, l, b, (r > 0 ? cpu * 1e6 / hz / r : 0)}'
+}
+echo
+echo "TLS, sluice beside nginx $(nginx -v 2>&1 | cut -d/ -f2) (same ECDSA P-256 certificate, same upstream, no limits; latency: p99 for wrk rows, mean for h2load):"
+echo
+printf '| # | scenario | sluice req/s | nginx req/s | sluice / nginx | sluice ms | nginx ms | non-2xx | sluice CPU µs/req | nginx CPU µs/req |\n'
+printf '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
+for case in "T1 handshake https new TLS connection per request" "T2 keepalive https keep-alive requests over TLS" "T3 h2 https HTTP/2, 8 conns x 16 streams"; do
+  read -r n kind scheme label <<<"$case"
+  # shellcheck disable=SC2086 # one PID per word
+  read -r s_rps s_lat s_bad s_cpu < <(tls_measure "$kind" "$scheme://127.0.0.1:$tls_sluice/x" "$tls_sluice_pid")
+  # shellcheck disable=SC2086
+  read -r n_rps n_lat n_bad n_cpu < <(tls_measure "$kind" "$scheme://127.0.0.1:$tls_nginx/x" $tls_nginx_workers)
+  awk -v n="$n" -v l="$label" -v sr="$s_rps" -v nr="$n_rps" -v sl="$s_lat" -v nl="$n_lat" -v bad="$(( s_bad + n_bad ))" \
+      -v sc="$s_cpu" -v nc="$n_cpu" \
+    'BEGIN {printf "| %s | %s | %d | %d | %.2f | %.2f | %.2f | %d | %.1f | %.1f |\n", n, l, sr, nr, (nr > 0 ? sr / nr : 0), sl, nl, bad, sc, nc}'
+done
+
 echo
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo); wrk -t2 -c32 -d${seconds}s; redis $(redis-server --version | awk '{print $3}' | cut -d= -f2); release build"
 python3 scripts/chart.py "$results" docs/performance.svg

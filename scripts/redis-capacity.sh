@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Decisions per second one Redis core makes, per algorithm (docs/scaling.md): starts a throwaway
 # redis-server on a free loopback port and drives sluice's Redis backend with
-# examples/redis_capacity.rs (the real script and key builder), every call allowed.
+# examples/redis_capacity.rs (the real script and key builder), every call allowed: once with one
+# decision per call, once with decisions coalesced into batches of up to 32 (as the gateway does).
 # Usage: scripts/redis-capacity.sh [SECONDS_PER_SCENARIO] [CONCURRENCY]   (defaults 5 64)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,4 +23,6 @@ for _ in $(seq 100); do
 done
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), redis $(redis-server --version | awk '{print $3}' | cut -d= -f2)"
 echo "command: scripts/redis-capacity.sh $seconds $concurrency"
-./target/release/examples/redis_capacity "redis://127.0.0.1:$port/0" "$seconds" "$concurrency"
+for max_batch in 1 32; do
+  ./target/release/examples/redis_capacity "redis://127.0.0.1:$port/0" "$seconds" "$concurrency" "$max_batch"
+done

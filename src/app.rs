@@ -95,6 +95,7 @@ pub fn build_policy(config: &Config) -> Result<Policy, String> {
                 Arc::clone(&clock),
                 metrics::guard_meters(),
                 metrics::lease_meters(),
+                metrics::coalescing(redis.max_batch),
             )
             .map_err(|e| format!("redis client for {}: {e}", redis.topology.describe()))?;
             (engine, Some(local()))

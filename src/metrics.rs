@@ -5,13 +5,14 @@
 use std::sync::LazyLock;
 
 use pingora_prometheus::prometheus::{
-    register_histogram_vec, register_int_counter, register_int_counter_vec, register_int_gauge,
-    register_int_gauge_vec, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    register_histogram, register_histogram_vec, register_int_counter, register_int_counter_vec,
+    register_int_gauge, register_int_gauge_vec, Histogram, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec,
 };
 
 use crate::limiter::guard::GuardMeters;
 use crate::limiter::leased::LeaseMeters;
-use crate::limiter::{LimiterError, Outcome, PolicyMeters};
+use crate::limiter::{Coalescing, LimiterError, Outcome, PolicyMeters};
 
 pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
@@ -30,6 +31,15 @@ pub static LIMITER_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
         vec![0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25]
     )
     .expect("sluice_limiter_duration_seconds registers once")
+});
+
+pub static LIMITER_BATCH_SIZE: LazyLock<Histogram> = LazyLock::new(|| {
+    register_histogram!(
+        "sluice_limiter_batch_size",
+        "Decisions carried by one Redis script call: requests that arrived while the previous call was in flight go together (1 when nothing waited).",
+        vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 128.0, 256.0, 512.0, 1024.0]
+    )
+    .expect("sluice_limiter_batch_size registers once")
 });
 
 pub static LIMITER_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -211,6 +221,14 @@ pub fn guard_meters() -> GuardMeters {
     }
 }
 
+/// How the Redis backend batches decisions: at most `max_batch` per call, sizes counted.
+pub fn coalescing(max_batch: usize) -> Coalescing {
+    Coalescing {
+        max_batch,
+        sizes: LIMITER_BATCH_SIZE.clone(),
+    }
+}
+
 /// Leasing's handles.
 pub fn lease_meters() -> LeaseMeters {
     LeaseMeters {
@@ -225,6 +243,7 @@ pub fn lease_meters() -> LeaseMeters {
 pub fn init() {
     LazyLock::force(&REQUESTS);
     LazyLock::force(&LIMITER_DURATION);
+    LazyLock::force(&LIMITER_BATCH_SIZE);
     for kind in LimiterError::KINDS {
         LIMITER_ERRORS.with_label_values(&[kind]);
     }

@@ -460,28 +460,93 @@ fn the_redis_clock_is_used_when_no_time_is_given() {
 fn malformed_calls_are_refused_with_a_message() {
     let redis = RedisServer::start();
     let mut con = redis.connection();
-    let err = redis::Script::new(SOURCE)
-        .key("k")
-        .arg("")
-        .invoke::<Vec<i64>>(&mut con)
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("expected 8 arguments, got 1"),
-        "{err}"
+    let mut refused = |keys: &[&str], args: &[&str]| {
+        let script = redis::Script::new(SOURCE);
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(*key);
+        }
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        invocation
+            .invoke::<Vec<i64>>(&mut con)
+            .unwrap_err()
+            .to_string()
+    };
+    let gcra = ["gcra", "1000", "2000", "0", "1", "0"];
+    fn one<'a>(id: &'a str, gcra: &[&'a str]) -> Vec<&'a str> {
+        [&[id, "1"][..], gcra].concat()
+    }
+    let err = refused(&["k"], &[""]);
+    assert!(err.contains("expected the number of requests"), "{err}");
+    let err = refused(&["k"], &["", "0"]);
+    assert!(err.contains("expected the number of requests"), "{err}");
+    // Two requests announced, one given.
+    let err = refused(&["k"], &[&["", "2"][..], &one("a", &gcra)].concat());
+    assert!(err.contains("request 2 of 2 is malformed"), "{err}");
+    // One key for two requests.
+    let err = refused(
+        &["k"],
+        &[&["", "2"][..], &one("a", &gcra), &one("b", &gcra)].concat(),
     );
-    let err = redis::Script::new(SOURCE)
-        .key("k")
-        .arg(T0)
-        .arg("id")
-        .arg("leaky")
-        .arg(1)
-        .arg(1)
-        .arg(0)
-        .arg(1)
-        .arg(0)
-        .invoke::<Vec<i64>>(&mut con)
-        .unwrap_err();
-    assert!(err.to_string().contains("unknown algorithm leaky"), "{err}");
+    assert!(err.contains("do not match 2 requests"), "{err}");
+    // Arguments left over.
+    let err = refused(
+        &["k"],
+        &[&["", "1"][..], &one("a", &gcra), &["extra"]].concat(),
+    );
+    assert!(err.contains("do not match 1 requests"), "{err}");
+    let err = refused(
+        &["k"],
+        &["", "1", "id", "1", "leaky", "1", "1", "0", "1", "0"],
+    );
+    assert!(err.contains("unknown algorithm leaky"), "{err}");
+}
+
+/// Requests sent together in one call are decided in order, each as if alone: a batch admits
+/// exactly what the same requests one by one would, and a denied request in the middle consumes
+/// nothing while the requests after it are still decided.
+#[test]
+fn a_batch_decides_its_requests_in_order_each_as_if_alone() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    // The first limit would admit three at once (burst 2), the second only one (no burst).
+    let limits = [gcra("1/s", 2, 1), gcra("10/s", 0, 1)];
+    let key_bytes: Vec<&[u8]> = vec![b"{a}x".as_slice(), b"{a}y".as_slice()];
+    let script = redis::Script::new(SOURCE);
+    script.load(&mut con).expect("SCRIPT LOAD");
+    let costs = [[1, 1], [1, 1], [1, 1], [1, 1]];
+    let mut calls = Vec::new();
+    for (i, cost) in costs.iter().enumerate() {
+        let asks = asks(&key_bytes, cost);
+        let entries = entries(&limits, &asks);
+        let request = LimitRequest {
+            id: RequestId(i as u128 + 1),
+            ..LimitRequest::new(&entries)
+        };
+        calls.push(script::Call::of(&request));
+    }
+    let refs: Vec<&script::Call> = calls.iter().collect();
+    let reply: Vec<i64> = script::batch_command(&script, &refs)
+        .query(&mut con)
+        .expect("batch call");
+    assert_eq!(reply.len(), 4 * 2 * script::REPLY_STRIDE);
+    let allowed: Vec<i64> = reply
+        .chunks(script::REPLY_STRIDE)
+        .map(|status| status[0])
+        .collect();
+    // Request 1 passes both; requests 2 to 4 pass the first limit but the second denies them,
+    // so they consume nothing of the first: it still has 2 of its 3 units after the batch.
+    assert_eq!(allowed, [1, 1, 1, 0, 1, 0, 1, 0]);
+    assert_eq!(reply[3 * 2 * script::REPLY_STRIDE + 1], 2, "{reply:?}");
+    // The same four one by one on fresh keys give the same answers.
+    let mut one_by_one = Vec::new();
+    for i in 0..4 {
+        let reply = call_as(&mut con, &["{b}x", "{b}y"], &limits, None, 10 + i).unwrap();
+        one_by_one.extend(reply.chunks(5).map(|status| status[0]));
+    }
+    assert_eq!(one_by_one, allowed);
 }
 
 #[test]

@@ -61,6 +61,7 @@ pub struct RawRedis {
     pub tls: Option<RawRedisTls>,
     pub timeout_ms: Option<u64>,
     pub key_prefix: Option<String>,
+    pub max_batch: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

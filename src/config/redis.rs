@@ -12,6 +12,8 @@ use crate::secret::Secret;
 
 pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 25;
 pub const DEFAULT_KEY_PREFIX: &str = "sluice";
+/// Decisions one script call may carry (`limiter::coalesce`).
+pub const DEFAULT_MAX_BATCH: usize = 32;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisSettings {
@@ -19,6 +21,8 @@ pub struct RedisSettings {
     pub auth: RedisAuth,
     pub timeout: Duration,
     pub key_prefix: String,
+    /// The most decisions one script call carries when requests queue (1: one call each).
+    pub max_batch: usize,
 }
 
 pub fn compile(raw: RawRedis, p: &mut Problems) -> RedisSettings {
@@ -35,11 +39,20 @@ pub fn compile(raw: RawRedis, p: &mut Problems) -> RedisSettings {
         .key_prefix
         .unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_string());
     check_name(&key_prefix, "redis.key_prefix", p);
+    let max_batch = match raw.max_batch {
+        None => DEFAULT_MAX_BATCH,
+        Some(n @ 1..=1024) => n as usize,
+        Some(n) => {
+            p.add("redis.max_batch", format!("{n} is out of range 1..=1024"));
+            DEFAULT_MAX_BATCH
+        }
+    };
     RedisSettings {
         topology,
         auth,
         timeout,
         key_prefix,
+        max_batch,
     }
 }
 

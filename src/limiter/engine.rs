@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use super::backend::{Backend, Limiter, RefundUnits, ReleaseSlots};
 use super::clock::Clock;
+use super::coalesce::Coalescing;
 use super::guard::{GuardMeters, Guarded};
 use super::leased::{LeaseMeters, Leased};
 use super::local::LocalLimiter;
@@ -49,8 +50,9 @@ impl Engine {
         clock: Arc<dyn Clock>,
         guard_meters: GuardMeters,
         lease_meters: LeaseMeters,
+        coalescing: Coalescing,
     ) -> Result<Engine, redis::RedisError> {
-        let redis = Arc::new(RedisLimiter::new(topology, auth, deadline)?);
+        let redis = Arc::new(RedisLimiter::new(topology, auth, deadline, coalescing)?);
         let guarded = Arc::new(Guarded::new(
             redis.clone(),
             true,

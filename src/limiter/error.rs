@@ -1,7 +1,7 @@
 //! Why a limiter could not decide, with a stable kind for metric labels.
 
 /// Why a limiter could not decide. `kind()` is the metric label.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum LimiterError {
     #[error("limiter call exceeded its {0} ms deadline")]
     Timeout(u64),

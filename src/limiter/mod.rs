@@ -1,8 +1,8 @@
 //! The limiter layer. [`policy`] owns the verdict on a request: it asks the configured
 //! [`engine`] (Redis behind its deny cache, breaker and leases, or in-process) to decide every
 //! limit of a route at once, consuming only if all allow, and applies the route's failure mode
-//! when it cannot. Below it: the seam ([`backend`]), the backends ([`redis`], [`local`]) and
-//! their decorators ([`guard`], [`leased`]), and the vocabulary they share (limits, asks,
+//! when it cannot. Below it: the seam ([`backend`]), the backends ([`redis`], whose decisions
+//! queue into batches in [`coalesce`], and [`local`]) and their decorators ([`guard`], [`leased`]), and the vocabulary they share (limits, asks,
 //! statuses, decisions, errors, the algorithms).
 //!
 //! This file only names the modules and re-exports their main types; the modules reach each
@@ -11,6 +11,7 @@
 pub mod algorithm;
 pub mod backend;
 pub mod clock;
+pub mod coalesce;
 pub mod decision;
 pub mod engine;
 pub mod error;
@@ -34,6 +35,7 @@ pub mod verdict;
 
 pub use algorithm::Algorithm;
 pub use backend::{Backend, Limiter, Readiness, RefundUnits, ReleaseSlots};
+pub use coalesce::Coalescing;
 pub use decision::{Decision, Source, Statuses};
 pub use engine::Engine;
 pub use error::LimiterError;

@@ -1,4 +1,5 @@
-//! Redis backend: every limit of a route in one EVALSHA of `script::SOURCE`, under a deadline.
+//! Redis backend: every limit of a route in one EVALSHA of `script::SOURCE`, under a deadline;
+//! requests that arrive while a call is in flight go together in the next one (`coalesce.rs`).
 //!
 //! The connection (standalone, cluster or sentinel: `link.rs`) is made lazily on first use,
 //! inside the runtime that serves requests (a connection made before Pingora forks or on a
@@ -6,25 +7,71 @@
 //! the script on NOSCRIPT. A call that misses its deadline is abandoned, never retried: it may
 //! already have counted.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
 use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, RefundUnits, ReleaseSlots};
+use super::coalesce::{Coalescer, Coalescing, Execute};
 use super::decision::Decision;
 use super::error::LimiterError;
 use super::link::Link;
 use super::request::LimitRequest;
-use super::script;
+use super::script::{self, Call};
 use super::topology::{RedisAuth, Topology};
 
+/// Times a batch is sent while Redis answers that it does not know the script.
+const NOSCRIPT_ATTEMPTS: u32 = 3;
+
 pub struct RedisLimiter {
-    link: Link,
-    script: redis::Script,
+    link: Arc<Link>,
+    decisions: Coalescer<Dispatch>,
     release: redis::Script,
     refund: redis::Script,
     deadline: Duration,
+}
+
+/// What a batch of decisions needs to reach Redis: the link and the decision script.
+struct Dispatch {
+    link: Arc<Link>,
+    script: redis::Script,
+}
+
+#[async_trait]
+impl Execute for Dispatch {
+    async fn execute(&self, calls: &[&Call], deadline: Duration) -> Result<Vec<i64>, LimiterError> {
+        let call = async {
+            let mut connection = self.link.connection().await?;
+            let command = script::batch_command(&self.script, calls);
+            // NOSCRIPT: the script never ran, so loading it and sending the call again cannot
+            // count twice; a `SCRIPT FLUSH` in between gives NOSCRIPT again, hence a few tries.
+            let mut attempts = NOSCRIPT_ATTEMPTS;
+            loop {
+                attempts -= 1;
+                match command.query_async::<Vec<i64>>(&mut connection).await {
+                    Err(error) if error.code() == Some("NOSCRIPT") && attempts > 0 => {
+                        self.script
+                            .load_async(&mut connection)
+                            .await
+                            .map_err(classify)?;
+                    }
+                    reply => return reply.map_err(classify),
+                }
+            }
+        };
+        let result = match tokio::time::timeout(deadline, call).await {
+            Ok(Err(LimiterError::Timeout(_))) | Err(_) => {
+                Err(LimiterError::Timeout(deadline.as_millis() as u64))
+            }
+            Ok(result) => result,
+        };
+        if let Err(error) = &result {
+            self.link.failed(error);
+        }
+        result
+    }
 }
 
 impl RedisLimiter {
@@ -33,10 +80,17 @@ impl RedisLimiter {
         topology: &Topology,
         auth: &RedisAuth,
         deadline: Duration,
+        coalescing: Coalescing,
     ) -> Result<RedisLimiter, redis::RedisError> {
-        Ok(RedisLimiter {
-            link: Link::new(topology, auth, deadline)?,
+        let link = Arc::new(Link::new(topology, auth, deadline)?);
+        let dispatch = Dispatch {
+            link: Arc::clone(&link),
             script: redis::Script::new(script::SOURCE),
+        };
+        let by_slot = matches!(topology, Topology::Cluster { .. });
+        Ok(RedisLimiter {
+            link,
+            decisions: Coalescer::new(dispatch, by_slot, coalescing),
             release: redis::Script::new(script::RELEASE_SOURCE),
             refund: redis::Script::new(script::REFUND_SOURCE),
             deadline,
@@ -45,21 +99,6 @@ impl RedisLimiter {
 
     fn deadline_ms(&self) -> u64 {
         self.deadline.as_millis() as u64
-    }
-
-    async fn evaluate(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
-        let mut connection = self.link.connection().await?;
-        let mut invocation = self.script.prepare_invoke();
-        for entry in request.entries {
-            invocation.key(entry.key);
-        }
-        script::push_args(&mut invocation, request, None);
-        let reply: Vec<i64> = invocation
-            .invoke_async(&mut connection)
-            .await
-            .map_err(classify)?;
-        script::parse_statuses(&reply, request.entries.len())
-            .map(|statuses| request.decision(statuses))
     }
 
     async fn release_leases(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
@@ -159,8 +198,9 @@ pub fn classify(error: redis::RedisError) -> LimiterError {
 #[async_trait]
 impl Limiter for RedisLimiter {
     async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
-        self.within_deadline(request.deadline, self.evaluate(request))
-            .await
+        let deadline = request.deadline.unwrap_or(self.deadline);
+        let statuses = self.decisions.decide(Call::of(request), deadline).await?;
+        Ok(request.decision(statuses))
     }
 }
 

@@ -1,13 +1,18 @@
 //! The Lua scripts, composed from `lua/`, and the encoding of their arguments and replies. The
 //! contracts are stated in `lua/check.lua` and `lua/release.lua`.
 
+use smallvec::SmallVec;
+
 use super::algorithm::Algorithm;
 use super::decision::{Decision, Statuses};
 use super::error::LimiterError;
+use super::id::RequestId;
+use super::limit::Limit;
 use super::request::LimitRequest;
 use super::status::LimitStatus;
 
-/// prelude, one file per algorithm, then the driver: one script, one EVALSHA per request.
+/// prelude, one file per algorithm, then the driver: one script; one EVALSHA decides a batch of
+/// requests (`coalesce.rs`), each with every limit of its route.
 pub const SOURCE: &str = concat!(
     include_str!("../../lua/prelude.lua"),
     "\n",
@@ -48,29 +53,132 @@ pub const RELEASE_SOURCE: &str = include_str!("../../lua/release.lua");
 /// Integers per limit in the reply.
 pub const REPLY_STRIDE: usize = 6;
 
-/// Appends ARGV for one call: the clock (`None`: Redis TIME), the request id, then per entry its
-/// algorithm, parameters, cost and shadow flag. Keys are added by the caller in the same order.
+/// Appends ARGV for a call deciding `request` alone: the clock (`None`: Redis TIME), a batch of
+/// one, then the request (`lua/check.lua`). Keys are added by the caller in entry order.
 pub fn push_args(
     invocation: &mut redis::ScriptInvocation<'_>,
     request: &LimitRequest<'_>,
     now_us: Option<u64>,
 ) {
+    push_clock(invocation, now_us, 1);
+    invocation
+        .arg(&request.id.hex()[..])
+        .arg(request.entries.len());
+    for entry in request.entries {
+        push_limit(invocation, LimitArgs::of(entry.limit, entry.cost));
+    }
+}
+
+fn push_clock(invocation: &mut redis::ScriptInvocation<'_>, now_us: Option<u64>, requests: usize) {
     match now_us {
         Some(now) => invocation.arg(now),
         None => invocation.arg(""),
     };
-    invocation.arg(&request.id.hex()[..]);
-    for entry in request.entries {
-        let limit = entry.limit;
-        let [p1, p2, p3] = limit.algorithm.script_params();
-        invocation
-            .arg(limit.algorithm.script_name())
-            .arg(p1)
-            .arg(p2)
-            .arg(p3)
-            .arg(entry.cost)
-            .arg(u8::from(limit.shadow));
+    invocation.arg(requests);
+}
+
+fn push_limit(invocation: &mut redis::ScriptInvocation<'_>, limit: LimitArgs) {
+    let [p1, p2, p3] = limit.params;
+    invocation
+        .arg(limit.algorithm)
+        .arg(p1)
+        .arg(p2)
+        .arg(p3)
+        .arg(limit.cost)
+        .arg(u8::from(limit.shadow));
+}
+
+/// One limit's arguments in a script call.
+#[derive(Debug, Clone, Copy)]
+struct LimitArgs {
+    algorithm: &'static str,
+    params: [u64; 3],
+    cost: u64,
+    shadow: bool,
+}
+
+impl LimitArgs {
+    fn of(limit: &Limit, cost: u64) -> LimitArgs {
+        LimitArgs {
+            algorithm: limit.algorithm.script_name(),
+            params: limit.algorithm.script_params(),
+            cost,
+            shadow: limit.shadow,
+        }
     }
+}
+
+/// One request's part of a script call, owned so it can wait for its batch: its id and, per
+/// limit, the key and arguments. Keys live inline for the usual route (up to 256 bytes).
+#[derive(Debug, Clone)]
+pub struct Call {
+    id: RequestId,
+    keys: SmallVec<[u8; 256]>,
+    key_ends: SmallVec<[usize; 4]>,
+    limits: SmallVec<[LimitArgs; 4]>,
+}
+
+impl Call {
+    pub fn of(request: &LimitRequest<'_>) -> Call {
+        let mut call = Call {
+            id: request.id,
+            keys: SmallVec::new(),
+            key_ends: SmallVec::new(),
+            limits: SmallVec::new(),
+        };
+        for entry in request.entries {
+            call.keys.extend_from_slice(entry.key);
+            call.key_ends.push(call.keys.len());
+            call.limits.push(LimitArgs::of(entry.limit, entry.cost));
+        }
+        call
+    }
+
+    /// How many limits it decides (its keys, and its reply's statuses).
+    pub fn limits(&self) -> usize {
+        self.limits.len()
+    }
+
+    /// Its keys, in limit order.
+    pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        let starts = std::iter::once(0).chain(self.key_ends.iter().copied());
+        starts
+            .zip(self.key_ends.iter().copied())
+            .map(|(start, end)| &self.keys[start..end])
+    }
+
+    /// Its first key (which names the Cluster slot of all of them).
+    pub fn first_key(&self) -> &[u8] {
+        &self.keys[..self.key_ends.first().copied().unwrap_or(0)]
+    }
+}
+
+/// The EVALSHA of `script` (the decision script) deciding `calls` in order, with Redis's clock.
+/// Built as one command buffer: no allocation per argument.
+pub fn batch_command(script: &redis::Script, calls: &[&Call]) -> redis::Cmd {
+    let keys: usize = calls.iter().map(|call| call.limits()).sum();
+    let mut command = redis::cmd("EVALSHA");
+    command.arg(script.get_hash()).arg(keys);
+    for call in calls {
+        for key in call.keys() {
+            command.arg(key);
+        }
+    }
+    command.arg("").arg(calls.len());
+    for call in calls {
+        command.arg(&call.id.hex()[..]).arg(call.limits());
+        for limit in &call.limits {
+            let [p1, p2, p3] = limit.params;
+            command
+                .arg(limit.algorithm)
+                .arg(p1)
+                .arg(p2)
+                .arg(p3)
+                .arg(limit.cost)
+                .arg(u8::from(limit.shadow));
+        }
+    }
+    command
 }
 
 /// Turns the script's flat integer reply into a decision where every limit is enforced.

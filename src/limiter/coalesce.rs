@@ -1,0 +1,243 @@
+//! Group commit of decisions: while one script call is in flight on a lane, the requests that
+//! arrive wait, and the next call carries all of them (up to `max_batch`), each decided in
+//! arrival order as if it were alone (`lua/check.lua`). There is no timer: a lone request goes at
+//! once, and batches form only when requests arrive faster than Redis answers, which is when
+//! one call per request would cost the most.
+//!
+//! A lane is where one call at a time may be in flight: the one connection of a standalone or
+//! Sentinel-managed Redis, or one Cluster slot (a script's keys must share a slot). Each request
+//! keeps its own deadline: it stops waiting when it passes, and a request that gave up before its
+//! batch left is never sent. The batch itself runs in its own task until the latest deadline
+//! among its requests, so no request's cancellation strands the others.
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use prometheus::Histogram;
+use smallvec::SmallVec;
+use tokio::sync::oneshot;
+
+use super::decision::Statuses;
+use super::error::LimiterError;
+use super::script::{self, Call};
+
+/// Redis Cluster's number of hash slots.
+const SLOTS: usize = 16_384;
+
+/// Runs one script call for a batch of calls that share a lane.
+#[async_trait]
+pub trait Execute: Send + Sync + 'static {
+    /// The flat reply of one call deciding `calls` in order, within `deadline`.
+    async fn execute(&self, calls: &[&Call], deadline: Duration) -> Result<Vec<i64>, LimiterError>;
+}
+
+/// One request waiting in a lane.
+struct Job {
+    call: Call,
+    deadline: Instant,
+    reply: oneshot::Sender<Result<Statuses, LimiterError>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Job>,
+    /// A task is draining this lane (a call is in flight, or about to be).
+    draining: bool,
+}
+
+#[derive(Default)]
+struct Lane {
+    queue: Mutex<Queue>,
+}
+
+impl Lane {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Where calls queue: one lane, or one per Cluster slot (made on first use).
+enum Lanes {
+    One(Arc<Lane>),
+    BySlot(Box<[OnceLock<Arc<Lane>>]>),
+}
+
+impl Lanes {
+    fn lane(&self, call: &Call) -> Arc<Lane> {
+        match self {
+            Lanes::One(lane) => Arc::clone(lane),
+            Lanes::BySlot(lanes) => {
+                let slot = usize::from(cluster_slot(call.first_key()));
+                Arc::clone(lanes[slot].get_or_init(Arc::default))
+            }
+        }
+    }
+}
+
+/// The Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the first non-empty `{...}`), or of
+/// the whole key, modulo 16384.
+pub fn cluster_slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(tagged) % SLOTS as u16
+}
+
+/// How requests are coalesced: the largest batch, and where batch sizes are counted.
+#[derive(Clone)]
+pub struct Coalescing {
+    pub max_batch: usize,
+    pub sizes: Histogram,
+}
+
+/// Queues decisions per lane and sends them in batches through `E`.
+pub struct Coalescer<E> {
+    executor: Arc<E>,
+    lanes: Lanes,
+    coalescing: Coalescing,
+}
+
+impl<E: Execute> Coalescer<E> {
+    /// `by_slot`: a lane per Cluster slot; otherwise one lane.
+    pub fn new(executor: E, by_slot: bool, coalescing: Coalescing) -> Coalescer<E> {
+        let lanes = if by_slot {
+            Lanes::BySlot((0..SLOTS).map(|_| OnceLock::new()).collect())
+        } else {
+            Lanes::One(Arc::default())
+        };
+        Coalescer {
+            executor: Arc::new(executor),
+            lanes,
+            coalescing: Coalescing {
+                max_batch: coalescing.max_batch.max(1),
+                ..coalescing
+            },
+        }
+    }
+
+    /// Decides `call` in the next batch of its lane; waits at most `deadline`.
+    pub async fn decide(&self, call: Call, deadline: Duration) -> Result<Statuses, LimiterError> {
+        let lane = self.lanes.lane(&call);
+        let (reply, answer) = oneshot::channel();
+        let start_draining = {
+            let mut queue = lane.lock();
+            queue.waiting.push(Job {
+                call,
+                deadline: Instant::now() + deadline,
+                reply,
+            });
+            !std::mem::replace(&mut queue.draining, true)
+        };
+        if start_draining {
+            tokio::spawn(drain(
+                lane,
+                Arc::clone(&self.executor),
+                self.coalescing.clone(),
+            ));
+        }
+        match tokio::time::timeout(deadline, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(LimiterError::Connection(
+                "the batch carrying this decision was lost".to_string(),
+            )),
+            Err(_) => Err(LimiterError::Timeout(deadline.as_millis() as u64)),
+        }
+    }
+}
+
+/// Sends the lane's waiting calls, a batch at a time, until none is left.
+async fn drain<E: Execute>(lane: Arc<Lane>, executor: Arc<E>, coalescing: Coalescing) {
+    let mut batch: Vec<Job> = Vec::with_capacity(coalescing.max_batch);
+    loop {
+        {
+            let mut queue = lane.lock();
+            // A request that stopped waiting is not sent: it already had its failure mode.
+            queue.waiting.retain(|job| !job.reply.is_closed());
+            if queue.waiting.is_empty() {
+                queue.draining = false;
+                return;
+            }
+            let take = queue.waiting.len().min(coalescing.max_batch);
+            batch.extend(queue.waiting.drain(..take));
+        }
+        coalescing.sizes.observe(batch.len() as f64);
+        let latest = batch
+            .iter()
+            .map(|job| job.deadline)
+            .max()
+            .unwrap_or_else(Instant::now);
+        let calls: SmallVec<[&Call; 64]> = batch.iter().map(|job| &job.call).collect();
+        let reply = executor
+            .execute(&calls, latest.saturating_duration_since(Instant::now()))
+            .await;
+        drop(calls);
+        answer(batch.drain(..), reply);
+    }
+}
+
+/// Gives each job its part of the batch's reply (or the batch's error).
+fn answer(jobs: std::vec::Drain<'_, Job>, reply: Result<Vec<i64>, LimiterError>) {
+    let expected: usize = jobs
+        .as_slice()
+        .iter()
+        .map(|job| job.call.limits())
+        .sum::<usize>()
+        * script::REPLY_STRIDE;
+    let reply = reply.and_then(|flat| {
+        if flat.len() == expected {
+            Ok(flat)
+        } else {
+            Err(LimiterError::Reply(format!(
+                "expected {expected} integers for the batch, got {}",
+                flat.len()
+            )))
+        }
+    });
+    match reply {
+        Ok(flat) => {
+            let mut rest = flat.as_slice();
+            for job in jobs {
+                let limits = job.call.limits();
+                let (mine, others) = rest.split_at(limits * script::REPLY_STRIDE);
+                rest = others;
+                let _ = job.reply.send(script::parse_statuses(mine, limits));
+            }
+        }
+        Err(error) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(error.clone()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_those_redis_computes() {
+        for key in [
+            &b"sluice:{api.3f9c}:per_client.0a1b2c3d:00ff"[..],
+            b"plain-key",
+            b"{}empty-tag",
+            b"a{b}c{d}",
+            b"{user1000}.following",
+        ] {
+            let ours = cluster_slot(key);
+            assert_eq!(
+                redis::cluster_routing::Slot::new(ours),
+                Some(redis::cluster_routing::Slot::for_key(key)),
+                "{}",
+                String::from_utf8_lossy(key)
+            );
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! Coalesced decisions against real Redis servers: requests that arrive while a script call is in
+//! flight go together in the next one. Exactness holds over two gateways and a Cluster while
+//! batches larger than one form (the batch-size histogram says so); each request keeps its own
+//! deadline inside a batch; a request that gave up before its batch left is never sent; and a
+//! `SCRIPT FLUSH` in the middle of batched traffic costs no decision.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::limiter::redis::RedisLimiter;
+use sluice::limiter::{
+    asks, entries, Coalescing, LimitRequest, Limiter, LimiterError, RequestId, Topology,
+};
+use support::config::{route, Config};
+use support::limits::{fixed_window, Limit};
+use support::topologies::RedisCluster;
+use support::{hammer, http_get, Gateway, RedisServer, Upstream};
+
+/// These tests load several processes at once: one at a time.
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `(calls, calls that carried more than one decision)` from a gateway's batch-size histogram.
+fn batches(metrics: &str) -> (f64, f64) {
+    let sample = |prefix: &str| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let calls = sample("sluice_limiter_batch_size_count ");
+    let alone = sample("sluice_limiter_batch_size_bucket{le=\"1\"} ");
+    (calls, calls - alone)
+}
+
+fn count(statuses: &[u16], status: u16) -> usize {
+    statuses.iter().filter(|s| **s == status).count()
+}
+
+#[test]
+fn sixty_four_clients_over_two_gateways_admit_exactly_the_limit_in_batches() {
+    let _alone = alone();
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let body = Config::new()
+        .redis(redis.url())
+        .failure_mode("deny")
+        .route(route("api").limit(fixed_window("shared", "500/h").key(&["route"])))
+        .yaml();
+    let gateways: Vec<Gateway> = (0..2)
+        .map(|_| Gateway::start(&body, &upstream, Some(&redis)))
+        .collect();
+    for gateway in &gateways {
+        gateway.wait_ready();
+    }
+    let addrs: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
+    let statuses = hammer(&addrs, 64, 64 * 20, "/x");
+    assert_eq!(count(&statuses, 200), 500, "admitted");
+    assert_eq!(
+        count(&statuses, 429),
+        64 * 20 - 500,
+        "everything else limited"
+    );
+    let (calls, batched): (f64, f64) = gateways
+        .iter()
+        .map(|g| batches(&g.metrics()))
+        .fold((0.0, 0.0), |(c, b), (c1, b1)| (c + c1, b + b1));
+    println!("{calls} script calls for 1280 decisions, {batched} of them batched");
+    assert!(batched > 0.0, "no call carried more than one decision");
+    assert!(calls < 1280.0, "{calls} calls for 1280 decisions");
+}
+
+/// A limiter on `url` batching up to 8 decisions, with its own batch-size histogram.
+fn limiter(url: &str) -> (Arc<RedisLimiter>, prometheus::Histogram) {
+    let sizes = prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("sizes", "test"))
+        .expect("histogram");
+    let limiter = RedisLimiter::new(
+        &Topology::Standalone {
+            url: url.to_string(),
+        },
+        &Default::default(),
+        Duration::from_secs(2),
+        Coalescing {
+            max_batch: 8,
+            sizes: sizes.clone(),
+        },
+    )
+    .expect("limiter");
+    (Arc::new(limiter), sizes)
+}
+
+/// Decides one fixed-window limit of 100/h on `key` within `deadline`.
+async fn decide(
+    limiter: &RedisLimiter,
+    key: &str,
+    deadline: Duration,
+) -> Result<bool, LimiterError> {
+    let limits = [fixed_window("w", "100/h").compile()];
+    let keys = [key.as_bytes()];
+    let asks = asks(&keys, &[1]);
+    let entries = entries(&limits, &asks);
+    static IDS: AtomicUsize = AtomicUsize::new(1);
+    let request = LimitRequest {
+        id: RequestId(IDS.fetch_add(1, Ordering::Relaxed) as u128),
+        deadline: Some(deadline),
+        ..LimitRequest::new(&entries)
+    };
+    limiter
+        .check(&request)
+        .await
+        .map(|decision| decision.denied_by.is_none())
+}
+
+fn pause_redis(redis: &RedisServer, millis: u64) {
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(millis)
+        .arg("ALL")
+        .query(&mut redis.connection())
+        .expect("CLIENT PAUSE");
+}
+
+/// Whether a decision on `key` reached Redis (it left state there).
+fn counted(redis: &RedisServer, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query(&mut redis.connection())
+        .expect("EXISTS")
+}
+
+#[test]
+fn each_request_in_a_batch_keeps_its_own_deadline() {
+    let redis = RedisServer::start();
+    let (limiter, sizes) = limiter(&redis.url());
+    // One thread: both requests are queued before the batch leaves.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        assert!(decide(&limiter, "{w}arm", Duration::from_secs(2))
+            .await
+            .unwrap());
+        pause_redis(&redis, 400);
+        let (hasty, patient) = tokio::join!(
+            decide(&limiter, "{t}hasty", Duration::from_millis(100)),
+            decide(&limiter, "{t}patient", Duration::from_secs(3)),
+        );
+        assert!(
+            matches!(hasty, Err(LimiterError::Timeout(100))),
+            "the 100 ms request stopped waiting: {hasty:?}"
+        );
+        assert!(patient.expect("the 3 s request waited for the batch"));
+    });
+    assert_eq!(
+        sizes.get_sample_count(),
+        2,
+        "the warm-up call, then one batch"
+    );
+    assert_eq!(
+        sizes.get_sample_sum(),
+        3.0,
+        "the batch carried both requests"
+    );
+    // It was in the batch when it gave up: it counted (a late answer is never retried).
+    assert!(counted(&redis, "{t}hasty"));
+    assert!(counted(&redis, "{t}patient"));
+}
+
+#[test]
+fn a_request_that_gave_up_before_its_batch_left_is_never_sent() {
+    let redis = RedisServer::start();
+    let (limiter, sizes) = limiter(&redis.url());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        assert!(decide(&limiter, "{w}arm", Duration::from_secs(2))
+            .await
+            .unwrap());
+        pause_redis(&redis, 400);
+        // The first call leaves at once and waits on the paused server...
+        let first = {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move { decide(&limiter, "{t}first", Duration::from_secs(3)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // ... the second queues behind it and gives up before it returns.
+        let second = decide(&limiter, "{t}second", Duration::from_millis(50)).await;
+        assert!(
+            matches!(second, Err(LimiterError::Timeout(50))),
+            "{second:?}"
+        );
+        assert!(first.await.unwrap().expect("the first call is answered"));
+    });
+    assert!(!counted(&redis, "{t}second"), "never sent");
+    assert!(counted(&redis, "{t}first"));
+    assert_eq!(
+        sizes.get_sample_count(),
+        2,
+        "the warm-up call and the first"
+    );
+}
+
+#[test]
+fn script_flush_in_the_middle_of_batched_traffic_costs_no_decision() {
+    let _alone = alone();
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let body = Config::new()
+        .redis(redis.url())
+        .failure_mode("deny")
+        .route(route("api").limit(fixed_window("shared", "300/h").key(&["route"])))
+        .yaml();
+    let gateway = Gateway::start(&body, &upstream, Some(&redis));
+    gateway.wait_ready();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flushes = Arc::new(AtomicUsize::new(0));
+    let flusher = {
+        let (stop, flushes) = (Arc::clone(&stop), Arc::clone(&flushes));
+        let mut admin = redis.connection();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _: () = redis::cmd("SCRIPT")
+                    .arg("FLUSH")
+                    .query(&mut admin)
+                    .expect("SCRIPT FLUSH");
+                flushes.fetch_add(1, Ordering::Relaxed);
+                // Far more often than any operator would; a call that meets a flush loads the
+                // script and tries again, a few times at most.
+                std::thread::sleep(Duration::from_millis(25));
+            }
+        })
+    };
+    let statuses = hammer(&[gateway.proxy], 32, 32 * 25, "/x");
+    stop.store(true, Ordering::Relaxed);
+    flusher.join().unwrap();
+    let errors: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query(&mut redis.connection())
+        .expect("INFO errorstats");
+    println!(
+        "{} flushes; {}",
+        flushes.load(Ordering::Relaxed),
+        errors.trim()
+    );
+    assert!(
+        errors.contains("errorstat_NOSCRIPT"),
+        "the flushes made calls find no script"
+    );
+    assert_eq!(count(&statuses, 503), 0, "no decision failed");
+    assert_eq!(count(&statuses, 200), 300);
+    assert_eq!(count(&statuses, 429), 32 * 25 - 300);
+}
+
+#[test]
+fn a_cluster_batches_per_slot_with_keys_on_every_master_and_stays_exact() {
+    let _alone = alone();
+    let cluster = RedisCluster::start();
+    let upstream = Upstream::start();
+    let per_client: Limit = fixed_window("per_client", "50/h").key(&["client_ip"]);
+    let body = Config::new()
+        .redis_section(&[
+            "mode: cluster",
+            &format!("nodes: [{}]", cluster.urls().join(", ")),
+            "timeout_ms: 500",
+        ])
+        .failure_mode("deny")
+        .set("trusted_proxies", "[127.0.0.1]")
+        .route(route("api").limit(per_client))
+        .yaml();
+    let gateway = Gateway::start(&body, &upstream, None);
+    gateway.wait_ready();
+    // 30 clients (their keys land on every master: each misses one of three with odds of
+    // 2/3^30), 3 threads each sending 24 requests: 72 per client, 50 admitted.
+    const CLIENTS: usize = 30;
+    let threads: Vec<_> = (0..CLIENTS * 3)
+        .map(|thread| {
+            let proxy = gateway.proxy;
+            std::thread::spawn(move || {
+                let client = format!("198.51.100.{}", thread % CLIENTS + 1);
+                (0..24)
+                    .map(|_| {
+                        let status =
+                            http_get(proxy, "/x", None, &[("x-forwarded-for", &client)]).status;
+                        (thread % CLIENTS, status)
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut admitted = [0usize; CLIENTS];
+    for thread in threads {
+        for (client, status) in thread.join().unwrap() {
+            assert!(status == 200 || status == 429, "status {status}");
+            if status == 200 {
+                admitted[client] += 1;
+            }
+        }
+    }
+    assert_eq!(
+        admitted, [50; CLIENTS],
+        "each client gets exactly its limit"
+    );
+    let per_master = cluster.keys_per_master();
+    println!("keys per master: {per_master:?}");
+    assert!(
+        per_master.iter().all(|(_, keys)| *keys > 0),
+        "keys on every master: {per_master:?}"
+    );
+    let (calls, batched) = batches(&gateway.metrics());
+    println!(
+        "{calls} script calls for {} decisions, {batched} batched",
+        CLIENTS * 72
+    );
+    assert!(batched > 0.0, "no call carried more than one decision");
+}

@@ -12,6 +12,7 @@ use std::net::IpAddr;
 
 use http::header::{HeaderName, HeaderValue, CONNECTION};
 use pingora::http::RequestHeader;
+use smallvec::SmallVec;
 
 static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -20,17 +21,16 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 static X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
-/// Every header this module owns.
-fn owned() -> [&'static HeaderName; 6] {
-    [
-        &FORWARDED,
-        &X_FORWARDED_FOR,
-        &X_FORWARDED_PROTO,
-        &X_FORWARDED_HOST,
-        &X_FORWARDED_PORT,
-        &X_REAL_IP,
-    ]
-}
+/// Every header this module owns, with the spelling it is sent upstream in. Pingora inserts a
+/// `&'static str` name as it is, where a `HeaderName` is copied and re-cased on every insert.
+const OWNED: [(&HeaderName, &str); 6] = [
+    (&X_FORWARDED_FOR, "X-Forwarded-For"),
+    (&FORWARDED, "Forwarded"),
+    (&X_FORWARDED_PROTO, "X-Forwarded-Proto"),
+    (&X_FORWARDED_HOST, "X-Forwarded-Host"),
+    (&X_FORWARDED_PORT, "X-Forwarded-Port"),
+    (&X_REAL_IP, "X-Real-IP"),
+];
 
 /// What sluice knows of the request it forwards.
 #[derive(Debug, Clone, Copy)]
@@ -50,9 +50,9 @@ pub struct Hop<'a> {
 }
 
 fn is_owned(token: &str) -> bool {
-    owned()
+    OWNED
         .iter()
-        .any(|name| token.trim().eq_ignore_ascii_case(name.as_str()))
+        .any(|(name, _)| token.trim().eq_ignore_ascii_case(name.as_str()))
 }
 
 /// The single value of `name` as text, if the request carries exactly one.
@@ -62,18 +62,19 @@ fn single(request: &RequestHeader, name: &HeaderName) -> Option<String> {
     values.next().is_none().then_some(value)
 }
 
-fn forwarded_node(ip: IpAddr, proto: &str, host: Option<&str>) -> String {
-    let node = match ip {
-        IpAddr::V4(v4) => format!("for={v4}"),
-        IpAddr::V6(v6) => format!("for=\"[{v6}]\""),
-    };
-    match host {
-        Some(host) => format!("{node};proto={proto};host=\"{host}\""),
-        None => format!("{node};proto={proto}"),
-    }
+/// What a trusted proxy said before sluice, kept when it is well formed.
+#[derive(Default)]
+struct Claims {
+    chained_for: Option<String>,
+    chained_forwarded: Option<String>,
+    proto: Option<String>,
+    host: Option<String>,
+    port: Option<String>,
 }
 
-pub fn set_headers(request: &mut RequestHeader, hop: Hop<'_>) -> pingora::Result<()> {
+/// Strips `Connection` tokens naming the owned headers, reads a trusted peer's claims, then
+/// removes every owned header: the slow path, for the few requests that carry any of them.
+fn take_claims(request: &mut RequestHeader, trusted: bool) -> pingora::Result<Claims> {
     if let Some(connection) = single(request, &CONNECTION) {
         let kept: Vec<&str> = connection
             .split(',')
@@ -86,53 +87,136 @@ pub fn set_headers(request: &mut RequestHeader, hop: Hop<'_>) -> pingora::Result
             request.insert_header(CONNECTION, kept.join(", "))?;
         }
     }
-    // A trusted proxy's claims, read before anything is replaced.
     let claim = |request: &RequestHeader, name: &HeaderName| {
-        hop.trusted
+        trusted
             .then(|| single(request, name))
             .flatten()
             .filter(|value| !value.trim().is_empty())
     };
-    let chained_xff = claim(request, &X_FORWARDED_FOR);
-    let chained_forwarded = claim(request, &FORWARDED);
-    let proto = claim(request, &X_FORWARDED_PROTO)
-        .filter(|p| p == "http" || p == "https")
-        .unwrap_or_else(|| hop.proto.to_string());
-    let host = claim(request, &X_FORWARDED_HOST).or_else(|| hop.host.map(str::to_string));
-    let port = claim(request, &X_FORWARDED_PORT)
-        .filter(|p| p.parse::<u16>().is_ok())
-        .or_else(|| hop.port.map(|p| p.to_string()));
-    for name in owned() {
+    let claims = Claims {
+        chained_for: claim(request, &X_FORWARDED_FOR),
+        chained_forwarded: claim(request, &FORWARDED),
+        proto: claim(request, &X_FORWARDED_PROTO).filter(|p| p == "http" || p == "https"),
+        host: claim(request, &X_FORWARDED_HOST),
+        port: claim(request, &X_FORWARDED_PORT).filter(|p| p.parse::<u16>().is_ok()),
+    };
+    for (name, _) in OWNED {
         request.remove_header(name);
     }
+    Ok(claims)
+}
+
+/// Text written on the stack: an address, a port, a `Forwarded` element.
+type Text = SmallVec<[u8; 96]>;
+
+/// `ip` as text; IPv4 without the formatting machinery (it is nearly every request).
+fn write_ip(out: &mut Text, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                if octet >= 100 {
+                    out.push(b'0' + octet / 100);
+                }
+                if octet >= 10 {
+                    out.push(b'0' + octet / 10 % 10);
+                }
+                out.push(b'0' + octet % 10);
+            }
+        }
+        IpAddr::V6(v6) => {
+            out.extend_from_slice(v6.to_string().as_bytes());
+        }
+    }
+}
+
+fn value(text: &[u8]) -> Option<HeaderValue> {
+    HeaderValue::from_bytes(text).ok()
+}
+
+/// `previous, own` when a trusted proxy sent a chain, else `own`.
+fn chained(previous: Option<String>, own: &[u8]) -> Option<HeaderValue> {
+    match previous {
+        Some(previous) => {
+            let mut text = previous.into_bytes();
+            text.extend_from_slice(b", ");
+            text.extend_from_slice(own);
+            value(&text)
+        }
+        None => value(own),
+    }
+}
+
+pub fn set_headers(request: &mut RequestHeader, hop: Hop<'_>) -> pingora::Result<()> {
+    // One pass over the names: nearly no request carries any of these.
+    let carries = request
+        .headers
+        .keys()
+        .any(|name| name == CONNECTION || OWNED.iter().any(|(owned, _)| name == *owned));
+    let claims = if carries {
+        take_claims(request, hop.trusted)?
+    } else {
+        Claims::default()
+    };
     let Some(peer) = hop.peer else {
         return Ok(());
     };
-    let chain = |previous: Option<String>, own: String| match previous {
-        Some(previous) => format!("{previous}, {own}"),
-        None => own,
+    let mut peer_text = Text::new();
+    write_ip(&mut peer_text, peer);
+    let real_ip = match hop.client {
+        Some(client) if client == peer => Some(peer_text.clone()),
+        Some(client) => {
+            let mut text = Text::new();
+            write_ip(&mut text, client);
+            Some(text)
+        }
+        None => None,
     };
-    let host_param = hop
+    let mut forwarded = Text::new();
+    forwarded.extend_from_slice(b"for=");
+    match peer {
+        IpAddr::V4(_) => forwarded.extend_from_slice(&peer_text),
+        IpAddr::V6(_) => {
+            forwarded.extend_from_slice(b"\"[");
+            forwarded.extend_from_slice(&peer_text);
+            forwarded.extend_from_slice(b"]\"");
+        }
+    }
+    forwarded.extend_from_slice(b";proto=");
+    forwarded.extend_from_slice(hop.proto.as_bytes());
+    if let Some(host) = hop
         .host
-        .filter(|h| h.bytes().all(|b| b.is_ascii_graphic() && b != b'"'));
+        .filter(|h| h.bytes().all(|b| b.is_ascii_graphic() && b != b'"'))
+    {
+        forwarded.extend_from_slice(b";host=\"");
+        forwarded.extend_from_slice(host.as_bytes());
+        forwarded.push(b'"');
+    }
+    let proto = match claims.proto {
+        Some(claimed) => value(claimed.as_bytes()),
+        None => Some(HeaderValue::from_static(hop.proto)),
+    };
+    let host = match claims.host {
+        Some(claimed) => value(claimed.as_bytes()),
+        None => hop.host.and_then(|host| value(host.as_bytes())),
+    };
+    let port = match claims.port {
+        Some(claimed) => value(claimed.as_bytes()),
+        None => hop.port.map(HeaderValue::from),
+    };
     let values = [
-        (&X_FORWARDED_FOR, Some(chain(chained_xff, peer.to_string()))),
-        (
-            &FORWARDED,
-            Some(chain(
-                chained_forwarded,
-                forwarded_node(peer, hop.proto, host_param),
-            )),
-        ),
-        (&X_FORWARDED_PROTO, Some(proto)),
-        (&X_FORWARDED_HOST, host),
-        (&X_FORWARDED_PORT, port),
-        (&X_REAL_IP, hop.client.map(|ip| ip.to_string())),
+        chained(claims.chained_for, &peer_text),
+        chained(claims.chained_forwarded, &forwarded),
+        proto,
+        host,
+        port,
+        real_ip.and_then(|text| value(&text)),
     ];
-    for (name, value) in values {
-        let Some(value) = value else { continue };
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            request.insert_header(name.clone(), value)?;
+    for ((_, spelling), value) in OWNED.into_iter().zip(values) {
+        if let Some(value) = value {
+            request.append_header(spelling, value)?;
         }
     }
     Ok(())
@@ -202,6 +286,23 @@ mod tests {
         assert_eq!(get(&req, "x-forwarded-host"), Some("admin.internal"));
         assert_eq!(get(&req, "x-forwarded-port"), Some("443"));
         assert_eq!(get(&req, "x-real-ip"), Some("6.6.6.6"));
+    }
+
+    #[test]
+    fn addresses_are_written_as_std_writes_them() {
+        for ip in [
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.0.100.5",
+            "1.20.3.199",
+            "2001:db8::1",
+            "::ffff:10.0.0.1",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let mut text = Text::new();
+            write_ip(&mut text, ip);
+            assert_eq!(std::str::from_utf8(&text).unwrap(), ip.to_string());
+        }
     }
 
     #[test]

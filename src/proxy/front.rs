@@ -14,22 +14,26 @@ use pingora::apps::{HttpServerApp, HttpServerOptions, ReusedHttpStream};
 use pingora::protocols::http::v2::server::H2Options;
 use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
+use pingora::time::fast_timeout::fast_sleep;
 
-tokio::task_local! {
-    /// Set once the request head of the connection's current request has been read.
-    static HEAD_SEEN: Arc<AtomicBool>;
+/// A connection's head clock: set once the current request's head has been read (the proxy's
+/// first hook), when the head deadline stops applying. One per connection, shared with the proxy
+/// through the connection's user context, so a request costs no allocation here.
+#[derive(Debug, Default)]
+pub struct HeadClock {
+    seen: AtomicBool,
 }
 
-/// Called when a request head has been read (the proxy's first hook): its deadline no longer
-/// applies.
-pub fn head_received() {
-    let _ = HEAD_SEEN.try_with(|seen| seen.store(true, Ordering::Release));
+impl HeadClock {
+    pub fn head_received(&self) {
+        self.seen.store(true, Ordering::Release);
+    }
 }
 
-/// Marks a connection that has served a request, so the next one on it gets the keep-alive
-/// deadline (`ProxyHttp::persist_connection_context`).
-#[derive(Debug)]
-pub struct Served;
+/// The connection's user context between requests: its head clock. Present once the
+/// connection has carried a request, so the next one gets the keep-alive deadline.
+#[derive(Debug, Clone)]
+pub struct Connection(pub Arc<HeadClock>);
 
 /// An HTTP application behind the front door's deadlines.
 pub struct FrontDoor<A> {
@@ -60,9 +64,19 @@ impl<A: HttpServerApp + Send + Sync + 'static> HttpServerApp for FrontDoor<A> {
         mut session: ServerSession,
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
-        let previous = session.take_connection_user_context();
-        let reused = previous.as_ref().is_some_and(|p| p.is::<Served>());
-        session.set_connection_user_context(previous);
+        if session.is_http2() {
+            // An HTTP/2 stream starts with its head complete; the connection's idle time is
+            // bounded by `h2_idle_timeout`.
+            return self.app.process_new_http(session, shutdown).await;
+        }
+        let previous = session
+            .take_connection_user_context()
+            .and_then(|context| context.downcast::<Connection>().ok());
+        let reused = previous.is_some();
+        let connection = previous.unwrap_or_else(|| Box::new(Connection(Arc::default())));
+        let clock = Arc::clone(&connection.0);
+        clock.seen.store(false, Ordering::Relaxed);
+        session.set_connection_user_context(Some(connection));
         let deadline = if reused {
             self.keepalive_timeout
         } else {
@@ -71,17 +85,14 @@ impl<A: HttpServerApp + Send + Sync + 'static> HttpServerApp for FrontDoor<A> {
         if !*shutdown.borrow() {
             session.set_keepalive(Some(ceil_seconds(deadline)));
         }
-        let seen = Arc::new(AtomicBool::new(false));
-        let request = HEAD_SEEN.scope(
-            Arc::clone(&seen),
-            self.app.process_new_http(session, shutdown),
-        );
-        tokio::pin!(request);
+        let mut request = self.app.process_new_http(session, shutdown);
+        // Pingora's shared timer (10 ms ticks): arming and dropping it costs next to nothing.
         tokio::select! {
+            biased;
             reused = &mut request => return reused,
-            () = tokio::time::sleep(deadline) => {}
+            () = fast_sleep(deadline) => {}
         }
-        if seen.load(Ordering::Acquire) {
+        if clock.seen.load(Ordering::Acquire) {
             request.await
         } else {
             // Dropping the request closes the connection.

@@ -56,6 +56,8 @@ pub struct RequestCtx {
     /// What the request asked of each limit of its route, kept to settle it when it ends.
     asks: Asks,
     verdict: Option<Verdict>,
+    /// The front door's clock of this connection (HTTP/1).
+    connection: Option<Arc<front::HeadClock>>,
 }
 
 pub struct Gateway {
@@ -239,13 +241,27 @@ impl ProxyHttp for Gateway {
         RequestCtx::default()
     }
 
+    /// The front door's clock for this connection (`front.rs`).
+    fn on_connection_reuse(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+        previous: Box<dyn std::any::Any + Send + Sync>,
+    ) {
+        if let Ok(connection) = previous.downcast::<front::Connection>() {
+            ctx.connection = Some(connection.0);
+        }
+    }
+
     /// The head has arrived: the front door's head deadline no longer applies.
     async fn early_request_filter(
         &self,
         _session: &mut Session,
-        _ctx: &mut RequestCtx,
+        ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        front::head_received();
+        if let Some(clock) = &ctx.connection {
+            clock.head_received();
+        }
         Ok(())
     }
 
@@ -253,9 +269,10 @@ impl ProxyHttp for Gateway {
     fn persist_connection_context(
         &self,
         _session: &Session,
-        _ctx: &RequestCtx,
+        ctx: &RequestCtx,
     ) -> Option<Box<dyn std::any::Any + Send + Sync>> {
-        Some(Box::new(front::Served))
+        let clock = ctx.connection.clone().unwrap_or_default();
+        Some(Box::new(front::Connection(clock)))
     }
 
     /// Route → identity and keys → policy → respond, or go on to the upstream.

@@ -30,7 +30,7 @@ routes:
   - name: gcra
     match: { path_prefix: /gcra }
     upstream: { servers: [127.0.0.1:1] }
-    limits: [{ name: l, key: [client_ip], algorithm: gcra, rate: 1000000/s }]
+    limits: [{ name: l, key: [client_ip], algorithm: gcra, rate: 1000000/s, burst: 1000000 }]
   - name: fixed_window
     match: { path_prefix: /fixed_window }
     upstream: { servers: [127.0.0.1:1] }
@@ -51,9 +51,9 @@ routes:
     match: { path_prefix: /gcra_x3 }
     upstream: { servers: [127.0.0.1:1] }
     limits:
-      - { name: per_client, key: [client_ip], algorithm: gcra, rate: 1000000/s }
-      - { name: per_path, key: [client_ip, path], algorithm: gcra, rate: 1000000/s }
-      - { name: per_route, key: [client_ip, route], algorithm: gcra, rate: 1000000/s }
+      - { name: per_client, key: [client_ip], algorithm: gcra, rate: 1000000/s, burst: 1000000 }
+      - { name: per_path, key: [client_ip, path], algorithm: gcra, rate: 1000000/s, burst: 1000000 }
+      - { name: per_route, key: [client_ip, route], algorithm: gcra, rate: 1000000/s, burst: 1000000 }
 "#;
 
 const CLIENTS: u32 = 100_000;

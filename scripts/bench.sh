@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
-# The performance bench (docs/performance.md): on loopback, starts redis-server, the demo upstream
-# and one sluice per scenario, drives each with wrk for a bounded time, and prints one table:
-# requests/s, p50/p99/p99.9 latency, non-2xx, gateway CPU per request (/proc utime+stime of the
-# serving processes), EVALSHA calls per request, Redis commands per request including those the
-# scripts run (INFO stats) and EVALSHA usec_per_call (INFO commandstats). Scenarios, all in one
-# run so the ratios are meaningful on a noisy machine:
-#   1 upstream direct   2 sluice, no limits   3 one GCRA limit on [client_ip, path] (all pass)
-#   4 three limits (all pass)   5 one client over its limit (denials)   6 in-process backend
-#   7 OpenResty-style peer: nginx + ngx_lua, EVALSHA of a token bucket per request (benches/peers/)
-#   8 hot global limit (key: [route]), exact   9 the same limit, mode: leased
-# Then open-loop load (examples/fixed_rate.rs) at half of scenario 2's peak against scenarios 2
-# and 3: the p99 latency the limiter adds. Then TLS, sluice beside nginx with the same certificate
-# (ECDSA P-256) and the same upstream, no limits, 2 threads / 2 workers each:
+# The performance bench (docs/performance.md): on loopback, starts redis-server, the demo upstream,
+# nginx (plain proxy with 1 and 2 workers; + ngx_lua calling a token bucket in Redis: the
+# OpenResty pattern under Kong and APISIX) and one sluice per scenario, then drives every target
+# with `wrk -t2 -c64` for a bounded time, ROUNDS times, alternating targets, and prints medians:
+# requests/s, p50/p99/p99.9 latency, non-2xx, CPU per request of the serving processes and of
+# Redis (/proc/<pid>/stat utime+stime), EVALSHA calls and Redis commands per request (INFO).
+# Targets, all in one run so the ratios are meaningful on a noisy machine:
+#   1 upstream direct              2 nginx proxy, 1 worker          3 nginx proxy, 2 workers
+#   4 nginx + ngx_lua token bucket in Redis (benches/peers/)        5 sluice, no limits
+#   6 sluice, no limits, 1 thread  7 sluice, 1 GCRA limit [client_ip, path] (all pass)
+#   8 sluice, 3 limits (all pass)  9 sluice, one client over its limit (denials)
+#   10 sluice, in-process backend  11 hot global limit (key: [route]), exact   12 the same, leased
+# Then open-loop load (examples/fixed_rate.rs) at half of target 5's peak against 5 and 7: the
+# p99 latency the limiter adds. Then TLS, sluice beside nginx with the same certificate (ECDSA
+# P-256) and the same upstream, no limits, 2 threads / 2 workers each:
 #   T1 a new TLS handshake per request (wrk, Connection: close)   T2 keep-alive requests over TLS
 #   (wrk)   T3 HTTP/2 over TLS, 8 connections x 16 concurrent streams (h2load)
 # Results also go to target/bench/results.tsv, and scripts/chart.py draws docs/performance.svg
 # from them.
-# Usage: scripts/bench.sh [SECONDS_PER_SCENARIO]   (default 5; the whole run stays under 3 min)
+# Usage: scripts/bench.sh [SECONDS_PER_RUN] [ROUNDS]   (defaults 5 3: about 5 minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -24,6 +26,7 @@ require_cargo
 install_missing cc:build-essential cmake:cmake redis-server:redis-server wrk:wrk nginx:nginx \
   /usr/lib/nginx/modules/ngx_http_lua_module.so:libnginx-mod-http-lua openssl:openssl h2load:nghttp2-client
 seconds=${1:-5}
+rounds=${2:-3}
 cargo build --release --bins --example fixed_rate
 results=target/bench/results.tsv
 mkdir -p target/bench
@@ -38,6 +41,7 @@ wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/n
 
 redis_port=$(port); upstream_port=$(port)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null 2>&1 & pids+=($!)
+redis_pid=$!
 ./target/release/demo-upstream "127.0.0.1:$upstream_port" >/dev/null 2>&1 & pids+=($!)
 upstream_pid=$!
 wait_port "$redis_port"; wait_port "$upstream_port"
@@ -46,13 +50,15 @@ redis_stat() { redis-cli -p "$redis_port" info all | tr -d '\r'; }
 cpu_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
 ticks_per_s=$(getconf CLK_TCK)
 
-# sluice NAME BACKEND LIMITS: starts a gateway; sets $proxy to its port.
-proxy=; serving=
+# Targets: number, label, URL, CPU PIDs (space-separated), in arrays indexed by number.
+declare -A label url cpu_pids
+
+# sluice N LABEL BACKEND SERVER_EXTRA LIMITS: starts a gateway for target N.
 sluice() {
-  local name=$1 backend=$2 limits=$3
+  local n=$1 name=$2 backend=$3 extra=$4 limits=$5 proxy
   proxy=$(port)
   {
-    echo "server: { threads: 2, pid_file: $work/$name.pid, upgrade_sock: $work/$name.sock, grace_period_seconds: 0, graceful_shutdown_timeout_seconds: 0 }"
+    echo "server: { pid_file: $work/s$n.pid, upgrade_sock: $work/s$n.sock, grace_period_seconds: 0, graceful_shutdown_timeout_seconds: 0$extra }"
     echo "listen: [127.0.0.1:$proxy]"
     if [ "$backend" = redis ]; then echo "redis: { url: \"redis://127.0.0.1:$redis_port/0\", timeout_ms: 50 }"; fi
     echo "routes:"
@@ -60,80 +66,24 @@ sluice() {
     echo "    match: { path_prefix: / }"
     echo "    upstream: { servers: [127.0.0.1:$upstream_port] }"
     if [ -n "$limits" ]; then printf '    limits:\n%s\n' "$limits"; fi
-  } > "$work/$name.yaml"
-  RUST_LOG=error ./target/release/sluice -c "$work/$name.yaml" >/dev/null 2>&1 & pids+=($!)
-  serving=$!
+  } > "$work/s$n.yaml"
+  RUST_LOG=error ./target/release/sluice -c "$work/s$n.yaml" >/dev/null 2>&1 & pids+=($!)
+  label[$n]=$name; url[$n]="http://127.0.0.1:$proxy/x"; cpu_pids[$n]=$!
   wait_port "$proxy"
 }
 
-huge='{ name: per_client, key: [client_ip, path], algorithm: gcra, rate: 1000000/s, burst: 1000000 }'
-one="      - $huge"
-three="      - $huge
-      - { name: per_client_all, key: [client_ip], algorithm: gcra, rate: 1000000/s, burst: 1000000 }
-      - { name: per_route, key: [route], algorithm: fixed_window, rate: 1000000/s }"
-tiny="      - { name: per_client, key: [client_ip], algorithm: gcra, rate: 1/h }"
-
-hot_exact="      - { name: global, key: [route], algorithm: gcra, rate: 1000000/s, burst: 1000000 }"
-hot_leased="      - { name: global, key: [route], algorithm: gcra, rate: 1000000/s, burst: 1000000, mode: leased }"
-
-cat > "$work/report.lua" <<'LUA'
-done = function(summary, latency, requests)
-  io.write(string.format("REPORT %d %d %d %d %d %d\n", summary.requests, summary.errors.status,
-    latency:percentile(50), latency:percentile(99), latency:percentile(99.9), summary.duration))
-end
-LUA
-
-printf '| # | scenario | req/s | p50 ms | p99 ms | p99.9 ms | non-2xx | gateway CPU us/req | EVALSHA/req | Redis cmds/req | EVALSHA us/call |\n'
-printf '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
-# row N LABEL URL PID...: one closed-loop wrk run; CPU is counted for the given processes.
-row() {
-  local n=$1 label=$2 url=$3; shift 3
-  local before after cpu0 cpu1 out
-  before=$(redis_stat); cpu0=$(cpu_ticks "$@")
-  out=$(wrk -t2 -c32 -d"${seconds}s" -s "$work/report.lua" "$url" 2>&1)
-  cpu1=$(cpu_ticks "$@"); after=$(redis_stat)
-  read -r requests non2xx p50 p99 p999 duration < <(awk '/^REPORT/ {print $2, $3, $4, $5, $6, $7}' <<<"$out")
-  awk -v n="$n" -v label="$label" -v r="$requests" -v bad="$non2xx" -v p50="$p50" -v p99="$p99" \
-      -v p999="$p999" -v us="$duration" -v cpu="$(( cpu1 - cpu0 ))" -v hz="$ticks_per_s" \
-      -v results="$results" -v b="$before" -v a="$after" '
-    function stat(text, name,    lines, i, kv) {
-      split(text, lines, "\n")
-      for (i in lines) if (index(lines[i], name) == 1) { return substr(lines[i], length(name) + 1) }
-      return ""
-    }
-    function evalsha(text, field,    line, parts, i, kv) {
-      line = stat(text, "cmdstat_evalsha:"); split(line, parts, ",")
-      for (i in parts) { split(parts[i], kv, "="); if (kv[1] == field) return kv[2] }
-      return 0
-    }
-    BEGIN {
-      rps = r / (us / 1e6)
-      commands = stat(a, "total_commands_processed:") - stat(b, "total_commands_processed:") - 1
-      calls = evalsha(a, "calls") - evalsha(b, "calls")
-      usec = evalsha(a, "usec") - evalsha(b, "usec")
-      cpu_us = cpu * 1e6 / hz / r
-      printf "| %s | %s | %.0f | %.2f | %.2f | %.2f | %d | %.1f | %.3f | %.3f | %s |\n", n, label, rps, p50 / 1000,
-        p99 / 1000, p999 / 1000, bad, cpu_us, calls / r, commands / r,
-        (calls > 0 ? sprintf("%.2f", usec / calls) : "-")
-      printf "%s\t%s\t%.0f\t%.3f\t%.3f\n", n, label, rps, p99 / 1000, p999 / 1000 >> results
-    }'
-}
-row 1 "upstream direct" "http://127.0.0.1:$upstream_port/x" "$upstream_pid"
-sluice none redis "";       row 2 "sluice, no limits" "http://127.0.0.1:$proxy/x" "$serving"
-none_port=$proxy
-sluice one redis "$one";     row 3 "sluice, 1 GCRA limit" "http://127.0.0.1:$proxy/x" "$serving"
-one_port=$proxy
-sluice three redis "$three"; row 4 "sluice, 3 limits" "http://127.0.0.1:$proxy/x" "$serving"
-sluice tiny redis "$tiny";   row 5 "sluice, client over its limit" "http://127.0.0.1:$proxy/x" "$serving"
-sluice local local "$one";   row 6 "sluice, in-process backend" "http://127.0.0.1:$proxy/x" "$serving"
-
-# 7: nginx + ngx_lua with the peer's token bucket in the same Redis, 2 workers, keepalive upstream.
-peer=$(port)
-mkdir -p "$work/nginx/logs" "$work/nginx/tmp"
-cat > "$work/nginx/nginx.conf" <<NGINX
-load_module /usr/lib/nginx/modules/ndk_http_module.so;
-load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;
-worker_processes 2;
+# nginx N LABEL WORKERS LUA: starts nginx for target N (LUA: 1 for the ngx_lua peer).
+nginx_target() {
+  local n=$1 name=$2 workers=$3 lua=$4 listen dir
+  listen=$(port); dir="$work/nginx$n"
+  mkdir -p "$dir/logs" "$dir/tmp"
+  {
+    if [ "$lua" = 1 ]; then
+      echo "load_module /usr/lib/nginx/modules/ndk_http_module.so;"
+      echo "load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;"
+    fi
+    cat <<NGINX
+worker_processes $workers;
 daemon off;
 pid logs/nginx.pid;
 error_log logs/error.log warn;
@@ -144,43 +94,130 @@ http {
     client_body_temp_path tmp/body;
     proxy_temp_path tmp/proxy;
     upstream backend { server 127.0.0.1:$upstream_port; keepalive 64; keepalive_requests 1000000; }
-    lua_package_path "$PWD/benches/peers/openresty/?.lua;;";
-    init_by_lua_block { require("ratelimit").init("$PWD/benches/peers/openresty/token_bucket.lua", "127.0.0.1", $redis_port) }
-    server {
-        listen 127.0.0.1:$peer;
-        location / {
-            access_by_lua_block { require("ratelimit").access(1000000, 1000000) }
-            proxy_pass http://backend;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }
-    }
-}
 NGINX
-nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" >/dev/null 2>&1 & pids+=($!)
-nginx_master=$!
-wait_port "$peer"
-# shellcheck disable=SC2046 # one PID per word
-row 7 "nginx + ngx_lua token bucket in Redis" "http://127.0.0.1:$peer/x" $(pgrep -P "$nginx_master")
-sluice hot redis "$hot_exact";   row 8 "hot global limit, exact" "http://127.0.0.1:$proxy/x" "$serving"
-sluice leased redis "$hot_leased"; row 9 "hot global limit, mode: leased" "http://127.0.0.1:$proxy/x" "$serving"
+    if [ "$lua" = 1 ]; then
+      echo "    lua_package_path \"$PWD/benches/peers/openresty/?.lua;;\";"
+      echo "    init_by_lua_block { require(\"ratelimit\").init(\"$PWD/benches/peers/openresty/token_bucket.lua\", \"127.0.0.1\", $redis_port) }"
+    fi
+    echo "    server {"
+    echo "        listen 127.0.0.1:$listen;"
+    echo "        location / {"
+    if [ "$lua" = 1 ]; then echo "            access_by_lua_block { require(\"ratelimit\").access(1000000, 1000000) }"; fi
+    echo "            proxy_pass http://backend;"
+    echo "            proxy_http_version 1.1;"
+    echo "            proxy_set_header Connection \"\";"
+    echo "        }"
+    echo "    }"
+    echo "}"
+  } > "$dir/nginx.conf"
+  nginx -p "$dir" -c "$dir/nginx.conf" >/dev/null 2>&1 & pids+=($!)
+  local master=$!
+  wait_port "$listen"
+  label[$n]=$name; url[$n]="http://127.0.0.1:$listen/x"
+  cpu_pids[$n]=$(pgrep -P "$master" | tr '\n' ' ')
+}
 
-# Open loop at half of scenario 2's peak: latency the limiter adds at a rate the gateway can hold.
-half=$(awk -F'\t' '$1 == 2 {printf "%d", $3 / 2}' "$results")
+huge='{ name: per_client, key: [client_ip, path], algorithm: gcra, rate: 1000000/s, burst: 1000000 }'
+one="      - $huge"
+three="      - $huge
+      - { name: per_client_all, key: [client_ip], algorithm: gcra, rate: 1000000/s, burst: 1000000 }
+      - { name: per_route, key: [route], algorithm: fixed_window, rate: 1000000/s }"
+tiny="      - { name: per_client, key: [client_ip], algorithm: gcra, rate: 1/h }"
+hot_exact="      - { name: global, key: [route], algorithm: gcra, rate: 1000000/s, burst: 1000000 }"
+hot_leased="      - { name: global, key: [route], algorithm: gcra, rate: 1000000/s, burst: 1000000, mode: leased }"
+
+label[1]="upstream direct"; url[1]="http://127.0.0.1:$upstream_port/x"; cpu_pids[1]=$upstream_pid
+nginx_target 2 "nginx proxy, 1 worker" 1 0
+nginx_target 3 "nginx proxy, 2 workers" 2 0
+nginx_target 4 "nginx + ngx_lua token bucket in Redis" 2 1
+sluice 5 "sluice, no limits" redis "" ""
+sluice 6 "sluice, no limits, 1 thread" redis ", threads: 1" ""
+sluice 7 "sluice, 1 GCRA limit" redis "" "$one"
+sluice 8 "sluice, 3 limits" redis "" "$three"
+sluice 9 "sluice, client over its limit" redis "" "$tiny"
+sluice 10 "sluice, in-process backend" local "" "$one"
+sluice 11 "hot global limit, exact" redis "" "$hot_exact"
+sluice 12 "hot global limit, mode: leased" redis "" "$hot_leased"
+targets=(1 2 3 4 5 6 7 8 9 10 11 12)
+
+cat > "$work/report.lua" <<'LUA'
+done = function(summary, latency, requests)
+  io.write(string.format("REPORT %d %d %d %d %d %d\n", summary.requests, summary.errors.status,
+    latency:percentile(50), latency:percentile(99), latency:percentile(99.9), summary.duration))
+end
+LUA
+
+info_field() { awk -v name="$2" 'index($0, name) == 1 { print substr($0, length(name) + 1); exit }' <<<"$1"; }
+evalsha() { info_field "$1" "cmdstat_evalsha:" | tr ',' '\n' | awk -F= -v f="$2" '$1 == f { v = $2 } END { print v + 0 }'; }
+
+# One closed-loop wrk run of target N: appends "N req/s p50 p99 p99.9 non2xx cpu_us redis_us
+# evalsha/req commands/req" to runs.tsv.
+measure() {
+  local n=$1 before after cpu0 cpu1 r0 r1 out requests non2xx p50 p99 p999 duration
+  # shellcheck disable=SC2086 # one PID per word
+  before=$(redis_stat); cpu0=$(cpu_ticks ${cpu_pids[$n]}); r0=$(cpu_ticks "$redis_pid")
+  out=$(wrk -t2 -c64 -d"${seconds}s" -s "$work/report.lua" "${url[$n]}" 2>&1)
+  # shellcheck disable=SC2086
+  cpu1=$(cpu_ticks ${cpu_pids[$n]}); r1=$(cpu_ticks "$redis_pid"); after=$(redis_stat)
+  read -r requests non2xx p50 p99 p999 duration < <(awk '/^REPORT/ {print $2, $3, $4, $5, $6, $7}' <<<"$out")
+  local calls=$(( $(evalsha "$after" calls) - $(evalsha "$before" calls) ))
+  local commands=$(( $(info_field "$after" total_commands_processed:) - $(info_field "$before" total_commands_processed:) - 1 ))
+  awk -v n="$n" -v r="$requests" -v bad="$non2xx" -v p50="$p50" -v p99="$p99" -v p999="$p999" \
+      -v us="$duration" -v cpu="$(( cpu1 - cpu0 ))" -v rcpu="$(( r1 - r0 ))" -v hz="$ticks_per_s" \
+      -v calls="$calls" -v commands="$commands" 'BEGIN {
+    printf "%s\t%.0f\t%.2f\t%.2f\t%.2f\t%d\t%.1f\t%.2f\t%.3f\t%.3f\n", n, r / (us / 1e6), p50 / 1000,
+      p99 / 1000, p999 / 1000, bad, cpu * 1e6 / hz / r, rcpu * 1e6 / hz / r, calls / r, commands / r
+  }' >> "$work/runs.tsv"
+}
+for round in $(seq "$rounds"); do
+  echo "round $round of $rounds..." >&2
+  for n in "${targets[@]}"; do measure "$n"; done
+done
+
+# Medians per target, per column.
+median() { awk -F'\t' -v n="$1" -v c="$2" '$1 == n {print $c}' "$work/runs.tsv" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+printf 'Medians of %d rounds, wrk -t2 -c64 -d%ss each, targets alternating:\n\n' "$rounds" "$seconds"
+printf '| # | target | req/s | p50 ms | p99 ms | p99.9 ms | non-2xx | serving CPU µs/req | Redis CPU µs/req | EVALSHA/req | Redis cmds/req |\n'
+printf '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
+declare -A rps cpu redis_cpu p99
+for n in "${targets[@]}"; do
+  rps[$n]=$(median "$n" 2); p99[$n]=$(median "$n" 4); cpu[$n]=$(median "$n" 7); redis_cpu[$n]=$(median "$n" 8)
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$n" "${label[$n]}" "${rps[$n]}" \
+    "$(median "$n" 3)" "${p99[$n]}" "$(median "$n" 5)" "$(median "$n" 6)" "${cpu[$n]}" "${redis_cpu[$n]}" \
+    "$(median "$n" 9)" "$(median "$n" 10)"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$n" "${label[$n]}" "${rps[$n]}" "${p99[$n]}" "$(median "$n" 5)" >> "$results"
+done
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}'; }
 echo
-echo "Fixed rate ${half} req/s (half of scenario 2's peak), ${seconds}s, 32 connections, latency from the scheduled send time:"
+echo "Targets (issue 17), from the medians above:"
 echo
-printf '| # | scenario | achieved req/s | non-2xx | p50 ms | p99 ms | p99.9 ms |\n| --- | --- | --- | --- | --- | --- | --- |\n'
+echo "| target | measured |"
+echo "| --- | --- |"
+echo "| 1 GCRA limit ≥ 1.2 × the ngx_lua peer's throughput (7 / 4) | $(ratio "${rps[7]}" "${rps[4]}") × |"
+echo "| 1 limit ≥ 0.90 × no limits (7 / 5) | $(ratio "${rps[7]}" "${rps[5]}") × |"
+echo "| 3 limits ≥ 0.88 × no limits (8 / 5) | $(ratio "${rps[8]}" "${rps[5]}") × |"
+echo "| Redis CPU ≤ 3 µs per decision, 1 limit (7) | ${redis_cpu[7]} µs |"
+echo "| Redis CPU ≤ 6 µs per decision, 3 limits (8) | ${redis_cpu[8]} µs |"
+echo "| sluice CPU per proxied request ≤ 1.5 × nginx's, one thread / one worker (6 / 2) | ${cpu[6]} / ${cpu[2]} µs = $(ratio "${cpu[6]}" "${cpu[2]}") × |"
+
+# Open loop at half of target 5's peak: latency the limiter adds at a rate the gateway can hold.
+half=$(awk -v r="${rps[5]}" 'BEGIN {printf "%d", r / 2}')
+echo
+echo "Fixed rate ${half} req/s (half of target 5's peak), ${seconds}s, 64 connections, latency from the scheduled send time:"
+echo
+printf '| # | target | achieved req/s | non-2xx | p50 ms | p99 ms | p99.9 ms |\n| --- | --- | --- | --- | --- | --- | --- |\n'
 declare -A fixed_p99
-for case in "2 $none_port sluice, no limits" "3 $one_port sluice, 1 GCRA limit"; do
-  read -r n at label <<<"$case"
-  out=$(./target/release/examples/fixed_rate "127.0.0.1:$at" /x "$half" "$seconds" 32)
-  read -r rate bad p50 p99 p999 < <(awk '{print $6, $4, $8, $10, $12}' <<<"$out")
-  fixed_p99[$n]=$p99
-  awk -v n="$n" -v l="$label" -v r="$rate" -v b="$bad" -v p50="$p50" -v p99="$p99" -v p999="$p999" \
+for n in 5 7; do
+  addr=${url[$n]#http://}
+  out=$(./target/release/examples/fixed_rate "${addr%/x}" /x "$half" "$seconds" 64)
+  read -r rate bad p50 fp99 p999 < <(awk '{print $6, $4, $8, $10, $12}' <<<"$out")
+  fixed_p99[$n]=$fp99
+  awk -v n="$n" -v l="${label[$n]}" -v r="$rate" -v b="$bad" -v p50="$p50" -v p99="$fp99" -v p999="$p999" \
     'BEGIN {printf "| %s | %s | %s | %s | %.2f | %.2f | %.2f |\n", n, l, r, b, p50 / 1000, p99 / 1000, p999 / 1000}'
 done
-awk -v a="${fixed_p99[3]}" -v b="${fixed_p99[2]}" 'BEGIN {printf "\np99 added by the limiter at that rate: %.2f ms\n", (a - b) / 1000}'
+awk -v a="${fixed_p99[7]}" -v b="${fixed_p99[5]}" 'BEGIN {printf "\np99 added by the limiter at that rate: %.2f ms (target ≤ 0.5 ms)\n", (a - b) / 1000}'
+
 # TLS: sluice and nginx with the same certificate and upstream, no limits, alternating per row.
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=bench.test \
   -addext subjectAltName=DNS:bench.test -keyout "$work/tls.key" -out "$work/tls.pem" 2>/dev/null
@@ -256,16 +293,15 @@ echo
 printf '| # | scenario | sluice req/s | nginx req/s | sluice / nginx | sluice ms | nginx ms | non-2xx | sluice CPU µs/req | nginx CPU µs/req |\n'
 printf '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
 for case in "T1 handshake https new TLS connection per request" "T2 keepalive https keep-alive requests over TLS" "T3 h2 https HTTP/2, 8 conns x 16 streams"; do
-  read -r n kind scheme label <<<"$case"
-  # shellcheck disable=SC2086 # one PID per word
+  read -r n kind scheme tls_label <<<"$case"
   read -r s_rps s_lat s_bad s_cpu < <(tls_measure "$kind" "$scheme://127.0.0.1:$tls_sluice/x" "$tls_sluice_pid")
-  # shellcheck disable=SC2086
+  # shellcheck disable=SC2086 # one PID per word
   read -r n_rps n_lat n_bad n_cpu < <(tls_measure "$kind" "$scheme://127.0.0.1:$tls_nginx/x" $tls_nginx_workers)
-  awk -v n="$n" -v l="$label" -v sr="$s_rps" -v nr="$n_rps" -v sl="$s_lat" -v nl="$n_lat" -v bad="$(( s_bad + n_bad ))" \
+  awk -v n="$n" -v l="$tls_label" -v sr="$s_rps" -v nr="$n_rps" -v sl="$s_lat" -v nl="$n_lat" -v bad="$(( s_bad + n_bad ))" \
       -v sc="$s_cpu" -v nc="$n_cpu" \
     'BEGIN {printf "| %s | %s | %d | %d | %.2f | %.2f | %.2f | %d | %.1f | %.1f |\n", n, l, sr, nr, (nr > 0 ? sr / nr : 0), sl, nl, bad, sc, nc}'
 done
 
 echo
-echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo); wrk -t2 -c32 -d${seconds}s; redis $(redis-server --version | awk '{print $3}' | cut -d= -f2); release build"
+echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo); redis $(redis-server --version | awk '{print $3}' | cut -d= -f2); nginx $(nginx -v 2>&1 | cut -d/ -f2); release build"
 python3 scripts/chart.py "$results" docs/performance.svg

@@ -80,6 +80,10 @@ fn sixty_four_clients_over_two_gateways_admit_exactly_the_limit_in_batches() {
 
 /// A limiter on `url` batching up to 8 decisions, with its own batch-size histogram.
 fn limiter(url: &str) -> (Arc<RedisLimiter>, prometheus::Histogram) {
+    limiter_batching(url, 8)
+}
+
+fn limiter_batching(url: &str, max_batch: usize) -> (Arc<RedisLimiter>, prometheus::Histogram) {
     let sizes = prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("sizes", "test"))
         .expect("histogram");
     let limiter = RedisLimiter::new(
@@ -89,7 +93,7 @@ fn limiter(url: &str) -> (Arc<RedisLimiter>, prometheus::Histogram) {
         &Default::default(),
         Duration::from_secs(2),
         Coalescing {
-            max_batch: 8,
+            max_batch,
             sizes: sizes.clone(),
         },
     )
@@ -206,6 +210,44 @@ fn a_request_that_gave_up_before_its_batch_left_is_never_sent() {
         2,
         "the warm-up call and the first"
     );
+}
+
+#[test]
+fn with_max_batch_one_every_request_sends_its_own_call_at_once() {
+    let redis = RedisServer::start();
+    let (limiter, sizes) = limiter_batching(&redis.url(), 1);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        assert!(decide(&limiter, "{w}arm", Duration::from_secs(2))
+            .await
+            .unwrap());
+        pause_redis(&redis, 400);
+        let first = {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move { decide(&limiter, "{t}first", Duration::from_secs(3)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // No queue behind the first call: the second is on the wire before it gives up.
+        let second = decide(&limiter, "{t}second", Duration::from_millis(50)).await;
+        assert!(
+            matches!(second, Err(LimiterError::Timeout(50))),
+            "{second:?}"
+        );
+        assert!(first.await.unwrap().expect("the first call is answered"));
+        // Exactness with one call per decision: 100/h on one key, 120 at once.
+        let calls = (0..120).map(|_| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move { decide(&limiter, "{t}one", Duration::from_secs(3)).await })
+        });
+        let mut admitted = 0;
+        for call in calls.collect::<Vec<_>>() {
+            admitted += usize::from(call.await.unwrap().expect("decided"));
+        }
+        assert_eq!(admitted, 100);
+    });
+    assert!(counted(&redis, "{t}second"), "sent at once, so it counted");
+    assert_eq!(sizes.get_sample_count(), 123, "one call per decision");
+    assert_eq!(sizes.get_sample_sum(), 123.0, "each carrying one decision");
 }
 
 #[test]

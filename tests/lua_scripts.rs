@@ -504,6 +504,27 @@ fn malformed_calls_are_refused_with_a_message() {
     assert!(err.contains("unknown algorithm leaky"), "{err}");
 }
 
+/// A mark 2000 days ahead (more digits than Lua's %.14g keeps) comes back exact: the TAT the
+/// script stored.
+#[test]
+fn a_mark_far_in_the_future_comes_back_with_every_digit() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let limit = gcra("1/d", 2000, 2000);
+    let reply = call_full(
+        &mut con,
+        &["far"],
+        std::slice::from_ref(&limit),
+        Some(T0),
+        1,
+    )
+    .unwrap();
+    assert_eq!(reply[0], 1, "allowed: {reply:?}");
+    let stored: i64 = con.get("far").unwrap();
+    assert_eq!(reply[5], stored);
+    assert_eq!(stored, T0 as i64 + 2000 * 86_400_000_000);
+}
+
 /// Requests sent together in one call are decided in order, each as if alone: a batch admits
 /// exactly what the same requests one by one would, and a denied request in the middle consumes
 /// nothing while the requests after it are still decided.

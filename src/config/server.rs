@@ -15,8 +15,6 @@ use serde::Deserialize;
 
 use super::problem::{millis_within, Problem, Problems};
 
-/// Threads that serve requests unless set.
-pub const DEFAULT_THREADS: usize = 2;
 /// Seconds a retiring instance keeps accepting before it stops, unless set.
 pub const DEFAULT_GRACE_PERIOD_SECONDS: u64 = 5;
 /// Seconds in-flight requests get to finish at shutdown, unless set.
@@ -64,8 +62,11 @@ pub struct ServerSettings {
 }
 
 impl ServerSettings {
+    /// Unless set, one per CPU the process may run on (nginx's `worker_processes auto`).
     pub fn threads(&self) -> usize {
-        self.threads.unwrap_or(DEFAULT_THREADS)
+        self.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        })
     }
 
     /// `server.pid_file`, else `$RUNTIME_DIRECTORY/sluice.pid`, else `/tmp/sluice.pid`.
@@ -132,6 +133,9 @@ impl ServerSettings {
         )
     }
 
+    /// On unless set (Pingora's default): with a limit, idle threads picking up the Redis
+    /// client's and the batches' tasks served more; without one, turning it off cost less CPU.
+    /// The two were within this machine's noise (docs/performance.md).
     pub fn work_stealing(&self) -> bool {
         self.work_stealing.unwrap_or(true)
     }

@@ -124,6 +124,9 @@ impl<E: Execute> Coalescer<E> {
 
     /// Decides `call` in the next batch of its lane; waits at most `deadline`.
     pub async fn decide(&self, call: Call, deadline: Duration) -> Result<Statuses, LimiterError> {
+        if self.coalescing.max_batch == 1 {
+            return self.decide_alone(call, deadline).await;
+        }
         let lane = self.lanes.lane(&call);
         let (reply, answer) = oneshot::channel();
         let start_draining = {
@@ -149,6 +152,20 @@ impl<E: Execute> Coalescer<E> {
             )),
             Err(_) => Err(LimiterError::Timeout(deadline.as_millis() as u64)),
         }
+    }
+}
+
+impl<E: Execute> Coalescer<E> {
+    /// `max_batch: 1`: one call per decision, sent at once; calls in flight together are
+    /// pipelined on the connection, none waits for another's reply.
+    async fn decide_alone(&self, call: Call, deadline: Duration) -> Result<Statuses, LimiterError> {
+        self.coalescing.sizes.observe(1.0);
+        let flat =
+            match tokio::time::timeout(deadline, self.executor.execute(&[&call], deadline)).await {
+                Ok(reply) => reply?,
+                Err(_) => return Err(LimiterError::Timeout(deadline.as_millis() as u64)),
+            };
+        script::parse_statuses(&flat, call.limits())
     }
 }
 

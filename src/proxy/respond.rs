@@ -24,8 +24,9 @@ fn ceil_seconds(ms: u64) -> u64 {
 }
 
 /// `"per_client";r=0;t=1, ...`: the IETF httpapi `RateLimit` field for every limit of a route.
+/// Written byte by byte (no formatting machinery): it goes on every response of a limited route.
 pub fn ratelimit_value(route: &Route, decision: &Decision) -> Option<HeaderValue> {
-    let mut value = String::with_capacity(32 * route.limits.len());
+    let mut value = Vec::with_capacity(32 * route.limits.len());
     let rates = route
         .limits
         .limits()
@@ -34,18 +35,32 @@ pub fn ratelimit_value(route: &Route, decision: &Decision) -> Option<HeaderValue
         .filter(|(limit, _)| limit.policy.is_some() && !limit.shadow);
     for (i, (limit, status)) in rates.enumerate() {
         if i > 0 {
-            value.push_str(", ");
+            value.extend_from_slice(b", ");
         }
-        let _ = write!(
-            value,
-            "\"{}\";r={};t={}",
-            limit.name,
-            status.remaining,
-            ceil_seconds(status.reset_after_ms)
-        );
+        value.push(b'"');
+        value.extend_from_slice(limit.name.as_bytes());
+        value.extend_from_slice(b"\";r=");
+        push_decimal(&mut value, status.remaining);
+        value.extend_from_slice(b";t=");
+        push_decimal(&mut value, ceil_seconds(status.reset_after_ms));
     }
-    // The String's buffer becomes the header's bytes: no second copy.
+    // The buffer becomes the header's bytes: no second copy.
     HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// Adds `RateLimit-Policy` and `RateLimit` when the route sends them.

@@ -14,12 +14,34 @@ pub mod daemons;
 pub mod limits;
 pub mod topologies;
 
-/// A port nobody listens on right now.
+/// A loopback port nobody listens on right now, never handed out twice by this test process.
+///
+/// Ports come from just below the kernel's ephemeral range, so no outgoing connection (a client,
+/// sluice dialling Redis) can take one between this check and the server's own bind: a port from
+/// `bind(":0")` can, and once did on a cold CI machine. The starting point is drawn per process, so
+/// test binaries that run one after another do not walk the same ports.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral port on 127.0.0.1")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let low = ephemeral_low.saturating_sub(16384).max(1024);
+    let span = ephemeral_low - low;
+    let seed = std::process::id().wrapping_mul(2_654_435_761).wrapping_add(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.subsec_nanos()),
+    ) % span;
+    let _ = NEXT.compare_exchange(u32::MAX, seed, Ordering::Relaxed, Ordering::Relaxed);
+    for _ in 0..span {
+        let port = (low + NEXT.fetch_add(1, Ordering::Relaxed) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {low}..{ephemeral_low}");
 }
 
 fn wait_until(what: &str, child: &mut Child, timeout: Duration, mut ready: impl FnMut() -> bool) {

@@ -14,11 +14,13 @@
 # Then open-loop load (examples/fixed_rate.rs) at half of target 5's peak against 5 and 7: the
 # p99 latency the limiter adds. Then TLS, sluice beside nginx with the same certificate (ECDSA
 # P-256) and the same upstream, no limits, 2 threads / 2 workers each:
+#   13 sluice, access log on, every request (JSON lines to a file)   14 the same, 1 in 100
 #   T1 a new TLS handshake per request (wrk, Connection: close)   T2 keep-alive requests over TLS
 #   (wrk)   T3 HTTP/2 over TLS, 8 connections x 16 concurrent streams (h2load)
 # Results also go to target/bench/results.tsv, and scripts/chart.py draws docs/performance.svg
 # from them.
-# Usage: scripts/bench.sh [SECONDS_PER_RUN] [ROUNDS]   (defaults 5 3: about 5 minutes)
+# Usage: scripts/bench.sh [SECONDS_PER_RUN] [ROUNDS]   (defaults 5 3: about 7 minutes)
+#        ONLY="5 13 14" scripts/bench.sh ...   runs only those targets (medians, nothing after)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -53,13 +55,14 @@ ticks_per_s=$(getconf CLK_TCK)
 # Targets: number, label, URL, CPU PIDs (space-separated), in arrays indexed by number.
 declare -A label url cpu_pids
 
-# sluice N LABEL BACKEND SERVER_EXTRA LIMITS: starts a gateway for target N.
+# sluice N LABEL BACKEND SERVER_EXTRA LIMITS [TOP_LEVEL]: starts a gateway for target N.
 sluice() {
-  local n=$1 name=$2 backend=$3 extra=$4 limits=$5 proxy
+  local n=$1 name=$2 backend=$3 extra=$4 limits=$5 top=${6:-} proxy
   proxy=$(port)
   {
     echo "server: { pid_file: $work/s$n.pid, upgrade_sock: $work/s$n.sock, grace_period_seconds: 0, graceful_shutdown_timeout_seconds: 0$extra }"
     echo "listen: [127.0.0.1:$proxy]"
+    if [ -n "$top" ]; then echo "$top"; fi
     if [ "$backend" = redis ]; then echo "redis: { url: \"redis://127.0.0.1:$redis_port/0\", timeout_ms: 50 }"; fi
     echo "routes:"
     echo "  - name: bench"
@@ -138,7 +141,11 @@ sluice 9 "sluice, client over its limit" redis "" "$tiny"
 sluice 10 "sluice, in-process backend" local "" "$one"
 sluice 11 "hot global limit, exact" redis "" "$hot_exact"
 sluice 12 "hot global limit, mode: leased" redis "" "$hot_leased"
-targets=(1 2 3 4 5 6 7 8 9 10 11 12)
+sluice 13 "sluice, access log, every request" redis "" "" "access_log: { enabled: true, path: $work/access13.log }"
+sluice 14 "sluice, access log, 1 in 100" redis "" "" "access_log: { enabled: true, path: $work/access14.log, sample: 100 }"
+# ONLY="5 13 14" runs those targets alone (medians only: no target table, open loop or TLS).
+# shellcheck disable=SC2206 # one target per word
+targets=(${ONLY:-1 2 3 4 5 6 7 8 9 10 11 12 13 14})
 
 cat > "$work/report.lua" <<'LUA'
 done = function(summary, latency, requests)
@@ -189,6 +196,9 @@ for n in "${targets[@]}"; do
 done
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}'; }
+if [ -n "${ONLY:-}" ]; then exit 0; fi
+echo
+echo "The access log's cost: every request logged $(ratio "${rps[13]}" "${rps[5]}") × the throughput of none (${cpu[13]} against ${cpu[5]} µs/req), 1 in 100 $(ratio "${rps[14]}" "${rps[5]}") ×."
 echo
 echo "Targets (issue 17), from the medians above:"
 echo

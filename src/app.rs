@@ -71,6 +71,14 @@ pub fn preflight(config: &Config) -> Result<Vec<String>, ConfigError> {
     if let Err(mut found) = crate::pool::Pools::build(&config.routes) {
         problems.append(&mut found);
     }
+    if let Some(access_log) = &config.access_log {
+        if let Err(e) = crate::access_log::check(&access_log.target) {
+            problems.push(crate::config::Problem::new(
+                "access_log.path",
+                crate::access_log::cannot_open(e),
+            ));
+        }
+    }
     if problems.is_empty() {
         Ok(warnings)
     } else {

@@ -3,12 +3,14 @@
 //!
 //! Layers (arrows point down only; `tests/layering.rs` checks it):
 //! * glue, which knows Pingora: `app` (wiring), `reload` (the configuration service),
-//!   `snapshot` (what a reload swaps), `pool` (upstream pools and health checks), `proxy`, `admin`;
+//!   `snapshot` (what a reload swaps), `pool` (upstream pools and health checks), `proxy`, `admin`,
+//!   `access_log` (the log's writer thread and files);
 //! * domain, plain Rust: `config`, `router`, `identity`, `keys`, `path`, `upstream`, `metrics`,
 //!   and the limiter's policy (`limiter::policy`, which owns the verdict);
 //! * backends: `limiter::redis` and `limiter::local`, with their decorators.
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod app;
 pub mod config;

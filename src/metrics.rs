@@ -2,7 +2,9 @@
 //! increments counters (no label lookups, no formatting). Labels never carry a client address
 //! or a raw path: only route names, decisions, status classes and error kinds.
 
+use std::net::SocketAddr;
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use pingora_prometheus::prometheus::{
     register_histogram, register_histogram_vec, register_int_counter, register_int_counter_vec,
@@ -12,7 +14,8 @@ use pingora_prometheus::prometheus::{
 
 use crate::limiter::guard::GuardMeters;
 use crate::limiter::leased::LeaseMeters;
-use crate::limiter::{Coalescing, LimiterError, Outcome, PolicyMeters};
+use crate::limiter::{Coalescing, Decider, Limit, LimiterError, Outcome, PolicyMeters, Verdict};
+use crate::router::RouteTable;
 
 pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
@@ -126,23 +129,111 @@ pub static CONFIG_RELOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("sluice_config_reloads_total registers once")
 });
 
+pub static REQUEST_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "sluice_request_duration_seconds",
+        "Requests from their head read to their last byte written, by route and status class (1xx..5xx).",
+        &["route", "status_class"],
+        vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+    )
+    .expect("sluice_request_duration_seconds registers once")
+});
+
+pub static UPSTREAM_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "sluice_upstream_duration_seconds",
+        "Proxied requests from the first upstream connection attempt to the upstream's response head (connect, retries and time to first byte), by route.",
+        &["route"],
+        vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+    )
+    .expect("sluice_upstream_duration_seconds registers once")
+});
+
+pub static LIMIT_DECISIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_limit_decisions_total",
+        "What each limit of a route said, per request: allowed, limited, shadow_limited (a shadow limit that would have denied), local_allowed / local_limited (the in-process fallback decided), error_allowed / error_denied (nothing could decide; the failure mode applied).",
+        &["route", "limit", "decision"]
+    )
+    .expect("sluice_limit_decisions_total registers once")
+});
+
+pub static REQUESTS_IN_FLIGHT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "sluice_requests_in_flight",
+        "Requests of a route that have been routed and have not ended.",
+        &["route"]
+    )
+    .expect("sluice_requests_in_flight registers once")
+});
+
+pub static UPSTREAM_HEALTHY: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "sluice_upstream_healthy",
+        "1 when the route's upstream server passes its health checks (always 1 without checks), else 0.",
+        &["route", "server"]
+    )
+    .expect("sluice_upstream_healthy registers once")
+});
+
+pub static UPSTREAM_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_upstream_errors_total",
+        "Failed upstream attempts by route and kind: refused, timeout, reset (closed or broken mid-request), tls, unreachable (no healthy server, no route to host, other errors).",
+        &["route", "kind"]
+    )
+    .expect("sluice_upstream_errors_total registers once")
+});
+
+pub static ACCESS_LOG_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
+    register_int_counter!(
+        "sluice_access_log_dropped_total",
+        "Access log lines dropped because the writer was too far behind (the queue holds 16384)."
+    )
+    .expect("sluice_access_log_dropped_total registers once")
+});
+
 /// Label name used for requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "_unmatched";
 
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
-/// Counter handles for one route.
+/// The index of `status`'s class in `STATUS_CLASSES`.
+fn status_class(status: u16) -> Option<usize> {
+    usize::from(status / 100)
+        .checked_sub(1)
+        .filter(|i| *i < STATUS_CLASSES.len())
+}
+
+/// Handles for one route.
 pub struct RouteMetrics {
     decisions: [IntCounter; 9],
     status_classes: [IntCounter; 5],
+    durations: [Histogram; 5],
+    upstream_duration: Histogram,
+    in_flight: IntGauge,
+    upstream_errors: [IntCounter; UpstreamError::ALL.len()],
+    /// Per limit of the route, in its order: a counter per `LimitOutcome`.
+    limits: Vec<[IntCounter; LimitOutcome::ALL.len()]>,
 }
 
 impl RouteMetrics {
-    fn new(route: &str) -> RouteMetrics {
+    fn new<'a>(route: &str, limits: impl Iterator<Item = &'a str>) -> RouteMetrics {
         RouteMetrics {
             decisions: Outcome::ALL.map(|o| REQUESTS.with_label_values(&[route, o.label()])),
             status_classes: STATUS_CLASSES
                 .map(|c| UPSTREAM_RESPONSES.with_label_values(&[route, c])),
+            durations: STATUS_CLASSES.map(|c| REQUEST_DURATION.with_label_values(&[route, c])),
+            upstream_duration: UPSTREAM_DURATION.with_label_values(&[route]),
+            in_flight: REQUESTS_IN_FLIGHT.with_label_values(&[route]),
+            upstream_errors: UpstreamError::ALL
+                .map(|kind| UPSTREAM_ERRORS.with_label_values(&[route, kind.label()])),
+            limits: limits
+                .map(|limit| {
+                    LimitOutcome::ALL
+                        .map(|o| LIMIT_DECISIONS.with_label_values(&[route, limit, o.label()]))
+                })
+                .collect(),
         }
     }
 
@@ -151,43 +242,240 @@ impl RouteMetrics {
     }
 
     pub fn count_upstream_status(&self, status: u16) {
-        if let Some(counter) = (status / 100)
-            .checked_sub(1)
-            .and_then(|i| self.status_classes.get(usize::from(i)))
-        {
+        if let Some(counter) = status_class(status).and_then(|i| self.status_classes.get(i)) {
             counter.inc();
+        }
+    }
+
+    /// A request answered with `status` after `duration`.
+    pub fn observe_duration(&self, status: u16, duration: Duration) {
+        if let Some(histogram) = status_class(status).and_then(|i| self.durations.get(i)) {
+            histogram.observe(duration.as_secs_f64());
+        }
+    }
+
+    pub fn observe_upstream(&self, duration: Duration) {
+        self.upstream_duration.observe(duration.as_secs_f64());
+    }
+
+    pub fn count_upstream_error(&self, kind: UpstreamError) {
+        self.upstream_errors[kind as usize].inc();
+    }
+
+    /// What each of the route's `limits` said about a request (nothing when no limiter was
+    /// asked: no limits, or the request was refused before).
+    pub fn count_limits(&self, limits: &[Limit], verdict: &Verdict) {
+        let count = |index: usize, outcome: LimitOutcome| {
+            if let Some(counters) = self.limits.get(index) {
+                counters[outcome as usize].inc();
+            }
+        };
+        match &verdict.decision {
+            Some(decision) => {
+                let local = verdict.decider == Decider::Fallback;
+                for (index, (status, limit)) in decision.statuses.iter().zip(limits).enumerate() {
+                    count(index, LimitOutcome::of(status.allowed, limit.shadow, local));
+                }
+            }
+            None => {
+                let outcome = match verdict.outcome {
+                    Outcome::ErrorAllowed => LimitOutcome::ErrorAllowed,
+                    Outcome::ErrorDenied => LimitOutcome::ErrorDenied,
+                    _ => return,
+                };
+                for index in 0..limits.len() {
+                    count(index, outcome);
+                }
+            }
+        }
+    }
+
+    /// Counts the request in flight until the returned guard drops.
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight.inc();
+        InFlight(self.in_flight.clone())
+    }
+}
+
+/// A request in flight: counted while this lives.
+pub struct InFlight(IntGauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// What one limit said about one request (`sluice_limit_decisions_total`'s `decision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitOutcome {
+    Allowed = 0,
+    Limited = 1,
+    ShadowLimited = 2,
+    LocalAllowed = 3,
+    LocalLimited = 4,
+    ErrorAllowed = 5,
+    ErrorDenied = 6,
+}
+
+impl LimitOutcome {
+    pub const ALL: [LimitOutcome; 7] = [
+        LimitOutcome::Allowed,
+        LimitOutcome::Limited,
+        LimitOutcome::ShadowLimited,
+        LimitOutcome::LocalAllowed,
+        LimitOutcome::LocalLimited,
+        LimitOutcome::ErrorAllowed,
+        LimitOutcome::ErrorDenied,
+    ];
+
+    /// A limit's answer: whether it allowed, whether it is a shadow limit, and whether the
+    /// in-process fallback gave it.
+    fn of(allowed: bool, shadow: bool, local: bool) -> LimitOutcome {
+        match (allowed, shadow, local) {
+            (true, _, false) => LimitOutcome::Allowed,
+            (true, _, true) => LimitOutcome::LocalAllowed,
+            (false, true, _) => LimitOutcome::ShadowLimited,
+            (false, false, false) => LimitOutcome::Limited,
+            (false, false, true) => LimitOutcome::LocalLimited,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            LimitOutcome::Allowed => "allowed",
+            LimitOutcome::Limited => "limited",
+            LimitOutcome::ShadowLimited => "shadow_limited",
+            LimitOutcome::LocalAllowed => "local_allowed",
+            LimitOutcome::LocalLimited => "local_limited",
+            LimitOutcome::ErrorAllowed => "error_allowed",
+            LimitOutcome::ErrorDenied => "error_denied",
+        }
+    }
+}
+
+/// Why an upstream attempt failed (`sluice_upstream_errors_total`'s `kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamError {
+    Refused = 0,
+    Timeout = 1,
+    Reset = 2,
+    Tls = 3,
+    Unreachable = 4,
+}
+
+impl UpstreamError {
+    pub const ALL: [UpstreamError; 5] = [
+        UpstreamError::Refused,
+        UpstreamError::Timeout,
+        UpstreamError::Reset,
+        UpstreamError::Tls,
+        UpstreamError::Unreachable,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            UpstreamError::Refused => "refused",
+            UpstreamError::Timeout => "timeout",
+            UpstreamError::Reset => "reset",
+            UpstreamError::Tls => "tls",
+            UpstreamError::Unreachable => "unreachable",
         }
     }
 }
 
 /// Handles for every route of a configuration, indexed by `Route::index`.
 pub struct Metrics {
-    names: Vec<String>,
     routes: Vec<RouteMetrics>,
     unmatched: RouteMetrics,
+    /// Every labelled series this configuration exports, to retire those the next one drops.
+    series: Series,
+}
+
+/// The label values of a configuration's per-route series.
+#[derive(Default)]
+struct Series {
+    routes: Vec<String>,
+    limits: Vec<(String, String)>,
+    servers: Vec<(String, String)>,
 }
 
 impl Metrics {
-    /// Handles for routes named `names`, in file order.
-    pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Metrics {
-        let names: Vec<String> = names.into_iter().map(str::to_string).collect();
+    /// Handles for every route of `routes`, in file order.
+    pub fn new(routes: &RouteTable) -> Metrics {
+        let mut series = Series::default();
+        let mut handles = Vec::new();
+        for route in routes.in_file_order() {
+            let limits = route.limits.limits();
+            handles.push(RouteMetrics::new(
+                &route.name,
+                limits.iter().map(|l| &*l.name),
+            ));
+            series.routes.push(route.name.to_string());
+            for limit in limits {
+                series
+                    .limits
+                    .push((route.name.to_string(), limit.name.to_string()));
+            }
+            for server in &route.upstream.servers {
+                series
+                    .servers
+                    .push((route.name.to_string(), server.to_string()));
+            }
+        }
         Metrics {
-            routes: names.iter().map(|name| RouteMetrics::new(name)).collect(),
-            names,
-            unmatched: RouteMetrics::new(UNMATCHED_ROUTE),
+            routes: handles,
+            unmatched: RouteMetrics::new(UNMATCHED_ROUTE, std::iter::empty()),
+            series,
         }
     }
 
-    /// Stops exporting the series of this configuration's routes that `next` no longer has
-    /// (a reload removed them): a dashboard shows what is configured, not every route ever was.
-    pub fn retire_routes_missing_from(&self, next: &Metrics) {
-        for name in self.names.iter().filter(|name| !next.names.contains(name)) {
+    /// The health gauge of `server` in `route`'s pool.
+    pub fn upstream_health(route: &str, server: SocketAddr) -> IntGauge {
+        UPSTREAM_HEALTHY.with_label_values(&[route, &server.to_string()])
+    }
+
+    /// Stops exporting the series this configuration has and `next` has not (a reload removed
+    /// a route, a limit or a server): a dashboard shows what is configured, not everything that
+    /// ever was.
+    pub fn retire_series_missing_from(&self, next: &Metrics) {
+        let next = &next.series;
+        for name in self
+            .series
+            .routes
+            .iter()
+            .filter(|n| !next.routes.contains(n))
+        {
             for outcome in Outcome::ALL {
                 let _ = REQUESTS.remove_label_values(&[name, outcome.label()]);
             }
             for class in STATUS_CLASSES {
                 let _ = UPSTREAM_RESPONSES.remove_label_values(&[name, class]);
+                let _ = REQUEST_DURATION.remove_label_values(&[name, class]);
             }
+            let _ = UPSTREAM_DURATION.remove_label_values(&[name]);
+            let _ = REQUESTS_IN_FLIGHT.remove_label_values(&[name]);
+            for kind in UpstreamError::ALL {
+                let _ = UPSTREAM_ERRORS.remove_label_values(&[name, kind.label()]);
+            }
+        }
+        for (route, limit) in self
+            .series
+            .limits
+            .iter()
+            .filter(|l| !next.limits.contains(l))
+        {
+            for outcome in LimitOutcome::ALL {
+                let _ = LIMIT_DECISIONS.remove_label_values(&[route, limit, outcome.label()]);
+            }
+        }
+        for (route, server) in self
+            .series
+            .servers
+            .iter()
+            .filter(|s| !next.servers.contains(s))
+        {
+            let _ = UPSTREAM_HEALTHY.remove_label_values(&[route, server]);
         }
     }
 
@@ -248,6 +536,13 @@ pub fn init() {
         LIMITER_ERRORS.with_label_values(&[kind]);
     }
     LazyLock::force(&UPSTREAM_RESPONSES);
+    LazyLock::force(&REQUEST_DURATION);
+    LazyLock::force(&UPSTREAM_DURATION);
+    LazyLock::force(&LIMIT_DECISIONS);
+    LazyLock::force(&REQUESTS_IN_FLIGHT);
+    LazyLock::force(&UPSTREAM_HEALTHY);
+    LazyLock::force(&UPSTREAM_ERRORS);
+    LazyLock::force(&ACCESS_LOG_DROPPED);
     LazyLock::force(&DENY_CACHE_HITS);
     LazyLock::force(&LEASE_HELD_DECISIONS);
     LazyLock::force(&LEASE_TOP_UPS);

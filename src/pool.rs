@@ -10,6 +10,7 @@ use std::time::Duration;
 use pingora::lb::health_check::TcpHealthCheck;
 use pingora::lb::selection::{BackendIter, BackendSelection, Consistent, RoundRobin};
 use pingora::lb::{Backend, LoadBalancer};
+use prometheus::IntGauge;
 use tokio::sync::watch;
 
 use crate::config::Problem;
@@ -24,11 +25,15 @@ enum Balancer {
     Consistent(Arc<LoadBalancer<Consistent>>),
 }
 
+/// Where a pool says which of its servers pass their checks: a gauge per server, 1 or 0.
+type HealthGauges = Arc<[(SocketAddr, IntGauge)]>;
+
 /// One route's upstream: its servers, and what an HTTPS connection to them needs.
 #[derive(Clone)]
 pub struct Pool {
     balancer: Balancer,
     pub tls: Option<PeerTls>,
+    health: HealthGauges,
 }
 
 fn balancer<S>(settings: &UpstreamSettings) -> std::io::Result<Arc<LoadBalancer<S>>>
@@ -59,10 +64,28 @@ where
     .and_then(|b| inet(&b))
 }
 
+/// Sets each server's gauge from what the last checks found.
+fn publish<S>(lb: &LoadBalancer<S>, health: &[(SocketAddr, IntGauge)])
+where
+    S: BackendSelection + 'static,
+    S::Iter: BackendIter,
+{
+    let backends = lb.backends();
+    for backend in backends.get_backend().iter() {
+        let Some(addr) = backend.addr.as_inet() else {
+            continue;
+        };
+        if let Some((_, gauge)) = health.iter().find(|(server, _)| server == addr) {
+            gauge.set(i64::from(backends.ready(backend)));
+        }
+    }
+}
+
 /// Runs `lb`'s health checks every `interval` until told to stop.
 async fn check_until_stopped<S>(
     lb: Arc<LoadBalancer<S>>,
     interval: Duration,
+    health: HealthGauges,
     mut stop: watch::Receiver<bool>,
 ) where
     S: BackendSelection + 'static,
@@ -79,6 +102,7 @@ async fn check_until_stopped<S>(
         lb.backends()
             .run_health_check(lb.parallel_health_check)
             .await;
+        publish(&lb, &health);
     }
 }
 
@@ -92,7 +116,11 @@ impl Pool {
             Balance::Consistent(_) => Balancer::Consistent(balancer(settings).map_err(built)?),
         };
         let tls = settings.tls.as_ref().map(PeerTls::load).transpose()?;
-        Ok(Pool { balancer, tls })
+        Ok(Pool {
+            balancer,
+            tls,
+            health: Arc::new([]),
+        })
     }
 
     /// A healthy server not in `avoid`; `key` drives consistent hashing.
@@ -114,10 +142,12 @@ impl Pool {
     async fn check_once(&self) {
         match &self.balancer {
             Balancer::RoundRobin(lb) if lb.health_check_frequency.is_some() => {
-                lb.backends().run_health_check(true).await
+                lb.backends().run_health_check(true).await;
+                publish(lb, &self.health);
             }
             Balancer::Consistent(lb) if lb.health_check_frequency.is_some() => {
-                lb.backends().run_health_check(true).await
+                lb.backends().run_health_check(true).await;
+                publish(lb, &self.health);
             }
             _ => {}
         }
@@ -129,10 +159,12 @@ impl Pool {
         };
         match &self.balancer {
             Balancer::RoundRobin(lb) => {
-                tokio::spawn(check_until_stopped(Arc::clone(lb), interval, stop));
+                let health = Arc::clone(&self.health);
+                tokio::spawn(check_until_stopped(Arc::clone(lb), interval, health, stop));
             }
             Balancer::Consistent(lb) => {
-                tokio::spawn(check_until_stopped(Arc::clone(lb), interval, stop));
+                let health = Arc::clone(&self.health);
+                tokio::spawn(check_until_stopped(Arc::clone(lb), interval, health, stop));
             }
         }
     }
@@ -180,6 +212,27 @@ impl Pools {
         Ok(Pools {
             by_route: by_route.into(),
         })
+    }
+
+    /// Reports each server's health on the gauge `gauge(route, server)` gives: 1 from now
+    /// (a server without checks is always chosen), then what every round of checks finds.
+    pub fn report_health(
+        &mut self,
+        routes: &RouteTable,
+        gauge: impl Fn(&str, SocketAddr) -> IntGauge,
+    ) {
+        for (pool, route) in self.by_route.iter_mut().zip(routes.in_file_order()) {
+            let gauges: Vec<(SocketAddr, IntGauge)> = route
+                .upstream
+                .servers
+                .iter()
+                .map(|server| (*server, gauge(&route.name, *server)))
+                .collect();
+            for (_, gauge) in &gauges {
+                gauge.set(1);
+            }
+            pool.health = gauges.into();
+        }
     }
 
     /// The pool of the route at `index`.

@@ -9,6 +9,9 @@
 //! their certificates do reload), the admin listener, the `server:` section and the `redis:`
 //! section — is logged as needing a graceful upgrade (`sluice -u`, `systemctl reload`), and
 //! keeps its old value until then.
+//!
+//! SIGUSR1 opens the access log file again by name (logrotate); a reload does too, since the new
+//! configuration opens its own.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -91,7 +94,7 @@ impl ConfigService {
         retired.retire();
         retired
             .metrics
-            .retire_routes_missing_from(&snapshot.metrics);
+            .retire_series_missing_from(&snapshot.metrics);
         log::info!("reload: {summary}");
         Ok(())
     }
@@ -105,6 +108,7 @@ impl BackgroundService for ConfigService {
         ready: ServiceReadyNotifier,
     ) {
         let mut hangups = signal(SignalKind::hangup());
+        let reopens = signal(SignalKind::user_defined1());
         self.live.load().start().await;
         ready.notify_ready();
         let hangups = match &mut hangups {
@@ -115,8 +119,22 @@ impl BackgroundService for ConfigService {
                 return;
             }
         };
+        let mut reopens = match reopens {
+            Ok(reopens) => Some(reopens),
+            Err(e) => {
+                log::error!(
+                    "cannot listen for SIGUSR1, the access log is reopened only on reload: {e}"
+                );
+                None
+            }
+        };
         loop {
             tokio::select! {
+                _ = next_signal(&mut reopens) => {
+                    if let Some(access_log) = &self.live.load().access_log {
+                        access_log.reopen();
+                    }
+                }
                 _ = hangups.recv() => match self.reload().await {
                     Ok(()) => metrics::CONFIG_RELOADS.with_label_values(&["success"]).inc(),
                     Err(error) => {
@@ -132,5 +150,15 @@ impl BackgroundService for ConfigService {
                 }
             }
         }
+    }
+}
+
+/// The next signal of `signals`; never, when there is no stream to listen on.
+async fn next_signal(signals: &mut Option<tokio::signal::unix::Signal>) {
+    match signals {
+        Some(signals) => {
+            signals.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }

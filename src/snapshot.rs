@@ -10,14 +10,17 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
+use crate::access_log::{self, AccessLog};
 use crate::config::{Config, ConfigError};
-use crate::metrics::Metrics;
+use crate::metrics::{self, Metrics};
 use crate::pool::{HealthChecks, Pools};
 
 pub struct Snapshot {
     pub config: Config,
     pub pools: Pools,
     pub metrics: Metrics,
+    /// Open while this configuration is in force (and its last request logs).
+    pub access_log: Option<AccessLog>,
     checks: Mutex<Option<HealthChecks>>,
 }
 
@@ -25,17 +28,32 @@ pub struct Snapshot {
 pub type Live = Arc<ArcSwap<Snapshot>>;
 
 impl Snapshot {
-    /// Builds the pools and metric handles of `config`; nothing runs yet.
+    /// Builds the pools and metric handles of `config` and opens its access log; no check
+    /// runs yet.
     pub fn build(config: Config) -> Result<Snapshot, ConfigError> {
-        let pools = Pools::build(&config.routes).map_err(|problems| ConfigError {
+        let mut pools = Pools::build(&config.routes).map_err(|problems| ConfigError {
             file: config.source.clone(),
             problems,
         })?;
-        let metrics = Metrics::new(config.routes.in_file_order().iter().map(|r| &*r.name));
+        pools.report_health(&config.routes, Metrics::upstream_health);
+        let metrics = Metrics::new(&config.routes);
+        let access_log = match &config.access_log {
+            Some(settings) => Some(
+                AccessLog::open(settings, metrics::ACCESS_LOG_DROPPED.clone()).map_err(|e| {
+                    ConfigError::single(
+                        &config.source,
+                        "access_log.path",
+                        access_log::cannot_open(e),
+                    )
+                })?,
+            ),
+            None => None,
+        };
         Ok(Snapshot {
             config,
             pools,
             metrics,
+            access_log,
             checks: Mutex::new(None),
         })
     }

@@ -653,52 +653,6 @@ fn a_route_can_override_the_failure_mode() {
 }
 
 #[test]
-fn the_access_log_writes_one_sampled_line_per_request() {
-    let upstream = Upstream::start();
-    let body = Config::new()
-        .set("access_log", "{ enabled: true, sample: 2 }")
-        .route(burst_route());
-    let config = support::GatewayConfig::write(&body.yaml(), &upstream, None, 0);
-    let log_path = config.dir.path().join("stderr.log");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("-c")
-        .arg(&config.path)
-        .env("RUST_LOG", "warn,sluice::access=info")
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(config.proxy).is_err() {
-        assert!(std::time::Instant::now() < deadline, "sluice did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let statuses: Vec<u16> = (0..8)
-        .map(|_| support::http_get(config.proxy, "/api/logged", None, &[]).status)
-        .collect();
-    std::thread::sleep(Duration::from_millis(200));
-    let _ = child.kill();
-    let _ = child.wait();
-    let log = std::fs::read_to_string(&log_path).unwrap();
-    let lines: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("sluice::access"))
-        .collect();
-    assert_eq!(lines.len(), 4, "one request in two: {log}");
-    assert!(
-        lines[0].contains("route=api decision=allowed limit=- status=200"),
-        "{}",
-        lines[0]
-    );
-    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 3);
-    assert!(
-        lines
-            .iter()
-            .any(|l| l.contains("decision=limited limit=per_client status=429")),
-        "{log}"
-    );
-}
-
-#[test]
 fn the_grafana_dashboard_only_uses_exported_metrics() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 /// The modules that know Pingora and wire the process; nothing else may import them.
 const GLUE: &[&str] = &[
+    "access_log",
     "app",
     "reload",
     "snapshot",

@@ -250,11 +250,14 @@ fn check_failover(what: &str, samples: &[Sample], killed_at: Duration, gateways:
         samples.iter().all(|s| s.status == 200 || s.status == 503),
         "{what}: only decisions or the failure mode's 503"
     );
+    let early: Vec<_> = samples
+        .iter()
+        .filter(|s| s.status != 200 && s.at + s.latency < killed_at)
+        .map(|s| (s.at, s.latency))
+        .collect();
     assert!(
-        samples
-            .iter()
-            .all(|s| s.status == 200 || s.at + s.latency >= killed_at),
-        "{what}: no failure before the kill"
+        early.is_empty(),
+        "{what}: no failure before the kill at {killed_at:?}; failed (sent, took): {early:?}"
     );
     let failed = samples.iter().filter(|s| s.status == 503).count();
     assert!(
@@ -350,7 +353,9 @@ fn a_cluster_master_failover_under_load_is_followed_without_restart() {
     let _alone = alone();
     let mut cluster = RedisCluster::start();
     let upstream = Upstream::start();
-    let body = failover_body(redis_config("cluster", &cluster.urls(), 50));
+    // A deadline well above a loaded machine's scheduling hiccups: failures before the kill
+    // would be timeouts of a healthy Redis (seen once at 50 ms under the full suite).
+    let body = failover_body(redis_config("cluster", &cluster.urls(), 200));
     let mut gateways: Vec<Gateway> = (0..2)
         .map(|_| Gateway::start(&body, &upstream, None))
         .collect();
@@ -373,7 +378,7 @@ fn a_sentinel_failover_under_load_is_followed_without_restart() {
     let _alone = alone();
     let mut redis = RedisSentinels::start();
     let upstream = Upstream::start();
-    let body = failover_body(redis_config("sentinel", &redis.urls(), 50));
+    let body = failover_body(redis_config("sentinel", &redis.urls(), 200));
     let mut gateways: Vec<Gateway> = (0..2)
         .map(|_| Gateway::start(&body, &upstream, None))
         .collect();

@@ -9,8 +9,9 @@ use ipnet::IpNet;
 
 use super::listeners::socket_addr;
 use super::model::Config;
+use super::observe::{compile_access_log, compile_request_id};
 use super::problem::Problems;
-use super::raw::{RawAccessLog, RawConfig, RawPath};
+use super::raw::{RawConfig, RawPath};
 use super::redis::DEFAULT_KEY_PREFIX;
 use super::routes::{self, RouteDefaults};
 use crate::identity::{Identity, DEFAULT_IPV6_PREFIX};
@@ -50,7 +51,8 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
             format!("must be between 1 and 10000, got {instances}"),
         );
     }
-    let access_log_sample = compile_access_log(raw.access_log, p);
+    let access_log = compile_access_log(raw.access_log, p);
+    let request_id = compile_request_id(raw.request_id, p);
 
     if raw.routes.is_empty() {
         p.add("routes", "at least one route is required");
@@ -87,7 +89,8 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
         failure_mode,
         identity,
         paths,
-        access_log_sample,
+        access_log,
+        request_id,
         routes: RouteTable::new(compiled),
     })
 }
@@ -138,19 +141,6 @@ fn compile_paths(raw: Option<RawPath>, p: &mut Problems) -> PathPolicy {
             PathPolicy::default()
         }
     }
-}
-
-fn compile_access_log(raw: Option<RawAccessLog>, p: &mut Problems) -> Option<u64> {
-    raw.and_then(|log| {
-        let sample = log.sample.unwrap_or(1);
-        if sample == 0 {
-            p.add(
-                "access_log.sample",
-                "must be at least 1 (log 1 request in N)",
-            );
-        }
-        log.enabled.unwrap_or(false).then_some(sample.max(1))
-    })
 }
 
 #[cfg(test)]

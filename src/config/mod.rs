@@ -10,6 +10,7 @@ pub mod compile;
 pub mod limits;
 pub mod listeners;
 pub mod model;
+pub mod observe;
 pub mod problem;
 pub mod rate;
 pub mod raw;

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use super::listeners::Listener;
+use super::observe::{AccessLogSettings, RequestIdSettings};
 use super::redis::RedisSettings;
 use super::server::ServerSettings;
 use crate::identity::Identity;
@@ -24,8 +25,10 @@ pub struct Config {
     pub failure_mode: FailureMode,
     pub identity: Identity,
     pub paths: PathPolicy,
-    /// Log one line per request, for 1 request in `n`; `None`: off.
-    pub access_log_sample: Option<u64>,
+    /// `None`: no access log.
+    pub access_log: Option<AccessLogSettings>,
+    /// `None`: requests get no id.
+    pub request_id: Option<RequestIdSettings>,
     pub routes: RouteTable,
 }
 

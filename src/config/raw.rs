@@ -9,6 +9,7 @@ use std::fmt;
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
+use super::observe::{RawAccessLog, RawRequestId};
 use super::server::ServerSettings;
 
 #[derive(Debug, Default, Deserialize)]
@@ -27,14 +28,9 @@ pub struct RawConfig {
     pub ipv6_prefix: Option<u8>,
     pub path: Option<RawPath>,
     pub access_log: Option<RawAccessLog>,
+    pub request_id: Option<RawRequestId>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct RawAccessLog {
-    pub enabled: Option<bool>,
-    pub sample: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

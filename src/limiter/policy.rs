@@ -35,6 +35,14 @@ impl FailureMode {
     /// The names the configuration accepts, for its error messages.
     pub const NAMES: &'static str = "allow, deny or local";
 
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureMode::Allow => "allow",
+            FailureMode::Deny => "deny",
+            FailureMode::Local => "local",
+        }
+    }
+
     pub fn parse(name: &str) -> Option<FailureMode> {
         match name {
             "allow" => Some(FailureMode::Allow),

@@ -1,14 +1,15 @@
 //! The Pingora glue: route, key, decide, then proxy or reject. The only module that knows
 //! Pingora's `ProxyHttp`; what it calls is plain Rust (the router, keys, the limiter policy).
 
+mod access;
 pub mod forwarding;
 pub mod front;
 pub mod request;
+pub mod request_id;
 pub mod respond;
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,11 +23,12 @@ use pingora::{Error, ErrorSource, ErrorType};
 
 use crate::identity;
 use crate::keys::{self, RequestFacts};
-use crate::limiter::{Asks, Policy, Rejection, UpstreamFailure, Verdict};
+use crate::limiter::{Asks, Policy, Rejection, RequestIds, UpstreamFailure, Verdict};
+use crate::metrics::{InFlight, UpstreamError};
 use crate::path;
 use crate::router::Route;
 use crate::snapshot::{Live, Snapshot};
-use respond::respond;
+use respond::{respond, RequestIdHeader};
 
 /// Requests one HTTP/2 connection to an upstream carries at once.
 const UPSTREAM_H2_STREAMS: usize = 100;
@@ -58,13 +60,38 @@ pub struct RequestCtx {
     verdict: Option<Verdict>,
     /// The front door's clock of this connection (HTTP/1).
     connection: Option<Arc<front::HeadClock>>,
+    /// The request's id (`request_id:`), as sent upstream and returned.
+    request_id: Option<http::HeaderValue>,
+    /// Counts the routed request in flight until it ends.
+    in_flight: Option<InFlight>,
+    /// The upstream server last chosen.
+    upstream: Option<SocketAddr>,
+    /// When the first upstream connection attempt began.
+    upstream_started: Option<Instant>,
+    /// From the first attempt to the upstream's response head.
+    upstream_time: Option<std::time::Duration>,
+    /// Why the last upstream attempt failed.
+    upstream_error: Option<UpstreamError>,
+    /// Upstream connection attempts that failed (counted when they did).
+    failed_connects: usize,
+}
+
+impl RequestCtx {
+    /// The request id and the header that carries it.
+    fn request_id_header(&self) -> Option<RequestIdHeader<'_>> {
+        let settings = self.snapshot.as_ref()?.config.request_id.as_ref()?;
+        Some(RequestIdHeader {
+            name: &settings.header,
+            value: self.request_id.as_ref()?,
+        })
+    }
 }
 
 pub struct Gateway {
     live: Live,
     policy: Arc<Policy>,
-    /// Requests seen, for access log sampling.
-    logged: AtomicU64,
+    /// Makes the ids of requests that come without an accepted one.
+    ids: RequestIds,
 }
 
 impl Gateway {
@@ -72,7 +99,7 @@ impl Gateway {
         Gateway {
             live,
             policy,
-            logged: AtomicU64::new(0),
+            ids: RequestIds::new(),
         }
     }
 }
@@ -203,34 +230,46 @@ fn failure_answer(error: &Error) -> Answer {
     }
 }
 
-/// One structured line per request (`target: sluice::access`): route, decision, denying limit,
-/// status, total and limiter time. Client addresses appear here, never in metrics.
-fn access_log(session: &Session, ctx: &RequestCtx, verdict: &Verdict) {
-    let route = ctx.route.as_ref();
-    let limit = match (route, &verdict.decision) {
-        (Some(route), Some(decision)) => decision
-            .denied_by
-            .or(decision.shadow_denied_by)
-            .and_then(|i| route.limits.limits().get(i))
-            .map_or("-", |l| &*l.name),
-        _ => "-",
-    };
-    let status = session.response_written().map_or(0, |r| r.status.as_u16());
-    let peer = session
-        .client_addr()
-        .map_or_else(|| "-".to_string(), |a| a.to_string());
-    let total_ms = ctx
-        .started
-        .map_or(0.0, |t| t.elapsed().as_secs_f64() * 1000.0);
-    log::info!(
-        target: "sluice::access",
-        "peer={peer} method={} path={:?} route={} decision={} limit={limit} status={status} total_ms={total_ms:.3} limiter_ms={:.3}",
-        session.req_header().method,
-        session.req_header().uri.path(),
-        route.map_or("-", |r| &*r.name),
-        verdict.outcome.label(),
-        verdict.limiter_time.as_secs_f64() * 1000.0,
-    );
+/// What kind of upstream failure `error` is, if it is one.
+fn upstream_error(error: &Error) -> Option<UpstreamError> {
+    use ErrorType::*;
+    Some(match (error.etype(), error.esource()) {
+        (ConnectRefused, _) => UpstreamError::Refused,
+        (ConnectTimedout | TLSHandshakeTimedout, _) => UpstreamError::Timeout,
+        (HTTPStatus(504), _) => UpstreamError::Timeout,
+        (ReadTimedout | WriteTimedout, ErrorSource::Upstream) => UpstreamError::Timeout,
+        (TLSHandshakeFailure | TLSWantX509Lookup | InvalidCert | HandshakeError, _) => {
+            UpstreamError::Tls
+        }
+        (
+            ConnectionClosed | ReadError | WriteError | H2Error | InvalidHTTPHeader,
+            ErrorSource::Upstream,
+        ) => UpstreamError::Reset,
+        (ConnectNoRoute | ConnectError | ConnectProxyFailure | SocketError | BindError, _) => {
+            UpstreamError::Unreachable
+        }
+        (_, ErrorSource::Upstream) => UpstreamError::Unreachable,
+        _ => return None,
+    })
+}
+
+/// An error of the connection phase: `fail_to_connect` has counted it already.
+fn connect_phase(error: &Error) -> bool {
+    use ErrorType::*;
+    matches!(
+        error.etype(),
+        ConnectRefused
+            | ConnectTimedout
+            | ConnectError
+            | ConnectProxyFailure
+            | SocketError
+            | BindError
+            | TLSHandshakeFailure
+            | TLSHandshakeTimedout
+            | TLSWantX509Lookup
+            | InvalidCert
+            | HandshakeError
+    )
 }
 
 #[async_trait]
@@ -253,12 +292,14 @@ impl ProxyHttp for Gateway {
         }
     }
 
-    /// The head has arrived: the front door's head deadline no longer applies.
+    /// The head has arrived: the request's clock starts, and the front door's head deadline
+    /// no longer applies.
     async fn early_request_filter(
         &self,
         _session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
+        ctx.started = Some(Instant::now());
         if let Some(clock) = &ctx.connection {
             clock.head_received();
         }
@@ -282,13 +323,24 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
         let snapshot = self.live.load_full();
-        let started = Instant::now();
-        ctx.started = Some(started);
+        let started = *ctx.started.get_or_insert_with(Instant::now);
         let peer = session
             .client_addr()
             .and_then(|a| a.as_inet())
             .map(|a| a.ip());
-        let verdict = match prepare(session.req_header(), peer, &snapshot, ctx) {
+        if let Some(settings) = &snapshot.config.request_id {
+            let trusted = snapshot
+                .config
+                .identity
+                .is_trusted_peer(peer.map(identity::canonical));
+            let headers = &session.req_header().headers;
+            ctx.request_id = Some(request_id::assign(settings, headers, trusted, &self.ids));
+        }
+        let prepared = prepare(session.req_header(), peer, &snapshot, ctx);
+        if let Some(route) = &ctx.route {
+            ctx.in_flight = Some(snapshot.metrics.route(route.index).in_flight());
+        }
+        let verdict = match prepared {
             Ok(()) => match &ctx.route {
                 Some(route) => self.policy.decide(&route.limits, &ctx.asks).await,
                 None => Verdict::rejected(Rejection::NoRoute),
@@ -302,10 +354,11 @@ impl ProxyHttp for Gateway {
             .and_then(|route| route.request_timeout)
             .map(|timeout| started + timeout);
         let (rejection, delay) = (verdict.rejection, verdict.delay);
-        let verdict = ctx.verdict.insert(verdict);
+        ctx.verdict = Some(verdict);
         if let Some(rejection) = rejection {
-            let limited = ctx.route.as_deref().zip(verdict.decision.as_ref());
-            respond(session, rejection, limited).await?;
+            let decision = ctx.verdict.as_ref().and_then(|v| v.decision.as_ref());
+            let limited = ctx.route.as_deref().zip(decision);
+            respond(session, rejection, limited, ctx.request_id_header()).await?;
             return Ok(true);
         }
         if session.is_upgrade_req() {
@@ -351,6 +404,8 @@ impl ProxyHttp for Gateway {
                     "no healthy upstream server left to try",
                 )
             })?;
+        ctx.upstream = Some(addr);
+        ctx.upstream_started.get_or_insert_with(Instant::now);
         let tls = pool.and_then(|pool| pool.tls.as_ref());
         let sni = tls.map_or_else(String::new, |tls| tls.sni.clone());
         let mut peer = Box::new(HttpPeer::new(addr, tls.is_some(), sni));
@@ -425,8 +480,20 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         error: &Error,
-        _ctx: &mut RequestCtx,
+        ctx: &mut RequestCtx,
     ) -> FailToProxy {
+        if let Some(kind) = upstream_error(error) {
+            ctx.upstream_error = Some(kind);
+            // A failed connection was counted by fail_to_connect.
+            if ctx.failed_connects == 0 || !connect_phase(error) {
+                if let (Some(snapshot), Some(route)) = (&ctx.snapshot, &ctx.route) {
+                    snapshot
+                        .metrics
+                        .route(route.index)
+                        .count_upstream_error(kind);
+                }
+            }
+        }
         let answer = failure_answer(error);
         let code = match answer {
             Answer::Nothing => 0,
@@ -435,11 +502,12 @@ impl ProxyHttp for Gateway {
             Answer::Status(code) => code,
         };
         if session.response_written().is_none() {
+            let id = ctx.request_id_header();
             let written = match answer {
                 Answer::Nothing => Ok(()),
-                Answer::Rejection(rejection) => respond(session, rejection, None).await,
+                Answer::Rejection(rejection) => respond(session, rejection, None, id).await,
                 Answer::Upstream(failure) => {
-                    respond::respond_upstream_failure(session, failure).await
+                    respond::respond_upstream_failure(session, failure, id).await
                 }
                 Answer::Status(code) => session.respond_error(code).await,
             };
@@ -461,6 +529,16 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
         mut error: Box<Error>,
     ) -> Box<Error> {
+        ctx.failed_connects += 1;
+        if let (Some(kind), Some(snapshot), Some(route)) =
+            (upstream_error(&error), &ctx.snapshot, &ctx.route)
+        {
+            ctx.upstream_error = Some(kind);
+            snapshot
+                .metrics
+                .route(route.index)
+                .count_upstream_error(kind);
+        }
         let retries = ctx.route.as_ref().map_or(0, |r| r.upstream.retries);
         if let Some(addr) = peer._address.as_inet() {
             if ctx.failed.len() < retries {
@@ -532,7 +610,24 @@ impl ProxyHttp for Gateway {
                 .and_then(|a| a.as_inet())
                 .map(|a| a.port()),
         };
-        forwarding::set_headers(upstream_request, hop)
+        forwarding::set_headers(upstream_request, hop)?;
+        if let Some(id) = ctx.request_id_header() {
+            upstream_request.insert_header(id.name.clone(), id.value.clone())?;
+        }
+        Ok(())
+    }
+
+    /// The upstream's response head has arrived: the upstream time ends here.
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        _upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        if ctx.upstream_time.is_none() {
+            ctx.upstream_time = ctx.upstream_started.map(|started| started.elapsed());
+        }
+        Ok(())
     }
 
     async fn response_filter(
@@ -545,7 +640,7 @@ impl ProxyHttp for Gateway {
         if let (Some(route), Some(decision)) = (&ctx.route, decision) {
             respond::add_ratelimit_headers(upstream_response, route, decision)?;
         }
-        Ok(())
+        respond::add_request_id(upstream_response, ctx.request_id_header())
     }
 
     /// The request has ended: count it, give back its concurrency slots, log it.
@@ -559,18 +654,23 @@ impl ProxyHttp for Gateway {
             None => snapshot.metrics.unmatched(),
         };
         route_metrics.count(verdict.outcome);
+        let status = session.response_written().map(|r| r.status.as_u16());
+        if let (Some(status), Some(started)) = (status, ctx.started) {
+            route_metrics.observe_duration(status, started.elapsed());
+        }
+        if let Some(upstream_time) = ctx.upstream_time {
+            route_metrics.observe_upstream(upstream_time);
+        }
         if let Some(route) = &ctx.route {
+            route_metrics.count_limits(route.limits.limits(), verdict);
             self.policy.finish(&route.limits, &ctx.asks, verdict).await;
         }
-        if verdict.outcome.admitted() {
-            if let Some(response) = session.response_written() {
-                route_metrics.count_upstream_status(response.status.as_u16());
-            }
+        if let (true, Some(status)) = (verdict.outcome.admitted(), status) {
+            route_metrics.count_upstream_status(status);
         }
-        if let Some(sample) = snapshot.config.access_log_sample {
-            if self.logged.fetch_add(1, Ordering::Relaxed) % sample == 0 {
-                access_log(session, ctx, verdict);
-            }
+        if let Some(access_log) = &snapshot.access_log {
+            access::log(access_log, session, ctx, verdict);
         }
+        ctx.in_flight = None;
     }
 }

@@ -7,7 +7,9 @@
 use std::fmt::Write as _;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{
+    HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER,
+};
 use pingora::http::ResponseHeader;
 use pingora::protocols::http::HttpTask;
 use pingora::proxy::Session;
@@ -78,9 +80,28 @@ pub fn add_ratelimit_headers(
     Ok(())
 }
 
-fn problem(status: u16, title: &str, detail: &str, extra: &str) -> Bytes {
+/// The request's id, as the header that carries it: the gateway's own answers return it too.
+#[derive(Clone, Copy)]
+pub struct RequestIdHeader<'a> {
+    pub name: &'a HeaderName,
+    pub value: &'a HeaderValue,
+}
+
+/// An `application/problem+json` body; `extra` is more members, each starting with a comma.
+/// The request id is a member too (ids are checked to hold no quote or backslash).
+fn problem(
+    status: u16,
+    title: &str,
+    detail: &str,
+    extra: &str,
+    id: Option<RequestIdHeader<'_>>,
+) -> Bytes {
+    let id = id
+        .and_then(|id| id.value.to_str().ok())
+        .map(|id| format!(",\"request_id\":\"{id}\""))
+        .unwrap_or_default();
     Bytes::from(format!(
-        "{{\"type\":\"about:blank\",\"title\":\"{title}\",\"status\":{status},\"detail\":\"{detail}\"{extra}}}\n"
+        "{{\"type\":\"about:blank\",\"title\":\"{title}\",\"status\":{status},\"detail\":\"{detail}\"{extra}{id}}}\n"
     ))
 }
 
@@ -90,23 +111,24 @@ pub async fn respond(
     session: &mut Session,
     rejection: Rejection,
     limited: Option<(&Route, &Decision)>,
+    id: Option<RequestIdHeader<'_>>,
 ) -> pingora::Result<()> {
     if is_grpc(session) {
-        return respond_grpc_rejection(session, rejection, limited).await;
+        return respond_grpc_rejection(session, rejection, limited, id).await;
     }
     let status = rejection.status();
     let mut header = ResponseHeader::build(status, Some(6))?;
     let body = match (rejection, limited) {
         (Rejection::Limited { .. }, Some((route, decision))) => {
-            limited_body(&mut header, route, decision)?
+            limited_body(&mut header, route, decision, id)?
         }
         (Rejection::LimiterUnavailable, _) => {
             header.insert_header(RETRY_AFTER, "1")?;
-            problem(status, rejection.title(), rejection.detail(), "")
+            problem(status, rejection.title(), rejection.detail(), "", id)
         }
-        _ => problem(status, rejection.title(), rejection.detail(), ""),
+        _ => problem(status, rejection.title(), rejection.detail(), "", id),
     };
-    send(session, header, body).await
+    send(session, header, body, id).await
 }
 
 /// Writes the response for a request whose upstream failed, unless a response has already
@@ -114,15 +136,16 @@ pub async fn respond(
 pub async fn respond_upstream_failure(
     session: &mut Session,
     failure: UpstreamFailure,
+    id: Option<RequestIdHeader<'_>>,
 ) -> pingora::Result<()> {
     if is_grpc(session) {
-        let header = ResponseHeader::build(200, Some(4))?;
-        return send_grpc(session, header, failure.grpc_status(), failure.detail()).await;
+        let header = ResponseHeader::build(200, Some(5))?;
+        return send_grpc(session, header, failure.grpc_status(), failure.detail(), id).await;
     }
     let status = failure.status();
-    let header = ResponseHeader::build(status, Some(4))?;
-    let body = problem(status, failure.title(), failure.detail(), "");
-    send(session, header, body).await
+    let header = ResponseHeader::build(status, Some(5))?;
+    let body = problem(status, failure.title(), failure.detail(), "", id);
+    send(session, header, body, id).await
 }
 
 /// A gRPC call: `content-type: application/grpc` (and its `+proto`, `+json`... forms).
@@ -152,6 +175,7 @@ async fn respond_grpc_rejection(
     session: &mut Session,
     rejection: Rejection,
     limited: Option<(&Route, &Decision)>,
+    id: Option<RequestIdHeader<'_>>,
 ) -> pingora::Result<()> {
     let mut header = ResponseHeader::build(200, Some(8))?;
     let message = match (rejection, limited) {
@@ -173,7 +197,7 @@ async fn respond_grpc_rejection(
         }
         _ => rejection.detail().to_string(),
     };
-    send_grpc(session, header, rejection.grpc_status(), &message).await
+    send_grpc(session, header, rejection.grpc_status(), &message, id).await
 }
 
 /// Sends a trailers-only gRPC answer: one HEADERS frame that ends the stream.
@@ -182,7 +206,9 @@ async fn send_grpc(
     mut header: ResponseHeader,
     status: GrpcStatus,
     message: &str,
+    id: Option<RequestIdHeader<'_>>,
 ) -> pingora::Result<()> {
+    add_request_id(&mut header, id)?;
     header.insert_header(CONTENT_TYPE, "application/grpc")?;
     header.insert_header("grpc-status", u16::from(status.code()))?;
     header.insert_header("grpc-message", grpc_message(message))?;
@@ -198,12 +224,25 @@ async fn send_grpc(
         .map(|_| ())
 }
 
+/// Adds the request id header, when requests have ids.
+pub fn add_request_id(
+    header: &mut ResponseHeader,
+    id: Option<RequestIdHeader<'_>>,
+) -> pingora::Result<()> {
+    if let Some(id) = id {
+        header.insert_header(id.name.clone(), id.value.clone())?;
+    }
+    Ok(())
+}
+
 /// Sends `header` and `body` as an `application/problem+json` answer of the gateway.
 async fn send(
     session: &mut Session,
     mut header: ResponseHeader,
     body: Bytes,
+    id: Option<RequestIdHeader<'_>>,
 ) -> pingora::Result<()> {
+    add_request_id(&mut header, id)?;
     header.insert_header(CONTENT_TYPE, "application/problem+json")?;
     header.insert_header(CONTENT_LENGTH, body.len())?;
     header.insert_header(CACHE_CONTROL, "no-store")?;
@@ -222,6 +261,7 @@ fn limited_body(
     header: &mut ResponseHeader,
     route: &Route,
     decision: &Decision,
+    id: Option<RequestIdHeader<'_>>,
 ) -> pingora::Result<Bytes> {
     let denied = decision.denied_by.unwrap_or(0);
     let limit = route.limits.limits().get(denied).map_or("", |l| &*l.name);
@@ -243,7 +283,7 @@ fn limited_body(
             route.name
         ),
     };
-    Ok(problem(429, "Too Many Requests", &detail, &extra))
+    Ok(problem(429, "Too Many Requests", &detail, &extra, id))
 }
 
 fn request_has_body(session: &Session) -> bool {

@@ -1,19 +1,24 @@
 //! The access log: one JSON object per line and request, sampled, written by a thread of its
 //! own so a slow disk never holds a request. Lines go to stdout (the journal, under systemd) or
 //! are appended to a file, which SIGUSR1 and every reload open again by name: logrotate moves
-//! the file, signals, and the next line starts the new one; the lines queued before the signal
+//! the file, signals, and the next line starts the new one; the lines buffered before the signal
 //! are written to the old one, none is lost.
 //!
-//! The queue is bounded: when the writer falls that far behind, a line is dropped and counted
-//! (`sluice_access_log_dropped_total`) rather than the request kept waiting.
+//! A request appends its line to a shared buffer and wakes nobody; the writer takes the buffer
+//! every `FLUSH_EVERY` (as nginx's `access_log ... buffer= flush=`), so logging costs a request
+//! no system call and no thread wake-up. The buffer is bounded: when the writer falls that far
+//! behind, a line is dropped and counted (`sluice_access_log_dropped_total`) rather than the
+//! request kept waiting.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use http::HeaderName;
 use prometheus::IntCounter;
@@ -21,8 +26,10 @@ use serde::Serialize;
 
 use crate::config::observe::{AccessLogSettings, LogTarget};
 
-/// Lines waiting for the writer, at most.
-const QUEUE: usize = 16_384;
+/// Bytes waiting for the writer, at most.
+const MAX_PENDING: usize = 8 << 20;
+/// How often the writer takes what is buffered.
+const FLUSH_EVERY: Duration = Duration::from_millis(50);
 /// The longest host, path or header value a line carries; longer ones are cut (on a character
 /// boundary) and end in `...`.
 pub const MAX_FIELD_BYTES: usize = 1024;
@@ -107,9 +114,32 @@ pub fn millis(duration: std::time::Duration) -> f64 {
     (duration.as_micros() as f64) / 1000.0
 }
 
-enum Message {
-    Line(Vec<u8>),
-    Reopen,
+/// What requests hand the writer.
+#[derive(Default)]
+struct Pending {
+    bytes: Vec<u8>,
+    /// Open the file again once `bytes` are written.
+    reopen: bool,
+    /// The log was dropped: write what is left and stop.
+    closed: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    pending: Mutex<Pending>,
+    /// Wakes the writer early: a reopen, or the end.
+    wake: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+thread_local! {
+    /// Each thread's line buffer, reused: serializing a line allocates nothing once warm.
+    static LINE: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(512));
 }
 
 /// An open access log, as one configuration asks for it.
@@ -119,7 +149,7 @@ pub struct AccessLog {
     headers: Vec<HeaderName>,
     seen: AtomicU64,
     seen_errors: AtomicU64,
-    queue: SyncSender<Message>,
+    shared: Arc<Shared>,
     dropped: IntCounter,
 }
 
@@ -128,17 +158,18 @@ impl AccessLog {
     /// why the file cannot be opened.
     pub fn open(settings: &AccessLogSettings, dropped: IntCounter) -> io::Result<AccessLog> {
         let output = Output::open(&settings.target)?;
-        let (queue, lines) = sync_channel(QUEUE);
+        let shared = Arc::new(Shared::default());
+        let writer = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("sluice-access-log".to_string())
-            .spawn(move || write_lines(lines, output))?;
+            .spawn(move || write_lines(&writer, output))?;
         Ok(AccessLog {
             sample: settings.sample,
             sample_errors: settings.sample_errors,
             headers: settings.headers.clone(),
             seen: AtomicU64::new(0),
             seen_errors: AtomicU64::new(0),
-            queue,
+            shared,
             dropped,
         })
     }
@@ -159,21 +190,35 @@ impl AccessLog {
         &self.headers
     }
 
-    /// Queues `line`; drops it (counted) when the writer is `QUEUE` lines behind.
+    /// Buffers `line` for the writer; drops it (counted) when `MAX_PENDING` bytes wait.
     pub fn write(&self, line: &Line<'_>) {
-        let mut bytes = Vec::with_capacity(384);
-        if serde_json::to_writer(&mut bytes, line).is_err() {
-            return;
-        }
-        bytes.push(b'\n');
-        if let Err(TrySendError::Full(_)) = self.queue.try_send(Message::Line(bytes)) {
-            self.dropped.inc();
-        }
+        LINE.with_borrow_mut(|bytes| {
+            bytes.clear();
+            if serde_json::to_writer(&mut *bytes, line).is_err() {
+                return;
+            }
+            bytes.push(b'\n');
+            let mut pending = self.shared.lock();
+            if pending.bytes.len() + bytes.len() > MAX_PENDING {
+                drop(pending);
+                self.dropped.inc();
+            } else {
+                pending.bytes.extend_from_slice(bytes);
+            }
+        });
     }
 
-    /// Opens the file again by name, after the lines already queued.
+    /// Opens the file again by name, after the lines already buffered.
     pub fn reopen(&self) {
-        let _ = self.queue.send(Message::Reopen);
+        self.shared.lock().reopen = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+impl Drop for AccessLog {
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.wake.notify_one();
     }
 }
 
@@ -187,9 +232,10 @@ pub fn cannot_open(error: io::Error) -> String {
     format!("cannot open the access log for appending: {error}")
 }
 
+/// Where the writer writes: whole buffers at once, so no buffering of its own.
 enum Output {
-    Stdout(BufWriter<io::Stdout>),
-    File(PathBuf, BufWriter<File>),
+    Stdout(io::Stdout),
+    File(PathBuf, File),
 }
 
 fn append(path: &Path) -> io::Result<File> {
@@ -199,8 +245,8 @@ fn append(path: &Path) -> io::Result<File> {
 impl Output {
     fn open(target: &LogTarget) -> io::Result<Output> {
         Ok(match target {
-            LogTarget::Stdout => Output::Stdout(BufWriter::new(io::stdout())),
-            LogTarget::File(path) => Output::File(path.clone(), BufWriter::new(append(path)?)),
+            LogTarget::Stdout => Output::Stdout(io::stdout()),
+            LogTarget::File(path) => Output::File(path.clone(), append(path)?),
         })
     }
 
@@ -212,10 +258,9 @@ impl Output {
     }
 
     fn reopen(&mut self) {
-        let _ = self.writer().flush();
         if let Output::File(path, out) = self {
             match append(path) {
-                Ok(file) => *out = BufWriter::new(file),
+                Ok(file) => *out = file,
                 Err(e) => log::error!(
                     "access log: cannot open {} again, still writing the old file: {e}",
                     path.display()
@@ -225,30 +270,46 @@ impl Output {
     }
 }
 
-/// The writer: takes whatever is queued, writes it, flushes when the queue is empty; ends
-/// when the log is dropped (its configuration retired) and the queue is drained.
-fn write_lines(lines: Receiver<Message>, mut output: Output) {
+/// The writer: every `FLUSH_EVERY` (or when woken for a reopen or the end) takes what requests
+/// buffered and writes it; ends once the log is dropped (its configuration retired) and
+/// everything is written.
+fn write_lines(shared: &Shared, mut output: Output) {
+    let mut taken = Vec::new();
     let mut failing = false;
-    while let Ok(first) = lines.recv() {
-        let mut next = Some(first);
-        while let Some(message) = next {
-            match message {
-                Message::Line(line) => {
-                    if let Err(e) = output.writer().write_all(&line) {
-                        if !std::mem::replace(&mut failing, true) {
-                            log::error!("access log: write failed: {e}");
-                        }
-                    }
-                }
-                Message::Reopen => output.reopen(),
+    loop {
+        let (reopen, closed) = {
+            let mut pending = shared.lock();
+            if !pending.reopen && !pending.closed {
+                pending = shared
+                    .wake
+                    .wait_timeout(pending, FLUSH_EVERY)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
             }
-            next = lines.try_recv().ok();
+            std::mem::swap(&mut pending.bytes, &mut taken);
+            (std::mem::take(&mut pending.reopen), pending.closed)
+        };
+        if !taken.is_empty() {
+            let written = output
+                .writer()
+                .write_all(&taken)
+                .and_then(|()| output.writer().flush());
+            match written {
+                Ok(()) => failing = false,
+                Err(e) if !std::mem::replace(&mut failing, true) => {
+                    log::error!("access log: write failed: {e}");
+                }
+                Err(_) => {}
+            }
+            taken.clear();
         }
-        if output.writer().flush().is_ok() {
-            failing = false;
+        if reopen {
+            output.reopen();
+        }
+        if closed {
+            return;
         }
     }
-    let _ = output.writer().flush();
 }
 
 #[cfg(test)]

@@ -188,7 +188,7 @@ pub static UPSTREAM_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub static ACCESS_LOG_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
     register_int_counter!(
         "sluice_access_log_dropped_total",
-        "Access log lines dropped because the writer was too far behind (the queue holds 16384)."
+        "Access log lines dropped because the writer was too far behind (8 MiB of lines waiting)."
     )
     .expect("sluice_access_log_dropped_total registers once")
 });

@@ -15,6 +15,7 @@
 # p99 latency the limiter adds. Then TLS, sluice beside nginx with the same certificate (ECDSA
 # P-256) and the same upstream, no limits, 2 threads / 2 workers each:
 #   13 sluice, access log on, every request (JSON lines to a file)   14 the same, 1 in 100
+#   15 sluice, tracing on, every request sampled (OTLP/HTTP to a local sink)   16 the same, 1 %
 #   T1 a new TLS handshake per request (wrk, Connection: close)   T2 keep-alive requests over TLS
 #   (wrk)   T3 HTTP/2 over TLS, 8 connections x 16 concurrent streams (h2load)
 # Results also go to target/bench/results.tsv, and scripts/chart.py draws docs/performance.svg
@@ -143,9 +144,28 @@ sluice 11 "hot global limit, exact" redis "" "$hot_exact"
 sluice 12 "hot global limit, mode: leased" redis "" "$hot_leased"
 sluice 13 "sluice, access log, every request" redis "" "" "access_log: { enabled: true, path: $work/access13.log }"
 sluice 14 "sluice, access log, 1 in 100" redis "" "" "access_log: { enabled: true, path: $work/access14.log, sample: 100 }"
+# A local OTLP/HTTP sink for the tracing targets: answers every export with 200.
+otlp_port=$(port)
+python3 - "$otlp_port" >/dev/null 2>&1 <<'PY' & pids+=($!)
+import http.server, sys
+class Sink(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
+PY
+wait_port "$otlp_port"
+sluice 15 "sluice, tracing, every request" redis "" "" "tracing: { enabled: true, endpoint: \"http://127.0.0.1:$otlp_port/v1/traces\", sample: 1 }"
+sluice 16 "sluice, tracing, 1 in 100" redis "" "" "tracing: { enabled: true, endpoint: \"http://127.0.0.1:$otlp_port/v1/traces\", sample: 0.01 }"
 # ONLY="5 13 14" runs those targets alone (medians only: no target table, open loop or TLS).
 # shellcheck disable=SC2206 # one target per word
-targets=(${ONLY:-1 2 3 4 5 6 7 8 9 10 11 12 13 14})
+targets=(${ONLY:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16})
 
 cat > "$work/report.lua" <<'LUA'
 done = function(summary, latency, requests)
@@ -199,6 +219,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0 ? a / b : 0)}'; 
 if [ -n "${ONLY:-}" ]; then exit 0; fi
 echo
 echo "The access log's cost: every request logged $(ratio "${rps[13]}" "${rps[5]}") × the throughput of none (${cpu[13]} against ${cpu[5]} µs/req), 1 in 100 $(ratio "${rps[14]}" "${rps[5]}") ×."
+echo "Tracing's cost: every request sampled $(ratio "${rps[15]}" "${rps[5]}") × (${cpu[15]} µs/req), 1 in 100 $(ratio "${rps[16]}" "${rps[5]}") × (${cpu[16]} µs/req)."
 echo
 echo "Targets (issue 17), from the medians above:"
 echo

@@ -150,28 +150,43 @@ pub struct AccessLog {
     seen: AtomicU64,
     seen_errors: AtomicU64,
     shared: Arc<Shared>,
+    /// The opened target, until `start` hands it to the writer.
+    output: Mutex<Option<Output>>,
     dropped: IntCounter,
 }
 
 impl AccessLog {
-    /// Opens the target (a file is created, and appended to) and starts its writer; `Err` says
-    /// why the file cannot be opened.
+    /// Opens the target (a file is created, and appended to); `Err` says why it cannot be.
+    /// Lines are buffered until [`AccessLog::start`].
     pub fn open(settings: &AccessLogSettings, dropped: IntCounter) -> io::Result<AccessLog> {
         let output = Output::open(&settings.target)?;
-        let shared = Arc::new(Shared::default());
-        let writer = Arc::clone(&shared);
-        std::thread::Builder::new()
-            .name("sluice-access-log".to_string())
-            .spawn(move || write_lines(&writer, output))?;
         Ok(AccessLog {
             sample: settings.sample,
             sample_errors: settings.sample_errors,
             headers: settings.headers.clone(),
             seen: AtomicU64::new(0),
             seen_errors: AtomicU64::new(0),
-            shared,
+            shared: Arc::default(),
+            output: Mutex::new(Some(output)),
             dropped,
         })
+    }
+
+    /// Starts the writer thread (once; later calls do nothing). Not at `open`: a thread made
+    /// before `sluice -d` forks would not exist in the daemon.
+    pub fn start(&self) -> io::Result<()> {
+        let output = self
+            .output
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(output) = output {
+            let writer = Arc::clone(&self.shared);
+            std::thread::Builder::new()
+                .name("sluice-access-log".to_string())
+                .spawn(move || write_lines(&writer, output))?;
+        }
+        Ok(())
     }
 
     /// Whether this request is one of the sampled: 1 in `sample` of those answered below 400,

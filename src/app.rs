@@ -24,6 +24,7 @@ use crate::proxy::Gateway;
 use crate::reload::{ConfigService, RestartOnly};
 use crate::snapshot::{Live, Snapshot};
 use crate::tls::TlsListeners;
+use crate::traces::{TracerSlot, TracingService};
 use pingora::apps::HttpServerOptions;
 
 /// Command-line switches that change how the server starts.
@@ -143,6 +144,7 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
         config.server.keepalive_timeout(),
     );
     let (source, restart_only) = (config.source.clone(), RestartOnly::of(&config));
+    let tracing_settings = config.tracing.clone();
     let tls = Arc::new(TlsListeners::load(&config).map_err(|e| e.to_string())?);
     let snapshot = Snapshot::build(config).map_err(|e| e.to_string())?;
     let live: Live = Arc::new(ArcSwap::from_pointee(snapshot));
@@ -157,6 +159,15 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
             Arc::clone(&tls),
         )),
     ));
+    // Spans, when asked for: the pipeline starts with the services (after daemonizing).
+    let tracing = tracing_settings.map(|settings| {
+        let slot = TracerSlot::default();
+        let service = server.add_service(GenBackgroundService::new(
+            "sluice tracing".to_string(),
+            Arc::new(TracingService::new(settings, Arc::clone(&slot))),
+        ));
+        (slot, service)
+    });
     // Plain and TLS listeners in one service; cleartext HTTP/2 listeners (h2c) in another, since
     // prior-knowledge HTTP/2 is a setting of the whole service.
     let (h2c, others): (Vec<Listener>, Vec<Listener>) = listen.into_iter().partition(|l| l.h2c);
@@ -170,7 +181,11 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
         }
         let mut app = pingora::proxy::http_proxy(
             &server.configuration,
-            Gateway::new(Arc::clone(&live), Arc::clone(&policy)),
+            Gateway::new(
+                Arc::clone(&live),
+                Arc::clone(&policy),
+                tracing.as_ref().map(|(slot, _)| Arc::clone(slot)),
+            ),
         );
         let mut options = HttpServerOptions::default();
         options.h2c = cleartext_h2;
@@ -201,6 +216,9 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
         let service = server.add_service(service);
         service.add_dependency(&bootstrap);
         service.add_dependency(&configuration);
+        if let Some((_, tracing)) = &tracing {
+            service.add_dependency(tracing);
+        }
         proxies.push(service);
     }
 

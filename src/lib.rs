@@ -4,7 +4,7 @@
 //! Layers (arrows point down only; `tests/layering.rs` checks it):
 //! * glue, which knows Pingora: `app` (wiring), `reload` (the configuration service),
 //!   `snapshot` (what a reload swaps), `pool` (upstream pools and health checks), `proxy`, `admin`,
-//!   `access_log` (the log's writer thread and files);
+//!   `access_log` (the log's writer thread and files), `traces` (the OpenTelemetry pipeline);
 //! * domain, plain Rust: `config`, `router`, `identity`, `keys`, `path`, `upstream`, `metrics`,
 //!   and the limiter's policy (`limiter::policy`, which owns the verdict);
 //! * backends: `limiter::redis` and `limiter::local`, with their decorators.
@@ -29,4 +29,5 @@ pub mod router;
 pub mod secret;
 pub mod snapshot;
 pub mod tls;
+pub mod traces;
 pub mod upstream;

@@ -6,8 +6,8 @@
 //! problem is logged.
 //!
 //! What a running process cannot change in place — listeners (their addresses and protocols;
-//! their certificates do reload), the admin listener, the `server:` section and the `redis:`
-//! section — is logged as needing a graceful upgrade (`sluice -u`, `systemctl reload`), and
+//! their certificates do reload), the admin listener, the `server:`, `redis:` and `tracing:`
+//! sections — is logged as needing a graceful upgrade (`sluice -u`, `systemctl reload`), and
 //! keeps its old value until then.
 //!
 //! SIGUSR1 opens the access log file again by name (logrotate); a reload does too, since the new
@@ -28,12 +28,13 @@ use crate::snapshot::{Live, Snapshot};
 use crate::tls::TlsListeners;
 
 /// The settings a reload cannot change, as the process started with them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RestartOnly {
     listen: Vec<(std::net::SocketAddr, bool, bool, bool)>,
     admin_listen: Option<std::net::SocketAddr>,
     redis: Option<RedisSettings>,
     server: ServerSettings,
+    tracing: Option<crate::config::observe::TracingSettings>,
 }
 
 impl RestartOnly {
@@ -43,6 +44,7 @@ impl RestartOnly {
             admin_listen: config.admin_listen,
             redis: config.redis.clone(),
             server: config.server.clone(),
+            tracing: config.tracing.clone(),
         }
     }
 }
@@ -80,6 +82,7 @@ impl ConfigService {
             ("admin", now.admin_listen != self.started_with.admin_listen),
             ("redis", now.redis != self.started_with.redis),
             ("server", now.server != self.started_with.server),
+            ("tracing", now.tracing != self.started_with.tracing),
         ];
         for (section, _) in fixed.iter().filter(|(_, changed)| *changed) {
             log::warn!("reload: `{section}` changed; it takes effect with a graceful upgrade (sluice -u), not a reload");

@@ -58,9 +58,14 @@ impl Snapshot {
         })
     }
 
-    /// Probes every health-checked server once, then keeps checking in the background (in
-    /// the current runtime) until [`Snapshot::retire`].
+    /// Starts the access log's writer, probes every health-checked server once, then keeps
+    /// checking in the background (in the current runtime) until [`Snapshot::retire`].
     pub async fn start(&self) {
+        if let Some(access_log) = &self.access_log {
+            if let Err(e) = access_log.start() {
+                log::error!("access log: cannot start its writer: {e}");
+            }
+        }
         self.pools.check_once().await;
         let checks = self.pools.start_checks();
         *self.checks.lock().unwrap_or_else(|p| p.into_inner()) = Some(checks);

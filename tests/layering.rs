@@ -21,6 +21,7 @@ const GLUE: &[&str] = &[
     "daemon",
     "listening",
     "tls",
+    "traces",
 ];
 
 type ModulePath = Vec<String>;

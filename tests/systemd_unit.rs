@@ -85,9 +85,26 @@ fn the_units_start_reload_and_stop_sequence_serves_throughout() {
         .unwrap();
     let admin = format!("127.0.0.1:{}", support::free_port());
     // As an operator writes it: no pid_file or upgrade_sock (the runtime directory holds them).
+    let access_log = etc.path().join("access.log");
     let body = Config::new()
+        .set(
+            "access_log",
+            format!("{{ enabled: true, path: {} }}", access_log.display()),
+        )
         .route(route("all").servers(&[upstream.addr]))
         .yaml();
+    // The daemon (it forked after reading the config) writes its access log.
+    let logged = |path: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            let text = std::fs::read_to_string(&access_log).unwrap_or_default();
+            if text.contains(&format!("\"path\":\"{path}\"")) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    };
     let config = etc.path().join("sluice.yaml");
     std::fs::write(
         &config,
@@ -143,6 +160,7 @@ fn the_units_start_reload_and_stop_sequence_serves_throughout() {
         "the pid file in the runtime directory names the daemon"
     );
     assert_eq!(support::http_get(proxy, "/started", None, &[]).status, 200);
+    assert!(logged("/started"), "the daemon writes its access log");
 
     let load = steady_load(proxy, 100);
     std::thread::sleep(Duration::from_millis(300));
@@ -162,6 +180,7 @@ fn the_units_start_reload_and_stop_sequence_serves_throughout() {
         std::fs::read_to_string(&log).unwrap_or_default()
     );
     assert_eq!(support::http_get(proxy, "/reloaded", None, &[]).status, 200);
+    assert!(logged("/reloaded"), "so does the one that took over");
 
     let signal = unit_values(&unit, "KillSignal").pop().expect("KillSignal");
     let stop_timeout: u64 = unit_values(&unit, "TimeoutStopSec")

@@ -2,7 +2,7 @@
 //!
 //! Answers every request with 200 and a line naming the method, path, `X-Forwarded-For` and Host it
 //! saw, then the request target byte for byte (`target: ...`) and every forwarding header it
-//! received (`x-real-ip: ...`) and its `x-request-id`; a path containing `/slow/<ms>` is answered after that many
+//! received (`x-real-ip: ...`), its `x-request-id` and `traceparent`; a path containing `/slow/<ms>` is answered after that many
 //! milliseconds (for concurrency tests); `GET /__stats` returns how many other requests it has
 //! served. Usage: `demo-upstream [ADDR]` (default 127.0.0.1:3000).
 
@@ -60,7 +60,8 @@ impl ServeHttp for Demo {
                 let forwarding = name.as_str().starts_with("x-forwarded-")
                     || name == "forwarded"
                     || name == "x-real-ip"
-                    || name == "x-request-id";
+                    || name == "x-request-id"
+                    || name == "traceparent";
                 if forwarding {
                     body.extend_from_slice(name.as_str().as_bytes());
                     body.extend_from_slice(b": ");

@@ -9,7 +9,7 @@ use ipnet::IpNet;
 
 use super::listeners::socket_addr;
 use super::model::Config;
-use super::observe::{compile_access_log, compile_request_id};
+use super::observe::{compile_access_log, compile_request_id, compile_tracing};
 use super::problem::Problems;
 use super::raw::{RawConfig, RawPath};
 use super::redis::DEFAULT_KEY_PREFIX;
@@ -53,6 +53,7 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
     }
     let access_log = compile_access_log(raw.access_log, p);
     let request_id = compile_request_id(raw.request_id, p);
+    let tracing = compile_tracing(raw.tracing, p);
 
     if raw.routes.is_empty() {
         p.add("routes", "at least one route is required");
@@ -91,6 +92,7 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
         paths,
         access_log,
         request_id,
+        tracing,
         routes: RouteTable::new(compiled),
     })
 }

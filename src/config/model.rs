@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use super::listeners::Listener;
-use super::observe::{AccessLogSettings, RequestIdSettings};
+use super::observe::{AccessLogSettings, RequestIdSettings, TracingSettings};
 use super::redis::RedisSettings;
 use super::server::ServerSettings;
 use crate::identity::Identity;
@@ -29,6 +29,8 @@ pub struct Config {
     pub access_log: Option<AccessLogSettings>,
     /// `None`: requests get no id.
     pub request_id: Option<RequestIdSettings>,
+    /// `None`: no spans are made.
+    pub tracing: Option<TracingSettings>,
     pub routes: RouteTable,
 }
 

@@ -1,5 +1,6 @@
-//! The `access_log:` and `request_id:` sections: where request lines go and which of them, and
-//! how requests are named across the gateway, its upstreams and its clients.
+//! The `access_log:`, `request_id:` and `tracing:` sections: where request lines go and which of
+//! them, how requests are named across the gateway, its upstreams and its clients, and where
+//! their OpenTelemetry spans are sent.
 
 use std::path::PathBuf;
 
@@ -25,6 +26,25 @@ pub struct RawRequestId {
     pub enabled: Option<bool>,
     pub header: Option<String>,
     pub accept: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawTracing {
+    pub enabled: Option<bool>,
+    pub endpoint: Option<String>,
+    pub sample: Option<f64>,
+    pub service_name: Option<String>,
+}
+
+/// `tracing:` when enabled: spans exported over OTLP/HTTP (protobuf).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracingSettings {
+    /// The collector's traces URL, e.g. `http://127.0.0.1:4318/v1/traces`.
+    pub endpoint: String,
+    /// The share of traces started here that are recorded (0..=1); a caller's sampled
+    /// `traceparent` is always followed.
+    pub sample: f64,
+    pub service_name: String,
 }
 
 /// Where access log lines go.
@@ -158,6 +178,40 @@ pub fn compile_request_id(
         .then_some(RequestIdSettings { header, accept })
 }
 
+pub fn compile_tracing(raw: Option<RawTracing>, p: &mut Problems) -> Option<TracingSettings> {
+    let raw = raw?;
+    let endpoint = raw
+        .endpoint
+        .unwrap_or_else(|| "http://127.0.0.1:4318/v1/traces".to_string());
+    match endpoint.parse::<http::Uri>() {
+        Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {}
+        Ok(uri) if uri.scheme_str() == Some("https") => p.add(
+            "tracing.endpoint",
+            "https collectors are not supported: send to a local collector or agent over http",
+        ),
+        _ => p.add(
+            "tracing.endpoint",
+            format!("{endpoint:?} is not an http:// URL (e.g. http://127.0.0.1:4318/v1/traces)"),
+        ),
+    }
+    let sample = raw.sample.unwrap_or(1.0);
+    if !(0.0..=1.0).contains(&sample) {
+        p.add(
+            "tracing.sample",
+            format!("{sample} is not a share between 0 and 1"),
+        );
+    }
+    let service_name = raw.service_name.unwrap_or_else(|| "sluice".to_string());
+    if service_name.trim().is_empty() {
+        p.add("tracing.service_name", "is empty");
+    }
+    raw.enabled.unwrap_or(false).then_some(TracingSettings {
+        endpoint,
+        sample: sample.clamp(0.0, 1.0),
+        service_name,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,5 +259,22 @@ mod tests {
         assert!(p.0[0].to_string().contains("request_id.accept"));
         let raw: RawRequestId = serde_yaml::from_str("{ enabled: false }").unwrap();
         assert!(compile_request_id(Some(raw), &mut p).is_none());
+    }
+
+    #[test]
+    fn tracing_endpoints_must_be_http_and_samples_shares() {
+        let raw: RawTracing = serde_yaml::from_str(
+            "{ enabled: true, endpoint: 'https://c:4318/v1/traces', sample: 2 }",
+        )
+        .unwrap();
+        let mut p = Problems::default();
+        compile_tracing(Some(raw), &mut p);
+        let text: Vec<String> = p.0.iter().map(|x| x.to_string()).collect();
+        assert!(text[0].contains("tracing.endpoint"), "{text:?}");
+        assert!(text[1].contains("tracing.sample"), "{text:?}");
+        let raw: RawTracing = serde_yaml::from_str("{ enabled: true }").unwrap();
+        let settings = compile_tracing(Some(raw), &mut Problems::default()).unwrap();
+        assert_eq!(settings.endpoint, "http://127.0.0.1:4318/v1/traces");
+        assert_eq!((settings.sample, &*settings.service_name), (1.0, "sluice"));
     }
 }

@@ -9,7 +9,7 @@ use std::fmt;
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use super::observe::{RawAccessLog, RawRequestId};
+use super::observe::{RawAccessLog, RawRequestId, RawTracing};
 use super::server::ServerSettings;
 
 #[derive(Debug, Default, Deserialize)]
@@ -29,6 +29,7 @@ pub struct RawConfig {
     pub path: Option<RawPath>,
     pub access_log: Option<RawAccessLog>,
     pub request_id: Option<RawRequestId>,
+    pub tracing: Option<RawTracing>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
 }

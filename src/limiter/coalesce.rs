@@ -32,11 +32,14 @@ pub trait Execute: Send + Sync + 'static {
     async fn execute(&self, calls: &[&Call], deadline: Duration) -> Result<Vec<i64>, LimiterError>;
 }
 
+/// A request's statuses, and how many requests the call that decided it carried.
+pub type Decided = (Statuses, usize);
+
 /// One request waiting in a lane.
 struct Job {
     call: Call,
     deadline: Instant,
-    reply: oneshot::Sender<Result<Statuses, LimiterError>>,
+    reply: oneshot::Sender<Result<Decided, LimiterError>>,
 }
 
 #[derive(Default)]
@@ -123,7 +126,7 @@ impl<E: Execute> Coalescer<E> {
     }
 
     /// Decides `call` in the next batch of its lane; waits at most `deadline`.
-    pub async fn decide(&self, call: Call, deadline: Duration) -> Result<Statuses, LimiterError> {
+    pub async fn decide(&self, call: Call, deadline: Duration) -> Result<Decided, LimiterError> {
         if self.coalescing.max_batch == 1 {
             return self.decide_alone(call, deadline).await;
         }
@@ -158,14 +161,14 @@ impl<E: Execute> Coalescer<E> {
 impl<E: Execute> Coalescer<E> {
     /// `max_batch: 1`: one call per decision, sent at once; calls in flight together are
     /// pipelined on the connection, none waits for another's reply.
-    async fn decide_alone(&self, call: Call, deadline: Duration) -> Result<Statuses, LimiterError> {
+    async fn decide_alone(&self, call: Call, deadline: Duration) -> Result<Decided, LimiterError> {
         self.coalescing.sizes.observe(1.0);
         let flat =
             match tokio::time::timeout(deadline, self.executor.execute(&[&call], deadline)).await {
                 Ok(reply) => reply?,
                 Err(_) => return Err(LimiterError::Timeout(deadline.as_millis() as u64)),
             };
-        script::parse_statuses(&flat, call.limits())
+        script::parse_statuses(&flat, call.limits()).map(|statuses| (statuses, 1))
     }
 }
 
@@ -220,11 +223,13 @@ fn answer(jobs: std::vec::Drain<'_, Job>, reply: Result<Vec<i64>, LimiterError>)
     match reply {
         Ok(flat) => {
             let mut rest = flat.as_slice();
+            let carried = jobs.len();
             for job in jobs {
                 let limits = job.call.limits();
                 let (mine, others) = rest.split_at(limits * script::REPLY_STRIDE);
                 rest = others;
-                let _ = job.reply.send(script::parse_statuses(mine, limits));
+                let decided = script::parse_statuses(mine, limits).map(|s| (s, carried));
+                let _ = job.reply.send(decided);
             }
         }
         Err(error) => {

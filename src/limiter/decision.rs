@@ -19,6 +19,9 @@ pub struct Decision {
     pub shadow_denied_by: Option<usize>,
     /// What answered: the backend, or a shortcut in front of it.
     pub source: Source,
+    /// How many requests' decisions the backend call carried (coalesced decisions; 1 for a
+    /// call of its own, 0 when no call was made: deny cache, leases held).
+    pub batch: usize,
 }
 
 /// What answered a decision: the backend (Redis, or the in-process limiter), or the deny cache
@@ -66,6 +69,7 @@ impl Decision {
             denied_by,
             shadow_denied_by,
             source: Source::Backend,
+            batch: 1,
         }
     }
 

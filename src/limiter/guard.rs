@@ -297,6 +297,7 @@ impl Limiter for Guarded {
             self.deny_cache_hits.inc();
             return Ok(Decision {
                 source: Source::DenyCache,
+                batch: 0,
                 ..decision
             });
         }

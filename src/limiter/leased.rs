@@ -469,6 +469,7 @@ impl Limiter for Leased {
             });
             return Ok(Decision {
                 source: Source::Leases,
+                batch: 0,
                 ..request.decision(statuses.collect::<Statuses>())
             });
         }

@@ -199,8 +199,11 @@ pub fn classify(error: redis::RedisError) -> LimiterError {
 impl Limiter for RedisLimiter {
     async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
         let deadline = request.deadline.unwrap_or(self.deadline);
-        let statuses = self.decisions.decide(Call::of(request), deadline).await?;
-        Ok(request.decision(statuses))
+        let (statuses, batch) = self.decisions.decide(Call::of(request), deadline).await?;
+        Ok(Decision {
+            batch,
+            ..request.decision(statuses)
+        })
     }
 }
 

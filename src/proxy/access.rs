@@ -22,14 +22,7 @@ pub fn log(access_log: &AccessLog, session: &Session, ctx: &RequestCtx, verdict:
     }
     let req = session.req_header();
     let route = ctx.route.as_deref();
-    let limit = match (route, &verdict.decision) {
-        (Some(route), Some(decision)) => decision
-            .denied_by
-            .or(decision.shadow_denied_by)
-            .and_then(|i| route.limits.limits().get(i))
-            .map(|l| &*l.name),
-        _ => None,
-    };
+    let limit = super::deciding_limit(route, verdict);
     let failure_mode = match verdict.outcome {
         Outcome::ErrorAllowed
         | Outcome::ErrorDenied

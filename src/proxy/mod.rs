@@ -7,6 +7,7 @@ pub mod front;
 pub mod request;
 pub mod request_id;
 pub mod respond;
+mod trace;
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -28,6 +29,8 @@ use crate::metrics::{InFlight, UpstreamError};
 use crate::path;
 use crate::router::Route;
 use crate::snapshot::{Live, Snapshot};
+use crate::traces::TracerSlot;
+use opentelemetry_sdk::trace::SdkTracer;
 use respond::{respond, RequestIdHeader};
 
 /// Requests one HTTP/2 connection to an upstream carries at once.
@@ -74,6 +77,8 @@ pub struct RequestCtx {
     upstream_error: Option<UpstreamError>,
     /// Upstream connection attempts that failed (counted when they did).
     failed_connects: usize,
+    /// The request's spans, when tracing is on.
+    trace: Option<trace::RequestTrace>,
 }
 
 impl RequestCtx {
@@ -92,16 +97,31 @@ pub struct Gateway {
     policy: Arc<Policy>,
     /// Makes the ids of requests that come without an accepted one.
     ids: RequestIds,
+    /// Makes the requests' spans (`tracing:`), once the pipeline runs.
+    tracing: Option<TracerSlot>,
 }
 
 impl Gateway {
-    pub fn new(live: Live, policy: Arc<Policy>) -> Gateway {
+    pub fn new(live: Live, policy: Arc<Policy>, tracing: Option<TracerSlot>) -> Gateway {
         Gateway {
             live,
             policy,
             ids: RequestIds::new(),
+            tracing,
         }
     }
+
+    fn tracer(&self) -> Option<&SdkTracer> {
+        self.tracing.as_ref()?.get().map(|t| &t.tracer)
+    }
+}
+
+/// The limit that decided a request: the one that denied it, or the shadow limit that would
+/// have.
+fn deciding_limit<'a>(route: Option<&'a Route>, verdict: &Verdict) -> Option<&'a str> {
+    let decision = verdict.decision.as_ref()?;
+    let index = decision.denied_by.or(decision.shadow_denied_by)?;
+    route?.limits.limits().get(index).map(|l| &*l.name)
 }
 
 /// Finds the request's route and what it asks of each limit (`ctx.route`, `ctx.asks`,
@@ -336,6 +356,14 @@ impl ProxyHttp for Gateway {
             let headers = &session.req_header().headers;
             ctx.request_id = Some(request_id::assign(settings, headers, trusted, &self.ids));
         }
+        if let Some(tracer) = self.tracer() {
+            let req = session.req_header();
+            ctx.trace = Some(trace::RequestTrace::start(
+                tracer,
+                &req.headers,
+                req.method.as_str(),
+            ));
+        }
         let prepared = prepare(session.req_header(), peer, &snapshot, ctx);
         if let Some(route) = &ctx.route {
             ctx.in_flight = Some(snapshot.metrics.route(route.index).in_flight());
@@ -347,6 +375,13 @@ impl ProxyHttp for Gateway {
             },
             Err(rejection) => Verdict::rejected(rejection),
         };
+        if let (Some(tracer), Some(trace)) = (self.tracer(), &ctx.trace) {
+            trace.limiter(
+                tracer,
+                &verdict,
+                deciding_limit(ctx.route.as_deref(), &verdict),
+            );
+        }
         ctx.snapshot = Some(snapshot);
         ctx.deadline = ctx
             .route
@@ -406,6 +441,9 @@ impl ProxyHttp for Gateway {
             })?;
         ctx.upstream = Some(addr);
         ctx.upstream_started.get_or_insert_with(Instant::now);
+        if let (Some(tracer), Some(trace)) = (self.tracer(), &mut ctx.trace) {
+            trace.upstream_started(tracer, addr);
+        }
         let tls = pool.and_then(|pool| pool.tls.as_ref());
         let sni = tls.map_or_else(String::new, |tls| tls.sni.clone());
         let mut peer = Box::new(HttpPeer::new(addr, tls.is_some(), sni));
@@ -484,6 +522,9 @@ impl ProxyHttp for Gateway {
     ) -> FailToProxy {
         if let Some(kind) = upstream_error(error) {
             ctx.upstream_error = Some(kind);
+            if let Some(trace) = &mut ctx.trace {
+                trace.upstream_failed(kind.label());
+            }
             // A failed connection was counted by fail_to_connect.
             if ctx.failed_connects == 0 || !connect_phase(error) {
                 if let (Some(snapshot), Some(route)) = (&ctx.snapshot, &ctx.route) {
@@ -538,6 +579,9 @@ impl ProxyHttp for Gateway {
                 .metrics
                 .route(route.index)
                 .count_upstream_error(kind);
+            if let Some(trace) = &mut ctx.trace {
+                trace.upstream_failed(kind.label());
+            }
         }
         let retries = ctx.route.as_ref().map_or(0, |r| r.upstream.retries);
         if let Some(addr) = peer._address.as_inet() {
@@ -614,6 +658,9 @@ impl ProxyHttp for Gateway {
         if let Some(id) = ctx.request_id_header() {
             upstream_request.insert_header(id.name.clone(), id.value.clone())?;
         }
+        if let Some(trace) = &ctx.trace {
+            trace.inject(upstream_request);
+        }
         Ok(())
     }
 
@@ -621,11 +668,14 @@ impl ProxyHttp for Gateway {
     async fn upstream_response_filter(
         &self,
         _session: &mut Session,
-        _upstream_response: &mut ResponseHeader,
+        upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
         if ctx.upstream_time.is_none() {
             ctx.upstream_time = ctx.upstream_started.map(|started| started.elapsed());
+        }
+        if let Some(trace) = &mut ctx.trace {
+            trace.upstream_answered(upstream_response.status.as_u16());
         }
         Ok(())
     }
@@ -670,6 +720,19 @@ impl ProxyHttp for Gateway {
         }
         if let Some(access_log) = &snapshot.access_log {
             access::log(access_log, session, ctx, verdict);
+        }
+        if let Some(trace) = ctx.trace.take() {
+            let req = session.req_header();
+            trace.finish(&trace::Ended {
+                method: req.method.as_str(),
+                path: ctx.normalized_path.as_deref().unwrap_or(req.uri.path()),
+                route: ctx.route.as_deref().map(|r| &*r.name),
+                status: status.unwrap_or(0),
+                decision: verdict.outcome.label(),
+                limit: deciding_limit(ctx.route.as_deref(), verdict),
+                client: ctx.client,
+                request_id: ctx.request_id.as_ref().and_then(|id| id.to_str().ok()),
+            });
         }
         ctx.in_flight = None;
     }

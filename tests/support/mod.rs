@@ -267,6 +267,22 @@ impl GatewayConfig {
         config
     }
 
+    /// Every proxy listener address the file names (`listen:`), plain or TLS.
+    pub fn listeners(&self) -> Vec<SocketAddr> {
+        let text = std::fs::read_to_string(&self.path).expect("read the config");
+        let yaml: serde_yaml::Value = serde_yaml::from_str(&text).expect("the config is YAML");
+        yaml["listen"]
+            .as_sequence()
+            .map(|entries| {
+                entries
+                    .iter()
+                    .filter_map(|entry| entry.as_str().or_else(|| entry["addr"].as_str()))
+                    .filter_map(|addr| addr.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Writes `body` over the file, on the same ports. A `server:` section at the top of `body`
     /// joins the one the harness writes.
     pub fn rewrite(&self, body: &str) {
@@ -338,6 +354,10 @@ impl Gateway {
         }
         let child = command.spawn().expect("start sluice");
         let (proxy, admin) = (config.proxy, config.admin);
+        let mut listeners = config.listeners();
+        if listeners.is_empty() {
+            listeners.push(proxy);
+        }
         let mut gateway = Gateway {
             child,
             proxy,
@@ -349,7 +369,10 @@ impl Gateway {
             "sluice",
             &mut gateway.child,
             Duration::from_secs(20),
-            || TcpStream::connect(proxy).is_ok() && TcpStream::connect(admin).is_ok(),
+            || {
+                TcpStream::connect(admin).is_ok()
+                    && listeners.iter().all(|l| TcpStream::connect(l).is_ok())
+            },
         );
         gateway
     }

@@ -15,12 +15,7 @@ install_missing cc:build-essential cmake:cmake redis-server:redis-server valgrin
 n=${1:-4000}
 cargo build --release --bins
 
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-work=$(mktemp -d)
-pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$work"; }
-trap cleanup EXIT INT TERM
-wait_port() { for _ in $(seq 600); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; exit 1; }
+source scripts/loopback.sh
 
 redis_port=$(port); upstream_port=$(port)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null 2>&1 & pids+=($!)
@@ -51,7 +46,7 @@ instructions() {
   valgrind --tool=callgrind --callgrind-out-file="$out" ./target/release/sluice -c "$work/$name.yaml" \
     >"$work/$name.log" 2>&1 &
   vp=$!; pids+=($vp)
-  wait_port "$proxy"
+  wait_port "$proxy" 60
   h2load --h1 -n 200 -c 8 "http://127.0.0.1:$proxy/x" >/dev/null 2>&1
   h2load --h1 -n "$requests" -c 8 "http://127.0.0.1:$proxy/x" >/dev/null 2>&1
   kill -TERM "$vp"; wait "$vp" 2>/dev/null || true

@@ -25,6 +25,9 @@ struct Cli {
     /// Take over the listening sockets of a running instance (graceful upgrade).
     #[arg(short = 'u', long = "upgrade")]
     upgrade: bool,
+    /// Print the limiter's Lua script (docs/lua-contract.md) and exit; needs no configuration.
+    #[arg(long = "print-script")]
+    print_script: bool,
 }
 
 /// mimalloc instead of glibc malloc: the proxy path allocates small, short-lived buffers from
@@ -35,6 +38,10 @@ static ALLOCATOR: MiMalloc = MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.print_script {
+        print!("{}", sluice::limiter::script::SOURCE);
+        return ExitCode::SUCCESS;
+    }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
 
     // What start will need is checked with the file: `-t` passes only what can start.

@@ -179,30 +179,34 @@ fn each_request_in_a_batch_keeps_its_own_deadline() {
     assert!(counted(&redis, "{t}patient"));
 }
 
+/// Warms the limiter up, pauses Redis for 400 ms, sends a patient call ({t}first, 3 s) and,
+/// 50 ms later, a hasty one ({t}second, 50 ms) that gives up; returns once the first is answered.
+async fn a_patient_call_then_a_hasty_one(limiter: &Arc<RedisLimiter>, redis: &RedisServer) {
+    assert!(decide(limiter, "{w}arm", Duration::from_secs(2))
+        .await
+        .unwrap());
+    pause_redis(redis, 400);
+    let first = {
+        let limiter = Arc::clone(limiter);
+        tokio::spawn(async move { decide(&limiter, "{t}first", Duration::from_secs(3)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = decide(limiter, "{t}second", Duration::from_millis(50)).await;
+    assert!(
+        matches!(second, Err(LimiterError::Timeout(50))),
+        "{second:?}"
+    );
+    assert!(first.await.unwrap().expect("the first call is answered"));
+}
+
 #[test]
 fn a_request_that_gave_up_before_its_batch_left_is_never_sent() {
     let redis = RedisServer::start();
     let (limiter, sizes) = limiter(&redis.url());
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        assert!(decide(&limiter, "{w}arm", Duration::from_secs(2))
-            .await
-            .unwrap());
-        pause_redis(&redis, 400);
-        // The first call leaves at once and waits on the paused server...
-        let first = {
-            let limiter = Arc::clone(&limiter);
-            tokio::spawn(async move { decide(&limiter, "{t}first", Duration::from_secs(3)).await })
-        };
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        // ... the second queues behind it and gives up before it returns.
-        let second = decide(&limiter, "{t}second", Duration::from_millis(50)).await;
-        assert!(
-            matches!(second, Err(LimiterError::Timeout(50))),
-            "{second:?}"
-        );
-        assert!(first.await.unwrap().expect("the first call is answered"));
-    });
+    // The first call leaves at once and waits on the paused server; the second queues behind
+    // it and gives up before it returns.
+    runtime.block_on(a_patient_call_then_a_hasty_one(&limiter, &redis));
     assert!(!counted(&redis, "{t}second"), "never sent");
     assert!(counted(&redis, "{t}first"));
     assert_eq!(
@@ -218,22 +222,8 @@ fn with_max_batch_one_every_request_sends_its_own_call_at_once() {
     let (limiter, sizes) = limiter_batching(&redis.url(), 1);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        assert!(decide(&limiter, "{w}arm", Duration::from_secs(2))
-            .await
-            .unwrap());
-        pause_redis(&redis, 400);
-        let first = {
-            let limiter = Arc::clone(&limiter);
-            tokio::spawn(async move { decide(&limiter, "{t}first", Duration::from_secs(3)).await })
-        };
-        tokio::time::sleep(Duration::from_millis(50)).await;
         // No queue behind the first call: the second is on the wire before it gives up.
-        let second = decide(&limiter, "{t}second", Duration::from_millis(50)).await;
-        assert!(
-            matches!(second, Err(LimiterError::Timeout(50))),
-            "{second:?}"
-        );
-        assert!(first.await.unwrap().expect("the first call is answered"));
+        a_patient_call_then_a_hasty_one(&limiter, &redis).await;
         // Exactness with one call per decision: 100/h on one key, 120 at once.
         let calls = (0..120).map(|_| {
             let limiter = Arc::clone(&limiter);

@@ -1,0 +1,90 @@
+//! docs/lua-contract.md is true: the script `sluice --print-script` prints loads into a real
+//! Redis, and the documented calls give the documented replies.
+
+mod support;
+
+use std::process::Command;
+
+use support::RedisServer;
+
+const DOC: &str = include_str!("../docs/lua-contract.md");
+
+/// The example's calls after `EVALSHA $SHA`, and their replies, as the document shows them.
+const CALLS: [(&str, [i64; 6], Option<[i64; 6]>); 4] = [
+    (
+        "1 '{api}:user42' 1700000000000000 1 req-1 1 gcra 100000 600000 0 1 0",
+        [1, 5, 0, 100, 0, 1700000000100000],
+        None,
+    ),
+    (
+        "2 '{api}:user42' '{api}:everyone' 1700000000000000 1 req-2 2 gcra 100000 600000 0 1 0 fixed_window 2 60000000 0 1 0",
+        [1, 4, 0, 200, 0, 1700000000200000],
+        Some([1, 1, 0, 60000, 0, 1700000060000000]),
+    ),
+    (
+        "2 '{api}:user42' '{api}:everyone' 1700000000000000 1 req-3 2 gcra 100000 600000 0 1 0 fixed_window 2 60000000 0 1 0",
+        [1, 3, 0, 300, 0, 1700000000300000],
+        Some([1, 0, 0, 60000, 0, 1700000060000000]),
+    ),
+    (
+        "2 '{api}:user42' '{api}:everyone' 1700000000000000 1 req-4 2 gcra 100000 600000 0 1 0 fixed_window 2 60000000 0 1 0",
+        [1, 3, 0, 300, 0, 0],
+        Some([0, 0, 60000, 60000, 0, 0]),
+    ),
+];
+
+fn spaced(values: &[i64]) -> String {
+    values
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn the_documented_calls_give_the_documented_replies() {
+    let script = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("--print-script")
+        .output()
+        .expect("run sluice --print-script");
+    assert!(script.status.success(), "needs no configuration");
+    let script = String::from_utf8(script.stdout).expect("the script is text");
+    assert_eq!(
+        script,
+        sluice::limiter::script::SOURCE,
+        "the script sluice sends"
+    );
+
+    let redis = RedisServer::start();
+    let mut connection = redis.connection();
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(&script)
+        .query(&mut connection)
+        .expect("SCRIPT LOAD");
+    for (call, first, second) in CALLS {
+        assert!(
+            DOC.contains(&format!("EVALSHA $SHA {call}\n")),
+            "the document shows: EVALSHA $SHA {call}"
+        );
+        let mut command = redis::cmd("EVALSHA");
+        command.arg(&sha);
+        for word in call.split(' ') {
+            command.arg(word.trim_matches('\''));
+        }
+        let reply: Vec<i64> = command.query(&mut connection).expect("EVALSHA");
+        let mut expected = first.to_vec();
+        expected.extend(second.iter().flatten());
+        assert_eq!(reply, expected, "{call}");
+        let shown = match second {
+            None => first
+                .iter()
+                .enumerate()
+                .map(|(i, v)| format!("{}) (integer) {v}", i + 1))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Some(second) => format!("{} and {}", spaced(&first), spaced(&second)),
+        };
+        assert!(DOC.contains(&shown), "the document shows the reply {shown}");
+    }
+}

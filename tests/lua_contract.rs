@@ -9,8 +9,11 @@ use support::RedisServer;
 
 const DOC: &str = include_str!("../docs/lua-contract.md");
 
+/// One limit's six reply integers.
+type Reply = [i64; 6];
+
 /// The example's calls after `EVALSHA $SHA`, and their replies, as the document shows them.
-const CALLS: [(&str, [i64; 6], Option<[i64; 6]>); 4] = [
+const CALLS: [(&str, Reply, Option<Reply>); 4] = [
     (
         "1 '{api}:user42' 1700000000000000 1 req-1 1 gcra 100000 600000 0 1 0",
         [1, 5, 0, 100, 0, 1700000000100000],

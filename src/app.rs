@@ -22,6 +22,7 @@ use crate::metrics;
 use crate::proxy::front::FrontDoor;
 use crate::proxy::Gateway;
 use crate::reload::{ConfigService, RestartOnly};
+use crate::rls_service::RlsService;
 use crate::snapshot::{Live, Snapshot};
 use crate::tls::TlsListeners;
 use crate::traces::{TracerSlot, TracingService};
@@ -145,6 +146,7 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
     );
     let (source, restart_only) = (config.source.clone(), RestartOnly::of(&config));
     let tracing_settings = config.tracing.clone();
+    let rls_listen = config.rls.as_ref().map(|rls| rls.listen);
     let tls = Arc::new(TlsListeners::load(&config).map_err(|e| e.to_string())?);
     let snapshot = Snapshot::build(config).map_err(|e| e.to_string())?;
     let live: Live = Arc::new(ArcSwap::from_pointee(snapshot));
@@ -159,6 +161,19 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
             Arc::clone(&tls),
         )),
     ));
+    // Envoy's rate limit service, on its own listener, with the proxy's limiter.
+    let rls = rls_listen.map(|listen| {
+        let service = server.add_service(GenBackgroundService::new(
+            "sluice rate limit service".to_string(),
+            Arc::new(RlsService::new(
+                listen,
+                Arc::clone(&live),
+                Arc::clone(&policy),
+            )),
+        ));
+        service.add_dependency(&configuration);
+        service
+    });
     // Spans, when asked for: the pipeline starts with the services (after daemonizing).
     let tracing = tracing_settings.map(|settings| {
         let slot = TracerSlot::default();
@@ -229,6 +244,9 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
     if !options.upgrade {
         for proxy in &proxies {
             report.add_dependency(proxy);
+        }
+        if let Some(rls) = &rls {
+            report.add_dependency(rls);
         }
     }
 

@@ -210,6 +210,11 @@ impl KeySecret {
         KeySecret((digest >> 64) as u64, digest as u64)
     }
 
+    /// The two SipHash keys, for other key builders (`rls`).
+    pub fn keys(&self) -> (u64, u64) {
+        (self.0, self.1)
+    }
+
     fn hasher(&self) -> SipHasher13 {
         SipHasher13::new_with_keys(self.0, self.1)
     }

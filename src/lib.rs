@@ -25,6 +25,8 @@ pub mod pem;
 pub mod pool;
 pub mod proxy;
 pub mod reload;
+pub mod rls;
+pub mod rls_service;
 pub mod router;
 pub mod secret;
 pub mod snapshot;

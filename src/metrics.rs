@@ -2,6 +2,7 @@
 //! increments counters (no label lookups, no formatting). Labels never carry a client address
 //! or a raw path: only route names, decisions, status classes and error kinds.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -192,6 +193,29 @@ pub static ACCESS_LOG_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
     )
     .expect("sluice_access_log_dropped_total registers once")
 });
+
+pub static RLS_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_rls_requests_total",
+        "Envoy rate limit service requests by domain and decision (allowed, limited, error_allowed, error_denied, shadow_limited, local_allowed, local_limited), as sluice_requests_total for routes.",
+        &["domain", "decision"]
+    )
+    .expect("sluice_rls_requests_total registers once")
+});
+
+/// Counter handles of one rate limit service domain, one per outcome.
+pub type DomainMetrics = [IntCounter; 9];
+
+/// Handles for every domain the rate limit service serves.
+pub fn rls_metrics<'a>(domains: impl Iterator<Item = &'a str>) -> HashMap<String, DomainMetrics> {
+    domains
+        .map(|domain| {
+            let handles =
+                Outcome::ALL.map(|o| RLS_REQUESTS.with_label_values(&[domain, o.label()]));
+            (domain.to_string(), handles)
+        })
+        .collect()
+}
 
 /// Label name used for requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "_unmatched";
@@ -543,6 +567,7 @@ pub fn init() {
     LazyLock::force(&UPSTREAM_HEALTHY);
     LazyLock::force(&UPSTREAM_ERRORS);
     LazyLock::force(&ACCESS_LOG_DROPPED);
+    LazyLock::force(&RLS_REQUESTS);
     LazyLock::force(&DENY_CACHE_HITS);
     LazyLock::force(&LEASE_HELD_DECISIONS);
     LazyLock::force(&LEASE_TOP_UPS);

@@ -35,6 +35,7 @@ pub struct RestartOnly {
     redis: Option<RedisSettings>,
     server: ServerSettings,
     tracing: Option<crate::config::observe::TracingSettings>,
+    rls_listen: Option<std::net::SocketAddr>,
 }
 
 impl RestartOnly {
@@ -45,6 +46,7 @@ impl RestartOnly {
             redis: config.redis.clone(),
             server: config.server.clone(),
             tracing: config.tracing.clone(),
+            rls_listen: config.rls.as_ref().map(|rls| rls.listen),
         }
     }
 }
@@ -83,6 +85,7 @@ impl ConfigService {
             ("redis", now.redis != self.started_with.redis),
             ("server", now.server != self.started_with.server),
             ("tracing", now.tracing != self.started_with.tracing),
+            ("rls.listen", now.rls_listen != self.started_with.rls_listen),
         ];
         for (section, _) in fixed.iter().filter(|(_, changed)| *changed) {
             log::warn!("reload: `{section}` changed; it takes effect with a graceful upgrade (sluice -u), not a reload");

@@ -6,6 +6,7 @@
 //! down is never chosen, not even by the first requests after a start or a reload; its checks
 //! then run in the background until the snapshot is retired by the next one.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -21,6 +22,8 @@ pub struct Snapshot {
     pub metrics: Metrics,
     /// Open while this configuration is in force (and its last request logs).
     pub access_log: Option<AccessLog>,
+    /// The rate limit service's counters, by domain.
+    pub rls_metrics: HashMap<String, metrics::DomainMetrics>,
     checks: Mutex<Option<HealthChecks>>,
 }
 
@@ -49,11 +52,17 @@ impl Snapshot {
             ),
             None => None,
         };
+        let rls_metrics = config
+            .rls
+            .as_ref()
+            .map(|rls| metrics::rls_metrics(rls.domains.names()))
+            .unwrap_or_default();
         Ok(Snapshot {
             config,
             pools,
             metrics,
             access_log,
+            rls_metrics,
             checks: Mutex::new(None),
         })
     }

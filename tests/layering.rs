@@ -14,6 +14,7 @@ const GLUE: &[&str] = &[
     "access_log",
     "app",
     "reload",
+    "rls_service",
     "snapshot",
     "pool",
     "admin",

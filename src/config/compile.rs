@@ -54,6 +54,17 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
     let access_log = compile_access_log(raw.access_log, p);
     let request_id = compile_request_id(raw.request_id, p);
     let tracing = compile_tracing(raw.tracing, p);
+    let rls = super::rls::compile(
+        raw.rls,
+        super::rls::RlsDefaults {
+            failure_mode,
+            key_prefix: &key_prefix,
+            secret: secret.keys(),
+            instances,
+            base: source.parent().unwrap_or(Path::new(".")),
+        },
+        p,
+    );
 
     if raw.routes.is_empty() {
         p.add("routes", "at least one route is required");
@@ -93,6 +104,7 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
         access_log,
         request_id,
         tracing,
+        rls,
         routes: RouteTable::new(compiled),
     })
 }

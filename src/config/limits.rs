@@ -13,8 +13,7 @@ use crate::limiter::{Algorithm, Cost, Leasing, Limit, Rate};
 
 /// Keeps every microsecond quantity of the algorithms far below 2^53 (exact in Lua doubles).
 const MAX_TOLERANCE_US: u64 = 1 << 50;
-/// A sliding log stores one entry per admitted unit: its memory grows with the limit.
-pub const MAX_SLIDING_LOG_LIMIT: u64 = 10_000;
+pub use crate::limiter::algorithm::MAX_SLIDING_LOG_LIMIT;
 /// Holding requests longer than this is queueing, not shaping.
 const MAX_DELAY: Duration = Duration::from_secs(60);
 const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);

@@ -15,6 +15,7 @@ pub mod problem;
 pub mod rate;
 pub mod raw;
 pub mod redis;
+pub mod rls;
 pub mod routes;
 pub mod secrets;
 pub mod server;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use super::listeners::Listener;
 use super::observe::{AccessLogSettings, RequestIdSettings, TracingSettings};
 use super::redis::RedisSettings;
+use super::rls::RlsSettings;
 use super::server::ServerSettings;
 use crate::identity::Identity;
 use crate::limiter::FailureMode;
@@ -31,6 +32,8 @@ pub struct Config {
     pub request_id: Option<RequestIdSettings>,
     /// `None`: no spans are made.
     pub tracing: Option<TracingSettings>,
+    /// `None`: no rate limit service.
+    pub rls: Option<RlsSettings>,
     pub routes: RouteTable,
 }
 

@@ -30,8 +30,17 @@ pub struct RawConfig {
     pub access_log: Option<RawAccessLog>,
     pub request_id: Option<RawRequestId>,
     pub tracing: Option<RawTracing>,
+    pub rls: Option<RawRls>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RawRls {
+    pub listen: Option<String>,
+    pub config_dir: Option<String>,
+    pub algorithm: Option<String>,
+    pub failure_mode: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

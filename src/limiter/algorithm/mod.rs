@@ -15,6 +15,9 @@ mod state;
 
 pub use state::{Refund, State, Write};
 
+/// A sliding log stores one entry per admitted unit: its memory grows with the limit.
+pub const MAX_SLIDING_LOG_LIMIT: u64 = 10_000;
+
 use crate::limiter::id::RequestId;
 use crate::limiter::status::LimitStatus;
 

@@ -1,0 +1,79 @@
+//! The `rls:` section: Envoy's rate limit service on a listener of its own, limits read from a
+//! directory of envoyproxy/ratelimit configuration files.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use super::listeners::socket_addr;
+use super::problem::Problems;
+use super::raw::RawRls;
+use super::routes;
+use crate::limiter::FailureMode;
+use crate::rls::{self, Domains};
+
+/// `rls:`, compiled: where it listens and the domains it serves.
+#[derive(Debug)]
+pub struct RlsSettings {
+    pub listen: SocketAddr,
+    pub domains: Domains,
+    pub failure_mode: FailureMode,
+    /// The key prefix and secret of every counter key (those of the configuration).
+    pub key_prefix: String,
+    pub secret: (u64, u64),
+    /// Gateways sharing the limits, for `failure_mode: local`.
+    pub instances: u64,
+}
+
+pub struct RlsDefaults<'a> {
+    pub failure_mode: FailureMode,
+    pub key_prefix: &'a str,
+    pub secret: (u64, u64),
+    pub instances: u64,
+    /// The configuration file's directory: a relative `config_dir` is taken from there.
+    pub base: &'a Path,
+}
+
+pub fn compile(
+    raw: Option<RawRls>,
+    defaults: RlsDefaults,
+    p: &mut Problems,
+) -> Option<RlsSettings> {
+    let raw = raw?;
+    let listen = match raw.listen {
+        Some(text) => socket_addr(&text, "rls.listen", p),
+        None => {
+            p.add("rls.listen", "required: the address of the gRPC listener");
+            None
+        }
+    };
+    let algorithm = raw.algorithm.as_deref().unwrap_or("fixed_window");
+    let domains = match raw.config_dir {
+        Some(dir) => {
+            let mut found = rls::Problems::default();
+            let domains = Domains::load(&defaults.base.join(dir), algorithm, &mut found);
+            for problem in found.0 {
+                p.add("rls.config_dir", problem);
+            }
+            domains
+        }
+        None => {
+            p.add(
+                "rls.config_dir",
+                "required: the directory of envoyproxy/ratelimit YAML files",
+            );
+            Domains::default()
+        }
+    };
+    let failure_mode = match raw.failure_mode.as_deref() {
+        Some(name) => routes::failure_mode(Some(name), "rls.failure_mode", p)?,
+        None => defaults.failure_mode,
+    };
+    Some(RlsSettings {
+        listen: listen?,
+        domains,
+        failure_mode,
+        key_prefix: defaults.key_prefix.to_string(),
+        secret: defaults.secret,
+        instances: defaults.instances,
+    })
+}

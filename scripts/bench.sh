@@ -71,18 +71,11 @@ sluice() {
   wait_port "$proxy"
 }
 
-# nginx N LABEL WORKERS LUA: starts nginx for target N (LUA: 1 for the ngx_lua peer).
-nginx_target() {
-  local n=$1 name=$2 workers=$3 lua=$4 listen dir
-  listen=$(port); dir="$work/nginx$n"
-  mkdir -p "$dir/logs" "$dir/tmp"
-  {
-    if [ "$lua" = 1 ]; then
-      echo "load_module /usr/lib/nginx/modules/ndk_http_module.so;"
-      echo "load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;"
-    fi
-    cat <<NGINX
-worker_processes $workers;
+# nginx_preamble WORKERS: the start of every nginx.conf here, up to the open http block: no
+# access log, keep-alive to the client and to the demo upstream.
+nginx_preamble() {
+  cat <<NGINX
+worker_processes $1;
 daemon off;
 pid logs/nginx.pid;
 error_log logs/error.log warn;
@@ -94,6 +87,19 @@ http {
     proxy_temp_path tmp/proxy;
     upstream backend { server 127.0.0.1:$upstream_port; keepalive 64; keepalive_requests 1000000; }
 NGINX
+}
+
+# nginx N LABEL WORKERS LUA: starts nginx for target N (LUA: 1 for the ngx_lua peer).
+nginx_target() {
+  local n=$1 name=$2 workers=$3 lua=$4 listen dir
+  listen=$(port); dir="$work/nginx$n"
+  mkdir -p "$dir/logs" "$dir/tmp"
+  {
+    if [ "$lua" = 1 ]; then
+      echo "load_module /usr/lib/nginx/modules/ndk_http_module.so;"
+      echo "load_module /usr/lib/nginx/modules/ngx_http_lua_module.so;"
+    fi
+    nginx_preamble "$workers"
     if [ "$lua" = 1 ]; then
       echo "    lua_package_path \"$PWD/benches/peers/openresty/?.lua;;\";"
       echo "    init_by_lua_block { require(\"ratelimit\").init(\"$PWD/benches/peers/openresty/token_bucket.lua\", \"127.0.0.1\", $redis_port) }"
@@ -259,18 +265,7 @@ RUST_LOG=error ./target/release/sluice -c "$work/tls.yaml" >/dev/null 2>&1 & pid
 tls_sluice_pid=$!
 tls_nginx=$(port)
 mkdir -p "$work/nginx-tls/logs" "$work/nginx-tls/tmp"
-cat > "$work/nginx-tls/nginx.conf" <<NGINX
-worker_processes 2;
-daemon off;
-pid logs/nginx.pid;
-error_log logs/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    client_body_temp_path tmp/body;
-    proxy_temp_path tmp/proxy;
-    upstream backend { server 127.0.0.1:$upstream_port; keepalive 64; keepalive_requests 1000000; }
+{ nginx_preamble 2; cat <<NGINX
     server {
         listen 127.0.0.1:$tls_nginx ssl http2;
         ssl_certificate $work/tls.pem;
@@ -284,6 +279,7 @@ http {
     }
 }
 NGINX
+} > "$work/nginx-tls/nginx.conf"
 nginx -p "$work/nginx-tls" -c "$work/nginx-tls/nginx.conf" >/dev/null 2>&1 & pids+=($!)
 tls_nginx_master=$!
 wait_port "$tls_sluice"; wait_port "$tls_nginx"

@@ -41,6 +41,15 @@ fn batches(metrics: &str) -> (f64, f64) {
     (calls, calls - alone)
 }
 
+/// A gateway config with one route under one fixed window shared by every client, failing closed.
+fn one_shared_limit(redis: &RedisServer, rate: &str) -> String {
+    Config::new()
+        .redis(redis.url())
+        .failure_mode("deny")
+        .route(route("api").limit(fixed_window("shared", rate).key(&["route"])))
+        .yaml()
+}
+
 fn count(statuses: &[u16], status: u16) -> usize {
     statuses.iter().filter(|s| **s == status).count()
 }
@@ -50,11 +59,7 @@ fn sixty_four_clients_over_two_gateways_admit_exactly_the_limit_in_batches() {
     let _alone = alone();
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let body = Config::new()
-        .redis(redis.url())
-        .failure_mode("deny")
-        .route(route("api").limit(fixed_window("shared", "500/h").key(&["route"])))
-        .yaml();
+    let body = one_shared_limit(&redis, "500/h");
     let gateways: Vec<Gateway> = (0..2)
         .map(|_| Gateway::start(&body, &upstream, Some(&redis)))
         .collect();
@@ -245,11 +250,7 @@ fn script_flush_in_the_middle_of_batched_traffic_costs_no_decision() {
     let _alone = alone();
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let body = Config::new()
-        .redis(redis.url())
-        .failure_mode("deny")
-        .route(route("api").limit(fixed_window("shared", "300/h").key(&["route"])))
-        .yaml();
+    let body = one_shared_limit(&redis, "300/h");
     let gateway = Gateway::start(&body, &upstream, Some(&redis));
     gateway.wait_ready();
     let stop = Arc::new(AtomicBool::new(false));

@@ -453,6 +453,17 @@ mod tests {
         }
     }
 
+    /// 10/s with no burst, shaping up to 500 ms: the second request at once waits 100 ms.
+    fn shaped() -> Limit {
+        let mut shaped = limit("s", gcra(10, 0));
+        shaped.algorithm = crate::limiter::algorithm::Algorithm::Gcra {
+            emission_us: 100_000,
+            tolerance_us: 100_000,
+            max_delay_us: 500_000,
+        };
+        shaped
+    }
+
     fn set(limits: Vec<Limit>, mode: FailureMode) -> LimitSet {
         LimitSet::new(limits, 2, mode, None)
     }
@@ -554,13 +565,7 @@ mod tests {
         assert_eq!(shadowed.outcome, Outcome::ShadowLimited);
         assert!(shadowed.admitted());
 
-        let mut shaped = limit("s", gcra(10, 0));
-        shaped.algorithm = crate::limiter::algorithm::Algorithm::Gcra {
-            emission_us: 100_000,
-            tolerance_us: 100_000,
-            max_delay_us: 500_000,
-        };
-        let routes = set(vec![shaped], FailureMode::Deny);
+        let routes = set(vec![shaped()], FailureMode::Deny);
         let ask = asks(&[b"s"], &[1]);
         assert!(f.policy.decide(&routes, &ask).await.delay.is_zero());
         assert_eq!(
@@ -574,13 +579,7 @@ mod tests {
     #[tokio::test]
     async fn a_held_request_whose_client_left_gives_its_units_back() {
         let f = in_process();
-        let mut shaped = limit("s", gcra(10, 0));
-        shaped.algorithm = crate::limiter::algorithm::Algorithm::Gcra {
-            emission_us: 100_000,
-            tolerance_us: 100_000,
-            max_delay_us: 500_000,
-        };
-        let routes = set(vec![shaped], FailureMode::Deny);
+        let routes = set(vec![shaped()], FailureMode::Deny);
         let ask = asks(&[b"s"], &[1]);
         assert!(f.policy.decide(&routes, &ask).await.delay.is_zero());
         let held = f.policy.decide(&routes, &ask).await;

@@ -61,17 +61,27 @@ impl Execute for Dispatch {
                 }
             }
         };
-        let result = match tokio::time::timeout(deadline, call).await {
-            Ok(Err(LimiterError::Timeout(_))) | Err(_) => {
-                Err(LimiterError::Timeout(deadline.as_millis() as u64))
-            }
-            Ok(result) => result,
-        };
-        if let Err(error) = &result {
-            self.link.failed(error);
-        }
-        result
+        within(&self.link, deadline, call).await
     }
+}
+
+/// Runs `call` under `deadline`; a call that misses it is abandoned, never retried. A failure
+/// is reported to the link (which reconnects or asks the sentinels again).
+async fn within<T>(
+    link: &Link,
+    deadline: Duration,
+    call: impl std::future::Future<Output = Result<T, LimiterError>>,
+) -> Result<T, LimiterError> {
+    let result = match tokio::time::timeout(deadline, call).await {
+        Ok(Err(LimiterError::Timeout(_))) | Err(_) => {
+            Err(LimiterError::Timeout(deadline.as_millis() as u64))
+        }
+        Ok(result) => result,
+    };
+    if let Err(error) = &result {
+        link.failed(error);
+    }
+    result
 }
 
 impl RedisLimiter {
@@ -149,23 +159,13 @@ impl RedisLimiter {
         self.run_for_effect(&invocation).await
     }
 
-    /// Runs `call` under the deadline; a call that misses it is abandoned, never retried.
+    /// Runs `call` under `deadline`, or the backend's.
     async fn within_deadline<T>(
         &self,
         deadline: Option<Duration>,
         call: impl std::future::Future<Output = Result<T, LimiterError>>,
     ) -> Result<T, LimiterError> {
-        let deadline = deadline.unwrap_or(self.deadline);
-        let result = match tokio::time::timeout(deadline, call).await {
-            Ok(Err(LimiterError::Timeout(_))) | Err(_) => {
-                Err(LimiterError::Timeout(deadline.as_millis() as u64))
-            }
-            Ok(result) => result,
-        };
-        if let Err(error) = &result {
-            self.link.failed(error);
-        }
-        result
+        within(&self.link, deadline.unwrap_or(self.deadline), call).await
     }
 }
 

@@ -65,7 +65,7 @@ pub fn push_args(
         .arg(&request.id.hex()[..])
         .arg(request.entries.len());
     for entry in request.entries {
-        push_limit(invocation, LimitArgs::of(entry.limit, entry.cost));
+        invocation.arg(LimitArgs::of(entry.limit, entry.cost).argv());
     }
 }
 
@@ -75,17 +75,6 @@ fn push_clock(invocation: &mut redis::ScriptInvocation<'_>, now_us: Option<u64>,
         None => invocation.arg(""),
     };
     invocation.arg(requests);
-}
-
-fn push_limit(invocation: &mut redis::ScriptInvocation<'_>, limit: LimitArgs) {
-    let [p1, p2, p3] = limit.params;
-    invocation
-        .arg(limit.algorithm)
-        .arg(p1)
-        .arg(p2)
-        .arg(p3)
-        .arg(limit.cost)
-        .arg(u8::from(limit.shadow));
 }
 
 /// One limit's arguments in a script call.
@@ -105,6 +94,12 @@ impl LimitArgs {
             cost,
             shadow: limit.shadow,
         }
+    }
+
+    /// The six ARGV values of this limit (`lua/check.lua`), one argument each.
+    fn argv(&self) -> (&'static str, u64, u64, u64, u64, u8) {
+        let [p1, p2, p3] = self.params;
+        (self.algorithm, p1, p2, p3, self.cost, u8::from(self.shadow))
     }
 }
 
@@ -168,14 +163,7 @@ pub fn batch_command(script: &redis::Script, calls: &[&Call]) -> redis::Cmd {
     for call in calls {
         command.arg(&call.id.hex()[..]).arg(call.limits());
         for limit in &call.limits {
-            let [p1, p2, p3] = limit.params;
-            command
-                .arg(limit.algorithm)
-                .arg(p1)
-                .arg(p2)
-                .arg(p3)
-                .arg(limit.cost)
-                .arg(u8::from(limit.shadow));
+            command.arg(limit.argv());
         }
     }
     command

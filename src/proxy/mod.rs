@@ -52,6 +52,8 @@ pub struct RequestCtx {
     normalized_path: Option<String>,
     /// The form the request target came in.
     target: Option<request::Target>,
+    /// The peer is one of `trusted_proxies` (its forwarding headers and request id count).
+    trusted_peer: bool,
     /// The client the request is keyed on (the peer, or the first untrusted forwarding hop).
     client: Option<std::net::IpAddr>,
     /// Consistent-hashing key for the upstream pool.
@@ -348,13 +350,18 @@ impl ProxyHttp for Gateway {
             .client_addr()
             .and_then(|a| a.as_inet())
             .map(|a| a.ip());
+        ctx.trusted_peer = snapshot
+            .config
+            .identity
+            .is_trusted_peer(peer.map(identity::canonical));
         if let Some(settings) = &snapshot.config.request_id {
-            let trusted = snapshot
-                .config
-                .identity
-                .is_trusted_peer(peer.map(identity::canonical));
             let headers = &session.req_header().headers;
-            ctx.request_id = Some(request_id::assign(settings, headers, trusted, &self.ids));
+            ctx.request_id = Some(request_id::assign(
+                settings,
+                headers,
+                ctx.trusted_peer,
+                &self.ids,
+            ));
         }
         if let Some(tracer) = self.tracer() {
             let req = session.req_header();
@@ -631,10 +638,6 @@ impl ProxyHttp for Gateway {
             .client_addr()
             .and_then(|a| a.as_inet())
             .map(|a| identity::canonical(a.ip()));
-        let trusted = ctx
-            .snapshot
-            .as_ref()
-            .is_some_and(|s| s.config.identity.is_trusted_peer(peer));
         let host = session
             .req_header()
             .headers
@@ -645,7 +648,7 @@ impl ProxyHttp for Gateway {
             .is_some_and(|digest| digest.ssl_digest.is_some());
         let hop = forwarding::Hop {
             peer,
-            trusted,
+            trusted: ctx.trusted_peer,
             client: ctx.client,
             proto: if tls { "https" } else { "http" },
             host,

@@ -3,7 +3,8 @@
 # sluice's composed script for one and three GCRA limits, and for a batch of 8 requests of one
 # limit each (coalesced decisions), of the OpenResty-style peer's token bucket, and of bare
 # scripts that only do the unavoidable work (read the clock, read each key, write each key with a
-# TTL) — the floor any script with one key per limit pays.
+# TTL) — the floor any script with one key per limit pays; and the settlement a limit priced by
+# the response adds when its response ends (lua/settle.lua charging one GCRA key).
 # redis-benchmark drives each for a fixed count, 16 clients, one request in flight each, keys
 # spread over 100,000 clients; every call is allowed.
 # Usage: scripts/redis-floor.sh [CALLS]   (default 300000; about 30 s)
@@ -58,5 +59,7 @@ measure "sluice, 3 GCRA limits" 1 "$sluice" 3 a:__rand_int__ b:__rand_int__ c:__
 measure "floor: TIME + 8 x (GET + SET PX)" 8 "$floor8" 8 $batch_keys
 # shellcheck disable=SC2086
 measure "sluice, a batch of 8 requests, 1 GCRA limit each" 8 "$sluice" 8 $batch_keys "" 8 $batch_args
+settle=$(cat lua/prelude.lua; echo; cat lua/settle.lua)
+measure "sluice settle: a response's charge on 1 GCRA key" 1 "$settle" 1 a:__rand_int__ "" gcra 1000 5 0
 echo
 echo "machine: $(nproc) cores; redis $(redis-server --version | awk '{print $3}' | cut -d= -f2); $calls calls per script"

@@ -15,7 +15,9 @@ use pingora_prometheus::prometheus::{
 
 use crate::limiter::guard::GuardMeters;
 use crate::limiter::leased::LeaseMeters;
-use crate::limiter::{Coalescing, Decider, Limit, LimiterError, Outcome, PolicyMeters, Verdict};
+use crate::limiter::{
+    Coalescing, CostReport, Decider, Limit, LimiterError, Outcome, PolicyMeters, Verdict,
+};
 use crate::router::RouteTable;
 
 pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -194,6 +196,24 @@ pub static ACCESS_LOG_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
     .expect("sluice_access_log_dropped_total registers once")
 });
 
+pub static RESPONSE_COST_REPORTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_response_cost_reports_total",
+        "What the responses of admitted requests said they cost, per limit priced by the response (cost_from_response): reported, capped (above max: charged max), missing or invalid (the estimate stands).",
+        &["route", "limit", "report"]
+    )
+    .expect("sluice_response_cost_reports_total registers once")
+});
+
+pub static RESPONSE_COST_UNITS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_response_cost_units_total",
+        "Units the responses of admitted requests reported (capped at max), per limit priced by the response.",
+        &["route", "limit"]
+    )
+    .expect("sluice_response_cost_units_total registers once")
+});
+
 pub static RLS_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "sluice_rls_requests_total",
@@ -239,10 +259,19 @@ pub struct RouteMetrics {
     upstream_errors: [IntCounter; UpstreamError::ALL.len()],
     /// Per limit of the route, in its order: a counter per `LimitOutcome`.
     limits: Vec<[IntCounter; LimitOutcome::ALL.len()]>,
+    /// Per limit of the route, in its order: for those priced by the response, a counter per
+    /// [`CostReport`] label and one of units reported.
+    response_costs: Vec<Option<ResponseCostMeters>>,
+}
+
+/// What the responses of one limit priced by the response reported.
+struct ResponseCostMeters {
+    reports: [IntCounter; CostReport::LABELS.len()],
+    units: IntCounter,
 }
 
 impl RouteMetrics {
-    fn new<'a>(route: &str, limits: impl Iterator<Item = &'a str>) -> RouteMetrics {
+    fn new(route: &str, limits: &[Limit]) -> RouteMetrics {
         RouteMetrics {
             decisions: Outcome::ALL.map(|o| REQUESTS.with_label_values(&[route, o.label()])),
             status_classes: STATUS_CLASSES
@@ -253,11 +282,38 @@ impl RouteMetrics {
             upstream_errors: UpstreamError::ALL
                 .map(|kind| UPSTREAM_ERRORS.with_label_values(&[route, kind.label()])),
             limits: limits
+                .iter()
                 .map(|limit| {
-                    LimitOutcome::ALL
-                        .map(|o| LIMIT_DECISIONS.with_label_values(&[route, limit, o.label()]))
+                    LimitOutcome::ALL.map(|o| {
+                        LIMIT_DECISIONS.with_label_values(&[route, &limit.name, o.label()])
+                    })
                 })
                 .collect(),
+            response_costs: limits
+                .iter()
+                .map(|limit| {
+                    limit.priced_by_response.as_ref()?;
+                    Some(ResponseCostMeters {
+                        reports: CostReport::LABELS.map(|report| {
+                            RESPONSE_COST_REPORTS.with_label_values(&[route, &limit.name, report])
+                        }),
+                        units: RESPONSE_COST_UNITS.with_label_values(&[route, &limit.name]),
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// What the response of an admitted request reported for each limit priced by the
+    /// response (`reports`, one per limit; none when no response came).
+    pub fn count_response_costs(&self, reports: &[CostReport]) {
+        for (index, meters) in self.response_costs.iter().enumerate() {
+            let Some(meters) = meters else { continue };
+            let report = reports.get(index).copied().unwrap_or(CostReport::Missing);
+            meters.reports[report.index()].inc();
+            if let Some(units) = report.units() {
+                meters.units.inc_by(units);
+            }
         }
     }
 
@@ -431,10 +487,7 @@ impl Metrics {
         let mut handles = Vec::new();
         for route in routes.in_file_order() {
             let limits = route.limits.limits();
-            handles.push(RouteMetrics::new(
-                &route.name,
-                limits.iter().map(|l| &*l.name),
-            ));
+            handles.push(RouteMetrics::new(&route.name, limits));
             series.routes.push(route.name.to_string());
             for limit in limits {
                 series
@@ -449,7 +502,7 @@ impl Metrics {
         }
         Metrics {
             routes: handles,
-            unmatched: RouteMetrics::new(UNMATCHED_ROUTE, std::iter::empty()),
+            unmatched: RouteMetrics::new(UNMATCHED_ROUTE, &[]),
             series,
         }
     }
@@ -492,6 +545,10 @@ impl Metrics {
             for outcome in LimitOutcome::ALL {
                 let _ = LIMIT_DECISIONS.remove_label_values(&[route, limit, outcome.label()]);
             }
+            for report in CostReport::LABELS {
+                let _ = RESPONSE_COST_REPORTS.remove_label_values(&[route, limit, report]);
+            }
+            let _ = RESPONSE_COST_UNITS.remove_label_values(&[route, limit]);
         }
         for (route, server) in self
             .series
@@ -563,6 +620,8 @@ pub fn init() {
     LazyLock::force(&REQUEST_DURATION);
     LazyLock::force(&UPSTREAM_DURATION);
     LazyLock::force(&LIMIT_DECISIONS);
+    LazyLock::force(&RESPONSE_COST_REPORTS);
+    LazyLock::force(&RESPONSE_COST_UNITS);
     LazyLock::force(&REQUESTS_IN_FLIGHT);
     LazyLock::force(&UPSTREAM_HEALTHY);
     LazyLock::force(&UPSTREAM_ERRORS);

@@ -8,10 +8,13 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use redis::Commands;
+use sluice::limiter::algorithm::{Settled, State, Write};
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
-use sluice::limiter::script::{self, REFUND_SOURCE, RELEASE_SOURCE, SOURCE};
-use sluice::limiter::{asks, entries, Algorithm, Cost, Decision, Limit, LimitRequest, RequestId};
+use sluice::limiter::script::{self, RELEASE_SOURCE, SETTLE_SOURCE, SOURCE};
+use sluice::limiter::{
+    asks, entries, Algorithm, Change, Cost, Decision, Limit, LimitRequest, RequestId,
+};
 use support::{limits, RedisServer};
 
 const T0: u64 = 1_763_500_000_123_456; // a realistic Redis TIME in microseconds
@@ -884,8 +887,19 @@ fn concurrency_leases_are_bounded_released_and_expire() {
     assert!((29_000..=30_000).contains(&pttl(&mut con, "c")));
 }
 
-/// Gives back `units` of `limit` at `now` with `lua/refund.lua`, quoting the `mark` of the call
-/// that took them; its reply (1: state changed).
+/// Settles `change` on `key` of `limit` at `now` with `lua/settle.lua`; its reply (the number
+/// of keys changed).
+fn settle(con: &mut redis::Connection, key: &str, limit: &Limit, change: Change, now: u64) -> i64 {
+    redis::Script::new(SETTLE_SOURCE)
+        .key(key)
+        .arg(now)
+        .arg(script::settle_args(&limit.algorithm, change))
+        .invoke(con)
+        .expect("settle call")
+}
+
+/// Gives back `units` of `limit` at `now`, quoting the `mark` of the call that took them; its
+/// reply (1: state changed).
 fn refund(
     con: &mut redis::Connection,
     key: &str,
@@ -894,16 +908,16 @@ fn refund(
     mark: i64,
     now: u64,
 ) -> i64 {
-    let (name, p1, units, mark) = script::refund_args(&limit.algorithm, units, mark);
-    redis::Script::new(REFUND_SOURCE)
-        .key(key)
-        .arg(now)
-        .arg(name)
-        .arg(p1)
-        .arg(units)
-        .arg(mark)
-        .invoke(con)
-        .expect("refund call")
+    settle(
+        con,
+        key,
+        limit,
+        Change::GiveBack {
+            units,
+            mark_us: mark,
+        },
+        now,
+    )
 }
 
 /// The mark of a one-limit call: where it left the key.
@@ -957,17 +971,21 @@ fn refunds_give_back_gcra_credit_and_window_counts_and_nothing_else() {
     assert_eq!(refund(&mut con, "w", &counted, 3, end, T0 + 60 * SEC), 0);
     assert_eq!(con.hget::<_, _, u64>("w", "n").unwrap(), 7);
 
-    let err = redis::Script::new(REFUND_SOURCE)
+    let err = redis::Script::new(SETTLE_SOURCE)
         .key("x")
         .arg(T0)
         .arg("sliding_log")
-        .arg(0)
         .arg(1)
+        .arg(-1)
         .arg(0)
         .invoke::<i64>(&mut con)
         .unwrap_err();
-    assert!(err.to_string().contains("refund does not apply"), "{err}");
-    let err = redis::Script::new(REFUND_SOURCE)
+    assert!(
+        err.to_string()
+            .contains("settling does not apply to sliding_log"),
+        "{err}"
+    );
+    let err = redis::Script::new(SETTLE_SOURCE)
         .key("x")
         .arg(T0)
         .arg("gcra")
@@ -975,9 +993,199 @@ fn refunds_give_back_gcra_credit_and_window_counts_and_nothing_else() {
         .arg(1)
         .invoke::<i64>(&mut con)
         .unwrap_err();
+    assert!(err.to_string().contains("4 arguments per key"), "{err}");
+    let err = redis::Script::new(SETTLE_SOURCE)
+        .key("x")
+        .arg(T0)
+        .arg("gcra")
+        .arg(100)
+        .arg("many")
+        .arg(0)
+        .invoke::<i64>(&mut con)
+        .unwrap_err();
     assert!(
-        err.to_string().contains("expects units and a mark"),
+        err.to_string()
+            .contains("expects a parameter, a change and a mark"),
         "{err}"
+    );
+}
+
+#[test]
+fn charges_land_past_the_limit_and_keys_keep_a_ttl() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    // GCRA 10/s, burst 9 (1 s of credit): take 4 at T0, then a response reports 15 more.
+    let limit = gcra("10/s", 9, 4);
+    let (_, mark) = take(&mut con, "g", &limit, T0);
+    assert_eq!(
+        settle(&mut con, "g", &limit, Change::Charge { units: 15 }, T0),
+        1
+    );
+    let tat: u64 = con.get("g").unwrap();
+    assert_eq!(
+        tat,
+        mark as u64 + 15 * 100 * MS,
+        "the TAT moves on by 15 emissions"
+    );
+    assert!(
+        (1_800..=1_900).contains(&pttl(&mut con, "g")),
+        "kept until the TAT is past"
+    );
+    // In debt: one more unit passes once its TAT (2.0 s) is within the tolerance (1 s) of now.
+    let one = gcra("10/s", 9, 1);
+    assert_eq!(
+        take(&mut con, "g", &one, T0 + 900 * MS).0,
+        0,
+        "still in debt"
+    );
+    assert_eq!(take(&mut con, "g", &one, T0 + SEC).0, 1, "paid off");
+    // A charge on a key with no state (expired, or never written) starts at now.
+    assert_eq!(
+        settle(&mut con, "fresh", &limit, Change::Charge { units: 3 }, T0),
+        1
+    );
+    assert_eq!(con.get::<_, u64>("fresh").unwrap(), T0 + 300 * MS);
+    // A TAT in the past counts as now.
+    assert_eq!(
+        settle(
+            &mut con,
+            "g",
+            &limit,
+            Change::Charge { units: 1 },
+            T0 + 10 * SEC
+        ),
+        1
+    );
+    assert_eq!(con.get::<_, u64>("g").unwrap(), T0 + 10 * SEC + 100 * MS);
+    // What the script does, the in-process twin does.
+    assert_eq!(
+        limit.algorithm.charge(
+            Some(&State::Gcra {
+                tat_us: (T0 + 2 * SEC) as i64
+            }),
+            (T0 + SEC) as i64,
+            15
+        ),
+        Settled::Store(Write {
+            state: State::Gcra {
+                tat_us: (T0 + 3_500 * MS) as i64
+            },
+            ttl_us: (2_500 * MS) as i64
+        })
+    );
+
+    // Fixed window 10/m: a charge counts in the open window, beyond its limit.
+    let counted = window("10/m", 4);
+    let (_, end) = take(&mut con, "w", &counted, T0);
+    assert_eq!(
+        settle(
+            &mut con,
+            "w",
+            &counted,
+            Change::Charge { units: 20 },
+            T0 + SEC
+        ),
+        1
+    );
+    assert_eq!(con.hget::<_, _, u64>("w", "n").unwrap(), 24);
+    assert_eq!(con.hget::<_, _, i64>("w", "e").unwrap(), end, "same window");
+    assert_eq!(take(&mut con, "w", &window("10/m", 1), T0 + 2 * SEC).0, 0);
+    // After the window ends, a charge opens a new one, from now, with a TTL of one window.
+    assert_eq!(
+        settle(
+            &mut con,
+            "w",
+            &counted,
+            Change::Charge { units: 3 },
+            T0 + 61 * SEC
+        ),
+        1
+    );
+    assert_eq!(con.hget::<_, _, u64>("w", "n").unwrap(), 3);
+    assert_eq!(
+        con.hget::<_, _, u64>("w", "e").unwrap(),
+        T0 + 121 * SEC,
+        "a window from now"
+    );
+    assert!((59_000..=60_000).contains(&pttl(&mut con, "w")));
+    // No key at all: the same.
+    assert_eq!(
+        settle(&mut con, "w2", &counted, Change::Charge { units: 2 }, T0),
+        1
+    );
+    assert_eq!(con.hget::<_, _, u64>("w2", "n").unwrap(), 2);
+    assert!((59_000..=60_000).contains(&pttl(&mut con, "w2")));
+    assert_eq!(
+        counted.algorithm.charge(
+            Some(&State::Window {
+                end_us: (T0 + 60 * SEC) as i64,
+                count: 4
+            }),
+            (T0 + 61 * SEC) as i64,
+            3
+        ),
+        Settled::Store(Write {
+            state: State::Window {
+                end_us: (T0 + 121 * SEC) as i64,
+                count: 3
+            },
+            ttl_us: (60 * SEC) as i64
+        }),
+        "the in-process twin opens a window from now too"
+    );
+}
+
+/// Several keys of one request settle in one call, each by its own change; a malformed change
+/// anywhere leaves every key as it was.
+#[test]
+fn one_call_settles_every_key_of_a_request_or_none() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let per_second = gcra("10/s", 9, 5);
+    let per_minute = window("100/m", 5);
+    let (_, tat_mark) = take(&mut con, "{k}s", &per_second, T0);
+    let (_, window_end) = take(&mut con, "{k}m", &per_minute, T0);
+    let changed: i64 = redis::Script::new(SETTLE_SOURCE)
+        .key("{k}s")
+        .key("{k}m")
+        .arg(T0)
+        .arg(script::settle_args(
+            &per_second.algorithm,
+            Change::GiveBack {
+                units: 2,
+                mark_us: tat_mark,
+            },
+        ))
+        .arg(script::settle_args(
+            &per_minute.algorithm,
+            Change::Charge { units: 7 },
+        ))
+        .invoke(&mut con)
+        .unwrap();
+    assert_eq!(changed, 2);
+    assert_eq!(con.get::<_, u64>("{k}s").unwrap(), T0 + 300 * MS);
+    assert_eq!(con.hget::<_, _, u64>("{k}m", "n").unwrap(), 12);
+    assert_eq!(con.hget::<_, _, i64>("{k}m", "e").unwrap(), window_end);
+
+    let err = redis::Script::new(SETTLE_SOURCE)
+        .key("{k}s")
+        .key("{k}m")
+        .arg(T0)
+        .arg(script::settle_args(
+            &per_second.algorithm,
+            Change::Charge { units: 1 },
+        ))
+        .arg("sliding_window")
+        .arg(1)
+        .arg(1)
+        .arg(0)
+        .invoke::<i64>(&mut con)
+        .unwrap_err();
+    assert!(err.to_string().contains("does not apply"), "{err}");
+    assert_eq!(
+        con.get::<_, u64>("{k}s").unwrap(),
+        T0 + 300 * MS,
+        "the valid change before it did not land either"
     );
 }
 

@@ -3,8 +3,9 @@
 //! Answers every request with 200 and a line naming the method, path, `X-Forwarded-For` and Host it
 //! saw, then the request target byte for byte (`target: ...`) and every forwarding header it
 //! received (`x-real-ip: ...`), its `x-request-id` and `traceparent`; a path containing `/slow/<ms>` is answered after that many
-//! milliseconds (for concurrency tests); `GET /__stats` returns how many other requests it has
-//! served. Usage: `demo-upstream [ADDR]` (default 127.0.0.1:3000).
+//! milliseconds (for concurrency tests); a path containing `/cost/<n>` answers with
+//! `x-usage-tokens: <n>`, the cost a response-priced limit charges (`cost_from_response`);
+//! `GET /__stats` returns how many other requests it has served. Usage: `demo-upstream [ADDR]` (default 127.0.0.1:3000).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -25,12 +26,16 @@ impl ServeHttp for Demo {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         // Drain any request body so the connection can be reused.
         while let Ok(Some(_)) = session.read_request_body().await {}
-        let slow_ms = session
-            .req_header()
-            .uri
-            .path()
-            .split_once("/slow/")
-            .and_then(|(_, rest)| rest.split('/').next()?.parse::<u64>().ok());
+        let number_after = |marker: &str| {
+            session
+                .req_header()
+                .uri
+                .path()
+                .split_once(marker)
+                .and_then(|(_, rest)| rest.split('/').next()?.parse::<u64>().ok())
+        };
+        let slow_ms = number_after("/slow/");
+        let cost = number_after("/cost/");
         if let Some(ms) = slow_ms {
             tokio::time::sleep(std::time::Duration::from_millis(ms.min(60_000))).await;
         }
@@ -81,6 +86,11 @@ impl ServeHttp for Demo {
             http::header::CONTENT_LENGTH,
             http::HeaderValue::from(length),
         );
+        if let Some(cost) = cost {
+            response
+                .headers_mut()
+                .insert("x-usage-tokens", http::HeaderValue::from(cost));
+        }
         response
     }
 }

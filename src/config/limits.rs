@@ -7,9 +7,9 @@ use http::header::HeaderName;
 
 use super::problem::{check_name, Problems};
 use super::rate::{parse_duration, parse_rate};
-use super::raw::RawLimit;
+use super::raw::{RawLimit, RawResponseCost};
 use crate::keys::{KeyPart, KeySpec, OnMissing};
-use crate::limiter::{Algorithm, Cost, Leasing, Limit, Rate};
+use crate::limiter::{Algorithm, Cost, Leasing, Limit, Rate, ResponsePrice};
 
 /// Keeps every microsecond quantity of the algorithms far below 2^53 (exact in Lua doubles).
 const MAX_TOLERANCE_US: u64 = 1 << 50;
@@ -31,6 +31,10 @@ fn accepts(algorithm: &str, field: &str) -> bool {
         "max_delay" => matches!(algorithm, "gcra" | "leaky_bucket"),
         "max" | "lease" => algorithm == "concurrency",
         "cost_header" | "cost_max" => algorithm != "concurrency",
+        "cost_from_response" => matches!(
+            algorithm,
+            "gcra" | "token_bucket" | "leaky_bucket" | "fixed_window"
+        ),
         _ => true,
     }
 }
@@ -103,6 +107,7 @@ pub(crate) fn compile_limit(at: &str, raw: RawLimit, p: &mut Problems) -> Option
         ("rate", raw.rate.is_some()),
         ("cost_header", raw.cost_header.is_some()),
         ("cost_max", raw.cost_max.is_some()),
+        ("cost_from_response", raw.cost_from_response.is_some()),
     ];
     for (field, _) in present
         .iter()
@@ -138,8 +143,17 @@ pub(crate) fn compile_limit(at: &str, raw: RawLimit, p: &mut Problems) -> Option
 
     // The largest cost one request can ever be granted by this limit (per shard).
     let capacity = algorithm.map(|a| a.capacity());
-    let cost = compile_cost(at, &raw, capacity, p);
     let leased = compile_leasing(at, &raw, algorithm.as_ref(), p);
+    let (cost, priced_by_response) = match &raw.cost_from_response {
+        Some(response) if accepts(kind, "cost_from_response") => {
+            let priced = compile_response_cost(at, &raw, response, algorithm.as_ref(), p);
+            (
+                priced.as_ref().map(|(estimate, _)| Cost::Fixed(*estimate)),
+                priced.map(|(_, price)| Box::new(price)),
+            )
+        }
+        _ => (compile_cost(at, &raw, capacity, p), None),
+    };
 
     let (name, algorithm, cost) = (name?, algorithm?, cost?);
     let policy = rate.map(|rate| rate.policy());
@@ -163,6 +177,7 @@ pub(crate) fn compile_limit(at: &str, raw: RawLimit, p: &mut Problems) -> Option
                 policy,
                 shadow: raw.shadow.unwrap_or(false),
                 leased,
+                priced_by_response,
             },
             spec,
         )
@@ -413,6 +428,92 @@ fn compile_cost(at: &str, raw: &RawLimit, capacity: Option<u64>, p: &mut Problem
     }
 }
 
+/// `cost_from_response: { header, estimate, max }`: the estimate each request reserves (and
+/// must find left), the header or trailer that reports the real cost, and the most one response
+/// is charged (default: the limit's capacity). Settling gives back and charges exactly, which
+/// GCRA (without shaping) and the fixed window can; leased units are spent before any response.
+fn compile_response_cost(
+    at: &str,
+    raw: &RawLimit,
+    response: &RawResponseCost,
+    algorithm: Option<&Algorithm>,
+    p: &mut Problems,
+) -> Option<(u64, ResponsePrice)> {
+    let at = format!("{at}.cost_from_response");
+    let mut conflicts = Vec::new();
+    for (field, set) in [
+        ("cost", raw.cost.is_some()),
+        ("cost_header", raw.cost_header.is_some()),
+        ("cost_max", raw.cost_max.is_some()),
+    ] {
+        if set {
+            conflicts.push(format!(
+                "does not combine with {field}: the request's cost is cost_from_response.estimate"
+            ));
+        }
+    }
+    if raw.mode.as_deref() == Some("leased") {
+        conflicts.push(
+            "does not combine with mode: leased (a lease is spent before any response)".into(),
+        );
+    }
+    if let Some(Algorithm::Gcra { max_delay_us, .. }) = algorithm {
+        if *max_delay_us > 0 {
+            conflicts
+                .push("does not combine with max_delay (a held request is not settled)".into());
+        }
+    }
+    let conflicting = !conflicts.is_empty();
+    for conflict in conflicts {
+        p.add(at.clone(), conflict);
+    }
+    let header = match response.header.as_deref() {
+        Some(text) => HeaderName::from_bytes(text.as_bytes())
+            .map_err(|_| {
+                p.add(
+                    format!("{at}.header"),
+                    format!("invalid header name {text:?}"),
+                )
+            })
+            .ok(),
+        None => {
+            p.add(
+                format!("{at}.header"),
+                "required: the response header or trailer that reports the cost, e.g. x-usage-tokens",
+            );
+            None
+        }
+    };
+    let algorithm = algorithm?;
+    let capacity = algorithm.capacity();
+    let estimate = response.estimate.unwrap_or(1);
+    if !(1..=capacity).contains(&estimate) {
+        p.add(
+            format!("{at}.estimate"),
+            format!(
+                "must be between 1 and what this limit can ever admit ({capacity}), got {estimate}"
+            ),
+        );
+        return None;
+    }
+    // A charge moves a GCRA key on by max × emission: keep it exact in Lua doubles.
+    let per_unit_us = match *algorithm {
+        Algorithm::Gcra { emission_us, .. } => emission_us,
+        _ => 1,
+    };
+    let largest = MAX_TOLERANCE_US / per_unit_us;
+    let max = response.max.unwrap_or(capacity);
+    if !(estimate..=largest).contains(&max) {
+        p.add(
+            format!("{at}.max"),
+            format!("must be at least the estimate ({estimate}) and at most {largest} for this rate, got {max}"),
+        );
+        return None;
+    }
+    let header = header?;
+    (!conflicting).then_some((estimate, ResponsePrice { header, max }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -480,6 +581,69 @@ mod tests {
             leased.leased,
             Some(Leasing { max_units: 2 }),
             "a tenth of the shard's 25"
+        );
+    }
+
+    #[test]
+    fn a_limit_priced_by_the_response_reserves_its_estimate() {
+        let (compiled, problems) = limit(
+            "{ name: t, algorithm: token_bucket, rate: 1000/m, capacity: 1000, cost_from_response: { header: x-usage-tokens, estimate: 50, max: 4000 } }",
+        );
+        assert!(problems.is_empty(), "{problems:?}");
+        let compiled = compiled.unwrap();
+        assert_eq!(compiled.cost, Cost::Fixed(50));
+        assert_eq!(
+            compiled.priced_by_response,
+            Some(Box::new(ResponsePrice {
+                header: HeaderName::from_static("x-usage-tokens"),
+                max: 4000
+            }))
+        );
+        let (compiled, problems) = limit(
+            "{ name: t, algorithm: fixed_window, rate: 500/h, cost_from_response: { header: x-cost } }",
+        );
+        assert!(problems.is_empty(), "{problems:?}");
+        let compiled = compiled.unwrap();
+        assert_eq!(compiled.cost, Cost::Fixed(1), "the estimate defaults to 1");
+        assert_eq!(
+            compiled.priced_by_response.unwrap().max,
+            500,
+            "max: the capacity"
+        );
+    }
+
+    #[test]
+    fn a_limit_priced_by_the_response_is_checked() {
+        let (compiled, problems) = limit(
+            "{ name: t, rate: 10/s, burst: 9, max_delay: 1s, cost: 2, cost_from_response: { estimate: 30, max: 1 } }",
+        );
+        assert!(compiled.is_none());
+        assert_eq!(
+            problems,
+            [
+                "routes[0].limits[0].cost_from_response: does not combine with cost: the request's cost is cost_from_response.estimate",
+                "routes[0].limits[0].cost_from_response: does not combine with max_delay (a held request is not settled)",
+                "routes[0].limits[0].cost_from_response.header: required: the response header or trailer that reports the cost, e.g. x-usage-tokens",
+                "routes[0].limits[0].cost_from_response.estimate: must be between 1 and what this limit can ever admit (20), got 30",
+            ]
+        );
+        let (_, problems) = limit(
+            "{ name: t, rate: 10/s, mode: leased, cost_from_response: { header: 'bad header', max: 0 } }",
+        );
+        assert_eq!(
+            problems,
+            [
+                "routes[0].limits[0].cost_from_response: does not combine with mode: leased (a lease is spent before any response)",
+                "routes[0].limits[0].cost_from_response.header: invalid header name \"bad header\"",
+                "routes[0].limits[0].cost_from_response.max: must be at least the estimate (1) and at most 11258999068 for this rate, got 0",
+            ]
+        );
+        let (_, problems) = limit(
+            "{ name: t, algorithm: sliding_window, rate: 10/s, cost_from_response: { header: x-cost } }",
+        );
+        assert_eq!(
+            problems,
+            ["routes[0].limits[0].cost_from_response: does not apply to algorithm sliding_window"]
         );
     }
 }

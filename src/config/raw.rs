@@ -138,6 +138,15 @@ pub struct RawLimit {
     pub split: Option<u64>,
     pub mode: Option<String>,
     pub lease_units: Option<u64>,
+    pub cost_from_response: Option<RawResponseCost>,
+}
+
+/// `cost_from_response:` of a limit: the header (or trailer) the upstream reports the cost in.
+#[derive(Debug, Deserialize)]
+pub struct RawResponseCost {
+    pub header: Option<String>,
+    pub estimate: Option<u64>,
+    pub max: Option<u64>,
 }
 
 /// A secret as written: a string, or `{ file: PATH }`, `{ env: NAME }` or

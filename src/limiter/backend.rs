@@ -1,11 +1,11 @@
 //! The limiter seam. Deciding is the one trait every backend and decorator implements;
-//! giving back concurrency slots and refunding leased units are separate capabilities that
-//! only the backends holding state implement, and the policy or the lease keeper calls them
+//! giving back concurrency slots and settling units (refunds, response-priced charges) are
+//! separate capabilities that only the backends holding state implement, and the policy or the lease keeper calls them
 //! on the backend directly (decorators never forward them).
 
 use async_trait::async_trait;
 
-use super::algorithm::Algorithm;
+use super::algorithm::{Algorithm, Change};
 use super::decision::Decision;
 use super::error::LimiterError;
 use super::request::LimitRequest;
@@ -24,17 +24,21 @@ pub trait ReleaseSlots: Send + Sync {
     async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError>;
 }
 
-/// Gives back `units` of a key that were taken and not spent (leases, shaped requests whose
-/// client left), quoting the `mark_us` the taking call replied.
+/// One key's settlement: units a decision took that go back, or units spent beyond them.
+#[derive(Debug, Clone, Copy)]
+pub struct Settlement<'a> {
+    pub algorithm: &'a Algorithm,
+    pub key: &'a [u8],
+    pub change: Change,
+}
+
+/// Settles units earlier decisions took, on the keys of one request, in one step: gives back
+/// what was not spent (leases, shaped requests whose client left, responses cheaper than their
+/// estimate), quoting the mark the taking call replied, or charges what was spent beyond
+/// (responses dearer than their estimate). GCRA and fixed-window keys only.
 #[async_trait]
-pub trait RefundUnits: Send + Sync {
-    async fn refund(
-        &self,
-        algorithm: &Algorithm,
-        key: &[u8],
-        units: u64,
-        mark_us: i64,
-    ) -> Result<(), LimiterError>;
+pub trait SettleUnits: Send + Sync {
+    async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError>;
 }
 
 /// Whether a backend can decide right now, for `/readyz`.

@@ -3,13 +3,13 @@
 //!
 //! Redis: `Leased(Guarded(RedisLimiter))` decides, so units a gateway holds are spent even while
 //! a denial of their key is cached, and the deny cache and breaker keep floods and outages away
-//! from Redis; releases and refunds go to `RedisLimiter` itself. In-process: `LocalLimiter` is
+//! from Redis; releases and settlements go to `RedisLimiter` itself. In-process: `LocalLimiter` is
 //! all three.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::backend::{Backend, Limiter, RefundUnits, ReleaseSlots};
+use super::backend::{Backend, Limiter, ReleaseSlots, SettleUnits};
 use super::clock::Clock;
 use super::coalesce::Coalescing;
 use super::guard::{GuardMeters, Guarded};
@@ -25,8 +25,8 @@ pub struct Engine {
     pub decide: Arc<dyn Limiter>,
     /// Gives concurrency slots back, straight to the backend.
     pub release: Arc<dyn ReleaseSlots>,
-    /// Gives units back, straight to the backend.
-    pub refund: Arc<dyn RefundUnits>,
+    /// Gives units back and charges overspent ones, straight to the backend.
+    pub settle: Arc<dyn SettleUnits>,
     /// Names the backend and says whether it can decide now.
     pub backend: Arc<dyn Backend>,
 }
@@ -37,7 +37,7 @@ impl Engine {
         Engine {
             decide: limiter.clone(),
             release: limiter.clone(),
-            refund: limiter.clone(),
+            settle: limiter.clone(),
             backend: limiter,
         }
     }
@@ -63,7 +63,7 @@ impl Engine {
         Ok(Engine {
             decide: leased,
             release: redis.clone(),
-            refund: redis.clone(),
+            settle: redis.clone(),
             backend: redis,
         })
     }

@@ -8,7 +8,7 @@
 //! * Units held are spent without calling the backend. While one request tops a key up, others
 //!   that find it empty ask for their own cost only, so a gateway never holds more than L unspent
 //!   units of a key: N gateways admit at most `limit + N × L` in any window.
-//! * Unspent units are given back (`RefundUnits::refund`) once a key has been idle for `IDLE`,
+//! * Unspent units are given back (`SettleUnits::settle`) once a key has been idle for `IDLE`,
 //!   quoting the mark of the oldest top-up whose units are still held: the script then gives
 //!   back only what time has not drained of them (GCRA), and nothing once their window has been
 //!   replaced (fixed window), so a refund never undoes what another gateway consumed meanwhile.
@@ -25,8 +25,8 @@ use prometheus::{IntCounter, IntGauge};
 use smallvec::SmallVec;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::algorithm::Algorithm;
-use super::backend::{Limiter, RefundUnits};
+use super::algorithm::{Algorithm, Change};
+use super::backend::{Limiter, SettleUnits, Settlement};
 use super::clock::Clock;
 use super::decision::{Decision, Source, Statuses};
 use super::error::LimiterError;
@@ -301,7 +301,7 @@ impl Pools {
 /// itself.
 pub struct Leased {
     inner: Arc<dyn Limiter>,
-    refunds: Arc<dyn RefundUnits>,
+    refunds: Arc<dyn SettleUnits>,
     clock: Arc<dyn Clock>,
     pools: Arc<Pools>,
     sweeper: Once,
@@ -310,7 +310,7 @@ pub struct Leased {
 impl Leased {
     pub fn new(
         inner: Arc<dyn Limiter>,
-        refunds: Arc<dyn RefundUnits>,
+        refunds: Arc<dyn SettleUnits>,
         clock: Arc<dyn Clock>,
         meters: LeaseMeters,
     ) -> Leased {
@@ -410,7 +410,7 @@ struct Unspent {
     mark_us: i64,
 }
 
-async fn give_back(pools: &Pools, refunds: &dyn RefundUnits, now: Instant) {
+async fn give_back(pools: &Pools, refunds: &dyn SettleUnits, now: Instant) {
     for unspent in pools.sweep(now) {
         let Unspent {
             algorithm,
@@ -418,7 +418,12 @@ async fn give_back(pools: &Pools, refunds: &dyn RefundUnits, now: Instant) {
             units,
             mark_us,
         } = unspent;
-        match refunds.refund(&algorithm, &key, units, mark_us).await {
+        let settlement = Settlement {
+            algorithm: &algorithm,
+            key: &key,
+            change: Change::GiveBack { units, mark_us },
+        };
+        match refunds.settle(&[settlement]).await {
             Ok(()) => pools.meters.units_returned.inc_by(units),
             Err(error) => log::debug!("could not give back {units} leased units: {error}"),
         }
@@ -739,7 +744,7 @@ mod tests {
 
     #[test]
     fn refunds_move_a_gcra_back_and_a_window_count_down_while_it_is_open() {
-        use crate::limiter::algorithm::{Refund, State, Write};
+        use crate::limiter::algorithm::{Settled, State, Write};
         let gcra = Algorithm::Gcra {
             emission_us: 100,
             tolerance_us: 1000,
@@ -748,13 +753,13 @@ mod tests {
         let tat = State::Gcra { tat_us: 1500 };
         assert_eq!(
             gcra.refund(Some(&tat), 1000, 2, 1500),
-            Refund::Store(Write {
+            Settled::Store(Write {
                 state: State::Gcra { tat_us: 1300 },
                 ttl_us: 300
             })
         );
-        assert_eq!(gcra.refund(Some(&tat), 1000, 5, 1500), Refund::Clear);
-        assert_eq!(gcra.refund(None, 1000, 5, 1500), Refund::Unchanged);
+        assert_eq!(gcra.refund(Some(&tat), 1000, 5, 1500), Settled::Clear);
+        assert_eq!(gcra.refund(None, 1000, 5, 1500), Settled::Unchanged);
         let open = State::Window {
             end_us: 2000,
             count: 3,
@@ -762,7 +767,7 @@ mod tests {
         let w = window(10);
         assert_eq!(
             w.refund(Some(&open), 1000, 5, 2000),
-            Refund::Store(Write {
+            Settled::Store(Write {
                 state: State::Window {
                     end_us: 2000,
                     count: 0
@@ -770,12 +775,12 @@ mod tests {
                 ttl_us: 1000
             })
         );
-        assert_eq!(w.refund(Some(&open), 2000, 1, 2000), Refund::Unchanged);
+        assert_eq!(w.refund(Some(&open), 2000, 1, 2000), Settled::Unchanged);
     }
 
     #[test]
     fn a_refund_never_gives_back_what_another_gateway_consumed_since() {
-        use crate::limiter::algorithm::{Refund, State, Write};
+        use crate::limiter::algorithm::{Settled, State, Write};
         let gcra = Algorithm::Gcra {
             emission_us: 100,
             tolerance_us: 1000,
@@ -787,13 +792,13 @@ mod tests {
         let tat = State::Gcra { tat_us: 1700 };
         assert_eq!(
             gcra.refund(Some(&tat), 1400, 5, 1500),
-            Refund::Store(Write {
+            Settled::Store(Write {
                 state: State::Gcra { tat_us: 1600 },
                 ttl_us: 200
             })
         );
         // Past A's mark, nothing of A's units is left to give back.
-        assert_eq!(gcra.refund(Some(&tat), 1500, 5, 1500), Refund::Unchanged);
+        assert_eq!(gcra.refund(Some(&tat), 1500, 5, 1500), Settled::Unchanged);
         // A window counted in another window than A's units: nothing to give back.
         let later = State::Window {
             end_us: 4000,
@@ -801,7 +806,7 @@ mod tests {
         };
         assert_eq!(
             window(10).refund(Some(&later), 2500, 5, 2000),
-            Refund::Unchanged
+            Settled::Unchanged
         );
     }
 }

@@ -51,6 +51,72 @@ impl Cost {
     }
 }
 
+/// A limit priced by the response (`cost_from_response`): the request reserves its
+/// estimate (the limit's [`Cost`]) at admission, and the cost the upstream reports in a
+/// response header or trailer settles it when the response ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponsePrice {
+    pub header: HeaderName,
+    /// The most one response is charged; a larger report is charged this.
+    pub max: u64,
+}
+
+/// What a response said it cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CostReport {
+    /// No such header or trailer: the estimate stands.
+    Missing,
+    /// Not one whole number (or sent twice): the estimate stands.
+    Invalid,
+    /// A whole number within `max`.
+    Reported(u64),
+    /// Above `max`: charged `max`.
+    Capped(u64),
+}
+
+impl CostReport {
+    pub const LABELS: [&'static str; 4] = ["missing", "invalid", "reported", "capped"];
+
+    /// The units to charge, when the report says.
+    pub fn units(self) -> Option<u64> {
+        match self {
+            CostReport::Reported(units) | CostReport::Capped(units) => Some(units),
+            CostReport::Missing | CostReport::Invalid => None,
+        }
+    }
+
+    /// Its index in [`CostReport::LABELS`].
+    pub fn index(self) -> usize {
+        match self {
+            CostReport::Missing => 0,
+            CostReport::Invalid => 1,
+            CostReport::Reported(_) => 2,
+            CostReport::Capped(_) => 3,
+        }
+    }
+}
+
+impl ResponsePrice {
+    /// What `headers` (a response head or its trailers) say the response cost.
+    pub fn read(&self, headers: &HeaderMap) -> CostReport {
+        let mut values = headers.get_all(&self.header).iter();
+        let Some(value) = values.next() else {
+            return CostReport::Missing;
+        };
+        if values.next().is_some() {
+            return CostReport::Invalid;
+        }
+        let units = std::str::from_utf8(value.as_bytes())
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok());
+        match units {
+            None => CostReport::Invalid,
+            Some(units) if units > self.max => CostReport::Capped(self.max),
+            Some(units) => CostReport::Reported(units),
+        }
+    }
+}
+
 /// One compiled limit of a route: algorithm and parameters, fixed at config load.
 #[derive(Debug, Clone)]
 pub struct Limit {
@@ -66,6 +132,8 @@ pub struct Limit {
     /// `mode: leased`: taken from Redis in leases and spent locally (`leased.rs`); `None`:
     /// exact, one decision in Redis per request.
     pub leased: Option<Leasing>,
+    /// `cost_from_response`: the cost is the estimate at admission, settled by the response.
+    pub priced_by_response: Option<Box<ResponsePrice>>,
 }
 
 /// How a leased limit is leased: at most `max_units` (L) held unspent per gateway and key, so
@@ -85,6 +153,7 @@ impl Limit {
             policy: Some(rate.policy()),
             shadow: false,
             leased: None,
+            priced_by_response: None,
         }
     }
 
@@ -178,5 +247,32 @@ mod tests {
             Err(BadCost),
             "twice is never the smaller"
         );
+    }
+
+    #[test]
+    fn a_response_reports_one_whole_number_and_is_capped_at_max() {
+        let price = ResponsePrice {
+            header: HeaderName::from_static("x-usage-tokens"),
+            max: 100,
+        };
+        let mut headers = HeaderMap::new();
+        assert_eq!(price.read(&headers), CostReport::Missing);
+        for (value, expected) in [
+            ("0", CostReport::Reported(0)),
+            (" 42 ", CostReport::Reported(42)),
+            ("100", CostReport::Reported(100)),
+            ("101", CostReport::Capped(100)),
+            ("99999999999999999999999", CostReport::Invalid),
+            ("-1", CostReport::Invalid),
+            ("1.5", CostReport::Invalid),
+            ("1, 2", CostReport::Invalid),
+        ] {
+            headers.insert("x-usage-tokens", value.parse().unwrap());
+            assert_eq!(price.read(&headers), expected, "{value:?}");
+        }
+        headers.append("x-usage-tokens", "1".parse().unwrap());
+        assert_eq!(price.read(&headers), CostReport::Invalid, "sent twice");
+        assert_eq!(CostReport::Capped(100).units(), Some(100));
+        assert_eq!(CostReport::Invalid.units(), None);
     }
 }

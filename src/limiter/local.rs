@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use smallvec::SmallVec;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::algorithm::{self, Algorithm, Refund, State, Write};
-use super::backend::{Backend, Limiter, Readiness, RefundUnits, ReleaseSlots};
+use super::algorithm::{self, Algorithm, Change, Settled, State, Write};
+use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
 use super::decision::{Decision, Statuses};
 use super::error::LimiterError;
@@ -178,15 +178,9 @@ impl LocalLimiter {
         }
     }
 
-    /// Gives back `units` of `key` at an explicit time (see [`Algorithm::refund`]).
-    pub fn refund_at(
-        &self,
-        algorithm: &Algorithm,
-        key: &[u8],
-        units: u64,
-        mark_us: i64,
-        now_us: i64,
-    ) {
+    /// Settles `change` on `key` at an explicit time (see [`Algorithm::settle`]). A charge
+    /// lands on a key without state too (a response dearer than its estimate).
+    pub fn settle_at(&self, algorithm: &Algorithm, key: &[u8], change: Change, now_us: i64) {
         let mut shard = self.shards[Self::shard_of(key)]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -194,17 +188,21 @@ impl LocalLimiter {
             .get(key)
             .filter(|e| e.expires_at_us > now_us)
             .map(|e| &e.state);
-        match algorithm.refund(state, now_us, units, mark_us) {
-            Refund::Unchanged => {}
-            Refund::Clear => {
+        match algorithm.settle(state, now_us, change) {
+            Settled::Unchanged => {}
+            Settled::Clear => {
                 shard.remove(key);
             }
-            Refund::Store(Write { state, ttl_us }) => {
-                if let Some(record) = shard.get_mut(key) {
-                    *record = Record {
-                        state,
-                        expires_at_us: now_us + ttl_us,
-                    };
+            Settled::Store(Write { state, ttl_us }) => {
+                let record = Record {
+                    state,
+                    expires_at_us: now_us + ttl_us,
+                };
+                match shard.get_mut(key) {
+                    Some(existing) => *existing = record,
+                    None => {
+                        shard.insert(Box::from(key), record);
+                    }
                 }
             }
         }
@@ -239,15 +237,17 @@ impl ReleaseSlots for LocalLimiter {
 }
 
 #[async_trait]
-impl RefundUnits for LocalLimiter {
-    async fn refund(
-        &self,
-        algorithm: &Algorithm,
-        key: &[u8],
-        units: u64,
-        mark_us: i64,
-    ) -> Result<(), LimiterError> {
-        self.refund_at(algorithm, key, units, mark_us, self.clock.now_us());
+impl SettleUnits for LocalLimiter {
+    async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
+        let now_us = self.clock.now_us();
+        for settlement in settlements {
+            self.settle_at(
+                settlement.algorithm,
+                settlement.key,
+                settlement.change,
+                now_us,
+            );
+        }
         Ok(())
     }
 }

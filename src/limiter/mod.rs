@@ -33,15 +33,15 @@ pub(crate) mod testing;
 pub mod topology;
 pub mod verdict;
 
-pub use algorithm::Algorithm;
-pub use backend::{Backend, Limiter, Readiness, RefundUnits, ReleaseSlots};
+pub use algorithm::{Algorithm, Change};
+pub use backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 pub use coalesce::Coalescing;
 pub use decision::{Decision, Source, Statuses};
 pub use engine::Engine;
 pub use error::LimiterError;
 pub use id::{RequestId, RequestIds};
 pub use key::{push_hex, Key, KEY_INLINE};
-pub use limit::{BadCost, Cost, Leasing, Limit, LIMITS_INLINE};
+pub use limit::{BadCost, Cost, CostReport, Leasing, Limit, ResponsePrice, LIMITS_INLINE};
 pub use policy::{FailureMode, LimitSet, Policy, PolicyMeters};
 pub use rate::Rate;
 pub use request::{asks, entries, Ask, Asks, Entry, LimitRequest};

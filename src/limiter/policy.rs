@@ -10,14 +10,16 @@ use std::time::Duration;
 
 use prometheus::{Histogram, HistogramOpts, IntCounter};
 
-use super::algorithm::Algorithm;
-use super::backend::{Limiter, Readiness, RefundUnits, ReleaseSlots};
+use smallvec::SmallVec;
+
+use super::algorithm::{Algorithm, Change};
+use super::backend::{Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
 use super::decision::{Decision, Source};
 use super::engine::Engine;
 use super::error::LimiterError;
 use super::id::{RequestId, RequestIds};
-use super::limit::Limit;
+use super::limit::{CostReport, Limit, LIMITS_INLINE};
 use super::local::LocalLimiter;
 use super::request::{entries, Ask, LimitRequest};
 use super::verdict::{Decider, Outcome, Rejection, Verdict};
@@ -79,6 +81,8 @@ pub struct LimitSet {
     needs_request_id: bool,
     /// Some limit is a concurrency limit: admitted requests give their slot back when done.
     holds_slots: bool,
+    /// Some limit is priced by the response: admitted requests are settled when it ends.
+    priced_by_response: bool,
 }
 
 impl LimitSet {
@@ -88,13 +92,13 @@ impl LimitSet {
         failure_mode: FailureMode,
         deadline: Option<Duration>,
     ) -> LimitSet {
-        use super::algorithm::Algorithm;
         LimitSet {
             local_shares: limits.iter().map(|l| l.share(instances)).collect(),
             needs_request_id: limits.iter().any(|l| l.algorithm.needs_request_id()),
             holds_slots: limits
                 .iter()
                 .any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })),
+            priced_by_response: limits.iter().any(|l| l.priced_by_response.is_some()),
             limits: limits.into(),
             failure_mode,
             deadline,
@@ -120,6 +124,11 @@ impl LimitSet {
 
     pub fn len(&self) -> usize {
         self.limits.len()
+    }
+
+    /// Some limit is priced by the response (`cost_from_response`).
+    pub fn priced_by_response(&self) -> bool {
+        self.priced_by_response
     }
 }
 
@@ -300,29 +309,92 @@ impl Policy {
     /// keep what they counted (a sliding window or log cannot give back exactly; a leased limit's
     /// units go back with its lease); concurrency slots go back with [`Policy::finish`].
     pub async fn give_back(&self, set: &LimitSet, asks: &[Ask], verdict: &Verdict) {
+        self.settle(set, asks, verdict, |_, limit, ask, mark_us| {
+            (limit.leased.is_none() && ask.cost > 0).then_some(Change::GiveBack {
+                units: ask.cost,
+                mark_us,
+            })
+        })
+        .await;
+    }
+
+    /// An admitted request's response has ended: each limit priced by the response
+    /// (`cost_from_response`) whose cost it reported (`reports`, one per limit of `set`) is
+    /// settled against the estimate its call took: the difference is charged, or given back.
+    /// A limit whose cost was not reported keeps the estimate.
+    pub async fn settle_response(
+        &self,
+        set: &LimitSet,
+        asks: &[Ask],
+        verdict: &Verdict,
+        reports: &[CostReport],
+    ) {
+        if !set.priced_by_response {
+            return;
+        }
+        self.settle(set, asks, verdict, |index, limit, ask, mark_us| {
+            limit.priced_by_response.as_ref()?;
+            let spent = reports.get(index)?.units()?;
+            let taken = ask.cost;
+            match spent.cmp(&taken) {
+                std::cmp::Ordering::Greater => Some(Change::Charge {
+                    units: spent - taken,
+                }),
+                std::cmp::Ordering::Less => Some(Change::GiveBack {
+                    units: taken - spent,
+                    mark_us,
+                }),
+                std::cmp::Ordering::Equal => None,
+            }
+        })
+        .await;
+    }
+
+    /// Settles, in one call to whoever decided the admitted request, the change `change` says
+    /// for each limit (by index, with what the request asked and the mark its call replied).
+    /// Only GCRA and fixed-window limits whose call wrote their key (a mark) are settled: a
+    /// shadow limit that denied took nothing.
+    async fn settle(
+        &self,
+        set: &LimitSet,
+        asks: &[Ask],
+        verdict: &Verdict,
+        change: impl Fn(usize, &Limit, &Ask, i64) -> Option<Change>,
+    ) {
         let Some(decision) = verdict.decision.as_ref().filter(|_| verdict.admitted()) else {
             return;
         };
-        let (limits, refunds): (&[Limit], &dyn RefundUnits) =
+        let (limits, settler): (&[Limit], &dyn SettleUnits) =
             match (verdict.decider, &self.fallback) {
-                (Decider::Backend, _) => (&set.limits, self.engine.refund.as_ref()),
+                (Decider::Backend, _) => (&set.limits, self.engine.settle.as_ref()),
                 (Decider::Fallback, Some(fallback)) => (&set.local_shares, fallback.as_ref()),
                 _ => return,
             };
-        for ((limit, ask), status) in limits.iter().zip(asks).zip(&decision.statuses) {
-            let refundable = matches!(
-                limit.algorithm,
-                Algorithm::Gcra { .. } | Algorithm::FixedWindow { .. }
-            ) && limit.leased.is_none();
-            if !refundable || ask.cost == 0 || status.mark_us <= 0 {
-                continue;
-            }
-            if let Err(error) = refunds
-                .refund(&limit.algorithm, &ask.key, ask.cost, status.mark_us)
-                .await
-            {
-                self.report(&error, set.failure_mode);
-            }
+        let settlements: SmallVec<[Settlement<'_>; LIMITS_INLINE]> = limits
+            .iter()
+            .zip(asks)
+            .zip(&decision.statuses)
+            .enumerate()
+            .filter(|(_, ((limit, _), status))| {
+                status.mark_us > 0
+                    && matches!(
+                        limit.algorithm,
+                        Algorithm::Gcra { .. } | Algorithm::FixedWindow { .. }
+                    )
+            })
+            .filter_map(|(index, ((limit, ask), status))| {
+                Some(Settlement {
+                    algorithm: &limit.algorithm,
+                    key: &ask.key,
+                    change: change(index, limit, ask, status.mark_us)?,
+                })
+            })
+            .collect();
+        if settlements.is_empty() {
+            return;
+        }
+        if let Err(error) = settler.settle(&settlements).await {
+            self.report(&error, set.failure_mode);
         }
     }
 
@@ -390,14 +462,8 @@ mod tests {
     }
 
     #[async_trait]
-    impl RefundUnits for Unavailable {
-        async fn refund(
-            &self,
-            _: &Algorithm,
-            _: &[u8],
-            _: u64,
-            _: i64,
-        ) -> Result<(), LimiterError> {
+    impl SettleUnits for Unavailable {
+        async fn settle(&self, _: &[Settlement<'_>]) -> Result<(), LimiterError> {
             Err((self.0)())
         }
     }
@@ -429,7 +495,7 @@ mod tests {
         let engine = Engine {
             decide: down.clone(),
             release: down.clone(),
-            refund: down.clone(),
+            settle: down.clone(),
             backend: down,
         };
         let fallback = Arc::new(LocalLimiter::new(clock.clone(), 1000));
@@ -599,5 +665,91 @@ mod tests {
         let verdict = f.policy.decide(&LimitSet::none(), &[]).await;
         assert_eq!(verdict, Verdict::unlimited());
         assert_eq!(errors(&f.meters, "timeout"), 0);
+    }
+
+    /// A limit of 100 units an hour priced by the response, reserving `estimate` per request.
+    fn priced(estimate: u64) -> Limit {
+        use crate::limiter::limit::{Cost, ResponsePrice};
+        Limit {
+            cost: Cost::Fixed(estimate),
+            priced_by_response: Some(Box::new(ResponsePrice {
+                header: http::HeaderName::from_static("x-usage-tokens"),
+                max: 100,
+            })),
+            ..limit("tokens", crate::limiter::testing::window(100))
+        }
+    }
+
+    #[tokio::test]
+    async fn responses_settle_their_estimate_up_or_down_and_a_missing_report_keeps_it() {
+        let f = in_process();
+        let routes = set(
+            vec![priced(10), limit("plain", gcra(1000, 999))],
+            FailureMode::Deny,
+        );
+        let ask = asks(&[b"k", b"p"], &[10, 1]);
+        let remaining =
+            |verdict: &Verdict| verdict.decision.as_ref().unwrap().statuses[0].remaining;
+
+        let first = f.policy.decide(&routes, &ask).await;
+        assert_eq!(remaining(&first), 90, "the estimate is reserved");
+        let reports = [CostReport::Reported(45), CostReport::Missing];
+        f.policy
+            .settle_response(&routes, &ask, &first, &reports)
+            .await;
+        let second = f.policy.decide(&routes, &ask).await;
+        assert_eq!(remaining(&second), 45, "charged 35 more, then 10 reserved");
+        f.policy
+            .settle_response(&routes, &ask, &second, &[CostReport::Reported(2)])
+            .await;
+        let third = f.policy.decide(&routes, &ask).await;
+        assert_eq!(remaining(&third), 43, "8 given back, then 10 reserved");
+        f.policy
+            .settle_response(&routes, &ask, &third, &[CostReport::Missing])
+            .await;
+        f.policy
+            .settle_response(&routes, &ask, &third, &[CostReport::Invalid])
+            .await;
+        let fourth = f.policy.decide(&routes, &ask).await;
+        assert_eq!(remaining(&fourth), 33, "no report: the estimate stands");
+        // The plain limit is never settled: it took one unit per request.
+        let plain = fourth.decision.as_ref().unwrap().statuses[1].remaining;
+        assert_eq!(plain, 996);
+
+        // A charge lands past the limit: the key is in debt and refuses until the window ends.
+        f.policy
+            .settle_response(&routes, &ask, &fourth, &[CostReport::Capped(100)])
+            .await;
+        let refused = f.policy.decide(&routes, &ask).await;
+        assert_eq!(
+            refused.rejection,
+            Some(Rejection::Limited { locally: false })
+        );
+        // A refused request settles nothing.
+        f.policy
+            .settle_response(&routes, &ask, &refused, &[CostReport::Reported(0)])
+            .await;
+        f.clock.advance_by(Duration::from_secs(3600));
+        assert_eq!(remaining(&f.policy.decide(&routes, &ask).await), 90);
+    }
+
+    #[tokio::test]
+    async fn the_fallback_settles_what_it_decided() {
+        let f = unavailable(timeout);
+        let routes = set(vec![priced(5)], FailureMode::Local);
+        let ask = asks(&[b"k"], &[5]);
+        let verdict = f.policy.decide(&routes, &ask).await;
+        assert_eq!(verdict.decider, Decider::Fallback);
+        let remaining =
+            |verdict: &Verdict| verdict.decision.as_ref().unwrap().statuses[0].remaining;
+        assert_eq!(
+            remaining(&verdict),
+            45,
+            "half of 100 for each of 2 instances, 5 reserved"
+        );
+        f.policy
+            .settle_response(&routes, &ask, &verdict, &[CostReport::Reported(25)])
+            .await;
+        assert_eq!(remaining(&f.policy.decide(&routes, &ask).await), 20);
     }
 }

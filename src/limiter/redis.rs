@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::algorithm::Algorithm;
-use super::backend::{Backend, Limiter, Readiness, RefundUnits, ReleaseSlots};
+use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::coalesce::{Coalescer, Coalescing, Execute};
 use super::decision::Decision;
 use super::error::LimiterError;
@@ -29,7 +29,7 @@ pub struct RedisLimiter {
     link: Arc<Link>,
     decisions: Coalescer<Dispatch>,
     release: redis::Script,
-    refund: redis::Script,
+    settle: redis::Script,
     deadline: Duration,
 }
 
@@ -102,7 +102,7 @@ impl RedisLimiter {
             link,
             decisions: Coalescer::new(dispatch, by_slot, coalescing),
             release: redis::Script::new(script::RELEASE_SOURCE),
-            refund: redis::Script::new(script::REFUND_SOURCE),
+            settle: redis::Script::new(script::SETTLE_SOURCE),
             deadline,
         })
     }
@@ -140,22 +140,15 @@ impl RedisLimiter {
         Ok(())
     }
 
-    async fn give_back(
-        &self,
-        algorithm: &Algorithm,
-        key: &[u8],
-        units: u64,
-        mark_us: i64,
-    ) -> Result<(), LimiterError> {
-        let (name, p1, units, mark) = script::refund_args(algorithm, units, mark_us);
-        let mut invocation = self.refund.prepare_invoke();
-        invocation
-            .key(key)
-            .arg("")
-            .arg(name)
-            .arg(p1)
-            .arg(units)
-            .arg(mark);
+    async fn settle_keys(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
+        let mut invocation = self.settle.prepare_invoke();
+        for settlement in settlements {
+            invocation.key(settlement.key);
+        }
+        invocation.arg("");
+        for settlement in settlements {
+            invocation.arg(script::settle_args(settlement.algorithm, settlement.change));
+        }
         self.run_for_effect(&invocation).await
     }
 
@@ -216,15 +209,12 @@ impl ReleaseSlots for RedisLimiter {
 }
 
 #[async_trait]
-impl RefundUnits for RedisLimiter {
-    async fn refund(
-        &self,
-        algorithm: &Algorithm,
-        key: &[u8],
-        units: u64,
-        mark_us: i64,
-    ) -> Result<(), LimiterError> {
-        self.within_deadline(None, self.give_back(algorithm, key, units, mark_us))
+impl SettleUnits for RedisLimiter {
+    async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
+        if settlements.is_empty() {
+            return Ok(());
+        }
+        self.within_deadline(None, self.settle_keys(settlements))
             .await
     }
 }

@@ -1,9 +1,9 @@
 //! The Lua scripts, composed from `lua/`, and the encoding of their arguments and replies. The
-//! contracts are stated in `lua/check.lua` and `lua/release.lua`.
+//! contracts are stated in `lua/check.lua`, `lua/settle.lua` and `lua/release.lua`.
 
 use smallvec::SmallVec;
 
-use super::algorithm::Algorithm;
+use super::algorithm::{Algorithm, Change};
 use super::decision::{Decision, Statuses};
 use super::error::LimiterError;
 use super::id::RequestId;
@@ -29,22 +29,29 @@ pub const SOURCE: &str = concat!(
     include_str!("../../lua/check.lua"),
 );
 
-/// Gives back the unspent units of a leased limit (`lua/refund.lua`).
-pub const REFUND_SOURCE: &str = concat!(
+/// Settles units earlier calls took: gives back the unspent, charges the overspent
+/// (`lua/settle.lua`).
+pub const SETTLE_SOURCE: &str = concat!(
     include_str!("../../lua/prelude.lua"),
     "\n",
-    include_str!("../../lua/refund.lua"),
+    include_str!("../../lua/settle.lua"),
 );
 
-/// Arguments of one refund call after the clock (`lua/refund.lua`): algorithm, its emission
-/// interval (GCRA), the units, and the mark of the call that took them.
-pub fn refund_args(
-    algorithm: &Algorithm,
-    units: u64,
-    mark_us: i64,
-) -> (&'static str, u64, u64, i64) {
-    let [p1, _, _] = algorithm.script_params();
-    (algorithm.script_name(), p1, units, mark_us)
+/// The four arguments of one key's change in a settle call (`lua/settle.lua`): algorithm, its
+/// parameter (GCRA: the emission interval; fixed window: the window length), the signed change
+/// in units, and the mark of the call that took them (giving back).
+pub fn settle_args(algorithm: &Algorithm, change: Change) -> (&'static str, u64, i64, i64) {
+    let param = match *algorithm {
+        Algorithm::Gcra { emission_us, .. } => emission_us,
+        Algorithm::FixedWindow { window_us, .. } => window_us,
+        _ => 0,
+    };
+    let units = |units: u64| i64::try_from(units).unwrap_or(i64::MAX);
+    let (change, mark) = match change {
+        Change::GiveBack { units: u, mark_us } => (-units(u), mark_us),
+        Change::Charge { units: u } => (units(u), 0),
+    };
+    (algorithm.script_name(), param, change, mark)
 }
 
 /// Returns a request's concurrency leases.

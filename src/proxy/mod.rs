@@ -21,10 +21,13 @@ use pingora::prelude::HttpPeer;
 use pingora::protocols::ALPN;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType};
+use smallvec::SmallVec;
 
 use crate::identity;
 use crate::keys::{self, RequestFacts};
-use crate::limiter::{Asks, Policy, Rejection, RequestIds, UpstreamFailure, Verdict};
+use crate::limiter::{
+    Asks, CostReport, Policy, Rejection, RequestIds, UpstreamFailure, Verdict, LIMITS_INLINE,
+};
 use crate::metrics::{InFlight, UpstreamError};
 use crate::path;
 use crate::router::Route;
@@ -81,6 +84,9 @@ pub struct RequestCtx {
     failed_connects: usize,
     /// The request's spans, when tracing is on.
     trace: Option<trace::RequestTrace>,
+    /// What the response said it cost, per limit of the route (`cost_from_response`); empty
+    /// until a response head arrives on a route with such limits.
+    cost_reports: SmallVec<[CostReport; LIMITS_INLINE]>,
 }
 
 impl RequestCtx {
@@ -115,6 +121,25 @@ impl Gateway {
 
     fn tracer(&self) -> Option<&SdkTracer> {
         self.tracing.as_ref()?.get().map(|t| &t.tracer)
+    }
+}
+
+/// Reads what `headers` (the upstream's response head, or its trailers) say the response cost,
+/// for each limit of the route priced by the response; a report found replaces one held.
+fn read_cost_reports(ctx: &mut RequestCtx, headers: &http::HeaderMap) {
+    let Some(route) = ctx.route.as_ref().filter(|r| r.limits.priced_by_response()) else {
+        return;
+    };
+    let limits = route.limits.limits();
+    ctx.cost_reports.resize(limits.len(), CostReport::Missing);
+    for (report, limit) in ctx.cost_reports.iter_mut().zip(limits) {
+        let Some(price) = &limit.priced_by_response else {
+            continue;
+        };
+        match price.read(headers) {
+            CostReport::Missing => {}
+            found => *report = found,
+        }
     }
 }
 
@@ -680,6 +705,19 @@ impl ProxyHttp for Gateway {
         if let Some(trace) = &mut ctx.trace {
             trace.upstream_answered(upstream_response.status.as_u16());
         }
+        read_cost_reports(ctx, &upstream_response.headers);
+        Ok(())
+    }
+
+    /// Trailers (HTTP/2 and gRPC upstreams) may report what the response cost: a trailer
+    /// overrides the header of the same name.
+    fn upstream_response_trailer_filter(
+        &self,
+        _session: &mut Session,
+        upstream_trailers: &mut http::HeaderMap,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        read_cost_reports(ctx, upstream_trailers);
         Ok(())
     }
 
@@ -717,6 +755,12 @@ impl ProxyHttp for Gateway {
         if let Some(route) = &ctx.route {
             route_metrics.count_limits(route.limits.limits(), verdict);
             self.policy.finish(&route.limits, &ctx.asks, verdict).await;
+            if route.limits.priced_by_response() && verdict.admitted() {
+                route_metrics.count_response_costs(&ctx.cost_reports);
+                self.policy
+                    .settle_response(&route.limits, &ctx.asks, verdict, &ctx.cost_reports)
+                    .await;
+            }
         }
         if let (true, Some(status)) = (verdict.outcome.admitted(), status) {
             route_metrics.count_upstream_status(status);

@@ -129,7 +129,7 @@ pub enum Rule {
         name: String,
         unit: Unit,
     },
-    Limited(DescriptorLimit),
+    Limited(Box<DescriptorLimit>),
 }
 
 /// A limit of the configuration, compiled for the limiter.
@@ -375,14 +375,14 @@ fn compile_rule(
     };
     let mut limit = Limit::new(&name, algorithm, 1, rate);
     limit.shadow = shadow;
-    Some(Rule::Limited(DescriptorLimit {
+    Some(Rule::Limited(Box::new(DescriptorLimit {
         id: xxhash_rust::xxh3::xxh3_64(format!("{}{id_path}", cx.domain).as_bytes()),
         name,
         requests_per_unit: count,
         unit,
         limit,
         replaces: raw.replaces.into_iter().map(|r| r.name).collect(),
-    }))
+    })))
 }
 
 /// The algorithm a descriptor limit runs: envoyproxy/ratelimit's fixed window by default;

@@ -13,7 +13,16 @@ mod sliding_log;
 mod sliding_window;
 mod state;
 
-pub use state::{Refund, State, Write};
+pub use state::{Settled, State, Write};
+
+/// How settling changes a key after a decision took units from it (`lua/settle.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Units taken and not spent go back, quoting the mark the taking call replied.
+    GiveBack { units: u64, mark_us: i64 },
+    /// Units spent beyond what was taken are charged, past the limit if need be.
+    Charge { units: u64 },
+}
 
 /// A sliding log stores one entry per admitted unit: its memory grows with the limit.
 pub const MAX_SLIDING_LOG_LIMIT: u64 = 10_000;
@@ -195,27 +204,69 @@ impl Algorithm {
 }
 
 impl Algorithm {
+    /// Applies `change` to a key's `state` at `now_us`; mirrors `lua/settle.lua`. Only GCRA and
+    /// the fixed window are settled (checked at config load).
+    pub fn settle(&self, state: Option<&State>, now_us: i64, change: Change) -> Settled {
+        match change {
+            Change::GiveBack { units, mark_us } => self.refund(state, now_us, units, mark_us),
+            Change::Charge { units } => self.charge(state, now_us, units),
+        }
+    }
+
+    /// Charges `units` spent beyond what a decision took (a response that cost more than its
+    /// estimate). It always lands, past the limit if need be: GCRA moves the TAT on by their
+    /// emission time; the fixed window counts them in the window open now (or a new one).
+    pub fn charge(&self, state: Option<&State>, now_us: i64, units: u64) -> Settled {
+        match *self {
+            Algorithm::Gcra { emission_us, .. } => {
+                let tat_us = match state {
+                    Some(&State::Gcra { tat_us }) => tat_us.max(now_us),
+                    _ => now_us,
+                };
+                let debt = i64::try_from(emission_us.saturating_mul(units)).unwrap_or(i64::MAX);
+                let tat_us = tat_us.saturating_add(debt);
+                Settled::Store(Write {
+                    state: State::Gcra { tat_us },
+                    ttl_us: tat_us - now_us,
+                })
+            }
+            Algorithm::FixedWindow { window_us, .. } => {
+                let (end_us, count) = match state {
+                    Some(&State::Window { end_us, count }) if now_us < end_us => {
+                        (end_us, count.saturating_add(units))
+                    }
+                    _ => (now_us + window_us as i64, units),
+                };
+                Settled::Store(Write {
+                    state: State::Window { end_us, count },
+                    ttl_us: end_us - now_us,
+                })
+            }
+            _ => Settled::Unchanged,
+        }
+    }
+
     /// Gives back `units` that were taken earlier and not spent (leased quotas); mirrors
-    /// `lua/refund.lua`. Only GCRA and the fixed window take refunds (checked at config load).
+    /// `lua/settle.lua`. Only GCRA and the fixed window take refunds (checked at config load).
     ///
     /// `mark_us` is what the call that took the units replied (`LimitStatus::mark_us`): a refund
     /// never gives back more than the part of those units time has not drained (GCRA), nor
     /// anything once their window has been replaced (fixed window), so it cannot undo what other
     /// gateways consumed since.
-    pub fn refund(&self, state: Option<&State>, now_us: i64, units: u64, mark_us: i64) -> Refund {
+    pub fn refund(&self, state: Option<&State>, now_us: i64, units: u64, mark_us: i64) -> Settled {
         match (*self, state) {
             (Algorithm::Gcra { emission_us, .. }, Some(State::Gcra { tat_us })) => {
                 let credit = i64::try_from(emission_us.saturating_mul(units))
                     .unwrap_or(i64::MAX)
                     .min(mark_us.saturating_sub(now_us));
                 if credit <= 0 {
-                    return Refund::Unchanged;
+                    return Settled::Unchanged;
                 }
                 let tat_us = tat_us.saturating_sub(credit);
                 if tat_us <= now_us {
-                    return Refund::Clear;
+                    return Settled::Clear;
                 }
-                Refund::Store(Write {
+                Settled::Store(Write {
                     state: State::Gcra { tat_us },
                     ttl_us: tat_us - now_us,
                 })
@@ -223,7 +274,7 @@ impl Algorithm {
             (Algorithm::FixedWindow { .. }, Some(&State::Window { end_us, count }))
                 if now_us < end_us && end_us == mark_us =>
             {
-                Refund::Store(Write {
+                Settled::Store(Write {
                     state: State::Window {
                         end_us,
                         count: count.saturating_sub(units),
@@ -231,7 +282,7 @@ impl Algorithm {
                     ttl_us: end_us - now_us,
                 })
             }
-            _ => Refund::Unchanged,
+            _ => Settled::Unchanged,
         }
     }
 }

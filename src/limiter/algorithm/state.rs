@@ -42,9 +42,9 @@ pub struct Write {
     pub ttl_us: i64,
 }
 
-/// What giving back unspent units does to a key's state.
+/// What settling (giving back or charging units) does to a key's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refund {
+pub enum Settled {
     /// Nothing to give back to: no state, or a window already closed.
     Unchanged,
     Store(Write),

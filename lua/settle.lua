@@ -1,0 +1,109 @@
+-- settle.lua: settles units that earlier calls (check.lua) took, on the keys of one request:
+-- gives back what was not spent (a lease returned, a shaped request whose client left, a
+-- response that cost less than its estimate) or charges what was spent beyond it (a response
+-- that cost more: limits priced by the response, `cost_from_response`).
+-- Composed after prelude.lua; mirrors Algorithm::settle in src/limiter/algorithm/mod.rs.
+--
+-- KEYS    : the state keys, one per change (the keys of one request share one hash tag, so one
+--           Cluster slot)
+-- ARGV[1] : now in microseconds, or "" to read the clock from Redis TIME (production)
+-- then 4 per key, in KEYS order:
+--           algorithm: gcra or fixed_window
+--           param: gcra, the emission interval in us; fixed_window, the window length in us
+--           change: units; < 0 gives them back, > 0 charges them
+--           mark: giving back, the mark the call that took the units replied (check.lua): gcra,
+--                 the TAT it wrote; fixed_window, the end of the window it counted them in.
+--                 Unused when charging.
+-- Reply   : how many keys changed
+--
+-- Giving back never gives back units another gateway consumed meanwhile:
+-- gcra        : the units taken sit just before the mark on the TAT's timeline, and the part
+--               of them time has not yet drained is mark - now: the TAT moves back by
+--               min(units * emission, mark - now), never more. Whatever others consumed since
+--               stays ahead of now. A TAT no longer ahead of now is a full bucket, the same as
+--               no key, so the key is deleted.
+-- fixed_window: the count drops by units (never below 0) while the window the units were
+--               counted in is still the key's window (its end equals the mark); any other
+--               window has nothing of them to give back.
+-- Charging always lands, past the limit if need be (the units were spent): the key is in debt
+-- and refuses requests until time pays it off.
+-- gcra        : TAT = max(TAT, now) + units * emission; the key lives until the TAT is past.
+-- fixed_window: the units count in the window open now, or in a new one opened now.
+
+local function give_back_gcra(key, now, emission, units, mark)
+  local tat = tonumber(redis.call('GET', key))
+  local credit = math.min(emission * units, mark - now)
+  if not tat or credit <= 0 then
+    return 0
+  end
+  tat = tat - credit
+  if tat <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, fmt(tat), 'PX', ceil_ms(tat - now))
+  end
+  return 1
+end
+
+local function give_back_fixed_window(key, now, units, mark)
+  local stored = redis.call('HMGET', key, 'e', 'n')
+  local e, n = tonumber(stored[1]), tonumber(stored[2])
+  if not e or not n or now >= e or e ~= mark then
+    return 0
+  end
+  redis.call('HSET', key, 'n', fmt(math.max(n - units, 0)))
+  return 1
+end
+
+local function charge_gcra(key, now, emission, units)
+  local tat = math.max(tonumber(redis.call('GET', key)) or now, now) + emission * units
+  redis.call('SET', key, fmt(tat), 'PX', ceil_ms(tat - now))
+  return 1
+end
+
+local function charge_fixed_window(key, now, window, units)
+  local stored = redis.call('HMGET', key, 'e', 'n')
+  local e = tonumber(stored[1])
+  if e and now < e then
+    redis.call('HINCRBY', key, 'n', fmt(units))
+  else
+    redis.call('HSET', key, 'e', fmt(now + window), 'n', fmt(units))
+    redis.call('PEXPIRE', key, ceil_ms(window))
+  end
+  return 1
+end
+
+if #ARGV ~= 1 + 4 * #KEYS or #KEYS < 1 then
+  return redis.error_reply('ERR sluice: settle expects the clock and 4 arguments per key, got ' ..
+    #ARGV .. ' arguments for ' .. #KEYS .. ' keys')
+end
+-- Checked before anything is written: a malformed change leaves every key as it was.
+for i = 1, #KEYS do
+  local at = 2 + 4 * (i - 1)
+  local algorithm = ARGV[at]
+  if algorithm ~= 'gcra' and algorithm ~= 'fixed_window' then
+    return redis.error_reply('ERR sluice: settling does not apply to ' .. tostring(algorithm))
+  end
+  local param, change, mark = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
+  if not param or param < 1 or not change or not mark then
+    return redis.error_reply('ERR sluice: settling key ' .. i .. ' expects a parameter, a change and a mark')
+  end
+end
+
+local now = now_us(ARGV[1])
+local changed = 0
+for i = 1, #KEYS do
+  local at = 2 + 4 * (i - 1)
+  local algorithm, param = ARGV[at], tonumber(ARGV[at + 1])
+  local change, mark = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
+  if change < 0 and algorithm == 'gcra' then
+    changed = changed + give_back_gcra(KEYS[i], now, param, -change, mark)
+  elseif change < 0 then
+    changed = changed + give_back_fixed_window(KEYS[i], now, -change, mark)
+  elseif change > 0 and algorithm == 'gcra' then
+    changed = changed + charge_gcra(KEYS[i], now, param, change)
+  elseif change > 0 then
+    changed = changed + charge_fixed_window(KEYS[i], now, param, change)
+  end
+end
+return changed

@@ -18,6 +18,7 @@ use crate::limiter::leased::LeaseMeters;
 use crate::limiter::{
     Coalescing, CostReport, Decider, Limit, LimiterError, Outcome, PolicyMeters, Verdict,
 };
+use crate::rls::Domains;
 use crate::router::RouteTable;
 
 pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -223,16 +224,55 @@ pub static RLS_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("sluice_rls_requests_total registers once")
 });
 
-/// Counter handles of one rate limit service domain, one per outcome.
-pub type DomainMetrics = [IntCounter; 9];
+pub static RLS_LIMIT_DECISIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_rls_limit_decisions_total",
+        "What each limit of a rate limit service domain said, per descriptor that matched it: the decisions of sluice_limit_decisions_total. `limit` is the rate limit's name, or its descriptor path.",
+        &["domain", "limit", "decision"]
+    )
+    .expect("sluice_rls_limit_decisions_total registers once")
+});
+
+/// Counter handles of one rate limit service domain: one per request outcome, and per limit
+/// one per [`LimitOutcome`].
+pub struct DomainMetrics {
+    requests: [IntCounter; 9],
+    limits: HashMap<String, [IntCounter; LimitOutcome::ALL.len()]>,
+}
+
+impl DomainMetrics {
+    pub fn count(&self, outcome: Outcome) {
+        self.requests[outcome as usize].inc();
+    }
+
+    /// What the limit named `limit` said about one descriptor.
+    pub fn count_limit(&self, limit: &str, outcome: LimitOutcome) {
+        if let Some(counters) = self.limits.get(limit) {
+            counters[outcome as usize].inc();
+        }
+    }
+}
 
 /// Handles for every domain the rate limit service serves.
-pub fn rls_metrics<'a>(domains: impl Iterator<Item = &'a str>) -> HashMap<String, DomainMetrics> {
+pub fn rls_metrics(domains: &Domains) -> HashMap<String, DomainMetrics> {
     domains
+        .iter()
         .map(|domain| {
-            let handles =
-                Outcome::ALL.map(|o| RLS_REQUESTS.with_label_values(&[domain, o.label()]));
-            (domain.to_string(), handles)
+            let name = domain.name.as_str();
+            let metrics = DomainMetrics {
+                requests: Outcome::ALL.map(|o| RLS_REQUESTS.with_label_values(&[name, o.label()])),
+                limits: domain
+                    .limit_names()
+                    .into_iter()
+                    .map(|limit| {
+                        let counters = LimitOutcome::ALL.map(|o| {
+                            RLS_LIMIT_DECISIONS.with_label_values(&[name, limit, o.label()])
+                        });
+                        (limit.to_string(), counters)
+                    })
+                    .collect(),
+            };
+            (name.to_string(), metrics)
         })
         .collect()
 }
@@ -345,27 +385,9 @@ impl RouteMetrics {
     /// What each of the route's `limits` said about a request (nothing when no limiter was
     /// asked: no limits, or the request was refused before).
     pub fn count_limits(&self, limits: &[Limit], verdict: &Verdict) {
-        let count = |index: usize, outcome: LimitOutcome| {
+        for (index, outcome) in LimitOutcome::per_limit(limits, verdict) {
             if let Some(counters) = self.limits.get(index) {
                 counters[outcome as usize].inc();
-            }
-        };
-        match &verdict.decision {
-            Some(decision) => {
-                let local = verdict.decider == Decider::Fallback;
-                for (index, (status, limit)) in decision.statuses.iter().zip(limits).enumerate() {
-                    count(index, LimitOutcome::of(status.allowed, limit.shadow, local));
-                }
-            }
-            None => {
-                let outcome = match verdict.outcome {
-                    Outcome::ErrorAllowed => LimitOutcome::ErrorAllowed,
-                    Outcome::ErrorDenied => LimitOutcome::ErrorDenied,
-                    _ => return,
-                };
-                for index in 0..limits.len() {
-                    count(index, outcome);
-                }
             }
         }
     }
@@ -408,6 +430,32 @@ impl LimitOutcome {
         LimitOutcome::ErrorAllowed,
         LimitOutcome::ErrorDenied,
     ];
+
+    /// What each of `limits` said about a request, by index (nothing when no limiter was asked:
+    /// no limits, or the request was refused before).
+    pub fn per_limit<'a>(
+        limits: &'a [Limit],
+        verdict: &'a Verdict,
+    ) -> impl Iterator<Item = (usize, LimitOutcome)> + 'a {
+        let local = verdict.decider == Decider::Fallback;
+        let decided =
+            verdict.decision.iter().flat_map(move |decision| {
+                decision.statuses.iter().zip(limits).enumerate().map(
+                    move |(index, (status, limit))| {
+                        (index, LimitOutcome::of(status.allowed, limit.shadow, local))
+                    },
+                )
+            });
+        let failed = match (&verdict.decision, verdict.outcome) {
+            (None, Outcome::ErrorAllowed) => Some(LimitOutcome::ErrorAllowed),
+            (None, Outcome::ErrorDenied) => Some(LimitOutcome::ErrorDenied),
+            _ => None,
+        };
+        let undecided = failed
+            .into_iter()
+            .flat_map(move |outcome| (0..limits.len()).map(move |index| (index, outcome)));
+        decided.chain(undecided)
+    }
 
     /// A limit's answer: whether it allowed, whether it is a shadow limit, and whether the
     /// in-process fallback gave it.

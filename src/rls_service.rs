@@ -25,6 +25,7 @@ use pingora::services::ServiceReadyNotifier;
 use tonic::{Request, Response, Status};
 
 use crate::limiter::{Ask, Asks, LimitSet, Outcome, Policy};
+use crate::metrics::LimitOutcome;
 use crate::rls::{self, DescriptorLimit, Rule, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT};
 use crate::snapshot::Live;
 
@@ -223,8 +224,18 @@ impl RateLimitService for RlsHandler {
         } else {
             verdict.outcome
         };
-        if let Some(counters) = snapshot.rls_metrics.get(&request.domain) {
-            counters[outcome as usize].inc();
+        if let Some(metrics) = snapshot.rls_metrics.get(&request.domain) {
+            metrics.count(outcome);
+            for (index, limit_outcome) in LimitOutcome::per_limit(set.limits(), &verdict) {
+                if let Some(m) = matched.get(index) {
+                    metrics.count_limit(&m.limit.name, limit_outcome);
+                }
+            }
+            for status in statuses.iter().filter(|s| s.code == Code::OverLimit as i32) {
+                if let Some(limit) = &status.current_limit {
+                    metrics.count_limit(&limit.name, LimitOutcome::Limited);
+                }
+            }
         }
 
         let denied = blocked

@@ -55,7 +55,7 @@ impl Snapshot {
         let rls_metrics = config
             .rls
             .as_ref()
-            .map(|rls| metrics::rls_metrics(rls.domains.names()))
+            .map(|rls| metrics::rls_metrics(&rls.domains))
             .unwrap_or_default();
         Ok(Snapshot {
             config,

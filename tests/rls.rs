@@ -252,6 +252,34 @@ fn descriptors_are_allowed_limited_shadowed_unlimited_and_blocked_all_or_nothing
     assert_eq!(count("shadow_limited"), 2.0);
     assert!(count("limited") >= 4.0);
     assert!(count("allowed") >= 8.0);
+    // Per limit, as sluice_limit_decisions_total for routes: which limit said what.
+    let said = |limit: &str, decision: &str| {
+        metric(
+            &metrics,
+            "sluice_rls_limit_decisions_total",
+            &[("domain", "edge"), ("limit", limit), ("decision", decision)],
+        )
+    };
+    assert_eq!(
+        (
+            said("edge.client", "allowed"),
+            said("edge.client", "limited")
+        ),
+        (10.0, 2.0),
+        "a 3 + b 3 + c 2 + d 2 allowed; a's fourth and c's too heavy limited"
+    );
+    assert_eq!(
+        (said("login", "allowed"), said("login", "limited")),
+        (1.0, 1.0)
+    );
+    assert_eq!(
+        (
+            said("edge.canary", "allowed"),
+            said("edge.canary", "shadow_limited")
+        ),
+        (1.0, 2.0)
+    );
+    assert_eq!(said("edge.banned", "limited"), 1.0);
 }
 
 #[test]

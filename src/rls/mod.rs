@@ -164,6 +164,28 @@ pub struct Domain {
     root: Node,
 }
 
+impl Domain {
+    /// The names of its limits (`rate_limit.name`, or the descriptor path), each once: the
+    /// `limit` label of its metrics, bounded by the configuration (never a request's values).
+    pub fn limit_names(&self) -> Vec<&str> {
+        let mut names = Vec::new();
+        let mut nodes = vec![&self.root];
+        while let Some(node) = nodes.pop() {
+            match &node.rule {
+                Some(Rule::Limited(limit)) => names.push(limit.name.as_str()),
+                Some(Rule::Blocked { name, .. }) => names.push(name.as_str()),
+                Some(Rule::Unlimited) | None => {}
+            }
+            nodes.extend(node.exact.values());
+            nodes.extend(node.wildcard.iter().map(|(_, _, child)| child));
+            nodes.extend(node.any.values());
+        }
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+}
+
 /// Every domain of the configuration directory, by name.
 #[derive(Debug, Default)]
 pub struct Domains {
@@ -254,8 +276,8 @@ impl Domains {
         self.by_name.get(name)
     }
 
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.by_name.keys().map(String::as_str)
+    pub fn iter(&self) -> impl Iterator<Item = &Domain> {
+        self.by_name.values()
     }
 
     pub fn len(&self) -> usize {
@@ -314,6 +336,8 @@ fn add(
     if let Some(rate) = raw.rate_limit {
         node.rule = compile_rule(rate, raw.shadow_mode, &id_path, path, cx, p);
     }
+    // Every limit has its own series already (sluice_rls_limit_decisions_total); the
+    // descriptor values detailed_metric would add are a request's bytes: never a label.
     let _ = raw.detailed_metric;
     for (i, child) in raw.descriptors.into_iter().enumerate() {
         add(

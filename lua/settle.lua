@@ -2,7 +2,8 @@
 -- gives back what was not spent (a lease returned, a shaped request whose client left, a
 -- response that cost less than its estimate) or charges what was spent beyond it (a response
 -- that cost more: limits priced by the response, `cost_from_response`).
--- Composed after prelude.lua; mirrors Algorithm::settle in src/limiter/algorithm/mod.rs.
+-- Composed after prelude.lua, gcra.lua and fixed_window.lua: a charge is written by the same
+-- commit functions as a decision. Mirrors Algorithm::settle in src/limiter/algorithm/mod.rs.
 --
 -- KEYS    : the state keys, one per change (the keys of one request share one hash tag, so one
 --           Cluster slot)
@@ -57,18 +58,16 @@ end
 
 local function charge_gcra(key, now, emission, units)
   local tat = math.max(tonumber(redis.call('GET', key)) or now, now) + emission * units
-  redis.call('SET', key, fmt(tat), 'PX', ceil_ms(tat - now))
+  gcra_commit(key, { tat, tat - now })
   return 1
 end
 
 local function charge_fixed_window(key, now, window, units)
-  local stored = redis.call('HMGET', key, 'e', 'n')
-  local e = tonumber(stored[1])
+  local e = tonumber(redis.call('HGET', key, 'e'))
   if e and now < e then
-    redis.call('HINCRBY', key, 'n', fmt(units))
+    fixed_window_commit(key, { false, e, nil, nil, units })
   else
-    redis.call('HSET', key, 'e', fmt(now + window), 'n', fmt(units))
-    redis.call('PEXPIRE', key, ceil_ms(window))
+    fixed_window_commit(key, { true, now + window, units, window, units })
   end
   return 1
 end

@@ -59,7 +59,7 @@ measure "sluice, 3 GCRA limits" 1 "$sluice" 3 a:__rand_int__ b:__rand_int__ c:__
 measure "floor: TIME + 8 x (GET + SET PX)" 8 "$floor8" 8 $batch_keys
 # shellcheck disable=SC2086
 measure "sluice, a batch of 8 requests, 1 GCRA limit each" 8 "$sluice" 8 $batch_keys "" 8 $batch_args
-settle=$(cat lua/prelude.lua; echo; cat lua/settle.lua)
+settle=$(for f in prelude gcra fixed_window settle; do cat "lua/$f.lua"; echo; done)
 measure "sluice settle: a response's charge on 1 GCRA key" 1 "$settle" 1 a:__rand_int__ "" gcra 1000 5 0
 echo
 echo "machine: $(nproc) cores; redis $(redis-server --version | awk '{print $3}' | cut -d= -f2); $calls calls per script"

@@ -154,6 +154,7 @@ impl RateLimitService for RlsHandler {
                 request.domain
             )));
         };
+        let metrics = snapshot.rls_metrics.get(&request.domain);
         let hits = u64::from(request.hits_addend.max(1));
         let mut matched: Vec<Matched<'_>> = Vec::new();
         let mut statuses = vec![DescriptorStatus::default(); request.descriptors.len()];
@@ -183,6 +184,9 @@ impl RateLimitService for RlsHandler {
                 Some(Rule::Unlimited) => statuses[i].limit_remaining = u32::MAX,
                 Some(Rule::Blocked { name, unit }) => {
                     blocked = true;
+                    if let Some(metrics) = metrics {
+                        metrics.count_limit(name, LimitOutcome::Limited);
+                    }
                     statuses[i] = DescriptorStatus {
                         code: Code::OverLimit as i32,
                         current_limit: Some(RateLimit {
@@ -224,16 +228,11 @@ impl RateLimitService for RlsHandler {
         } else {
             verdict.outcome
         };
-        if let Some(metrics) = snapshot.rls_metrics.get(&request.domain) {
+        if let Some(metrics) = metrics {
             metrics.count(outcome);
             for (index, limit_outcome) in LimitOutcome::per_limit(set.limits(), &verdict) {
                 if let Some(m) = matched.get(index) {
                     metrics.count_limit(&m.limit.name, limit_outcome);
-                }
-            }
-            for status in statuses.iter().filter(|s| s.code == Code::OverLimit as i32) {
-                if let Some(limit) = &status.current_limit {
-                    metrics.count_limit(&limit.name, LimitOutcome::Limited);
                 }
             }
         }

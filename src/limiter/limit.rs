@@ -33,22 +33,27 @@ impl Cost {
     pub fn of(&self, headers: &HeaderMap) -> Result<u64, BadCost> {
         match self {
             Cost::Fixed(cost) => Ok(*cost),
-            Cost::Header { name, max, default } => {
-                let mut values = headers.get_all(name).iter();
-                let Some(value) = values.next() else {
-                    return Ok(*default);
-                };
-                if values.next().is_some() {
-                    return Err(BadCost);
-                }
-                std::str::from_utf8(value.as_bytes())
-                    .ok()
-                    .and_then(|text| text.trim().parse::<u64>().ok())
-                    .filter(|cost| (1..=*max).contains(cost))
-                    .ok_or(BadCost)
-            }
+            Cost::Header { name, max, default } => match whole_number(headers, name) {
+                None => Ok(*default),
+                Some(cost) => cost.filter(|cost| (1..=*max).contains(cost)).ok_or(BadCost),
+            },
         }
     }
+}
+
+/// The whole number a header (or trailer) holds: `None` when absent; `Some(None)` when it is
+/// sent twice, holds a list, or is not one whole number — never one of its values.
+fn whole_number(headers: &HeaderMap, name: &HeaderName) -> Option<Option<u64>> {
+    let mut values = headers.get_all(name).iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return Some(None);
+    }
+    Some(
+        std::str::from_utf8(value.as_bytes())
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok()),
+    )
 }
 
 /// A limit priced by the response (`cost_from_response`): the request reserves its
@@ -99,20 +104,11 @@ impl CostReport {
 impl ResponsePrice {
     /// What `headers` (a response head or its trailers) say the response cost.
     pub fn read(&self, headers: &HeaderMap) -> CostReport {
-        let mut values = headers.get_all(&self.header).iter();
-        let Some(value) = values.next() else {
-            return CostReport::Missing;
-        };
-        if values.next().is_some() {
-            return CostReport::Invalid;
-        }
-        let units = std::str::from_utf8(value.as_bytes())
-            .ok()
-            .and_then(|text| text.trim().parse::<u64>().ok());
-        match units {
-            None => CostReport::Invalid,
-            Some(units) if units > self.max => CostReport::Capped(self.max),
-            Some(units) => CostReport::Reported(units),
+        match whole_number(headers, &self.header) {
+            None => CostReport::Missing,
+            Some(None) => CostReport::Invalid,
+            Some(Some(units)) if units > self.max => CostReport::Capped(self.max),
+            Some(Some(units)) => CostReport::Reported(units),
         }
     }
 }

@@ -30,9 +30,13 @@ pub const SOURCE: &str = concat!(
 );
 
 /// Settles units earlier calls took: gives back the unspent, charges the overspent
-/// (`lua/settle.lua`).
+/// (`lua/settle.lua`, which writes a charge with the algorithms' own commit functions).
 pub const SETTLE_SOURCE: &str = concat!(
     include_str!("../../lua/prelude.lua"),
+    "\n",
+    include_str!("../../lua/gcra.lua"),
+    "\n",
+    include_str!("../../lua/fixed_window.lua"),
     "\n",
     include_str!("../../lua/settle.lua"),
 );

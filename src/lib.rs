@@ -12,9 +12,11 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod answer;
 pub mod app;
 pub mod config;
 pub mod daemon;
+pub mod exchange;
 pub mod identity;
 pub mod keys;
 pub mod limiter;

@@ -13,11 +13,10 @@ use pingora_prometheus::prometheus::{
     IntGauge, IntGaugeVec,
 };
 
+use crate::answer::{Decided, UpstreamError};
 use crate::limiter::guard::GuardMeters;
 use crate::limiter::leased::LeaseMeters;
-use crate::limiter::{
-    Coalescing, CostReport, Decider, Limit, LimiterError, Outcome, PolicyMeters, Verdict,
-};
+use crate::limiter::{Coalescing, CostReport, Limit, LimiterError, Outcome, PolicyMeters, Verdict};
 use crate::rls::Domains;
 use crate::router::RouteTable;
 
@@ -233,20 +232,20 @@ pub static RLS_LIMIT_DECISIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("sluice_rls_limit_decisions_total registers once")
 });
 
-/// Counter handles of one rate limit service domain: one per request outcome, and per limit
-/// one per [`LimitOutcome`].
+/// Counter handles of one rate limit service domain: one per request decision, and per limit
+/// one per [`Outcome`].
 pub struct DomainMetrics {
-    requests: [IntCounter; 9],
-    limits: HashMap<String, [IntCounter; LimitOutcome::ALL.len()]>,
+    requests: [IntCounter; Decided::COUNT],
+    limits: HashMap<String, [IntCounter; Outcome::ALL.len()]>,
 }
 
 impl DomainMetrics {
     pub fn count(&self, outcome: Outcome) {
-        self.requests[outcome as usize].inc();
+        self.requests[Decided::Limiter(outcome).index()].inc();
     }
 
     /// What the limit named `limit` said about one descriptor.
-    pub fn count_limit(&self, limit: &str, outcome: LimitOutcome) {
+    pub fn count_limit(&self, limit: &str, outcome: Outcome) {
         if let Some(counters) = self.limits.get(limit) {
             counters[outcome as usize].inc();
         }
@@ -260,12 +259,13 @@ pub fn rls_metrics(domains: &Domains) -> HashMap<String, DomainMetrics> {
         .map(|domain| {
             let name = domain.name.as_str();
             let metrics = DomainMetrics {
-                requests: Outcome::ALL.map(|o| RLS_REQUESTS.with_label_values(&[name, o.label()])),
+                requests: Decided::all()
+                    .map(|d| RLS_REQUESTS.with_label_values(&[name, d.label()])),
                 limits: domain
                     .limit_names()
                     .into_iter()
                     .map(|limit| {
-                        let counters = LimitOutcome::ALL.map(|o| {
+                        let counters = Outcome::ALL.map(|o| {
                             RLS_LIMIT_DECISIONS.with_label_values(&[name, limit, o.label()])
                         });
                         (limit.to_string(), counters)
@@ -291,14 +291,14 @@ fn status_class(status: u16) -> Option<usize> {
 
 /// Handles for one route.
 pub struct RouteMetrics {
-    decisions: [IntCounter; 9],
+    decisions: [IntCounter; Decided::COUNT],
     status_classes: [IntCounter; 5],
     durations: [Histogram; 5],
     upstream_duration: Histogram,
     in_flight: IntGauge,
     upstream_errors: [IntCounter; UpstreamError::ALL.len()],
-    /// Per limit of the route, in its order: a counter per `LimitOutcome`.
-    limits: Vec<[IntCounter; LimitOutcome::ALL.len()]>,
+    /// Per limit of the route, in its order: a counter per [`Outcome`].
+    limits: Vec<[IntCounter; Outcome::ALL.len()]>,
     /// Per limit of the route, in its order: for those priced by the response, a counter per
     /// [`CostReport`] label and one of units reported.
     response_costs: Vec<Option<ResponseCostMeters>>,
@@ -311,9 +311,10 @@ struct ResponseCostMeters {
 }
 
 impl RouteMetrics {
-    fn new(route: &str, limits: &[Limit]) -> RouteMetrics {
+    /// The handles of the route named `route`, with `limits`.
+    pub fn new(route: &str, limits: &[Limit]) -> RouteMetrics {
         RouteMetrics {
-            decisions: Outcome::ALL.map(|o| REQUESTS.with_label_values(&[route, o.label()])),
+            decisions: Decided::all().map(|d| REQUESTS.with_label_values(&[route, d.label()])),
             status_classes: STATUS_CLASSES
                 .map(|c| UPSTREAM_RESPONSES.with_label_values(&[route, c])),
             durations: STATUS_CLASSES.map(|c| REQUEST_DURATION.with_label_values(&[route, c])),
@@ -324,7 +325,7 @@ impl RouteMetrics {
             limits: limits
                 .iter()
                 .map(|limit| {
-                    LimitOutcome::ALL.map(|o| {
+                    Outcome::ALL.map(|o| {
                         LIMIT_DECISIONS.with_label_values(&[route, &limit.name, o.label()])
                     })
                 })
@@ -357,8 +358,8 @@ impl RouteMetrics {
         }
     }
 
-    pub fn count(&self, outcome: Outcome) {
-        self.decisions[outcome as usize].inc();
+    pub fn count(&self, decided: Decided) {
+        self.decisions[decided.index()].inc();
     }
 
     pub fn count_upstream_status(&self, status: u16) {
@@ -385,7 +386,7 @@ impl RouteMetrics {
     /// What each of the route's `limits` said about a request (nothing when no limiter was
     /// asked: no limits, or the request was refused before).
     pub fn count_limits(&self, limits: &[Limit], verdict: &Verdict) {
-        for (index, outcome) in LimitOutcome::per_limit(limits, verdict) {
+        for (index, outcome) in Outcome::per_limit(limits, verdict) {
             if let Some(counters) = self.limits.get(index) {
                 counters[outcome as usize].inc();
             }
@@ -408,113 +409,10 @@ impl Drop for InFlight {
     }
 }
 
-/// What one limit said about one request (`sluice_limit_decisions_total`'s `decision`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LimitOutcome {
-    Allowed = 0,
-    Limited = 1,
-    ShadowLimited = 2,
-    LocalAllowed = 3,
-    LocalLimited = 4,
-    ErrorAllowed = 5,
-    ErrorDenied = 6,
-}
-
-impl LimitOutcome {
-    pub const ALL: [LimitOutcome; 7] = [
-        LimitOutcome::Allowed,
-        LimitOutcome::Limited,
-        LimitOutcome::ShadowLimited,
-        LimitOutcome::LocalAllowed,
-        LimitOutcome::LocalLimited,
-        LimitOutcome::ErrorAllowed,
-        LimitOutcome::ErrorDenied,
-    ];
-
-    /// What each of `limits` said about a request, by index (nothing when no limiter was asked:
-    /// no limits, or the request was refused before).
-    pub fn per_limit<'a>(
-        limits: &'a [Limit],
-        verdict: &'a Verdict,
-    ) -> impl Iterator<Item = (usize, LimitOutcome)> + 'a {
-        let local = verdict.decider == Decider::Fallback;
-        let decided =
-            verdict.decision.iter().flat_map(move |decision| {
-                decision.statuses.iter().zip(limits).enumerate().map(
-                    move |(index, (status, limit))| {
-                        (index, LimitOutcome::of(status.allowed, limit.shadow, local))
-                    },
-                )
-            });
-        let failed = match (&verdict.decision, verdict.outcome) {
-            (None, Outcome::ErrorAllowed) => Some(LimitOutcome::ErrorAllowed),
-            (None, Outcome::ErrorDenied) => Some(LimitOutcome::ErrorDenied),
-            _ => None,
-        };
-        let undecided = failed
-            .into_iter()
-            .flat_map(move |outcome| (0..limits.len()).map(move |index| (index, outcome)));
-        decided.chain(undecided)
-    }
-
-    /// A limit's answer: whether it allowed, whether it is a shadow limit, and whether the
-    /// in-process fallback gave it.
-    fn of(allowed: bool, shadow: bool, local: bool) -> LimitOutcome {
-        match (allowed, shadow, local) {
-            (true, _, false) => LimitOutcome::Allowed,
-            (true, _, true) => LimitOutcome::LocalAllowed,
-            (false, true, _) => LimitOutcome::ShadowLimited,
-            (false, false, false) => LimitOutcome::Limited,
-            (false, false, true) => LimitOutcome::LocalLimited,
-        }
-    }
-
-    pub fn label(self) -> &'static str {
-        match self {
-            LimitOutcome::Allowed => "allowed",
-            LimitOutcome::Limited => "limited",
-            LimitOutcome::ShadowLimited => "shadow_limited",
-            LimitOutcome::LocalAllowed => "local_allowed",
-            LimitOutcome::LocalLimited => "local_limited",
-            LimitOutcome::ErrorAllowed => "error_allowed",
-            LimitOutcome::ErrorDenied => "error_denied",
-        }
-    }
-}
-
-/// Why an upstream attempt failed (`sluice_upstream_errors_total`'s `kind`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpstreamError {
-    Refused = 0,
-    Timeout = 1,
-    Reset = 2,
-    Tls = 3,
-    Unreachable = 4,
-}
-
-impl UpstreamError {
-    pub const ALL: [UpstreamError; 5] = [
-        UpstreamError::Refused,
-        UpstreamError::Timeout,
-        UpstreamError::Reset,
-        UpstreamError::Tls,
-        UpstreamError::Unreachable,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            UpstreamError::Refused => "refused",
-            UpstreamError::Timeout => "timeout",
-            UpstreamError::Reset => "reset",
-            UpstreamError::Tls => "tls",
-            UpstreamError::Unreachable => "unreachable",
-        }
-    }
-}
-
-/// Handles for every route of a configuration, indexed by `Route::index`.
+/// A configuration's series: the handles of requests no route matched, and the label values of
+/// every per-route series, to retire on reload. Each route's own handles live in its runtime
+/// (`snapshot::RouteRuntime`).
 pub struct Metrics {
-    routes: Vec<RouteMetrics>,
     unmatched: RouteMetrics,
     /// Every labelled series this configuration exports, to retire those the next one drops.
     series: Series,
@@ -529,13 +427,11 @@ struct Series {
 }
 
 impl Metrics {
-    /// Handles for every route of `routes`, in file order.
+    /// The series of `routes`.
     pub fn new(routes: &RouteTable) -> Metrics {
         let mut series = Series::default();
-        let mut handles = Vec::new();
         for route in routes.in_file_order() {
             let limits = route.limits.limits();
-            handles.push(RouteMetrics::new(&route.name, limits));
             series.routes.push(route.name.to_string());
             for limit in limits {
                 series
@@ -549,7 +445,6 @@ impl Metrics {
             }
         }
         Metrics {
-            routes: handles,
             unmatched: RouteMetrics::new(UNMATCHED_ROUTE, &[]),
             series,
         }
@@ -571,8 +466,8 @@ impl Metrics {
             .iter()
             .filter(|n| !next.routes.contains(n))
         {
-            for outcome in Outcome::ALL {
-                let _ = REQUESTS.remove_label_values(&[name, outcome.label()]);
+            for decided in Decided::all() {
+                let _ = REQUESTS.remove_label_values(&[name, decided.label()]);
             }
             for class in STATUS_CLASSES {
                 let _ = UPSTREAM_RESPONSES.remove_label_values(&[name, class]);
@@ -590,7 +485,7 @@ impl Metrics {
             .iter()
             .filter(|l| !next.limits.contains(l))
         {
-            for outcome in LimitOutcome::ALL {
+            for outcome in Outcome::ALL {
                 let _ = LIMIT_DECISIONS.remove_label_values(&[route, limit, outcome.label()]);
             }
             for report in CostReport::LABELS {
@@ -606,10 +501,6 @@ impl Metrics {
         {
             let _ = UPSTREAM_HEALTHY.remove_label_values(&[route, server]);
         }
-    }
-
-    pub fn route(&self, index: usize) -> &RouteMetrics {
-        self.routes.get(index).unwrap_or(&self.unmatched)
     }
 
     pub fn unmatched(&self) -> &RouteMetrics {

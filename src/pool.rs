@@ -235,9 +235,9 @@ impl Pools {
         }
     }
 
-    /// The pool of the route at `index`.
-    pub fn route(&self, index: usize) -> Option<&Pool> {
-        self.by_route.get(index)
+    /// Every route's pool, in route order.
+    pub fn iter(&self) -> impl Iterator<Item = &Pool> {
+        self.by_route.iter()
     }
 
     /// Probes every server of every health-checked pool once, all at once: what a

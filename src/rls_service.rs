@@ -4,7 +4,6 @@
 //! in one script call, consuming only if all pass (envoyproxy/ratelimit counts each descriptor
 //! on its own).
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,22 +23,15 @@ use pingora::services::background::BackgroundService;
 use pingora::services::ServiceReadyNotifier;
 use tonic::{Request, Response, Status};
 
-use crate::limiter::{Ask, Asks, LimitSet, Outcome, Policy};
-use crate::metrics::LimitOutcome;
-use crate::rls::{self, DescriptorLimit, Rule, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT};
+use crate::config::rls::RlsSettings;
+use crate::limiter::Policy;
+use crate::rls::{decide, MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT};
 use crate::snapshot::Live;
 
 /// Answers `ShouldRateLimit` from the live configuration's domains.
 pub struct RlsHandler {
     live: Live,
     policy: Arc<Policy>,
-}
-
-/// One descriptor that matched a limit: its place in the request, the limit, its key and cost.
-struct Matched<'a> {
-    descriptor: usize,
-    limit: &'a DescriptorLimit,
-    ask: Ask,
 }
 
 fn invalid(message: String) -> Status {
@@ -89,38 +81,32 @@ fn duration_ms(ms: u64) -> ProtoDuration {
 }
 
 /// `RateLimit-Policy` and `RateLimit` (IETF httpapi fields) for the enforced matched limits.
-fn headers(matched: &[Matched<'_>], statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
-    let enforced: Vec<(&Matched<'_>, &DescriptorStatus)> = matched
+fn headers(statuses: &[decide::Status<'_>]) -> Vec<HeaderValue> {
+    let enforced: Vec<(&decide::Shown<'_>, &decide::Status<'_>)> = statuses
         .iter()
-        .filter(|m| !m.limit.limit.shadow)
-        .map(|m| (m, &statuses[m.descriptor]))
+        .filter(|status| status.enforced)
+        .filter_map(|status| Some((status.limit.as_ref()?, status)))
         .collect();
     if enforced.is_empty() {
         return Vec::new();
     }
     let policy = enforced
         .iter()
-        .map(|(m, _)| {
+        .map(|(limit, _)| {
             format!(
                 "\"{}\";q={};w={}",
-                m.limit.name,
-                m.limit.requests_per_unit,
-                m.limit.unit.seconds()
+                limit.name,
+                limit.requests_per_unit,
+                limit.unit.seconds()
             )
         })
         .collect::<Vec<_>>()
         .join(", ");
     let state = enforced
         .iter()
-        .map(|(m, status)| {
-            let reset = status
-                .duration_until_reset
-                .as_ref()
-                .map_or(0, |d| d.seconds + i64::from(d.nanos > 0));
-            format!(
-                "\"{}\";r={};t={}",
-                m.limit.name, status.limit_remaining, reset
-            )
+        .map(|(limit, status)| {
+            let reset = status.reset_after_ms.map_or(0, |ms| ms.div_ceil(1000));
+            format!("\"{}\";r={};t={reset}", limit.name, remaining(status))
         })
         .collect::<Vec<_>>()
         .join(", ");
@@ -132,6 +118,30 @@ fn headers(matched: &[Matched<'_>], statuses: &[DescriptorStatus]) -> Vec<Header
             ..HeaderValue::default()
         })
         .collect()
+}
+
+fn remaining(status: &decide::Status<'_>) -> u32 {
+    u32::try_from(status.remaining).unwrap_or(u32::MAX)
+}
+
+/// A descriptor's status as protobuf.
+fn descriptor_status(status: &decide::Status<'_>) -> DescriptorStatus {
+    let code = if status.over {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    };
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: status.limit.map(|limit| RateLimit {
+            name: limit.name.to_string(),
+            requests_per_unit: u32::try_from(limit.requests_per_unit).unwrap_or(u32::MAX),
+            unit: limit.unit.proto(),
+        }),
+        limit_remaining: remaining(status),
+        duration_until_reset: status.reset_after_ms.map(duration_ms),
+        ..DescriptorStatus::default()
+    }
 }
 
 #[async_trait]
@@ -154,127 +164,48 @@ impl RateLimitService for RlsHandler {
                 request.domain
             )));
         };
-        let metrics = snapshot.rls_metrics.get(&request.domain);
-        let hits = u64::from(request.hits_addend.max(1));
-        let mut matched: Vec<Matched<'_>> = Vec::new();
-        let mut statuses = vec![DescriptorStatus::default(); request.descriptors.len()];
-        let mut blocked = false;
-        for (i, descriptor) in request.descriptors.iter().enumerate() {
-            let entries: Vec<rls::Entry<'_>> = descriptor
-                .entries
-                .iter()
-                .map(|e| (e.key.as_str(), e.value.as_str()))
-                .collect();
-            match domain.rule(&entries) {
-                Some(Rule::Limited(limit)) => {
-                    let cost = descriptor.hits_addend.as_ref().map_or(hits, |h| h.value);
-                    let key = rls::key(
-                        &settings.key_prefix,
-                        settings.secret,
-                        &domain.name,
-                        limit,
-                        &entries,
-                    );
-                    matched.push(Matched {
-                        descriptor: i,
-                        limit,
-                        ask: Ask { key, cost },
-                    });
-                }
-                Some(Rule::Unlimited) => statuses[i].limit_remaining = u32::MAX,
-                Some(Rule::Blocked { name, unit }) => {
-                    blocked = true;
-                    if let Some(metrics) = metrics {
-                        metrics.count_limit(name, LimitOutcome::Limited);
-                    }
-                    statuses[i] = DescriptorStatus {
-                        code: Code::OverLimit as i32,
-                        current_limit: Some(RateLimit {
-                            name: name.clone(),
-                            requests_per_unit: 0,
-                            unit: unit.proto(),
-                        }),
-                        ..DescriptorStatus::default()
-                    };
-                }
-                None => {}
-            }
-        }
-        // A blocked descriptor refuses the request: the others are only read (cost 0), so
-        // nothing is consumed, as with any denied request.
-        if blocked {
-            for m in &mut matched {
-                m.ask.cost = 0;
-            }
-        }
-        // A limit named in another matched limit's `replaces` does not apply.
-        let replaced: HashSet<&str> = matched
+        let descriptors: Vec<decide::Descriptor<'_>> = request
+            .descriptors
             .iter()
-            .flat_map(|m| m.limit.replaces.iter().map(String::as_str))
+            .map(|descriptor| decide::Descriptor {
+                entries: descriptor
+                    .entries
+                    .iter()
+                    .map(|e| (e.key.as_str(), e.value.as_str()))
+                    .collect(),
+                hits: descriptor.hits_addend.as_ref().map(|h| h.value),
+            })
             .collect();
-        matched.retain(|m| !replaced.contains(m.limit.name.as_str()));
-
-        let set = LimitSet::new(
-            matched.iter().map(|m| m.limit.limit.clone()).collect(),
-            settings.instances,
-            settings.failure_mode,
-            None,
-        );
-        let asks: Asks = matched.iter().map(|m| m.ask.clone()).collect();
-        let verdict = self.policy.decide(&set, &asks).await;
-        self.policy.finish(&set, &asks, &verdict).await;
-        let outcome = if blocked {
-            Outcome::Limited
-        } else {
-            verdict.outcome
-        };
-        if let Some(metrics) = metrics {
-            metrics.count(outcome);
-            for (index, limit_outcome) in LimitOutcome::per_limit(set.limits(), &verdict) {
-                if let Some(m) = matched.get(index) {
-                    metrics.count_limit(&m.limit.name, limit_outcome);
-                }
+        let hits = u64::from(request.hits_addend.max(1));
+        let decided =
+            decide::decide(domain, scope(settings), &self.policy, &descriptors, hits).await;
+        if let Some(metrics) = snapshot.rls_metrics.get(&request.domain) {
+            metrics.count(decided.outcome);
+            for (limit, outcome) in &decided.limit_outcomes {
+                metrics.count_limit(limit, *outcome);
             }
         }
-
-        let denied = blocked
-            || matches!(
-                verdict.outcome,
-                Outcome::Limited | Outcome::LocalLimited | Outcome::ErrorDenied
-            );
-        let ok = Code::Ok as i32;
-        for status in statuses
-            .iter_mut()
-            .filter(|s| s.code != Code::OverLimit as i32)
-        {
-            status.code = ok;
-        }
-        for (j, m) in matched.iter().enumerate() {
-            let status = verdict.decision.as_ref().and_then(|d| d.statuses.get(j));
-            let over = match status {
-                Some(status) => !status.allowed && !m.limit.limit.shadow,
-                None => verdict.outcome == Outcome::ErrorDenied,
-            };
-            statuses[m.descriptor] = DescriptorStatus {
-                code: if over { Code::OverLimit as i32 } else { ok },
-                current_limit: Some(RateLimit {
-                    name: m.limit.name.clone(),
-                    requests_per_unit: u32::try_from(m.limit.requests_per_unit).unwrap_or(u32::MAX),
-                    unit: m.limit.unit.proto(),
-                }),
-                limit_remaining: status
-                    .map_or(0, |s| u32::try_from(s.remaining).unwrap_or(u32::MAX)),
-                duration_until_reset: status.map(|s| duration_ms(s.reset_after_ms)),
-                ..DescriptorStatus::default()
-            };
-        }
-        let response_headers_to_add = headers(&matched, &statuses);
+        let code = if decided.over {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
         Ok(Response::new(RateLimitResponse {
-            overall_code: if denied { Code::OverLimit as i32 } else { ok },
-            statuses,
-            response_headers_to_add,
+            overall_code: code as i32,
+            statuses: decided.statuses.iter().map(descriptor_status).collect(),
+            response_headers_to_add: headers(&decided.statuses),
             ..RateLimitResponse::default()
         }))
+    }
+}
+
+/// What the `rls:` section says of every domain's counters.
+fn scope(settings: &RlsSettings) -> decide::Scope<'_> {
+    decide::Scope {
+        key_prefix: &settings.key_prefix,
+        secret: settings.secret,
+        instances: settings.instances,
+        failure_mode: settings.failure_mode,
     }
 }
 

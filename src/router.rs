@@ -10,8 +10,9 @@ use std::sync::Arc;
 use http::header::HeaderValue;
 use http::Method;
 
+use crate::answer::Answer;
 use crate::keys::{MissingPart, RequestFacts, RouteKeys};
-use crate::limiter::{Ask, Asks, LimitSet, Rejection};
+use crate::limiter::{Ask, Asks, LimitSet};
 use crate::upstream::UpstreamSettings;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,17 +98,17 @@ impl Route {
     /// What the request asks of each limit of this route: its key and its cost (0 for a limit
     /// skipped for lack of a key part, which is then only read). `Err` when the request cannot
     /// be decided as sent.
-    pub fn asks(&self, facts: &RequestFacts<'_>) -> Result<Asks, Rejection> {
+    pub fn asks(&self, facts: &RequestFacts<'_>) -> Result<Asks, Answer> {
         let built = self
             .keys
             .build(facts)
-            .map_err(|MissingPart| Rejection::BadRequest(MISSING_PART))?;
+            .map_err(|MissingPart| Answer::BadRequest(MISSING_PART))?;
         let mut asks = Asks::new();
         for (i, (limit, key)) in self.limits.limits().iter().zip(built.keys).enumerate() {
             let cost = limit
                 .cost
                 .of(facts.headers)
-                .map_err(|_| Rejection::BadRequest(BAD_COST))?;
+                .map_err(|_| Answer::BadRequest(BAD_COST))?;
             let skipped = built.skipped & (1 << i) != 0;
             asks.push(Ask {
                 key,

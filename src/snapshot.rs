@@ -1,6 +1,6 @@
 //! What one configuration puts in force, swapped whole on reload: the compiled configuration,
-//! the upstream pools built for it (with their health checks) and its per-route metric handles.
-//! A request keeps the snapshot it started with until it ends.
+//! one runtime per route (the route, its upstream pool, its metric handles) and the health
+//! checks of the pools. A request keeps the snapshot it started with until it ends.
 //!
 //! A snapshot goes live only once its pools have been probed (`start`), so a server that is
 //! down is never chosen, not even by the first requests after a start or a reload; its checks
@@ -11,14 +11,29 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
+use http::Method;
+
 use crate::access_log::{self, AccessLog};
 use crate::config::{Config, ConfigError};
-use crate::metrics::{self, Metrics};
-use crate::pool::{HealthChecks, Pools};
+use crate::metrics::{self, Metrics, RouteMetrics};
+use crate::pool::{HealthChecks, Pool, Pools};
+use crate::router::Route;
+
+/// One route as a request needs it, in one reference: the compiled route, the pool of its
+/// upstream servers and its metric handles.
+pub struct RouteRuntime {
+    pub route: Arc<Route>,
+    pub pool: Pool,
+    pub metrics: RouteMetrics,
+}
 
 pub struct Snapshot {
     pub config: Config,
-    pub pools: Pools,
+    /// Every route's runtime, by `Route::index`.
+    routes: Box<[Arc<RouteRuntime>]>,
+    /// The pools' health checks run from here.
+    pools: Pools,
+    /// The handles of unrouted requests, and the series a reload may retire.
     pub metrics: Metrics,
     /// Open while this configuration is in force (and its last request logs).
     pub access_log: Option<AccessLog>,
@@ -39,6 +54,19 @@ impl Snapshot {
             problems,
         })?;
         pools.report_health(&config.routes, Metrics::upstream_health);
+        let routes = config
+            .routes
+            .in_file_order()
+            .into_iter()
+            .zip(pools.iter())
+            .map(|(route, pool)| {
+                Arc::new(RouteRuntime {
+                    route: Arc::clone(route),
+                    pool: pool.clone(),
+                    metrics: RouteMetrics::new(&route.name, route.limits.limits()),
+                })
+            })
+            .collect();
         let metrics = Metrics::new(&config.routes);
         let access_log = match &config.access_log {
             Some(settings) => Some(
@@ -59,12 +87,24 @@ impl Snapshot {
             .unwrap_or_default();
         Ok(Snapshot {
             config,
+            routes,
             pools,
             metrics,
             access_log,
             rls_metrics,
             checks: Mutex::new(None),
         })
+    }
+
+    /// The route that serves a request for `host`, `path` and `method`, if one does.
+    pub fn find(&self, host: &str, path: &str, method: &Method) -> Option<&Arc<RouteRuntime>> {
+        let route = self.config.routes.find(host, path, method)?;
+        self.routes.get(route.index)
+    }
+
+    /// The runtime of the route at `index` (file order).
+    pub fn route(&self, index: usize) -> Option<&Arc<RouteRuntime>> {
+        self.routes.get(index)
     }
 
     /// Starts the access log's writer, probes every health-checked server once, then keeps

@@ -47,4 +47,4 @@ pub use rate::Rate;
 pub use request::{asks, entries, Ask, Asks, Entry, LimitRequest};
 pub use status::LimitStatus;
 pub use topology::{RedisAuth, RedisTls, Topology};
-pub use verdict::{Decider, GrpcStatus, Outcome, Rejection, UpstreamFailure, Verdict};
+pub use verdict::{Decider, Outcome, Verdict};

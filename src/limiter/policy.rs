@@ -1,7 +1,7 @@
 //! The verdict's one home. Given a route's limits ([`LimitSet`]) and what the request asks of
 //! each ([`Ask`]), the policy calls the limiter, applies the route's failure mode when the
 //! limiter cannot decide (allow, deny, or this gateway's share in-process), and returns one
-//! [`Verdict`]: the decision, the metric outcome and the rejection, if any. When the request
+//! [`Verdict`]: the decision and the metric outcome (which says whether it goes upstream). When the request
 //! ends, it gives back the concurrency slots to whoever took them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,7 +22,7 @@ use super::id::{RequestId, RequestIds};
 use super::limit::{CostReport, Limit, LIMITS_INLINE};
 use super::local::LocalLimiter;
 use super::request::{entries, Ask, LimitRequest};
-use super::verdict::{Decider, Outcome, Rejection, Verdict};
+use super::verdict::{Decider, Outcome, Verdict};
 
 /// What a request gets when the limiter cannot decide (Redis error or deadline missed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,15 +254,12 @@ impl Policy {
         error: LimiterError,
     ) -> Verdict {
         self.report(&error, set.failure_mode);
-        let refused = Verdict::rejected(Rejection::LimiterUnavailable);
+        let refused = Verdict::undecided(Outcome::ErrorDenied);
         if error.always_denies() {
             return refused;
         }
         match (set.failure_mode, &self.fallback) {
-            (FailureMode::Allow, _) => Verdict {
-                outcome: Outcome::ErrorAllowed,
-                ..Verdict::unlimited()
-            },
+            (FailureMode::Allow, _) => Verdict::undecided(Outcome::ErrorAllowed),
             (FailureMode::Deny, _) | (FailureMode::Local, None) => refused,
             (FailureMode::Local, Some(fallback)) => {
                 let entries = entries(&set.local_shares, asks);
@@ -418,7 +415,12 @@ fn judged(decision: Decision, decider: Decider) -> Verdict {
     if !decision.allowed() {
         return Verdict {
             decision: Some(decision),
-            ..Verdict::rejected(Rejection::Limited { locally })
+            decider,
+            ..Verdict::undecided(if locally {
+                Outcome::LocalLimited
+            } else {
+                Outcome::Limited
+            })
         };
     }
     let outcome = match (locally, decision.shadow_denied_by.is_some()) {
@@ -545,8 +547,8 @@ mod tests {
         let routes = set(vec![limit("l", gcra(1, 0))], FailureMode::Allow);
         let verdict = f.policy.decide(&routes, &asks(&[b"k"], &[1])).await;
         assert_eq!(
-            (verdict.outcome, verdict.rejection, verdict.decision.clone()),
-            (Outcome::ErrorAllowed, None, None)
+            (verdict.outcome, verdict.decision.clone()),
+            (Outcome::ErrorAllowed, None)
         );
         assert!(verdict.admitted());
         assert_eq!(errors(&f.meters, "timeout"), 1);
@@ -557,10 +559,8 @@ mod tests {
         let f = unavailable(timeout);
         let routes = set(vec![limit("l", gcra(1, 0))], FailureMode::Deny);
         let verdict = f.policy.decide(&routes, &asks(&[b"k"], &[1])).await;
-        assert_eq!(
-            (verdict.outcome, verdict.rejection),
-            (Outcome::ErrorDenied, Some(Rejection::LimiterUnavailable))
-        );
+        assert_eq!(verdict.outcome, Outcome::ErrorDenied);
+        assert!(!verdict.admitted());
         assert_eq!(errors(&f.meters, "timeout"), 1);
     }
 
@@ -577,11 +577,8 @@ mod tests {
         assert_eq!(outcomes[..5], [Outcome::LocalAllowed; 5]);
         let denied = f.policy.decide(&routes, &ask).await;
         assert_eq!(
-            (denied.outcome, denied.rejection),
-            (
-                Outcome::LocalLimited,
-                Some(Rejection::Limited { locally: true })
-            )
+            (denied.outcome, denied.decider),
+            (Outcome::LocalLimited, Decider::Fallback)
         );
         assert!(denied.decision.is_some_and(|d| !d.allowed()));
         // The share refills at 5 per second: one unit every 200 ms of the manual clock.
@@ -597,7 +594,7 @@ mod tests {
         let f = unavailable(|| LimiterError::LocalCapacity(1));
         let routes = set(vec![limit("l", gcra(1, 0))], FailureMode::Allow);
         let verdict = f.policy.decide(&routes, &asks(&[b"k"], &[1])).await;
-        assert_eq!(verdict.rejection, Some(Rejection::LimiterUnavailable));
+        assert_eq!(verdict.outcome, Outcome::ErrorDenied);
         assert_eq!(errors(&f.meters, "local_capacity"), 1);
     }
 
@@ -721,10 +718,7 @@ mod tests {
             .settle_response(&routes, &ask, &fourth, &[CostReport::Capped(100)])
             .await;
         let refused = f.policy.decide(&routes, &ask).await;
-        assert_eq!(
-            refused.rejection,
-            Some(Rejection::Limited { locally: false })
-        );
+        assert_eq!(refused.outcome, Outcome::Limited);
         // A refused request settles nothing.
         f.policy
             .settle_response(&routes, &ask, &refused, &[CostReport::Reported(0)])

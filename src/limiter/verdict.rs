@@ -1,201 +1,106 @@
-//! What happened to one request, in the terms every consumer of it needs: the metric outcome,
-//! and, when the gateway answers the request itself, the rejection. One mapping turns a
-//! rejection into its status, its problem title and detail, and its metric label.
+//! What the limiter made of one request, in the terms every consumer needs: its outcome (the
+//! metric label, for the request and for each limit), what the limits said, and whom to give
+//! back what it took. Nothing here is HTTP: how an outcome is answered is `crate::answer`'s.
 
 use std::time::Duration;
 
 use super::decision::Decision;
 use super::id::RequestId;
+use super::limit::Limit;
 
-/// The `decision` label of `sluice_requests_total`; the discriminant indexes metric handles.
+/// What the limiter said about a request, or about one of its limits: the `decision` label of
+/// `sluice_requests_total` and `sluice_limit_decisions_total`. The discriminant indexes metric
+/// handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Allowed = 0,
     Limited = 1,
-    ErrorAllowed = 2,
-    ErrorDenied = 3,
-    NoRoute = 4,
-    BadRequest = 5,
-    ShadowLimited = 6,
-    LocalAllowed = 7,
-    LocalLimited = 8,
+    ShadowLimited = 2,
+    LocalAllowed = 3,
+    LocalLimited = 4,
+    ErrorAllowed = 5,
+    ErrorDenied = 6,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 9] = [
+    pub const ALL: [Outcome; 7] = [
         Outcome::Allowed,
         Outcome::Limited,
-        Outcome::ErrorAllowed,
-        Outcome::ErrorDenied,
-        Outcome::NoRoute,
-        Outcome::BadRequest,
         Outcome::ShadowLimited,
         Outcome::LocalAllowed,
         Outcome::LocalLimited,
+        Outcome::ErrorAllowed,
+        Outcome::ErrorDenied,
     ];
 
     pub fn label(self) -> &'static str {
         match self {
             Outcome::Allowed => "allowed",
             Outcome::Limited => "limited",
-            Outcome::ErrorAllowed => "error_allowed",
-            Outcome::ErrorDenied => "error_denied",
-            Outcome::NoRoute => "no_route",
-            Outcome::BadRequest => "bad_request",
             Outcome::ShadowLimited => "shadow_limited",
             Outcome::LocalAllowed => "local_allowed",
             Outcome::LocalLimited => "local_limited",
+            Outcome::ErrorAllowed => "error_allowed",
+            Outcome::ErrorDenied => "error_denied",
         }
     }
 
     /// The request goes upstream.
     pub fn admitted(self) -> bool {
-        matches!(
+        !matches!(
             self,
-            Outcome::Allowed
-                | Outcome::ShadowLimited
-                | Outcome::LocalAllowed
-                | Outcome::ErrorAllowed
+            Outcome::Limited | Outcome::LocalLimited | Outcome::ErrorDenied
         )
     }
-}
 
-/// Why the gateway answers a request itself instead of the upstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rejection {
-    NoRoute,
-    /// The request cannot be decided as sent (a malformed path, cost header or key part).
-    BadRequest(&'static str),
-    UriTooLong,
-    HeadersTooLarge,
-    /// The request body is larger than the route accepts (`max_body_bytes`).
-    BodyTooLarge,
-    /// A limit denied the request (the decision says which, and until when); `locally`: the
-    /// in-process fallback decided while Redis was away.
-    Limited {
-        locally: bool,
-    },
-    /// The limiter could not decide, and the failure mode refuses.
-    LimiterUnavailable,
-}
+    /// The limiter could not decide, and the route's failure mode did (in-process fallback
+    /// included).
+    pub fn by_failure_mode(self) -> bool {
+        matches!(
+            self,
+            Outcome::ErrorAllowed
+                | Outcome::ErrorDenied
+                | Outcome::LocalAllowed
+                | Outcome::LocalLimited
+        )
+    }
 
-impl Rejection {
-    pub fn status(self) -> u16 {
-        match self {
-            Rejection::NoRoute => 404,
-            Rejection::BadRequest(_) => 400,
-            Rejection::UriTooLong => 414,
-            Rejection::HeadersTooLarge => 431,
-            Rejection::BodyTooLarge => 413,
-            Rejection::Limited { .. } => 429,
-            Rejection::LimiterUnavailable => 503,
+    /// What each of `limits` said about a request, by index (nothing when no limiter was asked:
+    /// no limits, or the request was refused before).
+    pub fn per_limit<'a>(
+        limits: &'a [Limit],
+        verdict: &'a Verdict,
+    ) -> impl Iterator<Item = (usize, Outcome)> + 'a {
+        let local = verdict.decider == Decider::Fallback;
+        let decided =
+            verdict.decision.iter().flat_map(move |decision| {
+                decision.statuses.iter().zip(limits).enumerate().map(
+                    move |(index, (status, limit))| {
+                        (index, Outcome::of(status.allowed, limit.shadow, local))
+                    },
+                )
+            });
+        let failed = match (&verdict.decision, verdict.outcome) {
+            (None, Outcome::ErrorAllowed) => Some(Outcome::ErrorAllowed),
+            (None, Outcome::ErrorDenied) => Some(Outcome::ErrorDenied),
+            _ => None,
+        };
+        let undecided = failed
+            .into_iter()
+            .flat_map(move |outcome| (0..limits.len()).map(move |index| (index, outcome)));
+        decided.chain(undecided)
+    }
+
+    /// One limit's answer: whether it allowed, whether it is a shadow limit, and whether the
+    /// in-process fallback gave it.
+    fn of(allowed: bool, shadow: bool, local: bool) -> Outcome {
+        match (allowed, shadow, local) {
+            (true, _, false) => Outcome::Allowed,
+            (true, _, true) => Outcome::LocalAllowed,
+            (false, true, _) => Outcome::ShadowLimited,
+            (false, false, false) => Outcome::Limited,
+            (false, false, true) => Outcome::LocalLimited,
         }
-    }
-
-    /// The problem's title: the status's reason phrase.
-    pub fn title(self) -> &'static str {
-        match self {
-            Rejection::NoRoute => "Not Found",
-            Rejection::BadRequest(_) => "Bad Request",
-            Rejection::UriTooLong => "URI Too Long",
-            Rejection::HeadersTooLarge => "Request Header Fields Too Large",
-            Rejection::BodyTooLarge => "Content Too Large",
-            Rejection::Limited { .. } => "Too Many Requests",
-            Rejection::LimiterUnavailable => "Service Unavailable",
-        }
-    }
-
-    /// The problem's detail, for every rejection but `Limited` (whose detail names the limit).
-    pub fn detail(self) -> &'static str {
-        match self {
-            Rejection::NoRoute => "No route matches this request.",
-            Rejection::BadRequest(detail) => detail,
-            Rejection::UriTooLong => "The request target is too long.",
-            Rejection::HeadersTooLarge => "The request headers are too large.",
-            Rejection::BodyTooLarge => "The request body is larger than this route accepts.",
-            Rejection::Limited { .. } => "A rate limit of this route is exceeded.",
-            Rejection::LimiterUnavailable => "The rate limiter is unavailable.",
-        }
-    }
-
-    /// The gRPC status a gRPC client gets instead (RESOURCE_EXHAUSTED for a limit, as Envoy's
-    /// rate limit filter answers; the gRPC mapping of the HTTP status for the rest).
-    pub fn grpc_status(self) -> GrpcStatus {
-        match self {
-            Rejection::Limited { .. } => GrpcStatus::ResourceExhausted,
-            Rejection::LimiterUnavailable => GrpcStatus::Unavailable,
-            Rejection::NoRoute => GrpcStatus::Unimplemented,
-            Rejection::BadRequest(_)
-            | Rejection::UriTooLong
-            | Rejection::HeadersTooLarge
-            | Rejection::BodyTooLarge => GrpcStatus::Internal,
-        }
-    }
-
-    /// The metric label of a request answered with this rejection.
-    pub fn outcome(self) -> Outcome {
-        match self {
-            Rejection::NoRoute => Outcome::NoRoute,
-            Rejection::BadRequest(_)
-            | Rejection::UriTooLong
-            | Rejection::HeadersTooLarge
-            | Rejection::BodyTooLarge => Outcome::BadRequest,
-            Rejection::Limited { locally: false } => Outcome::Limited,
-            Rejection::Limited { locally: true } => Outcome::LocalLimited,
-            Rejection::LimiterUnavailable => Outcome::ErrorDenied,
-        }
-    }
-}
-
-/// Why a request its limits admitted got no answer from the upstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpstreamFailure {
-    /// No server could be reached: none healthy, connection refused or reset, TLS failed.
-    Unreachable,
-    /// A server did not answer within the route's timeouts.
-    TimedOut,
-}
-
-impl UpstreamFailure {
-    pub fn status(self) -> u16 {
-        match self {
-            UpstreamFailure::Unreachable => 502,
-            UpstreamFailure::TimedOut => 504,
-        }
-    }
-
-    pub fn title(self) -> &'static str {
-        match self {
-            UpstreamFailure::Unreachable => "Bad Gateway",
-            UpstreamFailure::TimedOut => "Gateway Timeout",
-        }
-    }
-
-    pub fn detail(self) -> &'static str {
-        match self {
-            UpstreamFailure::Unreachable => "The upstream server could not be reached.",
-            UpstreamFailure::TimedOut => "The upstream server did not answer in time.",
-        }
-    }
-
-    /// What a gRPC client gets instead: UNAVAILABLE (the gRPC mapping of 502 and 504).
-    pub fn grpc_status(self) -> GrpcStatus {
-        GrpcStatus::Unavailable
-    }
-}
-
-/// The gRPC status codes sluice answers with (`grpc-status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GrpcStatus {
-    ResourceExhausted = 8,
-    Unimplemented = 12,
-    Internal = 13,
-    Unavailable = 14,
-}
-
-impl GrpcStatus {
-    pub fn code(self) -> u8 {
-        self as u8
     }
 }
 
@@ -218,8 +123,6 @@ pub struct Verdict {
     pub outcome: Outcome,
     /// What the limits said, when a limiter decided.
     pub decision: Option<Decision>,
-    /// Set when the gateway answers the request itself.
-    pub rejection: Option<Rejection>,
     /// Shaping (`max_delay`): hold the admitted request this long before it goes upstream.
     pub delay: Duration,
     /// How long the limiter took to decide (zero when no limiter was asked).
@@ -231,21 +134,17 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// A request the gateway answers itself before any limiter is asked.
-    pub fn rejected(rejection: Rejection) -> Verdict {
-        Verdict {
-            outcome: rejection.outcome(),
-            rejection: Some(rejection),
-            ..Verdict::unlimited()
-        }
-    }
-
     /// A request on a route without limits.
     pub fn unlimited() -> Verdict {
+        Verdict::undecided(Outcome::Allowed)
+    }
+
+    /// A request no limiter decided: `outcome` is the failure mode's (or `Allowed` without
+    /// limits).
+    pub fn undecided(outcome: Outcome) -> Verdict {
         Verdict {
-            outcome: Outcome::Allowed,
+            outcome,
             decision: None,
-            rejection: None,
             delay: Duration::ZERO,
             limiter_time: Duration::ZERO,
             id: RequestId::default(),
@@ -255,7 +154,14 @@ impl Verdict {
 
     /// The request goes upstream.
     pub fn admitted(&self) -> bool {
-        self.rejection.is_none()
+        self.outcome.admitted()
+    }
+
+    /// The limit that decided the request: the one that denied it, or the shadow limit that
+    /// would have (an index into the route's limits).
+    pub fn deciding_limit(&self) -> Option<usize> {
+        let decision = self.decision.as_ref()?;
+        decision.denied_by.or(decision.shadow_denied_by)
     }
 }
 
@@ -264,25 +170,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_rejection_maps_to_one_status_and_one_label() {
-        let all = [
-            (Rejection::NoRoute, 404, "no_route"),
-            (Rejection::BadRequest("x"), 400, "bad_request"),
-            (Rejection::UriTooLong, 414, "bad_request"),
-            (Rejection::HeadersTooLarge, 431, "bad_request"),
-            (Rejection::BodyTooLarge, 413, "bad_request"),
-            (Rejection::Limited { locally: false }, 429, "limited"),
-            (Rejection::Limited { locally: true }, 429, "local_limited"),
-            (Rejection::LimiterUnavailable, 503, "error_denied"),
+    fn refused_outcomes_are_the_ones_not_admitted() {
+        let refused = [
+            Outcome::Limited,
+            Outcome::LocalLimited,
+            Outcome::ErrorDenied,
         ];
-        for (rejection, status, label) in all {
+        for outcome in Outcome::ALL {
             assert_eq!(
-                (rejection.status(), rejection.outcome().label()),
-                (status, label)
+                outcome.admitted(),
+                !refused.contains(&outcome),
+                "{outcome:?}"
             );
-            let verdict = Verdict::rejected(rejection);
-            assert!(!verdict.admitted() && !verdict.outcome.admitted());
+            assert_eq!(Outcome::ALL[outcome as usize], outcome);
         }
         assert!(Verdict::unlimited().admitted());
+        assert!(!Verdict::undecided(Outcome::ErrorDenied).admitted());
     }
 }

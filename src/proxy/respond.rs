@@ -1,6 +1,6 @@
-//! The one place where rejections become HTTP responses, and decisions become `RateLimit`
-//! headers. What each rejection means (status, title, detail, gRPC status, metric label) is
-//! decided in `limiter::verdict`; this writes it as `application/problem+json`, or, for a gRPC
+//! The one place where answers become HTTP responses, and decisions become `RateLimit`
+//! headers. What each answer means (status, title, detail, gRPC status, metric label) is
+//! decided in `crate::answer`; this writes it as `application/problem+json`, or, for a gRPC
 //! call, as what a gRPC client understands: HTTP 200 with `grpc-status`, `grpc-message` and, for
 //! a limit, the retry delay (`grpc-retry-pushback-ms`, `Retry-After`) — a trailers-only answer.
 
@@ -14,7 +14,8 @@ use pingora::http::ResponseHeader;
 use pingora::protocols::http::HttpTask;
 use pingora::proxy::Session;
 
-use crate::limiter::{Decision, GrpcStatus, Rejection, UpstreamFailure};
+use crate::answer::{Answer, GrpcStatus};
+use crate::limiter::Decision;
 use crate::router::Route;
 
 pub const RATELIMIT: &str = "ratelimit";
@@ -105,46 +106,29 @@ fn problem(
     ))
 }
 
-/// Writes the whole response for `rejection`; a `429` names the denying limit of `limited`'s
+/// Writes the whole response for `answer`; a `429` names the denying limit of `limited`'s
 /// route and carries its headers.
 pub async fn respond(
     session: &mut Session,
-    rejection: Rejection,
+    answer: Answer,
     limited: Option<(&Route, &Decision)>,
     id: Option<RequestIdHeader<'_>>,
 ) -> pingora::Result<()> {
     if is_grpc(session) {
-        return respond_grpc_rejection(session, rejection, limited, id).await;
+        return respond_grpc(session, answer, limited, id).await;
     }
-    let status = rejection.status();
+    let status = answer.status();
     let mut header = ResponseHeader::build(status, Some(6))?;
-    let body = match (rejection, limited) {
-        (Rejection::Limited { .. }, Some((route, decision))) => {
+    let body = match (answer, limited) {
+        (Answer::Limited { .. }, Some((route, decision))) => {
             limited_body(&mut header, route, decision, id)?
         }
-        (Rejection::LimiterUnavailable, _) => {
+        (Answer::LimiterUnavailable, _) => {
             header.insert_header(RETRY_AFTER, "1")?;
-            problem(status, rejection.title(), rejection.detail(), "", id)
+            problem(status, answer.title(), answer.detail(), "", id)
         }
-        _ => problem(status, rejection.title(), rejection.detail(), "", id),
+        _ => problem(status, answer.title(), answer.detail(), "", id),
     };
-    send(session, header, body, id).await
-}
-
-/// Writes the response for a request whose upstream failed, unless a response has already
-/// begun (then the connection is simply closed by Pingora).
-pub async fn respond_upstream_failure(
-    session: &mut Session,
-    failure: UpstreamFailure,
-    id: Option<RequestIdHeader<'_>>,
-) -> pingora::Result<()> {
-    if is_grpc(session) {
-        let header = ResponseHeader::build(200, Some(5))?;
-        return send_grpc(session, header, failure.grpc_status(), failure.detail(), id).await;
-    }
-    let status = failure.status();
-    let header = ResponseHeader::build(status, Some(5))?;
-    let body = problem(status, failure.title(), failure.detail(), "", id);
     send(session, header, body, id).await
 }
 
@@ -170,16 +154,16 @@ fn grpc_message(text: &str) -> String {
     out
 }
 
-/// The gRPC answer of a rejection; a limit carries its retry delay and `RateLimit` headers.
-async fn respond_grpc_rejection(
+/// The gRPC answer; a limit carries its retry delay and `RateLimit` headers.
+async fn respond_grpc(
     session: &mut Session,
-    rejection: Rejection,
+    answer: Answer,
     limited: Option<(&Route, &Decision)>,
     id: Option<RequestIdHeader<'_>>,
 ) -> pingora::Result<()> {
     let mut header = ResponseHeader::build(200, Some(8))?;
-    let message = match (rejection, limited) {
-        (Rejection::Limited { .. }, Some((route, decision))) => {
+    let message = match (answer, limited) {
+        (Answer::Limited { .. }, Some((route, decision))) => {
             let limit = decision
                 .denied_by
                 .and_then(|i| route.limits.limits().get(i))
@@ -191,13 +175,13 @@ async fn respond_grpc_rejection(
             add_ratelimit_headers(&mut header, route, decision)?;
             format!("rate limit '{limit}' of route '{}' exceeded", route.name)
         }
-        (Rejection::LimiterUnavailable, _) => {
+        (Answer::LimiterUnavailable, _) => {
             header.insert_header("grpc-retry-pushback-ms", 1000)?;
-            rejection.detail().to_string()
+            answer.detail().to_string()
         }
-        _ => rejection.detail().to_string(),
+        _ => answer.detail().to_string(),
     };
-    send_grpc(session, header, rejection.grpc_status(), &message, id).await
+    send_grpc(session, header, answer.grpc_status(), &message, id).await
 }
 
 /// Sends a trailers-only gRPC answer: one HEADERS frame that ends the stream.

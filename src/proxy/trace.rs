@@ -6,14 +6,16 @@
 use std::net::SocketAddr;
 use std::time::SystemTime;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderValue};
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracer, Span};
 use pingora::http::RequestHeader;
+use pingora::proxy::Session;
 
+use crate::exchange::Exchange;
 use crate::limiter::{Source, Verdict};
 
 /// Reads `traceparent` / `tracestate` from request headers.
@@ -187,4 +189,26 @@ pub struct Ended<'a> {
     pub limit: Option<&'a str>,
     pub client: Option<std::net::IpAddr>,
     pub request_id: Option<&'a str>,
+}
+
+impl<'a> Ended<'a> {
+    /// What the span of the request `exchange` records, once it has ended with `status`.
+    pub fn of(
+        session: &'a Session,
+        request_id: Option<&'a HeaderValue>,
+        exchange: &'a Exchange,
+        status: Option<u16>,
+    ) -> Ended<'a> {
+        let req = session.req_header();
+        Ended {
+            method: req.method.as_str(),
+            path: exchange.normalized_path().unwrap_or(req.uri.path()),
+            route: exchange.route().map(|r| &*r.name),
+            status: status.unwrap_or(0),
+            decision: exchange.decided().label(),
+            limit: exchange.deciding_limit(),
+            client: exchange.client(),
+            request_id: request_id.and_then(|id| id.to_str().ok()),
+        }
+    }
 }

@@ -9,6 +9,8 @@
 //! last entry holds the limit, if any. `requests_per_unit: 0` refuses every request (a block
 //! list); `unlimited: true` admits every one without counting.
 
+pub mod decide;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -2,11 +2,23 @@
 //! host; each refused with a `400` (or `414`/`431`) when a backend could read it otherwise.
 
 use std::borrow::Cow;
+use std::net::IpAddr;
 
+use http::request::Parts;
 use http::{Method, Version};
-use pingora::http::RequestHeader;
 
-use crate::limiter::Rejection;
+use crate::answer::Answer;
+
+/// A request head as the exchange reads it: what any adapter (HTTP/1, HTTP/2) can hand over
+/// without its own types.
+#[derive(Clone, Copy)]
+pub struct Head<'a> {
+    pub parts: &'a Parts,
+    /// The request target's bytes as they came (the URI may have re-encoded them).
+    pub raw_target: &'a [u8],
+    /// The TCP peer.
+    pub peer: Option<IpAddr>,
+}
 
 /// The form of a request target (RFC 9112 §3.2) sluice accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,8 +39,8 @@ const BAD_HOST: &str =
 const NO_HOST: &str = "An HTTP/1.1 request must carry a Host header.";
 
 /// The form of the request's target; anything else is `400`.
-pub fn target(req: &RequestHeader) -> Result<Target, Rejection> {
-    let raw = req.raw_path();
+pub fn target(head: &Head<'_>) -> Result<Target, Answer> {
+    let (raw, req) = (head.raw_target, head.parts);
     let lower = |prefix: &[u8]| {
         raw.len() >= prefix.len() && raw[..prefix.len()].eq_ignore_ascii_case(prefix)
     };
@@ -39,27 +51,27 @@ pub fn target(req: &RequestHeader) -> Result<Target, Rejection> {
     } else if (lower(b"http://") || lower(b"https://")) && req.uri.path().starts_with('/') {
         Ok(Target::Absolute)
     } else {
-        Err(Rejection::BadRequest(BAD_TARGET))
+        Err(Answer::BadRequest(BAD_TARGET))
     }
 }
 
 /// A `Host` that names one host and at most one numeric port; HTTP/1.1 requires one.
-pub fn check_host(req: &RequestHeader) -> Result<(), Rejection> {
+pub fn check_host(req: &Parts) -> Result<(), Answer> {
     let mut hosts = req.headers.get_all(http::header::HOST).iter();
     let Some(host) = hosts.next() else {
         // HTTP/2 carries the authority in the URI instead.
         return match (req.version, req.uri.authority()) {
-            (Version::HTTP_11, None) => Err(Rejection::BadRequest(NO_HOST)),
+            (Version::HTTP_11, None) => Err(Answer::BadRequest(NO_HOST)),
             _ => Ok(()),
         };
     };
     if hosts.next().is_some() {
-        return Err(Rejection::BadRequest(BAD_HOST));
+        return Err(Answer::BadRequest(BAD_HOST));
     }
-    let host = host.to_str().map_err(|_| Rejection::BadRequest(BAD_HOST))?;
+    let host = host.to_str().map_err(|_| Answer::BadRequest(BAD_HOST))?;
     valid_authority(host)
         .then_some(())
-        .ok_or(Rejection::BadRequest(BAD_HOST))
+        .ok_or(Answer::BadRequest(BAD_HOST))
 }
 
 /// `name[:port]`, `a.b.c.d[:port]` or `[v6][:port]`; a port is 1 to 5 digits up to 65535.
@@ -103,20 +115,20 @@ pub const MAX_URI_LEN: usize = 8 * 1024;
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 
 /// `414` for an overlong request target, `431` for too many header bytes: before any Redis call.
-pub fn oversized(req: &RequestHeader) -> Option<Rejection> {
+pub fn oversized(req: &Parts) -> Option<Answer> {
     if req.uri.path_and_query().map_or(0, |pq| pq.as_str().len()) > MAX_URI_LEN {
-        return Some(Rejection::UriTooLong);
+        return Some(Answer::UriTooLong);
     }
     let header_bytes: usize = req
         .headers
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len())
         .sum();
-    (header_bytes > MAX_HEADER_BYTES).then_some(Rejection::HeadersTooLarge)
+    (header_bytes > MAX_HEADER_BYTES).then_some(Answer::HeadersTooLarge)
 }
 
 /// The body length the request declares (`Content-Length`), if any.
-pub fn declared_body_length(req: &RequestHeader) -> Option<u64> {
+pub fn declared_body_length(req: &Parts) -> Option<u64> {
     req.headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -124,7 +136,7 @@ pub fn declared_body_length(req: &RequestHeader) -> Option<u64> {
 }
 
 /// The request's host, lowercased, without port or trailing dot.
-pub fn host(req: &RequestHeader) -> Cow<'_, str> {
+pub fn host(req: &Parts) -> Cow<'_, str> {
     let raw = req
         .uri
         .host()

@@ -1,0 +1,318 @@
+//! One request's lifecycle, without Pingora: [`Exchange::admit`] finds the route, who is calling
+//! and what the request asks of each limit, asks the policy, and says whether the request goes
+//! upstream (after its shaping delay) or what the gateway answers instead; the upstream steps
+//! (`upstream.rs`) choose servers within the route's deadline and keep what the attempts and
+//! the response said; [`Exchange::end`] counts the request and gives back or settles what it
+//! took. The proxy (`proxy/`) only converts Pingora's types in and renders [`Answer`]s out.
+
+pub mod head;
+mod upstream;
+
+use std::borrow::Cow;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use crate::answer::{Answer, Decided, Unasked, UpstreamError};
+use crate::keys::{self, RequestFacts};
+use crate::limiter::{Asks, CostReport, Decision, Policy, Verdict, LIMITS_INLINE};
+use crate::metrics::{InFlight, RouteMetrics};
+use crate::path;
+use crate::router::Route;
+use crate::snapshot::{RouteRuntime, Snapshot};
+
+pub use head::{Head, Target};
+pub use upstream::Dial;
+
+/// What admission says of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// It goes upstream once `delay` (shaping, `max_delay`) has passed.
+    Admitted { delay: Duration },
+    /// The gateway answers it itself.
+    Answered(Answer),
+}
+
+/// One request, from its head to its end, under the configuration it started with.
+pub struct Exchange {
+    snapshot: Arc<Snapshot>,
+    started: Instant,
+    route: Option<Arc<RouteRuntime>>,
+    target: Target,
+    /// The normalized path when it differs from the one received: the upstream gets this one.
+    normalized_path: Option<String>,
+    /// The client the request is keyed on (the peer, or the first untrusted forwarding hop).
+    client: Option<IpAddr>,
+    /// Consistent-hashing key for the upstream pool.
+    balance_key: [u8; 8],
+    /// What the request asked of each limit of its route, kept to settle it when it ends.
+    asks: Asks,
+    /// The policy's verdict; `None` when the request was answered before any limit.
+    verdict: Option<Verdict>,
+    /// What the gateway answers (or answered) instead of the upstream, once it knows.
+    answer: Option<Answer>,
+    /// The request was held for shaping and its client left: its units went back.
+    abandoned: bool,
+    /// When the route's `request_timeout` runs out.
+    deadline: Option<Instant>,
+    /// Request body bytes received so far.
+    body_bytes: u64,
+    upstream: upstream::Attempts,
+    /// What the response said it cost, per limit of the route (`cost_from_response`).
+    cost_reports: SmallVec<[CostReport; LIMITS_INLINE]>,
+    /// Counts the routed request in flight until it ends.
+    in_flight: Option<InFlight>,
+}
+
+impl Exchange {
+    /// A request that arrived at `started`, under `snapshot`.
+    pub fn new(snapshot: Arc<Snapshot>, started: Instant) -> Exchange {
+        Exchange {
+            snapshot,
+            started,
+            route: None,
+            target: Target::Origin,
+            normalized_path: None,
+            client: None,
+            balance_key: [0; 8],
+            asks: Asks::new(),
+            verdict: None,
+            answer: None,
+            abandoned: false,
+            deadline: None,
+            body_bytes: 0,
+            upstream: upstream::Attempts::default(),
+            cost_reports: SmallVec::new(),
+            in_flight: None,
+        }
+    }
+
+    /// Route, client, keys, then the policy's verdict: whether the request goes upstream.
+    pub async fn admit(&mut self, policy: &Policy, head: &Head<'_>) -> Admission {
+        if let Err(answer) = self.prepare(head) {
+            return self.answer(answer);
+        }
+        let Some(route) = self.route.clone() else {
+            return self.answer(Answer::NoRoute);
+        };
+        let verdict = policy.decide(&route.route.limits, &self.asks).await;
+        self.deadline = route.route.request_timeout.map(|t| self.started + t);
+        let refusal = Answer::refusing(verdict.outcome);
+        let delay = verdict.delay;
+        self.verdict = Some(verdict);
+        match refusal {
+            Some(answer) => self.answer(answer),
+            None => Admission::Admitted { delay },
+        }
+    }
+
+    /// Finds the request's route and what it asks of each limit; `Err` when the gateway
+    /// answers the request itself.
+    fn prepare(&mut self, head: &Head<'_>) -> Result<(), Answer> {
+        let req = head.parts;
+        if let Some(answer) = head::oversized(req) {
+            return Err(answer);
+        }
+        self.target = head::target(head)?;
+        head::check_host(req)?;
+        let config = &self.snapshot.config;
+        let host = head::host(req);
+        let path = match self.target {
+            Target::Asterisk => Cow::Borrowed("/"),
+            _ => path::normalize(req.uri.path(), config.paths)
+                .map_err(|error| Answer::BadRequest(error.detail()))?,
+        };
+        let runtime = Arc::clone(
+            self.snapshot
+                .find(&host, &path, &req.method)
+                .ok_or(Answer::NoRoute)?,
+        );
+        self.in_flight = Some(runtime.metrics.in_flight());
+        let route = Arc::clone(&runtime.route);
+        self.route = Some(runtime);
+        let declared = head::declared_body_length(req);
+        if route.max_body_bytes.is_some_and(|max| declared > Some(max)) {
+            return Err(Answer::BodyTooLarge);
+        }
+        if let Cow::Owned(normalized) = &path {
+            self.normalized_path = Some(normalized.clone());
+        }
+        let client = config.identity.client(head.peer, &req.headers);
+        self.client = Some(client);
+        let facts = RequestFacts {
+            client_ip: client,
+            method: req.method.as_str(),
+            host: &host,
+            path: &path,
+            query: req.uri.query(),
+            headers: &req.headers,
+            route: &route.name,
+        };
+        if let Some(parts) = route.upstream.hash_parts() {
+            self.balance_key = keys::digest_parts(&facts, parts).to_be_bytes();
+        }
+        if !route.limits.is_empty() {
+            self.asks = route.asks(&facts)?;
+        }
+        Ok(())
+    }
+
+    /// Keeps `answer` as what the gateway answers, and says so.
+    fn answer(&mut self, answer: Answer) -> Admission {
+        self.answer = Some(answer);
+        Admission::Answered(answer)
+    }
+
+    /// The admitted request will not go upstream (its client left while it was held for
+    /// shaping): the units it reserved go back.
+    pub async fn abandon(&mut self, policy: &Policy) {
+        if let (Some(route), Some(verdict)) = (&self.route, &self.verdict) {
+            policy
+                .give_back(&route.route.limits, &self.asks, verdict)
+                .await;
+        }
+        self.abandoned = true;
+    }
+
+    /// The request has ended with `status` (`None`: nothing was answered): counts it, gives
+    /// back its concurrency slots, and settles what its response said it cost.
+    pub async fn end(&mut self, policy: &Policy, status: Option<u16>) {
+        let metrics = self.metrics();
+        metrics.count(self.decided());
+        if let Some(status) = status {
+            metrics.observe_duration(status, self.started.elapsed());
+            if self.verdict.as_ref().is_some_and(Verdict::admitted) {
+                metrics.count_upstream_status(status);
+            }
+        }
+        if let Some(upstream_time) = self.upstream.time {
+            metrics.observe_upstream(upstream_time);
+        }
+        if let (Some(runtime), Some(verdict)) = (&self.route, &self.verdict) {
+            let limits = &runtime.route.limits;
+            metrics.count_limits(limits.limits(), verdict);
+            policy.finish(limits, &self.asks, verdict).await;
+            if limits.priced_by_response() && verdict.admitted() && !self.abandoned {
+                metrics.count_response_costs(&self.cost_reports);
+                policy
+                    .settle_response(limits, &self.asks, verdict, &self.cost_reports)
+                    .await;
+            }
+        }
+        self.in_flight = None;
+    }
+
+    /// The request's `decision` label.
+    pub fn decided(&self) -> Decided {
+        match (&self.verdict, self.answer) {
+            (Some(verdict), _) => Decided::Limiter(verdict.outcome),
+            (None, answer) => Decided::Unasked(
+                answer
+                    .and_then(Answer::unasked)
+                    .unwrap_or(Unasked::BadRequest),
+            ),
+        }
+    }
+
+    /// The route's metric handles, or those of unrouted requests.
+    fn metrics(&self) -> &RouteMetrics {
+        match &self.route {
+            Some(runtime) => &runtime.metrics,
+            None => self.snapshot.metrics.unmatched(),
+        }
+    }
+
+    /// The configuration the request started with.
+    pub fn snapshot(&self) -> &Arc<Snapshot> {
+        &self.snapshot
+    }
+
+    /// When the request's head arrived.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    pub fn route(&self) -> Option<&Route> {
+        self.route.as_deref().map(|runtime| &*runtime.route)
+    }
+
+    pub fn verdict(&self) -> Option<&Verdict> {
+        self.verdict.as_ref()
+    }
+
+    /// What the gateway answers (or answered) instead of the upstream, if it does.
+    pub fn answered(&self) -> Option<Answer> {
+        self.answer
+    }
+
+    /// The route and the decision of a request its limits refused or admitted: what the
+    /// `RateLimit` headers and a `429`'s body are written from.
+    pub fn limits_said(&self) -> Option<(&Route, &Decision)> {
+        let decision = self.verdict.as_ref()?.decision.as_ref()?;
+        Some((self.route()?, decision))
+    }
+
+    /// The name of the limit that decided: the one that denied, or the shadow limit that
+    /// would have.
+    pub fn deciding_limit(&self) -> Option<&str> {
+        let index = self.verdict.as_ref()?.deciding_limit()?;
+        self.route()?.limits.limits().get(index).map(|l| &*l.name)
+    }
+
+    /// The failure mode that applied, when the limiter could not decide.
+    pub fn failure_mode(&self) -> Option<&'static str> {
+        let verdict = self.verdict.as_ref()?;
+        let route = self.route()?;
+        verdict
+            .outcome
+            .by_failure_mode()
+            .then(|| route.limits.failure_mode().label())
+    }
+
+    pub fn target(&self) -> Target {
+        self.target
+    }
+
+    /// The path routing and keys saw, when normalizing changed the one received.
+    pub fn normalized_path(&self) -> Option<&str> {
+        self.normalized_path.as_deref()
+    }
+
+    /// The client the request was keyed on.
+    pub fn client(&self) -> Option<IpAddr> {
+        self.client
+    }
+
+    /// Request body bytes received.
+    pub fn body_bytes(&self) -> u64 {
+        self.body_bytes
+    }
+
+    /// How long the limiter took.
+    pub fn limiter_time(&self) -> Duration {
+        self.verdict
+            .as_ref()
+            .map_or(Duration::ZERO, |verdict| verdict.limiter_time)
+    }
+
+    /// The last upstream server chosen, the time to its response head, and why the last
+    /// attempt failed.
+    pub fn upstream_summary(
+        &self,
+    ) -> (
+        Option<std::net::SocketAddr>,
+        Option<Duration>,
+        Option<UpstreamError>,
+    ) {
+        (
+            self.upstream.server,
+            self.upstream.time,
+            self.upstream.error,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,198 @@
+//! The admitted request on its way to the upstream: which server to dial next and how long
+//! each wait may last within the route's deadline, what every failed attempt was (each counted
+//! once), the target the upstream gets, and what the response says it cost.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use http::header::HeaderMap;
+use http::Uri;
+
+use super::{Exchange, Target};
+use crate::answer::{Answer, UpstreamError};
+use crate::limiter::CostReport;
+use crate::tls::PeerTls;
+
+/// What the attempts to reach the upstream have found so far.
+#[derive(Default)]
+pub(super) struct Attempts {
+    /// Servers that refused the connection: not tried again for this request.
+    failed: Vec<SocketAddr>,
+    /// The server last chosen.
+    pub(super) server: Option<SocketAddr>,
+    /// When the first attempt began.
+    started: Option<Instant>,
+    /// From the first attempt to the upstream's response head.
+    pub(super) time: Option<Duration>,
+    /// Why the last attempt failed.
+    pub(super) error: Option<UpstreamError>,
+}
+
+/// How to reach the server chosen for the next attempt.
+pub struct Dial<'a> {
+    pub server: SocketAddr,
+    pub tls: Option<&'a PeerTls>,
+    /// HTTP/2 to the upstream (ALPN over TLS, prior knowledge in the clear).
+    pub http2: bool,
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+    /// Bounded by the route's deadline only.
+    pub write_timeout: Option<Duration>,
+}
+
+impl Exchange {
+    /// The next server to try and how long each wait on it may last: every wait ends by the
+    /// route's deadline. `Err` when none is left or the deadline has passed.
+    pub fn dial(&mut self) -> Result<Dial<'_>, Answer> {
+        self.refuse_if_late()?;
+        if self.route.is_none() {
+            return Err(self.fail(Answer::Internal));
+        }
+        let Some(runtime) = &self.route else {
+            return Err(Answer::Internal);
+        };
+        let Some(server) = runtime.pool.pick(&self.balance_key, &self.upstream.failed) else {
+            self.answer = Some(Answer::UpstreamUnreachable);
+            return Err(Answer::UpstreamUnreachable);
+        };
+        self.upstream.server = Some(server);
+        self.upstream.started.get_or_insert_with(Instant::now);
+        let left = self
+            .deadline
+            .map(|deadline| deadline.saturating_duration_since(Instant::now()));
+        let bounded = |timeout: Duration| left.map_or(timeout, |left| timeout.min(left));
+        let settings = &runtime.route.upstream;
+        Ok(Dial {
+            server,
+            tls: runtime.pool.tls.as_ref(),
+            http2: settings.http2,
+            connect_timeout: bounded(settings.connect_timeout),
+            read_timeout: bounded(settings.read_timeout),
+            write_timeout: left,
+        })
+    }
+
+    /// An attempt to connect to `server` failed (`kind`, when it is an upstream failure):
+    /// whether to try another server, up to the route's `retries`. `retried` says whether it
+    /// will be retried anyway (the connection was a reused one). An attempt that is retried is
+    /// counted here; the last one is counted by [`Exchange::fail_upstream`].
+    pub fn connect_failed(
+        &mut self,
+        server: Option<SocketAddr>,
+        kind: Option<UpstreamError>,
+        retried: bool,
+    ) -> bool {
+        let retries = self.route().map_or(0, |route| route.upstream.retries);
+        let retry = match server {
+            Some(server) if self.upstream.failed.len() < retries => {
+                self.upstream.failed.push(server);
+                true
+            }
+            _ => false,
+        };
+        if retry || retried {
+            if let Some(kind) = kind {
+                self.count_upstream_error(kind);
+            }
+        }
+        retry
+    }
+
+    /// The request could not be proxied: `kind` is why, when the upstream failed (counted
+    /// here, once per request). What the client is answered: the answer already decided (a
+    /// body too large, a deadline run out), or `fallback`.
+    pub fn fail_upstream(&mut self, kind: Option<UpstreamError>, fallback: Answer) -> Answer {
+        if let Some(kind) = kind {
+            self.count_upstream_error(kind);
+        }
+        *self.answer.get_or_insert(fallback)
+    }
+
+    fn count_upstream_error(&mut self, kind: UpstreamError) {
+        self.upstream.error = Some(kind);
+        if let Some(runtime) = &self.route {
+            runtime.metrics.count_upstream_error(kind);
+        }
+    }
+
+    /// Keeps `answer` as the request's, and returns it (for a hook that stops the request).
+    fn fail(&mut self, answer: Answer) -> Answer {
+        *self.answer.get_or_insert(answer)
+    }
+
+    /// `504` once the route's `request_timeout` has run out.
+    pub fn refuse_if_late(&mut self) -> Result<(), Answer> {
+        match self.deadline {
+            Some(deadline) if Instant::now() >= deadline => {
+                Err(self.fail(Answer::UpstreamTimedOut))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `bytes` more of the request body arrived: `413` once the route's `max_body_bytes` is
+    /// exceeded, `504` once its deadline has passed.
+    pub fn body_received(&mut self, bytes: usize) -> Result<(), Answer> {
+        self.body_bytes += bytes as u64;
+        let max = self.route().and_then(|route| route.max_body_bytes);
+        if max.is_some_and(|max| self.body_bytes > max) {
+            return Err(self.fail(Answer::BodyTooLarge));
+        }
+        self.refuse_if_late()
+    }
+
+    /// The target the upstream gets, when it differs from `uri`: a normalized or rewritten
+    /// path, or an absolute-form target (the upstream gets the origin form). `OPTIONS *` goes
+    /// as it came.
+    pub fn upstream_target(&self, uri: &Uri) -> Option<String> {
+        let route = self.route()?;
+        if self.target == Target::Asterisk {
+            return None;
+        }
+        let decided = self.normalized_path.as_deref().unwrap_or(uri.path());
+        let path = route.upstream.upstream_path(decided);
+        let rewrite = path != uri.path() || self.target == Target::Absolute;
+        rewrite.then(|| match uri.query() {
+            Some(query) => format!("{path}?{query}"),
+            None => path.into_owned(),
+        })
+    }
+
+    /// The upstream's response head arrived: the upstream time ends here, and its headers may
+    /// say what the response cost.
+    pub fn response_head(&mut self, headers: &HeaderMap) {
+        if self.upstream.time.is_none() {
+            self.upstream.time = self.upstream.started.map(|started| started.elapsed());
+        }
+        self.read_cost_reports(headers);
+    }
+
+    /// Trailers (HTTP/2 and gRPC upstreams) may report what the response cost: a trailer
+    /// overrides the header of the same name.
+    pub fn response_trailers(&mut self, trailers: &HeaderMap) {
+        self.read_cost_reports(trailers);
+    }
+
+    /// Reads what `headers` say the response cost, for each limit of the route priced by the
+    /// response; a report found replaces one held.
+    fn read_cost_reports(&mut self, headers: &HeaderMap) {
+        let Some(runtime) = self
+            .route
+            .as_ref()
+            .filter(|r| r.route.limits.priced_by_response())
+        else {
+            return;
+        };
+        let limits = runtime.route.limits.limits();
+        self.cost_reports.resize(limits.len(), CostReport::Missing);
+        for (report, limit) in self.cost_reports.iter_mut().zip(limits) {
+            let Some(price) = &limit.priced_by_response else {
+                continue;
+            };
+            match price.read(headers) {
+                CostReport::Missing => {}
+                found => *report = found,
+            }
+        }
+    }
+}

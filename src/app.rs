@@ -10,6 +10,8 @@ use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::Server;
 use pingora::services::background::GenBackgroundService;
 use pingora::services::listening::Service;
+use pingora::services::ServiceHandle;
+use pingora::services::ServiceWithDependents;
 
 use crate::admin::AdminApp;
 use crate::config::listeners::Listener;
@@ -116,6 +118,45 @@ pub fn build_policy(config: &Config) -> Result<Policy, String> {
     Ok(Policy::new(engine, fallback, clock, meters))
 }
 
+/// What the services are wired from, taken from the configuration before it moves into the
+/// first snapshot.
+struct Plan {
+    listen: Vec<Listener>,
+    admin_listen: Option<std::net::SocketAddr>,
+    failure_mode: crate::limiter::FailureMode,
+    head_timeout: std::time::Duration,
+    keepalive_timeout: std::time::Duration,
+    source: std::path::PathBuf,
+    restart_only: RestartOnly,
+    tracing: Option<crate::config::observe::TracingSettings>,
+    rls_listen: Option<std::net::SocketAddr>,
+}
+
+impl Plan {
+    fn of(config: &Config) -> Plan {
+        Plan {
+            listen: config.listen.clone(),
+            admin_listen: config.admin_listen,
+            failure_mode: config.failure_mode,
+            head_timeout: config.server.request_head_timeout(),
+            keepalive_timeout: config.server.keepalive_timeout(),
+            source: config.source.clone(),
+            restart_only: RestartOnly::of(config),
+            tracing: config.tracing.clone(),
+            rls_listen: config.rls.as_ref().map(|rls| rls.listen),
+        }
+    }
+}
+
+/// What every proxy service shares: the live configuration, the limiter, the TLS listeners'
+/// certificates and the tracer.
+struct Shared {
+    live: Live,
+    policy: Arc<Policy>,
+    tls: Arc<TlsListeners>,
+    tracing: Option<TracerSlot>,
+}
+
 /// Starts serving and never returns.
 pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallible, String> {
     metrics::init();
@@ -132,135 +173,159 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
     // after daemonizing, and the listeners wait for it: a new instance can be started first and
     // waits for the sockets until the old one is told to hand them over (SIGQUIT).
     let bootstrap = server.bootstrap_as_a_service();
-
     let policy = Arc::new(build_policy(&config)?);
     log::info!("{}", config.summary());
-    let (listen, admin_listen, failure_mode) = (
-        config.listen.clone(),
-        config.admin_listen,
-        config.failure_mode,
-    );
-    let (head_timeout, keepalive_timeout) = (
-        config.server.request_head_timeout(),
-        config.server.keepalive_timeout(),
-    );
-    let (source, restart_only) = (config.source.clone(), RestartOnly::of(&config));
-    let tracing_settings = config.tracing.clone();
-    let rls_listen = config.rls.as_ref().map(|rls| rls.listen);
+    let plan = Plan::of(&config);
     let tls = Arc::new(TlsListeners::load(&config).map_err(|e| e.to_string())?);
     let snapshot = Snapshot::build(config).map_err(|e| e.to_string())?;
     let live: Live = Arc::new(ArcSwap::from_pointee(snapshot));
-
     // The proxy serves only once the configuration service has probed the upstreams.
-    let configuration = server.add_service(GenBackgroundService::new(
-        "sluice configuration".to_string(),
-        Arc::new(ConfigService::new(
-            source,
-            restart_only,
-            Arc::clone(&live),
-            Arc::clone(&tls),
-        )),
-    ));
-    // Envoy's rate limit service, on its own listener, with the proxy's limiter.
-    let rls = rls_listen.map(|listen| {
-        let service = server.add_service(GenBackgroundService::new(
-            "sluice rate limit service".to_string(),
-            Arc::new(RlsService::new(
-                listen,
-                Arc::clone(&live),
-                Arc::clone(&policy),
-            )),
-        ));
-        service.add_dependency(&configuration);
-        service
+    let reloads = ConfigService::new(
+        plan.source.clone(),
+        plan.restart_only.clone(),
+        Arc::clone(&live),
+        Arc::clone(&tls),
+    );
+    let configuration = add_background(&mut server, "sluice configuration", reloads, &[]);
+    let rls = plan.rls_listen.map(|listen| {
+        let service = RlsService::new(listen, Arc::clone(&live), Arc::clone(&policy));
+        let name = "sluice rate limit service";
+        add_background(&mut server, name, service, &[&configuration])
     });
     // Spans, when asked for: the pipeline starts with the services (after daemonizing).
-    let tracing = tracing_settings.map(|settings| {
+    let tracing = plan.tracing.clone().map(|settings| {
         let slot = TracerSlot::default();
-        let service = server.add_service(GenBackgroundService::new(
-            "sluice tracing".to_string(),
-            Arc::new(TracingService::new(settings, Arc::clone(&slot))),
-        ));
-        (slot, service)
+        let service = TracingService::new(settings, Arc::clone(&slot));
+        let handle = add_background(&mut server, "sluice tracing", service, &[]);
+        (slot, handle)
     });
-    // Plain and TLS listeners in one service; cleartext HTTP/2 listeners (h2c) in another, since
-    // prior-knowledge HTTP/2 is a setting of the whole service.
-    let (h2c, others): (Vec<Listener>, Vec<Listener>) = listen.into_iter().partition(|l| l.h2c);
-    let mut proxies = Vec::new();
-    for (name, listeners, cleartext_h2) in [
-        ("sluice proxy", others, false),
-        ("sluice proxy h2c", h2c, true),
-    ] {
-        if listeners.is_empty() {
-            continue;
-        }
-        let mut app = pingora::proxy::http_proxy(
-            &server.configuration,
-            Gateway::new(
-                Arc::clone(&live),
-                Arc::clone(&policy),
-                tracing.as_ref().map(|(slot, _)| Arc::clone(slot)),
-            ),
+    let shared = Shared {
+        live,
+        policy: Arc::clone(&policy),
+        tls,
+        tracing: tracing.as_ref().map(|(slot, _)| Arc::clone(slot)),
+    };
+    let mut before = vec![&bootstrap, &configuration];
+    before.extend(tracing.as_ref().map(|(_, service)| service));
+    let proxies = add_proxies(&mut server, &plan, &shared, &before);
+    let mut serving = proxies;
+    serving.extend(rls);
+    if let Some(addr) = plan.admin_listen {
+        let mut admin = Service::new(
+            "sluice admin".to_string(),
+            HttpServer::new_app(AdminApp::new(policy, plan.failure_mode)),
         );
-        let mut options = HttpServerOptions::default();
-        options.h2c = cleartext_h2;
-        // An HTTP/2 connection with no stream open closes after the keep-alive timeout, as
-        // an idle HTTP/1.1 connection does (FrontDoor).
-        options.h2_idle_timeout = Some(keepalive_timeout);
-        app.server_options = Some(options);
-        let mut service = Service::new(
-            name.to_string(),
-            FrontDoor::new(app, head_timeout, keepalive_timeout),
-        );
-        let mut addresses = Vec::new();
-        for listener in &listeners {
-            let address = listener.addr.to_string();
-            match tls.settings(listener) {
-                Some(settings) => service.add_tls_with_settings(&address, None, settings),
-                None => service.add_tcp(&address),
-            }
-            addresses.push(address);
-        }
-        // Connect to Redis now, from the proxy's own runtime, rather than at the first request.
-        let warm = Arc::clone(&policy);
-        let service = BoundFirst::new(service, addresses).on_start(move || {
-            tokio::spawn(async move {
-                warm.readiness().await;
-            });
-        });
-        let service = server.add_service(service);
-        service.add_dependency(&bootstrap);
-        service.add_dependency(&configuration);
-        if let Some((_, tracing)) = &tracing {
-            service.add_dependency(tracing);
-        }
-        proxies.push(service);
+        admin.add_tcp(&addr.to_string());
+        let admin = BoundFirst::new(admin, vec![addr.to_string()]);
+        serving.push(add_bound(&mut server, admin, &[&bootstrap]));
     }
-
     // `sluice -d` returns once this reports: listeners bound and configuration live (or, when
     // taking over from an old instance, once it waits for the sockets).
     let report = server.add_service(ReadyReport::service());
     report.add_dependency(&configuration);
     if !options.upgrade {
-        for proxy in &proxies {
-            report.add_dependency(proxy);
-        }
-        if let Some(rls) = &rls {
-            report.add_dependency(rls);
-        }
-    }
-
-    if let Some(addr) = admin_listen {
-        let mut admin = Service::new(
-            "sluice admin".to_string(),
-            HttpServer::new_app(AdminApp::new(policy, failure_mode)),
-        );
-        admin.add_tcp(&addr.to_string());
-        let admin = server.add_service(BoundFirst::new(admin, vec![addr.to_string()]));
-        admin.add_dependency(&bootstrap);
-        if !options.upgrade {
-            report.add_dependency(&admin);
-        }
+        serving
+            .iter()
+            .for_each(|service| report.add_dependency(service));
     }
     server.run_forever()
+}
+
+/// Adds the background service `service` named `name`, started after `before`.
+fn add_background<S>(
+    server: &mut Server,
+    name: &str,
+    service: S,
+    before: &[&ServiceHandle],
+) -> ServiceHandle
+where
+    S: pingora::services::background::BackgroundService + Send + Sync + 'static,
+{
+    let handle = server.add_service(GenBackgroundService::new(
+        name.to_string(),
+        Arc::new(service),
+    ));
+    for dependency in before {
+        handle.add_dependency(*dependency);
+    }
+    handle
+}
+
+/// Adds `service` once it has bound `addresses` itself (`BoundFirst`), started after `before`.
+fn add_bound<S>(
+    server: &mut Server,
+    service: BoundFirst<S>,
+    before: &[&ServiceHandle],
+) -> ServiceHandle
+where
+    BoundFirst<S>: ServiceWithDependents + 'static,
+{
+    let handle = server.add_service(service);
+    for dependency in before {
+        handle.add_dependency(*dependency);
+    }
+    handle
+}
+
+/// The proxy services: plain and TLS listeners in one; cleartext HTTP/2 listeners (h2c) in
+/// another, since prior-knowledge HTTP/2 is a setting of the whole service.
+fn add_proxies(
+    server: &mut Server,
+    plan: &Plan,
+    shared: &Shared,
+    before: &[&ServiceHandle],
+) -> Vec<ServiceHandle> {
+    let (h2c, others): (Vec<&Listener>, Vec<&Listener>) = plan.listen.iter().partition(|l| l.h2c);
+    [
+        ("sluice proxy", others, false),
+        ("sluice proxy h2c", h2c, true),
+    ]
+    .into_iter()
+    .filter(|(_, listeners, _)| !listeners.is_empty())
+    .map(|(name, listeners, cleartext_h2)| {
+        let service = proxy_service(server, plan, shared, name, &listeners, cleartext_h2);
+        add_bound(server, service, before)
+    })
+    .collect()
+}
+
+/// One proxy service on `listeners`, behind the front door's deadlines; it connects to Redis
+/// as it starts, from its own runtime, rather than at the first request.
+fn proxy_service(
+    server: &Server,
+    plan: &Plan,
+    shared: &Shared,
+    name: &str,
+    listeners: &[&Listener],
+    cleartext_h2: bool,
+) -> BoundFirst<Service<FrontDoor<pingora::proxy::HttpProxy<Gateway>>>> {
+    let gateway = Gateway::new(
+        Arc::clone(&shared.live),
+        Arc::clone(&shared.policy),
+        shared.tracing.clone(),
+    );
+    let mut app = pingora::proxy::http_proxy(&server.configuration, gateway);
+    let mut options = HttpServerOptions::default();
+    options.h2c = cleartext_h2;
+    // An HTTP/2 connection with no stream open closes after the keep-alive timeout, as an
+    // idle HTTP/1.1 connection does (FrontDoor).
+    options.h2_idle_timeout = Some(plan.keepalive_timeout);
+    app.server_options = Some(options);
+    let front = FrontDoor::new(app, plan.head_timeout, plan.keepalive_timeout);
+    let mut service = Service::new(name.to_string(), front);
+    let mut addresses = Vec::new();
+    for listener in listeners {
+        let address = listener.addr.to_string();
+        match shared.tls.settings(listener) {
+            Some(settings) => service.add_tls_with_settings(&address, None, settings),
+            None => service.add_tcp(&address),
+        }
+        addresses.push(address);
+    }
+    let warm = Arc::clone(&shared.policy);
+    BoundFirst::new(service, addresses).on_start(move || {
+        tokio::spawn(async move {
+            warm.readiness().await;
+        });
+    })
 }

@@ -1,6 +1,7 @@
 //! The admin listener: `GET /metrics` (Prometheus text), `/healthz` (alive), `/readyz`
 //! (`200` when the limiter backend answers, or when it does not and the failure mode still
-//! serves; `503` when it does not and the failure mode refuses traffic).
+//! serves; `503` when it does not and the failure mode refuses traffic). The failure mode is
+//! the one in force: a reload that changes it changes what `/readyz` says.
 
 use std::sync::Arc;
 
@@ -10,18 +11,44 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use pingora_prometheus::PrometheusHttpApp;
 
-use crate::limiter::{FailureMode, Policy, Readiness};
+use crate::limiter::{Policy, Readiness};
+use crate::snapshot::Live;
 
 pub struct AdminApp {
     policy: Arc<Policy>,
-    failure_mode: FailureMode,
+    /// The configuration in force: its failure mode says whether an unavailable limiter makes
+    /// the gateway unready.
+    live: Live,
 }
 
 impl AdminApp {
-    pub fn new(policy: Arc<Policy>, failure_mode: FailureMode) -> AdminApp {
-        AdminApp {
-            policy,
-            failure_mode,
+    pub fn new(policy: Arc<Policy>, live: Live) -> AdminApp {
+        AdminApp { policy, live }
+    }
+
+    /// `/readyz`: whether this gateway should get traffic now.
+    async fn readiness(&self) -> Response<Vec<u8>> {
+        let backend = self.policy.backend();
+        let readiness = self.policy.readiness().await;
+        let failure_mode = self.live.load().config.failure_mode;
+        match readiness {
+            Readiness::Ready => text(200, format!("ready: {backend} limiter\n")),
+            // The failure mode refuses traffic: send it to a gateway that can decide.
+            Readiness::Unavailable(reason) if failure_mode.refuses() => text(
+                503,
+                format!(
+                    "not ready: {backend} limiter unavailable ({reason}); failure_mode {} refuses requests\n",
+                    failure_mode.as_str()
+                ),
+            ),
+            // The failure mode is deciding for Redis: the gateway still serves, degraded.
+            Readiness::Unavailable(reason) => text(
+                200,
+                format!(
+                    "degraded: {backend} limiter unavailable ({reason}); failure_mode {} applies\n",
+                    failure_mode.as_str()
+                ),
+            ),
         }
     }
 }
@@ -49,29 +76,7 @@ impl ServeHttp for AdminApp {
         match session.req_header().uri.path() {
             "/metrics" => PrometheusHttpApp.response(session).await,
             "/healthz" => text(200, "ok\n".to_string()),
-            "/readyz" => match self.policy.readiness().await {
-                Readiness::Ready => {
-                    text(200, format!("ready: {} limiter\n", self.policy.backend()))
-                }
-                // The failure mode refuses traffic: send it to a gateway that can decide.
-                Readiness::Unavailable(reason) if self.failure_mode.refuses() => text(
-                    503,
-                    format!(
-                        "not ready: {} limiter unavailable ({reason}); failure_mode {} refuses requests\n",
-                        self.policy.backend(),
-                        self.failure_mode.as_str()
-                    ),
-                ),
-                // The failure mode is deciding for Redis: the gateway still serves, degraded.
-                Readiness::Unavailable(reason) => text(
-                    200,
-                    format!(
-                        "degraded: {} limiter unavailable ({reason}); failure_mode {} applies\n",
-                        self.policy.backend(),
-                        self.failure_mode.as_str()
-                    ),
-                ),
-            },
+            "/readyz" => self.readiness().await,
             _ => text(
                 404,
                 "not found: try /metrics, /healthz or /readyz\n".to_string(),

@@ -123,7 +123,6 @@ pub fn build_policy(config: &Config) -> Result<Policy, String> {
 struct Plan {
     listen: Vec<Listener>,
     admin_listen: Option<std::net::SocketAddr>,
-    failure_mode: crate::limiter::FailureMode,
     head_timeout: std::time::Duration,
     keepalive_timeout: std::time::Duration,
     source: std::path::PathBuf,
@@ -137,7 +136,6 @@ impl Plan {
         Plan {
             listen: config.listen.clone(),
             admin_listen: config.admin_listen,
-            failure_mode: config.failure_mode,
             head_timeout: config.server.request_head_timeout(),
             keepalive_timeout: config.server.keepalive_timeout(),
             source: config.source.clone(),
@@ -213,7 +211,7 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
     if let Some(addr) = plan.admin_listen {
         let mut admin = Service::new(
             "sluice admin".to_string(),
-            HttpServer::new_app(AdminApp::new(policy, plan.failure_mode)),
+            HttpServer::new_app(AdminApp::new(policy, Arc::clone(&shared.live))),
         );
         admin.add_tcp(&addr.to_string());
         let admin = BoundFirst::new(admin, vec![addr.to_string()]);

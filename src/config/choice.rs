@@ -48,6 +48,16 @@ impl<T: Choice> Spelled<T> {
     }
 }
 
+impl<T: AsRef<str>> Spelled<T> {
+    /// The name as written.
+    pub fn spelling(&self) -> &str {
+        match self {
+            Spelled::Known(choice) => choice.as_ref(),
+            Spelled::Unknown(name) => name,
+        }
+    }
+}
+
 /// The choice written at `at`, `default` when none is; `None` (and a problem) when unknown.
 pub fn chosen<T: Choice>(
     raw: Option<&Spelled<T>>,

@@ -201,16 +201,13 @@ fn compile_rule(
     if raw.unlimited {
         return Some(Rule::Unlimited);
     }
-    let unit = match &raw.unit {
-        Some(Spelled::Known(unit)) => *unit,
-        other => {
-            let spelled = match other {
-                Some(Spelled::Unknown(text)) => text.as_str(),
-                _ => "",
-            };
-            cx.problem(p, path, format!("unit {spelled:?}: use {}", Unit::NAMES));
-            return None;
-        }
+    let Some(Spelled::Known(unit)) = raw.unit else {
+        let spelled = match raw.unit {
+            Some(Spelled::Unknown(text)) => text,
+            _ => String::new(),
+        };
+        cx.problem(p, path, format!("unit {spelled:?}: use {}", Unit::NAMES));
+        return None;
     };
     let Some(count) = raw.requests_per_unit else {
         cx.problem(p, path, "requests_per_unit: required");
@@ -223,10 +220,7 @@ fn compile_rule(
     };
     let chosen = raw.algorithm.as_ref().unwrap_or(cx.algorithm);
     let Some(algorithm) = algorithm(chosen, rate) else {
-        let spelled = match chosen {
-            Spelled::Known(kind) => kind.as_ref(),
-            Spelled::Unknown(text) => text.as_str(),
-        };
+        let spelled = chosen.spelling();
         cx.problem(
             p,
             path,

@@ -34,29 +34,16 @@ pub fn compile(at: &str, raw: Option<RawUpstream>, p: &mut Problems) -> Option<U
         return None;
     }
     let servers = compile_servers(at, &raw.servers, p);
-    let millis = |value: Option<u64>, default: u64, field: &str, p: &mut Problems| {
-        millis_within(
-            value.unwrap_or(default),
-            MILLIS,
-            &format!("{at}.{field}"),
-            p,
-        )
+    let millis = |ms: u64, field: &str, p: &mut Problems| {
+        millis_within(ms, MILLIS, &format!("{at}.{field}"), p)
     };
-    let connect_timeout = millis(
-        raw.connect_timeout_ms,
-        DEFAULT_CONNECT_TIMEOUT_MS,
-        "connect_timeout_ms",
-        p,
-    );
-    let read_timeout = millis(
-        raw.read_timeout_ms,
-        DEFAULT_READ_TIMEOUT_MS,
-        "read_timeout_ms",
-        p,
-    );
+    let connect_timeout = raw.connect_timeout_ms.unwrap_or(DEFAULT_CONNECT_TIMEOUT_MS);
+    let connect_timeout = millis(connect_timeout, "connect_timeout_ms", p);
+    let read_timeout = raw.read_timeout_ms.unwrap_or(DEFAULT_READ_TIMEOUT_MS);
+    let read_timeout = millis(read_timeout, "read_timeout_ms", p);
     let health_check = raw
         .health_check_interval_ms
-        .map(|ms| millis(Some(ms), ms, "health_check_interval_ms", p).ok_or(()))
+        .map(|ms| millis(ms, "health_check_interval_ms", p).ok_or(()))
         .transpose();
     let balance = compile_balance(at, raw.balance.as_ref(), raw.hash_key, p);
     let retries = compile_retries(at, raw.retries, p);

@@ -1,14 +1,12 @@
-//! Envoy's rate limit service, the domain side: envoyproxy/ratelimit's configuration format as is
-//! (a directory of YAML files, one `domain` each, with nested `descriptors` of `key`/`value`,
-//! `rate_limit: { unit, requests_per_unit, unlimited, name, replaces }`, `shadow_mode`,
-//! `detailed_metric`), and how a request's descriptors find their limits and keys.
+//! Envoy's rate limit service, the domain side: the descriptor tree of each domain that
+//! envoyproxy/ratelimit's configuration describes (read from its files by `config::rls_files`),
+//! and how a request's descriptors find their limits and keys.
 //!
 //! Matching is envoyproxy/ratelimit's: each entry of a descriptor descends one level, preferring
 //! a node with the same key and value, then one whose value ends in `*` and prefixes it, else a
 //! node with the key alone (any value; each value then counts apart); the node reached by the
 //! last entry holds the limit, if any. `requests_per_unit: 0` refuses every request (a block
-//! list); `unlimited: true` admits every one without counting. The files are read and compiled
-//! into these types by `config::rls_files`.
+//! list); `unlimited: true` admits every one without counting.
 
 use std::collections::HashMap;
 

@@ -7,12 +7,13 @@ use std::path::Path;
 
 use ipnet::IpNet;
 
+use super::choice::{chosen, EncodedSlash};
 use super::listeners::socket_addr;
 use super::model::Config;
 use super::observe::{compile_access_log, compile_request_id, compile_tracing};
 use super::problem::Problems;
-use super::raw::{RawConfig, RawPath};
-use super::redis::DEFAULT_KEY_PREFIX;
+use super::raw::{RawConfig, RawPath, RawRoute, RawSecret};
+use super::redis::{RedisSettings, DEFAULT_KEY_PREFIX};
 use super::routes::{self, RouteDefaults};
 use crate::identity::{Identity, DEFAULT_IPV6_PREFIX};
 use crate::keys::KeySecret;
@@ -23,34 +24,20 @@ use crate::router::RouteTable;
 /// Compiles `raw`; returns `None` or a config, and adds every problem found to `p`.
 pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config> {
     let server = super::server::check(raw.server, p);
-
     let listen = super::listeners::compile(raw.listen, p);
     let admin_listen = raw
         .admin
         .and_then(|admin| admin.listen)
         .and_then(|text| socket_addr(&text, "admin.listen", p));
-
     let redis = raw.redis.map(|redis| super::redis::compile(redis, p));
-    let key_prefix = redis
-        .as_ref()
-        .map_or(DEFAULT_KEY_PREFIX, |r| r.key_prefix.as_str())
-        .to_string();
-    let failure_mode = routes::failure_mode(raw.failure_mode.as_deref(), "failure_mode", p)
+    let failure_mode = raw
+        .failure_mode
+        .and_then(|mode| mode.known("failure_mode", p))
         .unwrap_or(FailureMode::Allow);
-    // Without a configured secret the prefix keys the hashes: set key_secret in production.
-    let key_secret = raw
-        .key_secret
-        .and_then(|secret| super::secrets::compile(secret, "key_secret", p));
-    let secret = KeySecret::new(key_secret.as_ref().map_or(&*key_prefix, |s| s.expose()));
+    let (key_prefix, secret) = compile_keys(redis.as_ref(), raw.key_secret, p);
     let identity = compile_identity(&raw.trusted_proxies, raw.ipv6_prefix, p);
     let paths = compile_paths(raw.path, p);
-    let instances = raw.instances.unwrap_or(1);
-    if !(1..=10_000).contains(&instances) {
-        p.add(
-            "instances",
-            format!("must be between 1 and 10000, got {instances}"),
-        );
-    }
+    let instances = compile_instances(raw.instances, p);
     let access_log = compile_access_log(raw.access_log, p);
     let request_id = compile_request_id(raw.request_id, p);
     let tracing = compile_tracing(raw.tracing, p);
@@ -65,30 +52,13 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
         },
         p,
     );
-
-    if raw.routes.is_empty() {
-        p.add("routes", "at least one route is required");
-    }
     let defaults = RouteDefaults {
         key_prefix: &key_prefix,
         secret,
         instances,
         failure_mode,
     };
-    let mut names = HashSet::new();
-    let mut compiled = Vec::new();
-    for (index, raw_route) in raw.routes.into_iter().enumerate() {
-        if let Some(name) = &raw_route.name {
-            if !names.insert(name.clone()) {
-                p.add(
-                    format!("routes[{index}].name"),
-                    format!("duplicate route name {name:?}"),
-                );
-            }
-        }
-        compiled.extend(routes::compile(index, raw_route, defaults, p));
-    }
-
+    let routes = compile_routes(raw.routes, defaults, p);
     if !p.is_empty() {
         return None;
     }
@@ -105,8 +75,54 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
         request_id,
         tracing,
         rls,
-        routes: RouteTable::new(compiled),
+        routes,
     })
+}
+
+/// The key prefix (`redis.key_prefix`) and `key_secret`, the key of every key hash. Without a
+/// secret the prefix keys the hashes: set key_secret in production.
+fn compile_keys(
+    redis: Option<&RedisSettings>,
+    raw: Option<RawSecret>,
+    p: &mut Problems,
+) -> (String, KeySecret) {
+    let key_prefix = redis.map_or(DEFAULT_KEY_PREFIX, |r| r.key_prefix.as_str());
+    let key_secret = raw.and_then(|secret| super::secrets::compile(secret, "key_secret", p));
+    let secret = KeySecret::new(key_secret.as_ref().map_or(key_prefix, |s| s.expose()));
+    (key_prefix.to_string(), secret)
+}
+
+/// `instances:`, the gateways sharing the limits (1 unless set).
+fn compile_instances(raw: Option<u64>, p: &mut Problems) -> u64 {
+    let instances = raw.unwrap_or(1);
+    if !(1..=10_000).contains(&instances) {
+        p.add(
+            "instances",
+            format!("must be between 1 and 10000, got {instances}"),
+        );
+    }
+    instances
+}
+
+/// `routes:`: at least one, each name once, each route compiled.
+fn compile_routes(raw: Vec<RawRoute>, defaults: RouteDefaults<'_>, p: &mut Problems) -> RouteTable {
+    if raw.is_empty() {
+        p.add("routes", "at least one route is required");
+    }
+    let mut names = HashSet::new();
+    let mut compiled = Vec::new();
+    for (index, raw_route) in raw.into_iter().enumerate() {
+        if let Some(name) = &raw_route.name {
+            if !names.insert(name.clone()) {
+                p.add(
+                    format!("routes[{index}].name"),
+                    format!("duplicate route name {name:?}"),
+                );
+            }
+        }
+        compiled.extend(routes::compile(index, raw_route, defaults, p));
+    }
+    RouteTable::new(compiled)
 }
 
 fn compile_identity(trusted: &[String], ipv6_prefix: Option<u8>, p: &mut Problems) -> Identity {
@@ -140,20 +156,20 @@ fn compile_identity(trusted: &[String], ipv6_prefix: Option<u8>, p: &mut Problem
 }
 
 fn compile_paths(raw: Option<RawPath>, p: &mut Problems) -> PathPolicy {
-    match raw.and_then(|path| path.encoded_slash).as_deref() {
-        None | Some("reject") => PathPolicy {
-            keep_encoded_slash: false,
-        },
-        Some("keep") => PathPolicy {
+    let encoded_slash = raw.and_then(|path| path.encoded_slash);
+    match chosen(
+        encoded_slash.as_ref(),
+        EncodedSlash::Reject,
+        "path.encoded_slash",
+        p,
+    ) {
+        Some(EncodedSlash::Keep) => PathPolicy {
             keep_encoded_slash: true,
         },
-        Some(other) => {
-            p.add(
-                "path.encoded_slash",
-                format!("unknown value {other:?}: use reject or keep"),
-            );
-            PathPolicy::default()
-        }
+        Some(EncodedSlash::Reject) => PathPolicy {
+            keep_encoded_slash: false,
+        },
+        None => PathPolicy::default(),
     }
 }
 

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 
-use super::problem::{check_name, Problems};
+use super::choice::{chosen, AlgorithmName, LimitMode, OnMissingName, Spelled};
+use super::problem::{required_name, Problems};
 use super::rate::{parse_duration, parse_rate};
 use super::raw::{RawLimit, RawResponseCost};
 use crate::keys::{KeyPart, KeySpec, OnMissing};
@@ -19,22 +20,17 @@ const MAX_DELAY: Duration = Duration::from_secs(60);
 const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
-const ALGORITHMS: &str =
-    "gcra, token_bucket, leaky_bucket, fixed_window, sliding_window, sliding_log or concurrency";
-
 /// The optional fields each algorithm accepts.
-fn accepts(algorithm: &str, field: &str) -> bool {
+fn accepts(algorithm: AlgorithmName, field: &str) -> bool {
+    use AlgorithmName::*;
     match field {
-        "rate" => algorithm != "concurrency",
-        "burst" => algorithm == "gcra",
-        "capacity" => matches!(algorithm, "token_bucket" | "leaky_bucket"),
-        "max_delay" => matches!(algorithm, "gcra" | "leaky_bucket"),
-        "max" | "lease" => algorithm == "concurrency",
-        "cost_header" | "cost_max" => algorithm != "concurrency",
-        "cost_from_response" => matches!(
-            algorithm,
-            "gcra" | "token_bucket" | "leaky_bucket" | "fixed_window"
-        ),
+        "rate" => algorithm != Concurrency,
+        "burst" => algorithm == Gcra,
+        "capacity" => matches!(algorithm, TokenBucket | LeakyBucket),
+        "max_delay" => matches!(algorithm, Gcra | LeakyBucket),
+        "max" | "lease" => algorithm == Concurrency,
+        "cost_header" | "cost_max" => algorithm != Concurrency,
+        "cost_from_response" => matches!(algorithm, Gcra | TokenBucket | LeakyBucket | FixedWindow),
         _ => true,
     }
 }
@@ -54,50 +50,88 @@ fn duration(text: Option<&str>, at: String, max: Duration, p: &mut Problems) -> 
 const MAX_SPLIT: u64 = 256;
 
 pub(crate) fn compile_limit(at: &str, raw: RawLimit, p: &mut Problems) -> Option<(Limit, KeySpec)> {
-    let name = match &raw.name {
-        Some(name) => check_name(name, &format!("{at}.name"), p).then(|| name.clone()),
-        None => {
-            p.add(format!("{at}.name"), "required");
-            None
-        }
+    let name = required_name(raw.name.clone(), &format!("{at}.name"), p);
+    let parts = compile_key(at, raw.key.as_deref(), p);
+    let on_missing = chosen(
+        raw.on_missing.as_ref(),
+        OnMissingName::UseEmpty,
+        &format!("{at}.on_missing"),
+        p,
+    )
+    .map_or(OnMissing::UseEmpty, on_missing);
+    let kind = chosen(
+        raw.algorithm.as_ref(),
+        AlgorithmName::Gcra,
+        &format!("{at}.algorithm"),
+        p,
+    )?;
+    check_parameters(at, kind, &raw, p);
+    let rate = compile_rate(at, kind, raw.rate.as_deref(), p);
+    let algorithm = compile_algorithm(at, kind, &raw, rate, p);
+    let shards = compile_split(at, &raw, algorithm.as_ref(), p);
+    // A split limit is `shards` sub-keys, each an equal share of the whole.
+    let algorithm = algorithm.map(|a| a.share(u64::from(shards)));
+    let leased = compile_leasing(at, &raw, algorithm.as_ref(), p);
+    let (cost, priced_by_response) = compile_pricing(at, kind, &raw, algorithm.as_ref(), p);
+    let (name, algorithm, cost, parts) = (name?, algorithm?, cost?, parts?);
+    let spec = KeySpec {
+        limit: fingerprinted(&name, &algorithm),
+        parts,
+        on_missing,
+        shards,
     };
-    let key_texts = raw
-        .key
-        .clone()
-        .unwrap_or_else(|| vec!["client_ip".to_string()]);
-    let mut parts = Vec::new();
-    for (i, text) in key_texts.iter().enumerate() {
-        match KeyPart::parse(text) {
-            Ok(part) => parts.push(part),
-            Err(e) => p.add(format!("{at}.key[{i}]"), e),
-        }
-    }
-    let parts_ok = parts.len() == key_texts.len();
-    let on_missing = match raw.on_missing.as_deref() {
-        None | Some("use_empty") => OnMissing::UseEmpty,
-        Some("deny") => OnMissing::Deny,
-        Some("skip") => OnMissing::Skip,
-        Some(other) => {
-            p.add(
-                format!("{at}.on_missing"),
-                format!("unknown value {other:?}: use use_empty, skip or deny"),
-            );
-            OnMissing::UseEmpty
-        }
+    let limit = Limit {
+        name: name.into(),
+        algorithm,
+        cost,
+        policy: rate.map(|rate| rate.policy()),
+        shadow: raw.shadow.unwrap_or(false),
+        leased,
+        priced_by_response,
     };
+    Some((limit, spec))
+}
 
-    let kind = raw.algorithm.as_deref().unwrap_or("gcra");
-    let known = ALGORITHMS
-        .replace(" or ", ", ")
-        .split(", ")
-        .any(|a| a == kind);
-    if !known {
-        p.add(
-            format!("{at}.algorithm"),
-            format!("unknown algorithm {kind:?}: use {ALGORITHMS}"),
-        );
-        return None;
+/// `key:` (default `[client_ip]`): the parts of a request the limit counts by.
+fn compile_key(at: &str, texts: Option<&[String]>, p: &mut Problems) -> Option<Vec<KeyPart>> {
+    let default = ["client_ip".to_string()];
+    key_parts(texts.unwrap_or(&default), &format!("{at}.key"), p)
+}
+
+/// The key parts listed at `at` (a limit's `key`, an upstream's `hash_key`); `None` if any is
+/// wrong, each reported.
+pub(crate) fn key_parts(texts: &[String], at: &str, p: &mut Problems) -> Option<Vec<KeyPart>> {
+    let parts: Vec<KeyPart> = texts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| {
+            KeyPart::parse(text)
+                .map_err(|e| p.add(format!("{at}[{i}]"), e))
+                .ok()
+        })
+        .collect();
+    (parts.len() == texts.len()).then_some(parts)
+}
+
+fn on_missing(name: OnMissingName) -> OnMissing {
+    match name {
+        OnMissingName::UseEmpty => OnMissing::UseEmpty,
+        OnMissingName::Skip => OnMissing::Skip,
+        OnMissingName::Deny => OnMissing::Deny,
     }
+}
+
+/// The limit's name in its keys, with a fingerprint of its definition: state written under one
+/// rate is never read under another (a reload that loosens a limit starts fresh buckets).
+fn fingerprinted(name: &str, algorithm: &Algorithm) -> String {
+    let [p1, p2, p3] = algorithm.script_params();
+    let definition = format!("{}:{p1}:{p2}:{p3}", algorithm.script_name());
+    let fingerprint = xxhash_rust::xxh3::xxh3_64(definition.as_bytes()) as u32;
+    format!("{name}.{fingerprint:08x}")
+}
+
+/// Every parameter written that the algorithm does not take is reported.
+fn check_parameters(at: &str, kind: AlgorithmName, raw: &RawLimit, p: &mut Problems) {
     let present = [
         ("burst", raw.burst.is_some()),
         ("capacity", raw.capacity.is_some()),
@@ -118,70 +152,25 @@ pub(crate) fn compile_limit(at: &str, raw: RawLimit, p: &mut Problems) -> Option
             format!("does not apply to algorithm {kind}"),
         );
     }
+}
 
-    let rate: Option<Rate> = match (raw.rate.as_deref(), accepts(kind, "rate")) {
-        (Some(text), true) => parse_rate(text)
-            .map_err(|e| p.add(format!("{at}.rate"), e))
-            .ok(),
-        (None, true) => {
-            p.add(format!("{at}.rate"), "required, e.g. 10/s or 100/30s");
-            None
-        }
-        (_, false) => None,
+/// `rate:`, required by every algorithm but concurrency.
+fn compile_rate(
+    at: &str,
+    kind: AlgorithmName,
+    text: Option<&str>,
+    p: &mut Problems,
+) -> Option<Rate> {
+    if !accepts(kind, "rate") {
+        return None;
+    }
+    let Some(text) = text else {
+        p.add(format!("{at}.rate"), "required, e.g. 10/s or 100/30s");
+        return None;
     };
-    let max_delay = duration(
-        raw.max_delay.as_deref(),
-        format!("{at}.max_delay"),
-        MAX_DELAY,
-        p,
-    )
-    .unwrap_or_default();
-    let algorithm = compile_algorithm(at, kind, &raw, rate, max_delay, p);
-    let shards = compile_split(at, &raw, algorithm.as_ref(), p);
-    // A split limit is `shards` sub-keys, each an equal share of the whole.
-    let algorithm = algorithm.map(|a| a.share(u64::from(shards)));
-
-    // The largest cost one request can ever be granted by this limit (per shard).
-    let capacity = algorithm.map(|a| a.capacity());
-    let leased = compile_leasing(at, &raw, algorithm.as_ref(), p);
-    let (cost, priced_by_response) = match &raw.cost_from_response {
-        Some(response) if accepts(kind, "cost_from_response") => {
-            let priced = compile_response_cost(at, &raw, response, algorithm.as_ref(), p);
-            (
-                priced.as_ref().map(|(estimate, _)| Cost::Fixed(*estimate)),
-                priced.map(|(_, price)| Box::new(price)),
-            )
-        }
-        _ => (compile_cost(at, &raw, capacity, p), None),
-    };
-
-    let (name, algorithm, cost) = (name?, algorithm?, cost?);
-    let policy = rate.map(|rate| rate.policy());
-    // The key carries a fingerprint of the limit's definition: state written under one rate is
-    // never read under another (a reload that loosens a limit starts fresh buckets).
-    let [p1, p2, p3] = algorithm.script_params();
-    let definition = format!("{}:{p1}:{p2}:{p3}", algorithm.script_name());
-    let fingerprint = xxhash_rust::xxh3::xxh3_64(definition.as_bytes()) as u32;
-    let spec = KeySpec {
-        limit: format!("{name}.{fingerprint:08x}"),
-        parts,
-        on_missing,
-        shards,
-    };
-    parts_ok.then(|| {
-        (
-            Limit {
-                name: name.into(),
-                algorithm,
-                cost,
-                policy,
-                shadow: raw.shadow.unwrap_or(false),
-                leased,
-                priced_by_response,
-            },
-            spec,
-        )
-    })
+    parse_rate(text)
+        .map_err(|e| p.add(format!("{at}.rate"), e))
+        .ok()
 }
 
 /// `split: N`: how many sub-keys a hot limit is cut into (1 = not split).
@@ -235,18 +224,13 @@ fn compile_leasing(
     algorithm: Option<&Algorithm>,
     p: &mut Problems,
 ) -> Option<Leasing> {
-    let leased = match raw.mode.as_deref() {
-        None | Some("exact") => false,
-        Some("leased") => true,
-        Some(other) => {
-            p.add(
-                format!("{at}.mode"),
-                format!("unknown mode {other:?}: use exact or leased"),
-            );
-            return None;
-        }
-    };
-    if !leased {
+    let mode = chosen(
+        raw.mode.as_ref(),
+        LimitMode::Exact,
+        &format!("{at}.mode"),
+        p,
+    )?;
+    if mode == LimitMode::Exact {
         if raw.lease_units.is_some() {
             p.add(
                 format!("{at}.lease_units"),
@@ -282,37 +266,31 @@ fn compile_leasing(
     Some(Leasing { max_units })
 }
 
+/// The algorithm of `kind` with the limit's parameters; every problem reported.
 fn compile_algorithm(
     at: &str,
-    kind: &str,
+    kind: AlgorithmName,
     raw: &RawLimit,
     rate: Option<Rate>,
-    max_delay: Duration,
     p: &mut Problems,
 ) -> Option<Algorithm> {
+    let max_delay = duration(
+        raw.max_delay.as_deref(),
+        format!("{at}.max_delay"),
+        MAX_DELAY,
+        p,
+    )
+    .unwrap_or_default();
     let max_delay_us = max_delay.as_micros() as u64;
-    let gcra = |units: u64, field: &str, p: &mut Problems| {
-        let rate = rate?;
-        let emission_us = rate.period_us().div_ceil(rate.count.get());
-        match units.checked_mul(emission_us) {
-            Some(tolerance_us) if tolerance_us <= MAX_TOLERANCE_US => Some(Algorithm::Gcra {
-                emission_us,
-                tolerance_us,
-                max_delay_us,
-            }),
-            _ => {
-                p.add(
-                    format!("{at}.{field}"),
-                    format!("{field} is too large for rate {rate}"),
-                );
-                None
-            }
-        }
-    };
     match kind {
-        "gcra" => gcra(raw.burst.unwrap_or(0).saturating_add(1), "burst", p),
-        "token_bucket" | "leaky_bucket" => match raw.capacity {
-            Some(capacity) if capacity >= 1 => gcra(capacity, "capacity", p),
+        AlgorithmName::Gcra => {
+            let units = raw.burst.unwrap_or(0).saturating_add(1);
+            compile_gcra(at, rate?, units, "burst", max_delay_us, p)
+        }
+        AlgorithmName::TokenBucket | AlgorithmName::LeakyBucket => match raw.capacity {
+            Some(capacity) if capacity >= 1 => {
+                compile_gcra(at, rate?, capacity, "capacity", max_delay_us, p)
+            }
             Some(_) => {
                 p.add(format!("{at}.capacity"), "must be at least 1");
                 None
@@ -322,52 +300,116 @@ fn compile_algorithm(
                 None
             }
         },
-        "fixed_window" => rate.map(|r| Algorithm::FixedWindow {
-            limit: r.count.get(),
-            window_us: r.period_us(),
-        }),
-        "sliding_window" => rate.map(|r| Algorithm::SlidingWindow {
-            limit: r.count.get(),
-            window_us: r.period_us(),
-        }),
-        "sliding_log" => {
-            let rate = rate?;
-            if rate.count.get() > MAX_SLIDING_LOG_LIMIT {
+        AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow | AlgorithmName::SlidingLog => {
+            let window = window(kind, rate?);
+            if window.is_none() {
                 p.add(
                     format!("{at}.rate"),
                     format!(
                         "sliding_log keeps one entry per request: at most {MAX_SLIDING_LOG_LIMIT} per window (use sliding_window or gcra)"
                     ),
                 );
-                return None;
             }
-            Some(Algorithm::SlidingLog {
-                limit: rate.count.get(),
-                window_us: rate.period_us(),
-            })
+            window
         }
-        "concurrency" => {
-            let lease = duration(raw.lease.as_deref(), format!("{at}.lease"), MAX_LEASE, p)
-                .unwrap_or(DEFAULT_LEASE);
-            match raw.max {
-                Some(max) if max >= 1 => Some(Algorithm::Concurrency {
-                    max,
-                    lease_us: lease.as_micros() as u64,
-                }),
-                Some(_) => {
-                    p.add(format!("{at}.max"), "must be at least 1");
-                    None
-                }
-                None => {
-                    p.add(
-                        format!("{at}.max"),
-                        "required for concurrency (requests in flight per key)",
-                    );
-                    None
-                }
-            }
+        AlgorithmName::Concurrency => compile_concurrency(at, raw, p),
+    }
+}
+
+/// GCRA at `rate` with `units` of credit (`burst + 1`, or a bucket's capacity), admitting a
+/// request up to `max_delay_us` early by holding it; `None` when the credit is too large to stay
+/// exact in Lua. Routes and the rate limit service build GCRA here.
+pub(crate) fn gcra(rate: Rate, units: u64, max_delay_us: u64) -> Option<Algorithm> {
+    let emission_us = rate.period_us().div_ceil(rate.count.get());
+    let tolerance_us = units
+        .checked_mul(emission_us)
+        .filter(|&t| t <= MAX_TOLERANCE_US)?;
+    Some(Algorithm::Gcra {
+        emission_us,
+        tolerance_us,
+        max_delay_us,
+    })
+}
+
+/// The window algorithms (`fixed_window`, `sliding_window`, `sliding_log`): the rate's count per
+/// window of its period. `None` for other kinds, and for a sliding log longer than
+/// [`MAX_SLIDING_LOG_LIMIT`]. Routes and the rate limit service build windows here.
+pub(crate) fn window(kind: AlgorithmName, rate: Rate) -> Option<Algorithm> {
+    let limit = rate.count.get();
+    let window_us = rate.period_us();
+    Some(match kind {
+        AlgorithmName::FixedWindow => Algorithm::FixedWindow { limit, window_us },
+        AlgorithmName::SlidingWindow => Algorithm::SlidingWindow { limit, window_us },
+        AlgorithmName::SlidingLog if limit <= MAX_SLIDING_LOG_LIMIT => {
+            Algorithm::SlidingLog { limit, window_us }
         }
-        _ => None,
+        _ => return None,
+    })
+}
+
+/// [`gcra`], or a problem at `{at}.{field}` when `field` makes the credit too large.
+fn compile_gcra(
+    at: &str,
+    rate: Rate,
+    units: u64,
+    field: &str,
+    max_delay_us: u64,
+    p: &mut Problems,
+) -> Option<Algorithm> {
+    let algorithm = gcra(rate, units, max_delay_us);
+    if algorithm.is_none() {
+        p.add(
+            format!("{at}.{field}"),
+            format!("{field} is too large for rate {rate}"),
+        );
+    }
+    algorithm
+}
+
+/// `algorithm: concurrency`: `max` requests in flight per key, each slot leased for `lease`.
+fn compile_concurrency(at: &str, raw: &RawLimit, p: &mut Problems) -> Option<Algorithm> {
+    let lease = duration(raw.lease.as_deref(), format!("{at}.lease"), MAX_LEASE, p)
+        .unwrap_or(DEFAULT_LEASE);
+    match raw.max {
+        Some(max) if max >= 1 => Some(Algorithm::Concurrency {
+            max,
+            lease_us: lease.as_micros() as u64,
+        }),
+        Some(_) => {
+            p.add(format!("{at}.max"), "must be at least 1");
+            None
+        }
+        None => {
+            p.add(
+                format!("{at}.max"),
+                "required for concurrency (requests in flight per key)",
+            );
+            None
+        }
+    }
+}
+
+/// What a request costs: fixed or from a request header, or reserved and settled by the
+/// response (`cost_from_response`), which then also names how the response is priced.
+fn compile_pricing(
+    at: &str,
+    kind: AlgorithmName,
+    raw: &RawLimit,
+    algorithm: Option<&Algorithm>,
+    p: &mut Problems,
+) -> (Option<Cost>, Option<Box<ResponsePrice>>) {
+    match &raw.cost_from_response {
+        Some(response) if accepts(kind, "cost_from_response") => {
+            let priced = compile_response_cost(at, raw, response, algorithm, p);
+            (
+                priced.as_ref().map(|(estimate, _)| Cost::Fixed(*estimate)),
+                priced.map(|(_, price)| Box::new(price)),
+            )
+        }
+        _ => (
+            compile_cost(at, raw, algorithm.map(Algorithm::capacity), p),
+            None,
+        ),
     }
 }
 
@@ -401,14 +443,7 @@ fn compile_cost(at: &str, raw: &RawLimit, capacity: Option<u64>, p: &mut Problem
             None
         }
         (Some(header), Some(max)) => {
-            let name = HeaderName::from_bytes(header.as_bytes())
-                .map_err(|_| {
-                    p.add(
-                        format!("{at}.cost_header"),
-                        format!("invalid header name {header:?}"),
-                    )
-                })
-                .ok();
+            let name = header_name(header, &format!("{at}.cost_header"), p);
             if max == 0 || fixed > max {
                 p.add(
                     format!("{at}.cost_max"),
@@ -428,6 +463,13 @@ fn compile_cost(at: &str, raw: &RawLimit, capacity: Option<u64>, p: &mut Problem
     }
 }
 
+/// A header name, or a problem at `at`.
+fn header_name(text: &str, at: &str, p: &mut Problems) -> Option<HeaderName> {
+    HeaderName::from_bytes(text.as_bytes())
+        .map_err(|_| p.add(at, format!("invalid header name {text:?}")))
+        .ok()
+}
+
 /// `cost_from_response: { header, estimate, max }`: the estimate each request reserves (and
 /// must find left), the header or trailer that reports the real cost, and the most one response
 /// is charged (default: the limit's capacity). Settling gives back and charges exactly, which
@@ -440,6 +482,28 @@ fn compile_response_cost(
     p: &mut Problems,
 ) -> Option<(u64, ResponsePrice)> {
     let at = format!("{at}.cost_from_response");
+    let conflicts = response_cost_conflicts(raw, algorithm);
+    let conflicting = !conflicts.is_empty();
+    for conflict in conflicts {
+        p.add(at.clone(), conflict);
+    }
+    let header = match response.header.as_deref() {
+        Some(text) => header_name(text, &format!("{at}.header"), p),
+        None => {
+            p.add(
+                format!("{at}.header"),
+                "required: the response header or trailer that reports the cost, e.g. x-usage-tokens",
+            );
+            None
+        }
+    };
+    let (estimate, max) = compile_response_bounds(&at, response, algorithm?, p)?;
+    let header = header?;
+    (!conflicting).then_some((estimate, ResponsePrice { header, max }))
+}
+
+/// What `cost_from_response` does not combine with: another cost, leases, shaping.
+fn response_cost_conflicts(raw: &RawLimit, algorithm: Option<&Algorithm>) -> Vec<String> {
     let mut conflicts = Vec::new();
     for (field, set) in [
         ("cost", raw.cost.is_some()),
@@ -452,7 +516,7 @@ fn compile_response_cost(
             ));
         }
     }
-    if raw.mode.as_deref() == Some("leased") {
+    if matches!(raw.mode, Some(Spelled::Known(LimitMode::Leased))) {
         conflicts.push(
             "does not combine with mode: leased (a lease is spent before any response)".into(),
         );
@@ -463,28 +527,17 @@ fn compile_response_cost(
                 .push("does not combine with max_delay (a held request is not settled)".into());
         }
     }
-    let conflicting = !conflicts.is_empty();
-    for conflict in conflicts {
-        p.add(at.clone(), conflict);
-    }
-    let header = match response.header.as_deref() {
-        Some(text) => HeaderName::from_bytes(text.as_bytes())
-            .map_err(|_| {
-                p.add(
-                    format!("{at}.header"),
-                    format!("invalid header name {text:?}"),
-                )
-            })
-            .ok(),
-        None => {
-            p.add(
-                format!("{at}.header"),
-                "required: the response header or trailer that reports the cost, e.g. x-usage-tokens",
-            );
-            None
-        }
-    };
-    let algorithm = algorithm?;
+    conflicts
+}
+
+/// `cost_from_response.estimate` (default 1) and `.max` (default the capacity): the estimate
+/// must be admissible, and the largest charge exact in Lua doubles.
+fn compile_response_bounds(
+    at: &str,
+    response: &RawResponseCost,
+    algorithm: &Algorithm,
+    p: &mut Problems,
+) -> Option<(u64, u64)> {
     let capacity = algorithm.capacity();
     let estimate = response.estimate.unwrap_or(1);
     if !(1..=capacity).contains(&estimate) {
@@ -510,8 +563,7 @@ fn compile_response_cost(
         );
         return None;
     }
-    let header = header?;
-    (!conflicting).then_some((estimate, ResponsePrice { header, max }))
+    Some((estimate, max))
 }
 
 #[cfg(test)]

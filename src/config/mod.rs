@@ -1,11 +1,13 @@
 //! Configuration: read one YAML file, compile it into validated types, report every problem.
 //!
 //! `raw.rs` describes the file; `compile.rs` turns it into a [`Config`] whose values cannot be
-//! wrong, one module per section (`server`, `redis`, `routes`, `upstreams`, `limits`). Unknown
-//! keys, and problems found while compiling, are all reported together, each with the file and
-//! the YAML path; a type error stops parsing at the first one (serde cannot go on), with its
-//! path, line and column.
+//! wrong, one module per section (`server`, `redis`, `routes`, `upstreams`, `limits`, `rls` and
+//! the rate limit service's own files, `rls_files`); `choice.rs` holds the one name table of each
+//! closed choice (algorithms, modes, ...). Unknown keys, unknown names of a choice, and problems
+//! found while compiling are all reported together, each with the file and the YAML path; a type
+//! error stops parsing at the first one (serde cannot go on), with its path, line and column.
 
+pub mod choice;
 pub mod compile;
 pub mod limits;
 pub mod listeners;
@@ -16,6 +18,7 @@ pub mod rate;
 pub mod raw;
 pub mod redis;
 pub mod rls;
+pub mod rls_files;
 pub mod routes;
 pub mod secrets;
 pub mod server;

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use http::HeaderName;
 use serde::Deserialize;
+use strum::{EnumString, VariantNames};
 
+use super::choice::{chosen, impl_choice, Spelled};
 use super::problem::Problems;
 
 /// Request headers an access log may copy, at most.
@@ -25,7 +27,7 @@ pub struct RawAccessLog {
 pub struct RawRequestId {
     pub enabled: Option<bool>,
     pub header: Option<String>,
-    pub accept: Option<String>,
+    pub accept: Option<Spelled<AcceptRequestId>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -68,13 +70,15 @@ pub struct AccessLogSettings {
 }
 
 /// Whose incoming request id is kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumString, VariantNames)]
+#[strum(serialize_all = "snake_case")]
 pub enum AcceptRequestId {
     /// From peers in `trusted_proxies` (the default): a client cannot choose its own id.
     Trusted,
     Always,
     Never,
 }
+impl_choice!(AcceptRequestId, "value");
 
 /// `request_id:` when enabled (the default).
 #[derive(Debug, Clone)]
@@ -161,18 +165,13 @@ pub fn compile_request_id(
         Some(text) => header_name(&text, "request_id.header", p)?,
         None => HeaderName::from_static("x-request-id"),
     };
-    let accept = match accept.as_deref() {
-        None | Some("trusted") => AcceptRequestId::Trusted,
-        Some("always") => AcceptRequestId::Always,
-        Some("never") => AcceptRequestId::Never,
-        Some(other) => {
-            p.add(
-                "request_id.accept",
-                format!("unknown value {other:?}: use trusted, always or never"),
-            );
-            AcceptRequestId::Trusted
-        }
-    };
+    let accept = chosen(
+        accept.as_ref(),
+        AcceptRequestId::Trusted,
+        "request_id.accept",
+        p,
+    )
+    .unwrap_or(AcceptRequestId::Trusted);
     enabled
         .unwrap_or(true)
         .then_some(RequestIdSettings { header, accept })
@@ -256,7 +255,10 @@ mod tests {
         assert_eq!(settings.accept, AcceptRequestId::Trusted);
         let raw: RawRequestId = serde_yaml::from_str("{ accept: sometimes }").unwrap();
         compile_request_id(Some(raw), &mut p);
-        assert!(p.0[0].to_string().contains("request_id.accept"));
+        assert_eq!(
+            p.lines(),
+            ["request_id.accept: unknown value \"sometimes\": use trusted, always or never"]
+        );
         let raw: RawRequestId = serde_yaml::from_str("{ enabled: false }").unwrap();
         assert!(compile_request_id(Some(raw), &mut p).is_none());
     }

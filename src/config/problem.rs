@@ -99,6 +99,17 @@ pub fn check_name(name: &str, at: &str, p: &mut Problems) -> bool {
     ok
 }
 
+/// A name that must be given (`required`) and valid ([`check_name`]).
+pub fn required_name(name: Option<String>, at: &str, p: &mut Problems) -> Option<String> {
+    match name {
+        Some(name) => check_name(&name, at, p).then_some(name),
+        None => {
+            p.add(at, "required");
+            None
+        }
+    }
+}
+
 /// A duration in milliseconds within `range`, or a problem at `at`.
 pub fn millis_within(
     ms: u64,

@@ -1,7 +1,8 @@
 //! The configuration file as written: serde structs that only describe the YAML.
 //!
 //! Nothing here is validated beyond YAML types; `compile.rs` turns these into types that
-//! cannot be wrong. Unknown keys are collected by `serde_ignored` (see `mod.rs`) so that all
+//! cannot be wrong. A closed choice (`algorithm`, `mode`, ...) is a [`Spelled`] enum: known, or
+//! the spelling compile reports with the accepted names (`choice.rs`). Unknown keys are collected by `serde_ignored` (see `mod.rs`) so that all
 //! of them are reported at once, with their paths.
 
 use std::fmt;
@@ -9,6 +10,11 @@ use std::fmt;
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
+use crate::limiter::FailureMode;
+
+use super::choice::{
+    AlgorithmName, BalanceName, EncodedSlash, LimitMode, OnMissingName, RedisMode, Spelled,
+};
 use super::observe::{RawAccessLog, RawRequestId, RawTracing};
 use super::server::ServerSettings;
 
@@ -20,7 +26,7 @@ pub struct RawConfig {
     pub listen: Vec<RawListener>,
     pub admin: Option<RawAdmin>,
     pub redis: Option<RawRedis>,
-    pub failure_mode: Option<String>,
+    pub failure_mode: Option<Spelled<FailureMode>>,
     pub instances: Option<u64>,
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
@@ -39,13 +45,13 @@ pub struct RawConfig {
 pub struct RawRls {
     pub listen: Option<String>,
     pub config_dir: Option<String>,
-    pub algorithm: Option<String>,
-    pub failure_mode: Option<String>,
+    pub algorithm: Option<Spelled<AlgorithmName>>,
+    pub failure_mode: Option<Spelled<FailureMode>>,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct RawPath {
-    pub encoded_slash: Option<String>,
+    pub encoded_slash: Option<Spelled<EncodedSlash>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -55,7 +61,7 @@ pub struct RawAdmin {
 
 #[derive(Debug, Deserialize)]
 pub struct RawRedis {
-    pub mode: Option<String>,
+    pub mode: Option<Spelled<RedisMode>>,
     pub url: Option<String>,
     pub nodes: Option<Vec<String>>,
     pub sentinels: Option<Vec<String>>,
@@ -80,7 +86,7 @@ pub struct RawRoute {
     pub limits: Vec<RawLimit>,
     pub rate_limit_headers: Option<bool>,
     pub shadow: Option<bool>,
-    pub failure_mode: Option<String>,
+    pub failure_mode: Option<Spelled<FailureMode>>,
     pub limiter_timeout_ms: Option<u64>,
     pub max_body_bytes: Option<u64>,
     pub request_timeout_ms: Option<u64>,
@@ -100,7 +106,7 @@ pub struct RawUpstream {
     pub servers: Vec<String>,
     pub connect_timeout_ms: Option<u64>,
     pub read_timeout_ms: Option<u64>,
-    pub balance: Option<String>,
+    pub balance: Option<Spelled<BalanceName>>,
     pub hash_key: Option<Vec<String>>,
     pub health_check_interval_ms: Option<u64>,
     pub retries: Option<usize>,
@@ -123,8 +129,8 @@ pub struct RawUpstreamTls {
 pub struct RawLimit {
     pub name: Option<String>,
     pub key: Option<Vec<String>>,
-    pub on_missing: Option<String>,
-    pub algorithm: Option<String>,
+    pub on_missing: Option<Spelled<OnMissingName>>,
+    pub algorithm: Option<Spelled<AlgorithmName>>,
     pub rate: Option<String>,
     pub burst: Option<u64>,
     pub capacity: Option<u64>,
@@ -136,7 +142,7 @@ pub struct RawLimit {
     pub cost_max: Option<u64>,
     pub shadow: Option<bool>,
     pub split: Option<u64>,
-    pub mode: Option<String>,
+    pub mode: Option<Spelled<LimitMode>>,
     pub lease_units: Option<u64>,
     pub cost_from_response: Option<RawResponseCost>,
 }

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use super::choice::{chosen, RedisMode, Spelled};
 use super::problem::{check_name, millis_within, Problems};
 use super::raw::RawRedis;
 use crate::limiter::{RedisAuth, RedisTls, Topology};
@@ -107,7 +108,7 @@ fn compile_tls(raw: &RawRedis, p: &mut Problems) -> Option<RedisTls> {
             None
         }
     };
-    let sentinel = raw.mode.as_deref() == Some("sentinel");
+    let sentinel = matches!(raw.mode, Some(Spelled::Known(RedisMode::Sentinel)));
     if sentinel && (tls.ca.is_some() || tls.cert.is_some()) {
         p.add(
             "redis.tls",
@@ -136,55 +137,12 @@ fn compile_tls(raw: &RawRedis, p: &mut Problems) -> Option<RedisTls> {
 
 /// `redis.mode` and the addresses that mode needs; every problem reported.
 fn compile_topology(redis: &RawRedis, p: &mut Problems) -> Topology {
-    let mode = redis.mode.as_deref().unwrap_or("standalone");
-    // The URL is never repeated: it may hold a password.
-    let check_url = |url: &str, path: &str, p: &mut Problems| {
-        if ::redis::Client::open(url).is_err() {
-            p.add(
-                path,
-                "invalid redis URL: expected redis://[user[:password]@]host[:port][/db], rediss://..., or redis+unix:///path[?db=N]",
-            );
-        }
+    let Some(mode) = chosen(redis.mode.as_ref(), RedisMode::Standalone, "redis.mode", p) else {
+        return Topology::Standalone { url: String::new() };
     };
-    let check_list = |list: &Option<Vec<String>>, path: &str, p: &mut Problems| -> Vec<String> {
-        let list = list.clone().unwrap_or_default();
-        if list.is_empty() {
-            p.add(
-                path,
-                format!("required in {mode} mode: a list of redis:// URLs"),
-            );
-        }
-        for (i, url) in list.iter().enumerate() {
-            check_url(url, &format!("{path}[{i}]"), p);
-        }
-        list
-    };
-    // Every mode-specific key, and the modes that use it.
-    let mode_keys: [(&str, bool, &[&str]); 6] = [
-        ("url", redis.url.is_some(), &["standalone"]),
-        ("nodes", redis.nodes.is_some(), &["cluster"]),
-        ("sentinels", redis.sentinels.is_some(), &["sentinel"]),
-        ("master_name", redis.master_name.is_some(), &["sentinel"]),
-        (
-            "master_username",
-            redis.master_username.is_some(),
-            &["sentinel"],
-        ),
-        (
-            "master_password",
-            redis.master_password.is_some(),
-            &["sentinel"],
-        ),
-    ];
-    if matches!(mode, "standalone" | "cluster" | "sentinel") {
-        for (key, present, modes) in mode_keys {
-            if present && !modes.contains(&mode) {
-                p.add(format!("redis.{key}"), format!("not used in {mode} mode"));
-            }
-        }
-    }
+    check_mode_keys(redis, mode, p);
     match mode {
-        "standalone" => {
+        RedisMode::Standalone => {
             let url = redis.url.clone().unwrap_or_default();
             if url.is_empty() {
                 p.add("redis.url", "required when the redis section is present (omit the section for in-process limits)");
@@ -193,11 +151,11 @@ fn compile_topology(redis: &RawRedis, p: &mut Problems) -> Topology {
             }
             Topology::Standalone { url }
         }
-        "cluster" => Topology::Cluster {
-            nodes: check_list(&redis.nodes, "redis.nodes", p),
+        RedisMode::Cluster => Topology::Cluster {
+            nodes: check_urls(&redis.nodes, mode, "redis.nodes", p),
         },
-        "sentinel" => {
-            let sentinels = check_list(&redis.sentinels, "redis.sentinels", p);
+        RedisMode::Sentinel => {
+            let sentinels = check_urls(&redis.sentinels, mode, "redis.sentinels", p);
             let master_name = redis.master_name.clone().unwrap_or_default();
             if master_name.is_empty() {
                 p.add(
@@ -210,14 +168,55 @@ fn compile_topology(redis: &RawRedis, p: &mut Problems) -> Topology {
                 master_name,
             }
         }
-        other => {
-            p.add(
-                "redis.mode",
-                format!("unknown mode {other:?}: use standalone, cluster or sentinel"),
-            );
-            Topology::Standalone { url: String::new() }
+    }
+}
+
+/// Every mode-specific key written is one its mode uses.
+fn check_mode_keys(redis: &RawRedis, mode: RedisMode, p: &mut Problems) {
+    use RedisMode::{Cluster, Sentinel, Standalone};
+    let mode_keys = [
+        ("url", redis.url.is_some(), Standalone),
+        ("nodes", redis.nodes.is_some(), Cluster),
+        ("sentinels", redis.sentinels.is_some(), Sentinel),
+        ("master_name", redis.master_name.is_some(), Sentinel),
+        ("master_username", redis.master_username.is_some(), Sentinel),
+        ("master_password", redis.master_password.is_some(), Sentinel),
+    ];
+    for (key, present, used_in) in mode_keys {
+        if present && used_in != mode {
+            p.add(format!("redis.{key}"), format!("not used in {mode} mode"));
         }
     }
+}
+
+/// A redis URL; the URL is never repeated in the problem: it may hold a password.
+fn check_url(url: &str, path: &str, p: &mut Problems) {
+    if ::redis::Client::open(url).is_err() {
+        p.add(
+            path,
+            "invalid redis URL: expected redis://[user[:password]@]host[:port][/db], rediss://..., or redis+unix:///path[?db=N]",
+        );
+    }
+}
+
+/// The list of redis URLs `mode` needs at `path`: at least one, each valid.
+fn check_urls(
+    list: &Option<Vec<String>>,
+    mode: RedisMode,
+    path: &str,
+    p: &mut Problems,
+) -> Vec<String> {
+    let list = list.clone().unwrap_or_default();
+    if list.is_empty() {
+        p.add(
+            path,
+            format!("required in {mode} mode: a list of redis:// URLs"),
+        );
+    }
+    for (i, url) in list.iter().enumerate() {
+        check_url(url, &format!("{path}[{i}]"), p);
+    }
+    list
 }
 
 #[cfg(test)]

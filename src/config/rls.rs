@@ -4,12 +4,12 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
+use super::choice::{AlgorithmName, Spelled};
 use super::listeners::socket_addr;
 use super::problem::Problems;
 use super::raw::RawRls;
-use super::routes;
 use crate::limiter::FailureMode;
-use crate::rls::{self, Domains};
+use crate::rls::Domains;
 
 /// `rls:`, compiled: where it listens and the domains it serves.
 #[derive(Debug)]
@@ -46,16 +46,11 @@ pub fn compile(
             None
         }
     };
-    let algorithm = raw.algorithm.as_deref().unwrap_or("fixed_window");
+    let algorithm = raw
+        .algorithm
+        .unwrap_or(Spelled::Known(AlgorithmName::FixedWindow));
     let domains = match raw.config_dir {
-        Some(dir) => {
-            let mut found = rls::Problems::default();
-            let domains = Domains::load(&defaults.base.join(dir), algorithm, &mut found);
-            for problem in found.0 {
-                p.add("rls.config_dir", problem);
-            }
-            domains
-        }
+        Some(dir) => super::rls_files::load(&defaults.base.join(dir), &algorithm, p),
         None => {
             p.add(
                 "rls.config_dir",
@@ -64,8 +59,8 @@ pub fn compile(
             Domains::default()
         }
     };
-    let failure_mode = match raw.failure_mode.as_deref() {
-        Some(name) => routes::failure_mode(Some(name), "rls.failure_mode", p)?,
+    let failure_mode = match &raw.failure_mode {
+        Some(mode) => mode.known("rls.failure_mode", p)?,
         None => defaults.failure_mode,
     };
     Some(RlsSettings {

@@ -6,9 +6,9 @@ use std::collections::HashSet;
 use http::header::HeaderValue;
 use http::Method;
 
-use super::problem::{check_name, millis_within, Problems};
-use super::raw::{RawMatch, RawRoute};
-use crate::keys::{KeySecret, RouteKeys};
+use super::problem::{millis_within, required_name, Problems};
+use super::raw::{RawLimit, RawMatch, RawRoute};
+use crate::keys::{KeySecret, KeySpec, RouteKeys};
 use crate::limiter::{FailureMode, Limit, LimitSet};
 use crate::path::{normalize, PathPolicy};
 use crate::router::{HostMatch, PathMatch, Route, RouteMatch};
@@ -32,62 +32,14 @@ pub fn compile(
     p: &mut Problems,
 ) -> Option<Route> {
     let at = &format!("routes[{index}]");
-    let name = match raw.name {
-        Some(name) => check_name(&name, &format!("{at}.name"), p).then_some(name),
-        None => {
-            p.add(format!("{at}.name"), "required");
-            None
-        }
-    };
+    let name = required_name(raw.name, &format!("{at}.name"), p);
     let matcher = compile_match(at, raw.matcher, p);
     let upstream = super::upstreams::compile(at, raw.upstream, p);
-
-    if raw.limits.len() > MAX_LIMITS_PER_ROUTE {
-        p.add(
-            format!("{at}.limits"),
-            format!("at most {MAX_LIMITS_PER_ROUTE} limits per route"),
-        );
-    }
-    let mut limit_names = HashSet::new();
-    let mut limits = Vec::new();
-    let mut key_specs = Vec::new();
-    for (i, raw_limit) in raw.limits.into_iter().enumerate() {
-        let limit_at = format!("{at}.limits[{i}]");
-        if let Some(name) = &raw_limit.name {
-            if !limit_names.insert(name.clone()) {
-                p.add(
-                    format!("{limit_at}.name"),
-                    format!("duplicate limit name {name:?} in this route"),
-                );
-            }
-        }
-        if let Some((limit, spec)) = super::limits::compile_limit(&limit_at, raw_limit, p) {
-            key_specs.push(spec);
-            limits.push(limit);
-        }
-    }
-
-    let mut splits: Vec<u32> = key_specs
-        .iter()
-        .map(|s| s.shards)
-        .filter(|&n| n > 1)
-        .collect();
-    splits.sort_unstable();
-    splits.dedup();
-    if splits.len() > 1 {
-        p.add(
-            format!("{at}.limits"),
-            format!(
-                "split limits of one route must have the same number of shards, got {splits:?}"
-            ),
-        );
-    }
-
-    let route_failure_mode = failure_mode(
-        raw.failure_mode.as_deref(),
-        &format!("{at}.failure_mode"),
-        p,
-    );
+    let (mut limits, key_specs) = compile_limits(at, raw.limits, p);
+    let failure_mode = raw
+        .failure_mode
+        .as_ref()
+        .and_then(|mode| mode.known(&format!("{at}.failure_mode"), p));
     let limiter_timeout = raw
         .limiter_timeout_ms
         .and_then(|ms| millis_within(ms, 1..=10_000, &format!("{at}.limiter_timeout_ms"), p));
@@ -120,7 +72,7 @@ pub fn compile(
         limits: LimitSet::new(
             limits,
             defaults.instances,
-            route_failure_mode.unwrap_or(defaults.failure_mode),
+            failure_mode.unwrap_or(defaults.failure_mode),
             limiter_timeout,
         ),
         policy_header,
@@ -129,19 +81,57 @@ pub fn compile(
     })
 }
 
-/// `failure_mode:` at `at`, when set.
-pub fn failure_mode(text: Option<&str>, at: &str, p: &mut Problems) -> Option<FailureMode> {
-    let text = text?;
-    let mode = FailureMode::parse(text);
-    if mode.is_none() {
+/// `limits:` of the route at `at`: at most [`MAX_LIMITS_PER_ROUTE`], each name once, split
+/// limits cut into the same number of shards.
+fn compile_limits(at: &str, raw: Vec<RawLimit>, p: &mut Problems) -> (Vec<Limit>, Vec<KeySpec>) {
+    if raw.len() > MAX_LIMITS_PER_ROUTE {
         p.add(
-            at,
-            format!("unknown failure mode {text:?}: use {}", FailureMode::NAMES),
+            format!("{at}.limits"),
+            format!("at most {MAX_LIMITS_PER_ROUTE} limits per route"),
         );
     }
-    mode
+    let mut limit_names = HashSet::new();
+    let mut limits = Vec::new();
+    let mut key_specs = Vec::new();
+    for (i, raw_limit) in raw.into_iter().enumerate() {
+        let limit_at = format!("{at}.limits[{i}]");
+        if let Some(name) = &raw_limit.name {
+            if !limit_names.insert(name.clone()) {
+                p.add(
+                    format!("{limit_at}.name"),
+                    format!("duplicate limit name {name:?} in this route"),
+                );
+            }
+        }
+        if let Some((limit, spec)) = super::limits::compile_limit(&limit_at, raw_limit, p) {
+            key_specs.push(spec);
+            limits.push(limit);
+        }
+    }
+    check_shards(at, &key_specs, p);
+    (limits, key_specs)
 }
 
+/// One request's keys are cut into one number of shards: split limits of a route agree.
+fn check_shards(at: &str, key_specs: &[KeySpec], p: &mut Problems) {
+    let mut splits: Vec<u32> = key_specs
+        .iter()
+        .map(|s| s.shards)
+        .filter(|&n| n > 1)
+        .collect();
+    splits.sort_unstable();
+    splits.dedup();
+    if splits.len() > 1 {
+        p.add(
+            format!("{at}.limits"),
+            format!(
+                "split limits of one route must have the same number of shards, got {splits:?}"
+            ),
+        );
+    }
+}
+
+/// `match:`: the path (exact or prefix), the host and the methods; `None` if any is wrong.
 fn compile_match(at: &str, raw: Option<RawMatch>, p: &mut Problems) -> Option<RouteMatch> {
     let Some(raw) = raw else {
         p.add(
@@ -150,91 +140,100 @@ fn compile_match(at: &str, raw: Option<RawMatch>, p: &mut Problems) -> Option<Ro
         );
         return None;
     };
-    let mut ok = true;
-    let path = match (raw.path, raw.path_prefix) {
+    let path = compile_path(at, raw.path, raw.path_prefix, p);
+    let host = raw.host.map(|host| compile_host(at, host, p).ok_or(()));
+    let methods = raw
+        .methods
+        .map(|list| compile_methods(at, &list, p).ok_or(()));
+    Some(RouteMatch {
+        path: path?,
+        host: host.transpose().ok()?,
+        methods: methods.transpose().ok()?,
+    })
+}
+
+/// `match.path` or `match.path_prefix` (default `/`), which must be normalized: requests are
+/// matched on their normalized path, so a pattern that is not could never match.
+fn compile_path(
+    at: &str,
+    exact: Option<String>,
+    prefix: Option<String>,
+    p: &mut Problems,
+) -> Option<PathMatch> {
+    let (path, field) = match (exact, prefix) {
         (Some(_), Some(_)) => {
             p.add(
                 format!("{at}.match"),
                 "path and path_prefix are exclusive: use one",
             );
-            ok = false;
-            PathMatch::Prefix("/".to_string())
+            return None;
         }
-        (Some(exact), None) => PathMatch::Exact(exact),
-        (None, prefix) => PathMatch::Prefix(prefix.unwrap_or_else(|| "/".to_string())),
+        (Some(exact), None) => (PathMatch::Exact(exact), "path"),
+        (None, prefix) => (
+            PathMatch::Prefix(prefix.unwrap_or_else(|| "/".to_string())),
+            "path_prefix",
+        ),
     };
-    let (field, text) = match &path {
-        PathMatch::Exact(p) => ("path", p),
-        PathMatch::Prefix(p) => ("path_prefix", p),
+    let (PathMatch::Exact(text) | PathMatch::Prefix(text)) = &path;
+    let policy = PathPolicy {
+        keep_encoded_slash: true,
     };
-    // Requests are matched on their normalized path: a pattern that is not normalized could
-    // never match.
-    match normalize(
-        text,
-        PathPolicy {
-            keep_encoded_slash: true,
-        },
-    ) {
-        Ok(normal) if normal == text.as_str() => {}
+    match normalize(text, policy) {
+        Ok(normal) if normal == text.as_str() => Some(path),
         _ => {
             p.add(
                 format!("{at}.match.{field}"),
                 format!("must be a normalized absolute path starting with '/', got {text:?}"),
             );
-            ok = false;
+            None
         }
     }
-    let host = raw
-        .host
-        .map(|h| h.trim_end_matches('.').to_ascii_lowercase());
-    let host = match host {
-        None => None,
-        Some(host) => {
-            let (suffix, name) = match host.strip_prefix("*.") {
-                Some(rest) => (true, rest),
-                None => (false, host.as_str()),
-            };
-            if name.is_empty()
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-            {
-                p.add(
-                    format!("{at}.match.host"),
-                    format!("invalid host {host:?}: a DNS name without port, or *.suffix"),
-                );
-                ok = false;
-            }
-            Some(if suffix {
-                HostMatch::Suffix(format!(".{name}"))
-            } else {
-                HostMatch::Exact(host)
-            })
-        }
+}
+
+/// `match.host`: a DNS name (any case, trailing dot ignored), or `*.suffix`.
+fn compile_host(at: &str, host: String, p: &mut Problems) -> Option<HostMatch> {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let (suffix, name) = match host.strip_prefix("*.") {
+        Some(rest) => (true, rest),
+        None => (false, host.as_str()),
     };
-    let methods = raw.methods.map(|list| {
-        list.iter()
-            .enumerate()
-            .filter_map(
-                |(i, m)| match Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
-                    Ok(method) => Some(method),
-                    Err(_) => {
-                        p.add(
-                            format!("{at}.match.methods[{i}]"),
-                            format!("invalid HTTP method {m:?}"),
-                        );
-                        ok = false;
-                        None
-                    }
-                },
-            )
-            .collect()
-    });
-    ok.then_some(RouteMatch {
-        path,
-        host,
-        methods,
+    let valid = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    if !valid {
+        p.add(
+            format!("{at}.match.host"),
+            format!("invalid host {host:?}: a DNS name without port, or *.suffix"),
+        );
+        return None;
+    }
+    Some(if suffix {
+        HostMatch::Suffix(format!(".{name}"))
+    } else {
+        HostMatch::Exact(host)
     })
+}
+
+/// `match.methods`: HTTP methods, any case; every invalid one reported.
+fn compile_methods(at: &str, list: &[String], p: &mut Problems) -> Option<Vec<Method>> {
+    let methods: Vec<Method> = list
+        .iter()
+        .enumerate()
+        .filter_map(
+            |(i, m)| match Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+                Ok(method) => Some(method),
+                Err(_) => {
+                    p.add(
+                        format!("{at}.match.methods[{i}]"),
+                        format!("invalid HTTP method {m:?}"),
+                    );
+                    None
+                }
+            },
+        )
+        .collect();
+    (methods.len() == list.len()).then_some(methods)
 }
 
 /// `"a";q=10;w=1, "b";q=100;w=60`: the IETF httpapi RateLimit-Policy list, built once.

@@ -1,14 +1,14 @@
 //! `routes[].upstream`: servers resolved to addresses at load, balance, timeouts, retries,
 //! health checks, the prefix to strip and the `Host` to send.
 
-use std::net::ToSocketAddrs;
-use std::time::Duration;
+use std::net::{SocketAddr, ToSocketAddrs};
 
 use http::header::HeaderValue;
 
-use super::problem::Problems;
+use super::choice::{chosen, BalanceName, Spelled};
+use super::limits::key_parts;
+use super::problem::{millis_within, Problems};
 use super::raw::{RawUpstream, RawUpstreamTls};
-use crate::keys::KeyPart;
 use crate::pem::CertificateFiles;
 use crate::upstream::{Balance, UpstreamSettings, UpstreamTls};
 
@@ -17,155 +17,150 @@ pub const DEFAULT_READ_TIMEOUT_MS: u64 = 30_000;
 /// Other servers tried after a connection failure.
 pub const DEFAULT_RETRIES: usize = 1;
 
+/// Timeouts and health check intervals: from 1 ms to an hour.
+const MILLIS: std::ops::RangeInclusive<u64> = 1..=3_600_000;
+
 pub fn compile(at: &str, raw: Option<RawUpstream>, p: &mut Problems) -> Option<UpstreamSettings> {
+    let at = &format!("{at}.upstream");
     let Some(raw) = raw else {
-        p.add(
-            format!("{at}.upstream"),
-            "required, e.g. { servers: [127.0.0.1:3000] }",
-        );
+        p.add(at, "required, e.g. { servers: [127.0.0.1:3000] }");
         return None;
     };
     if raw.servers.is_empty() {
         p.add(
-            format!("{at}.upstream.servers"),
+            format!("{at}.servers"),
             "at least one upstream server is required",
         );
         return None;
     }
-    let mut ok = true;
-    let mut servers = Vec::new();
-    for (i, text) in raw.servers.iter().enumerate() {
-        match text.to_socket_addrs().map(|mut addrs| addrs.next()) {
-            Ok(Some(addr)) => servers.push(addr),
-            Ok(None) => {
-                p.add(
-                    format!("{at}.upstream.servers[{i}]"),
-                    format!("{text:?} resolves to no address"),
-                );
-                ok = false;
-            }
-            Err(e) => {
-                p.add(
-                    format!("{at}.upstream.servers[{i}]"),
-                    format!("invalid upstream server {text:?}: expected HOST:PORT ({e})"),
-                );
-                ok = false;
-            }
-        }
-    }
-    let mut millis = |value: Option<u64>, default: u64, field: &str, p: &mut Problems| {
-        let ms = value.unwrap_or(default);
-        if !(1..=3_600_000).contains(&ms) {
-            p.add(
-                format!("{at}.upstream.{field}"),
-                format!("must be between 1 and 3600000 ms, got {ms}"),
-            );
-            ok = false;
-        }
-        Duration::from_millis(ms)
+    let servers = compile_servers(at, &raw.servers, p);
+    let millis = |ms: u64, field: &str, p: &mut Problems| {
+        millis_within(ms, MILLIS, &format!("{at}.{field}"), p)
     };
-    let connect_timeout = millis(
-        raw.connect_timeout_ms,
-        DEFAULT_CONNECT_TIMEOUT_MS,
-        "connect_timeout_ms",
-        p,
-    );
-    let read_timeout = millis(
-        raw.read_timeout_ms,
-        DEFAULT_READ_TIMEOUT_MS,
-        "read_timeout_ms",
-        p,
-    );
+    let connect_timeout = raw.connect_timeout_ms.unwrap_or(DEFAULT_CONNECT_TIMEOUT_MS);
+    let connect_timeout = millis(connect_timeout, "connect_timeout_ms", p);
+    let read_timeout = raw.read_timeout_ms.unwrap_or(DEFAULT_READ_TIMEOUT_MS);
+    let read_timeout = millis(read_timeout, "read_timeout_ms", p);
     let health_check = raw
         .health_check_interval_ms
-        .map(|ms| millis(Some(ms), ms, "health_check_interval_ms", p));
-    let balance = match (raw.balance.as_deref(), raw.hash_key) {
-        (None | Some("round_robin"), None) => Balance::RoundRobin,
-        (Some("consistent"), Some(texts)) if !texts.is_empty() => {
-            let parts: Vec<KeyPart> = texts
-                .iter()
-                .enumerate()
-                .filter_map(|(i, text)| {
-                    KeyPart::parse(text)
-                        .map_err(|e| p.add(format!("{at}.upstream.hash_key[{i}]"), e))
-                        .ok()
-                })
-                .collect();
-            ok &= parts.len() == texts.len();
-            Balance::Consistent(parts)
-        }
-        (Some("consistent"), _) => {
-            p.add(
-                format!("{at}.upstream.hash_key"),
-                "required with balance: consistent, e.g. [client_ip]",
-            );
-            ok = false;
-            Balance::RoundRobin
-        }
-        (None | Some("round_robin"), Some(_)) => {
-            p.add(
-                format!("{at}.upstream.hash_key"),
-                "applies only with balance: consistent",
-            );
-            ok = false;
-            Balance::RoundRobin
-        }
-        (Some(other), _) => {
-            p.add(
-                format!("{at}.upstream.balance"),
-                format!("unknown balance {other:?}: use round_robin or consistent"),
-            );
-            ok = false;
-            Balance::RoundRobin
-        }
-    };
-    let retries = raw.retries.unwrap_or(DEFAULT_RETRIES);
-    if retries > 10 {
-        p.add(
-            format!("{at}.upstream.retries"),
-            format!("at most 10, got {retries}"),
-        );
-        ok = false;
-    }
-    if let Some(prefix) = &raw.strip_prefix {
-        if !prefix.starts_with('/') || prefix.len() < 2 || prefix.ends_with('/') {
-            p.add(
-                format!("{at}.upstream.strip_prefix"),
-                format!("must look like /api (no trailing slash), got {prefix:?}"),
-            );
-            ok = false;
-        }
-    }
-    let host = raw
-        .host
-        .as_deref()
-        .and_then(|h| match HeaderValue::from_str(h) {
-            Ok(value) if !h.is_empty() => Some(value),
-            _ => {
-                p.add(
-                    format!("{at}.upstream.host"),
-                    format!("invalid Host value {h:?}"),
-                );
-                ok = false;
-                None
-            }
-        });
+        .map(|ms| millis(ms, "health_check_interval_ms", p).ok_or(()))
+        .transpose();
+    let balance = compile_balance(at, raw.balance.as_ref(), raw.hash_key, p);
+    let retries = compile_retries(at, raw.retries, p);
+    let strip_prefix = compile_strip_prefix(at, raw.strip_prefix, p);
+    let host = compile_host(at, raw.host.as_deref(), p);
     let tls = compile_tls(at, raw.tls, raw.servers.first().map(String::as_str), p);
-    if !ok {
-        return None;
-    }
     Some(UpstreamSettings {
-        servers,
-        balance,
-        health_check,
-        connect_timeout,
-        read_timeout,
-        retries,
-        strip_prefix: raw.strip_prefix,
-        host,
+        servers: servers?,
+        balance: balance?,
+        health_check: health_check.ok()?,
+        connect_timeout: connect_timeout?,
+        read_timeout: read_timeout?,
+        retries: retries?,
+        strip_prefix: strip_prefix.ok()?,
+        host: host.ok()?,
         tls,
         http2: raw.http2.unwrap_or(false),
     })
+}
+
+/// `servers:`, resolved to addresses now (never per request); every one that does not is named.
+fn compile_servers(at: &str, texts: &[String], p: &mut Problems) -> Option<Vec<SocketAddr>> {
+    let mut servers = Vec::new();
+    for (i, text) in texts.iter().enumerate() {
+        match text.to_socket_addrs().map(|mut addrs| addrs.next()) {
+            Ok(Some(addr)) => servers.push(addr),
+            Ok(None) => p.add(
+                format!("{at}.servers[{i}]"),
+                format!("{text:?} resolves to no address"),
+            ),
+            Err(e) => p.add(
+                format!("{at}.servers[{i}]"),
+                format!("invalid upstream server {text:?}: expected HOST:PORT ({e})"),
+            ),
+        }
+    }
+    (servers.len() == texts.len()).then_some(servers)
+}
+
+/// `balance:` (round robin unless set) and the `hash_key` consistent hashing needs.
+fn compile_balance(
+    at: &str,
+    balance: Option<&Spelled<BalanceName>>,
+    hash_key: Option<Vec<String>>,
+    p: &mut Problems,
+) -> Option<Balance> {
+    let balance = chosen(
+        balance,
+        BalanceName::RoundRobin,
+        &format!("{at}.balance"),
+        p,
+    )?;
+    match (balance, hash_key) {
+        (BalanceName::RoundRobin, None) => Some(Balance::RoundRobin),
+        (BalanceName::Consistent, Some(texts)) if !texts.is_empty() => {
+            key_parts(&texts, &format!("{at}.hash_key"), p).map(Balance::Consistent)
+        }
+        (BalanceName::Consistent, _) => {
+            p.add(
+                format!("{at}.hash_key"),
+                "required with balance: consistent, e.g. [client_ip]",
+            );
+            None
+        }
+        (BalanceName::RoundRobin, Some(_)) => {
+            p.add(
+                format!("{at}.hash_key"),
+                "applies only with balance: consistent",
+            );
+            None
+        }
+    }
+}
+
+/// `retries:`: other servers tried after a connection failure, at most 10.
+fn compile_retries(at: &str, retries: Option<usize>, p: &mut Problems) -> Option<usize> {
+    let retries = retries.unwrap_or(DEFAULT_RETRIES);
+    if retries > 10 {
+        p.add(
+            format!("{at}.retries"),
+            format!("at most 10, got {retries}"),
+        );
+        return None;
+    }
+    Some(retries)
+}
+
+/// `strip_prefix:`, a path prefix such as `/api`; `Err` when it is not one.
+fn compile_strip_prefix(
+    at: &str,
+    prefix: Option<String>,
+    p: &mut Problems,
+) -> Result<Option<String>, ()> {
+    match prefix {
+        Some(prefix) if !prefix.starts_with('/') || prefix.len() < 2 || prefix.ends_with('/') => {
+            p.add(
+                format!("{at}.strip_prefix"),
+                format!("must look like /api (no trailing slash), got {prefix:?}"),
+            );
+            Err(())
+        }
+        prefix => Ok(prefix),
+    }
+}
+
+/// `host:`, the `Host` header sent upstream; `Err` when it is not a header value.
+fn compile_host(at: &str, host: Option<&str>, p: &mut Problems) -> Result<Option<HeaderValue>, ()> {
+    let Some(host) = host else {
+        return Ok(None);
+    };
+    match HeaderValue::from_str(host) {
+        Ok(value) if !host.is_empty() => Ok(Some(value)),
+        _ => {
+            p.add(format!("{at}.host"), format!("invalid Host value {host:?}"));
+            Err(())
+        }
+    }
 }
 
 /// `upstream.tls`: SNI (by default the host of the first server as written), verification (on
@@ -188,10 +183,7 @@ fn compile_tls(
         .or_else(|| first_server.map(host_of))
         .unwrap_or_default();
     if sni.is_empty() {
-        p.add(
-            format!("{at}.upstream.tls.sni"),
-            "required: the server's name",
-        );
+        p.add(format!("{at}.tls.sni"), "required: the server's name");
     }
     let client = match (raw.cert, raw.key) {
         (Some(cert), Some(key)) => Some(CertificateFiles {
@@ -201,7 +193,7 @@ fn compile_tls(
         (None, None) => None,
         _ => {
             p.add(
-                format!("{at}.upstream.tls"),
+                format!("{at}.tls"),
                 "a client certificate needs both cert and key",
             );
             None
@@ -217,6 +209,8 @@ fn compile_tls(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::config::problem::problems_of;
 
@@ -272,6 +266,16 @@ read_timeout_ms: 0
         assert_eq!(
             problems,
             ["routes[0].upstream.servers: at least one upstream server is required"]
+        );
+        let (_, problems) = upstream("servers: [127.0.0.1:1]\nbalance: random\nhash_key: [x]\n");
+        assert_eq!(
+            problems,
+            ["routes[0].upstream.balance: unknown balance \"random\": use round_robin or consistent"]
+        );
+        let (_, problems) = upstream("servers: [127.0.0.1:1]\nhash_key: [client_ip]\n");
+        assert_eq!(
+            problems,
+            ["routes[0].upstream.hash_key: applies only with balance: consistent"]
         );
     }
 }

@@ -1,7 +1,6 @@
-//! Envoy's rate limit service, the domain side: envoyproxy/ratelimit's configuration format as is
-//! (a directory of YAML files, one `domain` each, with nested `descriptors` of `key`/`value`,
-//! `rate_limit: { unit, requests_per_unit, unlimited, name, replaces }`, `shadow_mode`,
-//! `detailed_metric`), and how a request's descriptors find their limits and keys.
+//! Envoy's rate limit service, the domain side: the descriptor tree of each domain that
+//! envoyproxy/ratelimit's configuration describes (read from its files by `config::rls_files`),
+//! and how a request's descriptors find their limits and keys.
 //!
 //! Matching is envoyproxy/ratelimit's: each entry of a descriptor descends one level, preferring
 //! a node with the same key and value, then one whose value ends in `*` and prefixes it, else a
@@ -12,62 +11,17 @@
 pub mod decide;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use serde::Deserialize;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::hash::Hasher;
 
-use crate::limiter::{push_hex, Algorithm, Key, Limit, Rate};
+use crate::limiter::{push_hex, Key, Limit};
 
 /// The most descriptors one request may carry, and entries one descriptor may have.
 pub const MAX_DESCRIPTORS: usize = 64;
 pub const MAX_ENTRIES: usize = 16;
 /// The longest domain, entry key or entry value accepted.
 pub const MAX_TEXT: usize = 1024;
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDomain {
-    domain: String,
-    #[serde(default)]
-    descriptors: Vec<RawDescriptor>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDescriptor {
-    key: String,
-    value: Option<String>,
-    rate_limit: Option<RawRateLimit>,
-    #[serde(default)]
-    descriptors: Vec<RawDescriptor>,
-    #[serde(default)]
-    shadow_mode: bool,
-    #[serde(default)]
-    detailed_metric: bool,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRateLimit {
-    unit: Option<String>,
-    requests_per_unit: Option<u64>,
-    #[serde(default)]
-    unlimited: bool,
-    name: Option<String>,
-    #[serde(default)]
-    replaces: Vec<RawReplace>,
-    /// sluice's extension: the algorithm (default `fixed_window`, as envoyproxy/ratelimit).
-    algorithm: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawReplace {
-    name: String,
-}
 
 /// The time unit of a limit, with its `RateLimitResponse.RateLimit.Unit` number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +36,10 @@ pub enum Unit {
 }
 
 impl Unit {
-    fn parse(text: &str) -> Option<Unit> {
+    /// The names a configuration accepts (in any case), for its messages.
+    pub const NAMES: &'static str = "second, minute, hour, day, week, month or year";
+
+    pub fn parse(text: &str) -> Option<Unit> {
         Some(match text.to_ascii_lowercase().as_str() {
             "second" => Unit::Second,
             "minute" => Unit::Minute,
@@ -148,8 +105,32 @@ pub struct DescriptorLimit {
     id: u64,
 }
 
+impl DescriptorLimit {
+    /// `place` is where the limit's node sits: its domain and descriptor path; it is part of
+    /// every key the limit counts under.
+    pub fn new(
+        place: &str,
+        name: String,
+        requests_per_unit: u64,
+        unit: Unit,
+        limit: Limit,
+        replaces: Vec<String>,
+    ) -> DescriptorLimit {
+        DescriptorLimit {
+            id: xxhash_rust::xxh3::xxh3_64(place.as_bytes()),
+            name,
+            requests_per_unit,
+            unit,
+            limit,
+            replaces,
+        }
+    }
+}
+
+/// A level of a domain's descriptor tree: children by entry, and the rule of the descriptor
+/// that ends here.
 #[derive(Debug, Default)]
-struct Node {
+pub struct Node {
     /// `(key, value)` → child.
     exact: HashMap<(String, String), Node>,
     /// `(key, value prefix)` of values written `prefix*`, in file order.
@@ -157,6 +138,33 @@ struct Node {
     /// `key` (any value) → child.
     any: HashMap<String, Node>,
     rule: Option<Rule>,
+}
+
+impl Node {
+    /// The child an entry `key` (with `value`, `prefix*` or any value when `None`) descends to,
+    /// made if new; a wildcard is always a new child (they are tried in file order).
+    pub fn child(&mut self, key: String, value: Option<String>) -> &mut Node {
+        let Some(value) = value else {
+            return self.any.entry(key).or_default();
+        };
+        match value.strip_suffix('*') {
+            Some(prefix) => {
+                let prefix = prefix.to_string();
+                self.wildcard.push((key, prefix, Node::default()));
+                let last = self.wildcard.len() - 1;
+                &mut self.wildcard[last].2
+            }
+            None => self.exact.entry((key, value)).or_default(),
+        }
+    }
+
+    pub fn has_rule(&self) -> bool {
+        self.rule.is_some()
+    }
+
+    pub fn set_rule(&mut self, rule: Option<Rule>) {
+        self.rule = rule;
+    }
 }
 
 /// One domain's descriptor tree.
@@ -167,6 +175,10 @@ pub struct Domain {
 }
 
 impl Domain {
+    pub fn new(name: String, root: Node) -> Domain {
+        Domain { name, root }
+    }
+
     /// The names of its limits (`rate_limit.name`, or the descriptor path), each once: the
     /// `limit` label of its metrics, bounded by the configuration (never a request's values).
     pub fn limit_names(&self) -> Vec<&str> {
@@ -194,84 +206,13 @@ pub struct Domains {
     by_name: HashMap<String, Domain>,
 }
 
-/// What is wrong with the configuration directory: one message per problem, each naming its
-/// file and the path in it.
-#[derive(Debug, Default)]
-pub struct Problems(pub Vec<String>);
-
-impl Problems {
-    fn add(&mut self, message: String) {
-        self.0.push(message);
-    }
-}
-
 /// One entry of a request descriptor.
 pub type Entry<'a> = (&'a str, &'a str);
 
 impl Domains {
-    /// Reads every `.yaml`/`.yml` file of `dir` (one domain each); every problem is added to `p`
-    /// under `at` with the file it is in.
-    pub fn load(dir: &Path, algorithm: &str, p: &mut Problems) -> Domains {
-        let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
-            Ok(entries) => entries
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|path| {
-                    path.extension()
-                        .is_some_and(|ext| ext == "yaml" || ext == "yml")
-                })
-                .collect(),
-            Err(e) => {
-                p.add(format!("cannot read {}: {e}", dir.display()));
-                return Domains::default();
-            }
-        };
-        files.sort();
-        let mut domains = Domains::default();
-        for file in files {
-            let shown = file.display().to_string();
-            let raw: RawDomain = match std::fs::read_to_string(&file)
-                .map_err(|e| e.to_string())
-                .and_then(|text| serde_yaml::from_str(&text).map_err(|e| e.to_string()))
-            {
-                Ok(raw) => raw,
-                Err(e) => {
-                    p.add(format!("{shown}: {e}"));
-                    continue;
-                }
-            };
-            if raw.domain.is_empty() {
-                p.add(format!("{shown}: domain: must not be empty"));
-                continue;
-            }
-            if domains.by_name.contains_key(&raw.domain) {
-                p.add(format!("{shown}: domain {:?} is defined twice", raw.domain));
-                continue;
-            }
-            let mut root = Node::default();
-            let context = Context {
-                file: &shown,
-                algorithm,
-                domain: &raw.domain,
-            };
-            for (i, raw) in raw.descriptors.into_iter().enumerate() {
-                add(
-                    &mut root,
-                    raw,
-                    &format!("descriptors[{i}]"),
-                    "",
-                    &context,
-                    p,
-                );
-            }
-            domains.by_name.insert(
-                raw.domain.clone(),
-                Domain {
-                    name: raw.domain,
-                    root,
-                },
-            );
-        }
-        domains
+    /// Adds `domain`, in place of any of the same name.
+    pub fn insert(&mut self, domain: Domain) {
+        self.by_name.insert(domain.name.clone(), domain);
     }
 
     pub fn get(&self, name: &str) -> Option<&Domain> {
@@ -289,158 +230,6 @@ impl Domains {
     pub fn is_empty(&self) -> bool {
         self.by_name.is_empty()
     }
-}
-
-struct Context<'a> {
-    file: &'a str,
-    algorithm: &'a str,
-    domain: &'a str,
-}
-
-fn add(
-    parent: &mut Node,
-    raw: RawDescriptor,
-    path: &str,
-    id_path: &str,
-    cx: &Context,
-    p: &mut Problems,
-) {
-    let problem = |p: &mut Problems, message: String| {
-        p.add(format!("{}: {path}: {message}", cx.file));
-    };
-    if raw.key.is_empty() {
-        problem(p, "key: must not be empty".to_string());
-        return;
-    }
-    let id_path = match &raw.value {
-        Some(value) => format!("{id_path}.{}_{value}", raw.key),
-        None => format!("{id_path}.{}", raw.key),
-    };
-    let node = match raw.value {
-        Some(value) => match value.strip_suffix('*') {
-            Some(prefix) => {
-                parent
-                    .wildcard
-                    .push((raw.key, prefix.to_string(), Node::default()));
-                match parent.wildcard.last_mut() {
-                    Some((_, _, node)) => node,
-                    None => return,
-                }
-            }
-            None => parent.exact.entry((raw.key, value)).or_default(),
-        },
-        None => parent.any.entry(raw.key).or_default(),
-    };
-    if node.rule.is_some() {
-        problem(p, "the same key and value appear twice".to_string());
-        return;
-    }
-    if let Some(rate) = raw.rate_limit {
-        node.rule = compile_rule(rate, raw.shadow_mode, &id_path, path, cx, p);
-    }
-    // Every limit has its own series already (sluice_rls_limit_decisions_total); the
-    // descriptor values detailed_metric would add are a request's bytes: never a label.
-    let _ = raw.detailed_metric;
-    for (i, child) in raw.descriptors.into_iter().enumerate() {
-        add(
-            node,
-            child,
-            &format!("{path}.descriptors[{i}]"),
-            &id_path,
-            cx,
-            p,
-        );
-    }
-}
-
-fn compile_rule(
-    raw: RawRateLimit,
-    shadow: bool,
-    id_path: &str,
-    path: &str,
-    cx: &Context,
-    p: &mut Problems,
-) -> Option<Rule> {
-    let problem = |p: &mut Problems, message: String| {
-        p.add(format!("{}: {path}.rate_limit: {message}", cx.file));
-    };
-    if raw.unlimited {
-        return Some(Rule::Unlimited);
-    }
-    let Some(unit) = raw.unit.as_deref().and_then(Unit::parse) else {
-        problem(
-            p,
-            format!(
-                "unit {:?}: use second, minute, hour, day, week, month or year",
-                raw.unit.unwrap_or_default()
-            ),
-        );
-        return None;
-    };
-    let Some(count) = raw.requests_per_unit else {
-        problem(p, "requests_per_unit: required".to_string());
-        return None;
-    };
-    let name = raw
-        .name
-        .clone()
-        .unwrap_or_else(|| format!("{}{id_path}", cx.domain));
-    let Some(rate) = Rate::new(count, Duration::from_secs(unit.seconds())) else {
-        return Some(Rule::Blocked { name, unit });
-    };
-    let algorithm_name = raw.algorithm.as_deref().unwrap_or(cx.algorithm);
-    let Some(algorithm) = algorithm(algorithm_name, rate) else {
-        problem(
-            p,
-            format!(
-                "algorithm {algorithm_name:?}: use fixed_window, sliding_window, sliding_log (at most {} per unit) or gcra",
-                crate::limiter::algorithm::MAX_SLIDING_LOG_LIMIT
-            ),
-        );
-        return None;
-    };
-    let mut limit = Limit::new(&name, algorithm, 1, rate);
-    limit.shadow = shadow;
-    Some(Rule::Limited(Box::new(DescriptorLimit {
-        id: xxhash_rust::xxh3::xxh3_64(format!("{}{id_path}", cx.domain).as_bytes()),
-        name,
-        requests_per_unit: count,
-        unit,
-        limit,
-        replaces: raw.replaces.into_iter().map(|r| r.name).collect(),
-    })))
-}
-
-/// The algorithm a descriptor limit runs: envoyproxy/ratelimit's fixed window by default;
-/// `gcra` is a token bucket holding a whole unit's requests, refilled evenly.
-fn algorithm(name: &str, rate: Rate) -> Option<Algorithm> {
-    let count = rate.count.get();
-    let window_us = rate.period_us();
-    Some(match name {
-        "fixed_window" => Algorithm::FixedWindow {
-            limit: count,
-            window_us,
-        },
-        "sliding_window" => Algorithm::SlidingWindow {
-            limit: count,
-            window_us,
-        },
-        "sliding_log" if count <= crate::limiter::algorithm::MAX_SLIDING_LOG_LIMIT => {
-            Algorithm::SlidingLog {
-                limit: count,
-                window_us,
-            }
-        }
-        "gcra" => {
-            let emission_us = window_us.div_ceil(count);
-            Algorithm::Gcra {
-                emission_us,
-                tolerance_us: emission_us.checked_mul(count)?,
-                max_delay_us: 0,
-            }
-        }
-        _ => return None,
-    })
 }
 
 impl Domain {
@@ -494,80 +283,4 @@ pub fn key(
     }
     push_hex(&mut key, &hasher.finish128().as_bytes());
     key
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn domains(files: &[(&str, &str)]) -> (Domains, Vec<String>) {
-        let dir = tempfile::tempdir().unwrap();
-        for (name, text) in files {
-            std::fs::write(dir.path().join(name), text).unwrap();
-        }
-        let mut p = Problems::default();
-        let domains = Domains::load(dir.path(), "fixed_window", &mut p);
-        (domains, p.0)
-    }
-
-    #[test]
-    fn a_value_match_wins_over_a_key_match_and_nesting_descends() {
-        let (domains, problems) = domains(&[(
-            "a.yaml",
-            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1 }\n  - key: k\n    value: v\n    rate_limit: { unit: minute, requests_per_unit: 2 }\n  - key: outer\n    descriptors:\n      - key: inner\n        rate_limit: { unlimited: true }\n",
-        )]);
-        assert!(problems.is_empty(), "{problems:?}");
-        let d = domains.get("d").unwrap();
-        let unit = |entries: &[Entry<'_>]| match d.rule(entries) {
-            Some(Rule::Limited(l)) => Some(l.unit),
-            _ => None,
-        };
-        assert_eq!(unit(&[("k", "v")]), Some(Unit::Minute));
-        assert_eq!(unit(&[("k", "other")]), Some(Unit::Second));
-        assert!(matches!(
-            d.rule(&[("outer", "x"), ("inner", "y")]),
-            Some(Rule::Unlimited)
-        ));
-        assert!(
-            d.rule(&[("outer", "x")]).is_none(),
-            "no limit on the outer level"
-        );
-        assert!(d.rule(&[("nope", "x")]).is_none());
-    }
-
-    #[test]
-    fn every_problem_is_reported_with_its_file() {
-        let (_, problems) = domains(&[
-            ("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n"),
-            ("b.yaml", "domain: d\n"),
-            ("c.yml", "domain: e\ndescriptors:\n  - key: k\n    rate_limit: { unit: second }\n    colour: red\n"),
-        ]);
-        let text = problems.join("\n");
-        assert!(
-            text.contains("a.yaml: descriptors[0].rate_limit: unit \"fortnight\""),
-            "{text}"
-        );
-        assert!(
-            text.contains("b.yaml: domain \"d\" is defined twice"),
-            "{text}"
-        );
-        assert!(text.contains("c.yml"), "{text}");
-    }
-
-    #[test]
-    fn keys_are_bounded_and_differ_per_value_and_limit() {
-        let (domains, _) = domains(&[(
-            "a.yaml",
-            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
-        )]);
-        let Some(Rule::Limited(limit)) = domains.get("d").unwrap().rule(&[("k", "v")]) else {
-            panic!("a limit");
-        };
-        let long = "x".repeat(1000);
-        let a = key("sluice", (1, 2), "d", limit, &[("k", "v")]);
-        let b = key("sluice", (1, 2), "d", limit, &[("k", &long)]);
-        assert_ne!(a, b);
-        assert_eq!(a.len(), b.len(), "the value's length does not show");
-        assert!(a.starts_with(b"sluice:{rls."));
-    }
 }

@@ -1,0 +1,325 @@
+//! `rls.config_dir`: envoyproxy/ratelimit's configuration files as is (a directory of YAML files,
+//! one `domain` each, with nested `descriptors` of `key`/`value`, `rate_limit: { unit,
+//! requests_per_unit, unlimited, name, replaces }`, `shadow_mode`, `detailed_metric`), compiled
+//! into the [`Domains`] the rate limit service matches. Every problem is reported under
+//! `rls.config_dir`, naming its file and the path in it; algorithms are named and built as the
+//! routes' are (`choice::AlgorithmName`, `limits::gcra`, `limits::window`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::choice::{impl_choice, AlgorithmName, Spelled};
+use super::limits::{gcra, window, MAX_SLIDING_LOG_LIMIT};
+use super::problem::Problems;
+use crate::limiter::{Algorithm, Limit, Rate};
+use crate::rls::{DescriptorLimit, Domain, Domains, Node, Rule, Unit};
+
+/// Where every problem of the directory is reported.
+const AT: &str = "rls.config_dir";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDomain {
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<RawDescriptor>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDescriptor {
+    key: String,
+    value: Option<String>,
+    rate_limit: Option<RawRateLimit>,
+    #[serde(default)]
+    descriptors: Vec<RawDescriptor>,
+    #[serde(default)]
+    shadow_mode: bool,
+    #[serde(default)]
+    detailed_metric: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRateLimit {
+    unit: Option<Spelled<Unit>>,
+    requests_per_unit: Option<u64>,
+    #[serde(default)]
+    unlimited: bool,
+    name: Option<String>,
+    #[serde(default)]
+    replaces: Vec<RawReplace>,
+    /// sluice's extension: the algorithm (default `rls.algorithm`, itself `fixed_window` as
+    /// envoyproxy/ratelimit).
+    algorithm: Option<Spelled<AlgorithmName>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReplace {
+    name: String,
+}
+
+// The units' names are the domain's own table (any case).
+impl_choice!(Unit, "unit", Unit::parse, Unit::NAMES);
+
+/// Reads every `.yaml`/`.yml` file of `dir` (one domain each) in name order; `algorithm` is that
+/// of rate limits that name none. Every problem is added to `p`.
+pub fn load(dir: &Path, algorithm: &Spelled<AlgorithmName>, p: &mut Problems) -> Domains {
+    let mut domains = Domains::default();
+    for file in yaml_files(dir, p) {
+        let shown = file.display().to_string();
+        let raw: RawDomain = match std::fs::read_to_string(&file)
+            .map_err(|e| e.to_string())
+            .and_then(|text| serde_yaml::from_str(&text).map_err(|e| e.to_string()))
+        {
+            Ok(raw) => raw,
+            Err(e) => {
+                p.add(AT, format!("{shown}: {e}"));
+                continue;
+            }
+        };
+        if raw.domain.is_empty() {
+            p.add(AT, format!("{shown}: domain: must not be empty"));
+            continue;
+        }
+        if domains.get(&raw.domain).is_some() {
+            p.add(
+                AT,
+                format!("{shown}: domain {:?} is defined twice", raw.domain),
+            );
+            continue;
+        }
+        let context = Context {
+            file: &shown,
+            algorithm,
+            domain: &raw.domain,
+        };
+        let mut root = Node::default();
+        for (i, raw) in raw.descriptors.into_iter().enumerate() {
+            add(
+                &mut root,
+                raw,
+                &format!("descriptors[{i}]"),
+                "",
+                &context,
+                p,
+            );
+        }
+        domains.insert(Domain::new(raw.domain, root));
+    }
+    domains
+}
+
+/// The `.yaml` and `.yml` files of `dir`, sorted.
+fn yaml_files(dir: &Path, p: &mut Problems) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|path| {
+                path.extension()
+                    .is_some_and(|ext| ext == "yaml" || ext == "yml")
+            })
+            .collect(),
+        Err(e) => {
+            p.add(AT, format!("cannot read {}: {e}", dir.display()));
+            return Vec::new();
+        }
+    };
+    files.sort();
+    files
+}
+
+/// The file being compiled.
+struct Context<'a> {
+    file: &'a str,
+    algorithm: &'a Spelled<AlgorithmName>,
+    domain: &'a str,
+}
+
+impl Context<'_> {
+    /// A problem at `path` of the file.
+    fn problem(&self, p: &mut Problems, path: &str, message: impl std::fmt::Display) {
+        p.add(AT, format!("{}: {path}: {message}", self.file));
+    }
+}
+
+/// Adds the descriptor at `path` (and its own descriptors) under `parent`; `id_path` is the
+/// parent's place in the domain (`.key_value.key...`).
+fn add(
+    parent: &mut Node,
+    raw: RawDescriptor,
+    path: &str,
+    id_path: &str,
+    cx: &Context,
+    p: &mut Problems,
+) {
+    if raw.key.is_empty() {
+        cx.problem(p, path, "key: must not be empty");
+        return;
+    }
+    let id_path = match &raw.value {
+        Some(value) => format!("{id_path}.{}_{value}", raw.key),
+        None => format!("{id_path}.{}", raw.key),
+    };
+    let node = parent.child(raw.key, raw.value);
+    if node.has_rule() {
+        cx.problem(p, path, "the same key and value appear twice");
+        return;
+    }
+    if let Some(rate) = raw.rate_limit {
+        let rule = compile_rule(
+            rate,
+            raw.shadow_mode,
+            &id_path,
+            &format!("{path}.rate_limit"),
+            cx,
+            p,
+        );
+        node.set_rule(rule);
+    }
+    // Every limit has its own series already (sluice_rls_limit_decisions_total); the
+    // descriptor values detailed_metric would add are a request's bytes: never a label.
+    let _ = raw.detailed_metric;
+    for (i, child) in raw.descriptors.into_iter().enumerate() {
+        let child_path = format!("{path}.descriptors[{i}]");
+        add(node, child, &child_path, &id_path, cx, p);
+    }
+}
+
+/// `rate_limit:` at `path`: unlimited, blocked (`requests_per_unit: 0`), or a limit.
+fn compile_rule(
+    raw: RawRateLimit,
+    shadow: bool,
+    id_path: &str,
+    path: &str,
+    cx: &Context,
+    p: &mut Problems,
+) -> Option<Rule> {
+    if raw.unlimited {
+        return Some(Rule::Unlimited);
+    }
+    let Some(Spelled::Known(unit)) = raw.unit else {
+        let spelled = match raw.unit {
+            Some(Spelled::Unknown(text)) => text,
+            _ => String::new(),
+        };
+        cx.problem(p, path, format!("unit {spelled:?}: use {}", Unit::NAMES));
+        return None;
+    };
+    let Some(count) = raw.requests_per_unit else {
+        cx.problem(p, path, "requests_per_unit: required");
+        return None;
+    };
+    let place = format!("{}{id_path}", cx.domain);
+    let name = raw.name.unwrap_or_else(|| place.clone());
+    let Some(rate) = Rate::new(count, Duration::from_secs(unit.seconds())) else {
+        return Some(Rule::Blocked { name, unit });
+    };
+    let chosen = raw.algorithm.as_ref().unwrap_or(cx.algorithm);
+    let Some(algorithm) = algorithm(chosen, rate) else {
+        let spelled = chosen.spelling();
+        cx.problem(
+            p,
+            path,
+            format!("algorithm {spelled:?}: use fixed_window, sliding_window, sliding_log (at most {MAX_SLIDING_LOG_LIMIT} per unit) or gcra"),
+        );
+        return None;
+    };
+    let mut limit = Limit::new(&name, algorithm, 1, rate);
+    limit.shadow = shadow;
+    let replaces = raw.replaces.into_iter().map(|r| r.name).collect();
+    let limit = DescriptorLimit::new(&place, name, count, unit, limit, replaces);
+    Some(Rule::Limited(Box::new(limit)))
+}
+
+/// The algorithm a descriptor limit runs: envoyproxy/ratelimit's fixed window by default, the
+/// other windows, or `gcra`: a token bucket holding a whole unit's requests, refilled evenly.
+fn algorithm(chosen: &Spelled<AlgorithmName>, rate: Rate) -> Option<Algorithm> {
+    match *chosen {
+        Spelled::Known(AlgorithmName::Gcra) => gcra(rate, rate.count.get(), 0),
+        Spelled::Known(kind) => window(kind, rate),
+        Spelled::Unknown(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rls::{key, Entry};
+
+    fn domains(files: &[(&str, &str)]) -> (Domains, Vec<String>) {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let mut p = Problems::default();
+        let fixed_window = Spelled::Known(AlgorithmName::FixedWindow);
+        let domains = load(dir.path(), &fixed_window, &mut p);
+        (domains, p.lines())
+    }
+
+    #[test]
+    fn a_value_match_wins_over_a_key_match_and_nesting_descends() {
+        let (domains, problems) = domains(&[(
+            "a.yaml",
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1 }\n  - key: k\n    value: v\n    rate_limit: { unit: minute, requests_per_unit: 2 }\n  - key: outer\n    descriptors:\n      - key: inner\n        rate_limit: { unlimited: true }\n",
+        )]);
+        assert!(problems.is_empty(), "{problems:?}");
+        let d = domains.get("d").unwrap();
+        let unit = |entries: &[Entry<'_>]| match d.rule(entries) {
+            Some(Rule::Limited(l)) => Some(l.unit),
+            _ => None,
+        };
+        assert_eq!(unit(&[("k", "v")]), Some(Unit::Minute));
+        assert_eq!(unit(&[("k", "other")]), Some(Unit::Second));
+        assert!(matches!(
+            d.rule(&[("outer", "x"), ("inner", "y")]),
+            Some(Rule::Unlimited)
+        ));
+        assert!(
+            d.rule(&[("outer", "x")]).is_none(),
+            "no limit on the outer level"
+        );
+        assert!(d.rule(&[("nope", "x")]).is_none());
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_file() {
+        let (_, problems) = domains(&[
+            ("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n  - key: l\n    rate_limit: { unit: Second, requests_per_unit: 1, algorithm: token_bucket }\n  - key: m\n    rate_limit: { unit: second, requests_per_unit: 1, algorithm: leaky }\n"),
+            ("b.yaml", "domain: d\n"),
+            ("c.yml", "domain: e\ndescriptors:\n  - key: k\n    rate_limit: { unit: second }\n    colour: red\n"),
+        ]);
+        let text = problems.join("\n");
+        for expected in [
+            "a.yaml: descriptors[0].rate_limit: unit \"fortnight\": use second, minute, hour, day, week, month or year",
+            "a.yaml: descriptors[1].rate_limit: algorithm \"token_bucket\": use fixed_window",
+            "a.yaml: descriptors[2].rate_limit: algorithm \"leaky\": use fixed_window",
+            "b.yaml: domain \"d\" is defined twice",
+            "c.yml",
+        ] {
+            assert!(text.contains(expected), "{expected} in {text}");
+        }
+        assert!(problems.iter().all(|p| p.starts_with("rls.config_dir: ")));
+    }
+
+    #[test]
+    fn keys_are_bounded_and_differ_per_value_and_limit() {
+        let (domains, _) = domains(&[(
+            "a.yaml",
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
+        )]);
+        let Some(Rule::Limited(limit)) = domains.get("d").unwrap().rule(&[("k", "v")]) else {
+            panic!("a limit");
+        };
+        let long = "x".repeat(1000);
+        let a = key("sluice", (1, 2), "d", limit, &[("k", "v")]);
+        let b = key("sluice", (1, 2), "d", limit, &[("k", &long)]);
+        assert_ne!(a, b);
+        assert_eq!(a.len(), b.len(), "the value's length does not show");
+        assert!(a.starts_with(b"sluice:{rls."));
+    }
+}

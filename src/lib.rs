@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod path;
 pub mod pem;
 pub mod pool;
+pub mod pricing;
 pub mod proxy;
 pub mod reload;
 pub mod rls;

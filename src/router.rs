@@ -13,6 +13,7 @@ use http::Method;
 use crate::answer::Answer;
 use crate::keys::{MissingPart, RequestFacts, RouteKeys};
 use crate::limiter::{Ask, Asks, LimitSet};
+use crate::pricing::RoutePricing;
 use crate::upstream::UpstreamSettings;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +79,8 @@ pub struct Route {
     pub matcher: RouteMatch,
     pub upstream: UpstreamSettings,
     pub limits: LimitSet,
+    /// Where its priced limits read their costs.
+    pub pricing: RoutePricing,
     pub keys: RouteKeys,
     /// `RateLimit-Policy` value, or `None` when the route sends no rate-limit headers.
     pub policy_header: Option<HeaderValue>,
@@ -107,7 +110,7 @@ impl Route {
         for (i, (limit, key)) in self.limits.limits().iter().zip(built.keys).enumerate() {
             let cost = limit
                 .cost
-                .of(facts.headers)
+                .of(self.pricing.request(i, facts.headers))
                 .map_err(|_| Answer::BadRequest(BAD_COST))?;
             let skipped = built.skipped & (1 << i) != 0;
             asks.push(Ask {
@@ -184,6 +187,7 @@ mod tests {
             },
             upstream: UpstreamSettings::round_robin(vec!["127.0.0.1:1".parse().unwrap()]),
             limits: LimitSet::none(),
+            pricing: RoutePricing::default(),
             keys: RouteKeys::new("p", "r", crate::keys::KeySecret::new("s"), &[]),
             policy_header: None,
             max_body_bytes: None,

@@ -9,9 +9,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// The modules that know Pingora and wire the process; nothing else may import them.
+/// The modules that know Pingora and wire the process, and the request's lifecycle
+/// (`exchange`, which holds a snapshot but names no Pingora type); nothing else may import them.
 const GLUE: &[&str] = &[
     "access_log",
+    "exchange",
     "app",
     "reload",
     "rls_service",
@@ -385,6 +387,53 @@ fn nothing_outside_the_glue_imports_the_glue() {
         }
         for target in targets.iter().filter(|t| is_glue(t)) {
             offenders.push(format!("{} imports {}", name(&from), name(target)));
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
+
+/// Whether `code` names the external crate `krate` (`krate::...` not preceded by another path
+/// segment or identifier).
+fn names_crate(code: &str, krate: &str) -> bool {
+    let pattern = format!("{krate}::");
+    code.match_indices(&pattern).any(|(at, _)| {
+        code[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == ':'))
+    })
+}
+
+/// The modules under `top` whose code (tests included) names `krate`.
+fn naming(top: &str, krate: &str) -> Vec<String> {
+    modules(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+        .iter()
+        .filter(|(module, _)| module.first().is_some_and(|m| m == top))
+        .filter(|(_, file)| {
+            let source = std::fs::read_to_string(file).expect("read source");
+            names_crate(&code_only(&source), krate)
+        })
+        .map(|(module, _)| name(module))
+        .collect()
+}
+
+#[test]
+fn the_exchange_knows_no_pingora_and_the_limiter_no_http() {
+    assert!(names_crate("use pingora::proxy::Session;", "pingora"));
+    assert!(names_crate("fn f(h: &http::HeaderMap) {}", "http"));
+    assert!(!names_crate(
+        "use crate::exchange::http::X; use opentelemetry_http::Y;",
+        "http"
+    ));
+    let mut offenders = Vec::new();
+    for (top, krate) in [
+        ("exchange", "pingora"),
+        ("limiter", "pingora"),
+        ("limiter", "http"),
+        ("limiter", "tonic"),
+    ] {
+        for module in naming(top, krate) {
+            offenders.push(format!("{module} names {krate}"));
         }
     }
     assert!(offenders.is_empty(), "{}", offenders.join("\n"));

@@ -64,7 +64,7 @@ fn costs(limits: &[Limit]) -> Vec<u64> {
         .iter()
         .map(|l| match l.cost {
             Cost::Fixed(cost) => cost,
-            Cost::Header { default, .. } => default,
+            Cost::Requested { default, .. } => default,
         })
         .collect()
 }

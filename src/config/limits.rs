@@ -11,6 +11,7 @@ use super::rate::{parse_duration, parse_rate};
 use super::raw::{RawLimit, RawResponseCost};
 use crate::keys::{KeyPart, KeySpec, OnMissing};
 use crate::limiter::{Algorithm, Cost, Leasing, Limit, Rate, ResponsePrice};
+use crate::pricing::CostHeaders;
 
 /// Keeps every microsecond quantity of the algorithms far below 2^53 (exact in Lua doubles).
 const MAX_TOLERANCE_US: u64 = 1 << 50;
@@ -49,7 +50,11 @@ fn duration(text: Option<&str>, at: String, max: Duration, p: &mut Problems) -> 
 /// The most sub-keys a split limit may have.
 const MAX_SPLIT: u64 = 256;
 
-pub(crate) fn compile_limit(at: &str, raw: RawLimit, p: &mut Problems) -> Option<(Limit, KeySpec)> {
+pub(crate) fn compile_limit(
+    at: &str,
+    raw: RawLimit,
+    p: &mut Problems,
+) -> Option<(Limit, KeySpec, CostHeaders)> {
     let name = required_name(raw.name.clone(), &format!("{at}.name"), p);
     let parts = compile_key(at, raw.key.as_deref(), p);
     let on_missing = chosen(
@@ -72,7 +77,8 @@ pub(crate) fn compile_limit(at: &str, raw: RawLimit, p: &mut Problems) -> Option
     // A split limit is `shards` sub-keys, each an equal share of the whole.
     let algorithm = algorithm.map(|a| a.share(u64::from(shards)));
     let leased = compile_leasing(at, &raw, algorithm.as_ref(), p);
-    let (cost, priced_by_response) = compile_pricing(at, kind, &raw, algorithm.as_ref(), p);
+    let (cost, priced_by_response, headers) =
+        compile_pricing(at, kind, &raw, algorithm.as_ref(), p);
     let (name, algorithm, cost, parts) = (name?, algorithm?, cost?, parts?);
     let spec = KeySpec {
         limit: fingerprinted(&name, &algorithm),
@@ -89,7 +95,7 @@ pub(crate) fn compile_limit(at: &str, raw: RawLimit, p: &mut Problems) -> Option
         leased,
         priced_by_response,
     };
-    Some((limit, spec))
+    Some((limit, spec, headers))
 }
 
 /// `key:` (default `[client_ip]`): the parts of a request the limit counts by.
@@ -397,27 +403,44 @@ fn compile_pricing(
     raw: &RawLimit,
     algorithm: Option<&Algorithm>,
     p: &mut Problems,
-) -> (Option<Cost>, Option<Box<ResponsePrice>>) {
+) -> (Option<Cost>, Option<ResponsePrice>, CostHeaders) {
     match &raw.cost_from_response {
         Some(response) if accepts(kind, "cost_from_response") => {
-            let priced = compile_response_cost(at, raw, response, algorithm, p);
-            (
-                priced.as_ref().map(|(estimate, _)| Cost::Fixed(*estimate)),
-                priced.map(|(_, price)| Box::new(price)),
-            )
+            match compile_response_cost(at, raw, response, algorithm, p) {
+                Some((estimate, price, header)) => (
+                    Some(Cost::Fixed(estimate)),
+                    Some(price),
+                    CostHeaders {
+                        request: None,
+                        response: Some(header),
+                    },
+                ),
+                None => (None, None, CostHeaders::default()),
+            }
         }
-        _ => (
-            compile_cost(at, raw, algorithm.map(Algorithm::capacity), p),
-            None,
-        ),
+        _ => {
+            let (cost, request) = compile_cost(at, raw, algorithm.map(Algorithm::capacity), p);
+            let headers = CostHeaders {
+                request,
+                response: None,
+            };
+            (cost, None, headers)
+        }
     }
 }
 
-fn compile_cost(at: &str, raw: &RawLimit, capacity: Option<u64>, p: &mut Problems) -> Option<Cost> {
+/// The cost of a request to the limit at `at`, and the request header that says it, if one
+/// does.
+fn compile_cost(
+    at: &str,
+    raw: &RawLimit,
+    capacity: Option<u64>,
+    p: &mut Problems,
+) -> (Option<Cost>, Option<HeaderName>) {
     let fixed = raw.cost.unwrap_or(1);
     if fixed == 0 {
         p.add(format!("{at}.cost"), "must be at least 1");
-        return None;
+        return (None, None);
     }
     let too_large = |value: u64, field: &str, p: &mut Problems| match capacity {
         Some(capacity) if value > capacity => {
@@ -430,17 +453,20 @@ fn compile_cost(at: &str, raw: &RawLimit, capacity: Option<u64>, p: &mut Problem
         _ => false,
     };
     match (&raw.cost_header, raw.cost_max) {
-        (None, None) => (!too_large(fixed, "cost", p)).then_some(Cost::Fixed(fixed)),
+        (None, None) => (
+            (!too_large(fixed, "cost", p)).then_some(Cost::Fixed(fixed)),
+            None,
+        ),
         (None, Some(_)) => {
             p.add(format!("{at}.cost_max"), "applies only with cost_header");
-            None
+            (None, None)
         }
         (Some(_), None) => {
             p.add(
                 format!("{at}.cost_max"),
                 "required with cost_header: the largest cost a request may claim",
             );
-            None
+            (None, None)
         }
         (Some(header), Some(max)) => {
             let name = header_name(header, &format!("{at}.cost_header"), p);
@@ -449,16 +475,16 @@ fn compile_cost(at: &str, raw: &RawLimit, capacity: Option<u64>, p: &mut Problem
                     format!("{at}.cost_max"),
                     format!("must be at least 1 and at least cost ({fixed})"),
                 );
-                return None;
+                return (None, None);
             }
-            if too_large(max, "cost_max", p) {
-                return None;
+            if too_large(max, "cost_max", p) || name.is_none() {
+                return (None, None);
             }
-            name.map(|name| Cost::Header {
-                name,
+            let cost = Cost::Requested {
                 max,
                 default: fixed,
-            })
+            };
+            (Some(cost), name)
         }
     }
 }
@@ -480,7 +506,7 @@ fn compile_response_cost(
     response: &RawResponseCost,
     algorithm: Option<&Algorithm>,
     p: &mut Problems,
-) -> Option<(u64, ResponsePrice)> {
+) -> Option<(u64, ResponsePrice, HeaderName)> {
     let at = format!("{at}.cost_from_response");
     let conflicts = response_cost_conflicts(raw, algorithm);
     let conflicting = !conflicts.is_empty();
@@ -499,7 +525,7 @@ fn compile_response_cost(
     };
     let (estimate, max) = compile_response_bounds(&at, response, algorithm?, p)?;
     let header = header?;
-    (!conflicting).then_some((estimate, ResponsePrice { header, max }))
+    (!conflicting).then_some((estimate, ResponsePrice { max }, header))
 }
 
 /// What `cost_from_response` does not combine with: another cost, leases, shaping.
@@ -575,7 +601,7 @@ mod tests {
         let (compiled, problems) = problems_of(yaml, |raw: RawLimit, p: &mut Problems| {
             compile_limit("routes[0].limits[0]", raw, p)
         });
-        (compiled.map(|(limit, _)| limit), problems)
+        (compiled.map(|(limit, _, _)| limit), problems)
     }
 
     #[test]
@@ -646,10 +672,7 @@ mod tests {
         assert_eq!(compiled.cost, Cost::Fixed(50));
         assert_eq!(
             compiled.priced_by_response,
-            Some(Box::new(ResponsePrice {
-                header: HeaderName::from_static("x-usage-tokens"),
-                max: 4000
-            }))
+            Some(ResponsePrice { max: 4000 })
         );
         let (compiled, problems) = limit(
             "{ name: t, algorithm: fixed_window, rate: 500/h, cost_from_response: { header: x-cost } }",

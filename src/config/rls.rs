@@ -8,6 +8,7 @@ use super::choice::{AlgorithmName, Spelled};
 use super::listeners::socket_addr;
 use super::problem::Problems;
 use super::raw::RawRls;
+use super::rls_files::Sharing;
 use crate::limiter::FailureMode;
 use crate::rls::Domains;
 
@@ -49,8 +50,16 @@ pub fn compile(
     let algorithm = raw
         .algorithm
         .unwrap_or(Spelled::Known(AlgorithmName::FixedWindow));
+    let failure_mode = match &raw.failure_mode {
+        Some(mode) => mode.known("rls.failure_mode", p),
+        None => Some(defaults.failure_mode),
+    };
+    let sharing = Sharing {
+        instances: defaults.instances,
+        failure_mode: failure_mode.unwrap_or(defaults.failure_mode),
+    };
     let domains = match raw.config_dir {
-        Some(dir) => super::rls_files::load(&defaults.base.join(dir), &algorithm, p),
+        Some(dir) => super::rls_files::load(&defaults.base.join(dir), &algorithm, sharing, p),
         None => {
             p.add(
                 "rls.config_dir",
@@ -59,14 +68,10 @@ pub fn compile(
             Domains::default()
         }
     };
-    let failure_mode = match &raw.failure_mode {
-        Some(mode) => mode.known("rls.failure_mode", p)?,
-        None => defaults.failure_mode,
-    };
     Some(RlsSettings {
         listen: listen?,
         domains,
-        failure_mode,
+        failure_mode: failure_mode?,
         key_prefix: defaults.key_prefix.to_string(),
         secret: defaults.secret,
         instances: defaults.instances,

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use super::choice::{impl_choice, AlgorithmName, Spelled};
 use super::limits::{gcra, window, MAX_SLIDING_LOG_LIMIT};
 use super::problem::Problems;
-use crate::limiter::{Algorithm, Limit, Rate};
+use crate::limiter::{Algorithm, FailureMode, Limit, Rate};
 use crate::rls::{DescriptorLimit, Domain, Domains, Node, Rule, Unit};
 
 /// Where every problem of the directory is reported.
@@ -67,7 +67,12 @@ impl_choice!(Unit, "unit", Unit::parse, Unit::NAMES);
 
 /// Reads every `.yaml`/`.yml` file of `dir` (one domain each) in name order; `algorithm` is that
 /// of rate limits that name none. Every problem is added to `p`.
-pub fn load(dir: &Path, algorithm: &Spelled<AlgorithmName>, p: &mut Problems) -> Domains {
+pub fn load(
+    dir: &Path,
+    algorithm: &Spelled<AlgorithmName>,
+    sharing: Sharing,
+    p: &mut Problems,
+) -> Domains {
     let mut domains = Domains::default();
     for file in yaml_files(dir, p) {
         let shown = file.display().to_string();
@@ -96,6 +101,7 @@ pub fn load(dir: &Path, algorithm: &Spelled<AlgorithmName>, p: &mut Problems) ->
             file: &shown,
             algorithm,
             domain: &raw.domain,
+            sharing,
         };
         let mut root = Node::default();
         for (i, raw) in raw.descriptors.into_iter().enumerate() {
@@ -137,6 +143,15 @@ struct Context<'a> {
     file: &'a str,
     algorithm: &'a Spelled<AlgorithmName>,
     domain: &'a str,
+    sharing: Sharing,
+}
+
+/// How the rate limit service's limits are shared: by how many gateways, and what applies when
+/// the limiter cannot decide (each rule's limit set is compiled with them).
+#[derive(Debug, Clone, Copy)]
+pub struct Sharing {
+    pub instances: u64,
+    pub failure_mode: FailureMode,
 }
 
 impl Context<'_> {
@@ -231,7 +246,8 @@ fn compile_rule(
     let mut limit = Limit::new(&name, algorithm, 1, rate);
     limit.shadow = shadow;
     let replaces = raw.replaces.into_iter().map(|r| r.name).collect();
-    let limit = DescriptorLimit::new(&place, name, count, unit, limit, replaces);
+    let sharing = (cx.sharing.instances, cx.sharing.failure_mode);
+    let limit = DescriptorLimit::new(&place, name, count, unit, limit, replaces, sharing);
     Some(Rule::Limited(Box::new(limit)))
 }
 
@@ -257,7 +273,11 @@ mod tests {
         }
         let mut p = Problems::default();
         let fixed_window = Spelled::Known(AlgorithmName::FixedWindow);
-        let domains = load(dir.path(), &fixed_window, &mut p);
+        let sharing = Sharing {
+            instances: 1,
+            failure_mode: FailureMode::Allow,
+        };
+        let domains = load(dir.path(), &fixed_window, sharing, &mut p);
         (domains, p.lines())
     }
 

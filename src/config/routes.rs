@@ -11,6 +11,7 @@ use super::raw::{RawLimit, RawMatch, RawRoute};
 use crate::keys::{KeySecret, KeySpec, RouteKeys};
 use crate::limiter::{FailureMode, Limit, LimitSet};
 use crate::path::{normalize, PathPolicy};
+use crate::pricing::RoutePricing;
 use crate::router::{HostMatch, PathMatch, Route, RouteMatch};
 
 const MAX_LIMITS_PER_ROUTE: usize = 16;
@@ -35,7 +36,7 @@ pub fn compile(
     let name = required_name(raw.name, &format!("{at}.name"), p);
     let matcher = compile_match(at, raw.matcher, p);
     let upstream = super::upstreams::compile(at, raw.upstream, p);
-    let (mut limits, key_specs) = compile_limits(at, raw.limits, p);
+    let (mut limits, key_specs, pricing) = compile_limits(at, raw.limits, p);
     let failure_mode = raw
         .failure_mode
         .as_ref()
@@ -75,6 +76,7 @@ pub fn compile(
             failure_mode.unwrap_or(defaults.failure_mode),
             limiter_timeout,
         ),
+        pricing,
         policy_header,
         max_body_bytes: raw.max_body_bytes,
         request_timeout,
@@ -83,7 +85,12 @@ pub fn compile(
 
 /// `limits:` of the route at `at`: at most [`MAX_LIMITS_PER_ROUTE`], each name once, split
 /// limits cut into the same number of shards.
-fn compile_limits(at: &str, raw: Vec<RawLimit>, p: &mut Problems) -> (Vec<Limit>, Vec<KeySpec>) {
+/// The route's limits, the key spec of each, and where each reads its cost.
+fn compile_limits(
+    at: &str,
+    raw: Vec<RawLimit>,
+    p: &mut Problems,
+) -> (Vec<Limit>, Vec<KeySpec>, RoutePricing) {
     if raw.len() > MAX_LIMITS_PER_ROUTE {
         p.add(
             format!("{at}.limits"),
@@ -93,6 +100,7 @@ fn compile_limits(at: &str, raw: Vec<RawLimit>, p: &mut Problems) -> (Vec<Limit>
     let mut limit_names = HashSet::new();
     let mut limits = Vec::new();
     let mut key_specs = Vec::new();
+    let mut pricing = Vec::new();
     for (i, raw_limit) in raw.into_iter().enumerate() {
         let limit_at = format!("{at}.limits[{i}]");
         if let Some(name) = &raw_limit.name {
@@ -103,13 +111,15 @@ fn compile_limits(at: &str, raw: Vec<RawLimit>, p: &mut Problems) -> (Vec<Limit>
                 );
             }
         }
-        if let Some((limit, spec)) = super::limits::compile_limit(&limit_at, raw_limit, p) {
+        if let Some((limit, spec, headers)) = super::limits::compile_limit(&limit_at, raw_limit, p)
+        {
             key_specs.push(spec);
             limits.push(limit);
+            pricing.push(headers);
         }
     }
     check_shards(at, &key_specs, p);
-    (limits, key_specs)
+    (limits, key_specs, RoutePricing::new(pricing))
 }
 
 /// One request's keys are cut into one number of shards: split limits of a route agree.

@@ -10,7 +10,6 @@ use http::Uri;
 
 use super::{Exchange, Target};
 use crate::answer::{Answer, UpstreamError};
-use crate::limiter::CostReport;
 use crate::tls::PeerTls;
 
 /// What the attempts to reach the upstream have found so far.
@@ -174,24 +173,15 @@ impl Exchange {
     }
 
     /// Reads what `headers` say the response cost, for each limit of the route priced by the
-    /// response; a report found replaces one held.
+    /// response.
     fn read_cost_reports(&mut self, headers: &HeaderMap) {
-        let Some(runtime) = self
-            .route
-            .as_ref()
-            .filter(|r| r.route.limits.priced_by_response())
-        else {
-            return;
-        };
-        let limits = runtime.route.limits.limits();
-        self.cost_reports.resize(limits.len(), CostReport::Missing);
-        for (report, limit) in self.cost_reports.iter_mut().zip(limits) {
-            let Some(price) = &limit.priced_by_response else {
-                continue;
-            };
-            match price.read(headers) {
-                CostReport::Missing => {}
-                found => *report = found,
+        if let Some(runtime) = self.route.as_ref() {
+            let route = &runtime.route;
+            if route.limits.priced_by_response() {
+                let limits = route.limits.limits();
+                route
+                    .pricing
+                    .read_reports(limits, headers, &mut self.cost_reports);
             }
         }
     }

@@ -372,11 +372,7 @@ mod tests {
         let now = Instant::now();
         remember(&cache, &[limit("c", concurrency(1))], 1, 500, now);
         let mut header = limit("h", window(5));
-        header.cost = Cost::Header {
-            name: http::header::HeaderName::from_static("x-cost"),
-            max: 5,
-            default: 1,
-        };
+        header.cost = Cost::Requested { max: 5, default: 1 };
         remember(&cache, &[header], 1, 500, now);
         // A lease asks for more than the limit's cost: its denial says nothing about cost 1.
         remember(&cache, &[limit("w", window(5))], 4, 500, now);

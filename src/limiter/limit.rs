@@ -3,8 +3,6 @@
 
 use std::sync::Arc;
 
-use http::header::{HeaderMap, HeaderName};
-
 use super::algorithm::Algorithm;
 use super::rate::Rate;
 
@@ -15,53 +13,52 @@ pub const LIMITS_INLINE: usize = 4;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cost {
     Fixed(u64),
-    /// Read from a request header: a whole number from 1 to `max`; `default` when absent.
-    Header {
-        name: HeaderName,
+    /// Said by the request (`cost_header`; where it is read is the route's business): a whole
+    /// number from 1 to `max`; `default` when the request says nothing.
+    Requested {
         max: u64,
         default: u64,
     },
 }
 
-/// A cost header the request sent is not a whole number within the limit's `cost_max`.
+/// What a request (or a response) said of a cost, where it says one: nothing, something that
+/// is not one whole number (sent twice, a list, not a number), or a whole number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    Nothing,
+    Malformed,
+    Number(u64),
+}
+
+/// A cost the request sent is not a whole number within the limit's `cost_max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BadCost;
 
 impl Cost {
-    /// What this request costs. A cost header sent twice, or holding a list, is refused: it
-    /// is never charged at one of its values.
-    pub fn of(&self, headers: &HeaderMap) -> Result<u64, BadCost> {
-        match self {
-            Cost::Fixed(cost) => Ok(*cost),
-            Cost::Header { name, max, default } => match whole_number(headers, name) {
-                None => Ok(*default),
-                Some(cost) => cost.filter(|cost| (1..=*max).contains(cost)).ok_or(BadCost),
-            },
+    /// What this request costs, given what it `sent`. A malformed cost is refused: it is never
+    /// charged at one of its values.
+    pub fn of(&self, sent: Sent) -> Result<u64, BadCost> {
+        match (self, sent) {
+            (Cost::Fixed(cost), _) => Ok(*cost),
+            (Cost::Requested { default, .. }, Sent::Nothing) => Ok(*default),
+            (Cost::Requested { max, .. }, Sent::Number(cost)) if (1..=*max).contains(&cost) => {
+                Ok(cost)
+            }
+            (Cost::Requested { .. }, _) => Err(BadCost),
         }
     }
-}
 
-/// The whole number a header (or trailer) holds: `None` when absent; `Some(None)` when it is
-/// sent twice, holds a list, or is not one whole number — never one of its values.
-fn whole_number(headers: &HeaderMap, name: &HeaderName) -> Option<Option<u64>> {
-    let mut values = headers.get_all(name).iter();
-    let value = values.next()?;
-    if values.next().is_some() {
-        return Some(None);
+    /// The request says its cost.
+    pub fn is_requested(&self) -> bool {
+        matches!(self, Cost::Requested { .. })
     }
-    Some(
-        std::str::from_utf8(value.as_bytes())
-            .ok()
-            .and_then(|text| text.trim().parse::<u64>().ok()),
-    )
 }
 
 /// A limit priced by the response (`cost_from_response`): the request reserves its
-/// estimate (the limit's [`Cost`]) at admission, and the cost the upstream reports in a
-/// response header or trailer settles it when the response ends.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// estimate (the limit's [`Cost`]) at admission, and the cost the upstream reports (where it
+/// reports it is the route's business) settles it when the response ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResponsePrice {
-    pub header: HeaderName,
     /// The most one response is charged; a larger report is charged this.
     pub max: u64,
 }
@@ -102,13 +99,13 @@ impl CostReport {
 }
 
 impl ResponsePrice {
-    /// What `headers` (a response head or its trailers) say the response cost.
-    pub fn read(&self, headers: &HeaderMap) -> CostReport {
-        match whole_number(headers, &self.header) {
-            None => CostReport::Missing,
-            Some(None) => CostReport::Invalid,
-            Some(Some(units)) if units > self.max => CostReport::Capped(self.max),
-            Some(Some(units)) => CostReport::Reported(units),
+    /// What the response cost, given what it `sent`.
+    pub fn report(&self, sent: Sent) -> CostReport {
+        match sent {
+            Sent::Nothing => CostReport::Missing,
+            Sent::Malformed => CostReport::Invalid,
+            Sent::Number(units) if units > self.max => CostReport::Capped(self.max),
+            Sent::Number(units) => CostReport::Reported(units),
         }
     }
 }
@@ -129,7 +126,7 @@ pub struct Limit {
     /// exact, one decision in Redis per request.
     pub leased: Option<Leasing>,
     /// `cost_from_response`: the cost is the estimate at admission, settled by the response.
-    pub priced_by_response: Option<Box<ResponsePrice>>,
+    pub priced_by_response: Option<ResponsePrice>,
 }
 
 /// How a leased limit is leased: at most `max_units` (L) held unspent per gateway and key, so
@@ -217,57 +214,23 @@ mod tests {
     }
 
     #[test]
-    fn header_costs_are_whole_numbers_within_the_cap() {
-        let cost = Cost::Header {
-            name: HeaderName::from_static("x-cost"),
-            max: 5,
-            default: 2,
-        };
-        let mut headers = HeaderMap::new();
-        assert_eq!(cost.of(&headers), Ok(2));
-        for (value, expected) in [
-            ("3", Ok(3)),
-            (" 5 ", Ok(5)),
-            ("6", Err(BadCost)),
-            ("0", Err(BadCost)),
-            ("x", Err(BadCost)),
-            ("1, 5", Err(BadCost)),
-        ] {
-            headers.insert("x-cost", value.parse().unwrap());
-            assert_eq!(cost.of(&headers), expected, "{value:?}");
+    fn a_requested_cost_is_a_whole_number_within_the_cap_and_a_report_is_capped() {
+        let cost = Cost::Requested { max: 5, default: 2 };
+        assert_eq!(cost.of(Sent::Nothing), Ok(2));
+        assert_eq!(cost.of(Sent::Number(5)), Ok(5));
+        for refused in [Sent::Number(6), Sent::Number(0), Sent::Malformed] {
+            assert_eq!(cost.of(refused), Err(BadCost), "{refused:?}");
         }
-        headers.insert("x-cost", "5".parse().unwrap());
-        headers.append("x-cost", "1".parse().unwrap());
         assert_eq!(
-            cost.of(&headers),
-            Err(BadCost),
-            "twice is never the smaller"
+            Cost::Fixed(3).of(Sent::Malformed),
+            Ok(3),
+            "a fixed cost reads nothing"
         );
-    }
-
-    #[test]
-    fn a_response_reports_one_whole_number_and_is_capped_at_max() {
-        let price = ResponsePrice {
-            header: HeaderName::from_static("x-usage-tokens"),
-            max: 100,
-        };
-        let mut headers = HeaderMap::new();
-        assert_eq!(price.read(&headers), CostReport::Missing);
-        for (value, expected) in [
-            ("0", CostReport::Reported(0)),
-            (" 42 ", CostReport::Reported(42)),
-            ("100", CostReport::Reported(100)),
-            ("101", CostReport::Capped(100)),
-            ("99999999999999999999999", CostReport::Invalid),
-            ("-1", CostReport::Invalid),
-            ("1.5", CostReport::Invalid),
-            ("1, 2", CostReport::Invalid),
-        ] {
-            headers.insert("x-usage-tokens", value.parse().unwrap());
-            assert_eq!(price.read(&headers), expected, "{value:?}");
-        }
-        headers.append("x-usage-tokens", "1".parse().unwrap());
-        assert_eq!(price.read(&headers), CostReport::Invalid, "sent twice");
+        let price = ResponsePrice { max: 100 };
+        assert_eq!(price.report(Sent::Nothing), CostReport::Missing);
+        assert_eq!(price.report(Sent::Malformed), CostReport::Invalid);
+        assert_eq!(price.report(Sent::Number(100)), CostReport::Reported(100));
+        assert_eq!(price.report(Sent::Number(101)), CostReport::Capped(100));
         assert_eq!(CostReport::Capped(100).units(), Some(100));
         assert_eq!(CostReport::Invalid.units(), None);
     }

@@ -41,7 +41,7 @@ pub use engine::Engine;
 pub use error::LimiterError;
 pub use id::{RequestId, RequestIds};
 pub use key::{push_hex, Key, KEY_INLINE};
-pub use limit::{BadCost, Cost, CostReport, Leasing, Limit, ResponsePrice, LIMITS_INLINE};
+pub use limit::{BadCost, Cost, CostReport, Leasing, Limit, ResponsePrice, Sent, LIMITS_INLINE};
 pub use policy::{FailureMode, LimitSet, Policy, PolicyMeters};
 pub use rate::Rate;
 pub use request::{asks, entries, Ask, Asks, Entry, LimitRequest};

@@ -69,7 +69,7 @@ impl FailureMode {
 }
 
 /// Every limit of one route as the policy applies them, compiled once at config load.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct LimitSet {
     limits: Box<[Limit]>,
     /// The limits scaled to one gateway's share (`limit / instances`), for `failure_mode: local`.
@@ -669,10 +669,7 @@ mod tests {
         use crate::limiter::limit::{Cost, ResponsePrice};
         Limit {
             cost: Cost::Fixed(estimate),
-            priced_by_response: Some(Box::new(ResponsePrice {
-                header: http::HeaderName::from_static("x-usage-tokens"),
-                max: 100,
-            })),
+            priced_by_response: Some(ResponsePrice { max: 100 }),
             ..limit("tokens", crate::limiter::testing::window(100))
         }
     }

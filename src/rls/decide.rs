@@ -3,6 +3,7 @@
 //! `replaces` drops out, and every remaining limit is decided in one policy call, all or
 //! nothing. What comes out is plain Rust; `rls_service` maps it to and from protobuf.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use super::{key, DescriptorLimit, Domain, Entry, Rule, Unit};
@@ -170,19 +171,23 @@ fn drop_replaced(matched: &mut Vec<Matched<'_>>) {
     }
 }
 
-/// Every matched limit decided in one policy call, all or nothing.
-async fn decide_limits(
-    matched: &[Matched<'_>],
+/// Every matched limit decided in one policy call, all or nothing. A call that matched one
+/// limit takes that rule's own precompiled set; several are composed for the call.
+async fn decide_limits<'a>(
+    matched: &[Matched<'a>],
     scope: Scope<'_>,
     policy: &Policy,
-) -> (LimitSet, Verdict) {
+) -> (Cow<'a, LimitSet>, Verdict) {
+    let set = match matched {
+        [one] => Cow::Borrowed(&one.limit.alone),
+        _ => Cow::Owned(LimitSet::new(
+            matched.iter().map(|m| m.limit.limit.clone()).collect(),
+            scope.instances,
+            scope.failure_mode,
+            None,
+        )),
+    };
     let asks: Asks = matched.iter().map(|m| m.ask.clone()).collect();
-    let set = LimitSet::new(
-        matched.iter().map(|m| m.limit.limit.clone()).collect(),
-        scope.instances,
-        scope.failure_mode,
-        None,
-    );
     let verdict = policy.decide(&set, &asks).await;
     policy.finish(&set, &asks, &verdict).await;
     (set, verdict)

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::hash::Hasher;
 
-use crate::limiter::{push_hex, Key, Limit};
+use crate::limiter::{push_hex, FailureMode, Key, Limit, LimitSet};
 
 /// The most descriptors one request may carry, and entries one descriptor may have.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -101,6 +101,9 @@ pub struct DescriptorLimit {
     pub limit: Limit,
     /// Names of the limits this one replaces when both match one request.
     pub replaces: Vec<String>,
+    /// The limit as the policy takes it when it is the only one a call matches (the common
+    /// case): compiled once, not per call.
+    pub alone: LimitSet,
     /// Where the node sits in its domain (part of every key it counts under).
     id: u64,
 }
@@ -115,8 +118,10 @@ impl DescriptorLimit {
         unit: Unit,
         limit: Limit,
         replaces: Vec<String>,
+        (instances, failure_mode): (u64, FailureMode),
     ) -> DescriptorLimit {
         DescriptorLimit {
+            alone: LimitSet::new(vec![limit.clone()], instances, failure_mode, None),
             id: xxhash_rust::xxh3::xxh3_64(place.as_bytes()),
             name,
             requests_per_unit,

@@ -50,8 +50,35 @@ fn the_unit_matches_the_runtime_directory_convention() {
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
         "DynamicUser=yes",
+        "LogsDirectory=sluice",
     ] {
         assert!(unit.lines().any(|l| l == line), "missing {line:?}");
+    }
+}
+
+/// Under `ProtectSystem=strict` only the unit's own directories are writable: the access log
+/// path the docs suggest lies in the unit's `LogsDirectory=`.
+#[test]
+fn the_documented_access_log_path_is_writable_under_the_unit() {
+    let unit = std::fs::read_to_string(support::repo_path("systemd/sluice.service")).unwrap();
+    let operations = std::fs::read_to_string(support::repo_path("docs/operations.md")).unwrap();
+    let logs: Vec<String> = unit_values(&unit, "LogsDirectory")
+        .iter()
+        .map(|dir| format!("/var/log/{dir}/"))
+        .collect();
+    let documented: Vec<&str> = operations
+        .split_whitespace()
+        .filter(|word| word.starts_with("/var/log/") && word.ends_with(".log"))
+        .collect();
+    assert!(
+        !documented.is_empty(),
+        "docs/operations.md suggests a log file"
+    );
+    for path in documented {
+        assert!(
+            logs.iter().any(|dir| path.starts_with(dir.as_str())),
+            "{path} is not under the unit's LogsDirectory= ({logs:?})"
+        );
     }
 }
 

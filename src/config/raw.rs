@@ -92,7 +92,7 @@ pub struct RawRoute {
     pub request_timeout_ms: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 pub struct RawMatch {
     pub path_prefix: Option<String>,
     pub path: Option<String>,

@@ -141,15 +141,10 @@ fn check_shards(at: &str, key_specs: &[KeySpec], p: &mut Problems) {
     }
 }
 
-/// `match:`: the path (exact or prefix), the host and the methods; `None` if any is wrong.
+/// `match:`: the path (exact or prefix), the host and the methods; `None` if any is wrong. A
+/// route without one matches every request (`path_prefix: /`, any host, any method).
 fn compile_match(at: &str, raw: Option<RawMatch>, p: &mut Problems) -> Option<RouteMatch> {
-    let Some(raw) = raw else {
-        p.add(
-            format!("{at}.match"),
-            "required, e.g. { path_prefix: /api/ }",
-        );
-        return None;
-    };
+    let raw = raw.unwrap_or_default();
     let path = compile_path(at, raw.path, raw.path_prefix, p);
     let host = raw.host.map(|host| compile_host(at, host, p).ok_or(()));
     let methods = raw
@@ -294,6 +289,15 @@ mod tests {
             "\"a\";q=10;w=1",
             "concurrency is not a rate"
         );
+    }
+
+    #[test]
+    fn a_route_without_match_serves_every_request() {
+        let (compiled, problems) = route(&format!("name: all\n{UPSTREAM}"));
+        assert!(problems.is_empty(), "{problems:?}");
+        let matcher = compiled.unwrap().matcher;
+        assert_eq!(matcher.path, PathMatch::Prefix("/".into()));
+        assert!(matcher.host.is_none() && matcher.methods.is_none());
     }
 
     #[test]

@@ -1,19 +1,26 @@
 //! The per-request work sluice does itself — route lookup, path normalization, client identity,
 //! key building, decision parsing, and an in-process decision on known keys — makes no heap
-//! allocation. A counting global allocator counts this thread's allocations around each step.
+//! allocation, and neither does the policy's asynchronous decision through the limiter's layers.
+//! A counting global allocator counts this thread's allocations around each step.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::future::Future;
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use http::{HeaderMap, HeaderValue, Method};
 use sluice::config::Config;
 use sluice::keys::RequestFacts;
 use sluice::limiter::clock::ManualClock;
+use sluice::limiter::guard::{GuardMeters, Guarded};
+use sluice::limiter::leased::{LeaseMeters, Leased};
 use sluice::limiter::local::LocalLimiter;
-use sluice::limiter::{entries, script, LimitRequest, RequestId};
+use sluice::limiter::{
+    entries, script, Engine, LimitRequest, Limiter, Policy, PolicyMeters, RequestId,
+};
 use sluice::path::normalize;
 use support::config::route;
 use support::limits::{fixed_window, gcra, sliding_window};
@@ -72,6 +79,13 @@ fn config() -> String {
                 .limit(gcra("per_client", "100/s").key(&["client_ip"]).burst(50))
                 .limit(fixed_window("per_path", "5000/m").key(&["client_ip", "path"]))
                 .limit(sliding_window("per_tenant", "10000/m").key(&["header:x-tenant", "route"])),
+        )
+        .route(
+            route("one").prefix("/one").servers(&["127.0.0.1:1"]).limit(
+                gcra("per_client_one", "100/s")
+                    .key(&["client_ip"])
+                    .burst(50),
+            ),
         )
         .route(route("other").prefix("/other").servers(&["127.0.0.1:1"]));
     format!("listen: [127.0.0.1:1]\n{body}")
@@ -166,4 +180,93 @@ fn per_request_work_allocates_nothing() {
     for (step, count) in steps {
         assert_eq!(count, 0, "{step} allocated {count} times in 1000 requests");
     }
+}
+
+/// Polls `future` once: the in-process limiter never waits, so it must be ready.
+fn ready<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(output) => output,
+        Poll::Pending => panic!("an in-process decision waited"),
+    }
+}
+
+#[test]
+fn the_policys_decision_allocates_nothing_once_its_keys_are_known() {
+    let config = Config::from_yaml(Path::new("inline.yaml"), &config()).expect("config");
+    let mut headers = HeaderMap::new();
+    headers.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
+    headers.insert("x-tenant", HeaderValue::from_static("acme"));
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let limiter = Arc::new(LocalLimiter::new(clock.clone(), 1000));
+    let policy = Policy::new(
+        Engine::local(limiter),
+        None,
+        clock.clone(),
+        PolicyMeters::unregistered(),
+    );
+    for (path, limits) in [("/one/x", 1), ("/api/v1/items/42", 3)] {
+        let route = config
+            .routes
+            .find("example.com", path, &Method::GET)
+            .expect("route");
+        assert_eq!(route.limits.len(), limits);
+        let facts = RequestFacts {
+            client_ip: config
+                .identity
+                .client(Some([127, 0, 0, 1].into()), &headers),
+            method: "GET",
+            host: "example.com",
+            path,
+            query: None,
+            headers: &headers,
+            route: &route.name,
+        };
+        let asks = route.asks(&facts).expect("keys");
+        // A key's first sighting stores its state: warm up before counting.
+        assert!(ready(policy.decide(&route.limits, &asks)).admitted());
+        let count = allocations(1000, || {
+            // 20 ms apart: within every limit.
+            clock.advance(20_000);
+            let verdict = ready(policy.decide(&route.limits, &asks));
+            assert!(verdict.admitted());
+        });
+        println!("policy decision, {limits} limits: {count} allocations in 1000 requests");
+        assert_eq!(
+            count, 0,
+            "{limits} limits: {count} allocations in 1000 decisions"
+        );
+    }
+}
+
+#[test]
+fn the_redis_engines_decorators_allocate_nothing_around_their_backend() {
+    // The Redis engine's layers, `Leased(Guarded(backend))`, around the in-process backend.
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let backend = Arc::new(LocalLimiter::new(clock.clone(), 1000));
+    let guarded = Guarded::new(
+        Arc::clone(&backend),
+        true,
+        clock.clone(),
+        GuardMeters::unregistered(),
+    );
+    let layered = Leased::new(guarded, backend, clock.clone(), LeaseMeters::unregistered());
+    let limits = [
+        gcra("a", "100/s").burst(50).compile(),
+        fixed_window("b", "5000/m").compile(),
+        sliding_window("c", "10000/m").compile(),
+    ];
+    let asks = sluice::limiter::asks(&[b"ka", b"kb", b"kc"], &[1, 1, 1]);
+    let entries = entries(&limits, &asks);
+    let request = LimitRequest::new(&entries);
+    assert!(ready(layered.check(&request)).unwrap().allowed(), "warm");
+    let count = allocations(1000, || {
+        clock.advance(20_000);
+        assert!(ready(layered.check(&request)).unwrap().allowed());
+    });
+    println!("decorated decision, 3 limits: {count} allocations in 1000 requests");
+    assert_eq!(count, 0, "{count} allocations in 1000 decorated decisions");
 }

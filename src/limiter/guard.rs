@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use prometheus::{IntCounter, IntGauge};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -264,21 +263,21 @@ impl Breaker {
 }
 
 /// A backend behind the deny cache and, for Redis, the breaker.
-pub struct Guarded {
-    inner: Arc<dyn Limiter>,
+pub struct Guarded<L> {
+    inner: L,
     clock: Arc<dyn Clock>,
     deny_cache: DenyCache,
     breaker: Option<Breaker>,
     deny_cache_hits: IntCounter,
 }
 
-impl Guarded {
+impl<L: Limiter> Guarded<L> {
     pub fn new(
-        inner: Arc<dyn Limiter>,
+        inner: L,
         with_breaker: bool,
         clock: Arc<dyn Clock>,
         meters: GuardMeters,
-    ) -> Guarded {
+    ) -> Guarded<L> {
         Guarded {
             inner,
             deny_cache: DenyCache::new(DENY_CACHE_CAPACITY),
@@ -289,8 +288,7 @@ impl Guarded {
     }
 }
 
-#[async_trait]
-impl Limiter for Guarded {
+impl<L: Limiter> Limiter for Guarded<L> {
     async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
         let now = self.clock.instant();
         if let Some(decision) = self.deny_cache.lookup(request.entries, now) {

@@ -20,7 +20,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use prometheus::{IntCounter, IntGauge};
 use smallvec::SmallVec;
 use xxhash_rust::xxh3::xxh3_64;
@@ -299,21 +298,21 @@ impl Pools {
 /// A limiter that serves `mode: leased` limits from leases taken of `inner`; routes without
 /// leased limits go straight to `inner`. Unspent units go back through `refunds`, the backend
 /// itself.
-pub struct Leased {
-    inner: Arc<dyn Limiter>,
-    refunds: Arc<dyn SettleUnits>,
+pub struct Leased<L, S> {
+    inner: L,
+    refunds: Arc<S>,
     clock: Arc<dyn Clock>,
     pools: Arc<Pools>,
     sweeper: Once,
 }
 
-impl Leased {
+impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
     pub fn new(
-        inner: Arc<dyn Limiter>,
-        refunds: Arc<dyn SettleUnits>,
+        inner: L,
+        refunds: Arc<S>,
         clock: Arc<dyn Clock>,
         meters: LeaseMeters,
-    ) -> Leased {
+    ) -> Leased<L, S> {
         Leased {
             inner,
             refunds,
@@ -410,7 +409,7 @@ struct Unspent {
     mark_us: i64,
 }
 
-async fn give_back(pools: &Pools, refunds: &dyn SettleUnits, now: Instant) {
+async fn give_back(pools: &Pools, refunds: &impl SettleUnits, now: Instant) {
     for unspent in pools.sweep(now) {
         let Unspent {
             algorithm,
@@ -434,8 +433,7 @@ async fn give_back(pools: &Pools, refunds: &dyn SettleUnits, now: Instant) {
         .set(i64::try_from(pools.held()).unwrap_or(i64::MAX));
 }
 
-#[async_trait]
-impl Limiter for Leased {
+impl<L: Limiter, S: SettleUnits + 'static> Limiter for Leased<L, S> {
     async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
         if request.entries.iter().all(|e| e.limit.leased.is_none()) {
             return self.inner.check(request).await;
@@ -554,7 +552,6 @@ mod tests {
         checks: AtomicUsize,
     }
 
-    #[async_trait]
     impl Limiter for Counting {
         async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
             self.checks.fetch_add(1, Ordering::Relaxed);
@@ -571,7 +568,7 @@ mod tests {
     }
 
     /// A gateway leasing from `backend`, giving units back to it.
-    fn gateway(backend: &Arc<Counting>) -> Leased {
+    fn gateway(backend: &Arc<Counting>) -> Leased<Arc<Counting>, LocalLimiter> {
         Leased::new(
             backend.clone(),
             backend.backend.clone(),
@@ -589,7 +586,7 @@ mod tests {
     const KEY: &[u8] = b"hot";
 
     async fn call_keys(
-        limiter: &dyn Limiter,
+        limiter: &impl Limiter,
         limits: &[Limit],
         keys: &[&[u8]],
         costs: &[u64],
@@ -602,7 +599,7 @@ mod tests {
             .expect("decided")
     }
 
-    async fn call(limiter: &dyn Limiter, limits: &[Limit], cost: u64) -> Decision {
+    async fn call(limiter: &impl Limiter, limits: &[Limit], cost: u64) -> Decision {
         call_keys(limiter, limits, &[KEY], &[cost]).await
     }
 

@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use async_trait::async_trait;
 use smallvec::SmallVec;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -221,14 +220,12 @@ impl LocalLimiter {
     }
 }
 
-#[async_trait]
 impl Limiter for LocalLimiter {
     async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
         self.check_at(request, self.clock.now_us())
     }
 }
 
-#[async_trait]
 impl ReleaseSlots for LocalLimiter {
     async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
         self.release_now(request);
@@ -236,7 +233,6 @@ impl ReleaseSlots for LocalLimiter {
     }
 }
 
-#[async_trait]
 impl SettleUnits for LocalLimiter {
     async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
         let now_us = self.clock.now_us();
@@ -252,7 +248,6 @@ impl SettleUnits for LocalLimiter {
     }
 }
 
-#[async_trait]
 impl Backend for LocalLimiter {
     async fn readiness(&self) -> Readiness {
         Readiness::Ready

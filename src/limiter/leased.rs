@@ -16,13 +16,13 @@
 //! * A denied top-up is asked again once with the exact costs: a request is never denied for
 //!   units it did not need.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, Once};
+use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
+use dashmap::mapref::entry::Entry as PoolEntry;
+use dashmap::DashMap;
 use prometheus::{IntCounter, IntGauge};
 use smallvec::SmallVec;
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::algorithm::{Algorithm, Change};
 use super::backend::{Limiter, SettleUnits, Settlement};
@@ -62,8 +62,8 @@ impl LeaseMeters {
 /// Per-request vectors of a leased call, inline for routes of ordinary size.
 type Costs = SmallVec<[u64; LIMITS_INLINE]>;
 
-const SHARDS: usize = 16;
-/// Keys a gateway holds leases for at most; beyond it, further keys are decided exactly.
+/// Keys a gateway holds leases for at most (give or take one per request seeing a new key at
+/// the same time); beyond it, further keys are decided exactly.
 pub const POOL_CAPACITY: usize = 10_000;
 /// A lease is sized to last this long at the rate this gateway has seen on the key.
 const HORIZON: Duration = Duration::from_millis(100);
@@ -154,48 +154,51 @@ enum Step {
     Ask { want: u64, topping_up: bool },
 }
 
-type Shard = Mutex<HashMap<Box<[u8]>, Pool>>;
-
-/// Units held per key, sharded to keep lock hold times short.
+/// Units held per key: a concurrent map (`dashmap`), each key's pool changed under its shard's
+/// lock; idle pools are swept by the injected clock.
 struct Pools {
-    shards: Box<[Shard]>,
-    shard_capacity: usize,
+    pools: DashMap<Box<[u8]>, Pool>,
+    capacity: usize,
     meters: LeaseMeters,
 }
 
 impl Pools {
     fn new(capacity: usize, meters: LeaseMeters) -> Pools {
         Pools {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            shard_capacity: capacity.div_ceil(SHARDS).max(1),
+            pools: DashMap::new(),
+            capacity: capacity.max(1),
             meters,
         }
     }
 
-    fn lock(&self, key: &[u8]) -> MutexGuard<'_, HashMap<Box<[u8]>, Pool>> {
-        self.shards[(xxh3_64(key) % SHARDS as u64) as usize]
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// Pays `cost` from the units held, or says what to ask the backend for.
     fn take(&self, limit: &Limit, leasing: Leasing, key: &[u8], cost: u64, now: Instant) -> Step {
-        let exact = Step::Ask {
-            want: cost,
-            topping_up: false,
-        };
-        let mut shard = self.lock(key);
-        let Some(pool) = shard.get_mut(key) else {
-            if shard.len() >= self.shard_capacity {
-                return exact;
-            }
-            // No rate seen yet: the first request asks for its own cost and starts the clock.
-            shard.insert(key.into(), Pool::new(limit.algorithm, now));
+        if let Some(mut pool) = self.pools.get_mut(key) {
+            return self.take_held(&mut pool, leasing, cost, now);
+        }
+        if self.pools.len() >= self.capacity {
             return Step::Ask {
                 want: cost,
-                topping_up: true,
+                topping_up: false,
             };
-        };
+        }
+        match self.pools.entry(key.into()) {
+            // Another request saw the key first, meanwhile.
+            PoolEntry::Occupied(mut pool) => self.take_held(pool.get_mut(), leasing, cost, now),
+            PoolEntry::Vacant(vacant) => {
+                // No rate seen yet: the first request asks for its own cost and starts the clock.
+                vacant.insert(Pool::new(limit.algorithm, now));
+                Step::Ask {
+                    want: cost,
+                    topping_up: true,
+                }
+            }
+        }
+    }
+
+    /// Pays `cost` from `pool`, or says what to ask the backend for: a top-up, unless another
+    /// request is topping the key up already (then its own cost only).
+    fn take_held(&self, pool: &mut Pool, leasing: Leasing, cost: u64, now: Instant) -> Step {
         if pool.closed(now) {
             pool.units = 0;
         }
@@ -207,7 +210,10 @@ impl Pools {
             return Step::Held(pool.status(now));
         }
         if pool.topping_up(now) {
-            return exact;
+            return Step::Ask {
+                want: cost,
+                topping_up: false,
+            };
         }
         pool.topping_up = Some(now);
         Step::Ask {
@@ -218,8 +224,7 @@ impl Pools {
 
     /// Records the backend's answer to a top-up: `kept` units more are held.
     fn settle(&self, key: &[u8], kept: u64, cost: u64, status: &LimitStatus, now: Instant) {
-        let mut shard = self.lock(key);
-        let Some(pool) = shard.get_mut(key) else {
+        let Some(mut pool) = self.pools.get_mut(key) else {
             return;
         };
         pool.topping_up = None;
@@ -245,7 +250,7 @@ impl Pools {
 
     /// Puts back units paid from the pool for a request that was denied after all.
     fn put_back(&self, key: &[u8], cost: u64) {
-        if let Some(pool) = self.lock(key).get_mut(key) {
+        if let Some(mut pool) = self.pools.get_mut(key) {
             pool.units += cost;
             pool.spent_since_top_up = pool.spent_since_top_up.saturating_sub(cost);
         }
@@ -253,7 +258,7 @@ impl Pools {
 
     /// Ends a top-up that got no answer.
     fn abandon(&self, key: &[u8]) {
-        if let Some(pool) = self.lock(key).get_mut(key) {
+        if let Some(mut pool) = self.pools.get_mut(key) {
             pool.topping_up = None;
         }
     }
@@ -261,37 +266,28 @@ impl Pools {
     /// Drops the pools of idle keys and closed windows; returns what to give back.
     fn sweep(&self, now: Instant) -> Vec<Unspent> {
         let mut refunds = Vec::new();
-        for shard in self.shards.iter() {
-            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
-            shard.retain(|key, pool| {
-                let closed = pool.closed(now);
-                let idle = now.duration_since(pool.last_used) >= IDLE;
-                if pool.topping_up(now) || !(closed || idle) {
-                    return true;
-                }
-                // A closed window's units are worth nothing (the script would refuse them too).
-                if pool.units > 0 && !closed {
-                    refunds.push(Unspent {
-                        algorithm: pool.algorithm,
-                        key: key.clone(),
-                        units: pool.units,
-                        mark_us: pool.mark_us,
-                    });
-                }
-                false
-            });
-        }
+        self.pools.retain(|key, pool| {
+            let closed = pool.closed(now);
+            let idle = now.duration_since(pool.last_used) >= IDLE;
+            if pool.topping_up(now) || !(closed || idle) {
+                return true;
+            }
+            // A closed window's units are worth nothing (the script would refuse them too).
+            if pool.units > 0 && !closed {
+                refunds.push(Unspent {
+                    algorithm: pool.algorithm,
+                    key: key.clone(),
+                    units: pool.units,
+                    mark_us: pool.mark_us,
+                });
+            }
+            false
+        });
         refunds
     }
 
     fn held(&self) -> u64 {
-        self.shards
-            .iter()
-            .map(|s| {
-                let shard = s.lock().unwrap_or_else(|p| p.into_inner());
-                shard.values().map(|pool| pool.units).sum::<u64>()
-            })
-            .sum()
+        self.pools.iter().map(|pool| pool.units).sum()
     }
 }
 

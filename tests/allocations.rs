@@ -22,6 +22,7 @@ use sluice::limiter::{
     entries, script, Engine, LimitRequest, Limiter, Policy, PolicyMeters, RequestId,
 };
 use sluice::path::normalize;
+use sluice::router::Route;
 use support::config::route;
 use support::limits::{fixed_window, gcra, sliding_window};
 
@@ -91,12 +92,18 @@ fn config() -> String {
     format!("listen: [127.0.0.1:1]\n{body}")
 }
 
-#[test]
-fn per_request_work_allocates_nothing() {
-    let config = Config::from_yaml(Path::new("inline.yaml"), &config()).expect("config");
+/// The request headers every test sends: a forwarded client address and a tenant.
+fn headers() -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
     headers.insert("x-tenant", HeaderValue::from_static("acme"));
+    headers
+}
+
+#[test]
+fn per_request_work_allocates_nothing() {
+    let config = Config::from_yaml(Path::new("inline.yaml"), &config()).expect("config");
+    let headers = headers();
     let peer: IpAddr = "127.0.0.1".parse().unwrap();
     let method = Method::GET;
     let path = "/api/v1/items/42";
@@ -117,23 +124,7 @@ fn per_request_work_allocates_nothing() {
         headers: &headers,
         route: &route.name,
     };
-    let reply: Vec<i64> = vec![
-        1, 49, 0, 20, 0, 1, 1, 4999, 0, 60_000, 0, 1, 1, 9_999, 0, 60_000, 0, 0,
-    ];
-    let limiter = LocalLimiter::new(Arc::new(ManualClock::new(1_000_000)), 1000);
-    let asks = route.asks(&facts).expect("keys");
-    let entries = entries(route.limits.limits(), &asks);
-    let request = LimitRequest {
-        id: RequestId(7),
-        ..LimitRequest::new(&entries)
-    };
-    assert!(
-        limiter.check_at(&request, 1_000_000).unwrap().allowed(),
-        "warm the keys"
-    );
-
-    let now = Cell::new(1_000_000i64);
-    let steps: [(&str, u64); 6] = [
+    let steps = [
         (
             "route lookup",
             allocations(1000, || {
@@ -158,6 +149,28 @@ fn per_request_work_allocates_nothing() {
                 assert_eq!(route.asks(&facts).expect("keys").len(), 3);
             }),
         ),
+    ];
+    assert_none(steps.into_iter().chain(deciding(&route, &facts)));
+}
+
+/// Allocations of parsing a decision's reply and of deciding in-process on known keys.
+fn deciding(route: &Route, facts: &RequestFacts<'_>) -> [(&'static str, u64); 2] {
+    let reply: Vec<i64> = vec![
+        1, 49, 0, 20, 0, 1, 1, 4999, 0, 60_000, 0, 1, 1, 9_999, 0, 60_000, 0, 0,
+    ];
+    let limiter = LocalLimiter::new(Arc::new(ManualClock::new(1_000_000)), 1000);
+    let asks = route.asks(facts).expect("keys");
+    let entries = entries(route.limits.limits(), &asks);
+    let request = LimitRequest {
+        id: RequestId(7),
+        ..LimitRequest::new(&entries)
+    };
+    assert!(
+        limiter.check_at(&request, 1_000_000).unwrap().allowed(),
+        "warm the keys"
+    );
+    let now = Cell::new(1_000_000i64);
+    [
         (
             "decision parsing",
             allocations(1000, || {
@@ -173,8 +186,13 @@ fn per_request_work_allocates_nothing() {
                 assert!(limiter.check_at(&request, now.get()).unwrap().allowed());
             }),
         ),
-    ];
-    for (step, count) in steps {
+    ]
+}
+
+/// Prints each step's count, then asserts that none allocated.
+fn assert_none(steps: impl Iterator<Item = (&'static str, u64)>) {
+    let steps: Vec<_> = steps.collect();
+    for (step, count) in &steps {
         println!("{step}: {count} allocations in 1000 requests");
     }
     for (step, count) in steps {
@@ -197,9 +215,7 @@ fn ready<F: Future>(future: F) -> F::Output {
 #[test]
 fn the_policys_decision_allocates_nothing_once_its_keys_are_known() {
     let config = Config::from_yaml(Path::new("inline.yaml"), &config()).expect("config");
-    let mut headers = HeaderMap::new();
-    headers.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
-    headers.insert("x-tenant", HeaderValue::from_static("acme"));
+    let headers = headers();
     let clock = Arc::new(ManualClock::new(1_000_000));
     let limiter = Arc::new(LocalLimiter::new(clock.clone(), 1000));
     let policy = Policy::new(

@@ -436,7 +436,63 @@ impl<L: Limiter, S: SettleUnits + 'static> Limiter for Leased<L, S> {
         }
         self.start_sweeper();
         let now = self.clock.instant();
-        let steps: SmallVec<[Step; LIMITS_INLINE]> = request
+        let steps = self.steps(request, now);
+        let asked = Asked::of(request, &steps);
+        if asked.indexes.is_empty() {
+            return Ok(held_decision(request, &steps));
+        }
+        let (answer, leasing) = self.ask_backend(request, &steps, &asked).await?;
+        let statuses = self.merge(request, &steps, &answer, &asked.wants, leasing, now);
+        Ok(request.decision(statuses))
+    }
+}
+
+/// What each limit of a request does, in the request's order.
+type Steps = SmallVec<[Step; LIMITS_INLINE]>;
+
+/// The limits a leased call asks the backend about: their indexes in the request, the units
+/// asked of each (a top-up included) and their own costs.
+struct Asked {
+    indexes: SmallVec<[usize; LIMITS_INLINE]>,
+    wants: Costs,
+    costs: Costs,
+}
+
+impl Asked {
+    fn of(request: &LimitRequest<'_>, steps: &[Step]) -> Asked {
+        let mut asked = Asked {
+            indexes: SmallVec::new(),
+            wants: Costs::new(),
+            costs: Costs::new(),
+        };
+        for (index, (step, entry)) in steps.iter().zip(request.entries).enumerate() {
+            if let Step::Ask { want, .. } = *step {
+                asked.indexes.push(index);
+                asked.wants.push(want);
+                asked.costs.push(entry.cost);
+            }
+        }
+        asked
+    }
+}
+
+/// The decision of a request paid entirely from units held.
+fn held_decision(request: &LimitRequest<'_>, steps: &[Step]) -> Decision {
+    let statuses = steps.iter().map(|step| match *step {
+        Step::Held(status) => status,
+        Step::Ask { .. } => unreachable_status(),
+    });
+    Decision {
+        source: Source::Leases,
+        batch: 0,
+        ..request.decision(statuses.collect::<Statuses>())
+    }
+}
+
+impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
+    /// Pays each leased limit from the units held, or says what to ask for it.
+    fn steps(&self, request: &LimitRequest<'_>, now: Instant) -> Steps {
+        request
             .entries
             .iter()
             .map(|entry| match entry.limit.leased {
@@ -448,57 +504,56 @@ impl<L: Limiter, S: SettleUnits + 'static> Limiter for Leased<L, S> {
                     topping_up: false,
                 },
             })
-            .collect();
-        let asked: SmallVec<[usize; LIMITS_INLINE]> = (0..steps.len())
-            .filter(|&i| matches!(steps[i], Step::Ask { .. }))
-            .collect();
-        let wants: Costs = asked
-            .iter()
-            .map(|&i| match steps[i] {
-                Step::Ask { want, .. } => want,
-                Step::Held(_) => 0,
-            })
-            .collect();
-        let costs: Costs = asked.iter().map(|&i| request.entries[i].cost).collect();
+            .collect()
+    }
 
-        if asked.is_empty() {
-            let statuses = steps.iter().map(|step| match *step {
-                Step::Held(status) => status,
-                Step::Ask { .. } => unreachable_status(),
-            });
-            return Ok(Decision {
-                source: Source::Leases,
-                batch: 0,
-                ..request.decision(statuses.collect::<Statuses>())
-            });
-        }
-        let mut answer = self.ask(request, &asked, &wants).await;
+    /// Asks the backend for what `asked` wants; a denied top-up is asked again, exactly. The
+    /// answer, and whether it took more than the costs (units to keep). Unwinds the pools when
+    /// there is no usable answer.
+    async fn ask_backend(
+        &self,
+        request: &LimitRequest<'_>,
+        steps: &[Step],
+        asked: &Asked,
+    ) -> Result<(Decision, bool), LimiterError> {
+        let mut answer = self.ask(request, &asked.indexes, &asked.wants).await;
         // The larger ask stands only if it was allowed; otherwise ask once more, exactly.
-        let mut leasing = wants != costs;
+        let mut leasing = asked.wants != asked.costs;
         if leasing && matches!(&answer, Ok(d) if !d.allowed()) {
-            answer = self.ask(request, &asked, &costs).await;
+            answer = self.ask(request, &asked.indexes, &asked.costs).await;
             leasing = false;
         }
-        let answer = match answer {
-            Ok(answer) if answer.statuses.len() == asked.len() => answer,
-            Ok(answer) => {
-                self.unwind(request, &steps);
-                return Err(LimiterError::Reply(format!(
-                    "{} statuses for {} limits",
-                    answer.statuses.len(),
-                    asked.len()
-                )));
+        let answer = answer.and_then(|answer| {
+            if answer.statuses.len() == asked.indexes.len() {
+                return Ok(answer);
             }
-            Err(error) => {
-                self.unwind(request, &steps);
-                return Err(error);
-            }
-        };
+            Err(LimiterError::Reply(format!(
+                "{} statuses for {} limits",
+                answer.statuses.len(),
+                asked.indexes.len()
+            )))
+        });
+        if answer.is_err() {
+            self.unwind(request, steps);
+        }
+        answer.map(|answer| (answer, leasing))
+    }
 
+    /// Every limit's status: held ones as paid (their units put back if the request is denied
+    /// after all), asked ones as the backend answered, with the units a top-up kept.
+    fn merge(
+        &self,
+        request: &LimitRequest<'_>,
+        steps: &[Step],
+        answer: &Decision,
+        wants: &[u64],
+        leasing: bool,
+        now: Instant,
+    ) -> Statuses {
         let allowed = answer.allowed();
-        let mut answered = answer.statuses.iter().zip(&wants);
+        let mut answered = answer.statuses.iter().zip(wants);
         let mut statuses = Statuses::new();
-        for (entry, step) in request.entries.iter().zip(&steps) {
+        for (entry, step) in request.entries.iter().zip(steps) {
             let status = match *step {
                 Step::Held(status) => {
                     if !allowed {
@@ -506,29 +561,28 @@ impl<L: Limiter, S: SettleUnits + 'static> Limiter for Leased<L, S> {
                     }
                     status
                 }
-                Step::Ask { topping_up, .. } => {
-                    let Some((status, &want)) = answered.next() else {
-                        statuses.push(unreachable_status());
-                        continue;
-                    };
-                    // A shadow limit that denied consumed nothing, even in an allowed request.
-                    let kept = if allowed && leasing && status.allowed {
-                        want - entry.cost
-                    } else {
-                        0
-                    };
-                    if topping_up {
-                        self.pools.settle(entry.key, kept, entry.cost, status, now);
+                Step::Ask { topping_up, .. } => match answered.next() {
+                    Some((status, &want)) => {
+                        // A shadow limit that denied consumed nothing, even in an allowed request.
+                        let kept = if allowed && leasing && status.allowed {
+                            want - entry.cost
+                        } else {
+                            0
+                        };
+                        if topping_up {
+                            self.pools.settle(entry.key, kept, entry.cost, status, now);
+                        }
+                        LimitStatus {
+                            remaining: status.remaining + kept,
+                            ..*status
+                        }
                     }
-                    LimitStatus {
-                        remaining: status.remaining + kept,
-                        ..*status
-                    }
-                }
+                    None => unreachable_status(),
+                },
             };
             statuses.push(status);
         }
-        Ok(request.decision(statuses))
+        statuses
     }
 }
 

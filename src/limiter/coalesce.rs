@@ -82,7 +82,8 @@ impl Lanes {
 }
 
 /// The Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the first non-empty `{...}`), or of
-/// the whole key, modulo 16384.
+/// the whole key, modulo 16384. redis-rs computes the same (`cluster_routing::Slot::for_key`, the
+/// test below checks it) but keeps the slot's number private, and lanes are indexed by it.
 pub fn cluster_slot(key: &[u8]) -> u16 {
     let tagged = key
         .iter()

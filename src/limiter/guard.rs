@@ -49,6 +49,8 @@ impl GuardMeters {
     }
 }
 
+/// Shards of the deny cache's map: bounds what counting it (`len`, when it is full) locks.
+const SHARDS: usize = 16;
 /// Keys the deny cache holds at most (give or take a denial per caller remembering at the same
 /// time); beyond it, new denials are simply not cached.
 pub const DENY_CACHE_CAPACITY: usize = 100_000;
@@ -85,7 +87,7 @@ pub struct DenyCache {
 impl DenyCache {
     pub fn new(capacity: usize) -> DenyCache {
         DenyCache {
-            denials: DashMap::new(),
+            denials: DashMap::with_shard_amount(SHARDS),
             capacity: capacity.max(1),
         }
     }

@@ -62,6 +62,8 @@ impl LeaseMeters {
 /// Per-request vectors of a leased call, inline for routes of ordinary size.
 type Costs = SmallVec<[u64; LIMITS_INLINE]>;
 
+/// Shards of the pools' map: bounds what counting it (`len`, on a key's first sighting) locks.
+const SHARDS: usize = 16;
 /// Keys a gateway holds leases for at most (give or take one per request seeing a new key at
 /// the same time); beyond it, further keys are decided exactly.
 pub const POOL_CAPACITY: usize = 10_000;
@@ -165,7 +167,7 @@ struct Pools {
 impl Pools {
     fn new(capacity: usize, meters: LeaseMeters) -> Pools {
         Pools {
-            pools: DashMap::new(),
+            pools: DashMap::with_shard_amount(SHARDS),
             capacity: capacity.max(1),
             meters,
         }

@@ -156,6 +156,16 @@ enum Step {
     Ask { want: u64, topping_up: bool },
 }
 
+impl Step {
+    /// Asked of the backend for its own cost only, no top-up.
+    fn exact(cost: u64) -> Step {
+        Step::Ask {
+            want: cost,
+            topping_up: false,
+        }
+    }
+}
+
 /// Units held per key: a concurrent map (`dashmap`), each key's pool changed under its shard's
 /// lock; idle pools are swept by the injected clock.
 struct Pools {
@@ -179,10 +189,7 @@ impl Pools {
             return self.take_held(&mut pool, leasing, cost, now);
         }
         if self.pools.len() >= self.capacity {
-            return Step::Ask {
-                want: cost,
-                topping_up: false,
-            };
+            return Step::exact(cost);
         }
         match self.pools.entry(key.into()) {
             // Another request saw the key first, meanwhile.
@@ -212,10 +219,7 @@ impl Pools {
             return Step::Held(pool.status(now));
         }
         if pool.topping_up(now) {
-            return Step::Ask {
-                want: cost,
-                topping_up: false,
-            };
+            return Step::exact(cost);
         }
         pool.topping_up = Some(now);
         Step::Ask {
@@ -501,10 +505,7 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
                 Some(leasing) => self
                     .pools
                     .take(entry.limit, leasing, entry.key, entry.cost, now),
-                None => Step::Ask {
-                    want: entry.cost,
-                    topping_up: false,
-                },
+                None => Step::exact(entry.cost),
             })
             .collect()
     }

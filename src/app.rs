@@ -114,7 +114,7 @@ pub fn build_policy(config: &Config) -> Result<Policy, String> {
         }
         None => (Engine::local(local()), None),
     };
-    let meters = metrics::policy_meters(engine.backend.name());
+    let meters = metrics::policy_meters(engine.name());
     Ok(Policy::new(engine, fallback, clock, meters))
 }
 

@@ -1,20 +1,28 @@
 //! The per-request work sluice does itself — route lookup, path normalization, client identity,
 //! key building, decision parsing, and an in-process decision on known keys — makes no heap
-//! allocation. A counting global allocator counts this thread's allocations around each step.
+//! allocation, and neither does the policy's asynchronous decision through the limiter's layers.
+//! A counting global allocator counts this thread's allocations around each step.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::future::Future;
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use http::{HeaderMap, HeaderValue, Method};
 use sluice::config::Config;
 use sluice::keys::RequestFacts;
 use sluice::limiter::clock::ManualClock;
+use sluice::limiter::guard::{GuardMeters, Guarded};
+use sluice::limiter::leased::{LeaseMeters, Leased};
 use sluice::limiter::local::LocalLimiter;
-use sluice::limiter::{entries, script, LimitRequest, RequestId};
+use sluice::limiter::{
+    entries, script, Engine, LimitRequest, Limiter, Policy, PolicyMeters, RequestId,
+};
 use sluice::path::normalize;
+use sluice::router::Route;
 use support::config::route;
 use support::limits::{fixed_window, gcra, sliding_window};
 
@@ -73,16 +81,29 @@ fn config() -> String {
                 .limit(fixed_window("per_path", "5000/m").key(&["client_ip", "path"]))
                 .limit(sliding_window("per_tenant", "10000/m").key(&["header:x-tenant", "route"])),
         )
+        .route(
+            route("one").prefix("/one").servers(&["127.0.0.1:1"]).limit(
+                gcra("per_client_one", "100/s")
+                    .key(&["client_ip"])
+                    .burst(50),
+            ),
+        )
         .route(route("other").prefix("/other").servers(&["127.0.0.1:1"]));
     format!("listen: [127.0.0.1:1]\n{body}")
+}
+
+/// The request headers every test sends: a forwarded client address and a tenant.
+fn headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
+    headers.insert("x-tenant", HeaderValue::from_static("acme"));
+    headers
 }
 
 #[test]
 fn per_request_work_allocates_nothing() {
     let config = Config::from_yaml(Path::new("inline.yaml"), &config()).expect("config");
-    let mut headers = HeaderMap::new();
-    headers.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.7"));
-    headers.insert("x-tenant", HeaderValue::from_static("acme"));
+    let headers = headers();
     let peer: IpAddr = "127.0.0.1".parse().unwrap();
     let method = Method::GET;
     let path = "/api/v1/items/42";
@@ -103,23 +124,7 @@ fn per_request_work_allocates_nothing() {
         headers: &headers,
         route: &route.name,
     };
-    let reply: Vec<i64> = vec![
-        1, 49, 0, 20, 0, 1, 1, 4999, 0, 60_000, 0, 1, 1, 9_999, 0, 60_000, 0, 0,
-    ];
-    let limiter = LocalLimiter::new(Arc::new(ManualClock::new(1_000_000)), 1000);
-    let asks = route.asks(&facts).expect("keys");
-    let entries = entries(route.limits.limits(), &asks);
-    let request = LimitRequest {
-        id: RequestId(7),
-        ..LimitRequest::new(&entries)
-    };
-    assert!(
-        limiter.check_at(&request, 1_000_000).unwrap().allowed(),
-        "warm the keys"
-    );
-
-    let now = Cell::new(1_000_000i64);
-    let steps: [(&str, u64); 6] = [
+    let steps = [
         (
             "route lookup",
             allocations(1000, || {
@@ -144,6 +149,28 @@ fn per_request_work_allocates_nothing() {
                 assert_eq!(route.asks(&facts).expect("keys").len(), 3);
             }),
         ),
+    ];
+    assert_none(steps.into_iter().chain(deciding(&route, &facts)));
+}
+
+/// Allocations of parsing a decision's reply and of deciding in-process on known keys.
+fn deciding(route: &Route, facts: &RequestFacts<'_>) -> [(&'static str, u64); 2] {
+    let reply: Vec<i64> = vec![
+        1, 49, 0, 20, 0, 1, 1, 4999, 0, 60_000, 0, 1, 1, 9_999, 0, 60_000, 0, 0,
+    ];
+    let limiter = LocalLimiter::new(Arc::new(ManualClock::new(1_000_000)), 1000);
+    let asks = route.asks(facts).expect("keys");
+    let entries = entries(route.limits.limits(), &asks);
+    let request = LimitRequest {
+        id: RequestId(7),
+        ..LimitRequest::new(&entries)
+    };
+    assert!(
+        limiter.check_at(&request, 1_000_000).unwrap().allowed(),
+        "warm the keys"
+    );
+    let now = Cell::new(1_000_000i64);
+    [
         (
             "decision parsing",
             allocations(1000, || {
@@ -159,11 +186,103 @@ fn per_request_work_allocates_nothing() {
                 assert!(limiter.check_at(&request, now.get()).unwrap().allowed());
             }),
         ),
-    ];
-    for (step, count) in steps {
+    ]
+}
+
+/// Prints each step's count, then asserts that none allocated.
+fn assert_none(steps: impl Iterator<Item = (&'static str, u64)>) {
+    let steps: Vec<_> = steps.collect();
+    for (step, count) in &steps {
         println!("{step}: {count} allocations in 1000 requests");
     }
     for (step, count) in steps {
         assert_eq!(count, 0, "{step} allocated {count} times in 1000 requests");
     }
+}
+
+/// Polls `future` once: the in-process limiter never waits, so it must be ready.
+fn ready<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(output) => output,
+        Poll::Pending => panic!("an in-process decision waited"),
+    }
+}
+
+#[test]
+fn the_policys_decision_allocates_nothing_once_its_keys_are_known() {
+    let config = Config::from_yaml(Path::new("inline.yaml"), &config()).expect("config");
+    let headers = headers();
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let limiter = Arc::new(LocalLimiter::new(clock.clone(), 1000));
+    let policy = Policy::new(
+        Engine::local(limiter),
+        None,
+        clock.clone(),
+        PolicyMeters::unregistered(),
+    );
+    for (path, limits) in [("/one/x", 1), ("/api/v1/items/42", 3)] {
+        let route = config
+            .routes
+            .find("example.com", path, &Method::GET)
+            .expect("route");
+        assert_eq!(route.limits.len(), limits);
+        let facts = RequestFacts {
+            client_ip: config
+                .identity
+                .client(Some([127, 0, 0, 1].into()), &headers),
+            method: "GET",
+            host: "example.com",
+            path,
+            query: None,
+            headers: &headers,
+            route: &route.name,
+        };
+        let asks = route.asks(&facts).expect("keys");
+        // A key's first sighting stores its state: warm up before counting.
+        assert!(ready(policy.decide(&route.limits, &asks)).admitted());
+        let count = allocations(1000, || {
+            // 20 ms apart: within every limit.
+            clock.advance(20_000);
+            let verdict = ready(policy.decide(&route.limits, &asks));
+            assert!(verdict.admitted());
+        });
+        println!("policy decision, {limits} limits: {count} allocations in 1000 requests");
+        assert_eq!(
+            count, 0,
+            "{limits} limits: {count} allocations in 1000 decisions"
+        );
+    }
+}
+
+#[test]
+fn the_redis_engines_decorators_allocate_nothing_around_their_backend() {
+    // The Redis engine's layers, `Leased(Guarded(backend))`, around the in-process backend.
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let backend = Arc::new(LocalLimiter::new(clock.clone(), 1000));
+    let guarded = Guarded::new(
+        Arc::clone(&backend),
+        true,
+        clock.clone(),
+        GuardMeters::unregistered(),
+    );
+    let layered = Leased::new(guarded, backend, clock.clone(), LeaseMeters::unregistered());
+    let limits = [
+        gcra("a", "100/s").burst(50).compile(),
+        fixed_window("b", "5000/m").compile(),
+        sliding_window("c", "10000/m").compile(),
+    ];
+    let asks = sluice::limiter::asks(&[b"ka", b"kb", b"kc"], &[1, 1, 1]);
+    let entries = entries(&limits, &asks);
+    let request = LimitRequest::new(&entries);
+    assert!(ready(layered.check(&request)).unwrap().allowed(), "warm");
+    let count = allocations(1000, || {
+        clock.advance(20_000);
+        assert!(ready(layered.check(&request)).unwrap().allowed());
+    });
+    println!("decorated decision, 3 limits: {count} allocations in 1000 requests");
+    assert_eq!(count, 0, "{count} allocations in 1000 decorated decisions");
 }

@@ -2,8 +2,14 @@
 //! giving back concurrency slots and settling units (refunds, response-priced charges) are
 //! separate capabilities that only the backends holding state implement, and the policy or the lease keeper calls them
 //! on the backend directly (decorators never forward them).
+//!
+//! The traits are native `async fn`s (their futures declared `Send`), dispatched statically:
+//! decorators are generic over what they wrap and the engine is an enum of the two assemblies
+//! (`engine.rs`), so deciding boxes no future. An `Arc` of a limiter is a limiter too, for a
+//! backend shared between an engine's layers.
 
-use async_trait::async_trait;
+use std::future::Future;
+use std::sync::Arc;
 
 use super::algorithm::{Algorithm, Change};
 use super::decision::Decision;
@@ -12,16 +18,20 @@ use super::request::LimitRequest;
 
 /// Decides every limit of a request in one atomic step: nothing is consumed unless every
 /// enforced limit allows.
-#[async_trait]
 pub trait Limiter: Send + Sync {
-    async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError>;
+    fn check(
+        &self,
+        request: &LimitRequest<'_>,
+    ) -> impl Future<Output = Result<Decision, LimiterError>> + Send;
 }
 
 /// Gives back the concurrency slots a request took (once its response is finished or its
 /// client has gone). Entries of other algorithms are ignored.
-#[async_trait]
 pub trait ReleaseSlots: Send + Sync {
-    async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError>;
+    fn release(
+        &self,
+        request: &LimitRequest<'_>,
+    ) -> impl Future<Output = Result<(), LimiterError>> + Send;
 }
 
 /// One key's settlement: units a decision took that go back, or units spent beyond them.
@@ -36,9 +46,11 @@ pub struct Settlement<'a> {
 /// what was not spent (leases, shaped requests whose client left, responses cheaper than their
 /// estimate), quoting the mark the taking call replied, or charges what was spent beyond
 /// (responses dearer than their estimate). GCRA and fixed-window keys only.
-#[async_trait]
 pub trait SettleUnits: Send + Sync {
-    async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError>;
+    fn settle(
+        &self,
+        settlements: &[Settlement<'_>],
+    ) -> impl Future<Output = Result<(), LimiterError>> + Send;
 }
 
 /// Whether a backend can decide right now, for `/readyz`.
@@ -49,10 +61,18 @@ pub enum Readiness {
 }
 
 /// What holds the limits' state (Redis, or this process): its name and whether it answers.
-#[async_trait]
 pub trait Backend: Send + Sync {
-    async fn readiness(&self) -> Readiness;
+    fn readiness(&self) -> impl Future<Output = Readiness> + Send;
 
     /// `redis` or `local`, for logs, metrics and `/readyz`.
     fn name(&self) -> &'static str;
+}
+
+impl<L: Limiter> Limiter for Arc<L> {
+    fn check(
+        &self,
+        request: &LimitRequest<'_>,
+    ) -> impl Future<Output = Result<Decision, LimiterError>> + Send {
+        L::check(self, request)
+    }
 }

@@ -10,10 +10,10 @@
 //! batch left is never sent. The batch itself runs in its own task until the latest deadline
 //! among its requests, so no request's cancellation strands the others.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use prometheus::Histogram;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
@@ -26,10 +26,13 @@ use super::script::{self, Call};
 const SLOTS: usize = 16_384;
 
 /// Runs one script call for a batch of calls that share a lane.
-#[async_trait]
 pub trait Execute: Send + Sync + 'static {
     /// The flat reply of one call deciding `calls` in order, within `deadline`.
-    async fn execute(&self, calls: &[&Call], deadline: Duration) -> Result<Vec<i64>, LimiterError>;
+    fn execute(
+        &self,
+        calls: &[&Call],
+        deadline: Duration,
+    ) -> impl Future<Output = Result<Vec<i64>, LimiterError>> + Send;
 }
 
 /// A request's statuses, and how many requests the call that decided it carried.
@@ -79,7 +82,8 @@ impl Lanes {
 }
 
 /// The Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the first non-empty `{...}`), or of
-/// the whole key, modulo 16384.
+/// the whole key, modulo 16384. redis-rs computes the same (`cluster_routing::Slot::for_key`, the
+/// test below checks it) but keeps the slot's number private, and lanes are indexed by it.
 pub fn cluster_slot(key: &[u8]) -> u16 {
     let tagged = key
         .iter()

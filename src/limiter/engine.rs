@@ -5,41 +5,48 @@
 //! a denial of their key is cached, and the deny cache and breaker keep floods and outages away
 //! from Redis; releases and settlements go to `RedisLimiter` itself. In-process: `LocalLimiter` is
 //! all three.
+//!
+//! The engine is an enum of the two assemblies, each a concrete type, so a decision is one match
+//! and no boxed future: the policy calls it through the seam's traits.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::backend::{Backend, Limiter, ReleaseSlots, SettleUnits};
+use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
 use super::coalesce::Coalescing;
+use super::decision::Decision;
+use super::error::LimiterError;
 use super::guard::{GuardMeters, Guarded};
 use super::leased::{LeaseMeters, Leased};
 use super::local::LocalLimiter;
 use super::redis::RedisLimiter;
+use super::request::LimitRequest;
 use super::topology::{RedisAuth, Topology};
+
+/// What decides in Redis: the backend behind its deny cache and breaker, then its leases.
+pub type RedisDecider = Leased<Guarded<Arc<RedisLimiter>>, RedisLimiter>;
 
 /// The configured limiter as the policy uses it.
 #[derive(Clone)]
-pub struct Engine {
-    /// Decides: the backend, behind its decorators.
-    pub decide: Arc<dyn Limiter>,
-    /// Gives concurrency slots back, straight to the backend.
-    pub release: Arc<dyn ReleaseSlots>,
-    /// Gives units back and charges overspent ones, straight to the backend.
-    pub settle: Arc<dyn SettleUnits>,
-    /// Names the backend and says whether it can decide now.
-    pub backend: Arc<dyn Backend>,
+pub enum Engine {
+    /// Limits in this process only: the in-process backend decides, releases and settles.
+    Local(Arc<LocalLimiter>),
+    /// Limits in Redis.
+    Redis(Arc<RedisEngine>),
+}
+
+/// The Redis assembly: `decide` decides; releases, settlements and readiness go straight to
+/// `backend`.
+pub struct RedisEngine {
+    pub decide: RedisDecider,
+    pub backend: Arc<RedisLimiter>,
 }
 
 impl Engine {
     /// Limits in this process only.
     pub fn local(limiter: Arc<LocalLimiter>) -> Engine {
-        Engine {
-            decide: limiter.clone(),
-            release: limiter.clone(),
-            settle: limiter.clone(),
-            backend: limiter,
-        }
+        Engine::Local(limiter)
     }
 
     /// Limits in Redis: validates the addresses, connects nothing yet.
@@ -52,19 +59,57 @@ impl Engine {
         lease_meters: LeaseMeters,
         coalescing: Coalescing,
     ) -> Result<Engine, redis::RedisError> {
-        let redis = Arc::new(RedisLimiter::new(topology, auth, deadline, coalescing)?);
-        let guarded = Arc::new(Guarded::new(
-            redis.clone(),
-            true,
-            Arc::clone(&clock),
-            guard_meters,
-        ));
-        let leased = Arc::new(Leased::new(guarded, redis.clone(), clock, lease_meters));
-        Ok(Engine {
-            decide: leased,
-            release: redis.clone(),
-            settle: redis.clone(),
-            backend: redis,
-        })
+        let backend = Arc::new(RedisLimiter::new(topology, auth, deadline, coalescing)?);
+        let guarded = Guarded::new(Arc::clone(&backend), true, Arc::clone(&clock), guard_meters);
+        let decide = Leased::new(guarded, Arc::clone(&backend), clock, lease_meters);
+        Ok(Engine::Redis(Arc::new(RedisEngine { decide, backend })))
+    }
+
+    /// The backend's name (`redis`, `local`), for logs, metrics and `/readyz`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Engine::Local(local) => local.name(),
+            Engine::Redis(redis) => redis.backend.name(),
+        }
+    }
+}
+
+impl Limiter for Engine {
+    async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
+        match self {
+            Engine::Local(local) => local.check(request).await,
+            Engine::Redis(redis) => redis.decide.check(request).await,
+        }
+    }
+}
+
+impl ReleaseSlots for Engine {
+    async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
+        match self {
+            Engine::Local(local) => local.release(request).await,
+            Engine::Redis(redis) => redis.backend.release(request).await,
+        }
+    }
+}
+
+impl SettleUnits for Engine {
+    async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
+        match self {
+            Engine::Local(local) => local.settle(settlements).await,
+            Engine::Redis(redis) => redis.backend.settle(settlements).await,
+        }
+    }
+}
+
+impl Backend for Engine {
+    async fn readiness(&self) -> Readiness {
+        match self {
+            Engine::Local(local) => local.readiness().await,
+            Engine::Redis(redis) => redis.backend.readiness().await,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        Engine::name(self)
     }
 }

@@ -5,7 +5,8 @@
 //!   before then: other gateways only ever consume, and time moves the same for all. So later
 //!   requests for it are denied in-process until then, with the same decision aged by the time
 //!   passed. Only limits with a fixed cost are cached (a smaller cost could pass sooner), and
-//!   never concurrency limits (slots free whenever a request ends). Bounded; exact expiry.
+//!   never concurrency limits (slots free whenever a request ends). Bounded; exact expiry: a
+//!   denial is judged by the injected clock, and expired ones are swept when the cache is full.
 //! * **Circuit breaker.** After `FAILURES_TO_OPEN` consecutive errors the backend is not called
 //!   for a short interval (doubling from 50 ms up to 200 ms, so recovery is seen within a second
 //!   of Redis returning); then one request probes it. Errors while open are `breaker_open`, and
@@ -14,14 +15,12 @@
 //!
 //! Both read time from the injected [`Clock`], and count through handles given at construction.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
+use dashmap::DashMap;
 use prometheus::{IntCounter, IntGauge};
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::algorithm::Algorithm;
 use super::backend::Limiter;
@@ -50,8 +49,10 @@ impl GuardMeters {
     }
 }
 
+/// Shards of the deny cache's map: bounds what counting it (`len`, when it is full) locks.
 const SHARDS: usize = 16;
-/// Keys the deny cache holds at most; beyond it, new denials are simply not cached.
+/// Keys the deny cache holds at most (give or take a denial per caller remembering at the same
+/// time); beyond it, new denials are simply not cached.
 pub const DENY_CACHE_CAPACITY: usize = 100_000;
 const FAILURES_TO_OPEN: u32 = 3;
 const FIRST_OPEN_MS: u64 = 50;
@@ -63,45 +64,40 @@ struct Denial {
     decision: Decision,
 }
 
-type Shard = Mutex<HashMap<Box<[u8]>, Denial>>;
+impl Denial {
+    /// The decision as it stands at `now`: its waits shortened by the time passed.
+    fn aged(&self, now: Instant) -> Decision {
+        let elapsed = now.duration_since(self.at).as_millis() as u64;
+        let mut decision = self.decision.clone();
+        for status in &mut decision.statuses {
+            status.retry_after_ms = status.retry_after_ms.map(|ms| ms.saturating_sub(elapsed));
+            status.reset_after_ms = status.reset_after_ms.saturating_sub(elapsed);
+        }
+        decision
+    }
+}
 
-/// Keys known to be denied, until when.
+/// Keys known to be denied, until when: a concurrent map (`dashmap`); expiry is judged by the
+/// injected clock, so tests move time by hand.
 pub struct DenyCache {
-    shards: Box<[Shard]>,
-    shard_capacity: usize,
+    denials: DashMap<Box<[u8]>, Denial>,
+    capacity: usize,
 }
 
 impl DenyCache {
     pub fn new(capacity: usize) -> DenyCache {
         DenyCache {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            shard_capacity: capacity.div_ceil(SHARDS).max(1),
+            denials: DashMap::with_shard_amount(SHARDS),
+            capacity: capacity.max(1),
         }
-    }
-
-    fn shard(&self, key: &[u8]) -> &Shard {
-        &self.shards[(xxh3_64(key) % SHARDS as u64) as usize]
     }
 
     /// The cached decision for the key of any of `entries`, aged to `now`.
     pub fn lookup(&self, entries: &[Entry<'_>], now: Instant) -> Option<Decision> {
-        for entry in entries {
-            let shard = self
-                .shard(entry.key)
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            if let Some(denial) = shard.get(entry.key).filter(|d| d.until > now) {
-                let elapsed = now.duration_since(denial.at).as_millis() as u64;
-                let mut decision = denial.decision.clone();
-                for status in &mut decision.statuses {
-                    status.retry_after_ms =
-                        status.retry_after_ms.map(|ms| ms.saturating_sub(elapsed));
-                    status.reset_after_ms = status.reset_after_ms.saturating_sub(elapsed);
-                }
-                return Some(decision);
-            }
-        }
-        None
+        entries.iter().find_map(|entry| {
+            let denial = self.denials.get(entry.key)?;
+            (denial.until > now).then(|| denial.aged(now))
+        })
     }
 
     /// Remembers a denial of the request's denying limit, when it is safe to.
@@ -123,10 +119,9 @@ impl DenyCache {
             return;
         }
         let key = entry.key;
-        let mut shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
-        if shard.len() >= self.shard_capacity && !shard.contains_key(key) {
-            shard.retain(|_, d| d.until > now);
-            if shard.len() >= self.shard_capacity {
+        if self.denials.len() >= self.capacity && !self.denials.contains_key(key) {
+            self.denials.retain(|_, d| d.until > now);
+            if self.denials.len() >= self.capacity {
                 return;
             }
         }
@@ -135,14 +130,12 @@ impl DenyCache {
             at: now,
             decision: decision.clone(),
         };
-        shard.insert(Box::from(key), denial);
+        self.denials.insert(Box::from(key), denial);
     }
 
+    /// Denials held, live or expired but not yet swept.
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
-            .sum()
+        self.denials.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -264,21 +257,21 @@ impl Breaker {
 }
 
 /// A backend behind the deny cache and, for Redis, the breaker.
-pub struct Guarded {
-    inner: Arc<dyn Limiter>,
+pub struct Guarded<L> {
+    inner: L,
     clock: Arc<dyn Clock>,
     deny_cache: DenyCache,
     breaker: Option<Breaker>,
     deny_cache_hits: IntCounter,
 }
 
-impl Guarded {
+impl<L: Limiter> Guarded<L> {
     pub fn new(
-        inner: Arc<dyn Limiter>,
+        inner: L,
         with_breaker: bool,
         clock: Arc<dyn Clock>,
         meters: GuardMeters,
-    ) -> Guarded {
+    ) -> Guarded<L> {
         Guarded {
             inner,
             deny_cache: DenyCache::new(DENY_CACHE_CAPACITY),
@@ -289,8 +282,7 @@ impl Guarded {
     }
 }
 
-#[async_trait]
-impl Limiter for Guarded {
+impl<L: Limiter> Limiter for Guarded<L> {
     async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
         let now = self.clock.instant();
         if let Some(decision) = self.deny_cache.lookup(request.entries, now) {
@@ -343,7 +335,18 @@ mod tests {
 
     /// Remembers a denial of `limits[0]` asked at `cost`.
     fn remember(cache: &DenyCache, limits: &[Limit], cost: u64, retry: u64, now: Instant) {
-        let asks = asks(&[b"k"], &[cost]);
+        remember_key(cache, b"k", limits, cost, retry, now);
+    }
+
+    fn remember_key(
+        cache: &DenyCache,
+        key: &[u8],
+        limits: &[Limit],
+        cost: u64,
+        retry: u64,
+        now: Instant,
+    ) {
+        let asks = asks(&[key], &[cost]);
         let entries = entries(limits, &asks);
         cache.remember(&LimitRequest::new(&entries), &denied(retry), now);
     }
@@ -364,6 +367,23 @@ mod tests {
         assert_eq!(aged.statuses[0].retry_after_ms, Some(600));
         assert!(lookup(&cache, b"k", t0 + Duration::from_millis(1000)).is_none());
         assert!(lookup(&cache, b"other", t0).is_none());
+    }
+
+    #[test]
+    fn a_full_cache_sweeps_expired_denials_and_otherwise_caches_no_more() {
+        let cache = DenyCache::new(2);
+        let limits = [limit("l", gcra(1000, 0))];
+        let t0 = Instant::now();
+        for key in [b"a", b"b", b"c"] {
+            remember_key(&cache, key, &limits, 1, 1000, t0);
+        }
+        assert_eq!(cache.len(), 2);
+        assert!(lookup(&cache, b"a", t0).is_some());
+        assert!(lookup(&cache, b"c", t0).is_none(), "no room for a third");
+        let later = t0 + Duration::from_millis(1000);
+        remember_key(&cache, b"c", &limits, 1, 1000, later);
+        assert_eq!(cache.len(), 1, "the expired denials were swept");
+        assert!(lookup(&cache, b"c", later).is_some());
     }
 
     #[test]

@@ -16,14 +16,13 @@
 //! * A denied top-up is asked again once with the exact costs: a request is never denied for
 //!   units it did not need.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, Once};
+use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
+use dashmap::mapref::entry::Entry as PoolEntry;
+use dashmap::DashMap;
 use prometheus::{IntCounter, IntGauge};
 use smallvec::SmallVec;
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::algorithm::{Algorithm, Change};
 use super::backend::{Limiter, SettleUnits, Settlement};
@@ -63,8 +62,10 @@ impl LeaseMeters {
 /// Per-request vectors of a leased call, inline for routes of ordinary size.
 type Costs = SmallVec<[u64; LIMITS_INLINE]>;
 
+/// Shards of the pools' map: bounds what counting it (`len`, on a key's first sighting) locks.
 const SHARDS: usize = 16;
-/// Keys a gateway holds leases for at most; beyond it, further keys are decided exactly.
+/// Keys a gateway holds leases for at most (give or take one per request seeing a new key at
+/// the same time); beyond it, further keys are decided exactly.
 pub const POOL_CAPACITY: usize = 10_000;
 /// A lease is sized to last this long at the rate this gateway has seen on the key.
 const HORIZON: Duration = Duration::from_millis(100);
@@ -155,48 +156,58 @@ enum Step {
     Ask { want: u64, topping_up: bool },
 }
 
-type Shard = Mutex<HashMap<Box<[u8]>, Pool>>;
+impl Step {
+    /// Asked of the backend for its own cost only, no top-up.
+    fn exact(cost: u64) -> Step {
+        Step::Ask {
+            want: cost,
+            topping_up: false,
+        }
+    }
+}
 
-/// Units held per key, sharded to keep lock hold times short.
+/// Units held per key: a concurrent map (`dashmap`), each key's pool changed under its shard's
+/// lock; idle pools are swept by the injected clock.
 struct Pools {
-    shards: Box<[Shard]>,
-    shard_capacity: usize,
+    pools: DashMap<Box<[u8]>, Pool>,
+    capacity: usize,
     meters: LeaseMeters,
 }
 
 impl Pools {
     fn new(capacity: usize, meters: LeaseMeters) -> Pools {
         Pools {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            shard_capacity: capacity.div_ceil(SHARDS).max(1),
+            pools: DashMap::with_shard_amount(SHARDS),
+            capacity: capacity.max(1),
             meters,
         }
     }
 
-    fn lock(&self, key: &[u8]) -> MutexGuard<'_, HashMap<Box<[u8]>, Pool>> {
-        self.shards[(xxh3_64(key) % SHARDS as u64) as usize]
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// Pays `cost` from the units held, or says what to ask the backend for.
     fn take(&self, limit: &Limit, leasing: Leasing, key: &[u8], cost: u64, now: Instant) -> Step {
-        let exact = Step::Ask {
-            want: cost,
-            topping_up: false,
-        };
-        let mut shard = self.lock(key);
-        let Some(pool) = shard.get_mut(key) else {
-            if shard.len() >= self.shard_capacity {
-                return exact;
+        if let Some(mut pool) = self.pools.get_mut(key) {
+            return self.take_held(&mut pool, leasing, cost, now);
+        }
+        if self.pools.len() >= self.capacity {
+            return Step::exact(cost);
+        }
+        match self.pools.entry(key.into()) {
+            // Another request saw the key first, meanwhile.
+            PoolEntry::Occupied(mut pool) => self.take_held(pool.get_mut(), leasing, cost, now),
+            PoolEntry::Vacant(vacant) => {
+                // No rate seen yet: the first request asks for its own cost and starts the clock.
+                vacant.insert(Pool::new(limit.algorithm, now));
+                Step::Ask {
+                    want: cost,
+                    topping_up: true,
+                }
             }
-            // No rate seen yet: the first request asks for its own cost and starts the clock.
-            shard.insert(key.into(), Pool::new(limit.algorithm, now));
-            return Step::Ask {
-                want: cost,
-                topping_up: true,
-            };
-        };
+        }
+    }
+
+    /// Pays `cost` from `pool`, or says what to ask the backend for: a top-up, unless another
+    /// request is topping the key up already (then its own cost only).
+    fn take_held(&self, pool: &mut Pool, leasing: Leasing, cost: u64, now: Instant) -> Step {
         if pool.closed(now) {
             pool.units = 0;
         }
@@ -208,7 +219,7 @@ impl Pools {
             return Step::Held(pool.status(now));
         }
         if pool.topping_up(now) {
-            return exact;
+            return Step::exact(cost);
         }
         pool.topping_up = Some(now);
         Step::Ask {
@@ -219,8 +230,7 @@ impl Pools {
 
     /// Records the backend's answer to a top-up: `kept` units more are held.
     fn settle(&self, key: &[u8], kept: u64, cost: u64, status: &LimitStatus, now: Instant) {
-        let mut shard = self.lock(key);
-        let Some(pool) = shard.get_mut(key) else {
+        let Some(mut pool) = self.pools.get_mut(key) else {
             return;
         };
         pool.topping_up = None;
@@ -246,7 +256,7 @@ impl Pools {
 
     /// Puts back units paid from the pool for a request that was denied after all.
     fn put_back(&self, key: &[u8], cost: u64) {
-        if let Some(pool) = self.lock(key).get_mut(key) {
+        if let Some(mut pool) = self.pools.get_mut(key) {
             pool.units += cost;
             pool.spent_since_top_up = pool.spent_since_top_up.saturating_sub(cost);
         }
@@ -254,7 +264,7 @@ impl Pools {
 
     /// Ends a top-up that got no answer.
     fn abandon(&self, key: &[u8]) {
-        if let Some(pool) = self.lock(key).get_mut(key) {
+        if let Some(mut pool) = self.pools.get_mut(key) {
             pool.topping_up = None;
         }
     }
@@ -262,58 +272,49 @@ impl Pools {
     /// Drops the pools of idle keys and closed windows; returns what to give back.
     fn sweep(&self, now: Instant) -> Vec<Unspent> {
         let mut refunds = Vec::new();
-        for shard in self.shards.iter() {
-            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
-            shard.retain(|key, pool| {
-                let closed = pool.closed(now);
-                let idle = now.duration_since(pool.last_used) >= IDLE;
-                if pool.topping_up(now) || !(closed || idle) {
-                    return true;
-                }
-                // A closed window's units are worth nothing (the script would refuse them too).
-                if pool.units > 0 && !closed {
-                    refunds.push(Unspent {
-                        algorithm: pool.algorithm,
-                        key: key.clone(),
-                        units: pool.units,
-                        mark_us: pool.mark_us,
-                    });
-                }
-                false
-            });
-        }
+        self.pools.retain(|key, pool| {
+            let closed = pool.closed(now);
+            let idle = now.duration_since(pool.last_used) >= IDLE;
+            if pool.topping_up(now) || !(closed || idle) {
+                return true;
+            }
+            // A closed window's units are worth nothing (the script would refuse them too).
+            if pool.units > 0 && !closed {
+                refunds.push(Unspent {
+                    algorithm: pool.algorithm,
+                    key: key.clone(),
+                    units: pool.units,
+                    mark_us: pool.mark_us,
+                });
+            }
+            false
+        });
         refunds
     }
 
     fn held(&self) -> u64 {
-        self.shards
-            .iter()
-            .map(|s| {
-                let shard = s.lock().unwrap_or_else(|p| p.into_inner());
-                shard.values().map(|pool| pool.units).sum::<u64>()
-            })
-            .sum()
+        self.pools.iter().map(|pool| pool.units).sum()
     }
 }
 
 /// A limiter that serves `mode: leased` limits from leases taken of `inner`; routes without
 /// leased limits go straight to `inner`. Unspent units go back through `refunds`, the backend
 /// itself.
-pub struct Leased {
-    inner: Arc<dyn Limiter>,
-    refunds: Arc<dyn SettleUnits>,
+pub struct Leased<L, S> {
+    inner: L,
+    refunds: Arc<S>,
     clock: Arc<dyn Clock>,
     pools: Arc<Pools>,
     sweeper: Once,
 }
 
-impl Leased {
+impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
     pub fn new(
-        inner: Arc<dyn Limiter>,
-        refunds: Arc<dyn SettleUnits>,
+        inner: L,
+        refunds: Arc<S>,
         clock: Arc<dyn Clock>,
         meters: LeaseMeters,
-    ) -> Leased {
+    ) -> Leased<L, S> {
         Leased {
             inner,
             refunds,
@@ -410,7 +411,7 @@ struct Unspent {
     mark_us: i64,
 }
 
-async fn give_back(pools: &Pools, refunds: &dyn SettleUnits, now: Instant) {
+async fn give_back(pools: &Pools, refunds: &impl SettleUnits, now: Instant) {
     for unspent in pools.sweep(now) {
         let Unspent {
             algorithm,
@@ -434,77 +435,128 @@ async fn give_back(pools: &Pools, refunds: &dyn SettleUnits, now: Instant) {
         .set(i64::try_from(pools.held()).unwrap_or(i64::MAX));
 }
 
-#[async_trait]
-impl Limiter for Leased {
+impl<L: Limiter, S: SettleUnits + 'static> Limiter for Leased<L, S> {
     async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
         if request.entries.iter().all(|e| e.limit.leased.is_none()) {
             return self.inner.check(request).await;
         }
         self.start_sweeper();
         let now = self.clock.instant();
-        let steps: SmallVec<[Step; LIMITS_INLINE]> = request
+        let steps = self.steps(request, now);
+        let asked = Asked::of(request, &steps);
+        if asked.indexes.is_empty() {
+            return Ok(held_decision(request, &steps));
+        }
+        let (answer, leasing) = self.ask_backend(request, &steps, &asked).await?;
+        let statuses = self.merge(request, &steps, &answer, &asked.wants, leasing, now);
+        Ok(request.decision(statuses))
+    }
+}
+
+/// What each limit of a request does, in the request's order.
+type Steps = SmallVec<[Step; LIMITS_INLINE]>;
+
+/// The limits a leased call asks the backend about: their indexes in the request, the units
+/// asked of each (a top-up included) and their own costs.
+struct Asked {
+    indexes: SmallVec<[usize; LIMITS_INLINE]>,
+    wants: Costs,
+    costs: Costs,
+}
+
+impl Asked {
+    fn of(request: &LimitRequest<'_>, steps: &[Step]) -> Asked {
+        let mut asked = Asked {
+            indexes: SmallVec::new(),
+            wants: Costs::new(),
+            costs: Costs::new(),
+        };
+        for (index, (step, entry)) in steps.iter().zip(request.entries).enumerate() {
+            if let Step::Ask { want, .. } = *step {
+                asked.indexes.push(index);
+                asked.wants.push(want);
+                asked.costs.push(entry.cost);
+            }
+        }
+        asked
+    }
+}
+
+/// The decision of a request paid entirely from units held.
+fn held_decision(request: &LimitRequest<'_>, steps: &[Step]) -> Decision {
+    let statuses = steps.iter().map(|step| match *step {
+        Step::Held(status) => status,
+        Step::Ask { .. } => unreachable_status(),
+    });
+    Decision {
+        source: Source::Leases,
+        batch: 0,
+        ..request.decision(statuses.collect::<Statuses>())
+    }
+}
+
+impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
+    /// Pays each leased limit from the units held, or says what to ask for it.
+    fn steps(&self, request: &LimitRequest<'_>, now: Instant) -> Steps {
+        request
             .entries
             .iter()
             .map(|entry| match entry.limit.leased {
                 Some(leasing) => self
                     .pools
                     .take(entry.limit, leasing, entry.key, entry.cost, now),
-                None => Step::Ask {
-                    want: entry.cost,
-                    topping_up: false,
-                },
+                None => Step::exact(entry.cost),
             })
-            .collect();
-        let asked: SmallVec<[usize; LIMITS_INLINE]> = (0..steps.len())
-            .filter(|&i| matches!(steps[i], Step::Ask { .. }))
-            .collect();
-        let wants: Costs = asked
-            .iter()
-            .map(|&i| match steps[i] {
-                Step::Ask { want, .. } => want,
-                Step::Held(_) => 0,
-            })
-            .collect();
-        let costs: Costs = asked.iter().map(|&i| request.entries[i].cost).collect();
+            .collect()
+    }
 
-        if asked.is_empty() {
-            let statuses = steps.iter().map(|step| match *step {
-                Step::Held(status) => status,
-                Step::Ask { .. } => unreachable_status(),
-            });
-            return Ok(Decision {
-                source: Source::Leases,
-                batch: 0,
-                ..request.decision(statuses.collect::<Statuses>())
-            });
-        }
-        let mut answer = self.ask(request, &asked, &wants).await;
+    /// Asks the backend for what `asked` wants; a denied top-up is asked again, exactly. The
+    /// answer, and whether it took more than the costs (units to keep). Unwinds the pools when
+    /// there is no usable answer.
+    async fn ask_backend(
+        &self,
+        request: &LimitRequest<'_>,
+        steps: &[Step],
+        asked: &Asked,
+    ) -> Result<(Decision, bool), LimiterError> {
+        let mut answer = self.ask(request, &asked.indexes, &asked.wants).await;
         // The larger ask stands only if it was allowed; otherwise ask once more, exactly.
-        let mut leasing = wants != costs;
+        let mut leasing = asked.wants != asked.costs;
         if leasing && matches!(&answer, Ok(d) if !d.allowed()) {
-            answer = self.ask(request, &asked, &costs).await;
+            answer = self.ask(request, &asked.indexes, &asked.costs).await;
             leasing = false;
         }
-        let answer = match answer {
-            Ok(answer) if answer.statuses.len() == asked.len() => answer,
-            Ok(answer) => {
-                self.unwind(request, &steps);
-                return Err(LimiterError::Reply(format!(
-                    "{} statuses for {} limits",
-                    answer.statuses.len(),
-                    asked.len()
-                )));
+        let answer = answer.and_then(|answer| {
+            if answer.statuses.len() == asked.indexes.len() {
+                return Ok(answer);
             }
-            Err(error) => {
-                self.unwind(request, &steps);
-                return Err(error);
-            }
-        };
+            Err(LimiterError::Reply(format!(
+                "{} statuses for {} limits",
+                answer.statuses.len(),
+                asked.indexes.len()
+            )))
+        });
+        if answer.is_err() {
+            self.unwind(request, steps);
+        }
+        answer.map(|answer| (answer, leasing))
+    }
 
+    /// Every limit's status: held ones as paid (their units put back if the request is denied
+    /// after all), asked ones as the backend answered, with the units a top-up kept.
+    fn merge(
+        &self,
+        request: &LimitRequest<'_>,
+        steps: &[Step],
+        answer: &Decision,
+        wants: &[u64],
+        leasing: bool,
+        now: Instant,
+    ) -> Statuses {
         let allowed = answer.allowed();
-        let mut answered = answer.statuses.iter().zip(&wants);
+        let mut answered = answer.statuses.iter().zip(wants);
         let mut statuses = Statuses::new();
-        for (entry, step) in request.entries.iter().zip(&steps) {
+        for (entry, step) in request.entries.iter().zip(steps) {
             let status = match *step {
                 Step::Held(status) => {
                     if !allowed {
@@ -512,29 +564,28 @@ impl Limiter for Leased {
                     }
                     status
                 }
-                Step::Ask { topping_up, .. } => {
-                    let Some((status, &want)) = answered.next() else {
-                        statuses.push(unreachable_status());
-                        continue;
-                    };
-                    // A shadow limit that denied consumed nothing, even in an allowed request.
-                    let kept = if allowed && leasing && status.allowed {
-                        want - entry.cost
-                    } else {
-                        0
-                    };
-                    if topping_up {
-                        self.pools.settle(entry.key, kept, entry.cost, status, now);
+                Step::Ask { topping_up, .. } => match answered.next() {
+                    Some((status, &want)) => {
+                        // A shadow limit that denied consumed nothing, even in an allowed request.
+                        let kept = if allowed && leasing && status.allowed {
+                            want - entry.cost
+                        } else {
+                            0
+                        };
+                        if topping_up {
+                            self.pools.settle(entry.key, kept, entry.cost, status, now);
+                        }
+                        LimitStatus {
+                            remaining: status.remaining + kept,
+                            ..*status
+                        }
                     }
-                    LimitStatus {
-                        remaining: status.remaining + kept,
-                        ..*status
-                    }
-                }
+                    None => unreachable_status(),
+                },
             };
             statuses.push(status);
         }
-        Ok(request.decision(statuses))
+        statuses
     }
 }
 
@@ -554,7 +605,6 @@ mod tests {
         checks: AtomicUsize,
     }
 
-    #[async_trait]
     impl Limiter for Counting {
         async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
             self.checks.fetch_add(1, Ordering::Relaxed);
@@ -571,7 +621,7 @@ mod tests {
     }
 
     /// A gateway leasing from `backend`, giving units back to it.
-    fn gateway(backend: &Arc<Counting>) -> Leased {
+    fn gateway(backend: &Arc<Counting>) -> Leased<Arc<Counting>, LocalLimiter> {
         Leased::new(
             backend.clone(),
             backend.backend.clone(),
@@ -589,7 +639,7 @@ mod tests {
     const KEY: &[u8] = b"hot";
 
     async fn call_keys(
-        limiter: &dyn Limiter,
+        limiter: &impl Limiter,
         limits: &[Limit],
         keys: &[&[u8]],
         costs: &[u64],
@@ -602,7 +652,7 @@ mod tests {
             .expect("decided")
     }
 
-    async fn call(limiter: &dyn Limiter, limits: &[Limit], cost: u64) -> Decision {
+    async fn call(limiter: &impl Limiter, limits: &[Limit], cost: u64) -> Decision {
         call_keys(limiter, limits, &[KEY], &[cost]).await
     }
 

@@ -94,62 +94,83 @@ impl Link {
         deadline: Duration,
     ) -> Result<Link, redis::RedisError> {
         let response_timeout = CONNECT_TIMEOUT.max(deadline);
-        Ok(match topology {
-            Topology::Standalone { url } => Link::Standalone {
-                client: Box::new(match tls_certificates(auth) {
-                    Some(certificates) => {
-                        redis::Client::build_with_tls(authenticated(url, auth)?, certificates)?
-                    }
-                    None => redis::Client::open(authenticated(url, auth)?)?,
-                }),
-                manager: OnceLock::new(),
-                response_timeout,
-            },
-            Topology::Cluster { nodes } => {
-                let mut builder = ClusterClient::builder(
-                    nodes
-                        .iter()
-                        .map(|node| authenticated(node, auth))
-                        .collect::<Result<Vec<_>, _>>()?,
-                )
-                .connection_timeout(CONNECT_TIMEOUT)
-                .response_timeout(response_timeout)
-                .retries(CLUSTER_RETRIES)
-                .min_retry_wait(5)
-                .max_retry_wait(50);
-                if let Some(certificates) = tls_certificates(auth) {
-                    builder = builder.certs(certificates);
-                }
-                Link::Cluster(Arc::new(ClusterLink {
-                    client: builder.build()?,
-                    current: ArcSwapOption::empty(),
-                    connecting: tokio::sync::Mutex::new(()),
-                }))
-            }
+        match topology {
+            Topology::Standalone { url } => Link::standalone(url, auth, response_timeout),
+            Topology::Cluster { nodes } => Link::cluster(nodes, auth, response_timeout),
             Topology::Sentinel {
                 sentinels,
                 master_name,
-            } => {
-                let master = with_auth(RedisConnectionInfo::default(), auth);
-                let mut node =
-                    SentinelNodeConnectionInfo::default().set_redis_connection_info(master);
-                if auth.tls.is_some() {
-                    // The master over TLS, checked against the system's roots.
-                    node = node.set_tls_mode(TlsMode::Secure);
-                }
-                let client = SentinelClient::build(
-                    sentinels.iter().map(String::as_str).collect(),
-                    master_name.clone(),
-                    Some(node),
-                    SentinelServerType::Master,
-                )?;
-                Link::Sentinel(Arc::new(SentinelLink {
-                    sentinel: tokio::sync::Mutex::new(client),
-                    current: ArcSwapOption::empty(),
-                    response_timeout,
-                }))
+            } => Link::sentinel(sentinels, master_name, auth, response_timeout),
+        }
+    }
+
+    fn standalone(
+        url: &str,
+        auth: &RedisAuth,
+        response_timeout: Duration,
+    ) -> Result<Link, redis::RedisError> {
+        let client = match tls_certificates(auth) {
+            Some(certificates) => {
+                redis::Client::build_with_tls(authenticated(url, auth)?, certificates)?
             }
+            None => redis::Client::open(authenticated(url, auth)?)?,
+        };
+        Ok(Link::Standalone {
+            client: Box::new(client),
+            manager: OnceLock::new(),
+            response_timeout,
         })
+    }
+
+    fn cluster(
+        nodes: &[String],
+        auth: &RedisAuth,
+        response_timeout: Duration,
+    ) -> Result<Link, redis::RedisError> {
+        let mut builder = ClusterClient::builder(
+            nodes
+                .iter()
+                .map(|node| authenticated(node, auth))
+                .collect::<Result<Vec<_>, _>>()?,
+        )
+        .connection_timeout(CONNECT_TIMEOUT)
+        .response_timeout(response_timeout)
+        .retries(CLUSTER_RETRIES)
+        .min_retry_wait(5)
+        .max_retry_wait(50);
+        if let Some(certificates) = tls_certificates(auth) {
+            builder = builder.certs(certificates);
+        }
+        Ok(Link::Cluster(Arc::new(ClusterLink {
+            client: builder.build()?,
+            current: ArcSwapOption::empty(),
+            connecting: tokio::sync::Mutex::new(()),
+        })))
+    }
+
+    fn sentinel(
+        sentinels: &[String],
+        master_name: &str,
+        auth: &RedisAuth,
+        response_timeout: Duration,
+    ) -> Result<Link, redis::RedisError> {
+        let master = with_auth(RedisConnectionInfo::default(), auth);
+        let mut node = SentinelNodeConnectionInfo::default().set_redis_connection_info(master);
+        if auth.tls.is_some() {
+            // The master over TLS, checked against the system's roots.
+            node = node.set_tls_mode(TlsMode::Secure);
+        }
+        let client = SentinelClient::build(
+            sentinels.iter().map(String::as_str).collect(),
+            master_name,
+            Some(node),
+            SentinelServerType::Master,
+        )?;
+        Ok(Link::Sentinel(Arc::new(SentinelLink {
+            sentinel: tokio::sync::Mutex::new(client),
+            current: ArcSwapOption::empty(),
+            response_timeout,
+        })))
     }
 
     /// A connection for one call, connecting first if needed.

@@ -5,11 +5,17 @@
 //! writes only if all allow, exactly like `lua/check.lua`. Memory is bounded: an entry whose
 //! state has expired is equivalent to absent and is swept when a shard fills up; when a shard
 //! is full of live state, the request fails with `LocalCapacity` (never "admit untracked").
+//!
+//! Why this map is hand-written while the deny cache and the lease pools use `dashmap`: a
+//! decision must hold every key of the request at once, so that deciding and writing them all
+//! is one atomic step. A concurrent map's API locks one key (one shard) per call, and holding two
+//! of its guards from one thread can deadlock on a shared shard; its raw shard API is unstable
+//! and would leave us writing this locking anyway. So the shards are plain `Mutex<HashMap>`s,
+//! locked in ascending order, deduplicated: about twenty lines that carry the atomicity.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use async_trait::async_trait;
 use smallvec::SmallVec;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -37,6 +43,8 @@ type Shard = HashMap<Box<[u8]>, Record>;
 /// The locked shards of one request, and per key the index of its shard's guard.
 type Guards<'a> = SmallVec<[MutexGuard<'a, Shard>; LIMITS_INLINE]>;
 type Slots = SmallVec<[usize; LIMITS_INLINE]>;
+/// What each limit of a request would write if every limit allows.
+type Writes = SmallVec<[Option<Write>; LIMITS_INLINE]>;
 
 pub struct LocalLimiter {
     shards: Box<[Mutex<Shard>]>,
@@ -88,51 +96,33 @@ impl LocalLimiter {
         request: &LimitRequest<'_>,
         now_us: i64,
     ) -> Result<Decision, LimiterError> {
-        let (entries, id) = (request.entries, request.id);
-        let (mut guards, slots) = self.lock(entries);
-        let live = |map: &Shard, key: &[u8]| {
-            map.get(key)
-                .filter(|e| e.expires_at_us > now_us)
-                .map(|e| e.state.clone())
-        };
-
-        let mut statuses = Statuses::new();
-        let mut writes: SmallVec<[Option<Write>; LIMITS_INLINE]> = SmallVec::new();
-        for (entry, &slot) in entries.iter().zip(&slots) {
-            let state = live(&guards[slot], entry.key);
-            let (status, write) =
-                entry
-                    .limit
-                    .algorithm
-                    .decide(state.as_ref(), now_us, entry.cost, id);
-            statuses.push(status);
-            writes.push(write);
-        }
+        let (mut guards, slots) = self.lock(request.entries);
+        let (statuses, writes) = decide_each(request, &guards, &slots, now_us);
         let decision = request.decision(statuses);
         if !decision.allowed() {
-            // Nothing is consumed: limits that would have allowed report their state as it
-            // stands (a cost-0 peek), like lua/check.lua.
-            let mut statuses = decision.statuses;
-            for ((status, entry), &slot) in statuses.iter_mut().zip(entries).zip(&slots) {
-                if status.allowed {
-                    let state = live(&guards[slot], entry.key);
-                    let peek = entry
-                        .limit
-                        .algorithm
-                        .decide(state.as_ref(), now_us, 0, id)
-                        .0;
-                    *status = LimitStatus {
-                        delay_ms: 0,
-                        mark_us: 0,
-                        ..peek
-                    };
-                }
-            }
-            return Ok(request.decision(statuses));
+            return Ok(request.decision(peeked(request, &guards, &slots, decision, now_us)));
         }
-
         // Make room for new keys before writing anything, so a full map fails atomically.
-        for (entry, &slot) in entries.iter().zip(&slots) {
+        self.make_room(request.entries, &mut guards, &slots, now_us)?;
+        Ok(write_each(
+            request.entries,
+            &mut guards,
+            &slots,
+            writes,
+            decision,
+            now_us,
+        ))
+    }
+
+    /// Sweeps the expired state of each full shard a new key goes to; fails if one stays full.
+    fn make_room(
+        &self,
+        entries: &[Entry<'_>],
+        guards: &mut Guards<'_>,
+        slots: &Slots,
+        now_us: i64,
+    ) -> Result<(), LimiterError> {
+        for (entry, &slot) in entries.iter().zip(slots) {
             let map = &mut guards[slot];
             if map.len() >= self.shard_capacity && !map.contains_key(entry.key) {
                 map.retain(|_, e| e.expires_at_us > now_us);
@@ -141,29 +131,7 @@ impl LocalLimiter {
                 }
             }
         }
-        let mut decision = decision;
-        for (((entry, &slot), write), status) in entries
-            .iter()
-            .zip(&slots)
-            .zip(writes)
-            .zip(decision.statuses.iter_mut())
-        {
-            if let Some(Write { state, ttl_us }) = write {
-                status.mark_us = state.mark_us();
-                let record = Record {
-                    state,
-                    expires_at_us: now_us + ttl_us,
-                };
-                let map = &mut guards[slot];
-                match map.get_mut(entry.key) {
-                    Some(existing) => *existing = record,
-                    None => {
-                        map.insert(Box::from(entry.key), record);
-                    }
-                }
-            }
-        }
-        Ok(decision)
+        Ok(())
     }
 
     /// Drops the leases `request.id` holds in the concurrency limits of `request`.
@@ -184,27 +152,12 @@ impl LocalLimiter {
         let mut shard = self.shards[Self::shard_of(key)]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let state = shard
-            .get(key)
-            .filter(|e| e.expires_at_us > now_us)
-            .map(|e| &e.state);
-        match algorithm.settle(state, now_us, change) {
+        match algorithm.settle(live(&shard, key, now_us), now_us, change) {
             Settled::Unchanged => {}
             Settled::Clear => {
                 shard.remove(key);
             }
-            Settled::Store(Write { state, ttl_us }) => {
-                let record = Record {
-                    state,
-                    expires_at_us: now_us + ttl_us,
-                };
-                match shard.get_mut(key) {
-                    Some(existing) => *existing = record,
-                    None => {
-                        shard.insert(Box::from(key), record);
-                    }
-                }
-            }
+            Settled::Store(write) => store(&mut shard, key, write, now_us),
         }
     }
 
@@ -221,14 +174,101 @@ impl LocalLimiter {
     }
 }
 
-#[async_trait]
+/// The state of `key` in `map`, unless it has expired (then it is as good as absent).
+fn live<'m>(map: &'m Shard, key: &[u8], now_us: i64) -> Option<&'m State> {
+    map.get(key)
+        .filter(|e| e.expires_at_us > now_us)
+        .map(|e| &e.state)
+}
+
+/// What each limit says of the request, and what it would write if all allow.
+fn decide_each(
+    request: &LimitRequest<'_>,
+    guards: &Guards<'_>,
+    slots: &Slots,
+    now_us: i64,
+) -> (Statuses, Writes) {
+    let mut statuses = Statuses::new();
+    let mut writes = Writes::new();
+    for (entry, &slot) in request.entries.iter().zip(slots) {
+        let state = live(&guards[slot], entry.key, now_us);
+        let (status, write) = entry
+            .limit
+            .algorithm
+            .decide(state, now_us, entry.cost, request.id);
+        statuses.push(status);
+        writes.push(write);
+    }
+    (statuses, writes)
+}
+
+/// A denied request consumes nothing: limits that would have allowed report their state as it
+/// stands (a cost-0 peek), like lua/check.lua.
+fn peeked(
+    request: &LimitRequest<'_>,
+    guards: &Guards<'_>,
+    slots: &Slots,
+    decision: Decision,
+    now_us: i64,
+) -> Statuses {
+    let mut statuses = decision.statuses;
+    for ((status, entry), &slot) in statuses.iter_mut().zip(request.entries).zip(slots) {
+        if status.allowed {
+            let state = live(&guards[slot], entry.key, now_us);
+            let peek = entry.limit.algorithm.decide(state, now_us, 0, request.id).0;
+            *status = LimitStatus {
+                delay_ms: 0,
+                mark_us: 0,
+                ..peek
+            };
+        }
+    }
+    statuses
+}
+
+/// Stores what every limit of an allowed request writes; each status gets its key's mark.
+fn write_each(
+    entries: &[Entry<'_>],
+    guards: &mut Guards<'_>,
+    slots: &Slots,
+    writes: Writes,
+    mut decision: Decision,
+    now_us: i64,
+) -> Decision {
+    for (((entry, &slot), write), status) in entries
+        .iter()
+        .zip(slots)
+        .zip(writes)
+        .zip(decision.statuses.iter_mut())
+    {
+        if let Some(write) = write {
+            status.mark_us = write.state.mark_us();
+            store(&mut guards[slot], entry.key, write, now_us);
+        }
+    }
+    decision
+}
+
+/// Stores `write` as the state of `key`, allocating the key only on its first sighting.
+fn store(map: &mut Shard, key: &[u8], Write { state, ttl_us }: Write, now_us: i64) {
+    let record = Record {
+        state,
+        expires_at_us: now_us + ttl_us,
+    };
+    match map.get_mut(key) {
+        Some(existing) => *existing = record,
+        None => {
+            map.insert(Box::from(key), record);
+        }
+    }
+}
+
 impl Limiter for LocalLimiter {
     async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
         self.check_at(request, self.clock.now_us())
     }
 }
 
-#[async_trait]
 impl ReleaseSlots for LocalLimiter {
     async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
         self.release_now(request);
@@ -236,7 +276,6 @@ impl ReleaseSlots for LocalLimiter {
     }
 }
 
-#[async_trait]
 impl SettleUnits for LocalLimiter {
     async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
         let now_us = self.clock.now_us();
@@ -252,7 +291,6 @@ impl SettleUnits for LocalLimiter {
     }
 }
 
-#[async_trait]
 impl Backend for LocalLimiter {
     async fn readiness(&self) -> Readiness {
         Readiness::Ready

@@ -13,7 +13,7 @@ use prometheus::{Histogram, HistogramOpts, IntCounter};
 use smallvec::SmallVec;
 
 use super::algorithm::{Algorithm, Change};
-use super::backend::{Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
+use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
 use super::decision::{Decision, Source};
 use super::engine::Engine;
@@ -170,9 +170,10 @@ impl PolicyMeters {
     }
 }
 
-/// Decides requests against their route's limits, and settles them when they end.
-pub struct Policy {
-    engine: Engine,
+/// Decides requests against their route's limits, and settles them when they end. `E` is what
+/// decides: the configured [`Engine`], or a stand-in in tests.
+pub struct Policy<E = Engine> {
+    engine: E,
     /// Decides `failure_mode: local` requests while the engine cannot; `None` when the engine
     /// is itself in-process.
     fallback: Option<Arc<LocalLimiter>>,
@@ -183,13 +184,19 @@ pub struct Policy {
     last_error_log: AtomicU64,
 }
 
-impl Policy {
+/// Who decided an admitted request, and so gives back and settles what it took.
+enum Taker<'a> {
+    Engine,
+    Fallback(&'a LocalLimiter),
+}
+
+impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     pub fn new(
-        engine: Engine,
+        engine: E,
         fallback: Option<Arc<LocalLimiter>>,
         clock: Arc<dyn Clock>,
         meters: PolicyMeters,
-    ) -> Policy {
+    ) -> Policy<E> {
         Policy {
             engine,
             fallback,
@@ -202,11 +209,11 @@ impl Policy {
 
     /// The backend's name (`redis`, `local`).
     pub fn backend(&self) -> &'static str {
-        self.engine.backend.name()
+        self.engine.name()
     }
 
     pub async fn readiness(&self) -> Readiness {
-        self.engine.backend.readiness().await
+        self.engine.readiness().await
     }
 
     /// The verdict on a request asking `asks` (one per limit of `set`, in order).
@@ -226,7 +233,7 @@ impl Policy {
             deadline: set.deadline,
         };
         let started = self.clock.instant();
-        let result = self.engine.decide.check(&request).await;
+        let result = self.engine.check(&request).await;
         let limiter_time = self.clock.instant().saturating_duration_since(started);
         let histogram = match result.as_ref().map(|d| d.source) {
             Ok(Source::DenyCache) => &self.meters.deny_cache_duration,
@@ -282,21 +289,39 @@ impl Policy {
     /// The request has ended (response finished or client gone): gives back the concurrency
     /// slots it took, to whoever decided it.
     pub async fn finish(&self, set: &LimitSet, asks: &[Ask], verdict: &Verdict) {
-        let (limits, releaser): (&[Limit], &dyn ReleaseSlots) =
-            match (verdict.decider, &self.fallback) {
-                _ if !set.holds_slots || !verdict.admitted() => return,
-                (Decider::Nobody, _) | (Decider::Fallback, None) => return,
-                (Decider::Backend, _) => (&set.limits, self.engine.release.as_ref()),
-                (Decider::Fallback, Some(fallback)) => (&set.local_shares, fallback.as_ref()),
-            };
+        if !set.holds_slots || !verdict.admitted() {
+            return;
+        }
+        let Some((limits, taker)) = self.taker(set, verdict.decider) else {
+            return;
+        };
         let entries = entries(limits, asks);
         let request = LimitRequest {
             entries: &entries,
             id: verdict.id,
             deadline: set.deadline,
         };
-        if let Err(error) = releaser.release(&request).await {
+        let released = match taker {
+            Taker::Engine => self.engine.release(&request).await,
+            Taker::Fallback(fallback) => fallback.release(&request).await,
+        };
+        if let Err(error) = released {
             self.report(&error, set.failure_mode);
+        }
+    }
+
+    /// Who decided by `decider`, and the limits it decided by.
+    fn taker<'a>(
+        &'a self,
+        set: &'a LimitSet,
+        decider: Decider,
+    ) -> Option<(&'a [Limit], Taker<'a>)> {
+        match (decider, &self.fallback) {
+            (Decider::Backend, _) => Some((&set.limits, Taker::Engine)),
+            (Decider::Fallback, Some(fallback)) => {
+                Some((&set.local_shares, Taker::Fallback(fallback)))
+            }
+            (Decider::Nobody, _) | (Decider::Fallback, None) => None,
         }
     }
 
@@ -361,12 +386,9 @@ impl Policy {
         let Some(decision) = verdict.decision.as_ref().filter(|_| verdict.admitted()) else {
             return;
         };
-        let (limits, settler): (&[Limit], &dyn SettleUnits) =
-            match (verdict.decider, &self.fallback) {
-                (Decider::Backend, _) => (&set.limits, self.engine.settle.as_ref()),
-                (Decider::Fallback, Some(fallback)) => (&set.local_shares, fallback.as_ref()),
-                _ => return,
-            };
+        let Some((limits, taker)) = self.taker(set, verdict.decider) else {
+            return;
+        };
         let settlements: SmallVec<[Settlement<'_>; LIMITS_INLINE]> = limits
             .iter()
             .zip(asks)
@@ -390,7 +412,11 @@ impl Policy {
         if settlements.is_empty() {
             return;
         }
-        if let Err(error) = settler.settle(&settlements).await {
+        let settled = match taker {
+            Taker::Engine => self.engine.settle(&settlements).await,
+            Taker::Fallback(fallback) => fallback.settle(&settlements).await,
+        };
+        if let Err(error) = settled {
             self.report(&error, set.failure_mode);
         }
     }
@@ -439,38 +465,31 @@ fn judged(decision: Decision, decider: Decider) -> Verdict {
 
 #[cfg(test)]
 mod tests {
-    use async_trait::async_trait;
-
     use super::*;
-    use crate::limiter::backend::Backend;
     use crate::limiter::clock::ManualClock;
     use crate::limiter::testing::{asks, concurrency, gcra, limit};
 
     /// A backend that cannot decide: every call fails with `error()`.
     struct Unavailable(fn() -> LimiterError);
 
-    #[async_trait]
     impl Limiter for Unavailable {
         async fn check(&self, _: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
             Err((self.0)())
         }
     }
 
-    #[async_trait]
     impl ReleaseSlots for Unavailable {
         async fn release(&self, _: &LimitRequest<'_>) -> Result<(), LimiterError> {
             Err((self.0)())
         }
     }
 
-    #[async_trait]
     impl SettleUnits for Unavailable {
         async fn settle(&self, _: &[Settlement<'_>]) -> Result<(), LimiterError> {
             Err((self.0)())
         }
     }
 
-    #[async_trait]
     impl Backend for Unavailable {
         async fn readiness(&self) -> Readiness {
             Readiness::Unavailable("down".into())
@@ -484,22 +503,16 @@ mod tests {
         LimiterError::Timeout(25)
     }
 
-    struct Fixture {
-        policy: Policy,
+    struct Fixture<E = Engine> {
+        policy: Policy<E>,
         clock: Arc<ManualClock>,
         meters: PolicyMeters,
     }
 
     /// A policy whose backend fails with `error`, with the in-process fallback on a manual clock.
-    fn unavailable(error: fn() -> LimiterError) -> Fixture {
+    fn unavailable(error: fn() -> LimiterError) -> Fixture<Unavailable> {
         let clock = Arc::new(ManualClock::new(1_000_000_000));
-        let down = Arc::new(Unavailable(error));
-        let engine = Engine {
-            decide: down.clone(),
-            release: down.clone(),
-            settle: down.clone(),
-            backend: down,
-        };
+        let engine = Unavailable(error);
         let fallback = Arc::new(LocalLimiter::new(clock.clone(), 1000));
         let meters = PolicyMeters::unregistered();
         Fixture {
@@ -600,17 +613,20 @@ mod tests {
 
     #[tokio::test]
     async fn slots_go_back_to_whoever_took_them() {
-        for f in [unavailable(timeout), in_process()] {
-            // One in flight per key (the share of 2 gateways keeps at least one slot).
-            let routes = set(vec![limit("c", concurrency(1))], FailureMode::Local);
-            let ask = asks(&[b"k"], &[1]);
-            let first = f.policy.decide(&routes, &ask).await;
-            assert!(first.admitted());
-            assert_ne!(first.decider, Decider::Nobody);
-            assert!(!f.policy.decide(&routes, &ask).await.admitted(), "full");
-            f.policy.finish(&routes, &ask, &first).await;
-            assert!(f.policy.decide(&routes, &ask).await.admitted(), "freed");
-        }
+        slots_go_back(unavailable(timeout)).await;
+        slots_go_back(in_process()).await;
+    }
+
+    async fn slots_go_back<E: Limiter + ReleaseSlots + SettleUnits + Backend>(f: Fixture<E>) {
+        // One in flight per key (the share of 2 gateways keeps at least one slot).
+        let routes = set(vec![limit("c", concurrency(1))], FailureMode::Local);
+        let ask = asks(&[b"k"], &[1]);
+        let first = f.policy.decide(&routes, &ask).await;
+        assert!(first.admitted());
+        assert_ne!(first.decider, Decider::Nobody);
+        assert!(!f.policy.decide(&routes, &ask).await.admitted(), "full");
+        f.policy.finish(&routes, &ask, &first).await;
+        assert!(f.policy.decide(&routes, &ask).await.admitted(), "freed");
     }
 
     #[tokio::test]

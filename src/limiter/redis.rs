@@ -10,8 +10,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::coalesce::{Coalescer, Coalescing, Execute};
@@ -39,7 +37,6 @@ struct Dispatch {
     script: redis::Script,
 }
 
-#[async_trait]
 impl Execute for Dispatch {
     async fn execute(&self, calls: &[&Call], deadline: Duration) -> Result<Vec<i64>, LimiterError> {
         let call = async {
@@ -188,7 +185,6 @@ pub fn classify(error: redis::RedisError) -> LimiterError {
     }
 }
 
-#[async_trait]
 impl Limiter for RedisLimiter {
     async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
         let deadline = request.deadline.unwrap_or(self.deadline);
@@ -200,7 +196,6 @@ impl Limiter for RedisLimiter {
     }
 }
 
-#[async_trait]
 impl ReleaseSlots for RedisLimiter {
     async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
         self.within_deadline(request.deadline, self.release_leases(request))
@@ -208,7 +203,6 @@ impl ReleaseSlots for RedisLimiter {
     }
 }
 
-#[async_trait]
 impl SettleUnits for RedisLimiter {
     async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
         if settlements.is_empty() {
@@ -219,7 +213,6 @@ impl SettleUnits for RedisLimiter {
     }
 }
 
-#[async_trait]
 impl Backend for RedisLimiter {
     async fn readiness(&self) -> Readiness {
         let ping = async {

@@ -24,6 +24,71 @@ fn elapsed_when_fits(room: u64, window: i64, count: u64) -> i64 {
     window - (room as f64 * window as f64 / count as f64).floor() as i64
 }
 
+/// The aligned window `now` falls in, and the counts of it and of the one before.
+#[derive(Clone, Copy)]
+struct Windows {
+    /// `now`, never before the stored window's start (the clock never runs backwards inside a
+    /// key).
+    now: i64,
+    start: i64,
+    previous: u64,
+    current: u64,
+}
+
+impl Windows {
+    /// The windows at `now`, rolled forward from what is stored.
+    fn at(window: i64, stored: Option<(i64, u64, u64)>, now: i64) -> Windows {
+        let Some((stored_start, stored_previous, stored_current)) = stored else {
+            let start = now - now.rem_euclid(window);
+            return Windows {
+                now,
+                start,
+                previous: 0,
+                current: 0,
+            };
+        };
+        let now = now.max(stored_start);
+        let start = now - now.rem_euclid(window);
+        let (previous, current) = if start == stored_start {
+            (stored_previous, stored_current)
+        } else if start == stored_start + window {
+            (stored_current, 0)
+        } else {
+            (0, 0)
+        };
+        Windows {
+            now,
+            start,
+            previous,
+            current,
+        }
+    }
+
+    /// Until the last unit counted in either window leaves the sliding window, with `current`
+    /// units in the current one.
+    fn reset(&self, window: i64, current: u64) -> i64 {
+        if current > 0 {
+            self.start + 2 * window - self.now
+        } else if self.previous > 0 {
+            self.start + window - self.now
+        } else {
+            0
+        }
+    }
+
+    /// How long until `cost` fits under `limit` (at least 1 µs).
+    fn retry(&self, limit: u64, window: i64, cost: u64) -> i64 {
+        let elapsed = self.now - self.start;
+        let wait = if self.current + cost <= limit {
+            elapsed_when_fits(limit - self.current - cost, window, self.previous) - elapsed
+        } else {
+            // Only in the next window, where this window's count becomes the previous one.
+            (self.start + window - self.now) + elapsed_when_fits(limit - cost, window, self.current)
+        };
+        wait.max(1)
+    }
+}
+
 pub fn decide(
     limit: u64,
     window: i64,
@@ -31,45 +96,23 @@ pub fn decide(
     now: i64,
     cost: u64,
 ) -> (LimitStatus, Option<Write>) {
-    let mut now = now;
-    let (start, previous, current) = match stored {
-        Some((stored_start, stored_previous, stored_current)) => {
-            now = now.max(stored_start); // the clock never runs backwards inside a key
-            let start = now - now.rem_euclid(window);
-            if start == stored_start {
-                (start, stored_previous, stored_current)
-            } else if start == stored_start + window {
-                (start, stored_current, 0)
-            } else {
-                (start, 0, 0)
-            }
-        }
-        None => (now - now.rem_euclid(window), 0, 0),
-    };
-    let elapsed = now - start;
-    let estimate = weighted(previous, window, elapsed) + current;
-    let reset = |current: u64| {
-        if current > 0 {
-            start + 2 * window - now
-        } else if previous > 0 {
-            start + window - now
-        } else {
-            0
-        }
-    };
+    let at = Windows::at(window, stored, now);
+    let Windows {
+        now,
+        start,
+        previous,
+        current,
+    } = at;
+    let estimate = weighted(previous, window, now - start) + current;
     // A peek (cost 0) asks for nothing: it never denies.
     if cost > 0 && estimate + cost > limit {
-        let retry = (cost <= limit).then(|| {
-            let wait = if current + cost <= limit {
-                elapsed_when_fits(limit - current - cost, window, previous) - elapsed
-            } else {
-                // Only in the next window, where this window's count becomes the previous one.
-                (start + window - now) + elapsed_when_fits(limit - cost, window, current)
-            };
-            wait.max(1)
-        });
+        let retry = (cost <= limit).then(|| at.retry(limit, window, cost));
         return (
-            LimitStatus::denied(limit.saturating_sub(estimate), retry, reset(current)),
+            LimitStatus::denied(
+                limit.saturating_sub(estimate),
+                retry,
+                at.reset(window, current),
+            ),
             None,
         );
     }
@@ -82,7 +125,10 @@ pub fn decide(
         ttl_us: start + 2 * window - now,
     });
     (
-        LimitStatus::allowed(limit.saturating_sub(estimate + cost), reset(current + cost)),
+        LimitStatus::allowed(
+            limit.saturating_sub(estimate + cost),
+            at.reset(window, current + cost),
+        ),
         write,
     )
 }

@@ -286,3 +286,54 @@ fn the_redis_engines_decorators_allocate_nothing_around_their_backend() {
     println!("decorated decision, 3 limits: {count} allocations in 1000 requests");
     assert_eq!(count, 0, "{count} allocations in 1000 decorated decisions");
 }
+
+/// A whole request's life through the exchange — its head read, route, client, keys, the
+/// policy's async decision on the in-process backend, and its end (counted, slots released) —
+/// allocates nothing once its keys exist.
+#[test]
+fn a_request_through_the_exchange_allocates_nothing() {
+    use sluice::exchange::{Admission, Exchange, Head};
+    use sluice::snapshot::Snapshot;
+
+    let config = Config::from_yaml(Path::new("inline.yaml"), &config()).expect("config");
+    let snapshot = Arc::new(Snapshot::build(config).expect("snapshot"));
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let local = Arc::new(LocalLimiter::new(clock.clone(), 1000));
+    let policy = Policy::new(
+        Engine::local(local),
+        None,
+        clock.clone(),
+        PolicyMeters::unregistered(),
+    );
+    let (head, ()) = http::Request::get("/api/v1/items/42")
+        .header("host", "example.com")
+        .header("x-forwarded-for", "203.0.113.7")
+        .header("x-tenant", "acme")
+        .body(())
+        .expect("a request")
+        .into_parts();
+    let request = Head {
+        parts: &head,
+        raw_target: b"/api/v1/items/42",
+        peer: Some([127, 0, 0, 1].into()),
+    };
+    let serve = || {
+        // 20 ms apart: within every limit.
+        clock.advance(20_000);
+        let mut exchange = Exchange::new(Arc::clone(&snapshot), std::time::Instant::now());
+        let admission = ready(exchange.admit(&policy, &request));
+        assert!(
+            matches!(admission, Admission::Admitted { .. }),
+            "{admission:?}"
+        );
+        assert_eq!(
+            exchange.limits_said().map(|(_, d)| d.statuses.len()),
+            Some(3)
+        );
+        ready(exchange.end(&policy, Some(200)));
+    };
+    serve(); // the keys' first sighting stores their state
+    let count = allocations(1000, serve);
+    println!("a request through the exchange: {count} allocations in 1000 requests");
+    assert_eq!(count, 0, "{count} allocations in 1000 requests");
+}

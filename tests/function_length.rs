@@ -1,0 +1,179 @@
+//! Functions stay small enough to read at once: none in `src/` is over 80 lines, and no Pingora
+//! hook (the `ProxyHttp` impl, where policy must not grow back) is over 40. Lines are counted
+//! from the `fn` line to the closing brace of rustfmt-formatted code (`cargo fmt --check` runs
+//! in CI), so the closing brace sits at the indentation of the `fn` line.
+
+use std::path::{Path, PathBuf};
+
+const MAX_LINES: usize = 80;
+const MAX_HOOK_LINES: usize = 40;
+
+/// One function of the source tree.
+#[derive(Debug)]
+struct Function {
+    file: PathBuf,
+    line: usize,
+    name: String,
+    lines: usize,
+    /// A method of `impl ProxyHttp for ...`.
+    hook: bool,
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .expect("read the source directory")
+        .map(|e| e.expect("a directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The name of the function a line declares, if it declares one (`pub`, `pub(crate)`,
+/// `async`, `const`, `unsafe` allowed before `fn`).
+fn declared_fn(line: &str) -> Option<&str> {
+    let mut rest = line.trim_start();
+    if let Some(after) = rest.strip_prefix("pub") {
+        rest = match after.strip_prefix('(') {
+            Some(scoped) => scoped.split_once(')')?.1,
+            None => after,
+        }
+        .trim_start();
+    }
+    for qualifier in ["async ", "const ", "unsafe "] {
+        rest = rest.strip_prefix(qualifier).unwrap_or(rest);
+    }
+    let name = rest.strip_prefix("fn ")?;
+    let end = name
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(name.len());
+    (end > 0).then(|| &name[..end])
+}
+
+fn indentation(line: &str) -> &str {
+    &line[..line.len() - line.trim_start().len()]
+}
+
+/// Every function with a body in `file`, with its length in lines.
+fn functions(file: &Path) -> Vec<Function> {
+    let source = std::fs::read_to_string(file).expect("read a source file");
+    let lines: Vec<&str> = source.lines().collect();
+    let mut found = Vec::new();
+    let mut hook_impl: Option<String> = None;
+    for (at, line) in lines.iter().enumerate() {
+        if line.trim_start().starts_with("impl ProxyHttp for ") {
+            hook_impl = Some(format!("{}}}", indentation(line)));
+        } else if hook_impl.as_deref() == Some(*line) {
+            hook_impl = None;
+        }
+        let Some(name) = declared_fn(line) else {
+            continue;
+        };
+        let Some(opens) = (at..lines.len()).find(|&i| {
+            let code = lines[i].trim_end();
+            code.ends_with('{') || code.ends_with(';') || code.ends_with('}')
+        }) else {
+            continue;
+        };
+        if !lines[opens].trim_end().ends_with('{') {
+            continue; // a declaration without a body, or a body on one line
+        }
+        let closing = format!("{}}}", indentation(line));
+        let Some(closes) = (opens..lines.len()).find(|&i| lines[i] == closing) else {
+            continue;
+        };
+        found.push(Function {
+            file: file.to_path_buf(),
+            line: at + 1,
+            name: name.to_string(),
+            lines: closes - at + 1,
+            hook: hook_impl.is_some(),
+        });
+    }
+    found
+}
+
+fn all_functions() -> Vec<Function> {
+    let mut files = Vec::new();
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut files,
+    );
+    files.iter().flat_map(|file| functions(file)).collect()
+}
+
+fn describe(functions: &[&Function], max: usize) -> String {
+    functions
+        .iter()
+        .map(|f| {
+            format!(
+                "{}:{} {} has {} lines (at most {max})",
+                f.file.display(),
+                f.line,
+                f.name,
+                f.lines
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn no_function_is_over_80_lines() {
+    let all = all_functions();
+    assert!(all.len() > 500, "the scan found the source's functions");
+    let long: Vec<&Function> = all.iter().filter(|f| f.lines > MAX_LINES).collect();
+    assert!(long.is_empty(), "\n{}", describe(&long, MAX_LINES));
+}
+
+#[test]
+fn no_pingora_hook_is_over_40_lines() {
+    let all = all_functions();
+    let hooks: Vec<&Function> = all.iter().filter(|f| f.hook).collect();
+    for expected in [
+        "request_filter",
+        "upstream_peer",
+        "fail_to_proxy",
+        "logging",
+    ] {
+        assert!(
+            hooks.iter().any(|f| f.name == expected),
+            "the scan found the hook {expected}"
+        );
+    }
+    let long: Vec<&Function> = hooks
+        .into_iter()
+        .filter(|f| f.lines > MAX_HOOK_LINES)
+        .collect();
+    assert!(long.is_empty(), "\n{}", describe(&long, MAX_HOOK_LINES));
+}
+
+#[test]
+fn the_scan_measures_what_it_should() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let file = dir.path().join("sample.rs");
+    std::fs::write(
+        &file,
+        "pub(crate) async fn short() {\n    one();\n}\n\
+         trait T {\n    fn declared(&self);\n}\n\
+         impl ProxyHttp for G {\n    fn hook(\n        &self,\n    ) -> u8 {\n        1\n    }\n}\n\
+         fn after() {}\n",
+    )
+    .expect("write the sample");
+    let found: Vec<(String, usize, bool)> = functions(&file)
+        .into_iter()
+        .map(|f| (f.name, f.lines, f.hook))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("short".to_string(), 3, false),
+            ("hook".to_string(), 5, true),
+        ]
+    );
+}

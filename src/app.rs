@@ -22,6 +22,7 @@ use crate::limiter::{Engine, Policy};
 use crate::listening::{BoundFirst, ReadyReport};
 use crate::metrics;
 use crate::proxy::front::FrontDoor;
+use crate::proxy::preface::Greeting;
 use crate::proxy::Gateway;
 use crate::reload::{ConfigService, RestartOnly};
 use crate::rls_service::RlsService;
@@ -186,7 +187,8 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
     );
     let configuration = add_background(&mut server, "sluice configuration", reloads, &[]);
     let rls = plan.rls_listen.map(|listen| {
-        let service = RlsService::new(listen, Arc::clone(&live), Arc::clone(&policy));
+        let upgrade = options.upgrade;
+        let service = RlsService::new(listen, Arc::clone(&live), Arc::clone(&policy), upgrade);
         let name = "sluice rate limit service";
         add_background(&mut server, name, service, &[&configuration])
     });
@@ -296,7 +298,7 @@ fn proxy_service(
     name: &str,
     listeners: &[&Listener],
     cleartext_h2: bool,
-) -> BoundFirst<Service<FrontDoor<pingora::proxy::HttpProxy<Gateway>>>> {
+) -> BoundFirst<Service<Greeting<FrontDoor<pingora::proxy::HttpProxy<Gateway>>>>> {
     let gateway = Gateway::new(
         Arc::clone(&shared.live),
         Arc::clone(&shared.policy),
@@ -309,8 +311,10 @@ fn proxy_service(
     // idle HTTP/1.1 connection does (FrontDoor).
     options.h2_idle_timeout = Some(plan.keepalive_timeout);
     app.server_options = Some(options);
-    let front = FrontDoor::new(app, plan.head_timeout, plan.keepalive_timeout);
-    let mut service = Service::new(name.to_string(), front);
+    let (head, keepalive) = (plan.head_timeout, plan.keepalive_timeout);
+    let front = FrontDoor::new(app, head, keepalive);
+    let greeting = Greeting::new(front, head, keepalive, cleartext_h2);
+    let mut service = Service::new(name.to_string(), greeting);
     let mut addresses = Vec::new();
     for listener in listeners {
         let address = listener.addr.to_string();

@@ -190,29 +190,33 @@ pub fn connect_to_launcher() {
     std::panic::set_hook(Box::new(move |info| {
         default_hook(info);
         if !READY.load(Ordering::Acquire) {
-            send(&format!("ERROR {info}"));
+            let _ = send(&format!("ERROR {info}"));
             std::process::exit(1);
         }
     }));
 }
 
-fn send(line: &str) {
+/// Tells the launcher `line`; `false` when there is none to tell (or it is gone).
+fn send(line: &str) -> bool {
     let mut channel = channel().lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(stream) = channel.as_mut() {
-        let _ = writeln!(stream, "{}", line.replace('\n', " "));
+    match channel.as_mut() {
+        Some(stream) => writeln!(stream, "{}", line.replace('\n', " ")).is_ok(),
+        None => false,
     }
 }
 
 /// Serving: tells the launcher, which exits 0.
 pub fn report_ready() {
     READY.store(true, Ordering::Release);
-    send("READY");
+    let _ = send("READY");
     channel().lock().unwrap_or_else(|p| p.into_inner()).take();
 }
 
-/// Cannot start: logs `reason`, tells the launcher, and exits 1.
+/// Cannot start: tells the launcher, which prints `reason` (so it is said once), or prints it
+/// when there is no launcher; exits 1.
 pub fn fatal(reason: &str) -> ! {
-    eprintln!("sluice: {reason}");
-    send(&format!("ERROR {reason}"));
+    if !send(&format!("ERROR {reason}")) {
+        eprintln!("sluice: {reason}");
+    }
     std::process::exit(1)
 }

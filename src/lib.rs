@@ -21,6 +21,7 @@ pub mod identity;
 pub mod keys;
 pub mod limiter;
 pub mod listening;
+pub mod logging;
 pub mod metrics;
 pub mod path;
 pub mod pem;

@@ -48,18 +48,19 @@ impl<S> BoundFirst<S> {
 fn bind(address: &str) -> std::net::TcpListener {
     std::net::TcpListener::bind(address)
         .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
-        .unwrap_or_else(|e| {
-            let hint = match e.kind() {
-                std::io::ErrorKind::AddrInUse => {
-                    " (another process holds it: stop it, or take its sockets over with sluice -u)"
-                }
-                std::io::ErrorKind::PermissionDenied => {
-                    " (ports below 1024 need CAP_NET_BIND_SERVICE)"
-                }
-                _ => "",
-            };
-            daemon::fatal(&format!("cannot listen on {address}: {e}{hint}"))
-        })
+        .unwrap_or_else(|e| cannot_listen(address, &e))
+}
+
+/// Ends the process: `address` cannot be listened on, and why (with what to do about it).
+pub fn cannot_listen(address: &str, e: &std::io::Error) -> ! {
+    let hint = match e.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            " (another process holds it: stop it, or take its sockets over with sluice -u)"
+        }
+        std::io::ErrorKind::PermissionDenied => " (ports below 1024 need CAP_NET_BIND_SERVICE)",
+        _ => "",
+    };
+    daemon::fatal(&format!("cannot listen on {address}: {e}{hint}"))
 }
 
 #[async_trait]

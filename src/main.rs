@@ -42,7 +42,7 @@ fn main() -> ExitCode {
         print!("{}", sluice::limiter::script::SOURCE);
         return ExitCode::SUCCESS;
     }
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    sluice::logging::init();
 
     // What start will need is checked with the file: `-t` passes only what can start.
     let checked = Config::load(&cli.conf)

@@ -215,14 +215,39 @@ pub struct RlsService {
     listen: SocketAddr,
     live: Live,
     policy: Arc<Policy>,
+    upgrade: bool,
 }
 
 impl RlsService {
-    pub fn new(listen: SocketAddr, live: Live, policy: Arc<Policy>) -> RlsService {
+    /// `upgrade`: this process takes over from an old instance (`sluice -u`), which holds the
+    /// port until it has handed the proxy's sockets over and stopped.
+    pub fn new(listen: SocketAddr, live: Live, policy: Arc<Policy>, upgrade: bool) -> RlsService {
         RlsService {
             listen,
             live,
             policy,
+            upgrade,
+        }
+    }
+}
+
+/// How long a new instance (`-u`) waits for the old one to free the rate limit service's port.
+const UPGRADE_BIND_WAIT: Duration = Duration::from_secs(120);
+
+/// Binds the rate limit service's listener. A fresh start fails at once when the port is taken;
+/// an upgrade waits (the gRPC listener is not among the sockets Pingora hands over) until the
+/// old instance, told to stop once the new one serves, lets the port go.
+async fn listen(addr: SocketAddr, upgrade: bool) -> std::io::Result<tokio::net::TcpListener> {
+    let until = tokio::time::Instant::now() + UPGRADE_BIND_WAIT;
+    loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Err(e) if upgrade && e.kind() == std::io::ErrorKind::AddrInUse => {
+                if tokio::time::Instant::now() >= until {
+                    return Err(e);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            bound => return bound,
         }
     }
 }
@@ -234,13 +259,10 @@ impl BackgroundService for RlsService {
         mut shutdown: ShutdownWatch,
         ready: ServiceReadyNotifier,
     ) {
-        let listener = match tokio::net::TcpListener::bind(self.listen).await {
+        let listener = match listen(self.listen, self.upgrade).await {
             Ok(listener) => listener,
-            Err(e) => {
-                log::error!("rate limit service: cannot listen on {}: {e}", self.listen);
-                ready.notify_ready();
-                return;
-            }
+            // As the proxy's listeners do: a taken port fails the start, with why.
+            Err(e) => crate::listening::cannot_listen(&self.listen.to_string(), &e),
         };
         ready.notify_ready();
         let handler = RlsHandler {

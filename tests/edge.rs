@@ -976,3 +976,107 @@ fn limits_are_kept_in_a_redis_reached_over_tls_with_a_client_certificate() {
     let _ = redis.kill();
     let _ = redis.wait();
 }
+
+/// Completes a TLS handshake with `port` offering only ALPN `h2` (trusting `ca`), then sends
+/// nothing; returns the connection.
+fn silent_h2_client(
+    port: u16,
+    config: &Arc<rustls::ClientConfig>,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let name = rustls::pki_types::ServerName::try_from("site.test").unwrap();
+    let connection = rustls::ClientConnection::new(Arc::clone(config), name).unwrap();
+    let socket = TcpStream::connect((LOOPBACK, port)).unwrap();
+    let mut tls = rustls::StreamOwned::new(connection, socket);
+    while tls.conn.is_handshaking() {
+        tls.conn
+            .complete_io(&mut tls.sock)
+            .expect("the TLS handshake completes");
+    }
+    assert_eq!(tls.conn.alpn_protocol(), Some(&b"h2"[..]));
+    tls.sock.set_read_timeout(Some(STUCK)).unwrap();
+    tls
+}
+
+/// How long a test waits for what should happen within about a second before it calls the
+/// test stuck.
+const STUCK: Duration = Duration::from_secs(20);
+
+#[test]
+fn http2_clients_that_never_send_their_preface_are_closed_while_others_are_served() {
+    use std::io::Read;
+    let ca = TestCa::new();
+    let site = ca.issue("site", &["site.test"], &[]);
+    let upstream = Upstream::start();
+    let (tls_port, h2c_port) = (free_port(), free_port());
+    let config = Config::new()
+        .server("request_head_timeout_ms", 1000)
+        .listen(&[
+            "PROXY",
+            &tls_listener(tls_port, &[&site], ""),
+            &format!("{{ addr: 127.0.0.1:{h2c_port}, h2c: true }}"),
+        ])
+        .route(route("all"));
+    let gateway = Gateway::start(&config.yaml(), &upstream, None);
+    let mut roots = rustls::RootCertStore::empty();
+    let pem = std::fs::read(&ca.ca).unwrap();
+    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    client.alpn_protocols = vec![b"h2".to_vec()];
+    let client = Arc::new(client);
+
+    // 200 clients finish their TLS handshake with ALPN h2, and 20 connect in the clear to the
+    // h2c listener; none sends a byte more.
+    let mut silent: Vec<Box<dyn Read + Send>> = (0..200)
+        .map(|_| Box::new(silent_h2_client(tls_port, &client)) as Box<dyn Read + Send>)
+        .collect();
+    silent.extend((0..20).map(|_| {
+        let stream = TcpStream::connect((LOOPBACK, h2c_port)).unwrap();
+        stream.set_read_timeout(Some(STUCK)).unwrap();
+        Box::new(stream) as Box<dyn Read + Send>
+    }));
+    // Meanwhile, ordinary clients are served, over TLS with HTTP/2 too.
+    let ca_file = ca.ca.to_str().unwrap();
+    let resolved = resolve("site.test", tls_port);
+    let url = format!("https://site.test:{tls_port}/");
+    for _ in 0..5 {
+        assert_eq!(support::http_get(gateway.proxy, "/", None, &[]).status, 200);
+        let statuses =
+            curl_statuses(&["--http2", "--cacert", ca_file, "--resolve", &resolved, &url]);
+        assert_eq!(statuses, ["2 200"]);
+    }
+    // Every silent connection is closed by the gateway: its read ends (EOF, or the TLS layer's
+    // close) instead of waiting until the test calls itself stuck.
+    let closed: Vec<_> = silent
+        .into_iter()
+        .map(|mut stream| {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 64];
+                loop {
+                    match stream.read(&mut buf) {
+                        Ok(0) => return true,
+                        Ok(_) => continue,
+                        Err(e) => {
+                            return !matches!(
+                                e.kind(),
+                                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                            )
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for (i, waiter) in closed.into_iter().enumerate() {
+        assert!(
+            waiter.join().unwrap(),
+            "silent connection {i} was not closed"
+        );
+    }
+}

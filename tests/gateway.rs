@@ -263,6 +263,41 @@ fn redis_down_with_failure_mode_allow_serves_and_counts_errors() {
     assert!(recovered, "limiting did not resume after Redis returned");
 }
 
+/// `/readyz` follows the failure mode in force: reloaded to `deny` while Redis is down, the
+/// gateway is unready (and answers 503); reloaded back to `allow`, it is degraded but ready
+/// (and serves). Neither answer is the start-time configuration's.
+#[test]
+fn readiness_follows_the_failure_mode_of_each_reload_while_redis_is_down() {
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let gateway = Gateway::start(&burst("allow"), &upstream, Some(&redis));
+    gateway.wait_ready();
+    redis.stop();
+    let readyz = || support::http_get(gateway.admin, "/readyz", None, &[]);
+    for (mode, status, said, answered) in [
+        ("deny", 503, "not ready", 503),
+        ("allow", 200, "degraded", 200),
+        ("deny", 503, "not ready", 503),
+    ] {
+        assert!(
+            gateway.reload(&burst(mode)),
+            "the reload to {mode} is accepted"
+        );
+        let ready = readyz();
+        assert_eq!(ready.status, status, "failure_mode {mode}: {}", ready.body);
+        assert!(
+            ready.body.starts_with(said) && ready.body.contains(&format!("failure_mode {mode}")),
+            "failure_mode {mode}: {}",
+            ready.body
+        );
+        assert_eq!(
+            gateway.get("/api/a").status,
+            answered,
+            "failure_mode {mode}"
+        );
+    }
+}
+
 #[test]
 fn redis_down_with_failure_mode_deny_answers_503_and_the_upstream_sees_nothing() {
     let mut redis = RedisServer::start();

@@ -23,6 +23,7 @@ const GLUE: &[&str] = &[
     "proxy",
     "daemon",
     "listening",
+    "logging",
     "tls",
     "traces",
 ];

@@ -516,3 +516,62 @@ fn sluice_t_names_the_file_and_path_of_every_problem_in_the_directory() {
         "{said}"
     );
 }
+
+/// Runs `sluice` with `args` until it exits (at most 20 s): its exit status and standard error.
+fn run_to_exit(args: &[&std::ffi::OsStr]) -> (std::process::ExitStatus, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start sluice");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("sluice kept running with its rate limit service's port taken");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().expect("its output");
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_taken_rate_limit_service_port_fails_the_start_with_its_reason() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("hold a port");
+    let port = taken.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start();
+    let body = Config::new()
+        .set(
+            "rls",
+            format!(
+                "{{ listen: 127.0.0.1:{port}, config_dir: {} }}",
+                dir.path().display()
+            ),
+        )
+        .route(route("all"))
+        .yaml();
+    let config = support::GatewayConfig::write(&body, &upstream, None, 0);
+    let path = config.path.as_os_str();
+    for daemon in [false, true] {
+        let mut args = vec![std::ffi::OsStr::new("-c"), path];
+        if daemon {
+            args.push(std::ffi::OsStr::new("-d"));
+        }
+        let (status, stderr) = run_to_exit(&args);
+        assert!(!status.success(), "-d {daemon}: started anyway: {stderr}");
+        let reason = format!("cannot listen on 127.0.0.1:{port}: Address already in use");
+        assert_eq!(
+            stderr.matches(&reason).count(),
+            1,
+            "-d {daemon}: the reason, said once: {stderr}"
+        );
+    }
+    drop(taken);
+}

@@ -208,6 +208,11 @@ fn the_units_start_reload_and_stop_sequence_serves_throughout() {
     );
     assert_eq!(support::http_get(proxy, "/reloaded", None, &[]).status, 200);
     assert!(logged("/reloaded"), "so does the one that took over");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !text.contains("No incoming socket transfer"),
+        "waiting for the old instance's sockets is routine, not an ERROR: {text}"
+    );
 
     let signal = unit_values(&unit, "KillSignal").pop().expect("KillSignal");
     let stop_timeout: u64 = unit_values(&unit, "TimeoutStopSec")

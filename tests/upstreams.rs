@@ -178,3 +178,24 @@ fn strip_prefix_and_host_rewrite_shape_the_upstream_request() {
         response.body
     );
 }
+
+#[test]
+fn the_demo_upstream_explains_its_usage_instead_of_panicking() {
+    let demo = env!("CARGO_BIN_EXE_demo-upstream");
+    let run = |args: &[&str]| {
+        std::process::Command::new(demo)
+            .args(args)
+            .output()
+            .expect("run demo-upstream")
+    };
+    let help = run(&["--help"]);
+    assert_eq!(help.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&help.stdout).starts_with("usage: demo-upstream [ADDR]"));
+    for bad in [&["not-an-address"][..], &["127.0.0.1:1", "extra"][..]] {
+        let output = run(bad);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{bad:?}: {stderr}");
+        assert!(stderr.contains("usage: demo-upstream"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

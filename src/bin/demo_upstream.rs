@@ -95,10 +95,41 @@ impl ServeHttp for Demo {
     }
 }
 
+const USAGE: &str = "usage: demo-upstream [ADDR]   (default 127.0.0.1:3000)";
+
+/// The address to listen on, from the command line; exits with the usage when asked for it or
+/// when the argument is not an address.
+fn address() -> std::net::SocketAddr {
+    let mut args = std::env::args().skip(1);
+    let (arg, extra) = (args.next(), args.next());
+    match (arg.as_deref(), extra) {
+        (Some("-h" | "--help"), _) => {
+            println!("{USAGE}");
+            std::process::exit(0)
+        }
+        (_, Some(extra)) => {
+            eprintln!("demo-upstream: unexpected argument {extra:?}\n{USAGE}");
+            std::process::exit(2)
+        }
+        (arg, None) => {
+            let text = arg.unwrap_or("127.0.0.1:3000");
+            text.parse().unwrap_or_else(|_| {
+                eprintln!(
+                    "demo-upstream: {text:?} is not an address such as 127.0.0.1:3000\n{USAGE}"
+                );
+                std::process::exit(2)
+            })
+        }
+    }
+}
+
 fn main() {
-    let addr = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:3000".to_string());
+    let addr = address();
+    // Pingora retries a taken port for a long time: say so now instead.
+    if let Err(e) = std::net::TcpListener::bind(addr) {
+        eprintln!("demo-upstream: cannot listen on {addr}: {e}");
+        std::process::exit(1);
+    }
     let conf = ServerConf {
         threads: 1,
         pid_file: format!("/tmp/sluice-demo-upstream-{}.pid", std::process::id()),
@@ -115,7 +146,7 @@ fn main() {
             served: AtomicU64::new(0),
         }),
     );
-    service.add_tcp(&addr);
+    service.add_tcp(&addr.to_string());
     server.add_service(service);
     eprintln!("demo upstream listening on {addr}");
     server.run_forever()

@@ -6,6 +6,7 @@
 mod access;
 pub mod forwarding;
 pub mod front;
+pub mod preface;
 pub mod request_id;
 pub mod respond;
 mod trace;

@@ -115,38 +115,16 @@ pub struct RequestFacts<'a> {
 /// Bytes of a decoded query name or value kept inline; longer ones spill to the heap.
 type Decoded = SmallVec<[u8; 64]>;
 
-fn hex_digit(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
-}
-
-/// A query component as its bytes mean them: `%XX` decoded, `+` a space (form encoding); a
-/// malformed escape is kept as written.
+/// A query component as its bytes mean them: `+` a space (form encoding), `%XX` decoded (so
+/// `%2B` stays a plus); a malformed escape is kept as written. Bytes, not text: values that are
+/// not UTF-8 stay apart.
 fn decode_component(text: &str) -> Decoded {
-    let bytes = text.as_bytes();
     let mut out = Decoded::new();
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => match (
-                bytes.get(i + 1).copied().and_then(hex_digit),
-                bytes.get(i + 2).copied().and_then(hex_digit),
-            ) {
-                (Some(high), Some(low)) => {
-                    out.push(high << 4 | low);
-                    i += 3;
-                    continue;
-                }
-                _ => out.push(b'%'),
-            },
-            b'+' => out.push(b' '),
-            b => out.push(b),
+    for (i, piece) in text.split('+').enumerate() {
+        if i > 0 {
+            out.push(b' ');
         }
-        i += 1;
+        out.extend(percent_encoding::percent_decode_str(piece));
     }
     out
 }

@@ -4,8 +4,6 @@
 //! call, as what a gRPC client understands: HTTP 200 with `grpc-status`, `grpc-message` and, for
 //! a limit, the retry delay (`grpc-retry-pushback-ms`, `Retry-After`) — a trailers-only answer.
 
-use std::fmt::Write as _;
-
 use bytes::Bytes;
 use http::header::{
     HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER,
@@ -52,18 +50,8 @@ pub fn ratelimit_value(route: &Route, decision: &Decision) -> Option<HeaderValue
 }
 
 /// Appends `n` in decimal.
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
+fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// Adds `RateLimit-Policy` and `RateLimit` when the route sends them.
@@ -141,17 +129,13 @@ pub fn is_grpc(session: &Session) -> bool {
         .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
 }
 
-/// `grpc-message` is percent-encoded (gRPC over HTTP/2): `%` and what is not printable ASCII.
+/// What `grpc-message` percent-encodes (gRPC over HTTP/2): `%` and control bytes; bytes
+/// beyond ASCII always are.
+const GRPC_MESSAGE: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
+
+/// `text` as a `grpc-message` value.
 fn grpc_message(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if (0x20..0x7f).contains(&byte) && byte != b'%' {
-            out.push(char::from(byte));
-        } else {
-            let _ = write!(out, "%{byte:02X}");
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(text, GRPC_MESSAGE).to_string()
 }
 
 /// The gRPC answer; a limit carries its retry delay and `RateLimit` headers.
@@ -276,4 +260,28 @@ fn request_has_body(session: &Session) -> bool {
         || headers
             .get(CONTENT_LENGTH)
             .is_some_and(|v| v.as_bytes() != b"0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_messages_escape_percent_controls_and_non_ascii() {
+        assert_eq!(
+            grpc_message("rate limit 'a' of route 'b' exceeded"),
+            "rate limit 'a' of route 'b' exceeded"
+        );
+        assert_eq!(grpc_message("50%\ndone é"), "50%25%0Adone %C3%A9");
+    }
+
+    #[test]
+    fn decimals_are_written_whole() {
+        let mut out = Vec::new();
+        for n in [0, 7, 10, u64::MAX] {
+            push_decimal(&mut out, n);
+            out.push(b' ');
+        }
+        assert_eq!(out, b"0 7 10 18446744073709551615 ");
+    }
 }

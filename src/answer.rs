@@ -4,6 +4,8 @@
 //! in the metrics and the access log. The proxy writes these out (`proxy::respond`); nothing
 //! else decides a status code.
 
+use strum::{EnumCount, IntoStaticStr, VariantArray};
+
 use crate::limiter::Outcome;
 
 /// What the gateway answers a request with, instead of the upstream's response.
@@ -38,20 +40,18 @@ pub enum Answer {
 
 /// Why no limiter was asked about a request: the `decision` labels of `sluice_requests_total`
 /// besides the limiter's [`Outcome`]s.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, IntoStaticStr, VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum Unasked {
     NoRoute = 0,
     BadRequest = 1,
 }
 
 impl Unasked {
-    pub const ALL: [Unasked; 2] = [Unasked::NoRoute, Unasked::BadRequest];
+    pub const ALL: &'static [Unasked] = Unasked::VARIANTS;
 
     pub fn label(self) -> &'static str {
-        match self {
-            Unasked::NoRoute => "no_route",
-            Unasked::BadRequest => "bad_request",
-        }
+        self.into()
     }
 }
 
@@ -87,7 +87,7 @@ impl Decided {
         for outcome in Outcome::ALL {
             all[outcome as usize] = Decided::Limiter(outcome);
         }
-        for unasked in Unasked::ALL {
+        for &unasked in Unasked::ALL {
             all[Outcome::ALL.len() + unasked as usize] = Decided::Unasked(unasked);
         }
         all
@@ -97,7 +97,8 @@ impl Decided {
 /// Why an upstream attempt failed: `sluice_upstream_errors_total`'s `kind`, the access log's
 /// `error` and the upstream span's status. Several attempts of one request may fail; the
 /// request's [`Answer`] is what the last one means to the client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, IntoStaticStr, VariantArray, EnumCount)]
+#[strum(serialize_all = "snake_case")]
 pub enum UpstreamError {
     Refused = 0,
     Timeout = 1,
@@ -107,22 +108,10 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
-    pub const ALL: [UpstreamError; 5] = [
-        UpstreamError::Refused,
-        UpstreamError::Timeout,
-        UpstreamError::Reset,
-        UpstreamError::Tls,
-        UpstreamError::Unreachable,
-    ];
+    pub const ALL: &'static [UpstreamError] = UpstreamError::VARIANTS;
 
     pub fn label(self) -> &'static str {
-        match self {
-            UpstreamError::Refused => "refused",
-            UpstreamError::Timeout => "timeout",
-            UpstreamError::Reset => "reset",
-            UpstreamError::Tls => "tls",
-            UpstreamError::Unreachable => "unreachable",
-        }
+        self.into()
     }
 
     /// What the client is answered when this was the last attempt.

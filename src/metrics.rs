@@ -19,6 +19,7 @@ use crate::limiter::leased::LeaseMeters;
 use crate::limiter::{Coalescing, CostReport, Limit, LimiterError, Outcome, PolicyMeters, Verdict};
 use crate::rls::Domains;
 use crate::router::RouteTable;
+use strum::EnumCount;
 
 pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
@@ -296,7 +297,7 @@ pub struct RouteMetrics {
     durations: [Histogram; 5],
     upstream_duration: Histogram,
     in_flight: IntGauge,
-    upstream_errors: [IntCounter; UpstreamError::ALL.len()],
+    upstream_errors: [IntCounter; UpstreamError::COUNT],
     /// Per limit of the route, in its order: a counter per [`Outcome`].
     limits: Vec<[IntCounter; Outcome::ALL.len()]>,
     /// Per limit of the route, in its order: for those priced by the response, a counter per
@@ -320,8 +321,10 @@ impl RouteMetrics {
             durations: STATUS_CLASSES.map(|c| REQUEST_DURATION.with_label_values(&[route, c])),
             upstream_duration: UPSTREAM_DURATION.with_label_values(&[route]),
             in_flight: REQUESTS_IN_FLIGHT.with_label_values(&[route]),
-            upstream_errors: UpstreamError::ALL
-                .map(|kind| UPSTREAM_ERRORS.with_label_values(&[route, kind.label()])),
+            upstream_errors: std::array::from_fn(|i| {
+                let kind = UpstreamError::ALL[i].label();
+                UPSTREAM_ERRORS.with_label_values(&[route, kind])
+            }),
             limits: limits
                 .iter()
                 .map(|limit| {

@@ -212,10 +212,8 @@ fn ready<F: Future>(future: F) -> F::Output {
     }
 }
 
-#[test]
-fn the_policys_decision_allocates_nothing_once_its_keys_are_known() {
-    let config = Config::from_yaml(Path::new("inline.yaml"), &config()).expect("config");
-    let headers = headers();
+/// A policy deciding in this process, on a manual clock.
+fn in_process_policy() -> (Arc<ManualClock>, Policy) {
     let clock = Arc::new(ManualClock::new(1_000_000));
     let limiter = Arc::new(LocalLimiter::new(clock.clone(), 1000));
     let policy = Policy::new(
@@ -224,6 +222,14 @@ fn the_policys_decision_allocates_nothing_once_its_keys_are_known() {
         clock.clone(),
         PolicyMeters::unregistered(),
     );
+    (clock, policy)
+}
+
+#[test]
+fn the_policys_decision_allocates_nothing_once_its_keys_are_known() {
+    let config = Config::from_yaml(Path::new("inline.yaml"), &config()).expect("config");
+    let headers = headers();
+    let (clock, policy) = in_process_policy();
     for (path, limits) in [("/one/x", 1), ("/api/v1/items/42", 3)] {
         let route = config
             .routes
@@ -297,14 +303,7 @@ fn a_request_through_the_exchange_allocates_nothing() {
 
     let config = Config::from_yaml(Path::new("inline.yaml"), &config()).expect("config");
     let snapshot = Arc::new(Snapshot::build(config).expect("snapshot"));
-    let clock = Arc::new(ManualClock::new(1_000_000));
-    let local = Arc::new(LocalLimiter::new(clock.clone(), 1000));
-    let policy = Policy::new(
-        Engine::local(local),
-        None,
-        clock.clone(),
-        PolicyMeters::unregistered(),
-    );
+    let (clock, policy) = in_process_policy();
     let (head, ()) = http::Request::get("/api/v1/items/42")
         .header("host", "example.com")
         .header("x-forwarded-for", "203.0.113.7")

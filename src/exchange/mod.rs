@@ -194,10 +194,12 @@ impl Exchange {
             let limits = &runtime.route.limits;
             metrics.count_limits(limits.limits(), verdict);
             policy.finish(limits, &self.asks, verdict).await;
-            if limits.priced_by_response() && verdict.admitted() && !self.abandoned {
+            // What a response reported: its units went back already if it was abandoned.
+            if verdict.admitted() && !self.abandoned {
                 metrics.count_response_costs(&self.cost_reports);
+                let reports = &self.cost_reports;
                 policy
-                    .settle_response(limits, &self.asks, verdict, &self.cost_reports)
+                    .settle_response(limits, &self.asks, verdict, reports)
                     .await;
             }
         }

@@ -127,5 +127,37 @@ fn hot_path(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, hot_path);
+/// One client's standing under 10,000 `deny` prefixes (IPv4 /24s and IPv6 /48s) and an
+/// `allow` list: what an address lookup costs a request.
+fn address_lists(c: &mut Criterion) {
+    use sluice::addresses::{AddressLists, Ranges};
+    let deny: Ranges = (0..10_000u32)
+        .map(|i| {
+            let net = if i % 2 == 0 {
+                format!(
+                    "{}.{}.{}.0/24",
+                    10 + (i >> 16) % 200,
+                    (i >> 8) & 0xff,
+                    i & 0xff
+                )
+            } else {
+                format!("2001:db8:{:x}::/48", i)
+            };
+            net.parse::<ipnet::IpNet>().expect("a prefix")
+        })
+        .collect();
+    let gateway = AddressLists {
+        allow: ["192.0.2.0/24".parse::<ipnet::IpNet>().unwrap()]
+            .into_iter()
+            .collect(),
+        deny,
+    };
+    let route = AddressLists::default();
+    let client: std::net::IpAddr = "203.0.113.7".parse().unwrap();
+    c.bench_function("address lists: standing among 10,000 prefixes", |b| {
+        b.iter(|| AddressLists::standing(&gateway, &route, std::hint::black_box(client)))
+    });
+}
+
+criterion_group!(benches, hot_path, address_lists);
 criterion_main!(benches);

@@ -20,6 +20,8 @@ pub enum Answer {
     HeadersTooLarge,
     /// The request body is larger than the route accepts (`max_body_bytes`).
     BodyTooLarge,
+    /// The client's address is in a `deny` range.
+    Forbidden,
     /// A limit denied the request (its decision says which, and until when); `locally`: the
     /// in-process fallback decided while Redis was away.
     Limited {
@@ -45,6 +47,10 @@ pub enum Answer {
 pub enum Unasked {
     NoRoute = 0,
     BadRequest = 1,
+    /// The client's address is in a `deny` range.
+    Forbidden = 2,
+    /// The client's address is in an `allow` range: proxied without asking the limits.
+    Exempt = 3,
 }
 
 impl Unasked {
@@ -129,6 +135,7 @@ impl UpstreamError {
 /// The gRPC status codes sluice answers with (`grpc-status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GrpcStatus {
+    PermissionDenied = 7,
     ResourceExhausted = 8,
     Unimplemented = 12,
     Internal = 13,
@@ -159,6 +166,7 @@ impl Answer {
             Answer::UriTooLong => 414,
             Answer::HeadersTooLarge => 431,
             Answer::BodyTooLarge => 413,
+            Answer::Forbidden => 403,
             Answer::Limited { .. } => 429,
             Answer::LimiterUnavailable => 503,
             Answer::UpstreamUnreachable => 502,
@@ -175,6 +183,7 @@ impl Answer {
             Answer::UriTooLong => "URI Too Long",
             Answer::HeadersTooLarge => "Request Header Fields Too Large",
             Answer::BodyTooLarge => "Content Too Large",
+            Answer::Forbidden => "Forbidden",
             Answer::Limited { .. } => "Too Many Requests",
             Answer::LimiterUnavailable => "Service Unavailable",
             Answer::UpstreamUnreachable => "Bad Gateway",
@@ -191,6 +200,7 @@ impl Answer {
             Answer::UriTooLong => "The request target is too long.",
             Answer::HeadersTooLarge => "The request headers are too large.",
             Answer::BodyTooLarge => "The request body is larger than this route accepts.",
+            Answer::Forbidden => "This client's address may not use this route.",
             Answer::Limited { .. } => "A rate limit of this route is exceeded.",
             Answer::LimiterUnavailable => "The rate limiter is unavailable.",
             Answer::UpstreamUnreachable => "The upstream server could not be reached.",
@@ -210,6 +220,7 @@ impl Answer {
                 GrpcStatus::Unavailable
             }
             Answer::NoRoute => GrpcStatus::Unimplemented,
+            Answer::Forbidden => GrpcStatus::PermissionDenied,
             Answer::BadRequest(_)
             | Answer::UriTooLong
             | Answer::HeadersTooLarge
@@ -225,6 +236,7 @@ impl Answer {
     pub fn unasked(self) -> Option<Unasked> {
         match self {
             Answer::NoRoute => Some(Unasked::NoRoute),
+            Answer::Forbidden => Some(Unasked::Forbidden),
             Answer::BadRequest(_)
             | Answer::UriTooLong
             | Answer::HeadersTooLarge
@@ -246,6 +258,7 @@ impl Answer {
             Answer::UriTooLong => "uri_too_long",
             Answer::HeadersTooLarge => "headers_too_large",
             Answer::BodyTooLarge => "body_too_large",
+            Answer::Forbidden => "forbidden",
             Answer::Limited { .. } => "limited",
             Answer::LimiterUnavailable => "limiter_unavailable",
             Answer::UpstreamUnreachable => "upstream_unreachable",
@@ -268,6 +281,7 @@ mod tests {
             (Answer::UriTooLong, 414, 13, Some("bad_request")),
             (Answer::HeadersTooLarge, 431, 13, Some("bad_request")),
             (Answer::BodyTooLarge, 413, 13, Some("bad_request")),
+            (Answer::Forbidden, 403, 7, Some("forbidden")),
             (Answer::Unreadable, 400, 13, Some("bad_request")),
             (Answer::Limited { locally: false }, 429, 8, None),
             (Answer::Limited { locally: true }, 429, 8, None),

@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod access_log;
+pub mod addresses;
 pub mod admin;
 pub mod answer;
 pub mod app;

@@ -24,7 +24,7 @@ use strum::EnumCount;
 pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "sluice_requests_total",
-        "Requests by route and limiter decision (allowed, limited, error_allowed, error_denied, no_route, bad_request, shadow_limited, local_allowed, local_limited).",
+        "Requests by route and limiter decision (allowed, limited, error_allowed, error_denied, no_route, bad_request, shadow_limited, local_allowed, local_limited, forbidden, exempt).",
         &["route", "decision"]
     )
     .expect("sluice_requests_total registers once")

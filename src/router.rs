@@ -10,6 +10,7 @@ use std::sync::Arc;
 use http::header::HeaderValue;
 use http::Method;
 
+use crate::addresses::AddressLists;
 use crate::answer::Answer;
 use crate::keys::{MissingPart, RequestFacts, RouteKeys};
 use crate::limiter::{Ask, Asks, LimitSet};
@@ -81,6 +82,8 @@ pub struct Route {
     pub limits: LimitSet,
     /// Where its priced limits read their costs.
     pub pricing: RoutePricing,
+    /// Its own `addresses:` lists (the gateway's apply too).
+    pub addresses: AddressLists,
     pub keys: RouteKeys,
     /// `RateLimit-Policy` value, or `None` when the route sends no rate-limit headers.
     pub policy_header: Option<HeaderValue>,
@@ -188,6 +191,7 @@ mod tests {
             upstream: UpstreamSettings::round_robin(vec!["127.0.0.1:1".parse().unwrap()]),
             limits: LimitSet::none(),
             pricing: RoutePricing::default(),
+            addresses: AddressLists::default(),
             keys: RouteKeys::new("p", "r", crate::keys::KeySecret::new("s"), &[]),
             policy_header: None,
             max_body_bytes: None,

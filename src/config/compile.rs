@@ -1,6 +1,7 @@
 //! Raw YAML structs → a validated [`Config`]: each section compiled by its own module, the
 //! top-level settings here; every problem collected with its path.
 
+use crate::addresses::AddressLists;
 use std::collections::HashSet;
 use std::net::IpAddr;
 use std::path::Path;
@@ -70,6 +71,7 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
         redis,
         failure_mode,
         identity,
+        addresses: AddressLists::default(),
         paths,
         access_log,
         request_id,

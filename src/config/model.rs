@@ -1,5 +1,6 @@
 //! A loaded, validated configuration: what the rest of sluice reads.
 
+use crate::addresses::AddressLists;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -25,6 +26,8 @@ pub struct Config {
     /// The failure mode of routes that do not set their own.
     pub failure_mode: FailureMode,
     pub identity: Identity,
+    /// The gateway's `addresses:` lists (each route may add its own).
+    pub addresses: AddressLists,
     pub paths: PathPolicy,
     /// `None`: no access log.
     pub access_log: Option<AccessLogSettings>,

@@ -8,6 +8,7 @@ use http::Method;
 
 use super::problem::{millis_within, required_name, Problems};
 use super::raw::{RawLimit, RawMatch, RawRoute};
+use crate::addresses::AddressLists;
 use crate::keys::{KeySecret, KeySpec, RouteKeys};
 use crate::limiter::{FailureMode, Limit, LimitSet};
 use crate::path::{normalize, PathPolicy};
@@ -77,6 +78,7 @@ pub fn compile(
             limiter_timeout,
         ),
         pricing,
+        addresses: AddressLists::default(),
         policy_header,
         max_body_bytes: raw.max_body_bytes,
         request_timeout,

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
+use crate::addresses::{AddressLists, Standing};
 use crate::answer::{Answer, Decided, Unasked, UpstreamError};
 use crate::keys::{self, RequestFacts};
 use crate::limiter::{Asks, CostReport, Decision, Policy, Verdict, LIMITS_INLINE};
@@ -53,6 +54,8 @@ pub struct Exchange {
     verdict: Option<Verdict>,
     /// What the gateway answers (or answered) instead of the upstream, once it knows.
     answer: Option<Answer>,
+    /// The client's address is in an `allow` range: proxied without asking the limits.
+    exempt: bool,
     /// The request was held for shaping and its client left: its units went back.
     abandoned: bool,
     /// When the route's `request_timeout` runs out.
@@ -80,6 +83,7 @@ impl Exchange {
             asks: Asks::new(),
             verdict: None,
             answer: None,
+            exempt: false,
             abandoned: false,
             deadline: None,
             body_bytes: 0,
@@ -97,8 +101,13 @@ impl Exchange {
         let Some(route) = self.route.clone() else {
             return self.answer(Answer::NoRoute);
         };
-        let verdict = policy.decide(&route.route.limits, &self.asks).await;
         self.deadline = route.route.request_timeout.map(|t| self.started + t);
+        if self.exempt {
+            return Admission::Admitted {
+                delay: Duration::ZERO,
+            };
+        }
+        let verdict = policy.decide(&route.route.limits, &self.asks).await;
         let refusal = Answer::refusing(verdict.outcome);
         let delay = verdict.delay;
         self.verdict = Some(verdict);
@@ -153,7 +162,12 @@ impl Exchange {
         if let Some(parts) = route.upstream.hash_parts() {
             self.balance_key = keys::digest_parts(&facts, parts).to_be_bytes();
         }
-        if !route.limits.is_empty() {
+        match AddressLists::standing(&config.addresses, &route.addresses, client) {
+            Standing::Denied => return Err(Answer::Forbidden),
+            Standing::Exempt => self.exempt = true,
+            Standing::Limited => {}
+        }
+        if !route.limits.is_empty() && !self.exempt {
             self.asks = route.asks(&facts)?;
         }
         Ok(())
@@ -183,7 +197,7 @@ impl Exchange {
         metrics.count(self.decided());
         if let Some(status) = status {
             metrics.observe_duration(status, self.started.elapsed());
-            if self.verdict.as_ref().is_some_and(Verdict::admitted) {
+            if self.admitted() {
                 metrics.count_upstream_status(status);
             }
         }
@@ -206,9 +220,15 @@ impl Exchange {
         self.in_flight = None;
     }
 
+    /// The request went (or goes) upstream.
+    fn admitted(&self) -> bool {
+        self.exempt || self.verdict.as_ref().is_some_and(Verdict::admitted)
+    }
+
     /// The request's `decision` label.
     pub fn decided(&self) -> Decided {
         match (&self.verdict, self.answer) {
+            _ if self.exempt => Decided::Unasked(Unasked::Exempt),
             (Some(verdict), _) => Decided::Limiter(verdict.outcome),
             (None, answer) => Decided::Unasked(
                 answer

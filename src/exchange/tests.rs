@@ -16,14 +16,17 @@ use crate::limiter::{Engine, Outcome, Policy, PolicyMeters};
 use crate::snapshot::Snapshot;
 
 /// A gateway's configuration with one route, `/t`, whose limits are `limits` (YAML flow list).
-fn snapshot(limits: &str) -> Arc<Snapshot> {
+fn config(limits: &str) -> Config {
     let yaml = format!(
         "listen: [127.0.0.1:1]\n\
          routes:\n  - name: t\n    match: {{ path_prefix: /t }}\n    \
          upstream: {{ servers: [127.0.0.1:1] }}\n    limits: {limits}\n"
     );
-    let config = Config::from_yaml(Path::new("test.yaml"), &yaml).expect("a valid config");
-    Arc::new(Snapshot::build(config).expect("a snapshot"))
+    Config::from_yaml(Path::new("test.yaml"), &yaml).expect("a valid config")
+}
+
+fn snapshot(limits: &str) -> Arc<Snapshot> {
+    Arc::new(Snapshot::build(config(limits)).expect("a snapshot"))
 }
 
 struct Gateway {
@@ -34,11 +37,15 @@ struct Gateway {
 
 /// `limits` decided in this process, on a manual clock.
 fn gateway(limits: &str) -> Gateway {
+    gateway_of(config(limits))
+}
+
+fn gateway_of(config: Config) -> Gateway {
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let local = Arc::new(LocalLimiter::new(clock.clone(), 1000));
     let meters = PolicyMeters::unregistered();
     Gateway {
-        snapshot: snapshot(limits),
+        snapshot: Arc::new(Snapshot::build(config).expect("a snapshot")),
         policy: Policy::new(Engine::local(local), None, clock.clone(), meters),
         clock,
     }
@@ -55,12 +62,16 @@ fn head(path: &str) -> Parts {
 
 impl Gateway {
     async fn admit_parts(&self, parts: &Parts) -> (Exchange, Admission) {
+        self.admit_from(parts, [192, 0, 2, 1].into()).await
+    }
+
+    async fn admit_from(&self, parts: &Parts, peer: std::net::IpAddr) -> (Exchange, Admission) {
         let mut exchange = Exchange::new(Arc::clone(&self.snapshot), Instant::now());
         let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let head = Head {
             parts,
             raw_target: target.as_bytes(),
-            peer: Some([192, 0, 2, 1].into()),
+            peer: Some(peer),
         };
         let admission = exchange.admit(&self.policy, &head).await;
         (exchange, admission)
@@ -188,4 +199,31 @@ async fn a_body_over_the_routes_maximum_is_answered_413_and_kept_as_the_answer()
         exchange.fail_upstream(None, Answer::UpstreamUnreachable),
         Answer::UpstreamUnreachable
     );
+}
+
+#[tokio::test]
+async fn a_denied_address_is_refused_and_an_allowed_one_passes_an_exhausted_limit() {
+    let mut config = config("[{ name: w, key: [route], algorithm: fixed_window, rate: 1/h }]");
+    config.addresses.deny = ["198.51.100.0/24".parse().unwrap()].into_iter().collect();
+    config.addresses.allow = ["2001:db8::/32".parse().unwrap()].into_iter().collect();
+    let g = gateway_of(config);
+    let (denied, admission) = g.admit_from(&head("/t"), [198, 51, 100, 7].into()).await;
+    assert_eq!(admission, Admission::Answered(Answer::Forbidden));
+    assert_eq!(denied.decided(), Decided::Unasked(Unasked::Forbidden));
+    // The one unit goes to an ordinary client; the limit then refuses everyone but the range.
+    assert_eq!(g.admit("/t").await.1, ADMITTED);
+    assert!(matches!(
+        g.admit("/t").await.1,
+        Admission::Answered(Answer::Limited { .. })
+    ));
+    let allowed: std::net::IpAddr = "2001:db8::9".parse().unwrap();
+    for _ in 0..3 {
+        let (exempt, admission) = g.admit_from(&head("/t"), allowed).await;
+        assert_eq!(admission, ADMITTED);
+        assert_eq!(exempt.decided(), Decided::Unasked(Unasked::Exempt));
+        assert!(
+            exempt.limits_said().is_none(),
+            "no RateLimit headers: no limit was asked"
+        );
+    }
 }

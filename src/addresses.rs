@@ -19,11 +19,15 @@ pub struct Ranges {
 }
 
 impl Ranges {
-    /// Adds `net` (host bits cleared).
+    /// Adds `net` (host bits cleared; an IPv4-mapped IPv6 range as its IPv4 range, as
+    /// clients' addresses are looked up).
     pub fn insert(&mut self, net: IpNet) {
         match net.trunc() {
             IpNet::V4(net) => self.v4.insert(net),
-            IpNet::V6(net) => self.v6.insert(net),
+            IpNet::V6(net) => match (net.addr().to_ipv4_mapped(), net.prefix_len()) {
+                (Some(v4), len @ 96..) => self.v4.insert(Ipv4Net::new_assert(v4, len - 96)),
+                _ => self.v6.insert(net),
+            },
         };
     }
 
@@ -107,6 +111,7 @@ mod tests {
             "192.0.2.7/32",
             "2001:db8::/32",
             "198.51.100.9/24",
+            "::ffff:203.0.113.0/120",
         ]);
         for inside in [
             "10.1.2.3",
@@ -114,13 +119,14 @@ mod tests {
             "2001:db8::1",
             "::ffff:10.9.9.9",
             "198.51.100.1",
+            "203.0.113.9",
         ] {
             assert!(set.contains(ip(inside)), "{inside}");
         }
         for outside in ["11.0.0.1", "192.0.2.8", "2001:db9::1", "::1"] {
             assert!(!set.contains(ip(outside)), "{outside}");
         }
-        assert_eq!(set.len(), 4);
+        assert_eq!(set.len(), 5);
         assert!(!Ranges::default().contains(ip("10.0.0.1")));
     }
 

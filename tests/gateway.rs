@@ -819,3 +819,69 @@ fn sluice_starts_without_redis_and_engages_when_redis_appears() {
         .body
         .starts_with("ready"));
 }
+
+/// A client in a `deny` range gets 403 before any limit: nothing reaches the upstream or Redis.
+/// A client in the route's `allow` range passes a limit exhausted for everyone else, counted as
+/// `exempt`, with no RateLimit headers (no limit was asked).
+#[test]
+fn denied_ranges_get_403_and_allowed_ranges_pass_an_exhausted_limit() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let config = with_redis("allow")
+        .set(
+            "addresses",
+            "{ deny: [127.0.0.66, \"::ffff:127.0.0.67/128\"] }",
+        )
+        .route(
+            route("api")
+                .prefix("/api/")
+                .set("addresses", "{ allow: [127.0.0.76/31] }")
+                .limit(fixed_window("everyone", "2/h").key(&["route"])),
+        );
+    let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
+    gateway.wait_ready();
+    for source in ["127.0.0.66", "127.0.0.67"] {
+        let refused = gateway.get_from(source, "/api/a");
+        assert_eq!(refused.status, 403, "{source}: {}", refused.body);
+        assert!(
+            refused.body.contains("\"title\":\"Forbidden\""),
+            "{}",
+            refused.body
+        );
+    }
+    assert_eq!(
+        upstream.served(),
+        0,
+        "a denied client never reaches the upstream"
+    );
+    let keys: Vec<String> = redis.connection().keys("*").unwrap();
+    assert!(keys.is_empty(), "nor Redis: {keys:?}");
+
+    let statuses: Vec<u16> = (0..3)
+        .map(|_| gateway.get_from("127.0.0.1", "/api/a").status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 429]);
+    for source in ["127.0.0.76", "127.0.0.77", "127.0.0.76"] {
+        let exempt = gateway.get_from(source, "/api/a");
+        assert_eq!(exempt.status, 200, "{source} is in the allow range");
+        assert_eq!(exempt.header("ratelimit"), None);
+    }
+    assert_eq!(upstream.served(), 5);
+    let metrics = gateway.metrics();
+    let count = |decision| {
+        metric(
+            &metrics,
+            "sluice_requests_total",
+            &[("route", "api"), ("decision", decision)],
+        )
+    };
+    assert_eq!(
+        (
+            count("forbidden"),
+            count("exempt"),
+            count("allowed"),
+            count("limited")
+        ),
+        (2.0, 3.0, 2.0, 1.0)
+    );
+}

@@ -1,12 +1,8 @@
 //! Raw YAML structs → a validated [`Config`]: each section compiled by its own module, the
 //! top-level settings here; every problem collected with its path.
 
-use crate::addresses::AddressLists;
 use std::collections::HashSet;
-use std::net::IpAddr;
 use std::path::Path;
-
-use ipnet::IpNet;
 
 use super::choice::{chosen, EncodedSlash};
 use super::listeners::socket_addr;
@@ -37,6 +33,7 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
         .unwrap_or(FailureMode::Allow);
     let (key_prefix, secret) = compile_keys(redis.as_ref(), raw.key_secret, p);
     let identity = compile_identity(&raw.trusted_proxies, raw.ipv6_prefix, p);
+    let addresses = super::addresses::compile("addresses", raw.addresses, p);
     let paths = compile_paths(raw.path, p);
     let instances = compile_instances(raw.instances, p);
     let access_log = compile_access_log(raw.access_log, p);
@@ -71,7 +68,7 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
         redis,
         failure_mode,
         identity,
-        addresses: AddressLists::default(),
+        addresses,
         paths,
         access_log,
         request_id,
@@ -131,19 +128,14 @@ fn compile_identity(trusted: &[String], ipv6_prefix: Option<u8>, p: &mut Problem
     let nets = trusted
         .iter()
         .enumerate()
-        .filter_map(|(i, text)| {
-            let parsed = text
-                .parse::<IpNet>()
-                .or_else(|_| text.parse::<IpAddr>().map(IpNet::from));
-            match parsed {
-                Ok(net) => Some(net.trunc()),
-                Err(_) => {
-                    p.add(
-                        format!("trusted_proxies[{i}]"),
-                        format!("invalid address or CIDR {text:?}"),
-                    );
-                    None
-                }
+        .filter_map(|(i, text)| match super::addresses::address_or_cidr(text) {
+            Some(net) => Some(net),
+            None => {
+                p.add(
+                    format!("trusted_proxies[{i}]"),
+                    format!("invalid address or CIDR {text:?}"),
+                );
+                None
             }
         })
         .collect();

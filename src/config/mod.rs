@@ -7,6 +7,7 @@
 //! found while compiling are all reported together, each with the file and the YAML path; a type
 //! error stops parsing at the first one (serde cannot go on), with its path, line and column.
 
+pub mod addresses;
 pub mod choice;
 pub mod compile;
 pub mod limits;

@@ -12,6 +12,7 @@ use serde::{Deserialize, Deserializer};
 
 use crate::limiter::FailureMode;
 
+use super::addresses::RawAddresses;
 use super::choice::{
     AlgorithmName, BalanceName, EncodedSlash, LimitMode, OnMissingName, RedisMode, Spelled,
 };
@@ -30,6 +31,7 @@ pub struct RawConfig {
     pub instances: Option<u64>,
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
+    pub addresses: Option<RawAddresses>,
     pub key_secret: Option<RawSecret>,
     pub ipv6_prefix: Option<u8>,
     pub path: Option<RawPath>,
@@ -90,6 +92,7 @@ pub struct RawRoute {
     pub limiter_timeout_ms: Option<u64>,
     pub max_body_bytes: Option<u64>,
     pub request_timeout_ms: Option<u64>,
+    pub addresses: Option<RawAddresses>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -8,7 +8,6 @@ use http::Method;
 
 use super::problem::{millis_within, required_name, Problems};
 use super::raw::{RawLimit, RawMatch, RawRoute};
-use crate::addresses::AddressLists;
 use crate::keys::{KeySecret, KeySpec, RouteKeys};
 use crate::limiter::{FailureMode, Limit, LimitSet};
 use crate::path::{normalize, PathPolicy};
@@ -78,7 +77,7 @@ pub fn compile(
             limiter_timeout,
         ),
         pricing,
-        addresses: AddressLists::default(),
+        addresses: super::addresses::compile(&format!("{at}.addresses"), raw.addresses, p),
         policy_header,
         max_body_bytes: raw.max_body_bytes,
         request_timeout,

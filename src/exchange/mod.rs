@@ -18,7 +18,10 @@ use smallvec::SmallVec;
 use crate::addresses::{AddressLists, Standing};
 use crate::answer::{Answer, Decided, Unasked, UpstreamError};
 use crate::keys::{self, RequestFacts};
-use crate::limiter::{Asks, CostReport, Decision, Policy, Verdict, LIMITS_INLINE};
+use crate::limiter::{
+    Asks, Backend, CostReport, Decision, Limiter, Policy, ReleaseSlots, SettleUnits, Verdict,
+    LIMITS_INLINE,
+};
 use crate::metrics::{InFlight, RouteMetrics};
 use crate::path;
 use crate::router::Route;
@@ -26,6 +29,12 @@ use crate::snapshot::{RouteRuntime, Snapshot};
 
 pub use head::{Head, Target};
 pub use upstream::Dial;
+
+/// What a policy's engine must do for an exchange: decide, release slots, settle units, say
+/// whether it answers (the production [`crate::limiter::Engine`], or a test's stand-in).
+pub trait Seam: Limiter + ReleaseSlots + SettleUnits + Backend {}
+
+impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Seam for E {}
 
 /// What admission says of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +103,7 @@ impl Exchange {
     }
 
     /// Route, client, keys, then the policy's verdict: whether the request goes upstream.
-    pub async fn admit(&mut self, policy: &Policy, head: &Head<'_>) -> Admission {
+    pub async fn admit<E: Seam>(&mut self, policy: &Policy<E>, head: &Head<'_>) -> Admission {
         if let Err(answer) = self.prepare(head) {
             return self.answer(answer);
         }
@@ -181,7 +190,7 @@ impl Exchange {
 
     /// The admitted request will not go upstream (its client left while it was held for
     /// shaping): the units it reserved go back.
-    pub async fn abandon(&mut self, policy: &Policy) {
+    pub async fn abandon<E: Seam>(&mut self, policy: &Policy<E>) {
         if let (Some(route), Some(verdict)) = (&self.route, &self.verdict) {
             policy
                 .give_back(&route.route.limits, &self.asks, verdict)
@@ -192,7 +201,7 @@ impl Exchange {
 
     /// The request has ended with `status` (`None`: nothing was answered): counts it, gives
     /// back its concurrency slots, and settles what its response said it cost.
-    pub async fn end(&mut self, policy: &Policy, status: Option<u16>) {
+    pub async fn end<E: Seam>(&mut self, policy: &Policy<E>, status: Option<u16>) {
         let metrics = self.metrics();
         metrics.count(self.decided());
         if let Some(status) = status {

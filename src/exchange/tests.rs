@@ -7,31 +7,35 @@ use std::time::{Duration, Instant};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request};
 
-use super::{Admission, Exchange, Head};
-use crate::answer::{Answer, Decided, Unasked};
+use super::{Admission, Exchange, Head, Seam};
+use crate::answer::{Answer, Decided, Unasked, UpstreamError};
 use crate::config::Config;
 use crate::limiter::clock::ManualClock;
 use crate::limiter::local::LocalLimiter;
+use crate::limiter::testing::Unavailable;
+use crate::limiter::LimiterError;
 use crate::limiter::{Engine, Outcome, Policy, PolicyMeters};
 use crate::snapshot::Snapshot;
 
 /// A gateway's configuration with one route, `/t`, whose limits are `limits` (YAML flow list).
 fn config(limits: &str) -> Config {
+    route_config("t", "upstream: { servers: [127.0.0.1:1] }", limits)
+}
+
+/// One route named `name` on `/t`, with the YAML lines `route` (indented by the route's four
+/// spaces after the first) and `limits`.
+fn route_config(name: &str, route: &str, limits: &str) -> Config {
     let yaml = format!(
         "listen: [127.0.0.1:1]\n\
-         routes:\n  - name: t\n    match: {{ path_prefix: /t }}\n    \
-         upstream: {{ servers: [127.0.0.1:1] }}\n    limits: {limits}\n"
+         routes:\n  - name: {name}\n    match: {{ path_prefix: /t }}\n    \
+         {route}\n    limits: {limits}\n"
     );
     Config::from_yaml(Path::new("test.yaml"), &yaml).expect("a valid config")
 }
 
-fn snapshot(limits: &str) -> Arc<Snapshot> {
-    Arc::new(Snapshot::build(config(limits)).expect("a snapshot"))
-}
-
-struct Gateway {
+struct Gateway<E = Engine> {
     snapshot: Arc<Snapshot>,
-    policy: Policy,
+    policy: Policy<E>,
     clock: Arc<ManualClock>,
 }
 
@@ -51,6 +55,20 @@ fn gateway_of(config: Config) -> Gateway {
     }
 }
 
+/// `config` with a backend that always times out, and the in-process fallback (for
+/// `failure_mode: local`) on a manual clock.
+fn gateway_down(config: Config) -> Gateway<Unavailable> {
+    let clock = Arc::new(ManualClock::new(1_000_000_000));
+    let fallback = Arc::new(LocalLimiter::new(clock.clone(), 1000));
+    let meters = PolicyMeters::unregistered();
+    let down = Unavailable(|| LimiterError::Timeout(25));
+    Gateway {
+        snapshot: Arc::new(Snapshot::build(config).expect("a snapshot")),
+        policy: Policy::new(down, Some(fallback), clock.clone(), meters),
+        clock,
+    }
+}
+
 fn head(path: &str) -> Parts {
     let (parts, ()) = Request::get(path)
         .header("host", "example.com")
@@ -60,7 +78,7 @@ fn head(path: &str) -> Parts {
     parts
 }
 
-impl Gateway {
+impl<E: Seam> Gateway<E> {
     async fn admit_parts(&self, parts: &Parts) -> (Exchange, Admission) {
         self.admit_from(parts, [192, 0, 2, 1].into()).await
     }
@@ -189,16 +207,77 @@ async fn a_response_reporting_its_cost_settles_the_estimate() {
 
 #[tokio::test]
 async fn a_body_over_the_routes_maximum_is_answered_413_and_kept_as_the_answer() {
-    let g = gateway("[]");
-    let limited = snapshot("[]");
-    assert!(limited.route(0).is_some());
+    let route = "upstream: { servers: [127.0.0.1:1] }\n    max_body_bytes: 10";
+    let g = gateway_of(route_config("body", route, "[]"));
     let (mut exchange, admission) = g.admit("/t").await;
     assert_eq!(admission, ADMITTED);
-    assert_eq!(exchange.body_received(1 << 20), Ok(()), "no max_body_bytes");
+    assert_eq!(exchange.body_received(10), Ok(()));
+    assert_eq!(exchange.body_received(1), Err(Answer::BodyTooLarge));
+    // Whatever Pingora then reports, the client is answered what the exchange decided.
     assert_eq!(
-        exchange.fail_upstream(None, Answer::UpstreamUnreachable),
-        Answer::UpstreamUnreachable
+        exchange.fail_upstream(None, Answer::Internal),
+        Answer::BodyTooLarge
     );
+}
+
+/// The upstream errors counted for the route named `route`, of `kind`.
+fn upstream_errors(route: &str, kind: &str) -> u64 {
+    crate::metrics::UPSTREAM_ERRORS
+        .with_label_values(&[route, kind])
+        .get()
+}
+
+#[tokio::test]
+async fn each_failed_attempt_is_counted_once_and_the_last_one_answers() {
+    let route = "upstream: { servers: [127.0.0.1:1, 127.0.0.1:2], retries: 1 }";
+    let g = gateway_of(route_config("retried", route, "[]"));
+    let (mut exchange, _) = g.admit("/t").await;
+    let first = exchange.dial().expect("a server").server;
+    let refused = Some(UpstreamError::Refused);
+    assert!(
+        exchange.connect_failed(Some(first), refused, false),
+        "another server is tried"
+    );
+    assert_eq!(upstream_errors("retried", "refused"), 1);
+    let second = exchange.dial().expect("the other server").server;
+    assert_ne!(first, second, "a server that refused is not tried again");
+    assert!(
+        !exchange.connect_failed(Some(second), refused, false),
+        "no retry left"
+    );
+    assert_eq!(
+        upstream_errors("retried", "refused"),
+        1,
+        "the last failure is counted once, where the request fails"
+    );
+    let answer = exchange.fail_upstream(refused, Answer::UpstreamUnreachable);
+    assert_eq!(answer, Answer::UpstreamUnreachable);
+    assert_eq!(upstream_errors("retried", "refused"), 2);
+    assert_eq!(exchange.upstream_summary().2, refused);
+}
+
+#[tokio::test]
+async fn every_upstream_wait_ends_by_the_routes_deadline() {
+    let route = "upstream: { servers: [127.0.0.1:1], connect_timeout_ms: 5000 }\n    request_timeout_ms: 1000";
+    let g = gateway_of(route_config("deadline", route, "[]"));
+    let (mut exchange, _) = g.admit("/t").await;
+    let dial = exchange.dial().expect("a server");
+    assert!(
+        dial.connect_timeout <= Duration::from_secs(1),
+        "{:?}",
+        dial.connect_timeout
+    );
+    assert!(dial
+        .write_timeout
+        .is_some_and(|t| t <= Duration::from_secs(1)));
+
+    let route = "upstream: { servers: [127.0.0.1:1] }\n    request_timeout_ms: 1";
+    let g = gateway_of(route_config("late", route, "[]"));
+    let (mut exchange, _) = g.admit("/t").await;
+    // Sleeping never returns early: the 1 ms deadline has passed.
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(exchange.dial().err(), Some(Answer::UpstreamTimedOut));
+    assert_eq!(exchange.answered(), Some(Answer::UpstreamTimedOut));
 }
 
 #[tokio::test]
@@ -226,4 +305,43 @@ async fn a_denied_address_is_refused_and_an_allowed_one_passes_an_exhausted_limi
             "no RateLimit headers: no limit was asked"
         );
     }
+}
+
+#[tokio::test]
+async fn when_the_limiter_cannot_decide_the_routes_failure_mode_does() {
+    let limits = "[{ name: w, key: [route], algorithm: fixed_window, rate: 2/h }]";
+    let upstream = "upstream: { servers: [127.0.0.1:1] }";
+    for (mode, first, outcome) in [
+        ("allow", ADMITTED, Outcome::ErrorAllowed),
+        (
+            "deny",
+            Admission::Answered(Answer::LimiterUnavailable),
+            Outcome::ErrorDenied,
+        ),
+        ("local", ADMITTED, Outcome::LocalAllowed),
+    ] {
+        let route = format!("{upstream}\n    failure_mode: {mode}");
+        let g = gateway_down(route_config(&format!("down_{mode}"), &route, limits));
+        let (exchange, admission) = g.admit("/t").await;
+        assert_eq!(admission, first, "failure_mode {mode}");
+        assert_eq!(exchange.decided(), Decided::Limiter(outcome), "{mode}");
+        assert_eq!(exchange.failure_mode(), Some(mode), "{mode}");
+    }
+    // `local`: this gateway's share (the whole limit, one instance) is enforced in-process.
+    let route = format!("{upstream}\n    failure_mode: local");
+    let g = gateway_down(route_config("down_local_share", &route, limits));
+    assert_eq!(g.admit("/t").await.1, ADMITTED);
+    assert_eq!(g.admit("/t").await.1, ADMITTED);
+    let (refused, admission) = g.admit("/t").await;
+    assert_eq!(
+        admission,
+        Admission::Answered(Answer::Limited { locally: true })
+    );
+    assert_eq!(refused.decided(), Decided::Limiter(Outcome::LocalLimited));
+    g.clock.advance_by(Duration::from_secs(3600));
+    assert_eq!(
+        g.admit("/t").await.1,
+        ADMITTED,
+        "the local window turns too"
+    );
 }

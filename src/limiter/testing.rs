@@ -43,3 +43,44 @@ pub fn concurrency(max: u64) -> Algorithm {
         lease_us: 60_000_000,
     }
 }
+
+/// A backend that cannot decide: every call fails with `error()` (failure modes, without a
+/// server).
+pub struct Unavailable(pub fn() -> super::error::LimiterError);
+
+impl super::backend::Limiter for Unavailable {
+    async fn check(
+        &self,
+        _: &super::request::LimitRequest<'_>,
+    ) -> Result<super::decision::Decision, super::error::LimiterError> {
+        Err((self.0)())
+    }
+}
+
+impl super::backend::ReleaseSlots for Unavailable {
+    async fn release(
+        &self,
+        _: &super::request::LimitRequest<'_>,
+    ) -> Result<(), super::error::LimiterError> {
+        Err((self.0)())
+    }
+}
+
+impl super::backend::SettleUnits for Unavailable {
+    async fn settle(
+        &self,
+        _: &[super::backend::Settlement<'_>],
+    ) -> Result<(), super::error::LimiterError> {
+        Err((self.0)())
+    }
+}
+
+impl super::backend::Backend for Unavailable {
+    async fn readiness(&self) -> super::backend::Readiness {
+        super::backend::Readiness::Unavailable("down".into())
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+}

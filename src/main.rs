@@ -1,12 +1,12 @@
 //! The `sluice` binary: parse the command line, load the config, run or check it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
 use mimalloc::MiMalloc;
 use sluice::app::{self, RunOptions};
-use sluice::config::Config;
+use sluice::config::{Config, ConfigError};
 use sluice::daemon;
 
 /// A Pingora reverse proxy with exact, shared rate limits in Redis.
@@ -44,10 +44,7 @@ fn main() -> ExitCode {
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
 
-    // What start will need is checked with the file: `-t` passes only what can start.
-    let checked = Config::load(&cli.conf)
-        .and_then(|config| app::preflight(&config).map(|warnings| (config, warnings)));
-    let config = match checked {
+    let config = match checked(&cli.conf) {
         Ok((config, warnings)) => {
             for warning in warnings {
                 eprintln!("sluice: warning: {warning}");
@@ -85,5 +82,27 @@ fn main() -> ExitCode {
             eprintln!("sluice: {error}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// The file compiled, and what start will need checked with it (certificates, users,
+/// directories): `-t` passes only what can start. Those checks run on whatever compiled even
+/// when the file has other problems, so that one run reports every problem.
+fn checked(conf: &Path) -> Result<(Config, Vec<String>), ConfigError> {
+    let (config, mut problems) = Config::load_all(conf);
+    let warnings = match config.as_ref().map(app::preflight) {
+        Some(Ok(warnings)) => warnings,
+        Some(Err(mut error)) => {
+            problems.append(&mut error.problems);
+            Vec::new()
+        }
+        None => Vec::new(),
+    };
+    match config {
+        Some(config) if problems.is_empty() => Ok((config, warnings)),
+        _ => Err(ConfigError {
+            file: conf.to_path_buf(),
+            problems,
+        }),
     }
 }

@@ -38,6 +38,8 @@ static ALLOCATOR: MiMalloc = MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Relative paths (the file's and those in it) are taken from here, before anything moves.
+    sluice::config::paths::start_directory();
     if cli.print_script {
         print!("{}", sluice::limiter::script::SOURCE);
         return ExitCode::SUCCESS;

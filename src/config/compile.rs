@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ipnet::IpNet;
 
@@ -31,6 +31,11 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
 /// next (certificates, users, directories) can be checked on it even when `p` is not empty.
 pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
     let serves_rls = raw.rls.is_some();
+    // A relative `rls.config_dir` is taken from the file's directory, made absolute now.
+    let absolute_source = super::paths::absolute(source);
+    let base = absolute_source
+        .parent()
+        .map_or_else(|| PathBuf::from("/"), Path::to_path_buf);
     let server = super::server::check(raw.server, p);
     let listen = super::listeners::compile(raw.listen, !serves_rls, p);
     let admin_listen = raw
@@ -56,7 +61,7 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
             key_prefix: &key_prefix,
             secret: secret.keys(),
             instances,
-            base: source.parent().unwrap_or(Path::new(".")),
+            base: &base,
         },
         p,
     );

@@ -109,8 +109,8 @@ fn compile_table(raw: RawListenerTable, at: &str, p: &mut Problems) -> Option<Li
                 let here = format!("{at}.tls.certificates[{j}]");
                 match (pair.cert, pair.key) {
                     (Some(cert), Some(key)) => Some(CertificateFiles {
-                        cert: cert.into(),
-                        key: key.into(),
+                        cert: super::paths::absolute(cert),
+                        key: super::paths::absolute(key),
                     }),
                     (cert, _) => {
                         let missing = if cert.is_none() { "cert" } else { "key" };

@@ -14,6 +14,7 @@ pub mod limits;
 pub mod listeners;
 pub mod model;
 pub mod observe;
+pub mod paths;
 pub mod problem;
 pub mod rate;
 pub mod raw;

@@ -165,9 +165,7 @@ pub fn plain_words(message: &str) -> String {
     while let Some(at) = rest.find("expected ") {
         let (before, after) = rest.split_at(at + "expected ".len());
         out.push_str(before);
-        let word_end = after
-            .find([' ', ','])
-            .unwrap_or(after.len());
+        let word_end = after.find([' ', ',']).unwrap_or(after.len());
         let two_words = after
             .char_indices()
             .filter(|&(_, c)| c == ' ')

@@ -206,8 +206,8 @@ fn compile_tls(
     }
     let client = match (raw.cert, raw.key) {
         (Some(cert), Some(key)) => Some(CertificateFiles {
-            cert: cert.into(),
-            key: key.into(),
+            cert: super::paths::absolute(cert),
+            key: super::paths::absolute(key),
         }),
         (None, None) => None,
         _ => {
@@ -221,7 +221,7 @@ fn compile_tls(
     Some(UpstreamTls {
         sni,
         verify: raw.verify.unwrap_or(true),
-        ca: raw.ca.map(Into::into),
+        ca: raw.ca.map(super::paths::absolute),
         client,
     })
 }

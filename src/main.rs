@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use mimalloc::MiMalloc;
 use sluice::app::{self, RunOptions};
-use sluice::config::{Config, ConfigError};
+use sluice::config::{self, Config, ConfigError};
 use sluice::daemon;
 
 /// A Pingora reverse proxy with exact, shared rate limits in Redis.
@@ -100,11 +100,5 @@ fn checked(conf: &Path) -> Result<(Config, Vec<String>), ConfigError> {
         }
         None => Vec::new(),
     };
-    match config {
-        Some(config) if problems.is_empty() => Ok((config, warnings)),
-        _ => Err(ConfigError {
-            file: conf.to_path_buf(),
-            problems,
-        }),
-    }
+    config::all_or_error(conf, (config, problems)).map(|config| (config, warnings))
 }

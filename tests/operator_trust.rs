@@ -79,6 +79,16 @@ fn ready(admin: u16) -> bool {
             == 200
 }
 
+/// Runs `command` to its end; it must succeed.
+fn succeeded(command: &mut Command) {
+    let output = command.output().expect("run sluice");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// Kills the foreground gateway when the test ends.
 struct Reaped(Child);
 
@@ -106,15 +116,10 @@ fn a_gateway_that_only_serves_the_rate_limit_service_starts_reports_ready_and_an
         ),
     )
     .unwrap();
-    let check = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["-t", "-c"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(
-        check.status.success(),
-        "{}",
-        String::from_utf8_lossy(&check.stderr)
+    succeeded(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["-t", "-c"])
+            .arg(&config),
     );
     let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("-c")
@@ -157,16 +162,11 @@ fn a_daemon_started_with_relative_paths_reloads_the_files_it_started_with() {
     )
     .unwrap();
     let _daemons = Daemons(vec![cwd.join("sluice.pid")]);
-    let launched = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .current_dir(cwd)
-        .args(["-d", "-c", "sluice.yaml"])
-        .env("RUST_LOG", "info")
-        .output()
-        .unwrap();
-    assert!(
-        launched.status.success(),
-        "{}",
-        String::from_utf8_lossy(&launched.stderr)
+    succeeded(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .current_dir(cwd)
+            .args(["-d", "-c", "sluice.yaml"])
+            .env("RUST_LOG", "info"),
     );
     let pid = read_pid(&cwd.join("sluice.pid"));
     assert_eq!(ask(rls, "alice"), OK);

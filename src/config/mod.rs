@@ -37,14 +37,7 @@ pub use server::ServerSettings;
 impl Config {
     /// Reads and compiles `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let (config, problems) = Config::load_all(path);
-        match config {
-            Some(config) if problems.is_empty() => Ok(config),
-            _ => Err(ConfigError {
-                file: path.to_path_buf(),
-                problems,
-            }),
-        }
+        all_or_error(path, Config::load_all(path))
     }
 
     /// Reads and compiles what of `path` compiles, with every problem found: what `sluice -t`
@@ -61,14 +54,7 @@ impl Config {
 
     /// Compiles `text`; `path` names the source in errors.
     pub fn from_yaml(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        let (config, problems) = Config::compile_text(path, text);
-        match config {
-            Some(config) if problems.is_empty() => Ok(config),
-            _ => Err(ConfigError {
-                file: path.to_path_buf(),
-                problems,
-            }),
-        }
+        all_or_error(path, Config::compile_text(path, text))
     }
 
     /// What of `text` compiles, and every problem found.
@@ -79,6 +65,20 @@ impl Config {
         };
         let config = compile::compile_all(path, raw, &mut problems);
         (Some(config), problems.0)
+    }
+}
+
+/// The config when nothing is wrong with it, else every problem of `file`.
+pub fn all_or_error(
+    file: &Path,
+    (config, problems): (Option<Config>, Vec<Problem>),
+) -> Result<Config, ConfigError> {
+    match config {
+        Some(config) if problems.is_empty() => Ok(config),
+        _ => Err(ConfigError {
+            file: file.to_path_buf(),
+            problems,
+        }),
     }
 }
 

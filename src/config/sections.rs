@@ -33,7 +33,11 @@ pub fn read_by_section(text: &str, p: &mut Problems) -> Option<(String, Option<V
                 .then(|| read_routes(&lines, section))
                 .flatten()
             {
-                Some((positions, items, errors)) if !errors.is_empty() => {
+                Some(RoutesRead {
+                    positions,
+                    items,
+                    errors,
+                }) if !errors.is_empty() => {
                     kept[section.start] = true;
                     for item in items {
                         kept[item].fill(true);
@@ -91,13 +95,18 @@ fn only(lines: &[&str], range: std::ops::Range<usize>, kept: Option<&[bool]>) ->
     text
 }
 
-/// Each item of a block-style `routes:` read alone: the errors of those that do not read, with
-/// their own index, and the positions and lines of those that do.
-#[allow(clippy::type_complexity)]
-fn read_routes(
-    lines: &[&str],
-    section: &Section<'_>,
-) -> Option<(Vec<usize>, Vec<std::ops::Range<usize>>, Vec<String>)> {
+/// The items of `routes:`, each read alone.
+struct RoutesRead {
+    /// The index of each route that reads...
+    positions: Vec<usize>,
+    /// ...its lines...
+    items: Vec<std::ops::Range<usize>>,
+    /// ...and what is wrong with each of the others, with its own index.
+    errors: Vec<String>,
+}
+
+/// Each item of a block-style `routes:` read alone; `None` when the items cannot be told apart.
+fn read_routes(lines: &[&str], section: &Section<'_>) -> Option<RoutesRead> {
     let mut errors = Vec::new();
     let body = section.start + 1..section.end;
     let indent = body.clone().find_map(|i| {
@@ -135,67 +144,71 @@ fn read_routes(
             }
         }
     }
-    Some((positions, items, errors))
+    Some(RoutesRead {
+        positions,
+        items,
+        errors,
+    })
 }
 
-/// serde's words for the types it expected, in an operator's words: no Rust type names.
+/// serde's names of the types it expected, and an operator's words for them.
+const WORDS: &[(&str, &str)] = &[
+    ("u8", "a whole number from 0 to 255"),
+    ("u16", "a whole number from 0 to 65535"),
+    ("u32", "a whole number from 0 to 4294967295"),
+    ("u64", "a whole number from 0 to 18446744073709551615"),
+    ("usize", "a whole number from 0 to 18446744073709551615"),
+    ("u128", "a whole number, 0 or more"),
+    ("i8", "a whole number from -128 to 127"),
+    ("i16", "a whole number from -32768 to 32767"),
+    ("i32", "a whole number from -2147483648 to 2147483647"),
+    (
+        "i64",
+        "a whole number from -9223372036854775808 to 9223372036854775807",
+    ),
+    ("i128", "a whole number"),
+    ("f32", "a number"),
+    ("f64", "a number"),
+    ("a sequence", "a list"),
+    ("a map", "a table (key: value)"),
+    ("a boolean", "true or false"),
+];
+
+/// serde's message in an operator's words: no Rust type names.
 pub fn plain_words(message: &str) -> String {
-    const WORDS: &[(&str, &str)] = &[
-        ("u8", "a whole number from 0 to 255"),
-        ("u16", "a whole number from 0 to 65535"),
-        ("u32", "a whole number from 0 to 4294967295"),
-        ("u64", "a whole number from 0 to 18446744073709551615"),
-        ("usize", "a whole number from 0 to 18446744073709551615"),
-        ("u128", "a whole number"),
-        ("i8", "a whole number from -128 to 127"),
-        ("i16", "a whole number from -32768 to 32767"),
-        ("i32", "a whole number from -2147483648 to 2147483647"),
-        (
-            "i64",
-            "a whole number from -9223372036854775808 to 9223372036854775807",
-        ),
-        ("f32", "a number"),
-        ("f64", "a number"),
-        ("a sequence", "a list"),
-        ("a map", "a table (key: value)"),
-        ("a boolean", "true or false"),
-    ];
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
     while let Some(at) = rest.find("expected ") {
         let (before, after) = rest.split_at(at + "expected ".len());
         out.push_str(before);
-        let word_end = after.find([' ', ',']).unwrap_or(after.len());
-        let two_words = after
-            .char_indices()
-            .filter(|&(_, c)| c == ' ')
-            .nth(1)
-            .map_or(after.len(), |(i, _)| i);
-        let replaced = WORDS.iter().find_map(|&(rust, plain)| {
-            let candidate = if rust.contains(' ') {
-                &after[..two_words]
+        rest = after;
+        if let Some((rust, plain)) = WORDS.iter().find(|(rust, _)| starts_with_word(after, rust)) {
+            out.push_str(plain);
+            rest = &after[rust.len()..];
+        } else if let Some((kind, name)) = ["struct ", "enum "]
+            .iter()
+            .find_map(|kind| after.strip_prefix(kind).map(|name| (*kind, name)))
+        {
+            let end = name
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(name.len());
+            out.push_str(if kind == "struct " {
+                "a table (key: value)"
             } else {
-                &after[..word_end]
-            };
-            (candidate == rust).then_some((plain, candidate.len()))
-        });
-        let (plain, used) = match replaced {
-            Some(found) => found,
-            None if after.starts_with("struct ") || after.starts_with("enum ") => {
-                let name_end = after
-                    .find(" at line")
-                    .or_else(|| after.find(','))
-                    .unwrap_or(after.len());
-                ("a table (key: value)", name_end)
-            }
-            None => ("", 0),
-        };
-        out.push_str(plain);
-        rest = &after[used..];
+                "one of the documented values"
+            });
+            rest = &name[end..];
+        }
     }
     out.push_str(rest);
     out.replace("invalid type: sequence", "invalid type: list")
         .replace("invalid type: map", "invalid type: table")
+}
+
+/// `text` starts with the whole word `word`.
+fn starts_with_word(text: &str, word: &str) -> bool {
+    text.strip_prefix(word)
+        .is_some_and(|rest| !rest.starts_with(|c: char| c.is_alphanumeric() || c == '_'))
 }
 
 #[cfg(test)]

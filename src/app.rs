@@ -139,7 +139,8 @@ impl Plan {
             admin_listen: config.admin_listen,
             head_timeout: config.server.request_head_timeout(),
             keepalive_timeout: config.server.keepalive_timeout(),
-            source: config.source.clone(),
+            // Read again at each reload, after daemonizing moved to `/`: absolute.
+            source: crate::config::paths::absolute(&config.source),
             restart_only: RestartOnly::of(config),
             tracing: config.tracing.clone(),
             rls_listen: config.rls.as_ref().map(|rls| rls.listen),

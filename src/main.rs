@@ -1,12 +1,12 @@
 //! The `sluice` binary: parse the command line, load the config, run or check it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
 use mimalloc::MiMalloc;
 use sluice::app::{self, RunOptions};
-use sluice::config::Config;
+use sluice::config::{self, Config, ConfigError};
 use sluice::daemon;
 
 /// A Pingora reverse proxy with exact, shared rate limits in Redis.
@@ -38,16 +38,15 @@ static ALLOCATOR: MiMalloc = MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Relative paths (the file's and those in it) are taken from here, before anything moves.
+    sluice::config::paths::start_directory();
     if cli.print_script {
         print!("{}", sluice::limiter::script::SOURCE);
         return ExitCode::SUCCESS;
     }
     sluice::logging::init();
 
-    // What start will need is checked with the file: `-t` passes only what can start.
-    let checked = Config::load(&cli.conf)
-        .and_then(|config| app::preflight(&config).map(|warnings| (config, warnings)));
-    let config = match checked {
+    let config = match checked(&cli.conf) {
         Ok((config, warnings)) => {
             for warning in warnings {
                 eprintln!("sluice: warning: {warning}");
@@ -86,4 +85,20 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// The file compiled, and what start will need checked with it (certificates, users,
+/// directories): `-t` passes only what can start. Those checks run on whatever compiled even
+/// when the file has other problems, so that one run reports every problem.
+fn checked(conf: &Path) -> Result<(Config, Vec<String>), ConfigError> {
+    let (config, mut problems) = Config::load_all(conf);
+    let warnings = match config.as_ref().map(app::preflight) {
+        Some(Ok(warnings)) => warnings,
+        Some(Err(mut error)) => {
+            problems.append(&mut error.problems);
+            Vec::new()
+        }
+        None => Vec::new(),
+    };
+    config::all_or_error(conf, (config, problems)).map(|config| (config, warnings))
 }

@@ -82,13 +82,33 @@ fn names_and_expiry(der: &[u8]) -> Result<(Vec<String>, i64), String> {
     Ok((names, certificate.validity().not_after.timestamp()))
 }
 
+/// Why a file could not be opened, in words (no error codes).
+fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file".to_string(),
+        std::io::ErrorKind::PermissionDenied => {
+            "permission denied (the user sluice runs as must be able to read it)".to_string()
+        }
+        _ => e.to_string(),
+    }
+}
+
 fn load_one(files: &CertificateFiles) -> Result<Loaded, String> {
     let (cert, key) = (files.cert.display(), files.key.display());
+    // Pingora's own error does not say which file, nor why: read each first.
+    std::fs::File::open(&files.cert)
+        .map_err(|e| format!("cannot read the certificate file {cert}: {}", io_reason(&e)))?;
+    std::fs::File::open(&files.key)
+        .map_err(|e| format!("cannot read the private key file {key}: {}", io_reason(&e)))?;
     let (chain, private) = pingora::tls::load_certs_and_key_files(
         &files.cert.to_string_lossy(),
         &files.key.to_string_lossy(),
     )
-    .map_err(|e| format!("cannot read {cert} and {key}: {e}"))?
+    .map_err(|_| {
+        format!(
+            "{cert} or {key} is not PEM: expected a PEM certificate chain and a PEM private key"
+        )
+    })?
     .ok_or_else(|| format!("no certificate in {cert}, or no private key in {key}"))?;
     let first = chain
         .first()

@@ -71,7 +71,7 @@ fn bad_addresses_are_explained() {
         &[
             "listen[0]: invalid address \"localhost:8080\": expected IP:PORT, e.g. 127.0.0.1:8080",
             "admin.listen: invalid address \"127.0.0.1\": expected IP:PORT, e.g. 127.0.0.1:8080",
-            "routes[0].upstream.servers[0]: invalid upstream server \"127.0.0.1:notaport\": expected HOST:PORT (invalid port value)",
+            "routes[0].upstream.servers[0]: invalid upstream server \"127.0.0.1:notaport\": expected HOST:PORT with a port from 1 to 65535, e.g. backend.internal:8080 or 10.0.0.5:8080",
         ],
     );
 }
@@ -93,10 +93,65 @@ fn an_empty_upstream_is_refused() {
 }
 
 #[test]
-fn a_type_error_names_its_path_and_line() {
+fn a_type_error_names_its_path_and_line_and_hides_nothing_else() {
     assert_problems(
         "wrong_type.yaml",
-        &["redis.timeout_ms: invalid type: string \"fast\", expected u64 at line 4 column 15"],
+        &[
+            "redis.timeout_ms: invalid type: string \"fast\", expected a whole number from 0 to 18446744073709551615 at line 4 column 15",
+            "routes: at least one route is required (a gateway that only serves Envoy's rate limit service sets rls: instead)",
+        ],
+    );
+}
+
+#[test]
+fn type_errors_of_every_section_and_route_are_told_in_plain_words() {
+    assert_problems(
+        "plain_words.yaml",
+        &[
+            "listen: invalid type: integer `8080`, expected a list at line 2 column 9",
+            "ipv6_prefix: invalid value: integer `300`, expected a whole number from 0 to 255 at line 3 column 14",
+            "routes[0].upstream: invalid type: list, expected a table (key: value) at line 6 column 15",
+            "routes[1].upstream.retries: invalid type: integer `-1`, expected a whole number from 0 to 18446744073709551615 at line 8 column 50",
+        ],
+    );
+}
+
+#[test]
+fn a_type_error_a_missing_certificate_and_an_unknown_user_are_reported_in_one_run() {
+    assert_problems(
+        "every_kind_at_once.yaml",
+        &[
+            "instances: invalid type: list, expected a whole number from 0 to 18446744073709551615 at line 9 column 12",
+            "routes[0].limits[0].rate: invalid type: list, expected a string at line 15 column 44",
+            "routes[1].limits[0].rate: invalid rate \"0/s\": the request count must be at least 1",
+            "server.user: no such user \"no-such-user-of-sluice\"",
+            "listen[0].tls.certificates[0]: cannot read the certificate file /nonexistent/sluice/cert.pem: no such file",
+        ],
+    );
+}
+
+#[test]
+fn an_unresolvable_name_and_a_count_too_large_say_what_would_be_right() {
+    let path = "tests/fixtures/config/unresolvable.yaml";
+    let (code, _, stderr) = check(path);
+    assert_eq!(code, 1);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "{stderr}");
+    let dns = format!(
+        "{path}: routes[0].upstream.servers[0]: the name \"no-such-host.invalid\" could not be resolved ("
+    );
+    assert!(lines[0].starts_with(&dns), "{stderr}");
+    // The resolver's own words vary by system; what follows them does not.
+    assert!(
+        lines[0].ends_with(
+            "): sluice resolves upstream names once, when it loads the configuration (at start and at each reload); check the name and the resolver, or write IP:PORT"
+        ),
+        "{stderr}"
+    );
+    assert!(!lines[0].contains("failed to lookup"), "{stderr}");
+    assert_eq!(
+        lines[1],
+        format!("{path}: routes[0].limits[0].rate: invalid rate \"99999999999999999999/s\": 99999999999999999999 is too large: at most one request per microsecond can be limited, so the largest count is 31622400000000 (per 366d, the longest period)")
     );
 }
 

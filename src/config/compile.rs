@@ -2,7 +2,7 @@
 //! top-level settings here; every problem collected with its path.
 
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::choice::{chosen, EncodedSlash};
 use super::listeners::socket_addr;
@@ -20,8 +20,21 @@ use crate::router::RouteTable;
 
 /// Compiles `raw`; returns `None` or a config, and adds every problem found to `p`.
 pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config> {
+    let config = compile_all(source, raw, p);
+    p.is_empty().then_some(config)
+}
+
+/// Compiles what of `raw` compiles, adding every problem found to `p`: what start would check
+/// next (certificates, users, directories) can be checked on it even when `p` is not empty.
+pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
+    let serves_rls = raw.rls.is_some();
+    // A relative `rls.config_dir` is taken from the file's directory, made absolute now.
+    let absolute_source = super::paths::absolute(source);
+    let base = absolute_source
+        .parent()
+        .map_or_else(|| PathBuf::from("/"), Path::to_path_buf);
     let server = super::server::check(raw.server, p);
-    let listen = super::listeners::compile(raw.listen, p);
+    let listen = super::listeners::compile(raw.listen, !serves_rls, p);
     let admin_listen = raw
         .admin
         .and_then(|admin| admin.listen)
@@ -46,7 +59,7 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
             key_prefix: &key_prefix,
             secret: secret.keys(),
             instances,
-            base: source.parent().unwrap_or(Path::new(".")),
+            base: &base,
         },
         p,
     );
@@ -56,11 +69,8 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
         instances,
         failure_mode,
     };
-    let routes = compile_routes(raw.routes, defaults, p);
-    if !p.is_empty() {
-        return None;
-    }
-    Some(Config {
+    let routes = compile_routes(raw.routes, &raw.route_positions, defaults, serves_rls, p);
+    Config {
         source: source.to_path_buf(),
         server,
         listen,
@@ -75,7 +85,7 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
         tracing,
         rls,
         routes,
-    })
+    }
 }
 
 /// The key prefix (`redis.key_prefix`) and `key_secret`, the key of every key hash. Without a
@@ -103,14 +113,29 @@ fn compile_instances(raw: Option<u64>, p: &mut Problems) -> u64 {
     instances
 }
 
-/// `routes:`: at least one, each name once, each route compiled.
-fn compile_routes(raw: Vec<RawRoute>, defaults: RouteDefaults<'_>, p: &mut Problems) -> RouteTable {
-    if raw.is_empty() {
-        p.add("routes", "at least one route is required");
+/// `routes:`: at least one (none needed by a gateway that only serves the rate limit service,
+/// `serves_rls`), each name once, each route compiled. `positions` are those of the routes in the
+/// file when some could not be read (empty: in order).
+fn compile_routes(
+    raw: Vec<RawRoute>,
+    positions: &[usize],
+    defaults: RouteDefaults<'_>,
+    serves_rls: bool,
+    p: &mut Problems,
+) -> RouteTable {
+    let unreadable =
+        p.0.iter()
+            .any(|x| x.path.is_empty() && x.message.starts_with("routes"));
+    if raw.is_empty() && positions.is_empty() && !serves_rls && !unreadable {
+        p.add(
+            "routes",
+            "at least one route is required (a gateway that only serves Envoy's rate limit service sets rls: instead)",
+        );
     }
     let mut names = HashSet::new();
     let mut compiled = Vec::new();
-    for (index, raw_route) in raw.into_iter().enumerate() {
+    for (at, raw_route) in raw.into_iter().enumerate() {
+        let index = positions.get(at).copied().unwrap_or(at);
         if let Some(name) = &raw_route.name {
             if !names.insert(name.clone()) {
                 p.add(
@@ -207,10 +232,21 @@ mod tests {
         assert_eq!(
             problems,
             [
-                "listen: at least one listen address is required, e.g. [0.0.0.0:8080]",
-                "routes: at least one route is required",
+                "listen: at least one listen address is required, e.g. [0.0.0.0:8080] (a gateway that only serves Envoy's rate limit service sets rls: instead)",
+                "routes: at least one route is required (a gateway that only serves Envoy's rate limit service sets rls: instead)",
             ]
         );
+        // A gateway that only serves Envoy's rate limit service needs neither.
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/envoy-ratelimit"
+        );
+        let (compiled, problems) = config(&format!(
+            "rls: {{ listen: 127.0.0.1:1, config_dir: {dir} }}\n"
+        ));
+        assert_eq!(problems, Vec::<String>::new());
+        let compiled = compiled.unwrap();
+        assert!(compiled.listen.is_empty() && compiled.rls.is_some());
         let (_, problems) = config(&format!(
             "listen: [127.0.0.1:1]\n{ROUTE}  - {{ name: r, match: {{ path_prefix: /x }}, upstream: {{ servers: [127.0.0.1:1] }} }}\n"
         ));

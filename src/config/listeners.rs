@@ -49,11 +49,19 @@ pub fn socket_addr(text: &str, at: &str, p: &mut Problems) -> Option<SocketAddr>
     }
 }
 
-pub fn compile(raw: Vec<RawListener>, p: &mut Problems) -> Vec<Listener> {
-    if raw.is_empty() {
+/// `listen:`; at least one address is `required` (unless the gateway only serves Envoy's rate
+/// limit service).
+pub fn compile(raw: Vec<RawListener>, required: bool, p: &mut Problems) -> Vec<Listener> {
+    if raw.is_empty()
+        && required
+        && !p
+            .0
+            .iter()
+            .any(|x| x.path.is_empty() && x.message.starts_with("listen"))
+    {
         p.add(
             "listen",
-            "at least one listen address is required, e.g. [0.0.0.0:8080]",
+            "at least one listen address is required, e.g. [0.0.0.0:8080] (a gateway that only serves Envoy's rate limit service sets rls: instead)",
         );
     }
     let mut listeners: Vec<Listener> = Vec::new();
@@ -101,8 +109,8 @@ fn compile_table(raw: RawListenerTable, at: &str, p: &mut Problems) -> Option<Li
                 let here = format!("{at}.tls.certificates[{j}]");
                 match (pair.cert, pair.key) {
                     (Some(cert), Some(key)) => Some(CertificateFiles {
-                        cert: cert.into(),
-                        key: key.into(),
+                        cert: super::paths::absolute(cert),
+                        key: super::paths::absolute(key),
                     }),
                     (cert, _) => {
                         let missing = if cert.is_none() { "cert" } else { "key" };
@@ -136,7 +144,7 @@ mod tests {
     use crate::config::problem::problems_of;
 
     fn listeners(yaml: &str) -> (Vec<Listener>, Vec<String>) {
-        problems_of(yaml, compile)
+        problems_of(yaml, |raw, p: &mut Problems| compile(raw, true, p))
     }
 
     #[test]

@@ -9,13 +9,26 @@ use crate::limiter::Rate;
 /// so the Lua scripts (doubles) and the Rust backend compute identical integers.
 const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
 
+/// The request count of a rate: a whole number, at most `u64::MAX`.
+fn parse_count(text: &str, count: &str) -> Result<u64, String> {
+    count.parse().map_err(|_| {
+        if !count.is_empty() && count.bytes().all(|b| b.is_ascii_digit()) {
+            format!(
+                "invalid rate {text:?}: {count} is too large: at most one request per microsecond \
+                 can be limited, so the largest count is {} (per 366d, the longest period)",
+                MAX_PERIOD.as_micros()
+            )
+        } else {
+            format!("invalid rate {text:?}: {count:?} is not a whole number of requests")
+        }
+    })
+}
+
 pub fn parse_rate(text: &str) -> Result<Rate, String> {
     let (count, period) = text.split_once('/').ok_or_else(|| {
         format!("invalid rate {text:?}: expected N/<period>, e.g. 10/s or 100/30s")
     })?;
-    let count: u64 = count.trim().parse().map_err(|_| {
-        format!("invalid rate {text:?}: {count:?} is not a whole number of requests")
-    })?;
+    let count = parse_count(text, count.trim())?;
     let count = NonZeroU64::new(count)
         .ok_or_else(|| format!("invalid rate {text:?}: the request count must be at least 1"))?;
     let period =
@@ -27,7 +40,9 @@ pub fn parse_rate(text: &str) -> Result<Rate, String> {
     }
     if u128::from(count.get()) > period.as_micros() {
         return Err(format!(
-            "invalid rate {text:?}: at most one request per microsecond can be limited"
+            "invalid rate {text:?}: at most one request per microsecond can be limited: \
+             at most {} in this period",
+            period.as_micros()
         ));
     }
     Ok(Rate { count, period })
@@ -101,6 +116,12 @@ mod tests {
         assert!(parse_rate("ten/s")
             .unwrap_err()
             .contains("not a whole number"));
+        assert_eq!(
+            parse_rate("99999999999999999999/s").unwrap_err(),
+            "invalid rate \"99999999999999999999/s\": 99999999999999999999 is too large: at most \
+             one request per microsecond can be limited, so the largest count is 31622400000000 \
+             (per 366d, the longest period)"
+        );
         assert!(parse_rate("0/s").unwrap_err().contains("at least 1"));
         assert!(parse_rate("10/fortnight")
             .unwrap_err()
@@ -109,8 +130,10 @@ mod tests {
             .unwrap_err()
             .contains("longer than zero"));
         assert!(parse_rate("1/400d").unwrap_err().contains("at most 366d"));
-        assert!(parse_rate("2000/1ms")
-            .unwrap_err()
-            .contains("per microsecond"));
+        assert_eq!(
+            parse_rate("2000/1ms").unwrap_err(),
+            "invalid rate \"2000/1ms\": at most one request per microsecond can be limited: at \
+             most 1000 in this period"
+        );
     }
 }

@@ -41,6 +41,10 @@ pub struct RawConfig {
     pub rls: Option<RawRls>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
+    /// Where each of `routes` stands in the file when some routes could not be read (and were
+    /// left out, `sections.rs`); empty when every route was read.
+    #[serde(skip)]
+    pub route_positions: Vec<usize>,
 }
 
 #[derive(Debug, Deserialize)]

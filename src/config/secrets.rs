@@ -2,8 +2,6 @@
 //! file, an environment variable or a systemd credential at load (and again at every reload).
 //! A problem names where the secret was to come from, never what it is.
 
-use std::path::PathBuf;
-
 use super::problem::Problems;
 use super::raw::{RawSecret, RawSecretFrom};
 use crate::secret::{Secret, SecretSource};
@@ -21,7 +19,7 @@ pub fn compile(raw: RawSecret, at: &str, p: &mut Problems) -> Option<Secret> {
             env,
             credential,
         }) => match (file, env, credential) {
-            (Some(file), None, None) => SecretSource::File(PathBuf::from(file)),
+            (Some(file), None, None) => SecretSource::File(super::paths::absolute(file)),
             (None, Some(env), None) => SecretSource::Env(env),
             (None, None, Some(credential)) => SecretSource::Credential(credential),
             _ => {

@@ -171,8 +171,16 @@ fn writable_place(file: &Path) -> Result<(), String> {
         .map_err(|e| format!("cannot create files in {}: {e}", directory.display()))
 }
 
-/// Checks the section; the settings are used as written.
-pub fn check(settings: ServerSettings, p: &mut Problems) -> ServerSettings {
+/// Checks the section; the settings are used as written, but for relative files (pid file,
+/// upgrade socket, error log), taken from the start directory once (`paths.rs`).
+pub fn check(mut settings: ServerSettings, p: &mut Problems) -> ServerSettings {
+    for file in [
+        &mut settings.pid_file,
+        &mut settings.upgrade_sock,
+        &mut settings.error_log,
+    ] {
+        *file = file.as_deref().map(super::paths::absolute_text);
+    }
     for (at, ms) in [
         (
             "server.request_head_timeout_ms",

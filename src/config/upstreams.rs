@@ -74,13 +74,32 @@ fn compile_servers(at: &str, texts: &[String], p: &mut Problems) -> Option<Vec<S
                 format!("{at}.servers[{i}]"),
                 format!("{text:?} resolves to no address"),
             ),
-            Err(e) => p.add(
-                format!("{at}.servers[{i}]"),
-                format!("invalid upstream server {text:?}: expected HOST:PORT ({e})"),
-            ),
+            Err(e) => p.add(format!("{at}.servers[{i}]"), unresolved(text, &e)),
         }
     }
     (servers.len() == texts.len()).then_some(servers)
+}
+
+/// Why `text` gave no address: not HOST:PORT, or a name that could not be resolved.
+fn unresolved(text: &str, e: &std::io::Error) -> String {
+    let host = match text.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => host,
+        _ => {
+            return format!(
+                "invalid upstream server {text:?}: expected HOST:PORT with a port from 1 to \
+                 65535, e.g. backend.internal:8080 or 10.0.0.5:8080"
+            )
+        }
+    };
+    let reason = e.to_string();
+    let reason = reason
+        .strip_prefix("failed to lookup address information: ")
+        .unwrap_or(&reason);
+    format!(
+        "the name {host:?} could not be resolved ({reason}): sluice resolves upstream names once, \
+         when it loads the configuration (at start and at each reload); check the name and the \
+         resolver, or write IP:PORT"
+    )
 }
 
 /// `balance:` (round robin unless set) and the `hash_key` consistent hashing needs.
@@ -187,8 +206,8 @@ fn compile_tls(
     }
     let client = match (raw.cert, raw.key) {
         (Some(cert), Some(key)) => Some(CertificateFiles {
-            cert: cert.into(),
-            key: key.into(),
+            cert: super::paths::absolute(cert),
+            key: super::paths::absolute(key),
         }),
         (None, None) => None,
         _ => {
@@ -202,7 +221,7 @@ fn compile_tls(
     Some(UpstreamTls {
         sni,
         verify: raw.verify.unwrap_or(true),
-        ca: raw.ca.map(Into::into),
+        ca: raw.ca.map(super::paths::absolute),
         client,
     })
 }

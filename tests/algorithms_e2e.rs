@@ -20,6 +20,31 @@ fn config(limit: Limit) -> String {
         .yaml()
 }
 
+/// Concurrency leases in `redis` now: the members of every sorted set (one per key).
+fn leases(redis: &RedisServer) -> usize {
+    let mut con = redis.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).expect("KEYS");
+    keys.iter()
+        .map(|key| {
+            let kind: String = redis::cmd("TYPE").arg(key).query(&mut con).expect("TYPE");
+            if kind == "zset" {
+                redis::cmd("ZCARD").arg(key).query(&mut con).expect("ZCARD")
+            } else {
+                0
+            }
+        })
+        .sum()
+}
+
+/// Waits until the slow request sent just before holds its lease in `redis`.
+fn wait_for_lease(redis: &RedisServer) {
+    support::eventually(
+        Duration::from_secs(10),
+        "the slow request took its lease",
+        || leases(redis) >= 1,
+    );
+}
+
 /// A Redis, an upstream, and a gateway whose one route has the one `limit`.
 fn one_limit(limit: Limit) -> (RedisServer, Upstream, Gateway) {
     let redis = RedisServer::start();
@@ -58,10 +83,10 @@ fn two_gateways_sharing_redis_admit_exactly_the_limit() {
 
 #[test]
 fn concurrency_leases_are_released_when_the_response_finishes() {
-    let (_redis, _upstream, gateway) = one_limit(concurrency("inflight", 1));
+    let (redis, _upstream, gateway) = one_limit(concurrency("inflight", 1));
     let proxy = gateway.proxy;
     let slow = std::thread::spawn(move || http_get(proxy, "/slow/800", None, &[]).status);
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for_lease(&redis);
     let busy = gateway.get("/fast");
     assert_eq!(busy.status, 429);
     assert_eq!(busy.header("retry-after"), Some("1"));
@@ -76,12 +101,12 @@ fn concurrency_leases_are_released_when_the_response_finishes() {
 
 #[test]
 fn concurrency_leases_are_released_when_the_client_goes_away() {
-    let (_redis, _upstream, gateway) = one_limit(concurrency("inflight", 1));
+    let (redis, _upstream, gateway) = one_limit(concurrency("inflight", 1));
     let mut abandoned = connect(gateway.proxy, None);
     abandoned
         .write_all(b"GET /slow/30000 HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for_lease(&redis);
     assert_eq!(
         gateway.get("/fast").status,
         429,
@@ -117,7 +142,7 @@ fn concurrency_leases_of_a_killed_gateway_expire() {
     holder
         .write_all(b"GET /slow/30000 HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for_lease(&redis);
     drop(doomed); // SIGKILL: the lease is never released
     let started = Instant::now();
     assert_eq!(

@@ -8,7 +8,7 @@ mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sluice::limiter::redis::RedisLimiter;
 use sluice::limiter::{
@@ -185,8 +185,13 @@ fn each_request_in_a_batch_keeps_its_own_deadline() {
 }
 
 /// Warms the limiter up, pauses Redis for 400 ms, sends a patient call ({t}first, 3 s) and,
-/// 50 ms later, a hasty one ({t}second, 50 ms) that gives up; returns once the first is answered.
-async fn a_patient_call_then_a_hasty_one(limiter: &Arc<RedisLimiter>, redis: &RedisServer) {
+/// once it has left (`sizes` counted its batch), a hasty one ({t}second, 50 ms) that gives up;
+/// returns once the first is answered.
+async fn a_patient_call_then_a_hasty_one(
+    limiter: &Arc<RedisLimiter>,
+    redis: &RedisServer,
+    sizes: &prometheus::Histogram,
+) {
     assert!(decide(limiter, "{w}arm", Duration::from_secs(2))
         .await
         .unwrap());
@@ -195,7 +200,11 @@ async fn a_patient_call_then_a_hasty_one(limiter: &Arc<RedisLimiter>, redis: &Re
         let limiter = Arc::clone(limiter);
         tokio::spawn(async move { decide(&limiter, "{t}first", Duration::from_secs(3)).await })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sizes.get_sample_count() < 2 {
+        assert!(Instant::now() < deadline, "the first call left within 10 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let second = decide(limiter, "{t}second", Duration::from_millis(50)).await;
     assert!(
         matches!(second, Err(LimiterError::Timeout(50))),
@@ -211,7 +220,7 @@ fn a_request_that_gave_up_before_its_batch_left_is_never_sent() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     // The first call leaves at once and waits on the paused server; the second queues behind
     // it and gives up before it returns.
-    runtime.block_on(a_patient_call_then_a_hasty_one(&limiter, &redis));
+    runtime.block_on(a_patient_call_then_a_hasty_one(&limiter, &redis, &sizes));
     assert!(!counted(&redis, "{t}second"), "never sent");
     assert!(counted(&redis, "{t}first"));
     assert_eq!(
@@ -228,7 +237,7 @@ fn with_max_batch_one_every_request_sends_its_own_call_at_once() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         // No queue behind the first call: the second is on the wire before it gives up.
-        a_patient_call_then_a_hasty_one(&limiter, &redis).await;
+        a_patient_call_then_a_hasty_one(&limiter, &redis, &sizes).await;
         // Exactness with one call per decision: 100/h on one key, 120 at once.
         let calls = (0..120).map(|_| {
             let limiter = Arc::clone(&limiter);

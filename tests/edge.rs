@@ -390,14 +390,22 @@ fn a_certificate_swapped_by_sighup_under_load_fails_no_request_and_a_bad_pair_is
         })
     };
 
-    std::thread::sleep(Duration::from_millis(700));
+    let served_at_least = |n: usize, what: &str| {
+        support::eventually(Duration::from_secs(20), what, || {
+            served.load(Ordering::Relaxed) >= n
+        })
+    };
+    served_at_least(8, "new-connection requests on the first certificate");
     // Rotation: new files in place, then SIGHUP.
     let second = ca.issue("site", &["site.test"], &[]);
     assert!(
         gateway.reload(&config.yaml()),
         "the reload with a new certificate"
     );
-    std::thread::sleep(Duration::from_millis(700));
+    served_at_least(
+        served.load(Ordering::Relaxed) + 8,
+        "new-connection requests after the swap",
+    );
     let (_, transcript) = s_client(tls_port, &["-servername", "site.test"]);
     assert_eq!(
         served_certificate(&transcript),
@@ -412,7 +420,10 @@ fn a_certificate_swapped_by_sighup_under_load_fails_no_request_and_a_bad_pair_is
         !gateway.reload(&config.yaml()),
         "a mismatched pair is refused"
     );
-    std::thread::sleep(Duration::from_millis(500));
+    served_at_least(
+        served.load(Ordering::Relaxed) + 8,
+        "new-connection requests after the refused reload",
+    );
     stop.store(true, Ordering::Relaxed);
     for thread in handshakers {
         thread.join().unwrap();
@@ -883,6 +894,7 @@ fn a_websocket_holds_its_concurrency_slot_until_either_side_closes() {
 
     let mut first = open_socket(&gateway).expect("the first socket");
     echo(&mut first, "hello");
+    // Deliberate: a socket open a while still holds its slot; any length of pause will do.
     std::thread::sleep(Duration::from_millis(300));
     echo(&mut first, "still here");
     assert_eq!(open_socket(&gateway).err(), Some(429), "the slot is held");

@@ -267,14 +267,36 @@ fn a_shaped_request_whose_client_left_is_not_sent_and_gives_its_slot_back() {
         .route(route("shaped").limit(gcra("smooth", "1/s").key(&["route"]).set("max_delay", "5s")));
     let gateway = plain_gateway(&upstream, config);
     assert_eq!(gateway.get("/first").status, 200);
-    // The second is held for about a second; its client leaves after 200 ms.
+    let in_flight = || {
+        support::metric(
+            &gateway.metrics(),
+            "sluice_requests_in_flight",
+            &[("route", "shaped")],
+        )
+    };
+    support::eventually(Duration::from_secs(10), "the first request ended", || {
+        in_flight() == 0.0
+    });
+    // The second is held for about a second; its client leaves while it is held.
     let mut leaving = TcpStream::connect(gateway.proxy).unwrap();
     leaving
         .write_all(b"GET /abandoned HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    support::eventually(
+        Duration::from_secs(10),
+        "the second request is held",
+        || in_flight() == 1.0,
+    );
     drop(leaving);
+    // Deliberate: past the abandoned request's slot (1 s after the first), so a slot given back
+    // means `/next` below need not wait; more time passing only makes that easier.
     std::thread::sleep(Duration::from_millis(1500));
+    // Its exchange is over: had it gone upstream, the upstream would have counted it.
+    support::eventually(
+        Duration::from_secs(10),
+        "the abandoned request ended",
+        || in_flight() == 0.0,
+    );
     assert_eq!(
         upstream.served(),
         1,
@@ -408,7 +430,8 @@ fn slow_heads_and_idle_connections_are_closed_and_others_still_served() {
             })
         })
         .collect();
-    // Meanwhile, ordinary clients are served.
+    // Meanwhile, ordinary clients are served. Deliberate: the tricklers get going (a head in
+    // progress has no observable); the assertions hold however many have started.
     std::thread::sleep(Duration::from_millis(300));
     for _ in 0..20 {
         assert_eq!(support::http_get(proxy, "/", None, &[]).status, 200);

@@ -66,7 +66,8 @@ fn a_burst_admits_exactly_the_limit_then_429s_with_headers_then_passes_again() {
         denied.body
     );
 
-    // One emission interval (2 s) later, exactly one more request passes.
+    // One emission interval (2 s) later, exactly one more request passes. Deliberate: the
+    // limit refills with time; only a stall of another 1.9 s would let a second one through.
     std::thread::sleep(Duration::from_millis(2100));
     assert_eq!(gateway.get("/api/items").status, 200);
     assert_eq!(gateway.get("/api/items").status, 429);
@@ -767,7 +768,10 @@ fn redis_errors_are_counted_by_kind_and_the_failure_mode_applies() {
         .query::<()>(&mut con)
         .unwrap();
     // A replica (after a failover gone wrong): writes are refused with READONLY.
-    std::thread::sleep(Duration::from_millis(250)); // past any breaker pause
+    // One error does not open the breaker: the next call reaches Redis.
+    support::eventually(Duration::from_secs(10), "the breaker is closed", || {
+        metric(&gateway.metrics(), "sluice_redis_breaker_state", &[]) == 0.0
+    });
     redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
         .arg(support::free_port())

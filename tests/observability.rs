@@ -226,6 +226,7 @@ fn the_access_log_is_one_json_object_per_request_with_every_field() {
         .yaml();
     let gateway = Gateway::start(&body, &upstream, Some(&redis));
     let agent = [("User-Agent", "probe/1.0")];
+    let started = Instant::now();
     let allowed = http_get(gateway.proxy, "/api/one/../a", None, &agent);
     let shadow = http_get(gateway.proxy, "/api/b", None, &agent);
     let limited = http_get(gateway.proxy, "/api/c", None, &agent);
@@ -234,6 +235,8 @@ fn the_access_log_is_one_json_object_per_request_with_every_field() {
     // Another client: the deny cache holds the first one's denial.
     let other = Some("127.0.0.2".parse().unwrap());
     let failure_mode = http_get(gateway.proxy, "/api/e", other, &agent);
+    // Each request took some of the wall time measured around them all.
+    let wall_ms = started.elapsed().as_secs_f64() * 1000.0;
     let statuses = [
         allowed.status,
         shadow.status,
@@ -300,8 +303,13 @@ fn the_access_log_is_one_json_object_per_request_with_every_field() {
         assert_eq!(line["headers"]["user-agent"], "probe/1.0");
         assert_eq!(line["bytes_in"], 0);
         assert!(line["bytes_out"].as_u64().unwrap() > 0, "{line}");
-        assert!(line["duration_ms"].as_f64().unwrap() >= 0.0);
-        assert!(line["limiter_ms"].as_f64().is_some());
+        let duration_ms = line["duration_ms"].as_f64().unwrap();
+        assert!(
+            duration_ms > 0.0 && duration_ms < wall_ms,
+            "{line} ({wall_ms} ms in all)"
+        );
+        let limiter_ms = line["limiter_ms"].as_f64().unwrap();
+        assert!((0.0..=duration_ms).contains(&limiter_ms), "{line}");
         assert!(line["time"].as_str().unwrap().ends_with('Z'), "{line}");
         let proxied = status == 200;
         assert_eq!(

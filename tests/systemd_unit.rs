@@ -189,8 +189,11 @@ fn the_units_start_reload_and_stop_sequence_serves_throughout() {
     assert_eq!(support::http_get(proxy, "/started", None, &[]).status, 200);
     assert!(logged("/started"), "the daemon writes its access log");
 
+    let before = upstream.served();
     let load = steady_load(proxy, 100);
-    std::thread::sleep(Duration::from_millis(300));
+    support::eventually(Duration::from_secs(10), "the load is under way", || {
+        upstream.served() >= before + 5
+    });
     for command in unit_values(&unit, "ExecReload") {
         run(&command, Some(old));
     }

@@ -40,8 +40,11 @@ fn daemon_mode_and_graceful_upgrade_fail_no_request() {
     assert_eq!(http_get(config.proxy, "/before", None, &[]).status, 200);
     assert_eq!(http_get(config.admin, "/healthz", None, &[]).body, "ok\n");
 
+    let before = upstream.served();
     let load = steady_load(config.proxy, 120);
-    std::thread::sleep(Duration::from_millis(300));
+    support::eventually(Duration::from_secs(10), "the load is under way", || {
+        upstream.served() >= before + 5
+    });
     sluice(&["-u", "-d"], &config.path);
     Command::new("kill")
         .args(["-QUIT", &old.to_string()])

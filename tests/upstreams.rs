@@ -92,7 +92,15 @@ fn a_request_that_reached_a_server_is_never_retried() {
         "the read timed out: {}",
         response.status
     );
-    std::thread::sleep(Duration::from_millis(1700)); // let the slow request finish upstream
+    // The upstream counts a request when it answers it, 1.5 s after it came in.
+    support::eventually(
+        Duration::from_secs(10),
+        "the slow request finished upstream",
+        || a.served() + b.served() >= 1,
+    );
+    // Deliberate: a retry would have come in at least one read timeout (300 ms) after the first
+    // and would be answered that much later; a slow machine only makes this check weaker.
+    std::thread::sleep(Duration::from_millis(500));
     assert_eq!(a.served() + b.served(), 1, "sent once, not once per retry");
 }
 
@@ -142,6 +150,7 @@ fn a_dead_server_is_never_chosen_before_or_after_a_reload() {
     all_served("from the start");
     assert!(gateway.reload(&first));
     all_served("right after a reload of the same pool");
+    // Deliberate: a few 100 ms check rounds pass; the assertion holds however many ran.
     std::thread::sleep(Duration::from_millis(300));
     all_served("while the new pool's checks run");
     let changed = checked(&[
@@ -151,6 +160,7 @@ fn a_dead_server_is_never_chosen_before_or_after_a_reload() {
     ]);
     assert!(gateway.reload(&changed));
     all_served("right after a reload that changes the pool");
+    // Deliberate, as above: requests while the changed pool's checks run.
     std::thread::sleep(Duration::from_millis(300));
     all_served("while the changed pool's checks run");
     assert_eq!(live.served(), 100);

@@ -58,6 +58,16 @@ fn wait_until(what: &str, child: &mut Child, timeout: Duration, mut ready: impl 
     panic!("{what} was not ready within {timeout:?}");
 }
 
+/// Polls `done` every 20 ms until it holds; panics naming `what` when `within` passes first.
+/// The deadline is generous on purpose: it bounds a hung test, it is not a timing assertion.
+pub fn eventually(within: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn reap(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();

@@ -302,14 +302,13 @@ fn a_shaped_request_whose_client_left_is_not_sent_and_gives_its_slot_back() {
         1,
         "the abandoned request never went upstream"
     );
-    // Its slot went back: the next request waits for one slot, not two.
-    let started = Instant::now();
-    assert_eq!(gateway.get("/next").status, 200);
-    assert!(
-        started.elapsed() < Duration::from_millis(900),
-        "no slot was still reserved for the abandoned request: waited {:?}",
-        started.elapsed()
-    );
+    // Its slot went back: `/next` takes the slot after the first request's, one second from
+    // now (`t=1`); had the abandoned request kept its slot, `/next` would take the one after
+    // that (`t=2`). A slower machine only makes the two alike, never this check fail.
+    let next = gateway.get("/next");
+    assert_eq!(next.status, 200);
+    let ratelimit = next.header("ratelimit").unwrap_or_default();
+    assert!(ratelimit.ends_with(";t=1"), "RateLimit: {ratelimit}");
 }
 
 #[test]
@@ -407,13 +406,16 @@ fn slow_heads_and_idle_connections_are_closed_and_others_still_served() {
                 stream
                     .set_read_timeout(Some(Duration::from_millis(300)))
                     .unwrap();
+                // Whether the gateway closed the connection before the test gives up on it
+                // (10 s, far past the 1 s head deadline).
                 let started = Instant::now();
                 let head = b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Slow: ";
                 for byte in head.iter().cycle() {
-                    if stream.write_all(&[*byte]).is_err()
-                        || started.elapsed() > Duration::from_secs(10)
-                    {
-                        break;
+                    if stream.write_all(&[*byte]).is_err() {
+                        return true;
+                    }
+                    if started.elapsed() > Duration::from_secs(10) {
+                        return false;
                     }
                     let mut buf = [0u8; 1];
                     match stream.read(&mut buf) {
@@ -422,11 +424,11 @@ fn slow_heads_and_idle_connections_are_closed_and_others_still_served() {
                                 e.kind(),
                                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                             ) => {}
-                        // Closed (or, wrongly, answered): either way the wait is over.
-                        _ => break,
+                        Ok(0) | Err(_) => return true,
+                        Ok(_) => return false, // answered: a head was taken as complete
                     }
                 }
-                started.elapsed()
+                false
             })
         })
         .collect();
@@ -436,11 +438,10 @@ fn slow_heads_and_idle_connections_are_closed_and_others_still_served() {
     for _ in 0..20 {
         assert_eq!(support::http_get(proxy, "/", None, &[]).status, 200);
     }
-    for client in trickling {
-        let held = client.join().unwrap();
+    for (i, client) in trickling.into_iter().enumerate() {
         assert!(
-            held < Duration::from_secs(4),
-            "a trickling client was closed only after {held:?}"
+            client.join().unwrap(),
+            "trickling client {i} was not closed"
         );
     }
 
@@ -450,17 +451,17 @@ fn slow_heads_and_idle_connections_are_closed_and_others_still_served() {
         .unwrap();
     idle.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .unwrap();
-    let started = Instant::now();
     let mut response = Vec::new();
-    let _ = idle.read_to_end(&mut response);
+    // The read ends when the gateway closes the connection (its keep-alive deadline is 1 s);
+    // the 10 s read timeout is the test's own bound for a connection left open.
+    let closed = idle.read_to_end(&mut response);
     assert!(
         text(&response).starts_with("HTTP/1.1 200"),
         "{}",
         text(&response)
     );
     assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "the idle connection stayed open {:?}",
-        started.elapsed()
+        closed.is_ok(),
+        "the idle connection stayed open: {closed:?}"
     );
 }

@@ -65,12 +65,13 @@ fn daemon_mode_and_graceful_upgrade_fail_no_request() {
     assert_eq!(upstream.served(), 122);
 }
 
-/// Runs sluice with `args`; its exit status, what it printed, and how long it took. Output goes
-/// to a file: a daemon keeps inherited pipes open, and reading them would wait for it to exit.
-fn run(args: &[&str], config: &Path) -> (i32, String, Duration) {
+/// Runs sluice with `args` until it exits by itself; its exit status and what it printed. Output
+/// goes to a file: a daemon keeps inherited pipes open, and reading them would wait for it to
+/// exit. A start that fails "at once" exits long before Pingora's own 30 s of bind retries: a
+/// run still going after 20 s is killed and fails the test.
+fn run(args: &[&str], config: &Path) -> (i32, String) {
     let log = tempfile::NamedTempFile::new().expect("log file");
-    let started = Instant::now();
-    let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(args)
         .arg("-c")
         .arg(config)
@@ -78,11 +79,22 @@ fn run(args: &[&str], config: &Path) -> (i32, String, Duration) {
         .stdin(Stdio::null())
         .stdout(log.reopen().expect("log file"))
         .stderr(log.reopen().expect("log file"))
-        .status()
+        .spawn()
         .expect("run sluice");
-    let took = started.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for sluice") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("sluice {args:?} was still running after 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let text = std::fs::read_to_string(log.path()).unwrap_or_default();
-    (status.code().unwrap_or(-1), text, took)
+    (status.code().unwrap_or(-1), text)
 }
 
 #[test]
@@ -98,18 +110,17 @@ fn a_port_in_use_fails_the_start_at_once_with_the_reason() {
     for taken in [config.proxy, config.admin] {
         let holder = std::net::TcpListener::bind(taken).expect("hold the port");
         for args in [&[][..], &["-d"][..]] {
-            let (code, text, took) = run(args, &config.path);
+            let (code, text) = run(args, &config.path);
             assert_eq!(code, 1, "sluice {args:?} with {taken} taken: {text}");
             assert!(
                 text.contains(&format!("cannot listen on {taken}: Address already in use")),
                 "{text}"
             );
-            assert!(took < Duration::from_secs(5), "failed within {took:?}");
         }
         drop(holder);
     }
     // With the ports free, the same file serves.
-    let (code, text, _) = run(&["-d"], &config.path);
+    let (code, text) = run(&["-d"], &config.path);
     assert_eq!(code, 0, "{text}");
     assert_eq!(http_get(config.proxy, "/", None, &[]).status, 200);
 }
@@ -130,11 +141,10 @@ fn a_daemon_that_cannot_start_is_reported_by_the_command_that_started_it() {
     );
     let path = dir.path().join("sluice.yaml");
     std::fs::write(&path, text).unwrap();
-    let (code, text, took) = run(&["-d"], &path);
+    let (code, text) = run(&["-d"], &path);
     assert_eq!(code, 1, "{text}");
     assert!(
         text.contains(&format!("cannot listen on {unbindable}")),
         "{text}"
     );
-    assert!(took < Duration::from_secs(5), "{took:?}");
 }

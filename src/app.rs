@@ -193,13 +193,7 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
         let name = "sluice rate limit service";
         add_background(&mut server, name, service, &[&configuration])
     });
-    // Spans, when asked for: the pipeline starts with the services (after daemonizing).
-    let tracing = plan.tracing.clone().map(|settings| {
-        let slot = TracerSlot::default();
-        let service = TracingService::new(settings, Arc::clone(&slot));
-        let handle = add_background(&mut server, "sluice tracing", service, &[]);
-        (slot, handle)
-    });
+    let tracing = plan.tracing.clone().map(|s| add_tracing(&mut server, s));
     let shared = Shared {
         live,
         policy: Arc::clone(&policy),
@@ -212,12 +206,7 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
     let mut serving = proxies;
     serving.extend(rls);
     if let Some(addr) = plan.admin_listen {
-        let mut admin = Service::new(
-            "sluice admin".to_string(),
-            HttpServer::new_app(AdminApp::new(policy, Arc::clone(&shared.live))),
-        );
-        admin.add_tcp(&addr.to_string());
-        let admin = BoundFirst::new(admin, vec![addr.to_string()]);
+        let admin = admin_service(addr, policy, Arc::clone(&shared.live));
         serving.push(add_bound(&mut server, admin, &[&bootstrap]));
     }
     // `sluice -d` returns once this reports: listeners bound and configuration live (or, when
@@ -230,6 +219,32 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
             .for_each(|service| report.add_dependency(service));
     }
     server.run_forever()
+}
+
+/// The admin listener (`/metrics`, `/healthz`, `/readyz`) on `addr`.
+fn admin_service(
+    addr: std::net::SocketAddr,
+    policy: Arc<Policy>,
+    live: Live,
+) -> BoundFirst<Service<HttpServer<AdminApp>>> {
+    let mut admin = Service::new(
+        "sluice admin".to_string(),
+        HttpServer::new_app(AdminApp::new(policy, live)),
+    );
+    admin.add_tcp(&addr.to_string());
+    BoundFirst::new(admin, vec![addr.to_string()])
+}
+
+/// Spans, when asked for: the pipeline starts with the services (after daemonizing); the slot
+/// holds its tracer once it runs.
+fn add_tracing(
+    server: &mut Server,
+    settings: crate::config::observe::TracingSettings,
+) -> (TracerSlot, ServiceHandle) {
+    let slot = TracerSlot::default();
+    let service = TracingService::new(settings, Arc::clone(&slot));
+    let handle = add_background(server, "sluice tracing", service, &[]);
+    (slot, handle)
 }
 
 /// Adds the background service `service` named `name`, started after `before`.

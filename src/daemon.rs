@@ -91,17 +91,7 @@ impl Launch {
         let mut child_done = false;
         loop {
             if report.is_none() {
-                match self.listener.accept() {
-                    Ok((stream, _)) => {
-                        stream
-                            .set_nonblocking(false)
-                            .and_then(|()| stream.set_read_timeout(Some(POLL)))
-                            .map_err(|e| format!("the daemon's report socket: {e}"))?;
-                        report = Some(BufReader::new(stream));
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(format!("the daemon's report socket: {e}")),
-                }
+                report = self.accept_report()?;
             }
             if let Some(reader) = &mut report {
                 let mut line = String::new();
@@ -111,22 +101,7 @@ impl Launch {
                     Ok(_) => {
                         let reason = line.trim_end();
                         let reason = reason.strip_prefix("ERROR ").unwrap_or(reason);
-                        // Return once the daemon is gone (its end closes), so whatever it held
-                        // (a port, the pid file) is free when the operator reads the reason.
-                        let gone_by = Instant::now() + Duration::from_secs(5);
-                        let mut rest = String::new();
-                        while Instant::now() < gone_by {
-                            match reader.read_line(&mut rest) {
-                                Ok(0) => break,
-                                Ok(_) => rest.clear(),
-                                Err(e)
-                                    if matches!(
-                                        e.kind(),
-                                        ErrorKind::WouldBlock | ErrorKind::TimedOut
-                                    ) => {}
-                                Err(_) => break,
-                            }
-                        }
+                        until_gone(reader);
                         return Err(reason.to_string());
                     }
                     Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
@@ -160,9 +135,39 @@ impl Launch {
         }
     }
 
+    /// The daemon's report connection, once it has connected.
+    fn accept_report(&self) -> Result<Option<BufReader<UnixStream>>, String> {
+        match self.listener.accept() {
+            Ok((stream, _)) => {
+                stream
+                    .set_nonblocking(false)
+                    .and_then(|()| stream.set_read_timeout(Some(POLL)))
+                    .map_err(|e| format!("the daemon's report socket: {e}"))?;
+                Ok(Some(BufReader::new(stream)))
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(format!("the daemon's report socket: {e}")),
+        }
+    }
+
     fn silent_exit(&mut self) -> String {
         "the daemon exited before serving; see the error log (server.error_log, or standard error)"
             .to_string()
+    }
+}
+
+/// Waits (5 s at most) until the daemon that reported an error is gone (its end of `reader`
+/// closes), so whatever it held (a port, the pid file) is free when the operator reads why.
+fn until_gone(reader: &mut BufReader<UnixStream>) {
+    let gone_by = Instant::now() + Duration::from_secs(5);
+    let mut rest = String::new();
+    while Instant::now() < gone_by {
+        match reader.read_line(&mut rest) {
+            Ok(0) => break,
+            Ok(_) => rest.clear(),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
     }
 }
 

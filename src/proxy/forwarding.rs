@@ -149,6 +149,34 @@ fn chained(previous: Option<String>, own: &[u8]) -> Option<HeaderValue> {
     }
 }
 
+/// This hop's `Forwarded` element: `for=` the peer, `proto=`, and `host=` when it is safe to
+/// quote.
+fn forwarded_element(peer: IpAddr, peer_text: &[u8], hop: &Hop<'_>) -> Text {
+    let mut forwarded = Text::new();
+    forwarded.extend_from_slice(b"for=");
+    match peer {
+        IpAddr::V4(_) => forwarded.extend_from_slice(peer_text),
+        IpAddr::V6(_) => {
+            forwarded.extend_from_slice(b"\"[");
+            forwarded.extend_from_slice(peer_text);
+            forwarded.extend_from_slice(b"]\"");
+        }
+    }
+    forwarded.extend_from_slice(b";proto=");
+    forwarded.extend_from_slice(hop.proto.as_bytes());
+    if let Some(host) = hop
+        .host
+        .filter(|h| h.bytes().all(|b| b.is_ascii_graphic() && b != b'"'))
+    {
+        forwarded.extend_from_slice(b";host=\"");
+        forwarded.extend_from_slice(host.as_bytes());
+        forwarded.push(b'"');
+    }
+    forwarded
+}
+
+/// Sets the forwarding headers the upstream gets for this hop (what an untrusted peer claimed
+/// is dropped; a trusted proxy's chains are kept and this hop appended).
 pub fn set_headers(request: &mut RequestHeader, hop: Hop<'_>) -> pingora::Result<()> {
     // One pass over the names: nearly no request carries any of these.
     let carries = request
@@ -174,26 +202,7 @@ pub fn set_headers(request: &mut RequestHeader, hop: Hop<'_>) -> pingora::Result
         }
         None => None,
     };
-    let mut forwarded = Text::new();
-    forwarded.extend_from_slice(b"for=");
-    match peer {
-        IpAddr::V4(_) => forwarded.extend_from_slice(&peer_text),
-        IpAddr::V6(_) => {
-            forwarded.extend_from_slice(b"\"[");
-            forwarded.extend_from_slice(&peer_text);
-            forwarded.extend_from_slice(b"]\"");
-        }
-    }
-    forwarded.extend_from_slice(b";proto=");
-    forwarded.extend_from_slice(hop.proto.as_bytes());
-    if let Some(host) = hop
-        .host
-        .filter(|h| h.bytes().all(|b| b.is_ascii_graphic() && b != b'"'))
-    {
-        forwarded.extend_from_slice(b";host=\"");
-        forwarded.extend_from_slice(host.as_bytes());
-        forwarded.push(b'"');
-    }
+    let forwarded = forwarded_element(peer, &peer_text, &hop);
     let proto = match claims.proto {
         Some(claimed) => value(claimed.as_bytes()),
         None => Some(HeaderValue::from_static(hop.proto)),

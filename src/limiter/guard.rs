@@ -13,6 +13,10 @@
 //!   the failure mode applies. Its state is `sluice_redis_breaker_state` and each transition is
 //!   logged.
 //!
+//! Releases of concurrency slots and settlements go through the same breaker
+//! ([`BehindBreaker`]): while it is open they fail at once (`breaker_open`) instead of each
+//! waiting out the Redis deadline, and their failures open it like decisions' do.
+//!
 //! Both read time from the injected [`Clock`], and count through handles given at construction.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -23,7 +27,7 @@ use dashmap::DashMap;
 use prometheus::{IntCounter, IntGauge};
 
 use super::algorithm::Algorithm;
-use super::backend::Limiter;
+use super::backend::{Limiter, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
 use super::decision::{Decision, Source};
 use super::error::LimiterError;
@@ -261,7 +265,7 @@ pub struct Guarded<L> {
     inner: L,
     clock: Arc<dyn Clock>,
     deny_cache: DenyCache,
-    breaker: Option<Breaker>,
+    breaker: Option<Arc<Breaker>>,
     deny_cache_hits: IntCounter,
 }
 
@@ -275,10 +279,60 @@ impl<L: Limiter> Guarded<L> {
         Guarded {
             inner,
             deny_cache: DenyCache::new(DENY_CACHE_CAPACITY),
-            breaker: with_breaker.then(|| Breaker::new(Arc::clone(&clock), meters.breaker_state)),
+            breaker: with_breaker
+                .then(|| Arc::new(Breaker::new(Arc::clone(&clock), meters.breaker_state))),
             clock,
             deny_cache_hits: meters.deny_cache_hits,
         }
+    }
+
+    /// The breaker, for releases and settlements to share ([`BehindBreaker`]).
+    pub fn breaker(&self) -> Option<Arc<Breaker>> {
+        self.breaker.clone()
+    }
+}
+
+impl Breaker {
+    /// Runs `call` if the breaker admits it (else `breaker_open` at once), and feeds its outcome
+    /// back: errors that say nothing about the backend's health (`always_denies`) do not count.
+    async fn guard<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, LimiterError>>,
+    ) -> Result<T, LimiterError> {
+        if !self.admit() {
+            return Err(LimiterError::BreakerOpen);
+        }
+        let result = call.await;
+        match &result {
+            Ok(_) => self.on_success(),
+            Err(e) if !e.always_denies() => self.on_failure(),
+            Err(_) => {}
+        }
+        result
+    }
+}
+
+/// Releases and settlements sent to a backend through the breaker its decisions go through.
+pub struct BehindBreaker<B> {
+    inner: Arc<B>,
+    breaker: Arc<Breaker>,
+}
+
+impl<B> BehindBreaker<B> {
+    pub fn new(inner: Arc<B>, breaker: Arc<Breaker>) -> BehindBreaker<B> {
+        BehindBreaker { inner, breaker }
+    }
+}
+
+impl<B: ReleaseSlots> ReleaseSlots for BehindBreaker<B> {
+    async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
+        self.breaker.guard(self.inner.release(request)).await
+    }
+}
+
+impl<B: SettleUnits> SettleUnits for BehindBreaker<B> {
+    async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
+        self.breaker.guard(self.inner.settle(settlements)).await
     }
 }
 
@@ -293,17 +347,10 @@ impl<L: Limiter> Limiter for Guarded<L> {
                 ..decision
             });
         }
-        if let Some(breaker) = &self.breaker {
-            if !breaker.admit() {
-                return Err(LimiterError::BreakerOpen);
-            }
-        }
-        let result = self.inner.check(request).await;
-        match (&result, &self.breaker) {
-            (Ok(_), Some(breaker)) => breaker.on_success(),
-            (Err(e), Some(breaker)) if !e.always_denies() => breaker.on_failure(),
-            _ => {}
-        }
+        let result = match &self.breaker {
+            Some(breaker) => breaker.guard(self.inner.check(request)).await,
+            None => self.inner.check(request).await,
+        };
         if let Ok(decision) = &result {
             if !decision.allowed() {
                 self.deny_cache.remember(request, decision, now);

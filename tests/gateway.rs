@@ -469,6 +469,49 @@ fn a_flood_from_a_denied_client_is_answered_by_the_deny_cache() {
 }
 
 #[test]
+fn a_deny_cache_answer_counts_only_the_denying_limit() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let body = with_redis("allow")
+        .route(
+            route("api")
+                .prefix("/api/")
+                .limit(
+                    gcra("per_client", "5/10s")
+                        .key(&["client_ip", "path"])
+                        .burst(4),
+                )
+                .limit(fixed_window("global", "1000/60s").key(&["route"])),
+        )
+        .yaml();
+    let gateway = Gateway::start(&body, &upstream, Some(&redis));
+    let statuses: Vec<u16> = (0..20).map(|_| gateway.get("/api/x").status).collect();
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 5);
+    let metrics = gateway.metrics();
+    let hits = metric(&metrics, "sluice_deny_cache_hits_total", &[]);
+    assert!(hits >= 1.0, "the deny cache answered");
+    let count = |limit, decision| {
+        metric(
+            &metrics,
+            "sluice_limit_decisions_total",
+            &[("route", "api"), ("limit", limit), ("decision", decision)],
+        )
+    };
+    assert_eq!(
+        (
+            count("per_client", "allowed"),
+            count("per_client", "limited")
+        ),
+        (5.0, 15.0)
+    );
+    // Redis judged `global` on every call (it allowed each); the deny cache never asked it.
+    assert_eq!(
+        (count("global", "allowed"), count("global", "limited")),
+        (20.0 - hits, 0.0)
+    );
+}
+
+#[test]
 fn the_breaker_opens_while_redis_is_down_and_closes_when_it_returns() {
     let mut redis = RedisServer::start();
     let upstream = Upstream::start();

@@ -341,9 +341,11 @@ impl<L: Limiter> Limiter for Guarded<L> {
         let now = self.clock.instant();
         if let Some(decision) = self.deny_cache.lookup(request.entries, now) {
             self.deny_cache_hits.inc();
+            // Only the cached limit answers: no shadow limit was asked either.
             return Ok(Decision {
                 source: Source::DenyCache,
                 batch: 0,
+                shadow_denied_by: None,
                 ..decision
             });
         }

@@ -334,6 +334,14 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
         give_back(&self.pools, self.refunds.as_ref(), now).await;
     }
 
+    /// Never starts the sweeping task: idle units go back only when [`Leased::give_back_idle`]
+    /// is called (unit tests drive the clock and the sweep by hand).
+    #[cfg(test)]
+    fn swept_by_hand(self) -> Leased<L, S> {
+        self.sweeper.call_once(|| {});
+        self
+    }
+
     /// Starts the task that gives back idle keys' units, inside the runtime serving requests.
     fn start_sweeper(&self) {
         self.sweeper.call_once(|| {
@@ -594,7 +602,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::limiter::clock::{ManualClock, SystemClock};
+    use crate::limiter::clock::ManualClock;
     use crate::limiter::local::LocalLimiter;
     use crate::limiter::request::entries;
     use crate::limiter::testing::{asks, limit, window};
@@ -620,14 +628,19 @@ mod tests {
         })
     }
 
-    /// A gateway leasing from `backend`, giving units back to it.
-    fn gateway(backend: &Arc<Counting>) -> Leased<Arc<Counting>, LocalLimiter> {
+    /// A gateway leasing from `backend`, giving units back to it, on its own clock; idle units
+    /// go back only when the test sweeps.
+    fn gateway(
+        backend: &Arc<Counting>,
+        clock: &Arc<ManualClock>,
+    ) -> Leased<Arc<Counting>, LocalLimiter> {
         Leased::new(
             backend.clone(),
             backend.backend.clone(),
-            Arc::new(SystemClock),
+            clock.clone(),
             LeaseMeters::unregistered(),
         )
+        .swept_by_hand()
     }
 
     fn leased(algorithm: Algorithm, max_units: u64) -> [Limit; 1] {
@@ -664,7 +677,8 @@ mod tests {
     #[tokio::test]
     async fn a_hot_key_is_served_from_leases_with_few_backend_calls() {
         let backend = backend();
-        let gateway = gateway(&backend);
+        let clock = Arc::new(ManualClock::new(0));
+        let gateway = gateway(&backend, &clock);
         let limits = leased(window(1000), 100);
         for _ in 0..200 {
             assert!(call(&gateway, &limits, 1).await.allowed());
@@ -679,7 +693,8 @@ mod tests {
     #[tokio::test]
     async fn two_gateways_never_admit_more_than_the_limit_and_idle_units_go_back() {
         let backend = backend();
-        let (a, b) = (gateway(&backend), gateway(&backend));
+        let clock = Arc::new(ManualClock::new(0));
+        let (a, b) = (gateway(&backend, &clock), gateway(&backend, &clock));
         let limits = leased(window(100), 10);
         let mut admitted = 0;
         for i in 0..300 {
@@ -693,9 +708,9 @@ mod tests {
             100,
             "admitted {admitted}, held {held}"
         );
-        let later = Instant::now() + Duration::from_secs(1);
-        a.give_back_idle(later).await;
-        b.give_back_idle(later).await;
+        clock.advance_by(Duration::from_secs(1));
+        a.give_back_idle(clock.instant()).await;
+        b.give_back_idle(clock.instant()).await;
         assert_eq!((a.held(), b.held()), (0, 0));
         assert_eq!(left(&backend, &limits).await, held);
         for _ in 0..held + 5 {
@@ -707,7 +722,8 @@ mod tests {
     #[tokio::test]
     async fn a_denied_top_up_is_asked_again_for_the_exact_cost() {
         let backend = backend();
-        let gateway = gateway(&backend);
+        let clock = Arc::new(ManualClock::new(0));
+        let gateway = gateway(&backend, &clock);
         let limits = leased(window(100), 50);
         // The first request starts the clock; the second leases 50 more.
         for _ in 0..2 {
@@ -733,7 +749,8 @@ mod tests {
     #[tokio::test]
     async fn units_paid_from_a_lease_are_put_back_when_another_limit_denies() {
         let backend = backend();
-        let gateway = gateway(&backend);
+        let clock = Arc::new(ManualClock::new(0));
+        let gateway = gateway(&backend, &clock);
         let [hot] = leased(window(100), 10);
         let strict = limit("strict", window(3));
         let limits = [hot, strict];
@@ -750,7 +767,8 @@ mod tests {
     #[tokio::test]
     async fn a_shadow_limit_that_denies_a_top_up_keeps_nothing() {
         let backend = backend();
-        let gateway = gateway(&backend);
+        let clock = Arc::new(ManualClock::new(0));
+        let gateway = gateway(&backend, &clock);
         let mut limits = leased(window(10), 5);
         limits[0].shadow = true;
         for _ in 0..2 {
@@ -778,7 +796,7 @@ mod tests {
         let pools = Pools::new(10, LeaseMeters::unregistered());
         let [limit] = leased(window(100), 10);
         let leasing = Leasing { max_units: 10 };
-        let t0 = Instant::now();
+        let t0 = ManualClock::new(0).instant();
         let asks = |at: Instant| match pools.take(&limit, leasing, KEY, 1, at) {
             Step::Ask { topping_up, .. } => topping_up,
             Step::Held(_) => panic!("nothing is held"),

@@ -38,7 +38,7 @@ pub use backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settle
 pub use coalesce::Coalescing;
 pub use decision::{Decision, Source, Statuses};
 pub use engine::Engine;
-pub use error::LimiterError;
+pub use error::{ErrorKind, LimiterError};
 pub use id::{RequestId, RequestIds};
 pub use key::{push_hex, Key, KEY_INLINE};
 pub use limit::{BadCost, Cost, CostReport, Leasing, Limit, ResponsePrice, Sent, LIMITS_INLINE};

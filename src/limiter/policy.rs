@@ -17,7 +17,7 @@ use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Set
 use super::clock::Clock;
 use super::decision::{Decision, Source};
 use super::engine::Engine;
-use super::error::LimiterError;
+use super::error::{ErrorKind, LimiterError};
 use super::id::{RequestId, RequestIds};
 use super::limit::{CostReport, Limit, LIMITS_INLINE};
 use super::local::LocalLimiter;
@@ -141,7 +141,7 @@ pub struct PolicyMeters {
     pub deny_cache_duration: Histogram,
     /// The same, for decisions paid from leases held.
     pub lease_duration: Histogram,
-    /// `sluice_limiter_errors_total`, one handle per [`LimiterError::KINDS`] entry.
+    /// `sluice_limiter_errors_total`, one handle per [`ErrorKind`], in its order.
     pub errors: Vec<IntCounter>,
 }
 
@@ -156,15 +156,15 @@ impl PolicyMeters {
             duration: histogram(),
             deny_cache_duration: histogram(),
             lease_duration: histogram(),
-            errors: LimiterError::KINDS
+            errors: ErrorKind::ALL
                 .iter()
-                .map(|kind| IntCounter::new(*kind, "unregistered").expect("a valid counter"))
+                .map(|kind| IntCounter::new(kind.label(), "unregistered").expect("a valid counter"))
                 .collect(),
         }
     }
 
     fn error(&self, error: &LimiterError) {
-        if let Some(counter) = self.errors.get(error.kind_index()) {
+        if let Some(counter) = self.errors.get(error.kind().index()) {
             counter.inc();
         }
     }
@@ -550,8 +550,8 @@ mod tests {
     }
 
     fn errors(meters: &PolicyMeters, kind: &str) -> u64 {
-        let index = LimiterError::KINDS.iter().position(|k| *k == kind).unwrap();
-        meters.errors[index].get()
+        let kind = ErrorKind::ALL.iter().find(|k| k.label() == kind).unwrap();
+        meters.errors[kind.index()].get()
     }
 
     #[tokio::test]

@@ -116,7 +116,7 @@ impl DenyCache {
         // leased top-up asks for more than that (and is asked again exactly when denied).
         let fixed_cost = matches!(entry.limit.cost, Cost::Fixed(cost) if entry.cost == cost);
         let concurrency = matches!(entry.limit.algorithm, Algorithm::Concurrency { .. });
-        let Some(Some(retry_ms)) = decision.retry_after_ms() else {
+        let Some(retry_ms) = decision.retry().after_ms() else {
             return;
         };
         if !fixed_cost || concurrency || retry_ms == 0 {

@@ -743,7 +743,7 @@ mod tests {
         assert_eq!(backend.checks.load(Ordering::Relaxed), checks + 2);
         let denied = call(&gateway, &limits, 1).await;
         assert!(!denied.allowed());
-        assert!(denied.retry_after_ms().flatten().is_some());
+        assert!(denied.retry().after_ms().is_some());
     }
 
     #[tokio::test]

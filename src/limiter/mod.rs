@@ -36,7 +36,7 @@ pub mod verdict;
 pub use algorithm::{Algorithm, Change};
 pub use backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 pub use coalesce::Coalescing;
-pub use decision::{Decision, Source, Statuses};
+pub use decision::{Decision, Retry, Source, Statuses};
 pub use engine::Engine;
 pub use error::{ErrorKind, LimiterError};
 pub use id::{RequestId, RequestIds};

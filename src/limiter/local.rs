@@ -134,7 +134,7 @@ impl LocalLimiter {
         Ok(())
     }
 
-    /// Drops the leases `request.id` holds in the concurrency limits of `request`.
+    /// Frees the slots `request.id` holds in the concurrency limits of `request`.
     pub fn release_now(&self, request: &LimitRequest<'_>) {
         let (mut guards, slots) = self.lock(request.entries);
         for (entry, &slot) in request.entries.iter().zip(&slots) {
@@ -362,7 +362,7 @@ mod tests {
     }
 
     #[test]
-    fn concurrency_leases_are_released_by_id() {
+    fn concurrency_slots_are_released_by_id() {
         let limiter = LocalLimiter::new(Arc::new(ManualClock::new(0)), 1000);
         let limits = [limit("c", concurrency(1))];
         let admitted = |id| {

@@ -6,7 +6,7 @@
 //! state has expired is equivalent to absent and is swept when a shard fills up; when a shard
 //! is full of live state, the request fails with `LocalCapacity` (never "admit untracked").
 //!
-//! Why this map is hand-written while the deny cache and the lease pools use `dashmap`: a
+//! Why this map is hand-written while the deny cache and the lease holdings use `dashmap`: a
 //! decision must hold every key of the request at once, so that deciding and writing them all
 //! is one atomic step. A concurrent map's API locks one key (one shard) per call, and holding two
 //! of its guards from one thread can deadlock on a shared shard; its raw shard API is unstable

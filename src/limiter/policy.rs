@@ -330,7 +330,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     /// the call's marks so nothing another request consumed since is given back. Other limits
     /// keep what they counted (a sliding window or log cannot give back exactly; a leased limit's
     /// units go back with its lease); concurrency slots go back with [`Policy::finish`].
-    pub async fn give_back(&self, set: &LimitSet, asks: &[Ask], verdict: &Verdict) {
+    pub async fn give_back_abandoned(&self, set: &LimitSet, asks: &[Ask], verdict: &Verdict) {
         self.settle(set, asks, verdict, |_, limit, ask, mark_us| {
             (limit.leased.is_none() && ask.cost > 0).then_some(Change::GiveBack {
                 units: ask.cost,
@@ -665,7 +665,7 @@ mod tests {
         assert_eq!(held.delay, Duration::from_millis(100));
         // Its client leaves before its turn: the slot it reserved goes back, and the next
         // request gets the same turn instead of the one after.
-        f.policy.give_back(&routes, &ask, &held).await;
+        f.policy.give_back_abandoned(&routes, &ask, &held).await;
         assert_eq!(
             f.policy.decide(&routes, &ask).await.delay,
             Duration::from_millis(100)

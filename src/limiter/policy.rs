@@ -24,8 +24,21 @@ use super::local::LocalLimiter;
 use super::request::{entries, Ask, LimitRequest};
 use super::verdict::{Decider, Outcome, Verdict};
 
-/// What a request gets when the limiter cannot decide (Redis error or deadline missed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a request gets when the limiter cannot decide (Redis error or deadline missed). Its
+/// snake_case name (`allow`, `deny`, `local`) is what the configuration says (`FromStr`, the
+/// names listed by `VariantNames`) and what logs and labels show (`label()`, `Display`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    strum::EnumString,
+    strum::VariantNames,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum FailureMode {
     Allow,
     Deny,
@@ -34,32 +47,9 @@ pub enum FailureMode {
 }
 
 impl FailureMode {
-    /// The names the configuration accepts, for its error messages.
-    pub const NAMES: &'static str = "allow, deny or local";
-
+    /// The name, as the configuration spells it.
     pub fn label(self) -> &'static str {
-        match self {
-            FailureMode::Allow => "allow",
-            FailureMode::Deny => "deny",
-            FailureMode::Local => "local",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<FailureMode> {
-        match name {
-            "allow" => Some(FailureMode::Allow),
-            "deny" => Some(FailureMode::Deny),
-            "local" => Some(FailureMode::Local),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FailureMode::Allow => "allow",
-            FailureMode::Deny => "deny",
-            FailureMode::Local => "local",
-        }
+        self.into()
     }
 
     /// Whether requests are refused while the limiter is unreachable.
@@ -429,7 +419,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
             log::warn!(
                 "rate limiter unavailable ({}): {error}; failure_mode={} applies",
                 error.kind(),
-                failure_mode.as_str()
+                failure_mode.label()
             );
         }
     }

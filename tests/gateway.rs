@@ -472,17 +472,9 @@ fn a_flood_from_a_denied_client_is_answered_by_the_deny_cache() {
 fn a_deny_cache_answer_counts_only_the_denying_limit() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
+    let global = fixed_window("global", "1000/60s").key(&["route"]);
     let body = with_redis("allow")
-        .route(
-            route("api")
-                .prefix("/api/")
-                .limit(
-                    gcra("per_client", "5/10s")
-                        .key(&["client_ip", "path"])
-                        .burst(4),
-                )
-                .limit(fixed_window("global", "1000/60s").key(&["route"])),
-        )
+        .route(burst_route().limit(global))
         .yaml();
     let gateway = Gateway::start(&body, &upstream, Some(&redis));
     let statuses: Vec<u16> = (0..20).map(|_| gateway.get("/api/x").status).collect();

@@ -478,6 +478,55 @@ mod tests {
         assert!(breaker.admit());
     }
 
+    /// A backend whose releases and settlements all time out, counting the calls that reach it.
+    #[derive(Default)]
+    struct TimesOut {
+        calls: AtomicU32,
+    }
+
+    impl ReleaseSlots for TimesOut {
+        async fn release(&self, _: &LimitRequest<'_>) -> Result<(), LimiterError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            Err(LimiterError::Timeout(50))
+        }
+    }
+
+    impl SettleUnits for TimesOut {
+        async fn settle(&self, _: &[Settlement<'_>]) -> Result<(), LimiterError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            Err(LimiterError::Timeout(50))
+        }
+    }
+
+    #[tokio::test]
+    async fn failing_releases_open_the_breaker_and_then_settlements_fail_at_once() {
+        let clock = Arc::new(ManualClock::new(0));
+        let breaker = Arc::new(Breaker::new(
+            clock,
+            GuardMeters::unregistered().breaker_state,
+        ));
+        let backend = Arc::new(TimesOut::default());
+        let ends = BehindBreaker::new(Arc::clone(&backend), Arc::clone(&breaker));
+        let limits = [limit("c", concurrency(1))];
+        let asks = asks(&[b"k"], &[1]);
+        let entries = entries(&limits, &asks);
+        for _ in 0..FAILURES_TO_OPEN {
+            let released = ends.release(&LimitRequest::new(&entries)).await;
+            assert!(matches!(released, Err(LimiterError::Timeout(_))));
+        }
+        assert_eq!(breaker.state(), BreakerState::Open);
+        let settled = ends.settle(&[]).await;
+        assert!(
+            matches!(settled, Err(LimiterError::BreakerOpen)),
+            "{settled:?}"
+        );
+        assert_eq!(
+            backend.calls.load(Ordering::Relaxed),
+            FAILURES_TO_OPEN,
+            "the open breaker kept the settlement from the backend"
+        );
+    }
+
     #[test]
     fn the_interval_doubles_up_to_its_cap() {
         let clock = Arc::new(ManualClock::new(0));

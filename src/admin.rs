@@ -38,7 +38,7 @@ impl AdminApp {
                 503,
                 format!(
                     "not ready: {backend} limiter unavailable ({reason}); failure_mode {} refuses requests\n",
-                    failure_mode.as_str()
+                    failure_mode.label()
                 ),
             ),
             // The failure mode is deciding for Redis: the gateway still serves, degraded.
@@ -46,7 +46,7 @@ impl AdminApp {
                 200,
                 format!(
                     "degraded: {backend} limiter unavailable ({reason}); failure_mode {} applies\n",
-                    failure_mode.as_str()
+                    failure_mode.label()
                 ),
             ),
         }

@@ -16,7 +16,7 @@ use pingora_prometheus::prometheus::{
 use crate::answer::{Decided, UpstreamError};
 use crate::limiter::guard::GuardMeters;
 use crate::limiter::leased::LeaseMeters;
-use crate::limiter::{Coalescing, CostReport, Limit, LimiterError, Outcome, PolicyMeters, Verdict};
+use crate::limiter::{Coalescing, CostReport, ErrorKind, Limit, Outcome, PolicyMeters, Verdict};
 use crate::rls::Domains;
 use crate::router::RouteTable;
 use strum::EnumCount;
@@ -517,9 +517,9 @@ pub fn policy_meters(backend: &str) -> PolicyMeters {
         duration: LIMITER_DURATION.with_label_values(&[backend]),
         deny_cache_duration: LIMITER_DURATION.with_label_values(&["deny_cache"]),
         lease_duration: LIMITER_DURATION.with_label_values(&["lease"]),
-        errors: LimiterError::KINDS
+        errors: ErrorKind::ALL
             .iter()
-            .map(|kind| LIMITER_ERRORS.with_label_values(&[*kind]))
+            .map(|kind| LIMITER_ERRORS.with_label_values(&[kind.label()]))
             .collect(),
     }
 }
@@ -555,8 +555,8 @@ pub fn init() {
     LazyLock::force(&REQUESTS);
     LazyLock::force(&LIMITER_DURATION);
     LazyLock::force(&LIMITER_BATCH_SIZE);
-    for kind in LimiterError::KINDS {
-        LIMITER_ERRORS.with_label_values(&[kind]);
+    for kind in ErrorKind::ALL {
+        LIMITER_ERRORS.with_label_values(&[kind.label()]);
     }
     LazyLock::force(&UPSTREAM_RESPONSES);
     LazyLock::force(&REQUEST_DURATION);

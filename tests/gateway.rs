@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use redis::Commands;
 use support::config::{route, Config, Route};
-use support::limits::{fixed_window, gcra};
-use support::{metric, Gateway, RedisServer, Upstream};
+use support::limits::{concurrency, fixed_window, gcra};
+use support::{http_get, metric, Gateway, RedisServer, Upstream};
 
 /// Limits in the test Redis (50 ms deadline), with this failure mode.
 fn with_redis(failure_mode: &str) -> Config {
@@ -505,6 +505,41 @@ fn a_flood_from_a_denied_client_is_answered_by_the_deny_cache() {
 }
 
 #[test]
+fn a_deny_cache_answer_counts_only_the_denying_limit() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let global = fixed_window("global", "1000/60s").key(&["route"]);
+    let body = with_redis("allow")
+        .route(burst_route().limit(global))
+        .yaml();
+    let gateway = Gateway::start(&body, &upstream, Some(&redis));
+    let statuses: Vec<u16> = (0..20).map(|_| gateway.get("/api/x").status).collect();
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 5);
+    let metrics = gateway.metrics();
+    let hits = metric(&metrics, "sluice_deny_cache_hits_total", &[]);
+    assert!(hits >= 1.0, "the deny cache answered");
+    let count = |limit, decision| {
+        metric(
+            &metrics,
+            "sluice_limit_decisions_total",
+            &[("route", "api"), ("limit", limit), ("decision", decision)],
+        )
+    };
+    assert_eq!(
+        (
+            count("per_client", "allowed"),
+            count("per_client", "limited")
+        ),
+        (5.0, 15.0)
+    );
+    // Redis judged `global` on every call (it allowed each); the deny cache never asked it.
+    assert_eq!(
+        (count("global", "allowed"), count("global", "limited")),
+        (20.0 - hits, 0.0)
+    );
+}
+
+#[test]
 fn the_breaker_opens_while_redis_is_down_and_closes_when_it_returns() {
     let mut redis = RedisServer::start();
     let upstream = Upstream::start();
@@ -538,6 +573,76 @@ fn the_breaker_opens_while_redis_is_down_and_closes_when_it_returns() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(closed, "the breaker closed once Redis answered again");
+}
+
+#[test]
+fn releases_during_an_outage_are_refused_by_the_open_breaker_not_timed_out() {
+    const HELD: usize = 8;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let body = with_redis("allow")
+        .route(
+            route("api")
+                .prefix("/api/")
+                .limit(concurrency("inflight", 100).key(&["route"])),
+        )
+        .yaml();
+    let gateway = Gateway::start(&body, &upstream, Some(&redis));
+    let proxy = gateway.proxy;
+    // Admitted by Redis, each holding a slot until its response ends.
+    let held: Vec<_> = (0..HELD)
+        .map(|_| std::thread::spawn(move || http_get(proxy, "/api/slow/3000", None, &[]).status))
+        .collect();
+    // Requests are counted when they end; Redis's decisions when they are made.
+    poll("every held request decided by Redis", || {
+        let decided = metric(
+            &gateway.metrics(),
+            "sluice_limiter_duration_seconds_count",
+            &[("backend", "redis")],
+        );
+        decided >= HELD as f64
+    });
+    redis.signal("STOP");
+    poll("the breaker open", || {
+        gateway.get("/api/open");
+        metric(&gateway.metrics(), "sluice_redis_breaker_state", &[]) == 1.0
+    });
+    let errors =
+        |metrics: &str, kind| metric(metrics, "sluice_limiter_errors_total", &[("kind", kind)]);
+    let before = gateway.metrics();
+    for request in held {
+        assert_eq!(request.join().unwrap(), 200);
+    }
+    // Each release is counted as refused or failed; wait until all of them are.
+    let ended = || {
+        let now = gateway.metrics();
+        let refused = errors(&now, "breaker_open") - errors(&before, "breaker_open");
+        let timed_out = errors(&now, "timeout") - errors(&before, "timeout");
+        (refused, timed_out)
+    };
+    poll("every release counted", || {
+        let (refused, timed_out) = ended();
+        refused + timed_out >= HELD as f64
+    });
+    let (refused, timed_out) = ended();
+    redis.signal("CONT");
+    // At most a probe or two (one per breaker interval) reaches the stopped Redis and times out.
+    assert!(
+        refused > timed_out && refused >= (HELD - 2) as f64,
+        "{refused} releases refused by the open breaker, {timed_out} timed out"
+    );
+}
+
+/// Polls `done` every 20 ms for up to 10 s.
+fn poll(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]

@@ -104,13 +104,8 @@ macro_rules! impl_choice {
 }
 pub(crate) use impl_choice;
 
-// The failure mode's names are the limiter's own table.
-impl_choice!(
-    FailureMode,
-    "failure mode",
-    FailureMode::parse,
-    FailureMode::NAMES
-);
+// The failure mode's names are the limiter's own strum table.
+impl_choice!(FailureMode, "failure mode");
 
 /// `algorithm:` of a limit (and of an RLS rate limit): which family runs it. The parameters
 /// that make it a `limiter::Algorithm` are compiled by each section.

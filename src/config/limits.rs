@@ -379,7 +379,7 @@ fn compile_concurrency(at: &str, raw: &RawLimit, p: &mut Problems) -> Option<Alg
     match raw.max {
         Some(max) if max >= 1 => Some(Algorithm::Concurrency {
             max,
-            lease_us: lease.as_micros() as u64,
+            slot_ttl_us: lease.as_micros() as u64,
         }),
         Some(_) => {
             p.add(format!("{at}.max"), "must be at least 1");

@@ -193,7 +193,7 @@ impl Exchange {
     pub async fn abandon<E: Seam>(&mut self, policy: &Policy<E>) {
         if let (Some(route), Some(verdict)) = (&self.route, &self.verdict) {
             policy
-                .give_back(&route.route.limits, &self.asks, verdict)
+                .give_back_abandoned(&route.route.limits, &self.asks, verdict)
                 .await;
         }
         self.abandoned = true;

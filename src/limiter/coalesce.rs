@@ -8,7 +8,9 @@
 //! Sentinel-managed Redis, or one Cluster slot (a script's keys must share a slot). Each request
 //! keeps its own deadline: it stops waiting when it passes, and a request that gave up before its
 //! batch left is never sent. The batch itself runs in its own task until the latest deadline
-//! among its requests, so no request's cancellation strands the others.
+//! among its requests, so no request's cancellation strands the others. If that task panics, a
+//! guard fails the requests of its lane (the batch's and those queued behind it) and frees the
+//! lane, so the next request starts a new task instead of queueing forever.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -176,16 +178,46 @@ impl<E: Execute> Coalescer<E> {
     }
 }
 
+/// A lane being drained: if the draining task unwinds (a panic), dropping this frees the lane
+/// and fails the requests still queued in it (the batch in flight fails as its jobs drop).
+struct Draining<'a> {
+    lane: &'a Lane,
+    finished: bool,
+}
+
+impl Drop for Draining<'_> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let waiting = {
+            let mut queue = self.lane.lock();
+            queue.draining = false;
+            std::mem::take(&mut queue.waiting)
+        };
+        for job in waiting {
+            let _ = job.reply.send(Err(LimiterError::Connection(
+                "the task sending this lane's batches failed".to_string(),
+            )));
+        }
+    }
+}
+
 /// Sends the lane's waiting calls, a batch at a time, until none is left.
 async fn drain<E: Execute>(lane: Arc<Lane>, executor: Arc<E>, coalescing: Coalescing) {
+    let mut guard = Draining {
+        lane: &lane,
+        finished: false,
+    };
     let mut batch: Vec<Job> = Vec::with_capacity(coalescing.max_batch);
     loop {
         {
-            let mut queue = lane.lock();
+            let mut queue = guard.lane.lock();
             // A request that stopped waiting is not sent: it already had its failure mode.
             queue.waiting.retain(|job| !job.reply.is_closed());
             if queue.waiting.is_empty() {
                 queue.draining = false;
+                guard.finished = true;
                 return;
             }
             let take = queue.waiting.len().min(coalescing.max_batch);
@@ -247,6 +279,59 @@ fn answer(jobs: std::vec::Drain<'_, Job>, reply: Result<Vec<i64>, LimiterError>)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::request::{asks, entries, LimitRequest};
+    use crate::limiter::testing::{gcra, limit};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Panics on its first call (an injected bug); then allows every limit.
+    struct PanicsOnce {
+        calls: AtomicUsize,
+    }
+
+    impl Execute for PanicsOnce {
+        async fn execute(
+            &self,
+            calls: &[&Call],
+            _deadline: Duration,
+        ) -> Result<Vec<i64>, LimiterError> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("injected: a batch task panics");
+            }
+            let limits: usize = calls.iter().map(|call| call.limits()).sum();
+            Ok([1, 0, 0, 0, 0, 0].repeat(limits))
+        }
+    }
+
+    fn call() -> Call {
+        let limits = [limit("l", gcra(10, 0))];
+        let asks = asks(&[b"k"], &[1]);
+        let entries = entries(&limits, &asks);
+        Call::of(&LimitRequest::new(&entries))
+    }
+
+    #[tokio::test]
+    async fn a_panicking_batch_fails_its_requests_and_frees_the_lane() {
+        let coalescing = Coalescing {
+            max_batch: 8,
+            sizes: Histogram::with_opts(prometheus::HistogramOpts::new("sizes", "unregistered"))
+                .expect("a valid histogram"),
+        };
+        let executor = PanicsOnce {
+            calls: AtomicUsize::new(0),
+        };
+        let coalescer = Coalescer::new(executor, false, coalescing);
+        let deadline = Duration::from_secs(30);
+        let failed = coalescer.decide(call(), deadline).await;
+        assert!(
+            matches!(failed, Err(LimiterError::Connection(_))),
+            "{failed:?}"
+        );
+        for _ in 0..3 {
+            let (statuses, _) = coalescer.decide(call(), deadline).await.expect("served");
+            assert!(statuses[0].allowed);
+        }
+        assert_eq!(coalescer.executor.calls.load(Ordering::SeqCst), 4);
+    }
 
     #[test]
     fn slots_are_those_redis_computes() {

@@ -34,6 +34,27 @@ pub enum Source {
     Leases,
 }
 
+/// When a request could pass, as its decision says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// It was not denied.
+    NotDenied,
+    /// Never: a denying limit's cost exceeds its capacity.
+    Never,
+    /// After this many milliseconds.
+    AfterMs(u64),
+}
+
+impl Retry {
+    /// The wait, when there is one to wait out.
+    pub fn after_ms(self) -> Option<u64> {
+        match self {
+            Retry::AfterMs(ms) => Some(ms),
+            Retry::NotDenied | Retry::Never => None,
+        }
+    }
+}
+
 impl Decision {
     /// A decision where every limit is enforced.
     pub fn from_statuses(statuses: impl Into<Statuses>) -> Decision {
@@ -77,10 +98,15 @@ impl Decision {
         self.denied_by.is_none()
     }
 
-    /// The longest wait among the denying limits: `Some(None)` when one of them can never pass.
-    pub fn retry_after_ms(&self) -> Option<Option<u64>> {
-        self.denied_by
-            .map(|i| self.statuses.get(i).and_then(|s| s.retry_after_ms))
+    /// When the request could pass: the longest wait among the denying limits.
+    pub fn retry(&self) -> Retry {
+        match self.denied_by {
+            None => Retry::NotDenied,
+            Some(i) => match self.statuses.get(i).and_then(|s| s.retry_after_ms) {
+                Some(ms) => Retry::AfterMs(ms),
+                None => Retry::Never,
+            },
+        }
     }
 
     /// How long an allowed request must be held (the longest shaping delay of its limits).
@@ -114,10 +140,12 @@ mod tests {
             status(false, Some(20)),
             status(false, Some(90)),
         ]);
-        assert_eq!((d.denied_by, d.retry_after_ms()), (Some(2), Some(Some(90))));
+        assert_eq!((d.denied_by, d.retry()), (Some(2), Retry::AfterMs(90)));
         let never = Decision::from_statuses(vec![status(false, Some(5)), status(false, None)]);
-        assert_eq!(never.retry_after_ms(), Some(None));
-        assert!(Decision::from_statuses(vec![status(true, Some(0))]).allowed());
+        assert_eq!(never.retry(), Retry::Never);
+        let allowed = Decision::from_statuses(vec![status(true, Some(0))]);
+        assert!(allowed.allowed());
+        assert_eq!(allowed.retry(), Retry::NotDenied);
     }
 
     #[test]

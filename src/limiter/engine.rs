@@ -3,8 +3,9 @@
 //!
 //! Redis: `Leased(Guarded(RedisLimiter))` decides, so units a gateway holds are spent even while
 //! a denial of their key is cached, and the deny cache and breaker keep floods and outages away
-//! from Redis; releases and settlements go to `RedisLimiter` itself. In-process: `LocalLimiter` is
-//! all three.
+//! from Redis; releases and settlements (a request's end, a lease's unspent units) go to
+//! `RedisLimiter` through the same breaker, so during an outage they fail at once instead of each
+//! waiting out the deadline. In-process: `LocalLimiter` is all three.
 //!
 //! The engine is an enum of the two assemblies, each a concrete type, so a decision is one match
 //! and no boxed future: the policy calls it through the seam's traits.
@@ -17,15 +18,16 @@ use super::clock::Clock;
 use super::coalesce::Coalescing;
 use super::decision::Decision;
 use super::error::LimiterError;
-use super::guard::{GuardMeters, Guarded};
+use super::guard::{BehindBreaker, GuardMeters, Guarded};
 use super::leased::{LeaseMeters, Leased};
 use super::local::LocalLimiter;
 use super::redis::RedisLimiter;
 use super::request::LimitRequest;
 use super::topology::{RedisAuth, Topology};
 
-/// What decides in Redis: the backend behind its deny cache and breaker, then its leases.
-pub type RedisDecider = Leased<Guarded<Arc<RedisLimiter>>, RedisLimiter>;
+/// What decides in Redis: the backend behind its deny cache and breaker, then its leases (whose
+/// unspent units go back through the breaker).
+pub type RedisDecider = Leased<Guarded<Arc<RedisLimiter>>, BehindBreaker<RedisLimiter>>;
 
 /// The configured limiter as the policy uses it.
 #[derive(Clone)]
@@ -36,10 +38,11 @@ pub enum Engine {
     Redis(Arc<RedisEngine>),
 }
 
-/// The Redis assembly: `decide` decides; releases, settlements and readiness go straight to
-/// `backend`.
+/// The Redis assembly: `decide` decides; releases and settlements go to the backend through
+/// `ends` (the breaker `decide` shares); readiness asks `backend` itself.
 pub struct RedisEngine {
     pub decide: RedisDecider,
+    pub ends: Arc<BehindBreaker<RedisLimiter>>,
     pub backend: Arc<RedisLimiter>,
 }
 
@@ -61,8 +64,14 @@ impl Engine {
     ) -> Result<Engine, redis::RedisError> {
         let backend = Arc::new(RedisLimiter::new(topology, auth, deadline, coalescing)?);
         let guarded = Guarded::new(Arc::clone(&backend), true, Arc::clone(&clock), guard_meters);
-        let decide = Leased::new(guarded, Arc::clone(&backend), clock, lease_meters);
-        Ok(Engine::Redis(Arc::new(RedisEngine { decide, backend })))
+        let breaker = guarded.breaker().expect("a Redis guard has a breaker");
+        let ends = Arc::new(BehindBreaker::new(Arc::clone(&backend), breaker));
+        let decide = Leased::new(guarded, Arc::clone(&ends), clock, lease_meters);
+        Ok(Engine::Redis(Arc::new(RedisEngine {
+            decide,
+            ends,
+            backend,
+        })))
     }
 
     /// The backend's name (`redis`, `local`), for logs, metrics and `/readyz`.
@@ -87,7 +96,7 @@ impl ReleaseSlots for Engine {
     async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
         match self {
             Engine::Local(local) => local.release(request).await,
-            Engine::Redis(redis) => redis.backend.release(request).await,
+            Engine::Redis(redis) => redis.ends.release(request).await,
         }
     }
 }
@@ -96,7 +105,7 @@ impl SettleUnits for Engine {
     async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
         match self {
             Engine::Local(local) => local.settle(settlements).await,
-            Engine::Redis(redis) => redis.backend.settle(settlements).await,
+            Engine::Redis(redis) => redis.ends.settle(settlements).await,
         }
     }
 }

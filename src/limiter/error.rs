@@ -1,5 +1,7 @@
 //! Why a limiter could not decide, with a stable kind for metric labels.
 
+use strum::{EnumCount, IntoStaticStr, VariantArray};
+
 /// Why a limiter could not decide. `kind()` is the metric label.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LimiterError {
@@ -7,14 +9,54 @@ pub enum LimiterError {
     Timeout(u64),
     #[error("redis connection failed: {0}")]
     Connection(String),
-    #[error("redis replied with an error ({code}): {message}")]
-    Server { code: &'static str, message: String },
+    #[error("redis replied with an error ({kind}): {message}")]
+    Server { kind: ErrorKind, message: String },
     #[error("unexpected limiter reply: {0}")]
     Reply(String),
     #[error("in-process limiter is full ({0} keys tracked)")]
     LocalCapacity(usize),
     #[error("the Redis circuit breaker is open")]
     BreakerOpen,
+}
+
+/// The kind of a [`LimiterError`]: the `kind` label of `sluice_limiter_errors_total` (its
+/// snake_case name) and, by its discriminant, the index of its counter handle.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, IntoStaticStr, EnumCount, VariantArray, strum::Display,
+)]
+#[strum(serialize_all = "snake_case")]
+pub enum ErrorKind {
+    Timeout,
+    Connection,
+    Noscript,
+    Readonly,
+    Loading,
+    Busy,
+    Oom,
+    Crossslot,
+    Cluster,
+    Auth,
+    /// A Redis error reply of no kind above.
+    Server,
+    Reply,
+    LocalCapacity,
+    BreakerOpen,
+}
+
+impl ErrorKind {
+    /// Every kind, in index order, so metrics can show them at zero from the start.
+    pub const ALL: &'static [ErrorKind] = <ErrorKind as VariantArray>::VARIANTS;
+    pub const COUNT: usize = <ErrorKind as EnumCount>::COUNT;
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        self.into()
+    }
+
+    /// The index of this kind's counter handle.
+    pub fn index(self) -> usize {
+        self as usize
+    }
 }
 
 impl LimiterError {
@@ -24,42 +66,15 @@ impl LimiterError {
         matches!(self, LimiterError::LocalCapacity(_))
     }
 
-    /// Every value `kind()` can take, so metrics can show them at zero from the start.
-    pub const KINDS: [&'static str; 14] = [
-        "timeout",
-        "connection",
-        "noscript",
-        "readonly",
-        "loading",
-        "busy",
-        "oom",
-        "crossslot",
-        "cluster",
-        "auth",
-        "server",
-        "reply",
-        "local_capacity",
-        "breaker_open",
-    ];
-
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            LimiterError::Timeout(_) => "timeout",
-            LimiterError::Connection(_) => "connection",
-            LimiterError::Server { code, .. } => code,
-            LimiterError::Reply(_) => "reply",
-            LimiterError::LocalCapacity(_) => "local_capacity",
-            LimiterError::BreakerOpen => "breaker_open",
+            LimiterError::Timeout(_) => ErrorKind::Timeout,
+            LimiterError::Connection(_) => ErrorKind::Connection,
+            LimiterError::Server { kind, .. } => *kind,
+            LimiterError::Reply(_) => ErrorKind::Reply,
+            LimiterError::LocalCapacity(_) => ErrorKind::LocalCapacity,
+            LimiterError::BreakerOpen => ErrorKind::BreakerOpen,
         }
-    }
-
-    /// The position of `kind()` in [`LimiterError::KINDS`] (`server` for a code not listed).
-    pub fn kind_index(&self) -> usize {
-        let kind = self.kind();
-        LimiterError::KINDS
-            .iter()
-            .position(|k| *k == kind)
-            .unwrap_or(10)
     }
 }
 
@@ -68,21 +83,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_kind_has_its_place() {
-        assert_eq!(LimiterError::KINDS[10], "server");
+    fn every_kind_has_its_label_and_place() {
+        let labels: Vec<&str> = ErrorKind::ALL.iter().map(|k| k.label()).collect();
+        assert_eq!(
+            labels,
+            [
+                "timeout",
+                "connection",
+                "noscript",
+                "readonly",
+                "loading",
+                "busy",
+                "oom",
+                "crossslot",
+                "cluster",
+                "auth",
+                "server",
+                "reply",
+                "local_capacity",
+                "breaker_open",
+            ]
+        );
+        for (index, kind) in ErrorKind::ALL.iter().enumerate() {
+            assert_eq!(kind.index(), index);
+        }
         for (error, kind) in [
             (LimiterError::Timeout(1), "timeout"),
             (LimiterError::BreakerOpen, "breaker_open"),
             (LimiterError::LocalCapacity(1), "local_capacity"),
             (
                 LimiterError::Server {
-                    code: "oom",
+                    kind: ErrorKind::Oom,
                     message: String::new(),
                 },
                 "oom",
             ),
         ] {
-            assert_eq!(LimiterError::KINDS[error.kind_index()], kind);
+            assert_eq!(error.kind().label(), kind);
         }
     }
 }

@@ -13,6 +13,10 @@
 //!   the failure mode applies. Its state is `sluice_redis_breaker_state` and each transition is
 //!   logged.
 //!
+//! Releases of concurrency slots and settlements go through the same breaker
+//! ([`BehindBreaker`]): while it is open they fail at once (`breaker_open`) instead of each
+//! waiting out the Redis deadline, and their failures open it like decisions' do.
+//!
 //! Both read time from the injected [`Clock`], and count through handles given at construction.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -23,7 +27,7 @@ use dashmap::DashMap;
 use prometheus::{IntCounter, IntGauge};
 
 use super::algorithm::Algorithm;
-use super::backend::Limiter;
+use super::backend::{Limiter, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
 use super::decision::{Decision, Source};
 use super::error::LimiterError;
@@ -112,7 +116,7 @@ impl DenyCache {
         // leased top-up asks for more than that (and is asked again exactly when denied).
         let fixed_cost = matches!(entry.limit.cost, Cost::Fixed(cost) if entry.cost == cost);
         let concurrency = matches!(entry.limit.algorithm, Algorithm::Concurrency { .. });
-        let Some(Some(retry_ms)) = decision.retry_after_ms() else {
+        let Some(retry_ms) = decision.retry().after_ms() else {
             return;
         };
         if !fixed_cost || concurrency || retry_ms == 0 {
@@ -261,7 +265,7 @@ pub struct Guarded<L> {
     inner: L,
     clock: Arc<dyn Clock>,
     deny_cache: DenyCache,
-    breaker: Option<Breaker>,
+    breaker: Option<Arc<Breaker>>,
     deny_cache_hits: IntCounter,
 }
 
@@ -275,10 +279,60 @@ impl<L: Limiter> Guarded<L> {
         Guarded {
             inner,
             deny_cache: DenyCache::new(DENY_CACHE_CAPACITY),
-            breaker: with_breaker.then(|| Breaker::new(Arc::clone(&clock), meters.breaker_state)),
+            breaker: with_breaker
+                .then(|| Arc::new(Breaker::new(Arc::clone(&clock), meters.breaker_state))),
             clock,
             deny_cache_hits: meters.deny_cache_hits,
         }
+    }
+
+    /// The breaker, for releases and settlements to share ([`BehindBreaker`]).
+    pub fn breaker(&self) -> Option<Arc<Breaker>> {
+        self.breaker.clone()
+    }
+}
+
+impl Breaker {
+    /// Runs `call` if the breaker admits it (else `breaker_open` at once), and feeds its outcome
+    /// back: errors that say nothing about the backend's health (`always_denies`) do not count.
+    async fn guard<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, LimiterError>>,
+    ) -> Result<T, LimiterError> {
+        if !self.admit() {
+            return Err(LimiterError::BreakerOpen);
+        }
+        let result = call.await;
+        match &result {
+            Ok(_) => self.on_success(),
+            Err(e) if !e.always_denies() => self.on_failure(),
+            Err(_) => {}
+        }
+        result
+    }
+}
+
+/// Releases and settlements sent to a backend through the breaker its decisions go through.
+pub struct BehindBreaker<B> {
+    inner: Arc<B>,
+    breaker: Arc<Breaker>,
+}
+
+impl<B> BehindBreaker<B> {
+    pub fn new(inner: Arc<B>, breaker: Arc<Breaker>) -> BehindBreaker<B> {
+        BehindBreaker { inner, breaker }
+    }
+}
+
+impl<B: ReleaseSlots> ReleaseSlots for BehindBreaker<B> {
+    async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
+        self.breaker.guard(self.inner.release(request)).await
+    }
+}
+
+impl<B: SettleUnits> SettleUnits for BehindBreaker<B> {
+    async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
+        self.breaker.guard(self.inner.settle(settlements)).await
     }
 }
 
@@ -287,23 +341,18 @@ impl<L: Limiter> Limiter for Guarded<L> {
         let now = self.clock.instant();
         if let Some(decision) = self.deny_cache.lookup(request.entries, now) {
             self.deny_cache_hits.inc();
+            // Only the cached limit answers: no shadow limit was asked either.
             return Ok(Decision {
                 source: Source::DenyCache,
                 batch: 0,
+                shadow_denied_by: None,
                 ..decision
             });
         }
-        if let Some(breaker) = &self.breaker {
-            if !breaker.admit() {
-                return Err(LimiterError::BreakerOpen);
-            }
-        }
-        let result = self.inner.check(request).await;
-        match (&result, &self.breaker) {
-            (Ok(_), Some(breaker)) => breaker.on_success(),
-            (Err(e), Some(breaker)) if !e.always_denies() => breaker.on_failure(),
-            _ => {}
-        }
+        let result = match &self.breaker {
+            Some(breaker) => breaker.guard(self.inner.check(request)).await,
+            None => self.inner.check(request).await,
+        };
         if let Ok(decision) = &result {
             if !decision.allowed() {
                 self.deny_cache.remember(request, decision, now);
@@ -427,6 +476,55 @@ mod tests {
         breaker.on_success();
         assert_eq!((breaker.state(), gauge.get()), (BreakerState::Closed, 0));
         assert!(breaker.admit());
+    }
+
+    /// A backend whose releases and settlements all time out, counting the calls that reach it.
+    #[derive(Default)]
+    struct TimesOut {
+        calls: AtomicU32,
+    }
+
+    impl ReleaseSlots for TimesOut {
+        async fn release(&self, _: &LimitRequest<'_>) -> Result<(), LimiterError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            Err(LimiterError::Timeout(50))
+        }
+    }
+
+    impl SettleUnits for TimesOut {
+        async fn settle(&self, _: &[Settlement<'_>]) -> Result<(), LimiterError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            Err(LimiterError::Timeout(50))
+        }
+    }
+
+    #[tokio::test]
+    async fn failing_releases_open_the_breaker_and_then_settlements_fail_at_once() {
+        let clock = Arc::new(ManualClock::new(0));
+        let breaker = Arc::new(Breaker::new(
+            clock,
+            GuardMeters::unregistered().breaker_state,
+        ));
+        let backend = Arc::new(TimesOut::default());
+        let ends = BehindBreaker::new(Arc::clone(&backend), Arc::clone(&breaker));
+        let limits = [limit("c", concurrency(1))];
+        let asks = asks(&[b"k"], &[1]);
+        let entries = entries(&limits, &asks);
+        for _ in 0..FAILURES_TO_OPEN {
+            let released = ends.release(&LimitRequest::new(&entries)).await;
+            assert!(matches!(released, Err(LimiterError::Timeout(_))));
+        }
+        assert_eq!(breaker.state(), BreakerState::Open);
+        let settled = ends.settle(&[]).await;
+        assert!(
+            matches!(settled, Err(LimiterError::BreakerOpen)),
+            "{settled:?}"
+        );
+        assert_eq!(
+            backend.calls.load(Ordering::Relaxed),
+            FAILURES_TO_OPEN,
+            "the open breaker kept the settlement from the backend"
+        );
     }
 
     #[test]

@@ -13,13 +13,16 @@
 //!   back only what time has not drained of them (GCRA), and nothing once their window has been
 //!   replaced (fixed window), so a refund never undoes what another gateway consumed meanwhile.
 //!   A fixed window's units are worthless once their window has closed: they are dropped.
+//! * What a gateway holds of each key is its **holding**; all of them, its `Holdings` (not to be
+//!   confused with upstream `pool::Pool`). A top-up's answer is credited to the holding
+//!   (`credit_top_up`); a settlement is only what goes to the backend.
 //! * A denied top-up is asked again once with the exact costs: a request is never denied for
 //!   units it did not need.
 
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
-use dashmap::mapref::entry::Entry as PoolEntry;
+use dashmap::mapref::entry::Entry as HoldingEntry;
 use dashmap::DashMap;
 use prometheus::{IntCounter, IntGauge};
 use smallvec::SmallVec;
@@ -62,11 +65,11 @@ impl LeaseMeters {
 /// Per-request vectors of a leased call, inline for routes of ordinary size.
 type Costs = SmallVec<[u64; LIMITS_INLINE]>;
 
-/// Shards of the pools' map: bounds what counting it (`len`, on a key's first sighting) locks.
+/// Shards of the holdings' map: bounds what counting it (`len`, on a key's first sighting) locks.
 const SHARDS: usize = 16;
 /// Keys a gateway holds leases for at most (give or take one per request seeing a new key at
 /// the same time); beyond it, further keys are decided exactly.
-pub const POOL_CAPACITY: usize = 10_000;
+pub const HOLDINGS_CAPACITY: usize = 10_000;
 /// A lease is sized to last this long at the rate this gateway has seen on the key.
 const HORIZON: Duration = Duration::from_millis(100);
 /// Unspent units of a key nobody has asked for in this long are given back.
@@ -77,7 +80,7 @@ const SWEEP_EVERY: Duration = Duration::from_millis(100);
 const TOP_UP_STALE: Duration = Duration::from_secs(30);
 
 /// The units a gateway holds of one key.
-struct Pool {
+struct Holding {
     algorithm: Algorithm,
     units: u64,
     /// What the limit had left at the backend's last answer.
@@ -92,14 +95,14 @@ struct Pool {
     spent_since_top_up: u64,
     last_used: Instant,
     /// Since when a request has been asking the backend for more; others ask for their own
-    /// cost only meanwhile. A request dropped mid-call never settles: after `TOP_UP_STALE` the
+    /// cost only meanwhile. A request dropped mid-call never credits its top-up: after `TOP_UP_STALE` the
     /// top-up counts as abandoned.
     topping_up: Option<Instant>,
 }
 
-impl Pool {
-    fn new(algorithm: Algorithm, now: Instant) -> Pool {
-        Pool {
+impl Holding {
+    fn new(algorithm: Algorithm, now: Instant) -> Holding {
+        Holding {
             algorithm,
             units: 0,
             remaining: 0,
@@ -166,18 +169,18 @@ impl Step {
     }
 }
 
-/// Units held per key: a concurrent map (`dashmap`), each key's pool changed under its shard's
-/// lock; idle pools are swept by the injected clock.
-struct Pools {
-    pools: DashMap<Box<[u8]>, Pool>,
+/// Units held per key: a concurrent map (`dashmap`), each key's holding changed under its shard's
+/// lock; idle holdings are swept by the injected clock.
+struct Holdings {
+    holdings: DashMap<Box<[u8]>, Holding>,
     capacity: usize,
     meters: LeaseMeters,
 }
 
-impl Pools {
-    fn new(capacity: usize, meters: LeaseMeters) -> Pools {
-        Pools {
-            pools: DashMap::with_shard_amount(SHARDS),
+impl Holdings {
+    fn new(capacity: usize, meters: LeaseMeters) -> Holdings {
+        Holdings {
+            holdings: DashMap::with_shard_amount(SHARDS),
             capacity: capacity.max(1),
             meters,
         }
@@ -185,18 +188,20 @@ impl Pools {
 
     /// Pays `cost` from the units held, or says what to ask the backend for.
     fn take(&self, limit: &Limit, leasing: Leasing, key: &[u8], cost: u64, now: Instant) -> Step {
-        if let Some(mut pool) = self.pools.get_mut(key) {
-            return self.take_held(&mut pool, leasing, cost, now);
+        if let Some(mut holding) = self.holdings.get_mut(key) {
+            return self.take_held(&mut holding, leasing, cost, now);
         }
-        if self.pools.len() >= self.capacity {
+        if self.holdings.len() >= self.capacity {
             return Step::exact(cost);
         }
-        match self.pools.entry(key.into()) {
+        match self.holdings.entry(key.into()) {
             // Another request saw the key first, meanwhile.
-            PoolEntry::Occupied(mut pool) => self.take_held(pool.get_mut(), leasing, cost, now),
-            PoolEntry::Vacant(vacant) => {
+            HoldingEntry::Occupied(mut holding) => {
+                self.take_held(holding.get_mut(), leasing, cost, now)
+            }
+            HoldingEntry::Vacant(vacant) => {
                 // No rate seen yet: the first request asks for its own cost and starts the clock.
-                vacant.insert(Pool::new(limit.algorithm, now));
+                vacant.insert(Holding::new(limit.algorithm, now));
                 Step::Ask {
                     want: cost,
                     topping_up: true,
@@ -205,86 +210,86 @@ impl Pools {
         }
     }
 
-    /// Pays `cost` from `pool`, or says what to ask the backend for: a top-up, unless another
+    /// Pays `cost` from `holding`, or says what to ask the backend for: a top-up, unless another
     /// request is topping the key up already (then its own cost only).
-    fn take_held(&self, pool: &mut Pool, leasing: Leasing, cost: u64, now: Instant) -> Step {
-        if pool.closed(now) {
-            pool.units = 0;
+    fn take_held(&self, holding: &mut Holding, leasing: Leasing, cost: u64, now: Instant) -> Step {
+        if holding.closed(now) {
+            holding.units = 0;
         }
-        if pool.units >= cost {
-            pool.units -= cost;
-            pool.spent_since_top_up += cost;
-            pool.last_used = now;
+        if holding.units >= cost {
+            holding.units -= cost;
+            holding.spent_since_top_up += cost;
+            holding.last_used = now;
             self.meters.held_decisions.inc();
-            return Step::Held(pool.status(now));
+            return Step::Held(holding.status(now));
         }
-        if pool.topping_up(now) {
+        if holding.topping_up(now) {
             return Step::exact(cost);
         }
-        pool.topping_up = Some(now);
+        holding.topping_up = Some(now);
         Step::Ask {
-            want: cost + pool.extra(now, leasing.max_units, cost),
+            want: cost + holding.extra(now, leasing.max_units, cost),
             topping_up: true,
         }
     }
 
     /// Records the backend's answer to a top-up: `kept` units more are held.
-    fn settle(&self, key: &[u8], kept: u64, cost: u64, status: &LimitStatus, now: Instant) {
-        let Some(mut pool) = self.pools.get_mut(key) else {
+    fn credit_top_up(&self, key: &[u8], kept: u64, cost: u64, status: &LimitStatus, now: Instant) {
+        let Some(mut holding) = self.holdings.get_mut(key) else {
             return;
         };
-        pool.topping_up = None;
-        pool.remaining = status.remaining;
+        holding.topping_up = None;
+        holding.remaining = status.remaining;
         if !status.allowed {
             return;
         }
         let reset = Duration::from_millis(status.reset_after_ms);
         if kept > 0 {
             self.meters.top_ups.inc();
-            if pool.units == 0 {
-                pool.mark_us = status.mark_us;
+            if holding.units == 0 {
+                holding.mark_us = status.mark_us;
             }
         }
-        pool.units += kept;
-        pool.reset_at = now + reset;
-        pool.closes_at =
-            matches!(pool.algorithm, Algorithm::FixedWindow { .. }).then(|| now + reset);
-        pool.topped_up_at = now;
-        pool.spent_since_top_up = cost;
-        pool.last_used = now;
+        holding.units += kept;
+        holding.reset_at = now + reset;
+        holding.closes_at =
+            matches!(holding.algorithm, Algorithm::FixedWindow { .. }).then(|| now + reset);
+        holding.topped_up_at = now;
+        holding.spent_since_top_up = cost;
+        holding.last_used = now;
     }
 
-    /// Puts back units paid from the pool for a request that was denied after all.
+    /// Puts back units paid from the holding for a request that was denied after all.
     fn put_back(&self, key: &[u8], cost: u64) {
-        if let Some(mut pool) = self.pools.get_mut(key) {
-            pool.units += cost;
-            pool.spent_since_top_up = pool.spent_since_top_up.saturating_sub(cost);
+        if let Some(mut holding) = self.holdings.get_mut(key) {
+            holding.units += cost;
+            holding.spent_since_top_up = holding.spent_since_top_up.saturating_sub(cost);
         }
     }
 
     /// Ends a top-up that got no answer.
     fn abandon(&self, key: &[u8]) {
-        if let Some(mut pool) = self.pools.get_mut(key) {
-            pool.topping_up = None;
+        if let Some(mut holding) = self.holdings.get_mut(key) {
+            holding.topping_up = None;
         }
     }
 
-    /// Drops the pools of idle keys and closed windows; returns what to give back.
+    /// Drops the holdings of idle keys and closed windows; returns what to give back.
     fn sweep(&self, now: Instant) -> Vec<Unspent> {
         let mut refunds = Vec::new();
-        self.pools.retain(|key, pool| {
-            let closed = pool.closed(now);
-            let idle = now.duration_since(pool.last_used) >= IDLE;
-            if pool.topping_up(now) || !(closed || idle) {
+        self.holdings.retain(|key, holding| {
+            let closed = holding.closed(now);
+            let idle = now.duration_since(holding.last_used) >= IDLE;
+            if holding.topping_up(now) || !(closed || idle) {
                 return true;
             }
             // A closed window's units are worth nothing (the script would refuse them too).
-            if pool.units > 0 && !closed {
+            if holding.units > 0 && !closed {
                 refunds.push(Unspent {
-                    algorithm: pool.algorithm,
+                    algorithm: holding.algorithm,
                     key: key.clone(),
-                    units: pool.units,
-                    mark_us: pool.mark_us,
+                    units: holding.units,
+                    mark_us: holding.mark_us,
                 });
             }
             false
@@ -293,7 +298,7 @@ impl Pools {
     }
 
     fn held(&self) -> u64 {
-        self.pools.iter().map(|pool| pool.units).sum()
+        self.holdings.iter().map(|holding| holding.units).sum()
     }
 }
 
@@ -304,7 +309,7 @@ pub struct Leased<L, S> {
     inner: L,
     refunds: Arc<S>,
     clock: Arc<dyn Clock>,
-    pools: Arc<Pools>,
+    holdings: Arc<Holdings>,
     sweeper: Once,
 }
 
@@ -319,19 +324,27 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
             inner,
             refunds,
             clock,
-            pools: Arc::new(Pools::new(POOL_CAPACITY, meters)),
+            holdings: Arc::new(Holdings::new(HOLDINGS_CAPACITY, meters)),
             sweeper: Once::new(),
         }
     }
 
     /// Units held unspent across all keys (tests and tools).
     pub fn held(&self) -> u64 {
-        self.pools.held()
+        self.holdings.held()
     }
 
     /// Gives back the units of keys idle (or windows closed) at `now`.
-    pub async fn give_back_idle(&self, now: Instant) {
-        give_back(&self.pools, self.refunds.as_ref(), now).await;
+    pub async fn return_idle_units(&self, now: Instant) {
+        return_unspent(&self.holdings, self.refunds.as_ref(), now).await;
+    }
+
+    /// Never starts the sweeping task: idle units go back only when [`Leased::return_idle_units`]
+    /// is called (unit tests drive the clock and the sweep by hand).
+    #[cfg(test)]
+    fn swept_by_hand(self) -> Leased<L, S> {
+        self.sweeper.call_once(|| {});
+        self
     }
 
     /// Starts the task that gives back idle keys' units, inside the runtime serving requests.
@@ -340,17 +353,18 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 return;
             };
-            let pools = Arc::downgrade(&self.pools);
+            let holdings = Arc::downgrade(&self.holdings);
             let refunds = Arc::downgrade(&self.refunds);
             let clock = Arc::clone(&self.clock);
             runtime.spawn(async move {
                 let mut tick = tokio::time::interval(SWEEP_EVERY);
                 loop {
                     tick.tick().await;
-                    let (Some(pools), Some(refunds)) = (pools.upgrade(), refunds.upgrade()) else {
+                    let (Some(holdings), Some(refunds)) = (holdings.upgrade(), refunds.upgrade())
+                    else {
                         break;
                     };
-                    give_back(&pools, refunds.as_ref(), clock.instant()).await;
+                    return_unspent(&holdings, refunds.as_ref(), clock.instant()).await;
                 }
             });
         });
@@ -376,14 +390,14 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
             .await
     }
 
-    /// Undoes what `steps` did to the pools when the request is not admitted.
+    /// Undoes what `steps` did to the holdings when the request is not admitted.
     fn unwind(&self, request: &LimitRequest<'_>, steps: &[Step]) {
         for (entry, step) in request.entries.iter().zip(steps) {
             match *step {
-                Step::Held(_) => self.pools.put_back(entry.key, entry.cost),
+                Step::Held(_) => self.holdings.put_back(entry.key, entry.cost),
                 Step::Ask {
                     topping_up: true, ..
-                } => self.pools.abandon(entry.key),
+                } => self.holdings.abandon(entry.key),
                 Step::Ask { .. } => {}
             }
         }
@@ -411,8 +425,8 @@ struct Unspent {
     mark_us: i64,
 }
 
-async fn give_back(pools: &Pools, refunds: &impl SettleUnits, now: Instant) {
-    for unspent in pools.sweep(now) {
+async fn return_unspent(holdings: &Holdings, refunds: &impl SettleUnits, now: Instant) {
+    for unspent in holdings.sweep(now) {
         let Unspent {
             algorithm,
             key,
@@ -425,14 +439,14 @@ async fn give_back(pools: &Pools, refunds: &impl SettleUnits, now: Instant) {
             change: Change::GiveBack { units, mark_us },
         };
         match refunds.settle(&[settlement]).await {
-            Ok(()) => pools.meters.units_returned.inc_by(units),
+            Ok(()) => holdings.meters.units_returned.inc_by(units),
             Err(error) => log::debug!("could not give back {units} leased units: {error}"),
         }
     }
-    pools
+    holdings
         .meters
         .units_held
-        .set(i64::try_from(pools.held()).unwrap_or(i64::MAX));
+        .set(i64::try_from(holdings.held()).unwrap_or(i64::MAX));
 }
 
 impl<L: Limiter, S: SettleUnits + 'static> Limiter for Leased<L, S> {
@@ -502,16 +516,17 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
             .entries
             .iter()
             .map(|entry| match entry.limit.leased {
-                Some(leasing) => self
-                    .pools
-                    .take(entry.limit, leasing, entry.key, entry.cost, now),
+                Some(leasing) => {
+                    self.holdings
+                        .take(entry.limit, leasing, entry.key, entry.cost, now)
+                }
                 None => Step::exact(entry.cost),
             })
             .collect()
     }
 
     /// Asks the backend for what `asked` wants; a denied top-up is asked again, exactly. The
-    /// answer, and whether it took more than the costs (units to keep). Unwinds the pools when
+    /// answer, and whether it took more than the costs (units to keep). Unwinds the holdings when
     /// there is no usable answer.
     async fn ask_backend(
         &self,
@@ -560,7 +575,7 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
             let status = match *step {
                 Step::Held(status) => {
                     if !allowed {
-                        self.pools.put_back(entry.key, entry.cost);
+                        self.holdings.put_back(entry.key, entry.cost);
                     }
                     status
                 }
@@ -573,7 +588,8 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
                             0
                         };
                         if topping_up {
-                            self.pools.settle(entry.key, kept, entry.cost, status, now);
+                            self.holdings
+                                .credit_top_up(entry.key, kept, entry.cost, status, now);
                         }
                         LimitStatus {
                             remaining: status.remaining + kept,
@@ -594,7 +610,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::limiter::clock::{ManualClock, SystemClock};
+    use crate::limiter::clock::ManualClock;
     use crate::limiter::local::LocalLimiter;
     use crate::limiter::request::entries;
     use crate::limiter::testing::{asks, limit, window};
@@ -620,14 +636,19 @@ mod tests {
         })
     }
 
-    /// A gateway leasing from `backend`, giving units back to it.
-    fn gateway(backend: &Arc<Counting>) -> Leased<Arc<Counting>, LocalLimiter> {
+    /// A gateway leasing from `backend`, giving units back to it, on its own clock; idle units
+    /// go back only when the test sweeps.
+    fn gateway(
+        backend: &Arc<Counting>,
+        clock: &Arc<ManualClock>,
+    ) -> Leased<Arc<Counting>, LocalLimiter> {
         Leased::new(
             backend.clone(),
             backend.backend.clone(),
-            Arc::new(SystemClock),
+            clock.clone(),
             LeaseMeters::unregistered(),
         )
+        .swept_by_hand()
     }
 
     fn leased(algorithm: Algorithm, max_units: u64) -> [Limit; 1] {
@@ -664,7 +685,8 @@ mod tests {
     #[tokio::test]
     async fn a_hot_key_is_served_from_leases_with_few_backend_calls() {
         let backend = backend();
-        let gateway = gateway(&backend);
+        let clock = Arc::new(ManualClock::new(0));
+        let gateway = gateway(&backend, &clock);
         let limits = leased(window(1000), 100);
         for _ in 0..200 {
             assert!(call(&gateway, &limits, 1).await.allowed());
@@ -679,7 +701,8 @@ mod tests {
     #[tokio::test]
     async fn two_gateways_never_admit_more_than_the_limit_and_idle_units_go_back() {
         let backend = backend();
-        let (a, b) = (gateway(&backend), gateway(&backend));
+        let clock = Arc::new(ManualClock::new(0));
+        let (a, b) = (gateway(&backend, &clock), gateway(&backend, &clock));
         let limits = leased(window(100), 10);
         let mut admitted = 0;
         for i in 0..300 {
@@ -693,9 +716,9 @@ mod tests {
             100,
             "admitted {admitted}, held {held}"
         );
-        let later = Instant::now() + Duration::from_secs(1);
-        a.give_back_idle(later).await;
-        b.give_back_idle(later).await;
+        clock.advance_by(Duration::from_secs(1));
+        a.return_idle_units(clock.instant()).await;
+        b.return_idle_units(clock.instant()).await;
         assert_eq!((a.held(), b.held()), (0, 0));
         assert_eq!(left(&backend, &limits).await, held);
         for _ in 0..held + 5 {
@@ -707,7 +730,8 @@ mod tests {
     #[tokio::test]
     async fn a_denied_top_up_is_asked_again_for_the_exact_cost() {
         let backend = backend();
-        let gateway = gateway(&backend);
+        let clock = Arc::new(ManualClock::new(0));
+        let gateway = gateway(&backend, &clock);
         let limits = leased(window(100), 50);
         // The first request starts the clock; the second leases 50 more.
         for _ in 0..2 {
@@ -727,13 +751,14 @@ mod tests {
         assert_eq!(backend.checks.load(Ordering::Relaxed), checks + 2);
         let denied = call(&gateway, &limits, 1).await;
         assert!(!denied.allowed());
-        assert!(denied.retry_after_ms().flatten().is_some());
+        assert!(denied.retry().after_ms().is_some());
     }
 
     #[tokio::test]
     async fn units_paid_from_a_lease_are_put_back_when_another_limit_denies() {
         let backend = backend();
-        let gateway = gateway(&backend);
+        let clock = Arc::new(ManualClock::new(0));
+        let gateway = gateway(&backend, &clock);
         let [hot] = leased(window(100), 10);
         let strict = limit("strict", window(3));
         let limits = [hot, strict];
@@ -750,7 +775,8 @@ mod tests {
     #[tokio::test]
     async fn a_shadow_limit_that_denies_a_top_up_keeps_nothing() {
         let backend = backend();
-        let gateway = gateway(&backend);
+        let clock = Arc::new(ManualClock::new(0));
+        let gateway = gateway(&backend, &clock);
         let mut limits = leased(window(10), 5);
         limits[0].shadow = true;
         for _ in 0..2 {
@@ -775,16 +801,16 @@ mod tests {
 
     #[test]
     fn a_top_up_dropped_with_its_request_is_abandoned_after_a_while() {
-        let pools = Pools::new(10, LeaseMeters::unregistered());
+        let holdings = Holdings::new(10, LeaseMeters::unregistered());
         let [limit] = leased(window(100), 10);
         let leasing = Leasing { max_units: 10 };
-        let t0 = Instant::now();
-        let asks = |at: Instant| match pools.take(&limit, leasing, KEY, 1, at) {
+        let t0 = ManualClock::new(0).instant();
+        let asks = |at: Instant| match holdings.take(&limit, leasing, KEY, 1, at) {
             Step::Ask { topping_up, .. } => topping_up,
             Step::Held(_) => panic!("nothing is held"),
         };
         assert!(asks(t0), "the first request starts a top-up");
-        // Its request is dropped before the answer: nobody settles it.
+        // Its request is dropped before the answer: nobody credits it.
         assert!(
             !asks(t0 + Duration::from_secs(1)),
             "meanwhile others ask exactly"

@@ -25,7 +25,7 @@ use redis::{
     RedisConnectionInfo, RedisFuture, TlsCertificates, TlsMode, Value,
 };
 
-use super::error::LimiterError;
+use super::error::{ErrorKind, LimiterError};
 use super::topology::{RedisAuth, Topology};
 
 /// How long a (re)connect attempt may take in the background; requests never wait for it
@@ -209,7 +209,7 @@ impl Link {
                 LimiterError::Connection(_)
                     | LimiterError::Timeout(_)
                     | LimiterError::Server {
-                        code: "readonly",
+                        kind: ErrorKind::Readonly,
                         ..
                     }
             );

@@ -6,7 +6,7 @@
 //! state has expired is equivalent to absent and is swept when a shard fills up; when a shard
 //! is full of live state, the request fails with `LocalCapacity` (never "admit untracked").
 //!
-//! Why this map is hand-written while the deny cache and the lease pools use `dashmap`: a
+//! Why this map is hand-written while the deny cache and the lease holdings use `dashmap`: a
 //! decision must hold every key of the request at once, so that deciding and writing them all
 //! is one atomic step. A concurrent map's API locks one key (one shard) per call, and holding two
 //! of its guards from one thread can deadlock on a shared shard; its raw shard API is unstable
@@ -134,7 +134,7 @@ impl LocalLimiter {
         Ok(())
     }
 
-    /// Drops the leases `request.id` holds in the concurrency limits of `request`.
+    /// Frees the slots `request.id` holds in the concurrency limits of `request`.
     pub fn release_now(&self, request: &LimitRequest<'_>) {
         let (mut guards, slots) = self.lock(request.entries);
         for (entry, &slot) in request.entries.iter().zip(&slots) {
@@ -362,7 +362,7 @@ mod tests {
     }
 
     #[test]
-    fn concurrency_leases_are_released_by_id() {
+    fn concurrency_slots_are_released_by_id() {
         let limiter = LocalLimiter::new(Arc::new(ManualClock::new(0)), 1000);
         let limits = [limit("c", concurrency(1))];
         let admitted = |id| {

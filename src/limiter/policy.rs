@@ -17,15 +17,28 @@ use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Set
 use super::clock::Clock;
 use super::decision::{Decision, Source};
 use super::engine::Engine;
-use super::error::LimiterError;
+use super::error::{ErrorKind, LimiterError};
 use super::id::{RequestId, RequestIds};
 use super::limit::{CostReport, Limit, LIMITS_INLINE};
 use super::local::LocalLimiter;
 use super::request::{entries, Ask, LimitRequest};
 use super::verdict::{Decider, Outcome, Verdict};
 
-/// What a request gets when the limiter cannot decide (Redis error or deadline missed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a request gets when the limiter cannot decide (Redis error or deadline missed). Its
+/// snake_case name (`allow`, `deny`, `local`) is what the configuration says (`FromStr`, the
+/// names listed by `VariantNames`) and what logs and labels show (`label()`, `Display`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    strum::EnumString,
+    strum::VariantNames,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum FailureMode {
     Allow,
     Deny,
@@ -34,32 +47,9 @@ pub enum FailureMode {
 }
 
 impl FailureMode {
-    /// The names the configuration accepts, for its error messages.
-    pub const NAMES: &'static str = "allow, deny or local";
-
+    /// The name, as the configuration spells it.
     pub fn label(self) -> &'static str {
-        match self {
-            FailureMode::Allow => "allow",
-            FailureMode::Deny => "deny",
-            FailureMode::Local => "local",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<FailureMode> {
-        match name {
-            "allow" => Some(FailureMode::Allow),
-            "deny" => Some(FailureMode::Deny),
-            "local" => Some(FailureMode::Local),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FailureMode::Allow => "allow",
-            FailureMode::Deny => "deny",
-            FailureMode::Local => "local",
-        }
+        self.into()
     }
 
     /// Whether requests are refused while the limiter is unreachable.
@@ -141,7 +131,7 @@ pub struct PolicyMeters {
     pub deny_cache_duration: Histogram,
     /// The same, for decisions paid from leases held.
     pub lease_duration: Histogram,
-    /// `sluice_limiter_errors_total`, one handle per [`LimiterError::KINDS`] entry.
+    /// `sluice_limiter_errors_total`, one handle per [`ErrorKind`], in its order.
     pub errors: Vec<IntCounter>,
 }
 
@@ -156,15 +146,15 @@ impl PolicyMeters {
             duration: histogram(),
             deny_cache_duration: histogram(),
             lease_duration: histogram(),
-            errors: LimiterError::KINDS
+            errors: ErrorKind::ALL
                 .iter()
-                .map(|kind| IntCounter::new(*kind, "unregistered").expect("a valid counter"))
+                .map(|kind| IntCounter::new(kind.label(), "unregistered").expect("a valid counter"))
                 .collect(),
         }
     }
 
     fn error(&self, error: &LimiterError) {
-        if let Some(counter) = self.errors.get(error.kind_index()) {
+        if let Some(counter) = self.errors.get(error.kind().index()) {
             counter.inc();
         }
     }
@@ -330,7 +320,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     /// the call's marks so nothing another request consumed since is given back. Other limits
     /// keep what they counted (a sliding window or log cannot give back exactly; a leased limit's
     /// units go back with its lease); concurrency slots go back with [`Policy::finish`].
-    pub async fn give_back(&self, set: &LimitSet, asks: &[Ask], verdict: &Verdict) {
+    pub async fn give_back_abandoned(&self, set: &LimitSet, asks: &[Ask], verdict: &Verdict) {
         self.settle(set, asks, verdict, |_, limit, ask, mark_us| {
             (limit.leased.is_none() && ask.cost > 0).then_some(Change::GiveBack {
                 units: ask.cost,
@@ -429,7 +419,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
             log::warn!(
                 "rate limiter unavailable ({}): {error}; failure_mode={} applies",
                 error.kind(),
-                failure_mode.as_str()
+                failure_mode.label()
             );
         }
     }
@@ -550,8 +540,8 @@ mod tests {
     }
 
     fn errors(meters: &PolicyMeters, kind: &str) -> u64 {
-        let index = LimiterError::KINDS.iter().position(|k| *k == kind).unwrap();
-        meters.errors[index].get()
+        let kind = ErrorKind::ALL.iter().find(|k| k.label() == kind).unwrap();
+        meters.errors[kind.index()].get()
     }
 
     #[tokio::test]
@@ -665,7 +655,7 @@ mod tests {
         assert_eq!(held.delay, Duration::from_millis(100));
         // Its client leaves before its turn: the slot it reserved goes back, and the next
         // request gets the same turn instead of the one after.
-        f.policy.give_back(&routes, &ask, &held).await;
+        f.policy.give_back_abandoned(&routes, &ask, &held).await;
         assert_eq!(
             f.policy.decide(&routes, &ask).await.delay,
             Duration::from_millis(100)

@@ -14,7 +14,7 @@ use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::coalesce::{Coalescer, Coalescing, Execute};
 use super::decision::Decision;
-use super::error::LimiterError;
+use super::error::{ErrorKind, LimiterError};
 use super::link::Link;
 use super::request::LimitRequest;
 use super::script::{self, Call};
@@ -167,20 +167,20 @@ pub fn classify(error: redis::RedisError) -> LimiterError {
     if error.is_io_error() || error.is_connection_dropped() || error.is_connection_refusal() {
         return LimiterError::Connection(error.to_string());
     }
-    let code = match error.code() {
-        Some("NOSCRIPT") => "noscript",
-        Some("READONLY") => "readonly",
-        Some("LOADING") => "loading",
-        Some("BUSY") => "busy",
-        Some("OOM") => "oom",
-        Some("CROSSSLOT") => "crossslot",
-        Some("MOVED") | Some("ASK") | Some("TRYAGAIN") | Some("CLUSTERDOWN") => "cluster",
-        Some("NOPERM") | Some("NOAUTH") | Some("WRONGPASS") => "auth",
-        Some(_) => "server",
+    let kind = match error.code() {
+        Some("NOSCRIPT") => ErrorKind::Noscript,
+        Some("READONLY") => ErrorKind::Readonly,
+        Some("LOADING") => ErrorKind::Loading,
+        Some("BUSY") => ErrorKind::Busy,
+        Some("OOM") => ErrorKind::Oom,
+        Some("CROSSSLOT") => ErrorKind::Crossslot,
+        Some("MOVED") | Some("ASK") | Some("TRYAGAIN") | Some("CLUSTERDOWN") => ErrorKind::Cluster,
+        Some("NOPERM") | Some("NOAUTH") | Some("WRONGPASS") => ErrorKind::Auth,
+        Some(_) => ErrorKind::Server,
         None => return LimiterError::Reply(error.to_string()),
     };
     LimiterError::Server {
-        code,
+        kind,
         message: error.to_string(),
     }
 }

@@ -236,7 +236,7 @@ mod tests {
         assert_eq!(d.statuses[1].retry_after_ms, Some(250));
         assert_eq!(d.statuses[0].mark_us, 7);
         let never = parse_reply(&[0, 0, -1, 0, 0, 0], 1).unwrap();
-        assert_eq!(never.retry_after_ms(), Some(None));
+        assert_eq!(never.retry(), crate::limiter::decision::Retry::Never);
         let shaped = parse_reply(&[1, 0, 0, 300, 120, 9], 1).unwrap();
         assert_eq!(shaped.delay_ms(), 120);
     }

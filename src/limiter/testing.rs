@@ -40,7 +40,7 @@ pub fn window(limit: u64) -> Algorithm {
 pub fn concurrency(max: u64) -> Algorithm {
     Algorithm::Concurrency {
         max,
-        lease_us: 60_000_000,
+        slot_ttl_us: 60_000_000,
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::decision::Decision;
+use super::decision::{Decision, Source};
 use super::id::RequestId;
 use super::limit::Limit;
 
@@ -66,20 +66,28 @@ impl Outcome {
     }
 
     /// What each of `limits` said about a request, by index (nothing when no limiter was asked:
-    /// no limits, or the request was refused before).
+    /// no limits, or the request was refused before). A deny-cache answer counts only the
+    /// limit whose cached denial answered it: the route's other limits were not asked.
     pub fn per_limit<'a>(
         limits: &'a [Limit],
         verdict: &'a Verdict,
     ) -> impl Iterator<Item = (usize, Outcome)> + 'a {
         let local = verdict.decider == Decider::Fallback;
-        let decided =
-            verdict.decision.iter().flat_map(move |decision| {
-                decision.statuses.iter().zip(limits).enumerate().map(
-                    move |(index, (status, limit))| {
-                        (index, Outcome::of(status.allowed, limit.shadow, local))
-                    },
-                )
-            });
+        let decided = verdict.decision.iter().flat_map(move |decision| {
+            // The deny cache knows only that its key's limit denies: the others were not asked.
+            let asked = move |index: usize| {
+                decision.source != Source::DenyCache || decision.denied_by == Some(index)
+            };
+            decision
+                .statuses
+                .iter()
+                .zip(limits)
+                .enumerate()
+                .filter(move |(index, _)| asked(*index))
+                .map(move |(index, (status, limit))| {
+                    (index, Outcome::of(status.allowed, limit.shadow, local))
+                })
+        });
         let failed = match (&verdict.decision, verdict.outcome) {
             (None, Outcome::ErrorAllowed) => Some(Outcome::ErrorAllowed),
             (None, Outcome::ErrorDenied) => Some(Outcome::ErrorDenied),

@@ -152,7 +152,7 @@ async fn respond_grpc(
                 .denied_by
                 .and_then(|i| route.limits.limits().get(i))
                 .map_or("", |l| &*l.name);
-            if let Some(ms) = decision.retry_after_ms().flatten() {
+            if let Some(ms) = decision.retry().after_ms() {
                 header.insert_header("grpc-retry-pushback-ms", ms)?;
                 header.insert_header(RETRY_AFTER, ceil_seconds(ms).max(1))?;
             }
@@ -233,7 +233,7 @@ fn limited_body(
 ) -> pingora::Result<Bytes> {
     let denied = decision.denied_by.unwrap_or(0);
     let limit = route.limits.limits().get(denied).map_or("", |l| &*l.name);
-    let retry = decision.retry_after_ms().flatten();
+    let retry = decision.retry().after_ms();
     let extra = match retry {
         Some(ms) => {
             let seconds = ceil_seconds(ms).max(1);

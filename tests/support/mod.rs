@@ -172,6 +172,20 @@ impl RedisServer {
             .expect("connect to the test redis-server")
     }
 
+    /// The server's process id (to SIGSTOP/SIGCONT it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the server.
+    pub fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &self.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} redis-server");
+    }
+
     /// Kills the server; `start_on(self.port)` brings one back.
     pub fn stop(&mut self) {
         reap(&mut self.child);

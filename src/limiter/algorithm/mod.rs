@@ -48,8 +48,9 @@ pub enum Algorithm {
     SlidingWindow { limit: u64, window_us: u64 },
     /// Exact: a log of admitted units' timestamps over the last window.
     SlidingLog { limit: u64, window_us: u64 },
-    /// At most `max` requests in flight per key, each holding a lease that expires.
-    Concurrency { max: u64, lease_us: u64 },
+    /// At most `max` requests in flight per key, each holding a slot that expires `slot_ttl_us` after it
+    /// was taken (the YAML's `lease:`) unless released sooner.
+    Concurrency { max: u64, slot_ttl_us: u64 },
 }
 
 impl Algorithm {
@@ -82,9 +83,9 @@ impl Algorithm {
                 limit: (limit / k).max(1),
                 window_us,
             },
-            Algorithm::Concurrency { max, lease_us } => Algorithm::Concurrency {
+            Algorithm::Concurrency { max, slot_ttl_us } => Algorithm::Concurrency {
                 max: (max / k).max(1),
-                lease_us,
+                slot_ttl_us,
             },
         }
     }
@@ -128,11 +129,11 @@ impl Algorithm {
             Algorithm::FixedWindow { limit, window_us }
             | Algorithm::SlidingWindow { limit, window_us }
             | Algorithm::SlidingLog { limit, window_us } => [limit, window_us, 0],
-            Algorithm::Concurrency { max, lease_us } => [max, lease_us, 0],
+            Algorithm::Concurrency { max, slot_ttl_us } => [max, slot_ttl_us, 0],
         }
     }
 
-    /// Whether requests through this limit need a unique id (log members, leases).
+    /// Whether requests through this limit need a unique id (log members, concurrency slots).
     pub fn needs_request_id(&self) -> bool {
         matches!(
             self,
@@ -192,12 +193,12 @@ impl Algorithm {
                 };
                 sliding_log::decide(limit, window_us as i64, stamps, now_us, cost)
             }
-            Algorithm::Concurrency { max, lease_us } => {
-                let leases = match state {
-                    Some(State::Leases { leases }) => leases.as_slice(),
+            Algorithm::Concurrency { max, slot_ttl_us } => {
+                let slots = match state {
+                    Some(State::Slots { slots }) => slots.as_slice(),
                     _ => &[],
                 };
-                concurrency::decide(max, lease_us as i64, leases, now_us, cost, id)
+                concurrency::decide(max, slot_ttl_us as i64, slots, now_us, cost, id)
             }
         }
     }
@@ -287,9 +288,9 @@ impl Algorithm {
     }
 }
 
-/// Removes the lease of `id` (in-process backend; the Redis side is `lua/release.lua`).
+/// Frees the concurrency slot of `id` (in-process backend; the Redis side is `lua/release.lua`).
 pub fn release(state: &mut State, id: RequestId) {
-    if let State::Leases { leases } = state {
-        leases.retain(|(holder, _)| *holder != id);
+    if let State::Slots { slots } = state {
+        slots.retain(|(holder, _)| *holder != id);
     }
 }

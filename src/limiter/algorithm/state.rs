@@ -19,8 +19,8 @@ pub enum State {
     },
     /// Timestamps of admitted units, ascending.
     Log { stamps: VecDeque<i64> },
-    /// Leases held: request and expiry.
-    Leases { leases: Vec<(RequestId, i64)> },
+    /// Concurrency slots held: request and expiry.
+    Slots { slots: Vec<(RequestId, i64)> },
 }
 
 impl State {

@@ -457,37 +457,7 @@ fn judged(decision: Decision, decider: Decider) -> Verdict {
 mod tests {
     use super::*;
     use crate::limiter::clock::ManualClock;
-    use crate::limiter::testing::{asks, concurrency, gcra, limit};
-
-    /// A backend that cannot decide: every call fails with `error()`.
-    struct Unavailable(fn() -> LimiterError);
-
-    impl Limiter for Unavailable {
-        async fn check(&self, _: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
-            Err((self.0)())
-        }
-    }
-
-    impl ReleaseSlots for Unavailable {
-        async fn release(&self, _: &LimitRequest<'_>) -> Result<(), LimiterError> {
-            Err((self.0)())
-        }
-    }
-
-    impl SettleUnits for Unavailable {
-        async fn settle(&self, _: &[Settlement<'_>]) -> Result<(), LimiterError> {
-            Err((self.0)())
-        }
-    }
-
-    impl Backend for Unavailable {
-        async fn readiness(&self) -> Readiness {
-            Readiness::Unavailable("down".into())
-        }
-        fn name(&self) -> &'static str {
-            "redis"
-        }
-    }
+    use crate::limiter::testing::{asks, concurrency, gcra, limit, Unavailable};
 
     fn timeout() -> LimiterError {
         LimiterError::Timeout(25)

@@ -19,6 +19,7 @@ pub mod config;
 pub mod daemon;
 pub mod exchange;
 pub mod identity;
+pub mod jwt;
 pub mod keys;
 pub mod limiter;
 pub mod listening;

@@ -11,6 +11,7 @@
 pub mod addresses;
 pub mod choice;
 pub mod compile;
+pub mod jwt;
 pub mod limits;
 pub mod listeners;
 pub mod model;

@@ -1,0 +1,245 @@
+//! Verifying a bearer token: the header's algorithm against the allow-list, the key by `kid`,
+//! the signature (by `jsonwebtoken`), then the claims against the settings and the given time.
+//! Nothing here waits: the keys are whatever the last load or fetch installed.
+
+use super::jwks::{KeySet, Selection, VerifyKey};
+use super::rejection::{JwtRejection, VerifiedToken};
+use super::settings::{JwtSettings, KeySource, UrlSource};
+use arc_swap::ArcSwap;
+use base64::Engine;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, Validation};
+use serde_json::{Map, Value};
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+type Claims = Map<String, Value>;
+
+/// Verifies bearer tokens with the keys of one configuration.
+pub struct JwtVerifier {
+    settings: JwtSettings,
+    /// Claims whose values [`VerifiedToken::claims`] carries, in this order.
+    claim_names: Box<[Box<str>]>,
+    /// One signature-only validation per allowed algorithm (claims are checked here).
+    validations: Box<[(Algorithm, Validation)]>,
+    keys: ArcSwap<KeySet>,
+    /// Woken when a token names a `kid` no key has: the refresh may fetch early.
+    refresh_wanted: Notify,
+}
+
+impl JwtVerifier {
+    /// A verifier for `settings`, carrying the values of `claim_names` in each verified token.
+    /// With `previous` of the same JWKS URL, its keys are kept until the next fetch (a reload
+    /// does not drop to "no keys"); a file's keys are those the configuration just read.
+    pub fn new(
+        settings: JwtSettings,
+        claim_names: &[&str],
+        previous: Option<&JwtVerifier>,
+    ) -> JwtVerifier {
+        let keys = match (&settings.source, previous) {
+            (Some(KeySource::File { keys, .. }), _) => Arc::clone(keys),
+            (Some(KeySource::Url(url)), Some(previous))
+                if previous.url_source().is_some_and(|old| old.url == url.url) =>
+            {
+                previous.keys.load_full()
+            }
+            _ => Arc::new(KeySet::default()),
+        };
+        let validations = settings
+            .algorithms
+            .iter()
+            .map(|alg| (*alg, signature_only(*alg)))
+            .collect();
+        JwtVerifier {
+            claim_names: claim_names.iter().map(|name| (*name).into()).collect(),
+            validations,
+            keys: ArcSwap::new(keys),
+            refresh_wanted: Notify::new(),
+            settings,
+        }
+    }
+
+    pub fn settings(&self) -> &JwtSettings {
+        &self.settings
+    }
+
+    /// The JWKS URL, when the keys are fetched.
+    pub fn url_source(&self) -> Option<&UrlSource> {
+        match &self.settings.source {
+            Some(KeySource::Url(url)) => Some(url),
+            _ => None,
+        }
+    }
+
+    /// The keys in force now.
+    pub fn keys(&self) -> Arc<KeySet> {
+        self.keys.load_full()
+    }
+
+    /// Puts `keys` in force (a fetch's result).
+    pub fn install(&self, keys: KeySet) {
+        self.keys.store(Arc::new(keys));
+    }
+
+    /// Resolves when a token named an unknown `kid` since the last call.
+    pub async fn refresh_wanted(&self) {
+        self.refresh_wanted.notified().await;
+    }
+
+    /// Verifies `token` at `now_unix_secs`.
+    pub fn verify(&self, token: &str, now_unix_secs: u64) -> Result<VerifiedToken, JwtRejection> {
+        let header = jsonwebtoken::decode_header(token).map_err(|_| header_rejection(token))?;
+        let validation = self
+            .validations
+            .iter()
+            .find(|(alg, _)| *alg == header.alg)
+            .map(|(_, validation)| validation)
+            .ok_or(JwtRejection::AlgorithmNotAllowed)?;
+        let keys = self.keys.load();
+        let key = self.key_for(&keys, header.kid.as_deref(), header.alg)?;
+        let claims = jsonwebtoken::decode::<Claims>(token, &key.key, validation)
+            .map_err(|e| signature_rejection(e.kind()))?
+            .claims;
+        self.check_claims(&claims, now_unix_secs)?;
+        self.verified(&claims)
+    }
+
+    fn key_for<'k>(
+        &'k self,
+        keys: &'k KeySet,
+        kid: Option<&str>,
+        alg: Algorithm,
+    ) -> Result<&'k VerifyKey, JwtRejection> {
+        if let (None, Some(hmac)) = (kid, &self.settings.hmac) {
+            if hmac.fits(alg) {
+                return Ok(hmac);
+            }
+        }
+        if keys.is_empty() && self.settings.hmac.is_none() {
+            return Err(JwtRejection::NoKeys);
+        }
+        keys.select(kid, alg).map_err(|selection| match selection {
+            Selection::Unknown => {
+                if kid.is_some() {
+                    self.refresh_wanted.notify_one();
+                }
+                JwtRejection::UnknownKey
+            }
+            Selection::WrongKind => JwtRejection::KeyMismatch,
+        })
+    }
+
+    /// `exp` (required), `nbf`, `iss`, `aud`, each of the right JSON type.
+    fn check_claims(&self, claims: &Claims, now: u64) -> Result<(), JwtRejection> {
+        let now = now as f64;
+        let leeway = self.settings.leeway_seconds as f64;
+        let exp = claims.get("exp").ok_or(JwtRejection::NoExpiry)?;
+        let exp = exp.as_f64().ok_or(JwtRejection::Malformed)?;
+        if now >= exp + leeway {
+            return Err(JwtRejection::Expired);
+        }
+        if let Some(nbf) = claims.get("nbf") {
+            let nbf = nbf.as_f64().ok_or(JwtRejection::Malformed)?;
+            if now + leeway < nbf {
+                return Err(JwtRejection::NotYetValid);
+            }
+        }
+        if !self.settings.issuers.is_empty() {
+            let iss = claims.get("iss").and_then(Value::as_str);
+            if !iss.is_some_and(|iss| self.settings.issuers.iter().any(|ok| **ok == *iss)) {
+                return Err(JwtRejection::WrongIssuer);
+            }
+        }
+        if !self.settings.audiences.is_empty() && !self.audience_matches(claims.get("aud")) {
+            return Err(JwtRejection::WrongAudience);
+        }
+        Ok(())
+    }
+
+    fn audience_matches(&self, aud: Option<&Value>) -> bool {
+        let accepted = |aud: &str| self.settings.audiences.iter().any(|ok| **ok == *aud);
+        match aud {
+            Some(Value::String(aud)) => accepted(aud),
+            Some(Value::Array(auds)) => auds.iter().filter_map(Value::as_str).any(accepted),
+            _ => false,
+        }
+    }
+
+    fn verified(&self, claims: &Claims) -> Result<VerifiedToken, JwtRejection> {
+        let consumer = claims
+            .get(&*self.settings.consumer_claim)
+            .and_then(scalar_text)
+            .filter(|consumer| !consumer.is_empty())
+            .ok_or(JwtRejection::NoConsumer)?;
+        let plan = self
+            .settings
+            .plan_claim
+            .as_deref()
+            .and_then(|name| claims.get(name))
+            .and_then(Value::as_str)
+            .filter(|plan| !plan.is_empty())
+            .map(Box::from);
+        let values = self
+            .claim_names
+            .iter()
+            .map(|name| claims.get(&**name).and_then(scalar_text))
+            .collect();
+        Ok(VerifiedToken {
+            consumer,
+            plan,
+            claims: values,
+        })
+    }
+}
+
+/// A validation that checks only the signature and its algorithm: the claims are checked by
+/// [`JwtVerifier::check_claims`] against the time it is given, with strict JSON types.
+fn signature_only(alg: Algorithm) -> Validation {
+    let mut validation = Validation::new(alg);
+    validation.required_spec_claims.clear();
+    validation.validate_exp = false;
+    validation.validate_nbf = false;
+    validation.validate_aud = false;
+    validation.leeway = 0;
+    validation
+}
+
+/// A string as is; a number or boolean in its JSON text; anything else `None`.
+fn scalar_text(value: &Value) -> Option<Box<str>> {
+    match value {
+        Value::String(text) => Some(text.as_str().into()),
+        Value::Number(number) => Some(number.to_string().into()),
+        Value::Bool(flag) => Some(if *flag { "true" } else { "false" }.into()),
+        _ => None,
+    }
+}
+
+/// Why a header did not decode: an `alg` sluice does not know (`none` among them) is an
+/// algorithm not allowed; anything else is a malformed token.
+fn header_rejection(token: &str) -> JwtRejection {
+    #[derive(serde::Deserialize)]
+    struct AlgOnly {
+        alg: String,
+    }
+    let header = token.split('.').next().unwrap_or_default();
+    let named_alg = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(header)
+        .ok()
+        .and_then(|json| serde_json::from_slice::<AlgOnly>(&json).ok());
+    match named_alg {
+        Some(named) if named.alg.parse::<Algorithm>().is_err() => JwtRejection::AlgorithmNotAllowed,
+        _ => JwtRejection::Malformed,
+    }
+}
+
+fn signature_rejection(kind: &ErrorKind) -> JwtRejection {
+    match kind {
+        ErrorKind::InvalidSignature
+        | ErrorKind::InvalidEcdsaKey
+        | ErrorKind::InvalidEddsaKey
+        | ErrorKind::InvalidRsaKey(_)
+        | ErrorKind::InvalidKeyFormat => JwtRejection::BadSignature,
+        ErrorKind::InvalidAlgorithm | ErrorKind::MissingAlgorithm => JwtRejection::KeyMismatch,
+        _ => JwtRejection::Malformed,
+    }
+}

@@ -325,3 +325,108 @@ fn the_consumer_may_come_from_another_claim_a_number_in_its_json_text() {
         Err(JwtRejection::NoConsumer)
     );
 }
+
+mod url_source {
+    use super::*;
+    use crate::jwt::refresh::{refresh_once, start_refresh, FetchOutcome};
+    use crate::jwt::settings::UrlSource;
+    use crate::jwt::testing::{JwksServer, Served};
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    fn url_settings(url: &str, max_bytes: usize) -> JwtSettings {
+        let mut settings = settings(&[], &DEFAULT_ALGORITHMS);
+        settings.source = Some(KeySource::Url(UrlSource {
+            url: url.into(),
+            refresh: Duration::from_secs(1),
+            fetch_timeout: Duration::from_secs(2),
+            max_bytes,
+        }));
+        settings
+    }
+
+    /// Polls `condition` every 20 ms for up to 20 s.
+    async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !condition() {
+            assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    type Counts = Arc<Mutex<HashMap<&'static str, usize>>>;
+
+    fn count(counts: &Counts, label: &str) -> usize {
+        counts.lock().unwrap().get(label).copied().unwrap_or(0)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keys_rotate_and_the_last_good_set_outlives_a_failing_endpoint() {
+        let old = TestKey::generate(Family::P256, Algorithm::ES256, Some("old"));
+        let new = TestKey::generate(Family::Ed25519, Algorithm::EdDSA, Some("new"));
+        let server = JwksServer::start(testing::jwks(&[&old]));
+        let verifier = Arc::new(JwtVerifier::new(url_settings(&server.url(), 64 * 1024), &[], None));
+        let now = testing::now();
+        let old_token = old.sign(&testing::claims("alice", ISS, AUD, now));
+        let new_token = new.sign(&testing::claims("bob", ISS, AUD, now));
+        assert_eq!(verifier.verify(&old_token, now), Err(JwtRejection::NoKeys));
+
+        let first = refresh_once(&verifier).await.expect("a URL source");
+        assert!(matches!(first, FetchOutcome::Updated { keys: 1, .. }), "{first:?}");
+        assert!(verifier.verify(&old_token, now).is_ok());
+
+        let counts: Counts = Arc::default();
+        let counting = Arc::clone(&counts);
+        let refresh = start_refresh(&verifier, move |outcome| {
+            *counting.lock().unwrap().entry(outcome.label()).or_default() += 1;
+        });
+        server.serve(Served::Body(testing::jwks(&[&new])));
+        eventually("the new key verifies", || verifier.verify(&new_token, now).is_ok()).await;
+        assert_eq!(verifier.verify(&old_token, now), Err(JwtRejection::UnknownKey));
+
+        server.serve(Served::Status(500));
+        eventually("a failed fetch", || count(&counts, "http_status") >= 1).await;
+        assert!(verifier.verify(&new_token, now).is_ok(), "the last good set is kept");
+        server.serve(Served::Body("<html>not a key set</html>".into()));
+        eventually("an invalid answer", || count(&counts, "invalid") >= 1).await;
+        server.serve(Served::Body("{\"keys\": []}".into()));
+        let asked = server.requests();
+        let invalid = count(&counts, "invalid");
+        eventually("an empty set", || {
+            server.requests() >= asked + 2 && count(&counts, "invalid") >= invalid + 2
+        })
+        .await;
+        assert!(verifier.verify(&new_token, now).is_ok(), "the last good set is kept");
+
+        drop(refresh);
+        eventually("the refresh task ends with its handle", || {
+            Arc::strong_count(&verifier) == 1
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_oversized_answer_is_refused_and_a_reload_keeps_the_keys_of_the_same_url() {
+        let key = TestKey::generate(Family::P256, Algorithm::ES256, Some("k"));
+        let body = testing::jwks(&[&key]);
+        let server = JwksServer::start(body.clone());
+        let small = JwtVerifier::new(url_settings(&server.url(), body.len() - 1), &[], None);
+        let outcome = refresh_once(&small).await.expect("a URL source");
+        assert_eq!(outcome.label(), "too_large", "{outcome:?}");
+        assert!(small.keys().is_empty());
+
+        let loaded = JwtVerifier::new(url_settings(&server.url(), body.len()), &[], None);
+        assert_eq!(refresh_once(&loaded).await.map(|o| o.label()), Some("updated"));
+        let reloaded = JwtVerifier::new(url_settings(&server.url(), body.len()), &[], Some(&loaded));
+        let now = testing::now();
+        let token = key.sign(&testing::claims("alice", ISS, AUD, now));
+        assert!(reloaded.verify(&token, now).is_ok(), "keys kept across the reload");
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let elsewhere_url = format!("http://{closed}/jwks");
+        let elsewhere = JwtVerifier::new(url_settings(&elsewhere_url, 1024), &[], Some(&loaded));
+        assert_eq!(elsewhere.verify(&token, now), Err(JwtRejection::NoKeys));
+        let unreachable = refresh_once(&elsewhere).await.expect("a URL source");
+        assert_eq!(unreachable.label(), "unreachable", "{unreachable:?}");
+    }
+}

@@ -256,3 +256,178 @@ fn claim_name(name: Option<String>, key: &str, at: &str, p: &mut Problems) -> Op
         other => other.map(String::into_boxed_str),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::problem::problems_of;
+    use crate::jwt::testing::{self, TestKey};
+
+    fn jwt(yaml: &str) -> (Option<JwtSettings>, Vec<String>) {
+        problems_of(yaml, |raw: RawJwt, p: &mut Problems| {
+            compile_jwt(raw, "identity.jwt", p)
+        })
+    }
+
+    fn jwks_file(dir: &tempfile::TempDir, body: &str) -> String {
+        let path = dir.path().join("jwks.json");
+        std::fs::write(&path, body).unwrap();
+        path.display().to_string()
+    }
+
+    #[test]
+    fn a_jwks_file_is_read_at_compile_with_the_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = TestKey::hmac(&[1; 32], Algorithm::HS256, Some("k"));
+        let file = jwks_file(&dir, &testing::jwks(&[&key]));
+        let (settings, problems) = jwt(&format!(
+            "{{ jwks_file: {file}, issuer: https://idp, audience: [a, b] }}"
+        ));
+        assert_eq!(problems, Vec::<String>::new());
+        let settings = settings.unwrap();
+        assert_eq!(&*settings.algorithms, &DEFAULT_ALGORITHMS);
+        assert!(matches!(&settings.source, Some(KeySource::File { keys, .. }) if keys.keys.len() == 1));
+        assert_eq!(settings.issuers.len(), 1);
+        assert_eq!(settings.audiences.len(), 2);
+        assert_eq!(settings.leeway_seconds, 60);
+        assert_eq!(&*settings.consumer_claim, "sub");
+        assert_eq!(settings.plan_claim, None);
+    }
+
+    #[test]
+    fn a_jwks_url_takes_its_fetch_settings() {
+        let (settings, problems) = jwt(
+            "{ jwks_url: 'https://idp.example/jwks', refresh_seconds: 60, fetch_timeout_ms: 800, \
+             max_jwks_bytes: 4096, algorithms: [ES256], plan_claim: tier, leeway_seconds: 0 }",
+        );
+        assert_eq!(problems, Vec::<String>::new());
+        let settings = settings.unwrap();
+        let Some(KeySource::Url(url)) = &settings.source else {
+            panic!("a URL source");
+        };
+        assert_eq!(url.refresh, Duration::from_secs(60));
+        assert_eq!(url.fetch_timeout, Duration::from_millis(800));
+        assert_eq!(url.max_bytes, 4096);
+        assert_eq!(&*settings.algorithms, &[Algorithm::ES256]);
+        assert_eq!(settings.plan_claim.as_deref(), Some("tier"));
+        assert_eq!(settings.leeway_seconds, 0);
+        assert!(jwt("{ jwks_url: 'http://127.0.0.1:8080/jwks' }").1.is_empty());
+        assert!(jwt("{ jwks_url: 'http://[::1]:8080/jwks' }").1.is_empty());
+    }
+
+    #[test]
+    fn where_the_keys_come_from_must_be_said_once() {
+        assert_eq!(
+            jwt("{ issuer: x }").1,
+            ["identity.jwt: give jwks_file, jwks_url or hmac_secret: where the keys come from"]
+        );
+        assert_eq!(
+            jwt("{ jwks_file: a.json, jwks_url: 'https://x/jwks' }").1,
+            ["identity.jwt: give jwks_file or jwks_url, not both"]
+        );
+        assert_eq!(
+            jwt("{ jwks_url: 'http://idp.example/jwks' }").1,
+            ["identity.jwt.jwks_url: use https (http only on a loopback address)"]
+        );
+        assert!(jwt("{ jwks_url: 'not a url' }").1[0]
+            .starts_with("identity.jwt.jwks_url: not a URL"));
+    }
+
+    #[test]
+    fn fetch_settings_need_a_url_and_must_be_positive() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = TestKey::hmac(&[1; 32], Algorithm::HS256, Some("k"));
+        let file = jwks_file(&dir, &testing::jwks(&[&key]));
+        assert_eq!(
+            jwt(&format!("{{ jwks_file: {file}, refresh_seconds: 5 }}")).1,
+            ["identity.jwt.refresh_seconds: only for jwks_url: remove it, or fetch the keys from a URL"]
+        );
+        assert_eq!(
+            jwt("{ jwks_url: 'https://x/jwks', fetch_timeout_ms: 0, max_jwks_bytes: 99999999 }").1,
+            [
+                "identity.jwt.fetch_timeout_ms: must be greater than zero",
+                "identity.jwt.max_jwks_bytes: at most 16777216"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_broken_jwks_file_is_reported_with_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = jwks_file(&dir, "<html>");
+        let problems = jwt(&format!("{{ jwks_file: {file} }}")).1;
+        assert!(
+            problems[0].starts_with(&format!("identity.jwt.jwks_file: {file}: not a JWKS document")),
+            "{problems:?}"
+        );
+        let file = jwks_file(&dir, "{\"keys\": [{\"kty\": \"weird\"}]}");
+        assert_eq!(
+            jwt(&format!("{{ jwks_file: {file} }}")).1,
+            [format!("identity.jwt.jwks_file: {file}: the set holds no usable signature key")]
+        );
+        let problems = jwt("{ jwks_file: /nonexistent/jwks.json }").1;
+        assert!(
+            problems[0].starts_with("identity.jwt.jwks_file: cannot read /nonexistent/jwks.json"),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn algorithms_are_known_names_and_never_none() {
+        assert_eq!(
+            jwt("{ jwks_url: 'https://x/j', algorithms: [RS256, none, XS1, RS256] }").1,
+            [
+                "identity.jwt.algorithms[1]: unsigned tokens (alg none) are never accepted".to_string(),
+                format!("identity.jwt.algorithms[2]: unknown algorithm \"XS1\": use {}", known_names()),
+                "identity.jwt.algorithms[3]: RS256 is named twice".to_string(),
+            ]
+        );
+        assert_eq!(
+            jwt("{ jwks_url: 'https://x/j', algorithms: [] }").1,
+            ["identity.jwt.algorithms: empty: name at least one algorithm, or remove the key for the asymmetric ones"]
+        );
+    }
+
+    #[test]
+    fn an_hmac_secret_needs_an_hs_algorithm_and_32_bytes() {
+        let secret = "0123456789abcdef0123456789abcdef";
+        let (settings, problems) = jwt(&format!("{{ hmac_secret: {secret}, algorithms: [HS256] }}"));
+        assert_eq!(problems, Vec::<String>::new());
+        assert!(settings.unwrap().hmac.is_some());
+        assert_eq!(
+            jwt(&format!("{{ hmac_secret: {secret} }}")).1,
+            ["identity.jwt.hmac_secret: an HMAC secret needs HS256, HS384 or HS512 in algorithms (HMAC is off unless named)"]
+        );
+        assert_eq!(
+            jwt("{ hmac_secret: short, algorithms: [HS256] }").1,
+            ["identity.jwt.hmac_secret: too short: an HMAC secret must be at least 32 bytes (RFC 7518 section 3.2)"]
+        );
+        let problems = jwt("{ hmac_secret: { env: SLUICE_TEST_NO_SUCH_VARIABLE }, algorithms: [HS256] }").1;
+        assert!(problems[0].starts_with("identity.jwt.hmac_secret: environment variable"), "{problems:?}");
+    }
+
+    #[test]
+    fn claims_issuers_audiences_and_leeway_are_checked() {
+        assert_eq!(
+            jwt("{ jwks_url: 'https://x/j', issuer: [], audience: '', leeway_seconds: 7200, consumer_claim: '', plan_claim: '' }").1,
+            [
+                "identity.jwt.issuer: empty: give one value or a list of non-empty values, or remove the key",
+                "identity.jwt.audience: empty: give one value or a list of non-empty values, or remove the key",
+                "identity.jwt.leeway_seconds: at most 3600",
+                "identity.jwt.consumer_claim: empty: name a claim, or remove the key",
+                "identity.jwt.plan_claim: empty: name a claim, or remove the key",
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_reported_with_their_path() {
+        let mut unknown = Vec::new();
+        let deserializer = serde_yaml::Deserializer::from_str("{ jwks_url: 'https://x/j', audiences: [a] }");
+        let _: RawJwt = serde_ignored::deserialize(deserializer, |path| {
+            unknown.push(path.to_string())
+        })
+        .unwrap();
+        assert_eq!(unknown, ["audiences"]);
+    }
+}

@@ -71,7 +71,10 @@ pub fn compile_jwt(raw: RawJwt, at: &str, p: &mut Problems) -> Option<JwtSetting
         (None, None) => {
             fetch.only_with_a_url(at, p);
             if !hmac_given {
-                p.add(at, "give jwks_file, jwks_url or hmac_secret: where the keys come from");
+                p.add(
+                    at,
+                    "give jwks_file, jwks_url or hmac_secret: where the keys come from",
+                );
             }
             None
         }
@@ -105,7 +108,10 @@ impl FetchKeys {
             ("max_jwks_bytes", self.max_jwks_bytes.is_some()),
         ] {
             if given {
-                p.add(format!("{at}.{key}"), "only for jwks_url: remove it, or fetch the keys from a URL");
+                p.add(
+                    format!("{at}.{key}"),
+                    "only for jwks_url: remove it, or fetch the keys from a URL",
+                );
             }
         }
     }
@@ -117,13 +123,19 @@ fn algorithms(named: Option<&[String]>, at: &str, p: &mut Problems) -> Box<[Algo
         return DEFAULT_ALGORITHMS.into();
     };
     if named.is_empty() {
-        p.add(format!("{at}.algorithms"), "empty: name at least one algorithm, or remove the key for the asymmetric ones");
+        p.add(
+            format!("{at}.algorithms"),
+            "empty: name at least one algorithm, or remove the key for the asymmetric ones",
+        );
     }
     let mut allowed: Vec<Algorithm> = Vec::with_capacity(named.len());
     for (i, name) in named.iter().enumerate() {
         match ALGORITHM_NAMES.iter().find(|(known, _)| known == name) {
             Some((_, alg)) if !allowed.contains(alg) => allowed.push(*alg),
-            Some(_) => p.add(format!("{at}.algorithms[{i}]"), format!("{name} is named twice")),
+            Some(_) => p.add(
+                format!("{at}.algorithms[{i}]"),
+                format!("{name} is named twice"),
+            ),
             None if name.eq_ignore_ascii_case("none") => p.add(
                 format!("{at}.algorithms[{i}]"),
                 "unsigned tokens (alg none) are never accepted",
@@ -150,8 +162,14 @@ fn hmac_key(
     p: &mut Problems,
 ) -> Option<jwks::VerifyKey> {
     let secret = super::secrets::compile(secret, at, p)?;
-    if !algorithms.iter().any(|alg| alg.family() == AlgorithmFamily::Hmac) {
-        p.add(at, "an HMAC secret needs HS256, HS384 or HS512 in algorithms (HMAC is off unless named)");
+    if !algorithms
+        .iter()
+        .any(|alg| alg.family() == AlgorithmFamily::Hmac)
+    {
+        p.add(
+            at,
+            "an HMAC secret needs HS256, HS384 or HS512 in algorithms (HMAC is off unless named)",
+        );
         return None;
     }
     if secret.expose().len() < MIN_HMAC_SECRET_BYTES {
@@ -171,7 +189,10 @@ fn file_source(file: &str, at: &str, p: &mut Problems) -> Option<KeySource> {
         .map_err(|e| p.add(at, format!("{}: {e}", path.display())))
         .ok()?;
     if parsed.set.is_empty() {
-        p.add(at, format!("{}: the set holds no usable signature key", path.display()));
+        p.add(
+            at,
+            format!("{}: the set holds no usable signature key", path.display()),
+        );
         return None;
     }
     let keys: Arc<KeySet> = Arc::new(parsed.set);
@@ -185,7 +206,10 @@ fn url_source(url: &str, fetch: FetchKeys, at: &str, p: &mut Problems) -> Option
     match reqwest::Url::parse(url) {
         Ok(parsed) if parsed.scheme() == "https" => {}
         Ok(parsed) if parsed.scheme() == "http" && is_loopback(&parsed) => {}
-        Ok(_) => p.add(format!("{at}.jwks_url"), "use https (http only on a loopback address)"),
+        Ok(_) => p.add(
+            format!("{at}.jwks_url"),
+            "use https (http only on a loopback address)",
+        ),
         Err(e) => p.add(format!("{at}.jwks_url"), format!("not a URL: {e}")),
     }
     let refresh = positive(fetch.refresh_seconds, "refresh_seconds", at, p)
@@ -194,7 +218,10 @@ fn url_source(url: &str, fetch: FetchKeys, at: &str, p: &mut Problems) -> Option
         .map_or(DEFAULT_FETCH_TIMEOUT, Duration::from_millis);
     let max_bytes = match positive(fetch.max_jwks_bytes, "max_jwks_bytes", at, p) {
         Some(bytes) if bytes > MAX_JWKS_BYTES_LIMIT => {
-            p.add(format!("{at}.max_jwks_bytes"), format!("at most {MAX_JWKS_BYTES_LIMIT}"));
+            p.add(
+                format!("{at}.max_jwks_bytes"),
+                format!("at most {MAX_JWKS_BYTES_LIMIT}"),
+            );
             DEFAULT_MAX_JWKS_BYTES
         }
         Some(bytes) => usize::try_from(bytes).unwrap_or(DEFAULT_MAX_JWKS_BYTES),
@@ -211,7 +238,10 @@ fn url_source(url: &str, fetch: FetchKeys, at: &str, p: &mut Problems) -> Option
 fn is_loopback(url: &reqwest::Url) -> bool {
     let host = url.host_str().unwrap_or_default();
     let bare = host.trim_start_matches('[').trim_end_matches(']');
-    host == "localhost" || bare.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    host == "localhost"
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn positive(value: Option<u64>, key: &str, at: &str, p: &mut Problems) -> Option<u64> {
@@ -231,7 +261,10 @@ fn names(raw: Option<OneOrMany>, at: &str, p: &mut Problems) -> Box<[Box<str>]> 
         Some(OneOrMany::Many(names)) => names,
     };
     if names.is_empty() || names.iter().any(String::is_empty) {
-        p.add(at, "empty: give one value or a list of non-empty values, or remove the key");
+        p.add(
+            at,
+            "empty: give one value or a list of non-empty values, or remove the key",
+        );
     }
     names.into_iter().map(String::into_boxed_str).collect()
 }
@@ -239,7 +272,10 @@ fn names(raw: Option<OneOrMany>, at: &str, p: &mut Problems) -> Box<[Box<str>]> 
 fn leeway(seconds: Option<u64>, at: &str, p: &mut Problems) -> u64 {
     match seconds {
         Some(seconds) if seconds > MAX_LEEWAY_SECONDS => {
-            p.add(format!("{at}.leeway_seconds"), format!("at most {MAX_LEEWAY_SECONDS}"));
+            p.add(
+                format!("{at}.leeway_seconds"),
+                format!("at most {MAX_LEEWAY_SECONDS}"),
+            );
             DEFAULT_LEEWAY_SECONDS
         }
         Some(seconds) => seconds,
@@ -250,7 +286,10 @@ fn leeway(seconds: Option<u64>, at: &str, p: &mut Problems) -> u64 {
 fn claim_name(name: Option<String>, key: &str, at: &str, p: &mut Problems) -> Option<Box<str>> {
     match name {
         Some(name) if name.is_empty() => {
-            p.add(format!("{at}.{key}"), "empty: name a claim, or remove the key");
+            p.add(
+                format!("{at}.{key}"),
+                "empty: name a claim, or remove the key",
+            );
             None
         }
         other => other.map(String::into_boxed_str),
@@ -286,7 +325,9 @@ mod tests {
         assert_eq!(problems, Vec::<String>::new());
         let settings = settings.unwrap();
         assert_eq!(&*settings.algorithms, &DEFAULT_ALGORITHMS);
-        assert!(matches!(&settings.source, Some(KeySource::File { keys, .. }) if keys.keys.len() == 1));
+        assert!(
+            matches!(&settings.source, Some(KeySource::File { keys, .. }) if keys.keys.len() == 1)
+        );
         assert_eq!(settings.issuers.len(), 1);
         assert_eq!(settings.audiences.len(), 2);
         assert_eq!(settings.leeway_seconds, 60);
@@ -311,7 +352,9 @@ mod tests {
         assert_eq!(&*settings.algorithms, &[Algorithm::ES256]);
         assert_eq!(settings.plan_claim.as_deref(), Some("tier"));
         assert_eq!(settings.leeway_seconds, 0);
-        assert!(jwt("{ jwks_url: 'http://127.0.0.1:8080/jwks' }").1.is_empty());
+        assert!(jwt("{ jwks_url: 'http://127.0.0.1:8080/jwks' }")
+            .1
+            .is_empty());
         assert!(jwt("{ jwks_url: 'http://[::1]:8080/jwks' }").1.is_empty());
     }
 
@@ -329,8 +372,9 @@ mod tests {
             jwt("{ jwks_url: 'http://idp.example/jwks' }").1,
             ["identity.jwt.jwks_url: use https (http only on a loopback address)"]
         );
-        assert!(jwt("{ jwks_url: 'not a url' }").1[0]
-            .starts_with("identity.jwt.jwks_url: not a URL"));
+        assert!(
+            jwt("{ jwks_url: 'not a url' }").1[0].starts_with("identity.jwt.jwks_url: not a URL")
+        );
     }
 
     #[test]
@@ -357,13 +401,17 @@ mod tests {
         let file = jwks_file(&dir, "<html>");
         let problems = jwt(&format!("{{ jwks_file: {file} }}")).1;
         assert!(
-            problems[0].starts_with(&format!("identity.jwt.jwks_file: {file}: not a JWKS document")),
+            problems[0].starts_with(&format!(
+                "identity.jwt.jwks_file: {file}: not a JWKS document"
+            )),
             "{problems:?}"
         );
         let file = jwks_file(&dir, "{\"keys\": [{\"kty\": \"weird\"}]}");
         assert_eq!(
             jwt(&format!("{{ jwks_file: {file} }}")).1,
-            [format!("identity.jwt.jwks_file: {file}: the set holds no usable signature key")]
+            [format!(
+                "identity.jwt.jwks_file: {file}: the set holds no usable signature key"
+            )]
         );
         let problems = jwt("{ jwks_file: /nonexistent/jwks.json }").1;
         assert!(
@@ -377,8 +425,12 @@ mod tests {
         assert_eq!(
             jwt("{ jwks_url: 'https://x/j', algorithms: [RS256, none, XS1, RS256] }").1,
             [
-                "identity.jwt.algorithms[1]: unsigned tokens (alg none) are never accepted".to_string(),
-                format!("identity.jwt.algorithms[2]: unknown algorithm \"XS1\": use {}", known_names()),
+                "identity.jwt.algorithms[1]: unsigned tokens (alg none) are never accepted"
+                    .to_string(),
+                format!(
+                    "identity.jwt.algorithms[2]: unknown algorithm \"XS1\": use {}",
+                    known_names()
+                ),
                 "identity.jwt.algorithms[3]: RS256 is named twice".to_string(),
             ]
         );
@@ -391,7 +443,8 @@ mod tests {
     #[test]
     fn an_hmac_secret_needs_an_hs_algorithm_and_32_bytes() {
         let secret = "0123456789abcdef0123456789abcdef";
-        let (settings, problems) = jwt(&format!("{{ hmac_secret: {secret}, algorithms: [HS256] }}"));
+        let (settings, problems) =
+            jwt(&format!("{{ hmac_secret: {secret}, algorithms: [HS256] }}"));
         assert_eq!(problems, Vec::<String>::new());
         assert!(settings.unwrap().hmac.is_some());
         assert_eq!(
@@ -402,8 +455,12 @@ mod tests {
             jwt("{ hmac_secret: short, algorithms: [HS256] }").1,
             ["identity.jwt.hmac_secret: too short: an HMAC secret must be at least 32 bytes (RFC 7518 section 3.2)"]
         );
-        let problems = jwt("{ hmac_secret: { env: SLUICE_TEST_NO_SUCH_VARIABLE }, algorithms: [HS256] }").1;
-        assert!(problems[0].starts_with("identity.jwt.hmac_secret: environment variable"), "{problems:?}");
+        let problems =
+            jwt("{ hmac_secret: { env: SLUICE_TEST_NO_SUCH_VARIABLE }, algorithms: [HS256] }").1;
+        assert!(
+            problems[0].starts_with("identity.jwt.hmac_secret: environment variable"),
+            "{problems:?}"
+        );
     }
 
     #[test]
@@ -423,11 +480,11 @@ mod tests {
     #[test]
     fn unknown_keys_are_reported_with_their_path() {
         let mut unknown = Vec::new();
-        let deserializer = serde_yaml::Deserializer::from_str("{ jwks_url: 'https://x/j', audiences: [a] }");
-        let _: RawJwt = serde_ignored::deserialize(deserializer, |path| {
-            unknown.push(path.to_string())
-        })
-        .unwrap();
+        let deserializer =
+            serde_yaml::Deserializer::from_str("{ jwks_url: 'https://x/j', audiences: [a] }");
+        let _: RawJwt =
+            serde_ignored::deserialize(deserializer, |path| unknown.push(path.to_string()))
+                .unwrap();
         assert_eq!(unknown, ["audiences"]);
     }
 }

@@ -66,7 +66,9 @@ pub fn bearer_token<'a>(
     if !token.iter().all(|b| is_token_byte(*b)) {
         return Err(BearerProblem::Invalid);
     }
-    std::str::from_utf8(token).map_err(|_| BearerProblem::Invalid).map(Some)
+    std::str::from_utf8(token)
+        .map_err(|_| BearerProblem::Invalid)
+        .map(Some)
 }
 
 /// RFC 6750 `b64token`: `ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/"`, then `=`s.
@@ -111,7 +113,10 @@ mod tests {
             token(&["Bearer a.b.c", "Bearer d.e.f"]),
             Err(BearerProblem::Repeated)
         );
-        assert_eq!(token(&["Basic dXNlcjpwdw=="]), Err(BearerProblem::NotBearer));
+        assert_eq!(
+            token(&["Basic dXNlcjpwdw=="]),
+            Err(BearerProblem::NotBearer)
+        );
         assert_eq!(token(&["Bearer"]), Err(BearerProblem::NotBearer));
         assert_eq!(token(&["Bearer   "]), Err(BearerProblem::NotBearer));
         assert_eq!(token(&["Bearertoken"]), Err(BearerProblem::NotBearer));

@@ -20,3 +20,4 @@ pub use settings::{JwtSettings, KeySource, UrlSource};
 pub use verify::JwtVerifier;
 #[cfg(test)]
 mod tests;
+pub use jsonwebtoken::Algorithm;

@@ -186,7 +186,10 @@ fn rsa_jwk(private_pem: &[u8]) -> Value {
 
 /// A PKCS#8 private key's DER form.
 fn pkcs8_der(private_pem: &[u8]) -> Vec<u8> {
-    openssl(&["pkcs8", "-topk8", "-nocrypt", "-outform", "DER"], Some(private_pem))
+    openssl(
+        &["pkcs8", "-topk8", "-nocrypt", "-outform", "DER"],
+        Some(private_pem),
+    )
 }
 
 /// Runs `openssl args` with `input` on stdin; its stdout.
@@ -235,8 +238,7 @@ impl JwksServer {
         let requests = Arc::new(AtomicUsize::new(0));
         let stopping = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (served, requests, stopping) =
-                (served.clone(), requests.clone(), stopping.clone());
+            let (served, requests, stopping) = (served.clone(), requests.clone(), stopping.clone());
             std::thread::spawn(move || serve(listener, &served, &requests, &stopping))
         };
         JwksServer {

@@ -146,7 +146,10 @@ fn an_hs256_token_signed_with_the_rsa_public_key_is_refused() {
     let k = keys();
     let verifier = every_family();
     let forged = testing::hs256_with_public_key(&k.rsa, &good_claims());
-    assert_eq!(verifier.verify(&forged, NOW), Err(JwtRejection::KeyMismatch));
+    assert_eq!(
+        verifier.verify(&forged, NOW),
+        Err(JwtRejection::KeyMismatch)
+    );
     // Without a kid, no HMAC key is the RSA key either.
     let only_rsa = JwtVerifier::new(
         settings(&[&k.rsa], &[Algorithm::RS256, Algorithm::HS256]),
@@ -168,7 +171,10 @@ fn a_bad_signature_an_unknown_kid_and_a_malformed_token_are_refused() {
     let other = k.p256.sign(&good_claims());
     let (_, signature) = other.rsplit_once('.').unwrap();
     let tampered = format!("{head}.{signature}");
-    assert_eq!(verifier.verify(&tampered, NOW), Err(JwtRejection::BadSignature));
+    assert_eq!(
+        verifier.verify(&tampered, NOW),
+        Err(JwtRejection::BadSignature)
+    );
     let mut stranger = TestKey::generate(Family::P256, Algorithm::ES256, Some("nobody"));
     assert_eq!(
         verifier.verify(&stranger.sign(&good_claims()), NOW),
@@ -180,7 +186,11 @@ fn a_bad_signature_an_unknown_kid_and_a_malformed_token_are_refused() {
         Err(JwtRejection::BadSignature)
     );
     for garbage in ["", "a.b", "a.b.c", "not a token", "e30.e30.", "....."] {
-        assert_eq!(verifier.verify(garbage, NOW), Err(JwtRejection::Malformed), "{garbage}");
+        assert_eq!(
+            verifier.verify(garbage, NOW),
+            Err(JwtRejection::Malformed),
+            "{garbage}"
+        );
     }
 }
 
@@ -188,7 +198,9 @@ fn a_bad_signature_an_unknown_kid_and_a_malformed_token_are_refused() {
 fn a_token_without_kid_needs_exactly_one_key_of_its_algorithm() {
     let k = keys();
     let one_ec = JwtVerifier::new(settings(&[&k.p256, &k.rsa], &DEFAULT_ALGORITHMS), &[], None);
-    assert!(one_ec.verify(&k.p256.sign_without_kid(&good_claims()), NOW).is_ok());
+    assert!(one_ec
+        .verify(&k.p256.sign_without_kid(&good_claims()), NOW)
+        .is_ok());
     let other_ec = TestKey::generate(Family::P256, Algorithm::ES256, Some("ec-2"));
     let two_ec = JwtVerifier::new(
         settings(&[&k.p256, &other_ec], &DEFAULT_ALGORITHMS),
@@ -220,11 +232,20 @@ fn expiry_and_not_before_hold_with_the_leeway() {
     assert!(with(json!({"exp": NOW - 59})).is_ok());
     assert_eq!(with(json!({"exp": NOW - 60})), Err(JwtRejection::Expired));
     assert_eq!(with(json!({"exp": null})), Err(JwtRejection::NoExpiry));
-    assert_eq!(with(json!({"exp": "99999999999"})), Err(JwtRejection::Malformed));
+    assert_eq!(
+        with(json!({"exp": "99999999999"})),
+        Err(JwtRejection::Malformed)
+    );
     assert!(with(json!({"nbf": NOW + 60})).is_ok());
-    assert_eq!(with(json!({"nbf": NOW + 61})), Err(JwtRejection::NotYetValid));
+    assert_eq!(
+        with(json!({"nbf": NOW + 61})),
+        Err(JwtRejection::NotYetValid)
+    );
     // The type confusion of CVE-2026-25537: a string nbf is not an absent one.
-    assert_eq!(with(json!({"nbf": "99999999999"})), Err(JwtRejection::Malformed));
+    assert_eq!(
+        with(json!({"nbf": "99999999999"})),
+        Err(JwtRejection::Malformed)
+    );
 }
 
 #[test]
@@ -240,13 +261,28 @@ fn issuer_audience_and_consumer_are_checked() {
         }
         verifier.verify(&k.p256.sign(&claims), NOW)
     };
-    assert_eq!(with("iss", json!("https://evil.example")), Err(JwtRejection::WrongIssuer));
-    assert_eq!(with("iss", serde_json::Value::Null), Err(JwtRejection::WrongIssuer));
-    assert_eq!(with("aud", json!("elsewhere")), Err(JwtRejection::WrongAudience));
-    assert_eq!(with("aud", serde_json::Value::Null), Err(JwtRejection::WrongAudience));
+    assert_eq!(
+        with("iss", json!("https://evil.example")),
+        Err(JwtRejection::WrongIssuer)
+    );
+    assert_eq!(
+        with("iss", serde_json::Value::Null),
+        Err(JwtRejection::WrongIssuer)
+    );
+    assert_eq!(
+        with("aud", json!("elsewhere")),
+        Err(JwtRejection::WrongAudience)
+    );
+    assert_eq!(
+        with("aud", serde_json::Value::Null),
+        Err(JwtRejection::WrongAudience)
+    );
     assert!(with("aud", json!(["elsewhere", AUD])).is_ok());
     assert!(with("aud", json!("other")).is_ok());
-    assert_eq!(with("sub", serde_json::Value::Null), Err(JwtRejection::NoConsumer));
+    assert_eq!(
+        with("sub", serde_json::Value::Null),
+        Err(JwtRejection::NoConsumer)
+    );
     assert_eq!(with("sub", json!("")), Err(JwtRejection::NoConsumer));
     // `sub` must be a string (RFC 7519 section 4.1.2; jsonwebtoken checks its type).
     assert_eq!(with("sub", json!({"id": 1})), Err(JwtRejection::Malformed));
@@ -269,7 +305,9 @@ fn without_keys_every_token_is_refused_as_no_keys() {
 fn a_configured_hmac_secret_verifies_tokens_without_kid() {
     let mut settings = settings(&[], &[Algorithm::HS256]);
     settings.source = None;
-    settings.hmac = Some(Arc::new(jwks::hmac_key(b"0123456789abcdef0123456789abcdef")));
+    settings.hmac = Some(Arc::new(jwks::hmac_key(
+        b"0123456789abcdef0123456789abcdef",
+    )));
     let verifier = JwtVerifier::new(settings, &[], None);
     let key = TestKey::hmac(b"0123456789abcdef0123456789abcdef", Algorithm::HS256, None);
     assert!(verifier.verify(&key.sign(&good_claims()), NOW).is_ok());
@@ -294,8 +332,16 @@ fn jwks_parsing_keeps_signature_keys_and_skips_the_rest() {
     entries.push(json!({"kty": "EC", "kid": "broken", "crv": "P-256"}));
     entries.push(json!({"kty": "weird"}));
     let parsed = jwks::parse(document.to_string().as_bytes()).unwrap();
-    let kids: Vec<_> = parsed.set.keys.iter().map(|key| key.kid.as_deref()).collect();
-    assert_eq!(kids, [Some("rsa-1"), Some("ec-256"), Some("ed-1"), Some("oct-1")]);
+    let kids: Vec<_> = parsed
+        .set
+        .keys
+        .iter()
+        .map(|key| key.kid.as_deref())
+        .collect();
+    assert_eq!(
+        kids,
+        [Some("rsa-1"), Some("ec-256"), Some("ed-1"), Some("oct-1")]
+    );
     assert_eq!(parsed.skipped, 4);
     assert!(jwks::parse(b"{\"keys\": 3}").is_err());
     assert!(jwks::parse(b"<html>").is_err());
@@ -318,7 +364,13 @@ fn the_consumer_may_come_from_another_claim_a_number_in_its_json_text() {
     let verifier = JwtVerifier::new(settings, &[], None);
     let mut claims = good_claims();
     claims["client_id"] = json!(42);
-    assert_eq!(&*verifier.verify(&k.p256.sign(&claims), NOW).unwrap().consumer, "42");
+    assert_eq!(
+        &*verifier
+            .verify(&k.p256.sign(&claims), NOW)
+            .unwrap()
+            .consumer,
+        "42"
+    );
     claims["client_id"] = json!({"id": 1});
     assert_eq!(
         verifier.verify(&k.p256.sign(&claims), NOW),
@@ -366,14 +418,21 @@ mod url_source {
         let old = TestKey::generate(Family::P256, Algorithm::ES256, Some("old"));
         let new = TestKey::generate(Family::Ed25519, Algorithm::EdDSA, Some("new"));
         let server = JwksServer::start(testing::jwks(&[&old]));
-        let verifier = Arc::new(JwtVerifier::new(url_settings(&server.url(), 64 * 1024), &[], None));
+        let verifier = Arc::new(JwtVerifier::new(
+            url_settings(&server.url(), 64 * 1024),
+            &[],
+            None,
+        ));
         let now = testing::now();
         let old_token = old.sign(&testing::claims("alice", ISS, AUD, now));
         let new_token = new.sign(&testing::claims("bob", ISS, AUD, now));
         assert_eq!(verifier.verify(&old_token, now), Err(JwtRejection::NoKeys));
 
         let first = refresh_once(&verifier).await.expect("a URL source");
-        assert!(matches!(first, FetchOutcome::Updated { keys: 1, .. }), "{first:?}");
+        assert!(
+            matches!(first, FetchOutcome::Updated { keys: 1, .. }),
+            "{first:?}"
+        );
         assert!(verifier.verify(&old_token, now).is_ok());
 
         let counts: Counts = Arc::default();
@@ -382,12 +441,21 @@ mod url_source {
             *counting.lock().unwrap().entry(outcome.label()).or_default() += 1;
         });
         server.serve(Served::Body(testing::jwks(&[&new])));
-        eventually("the new key verifies", || verifier.verify(&new_token, now).is_ok()).await;
-        assert_eq!(verifier.verify(&old_token, now), Err(JwtRejection::UnknownKey));
+        eventually("the new key verifies", || {
+            verifier.verify(&new_token, now).is_ok()
+        })
+        .await;
+        assert_eq!(
+            verifier.verify(&old_token, now),
+            Err(JwtRejection::UnknownKey)
+        );
 
         server.serve(Served::Status(500));
         eventually("a failed fetch", || count(&counts, "http_status") >= 1).await;
-        assert!(verifier.verify(&new_token, now).is_ok(), "the last good set is kept");
+        assert!(
+            verifier.verify(&new_token, now).is_ok(),
+            "the last good set is kept"
+        );
         server.serve(Served::Body("<html>not a key set</html>".into()));
         eventually("an invalid answer", || count(&counts, "invalid") >= 1).await;
         server.serve(Served::Body("{\"keys\": []}".into()));
@@ -397,7 +465,10 @@ mod url_source {
             server.requests() >= asked + 2 && count(&counts, "invalid") >= invalid + 2
         })
         .await;
-        assert!(verifier.verify(&new_token, now).is_ok(), "the last good set is kept");
+        assert!(
+            verifier.verify(&new_token, now).is_ok(),
+            "the last good set is kept"
+        );
 
         drop(refresh);
         eventually("the refresh task ends with its handle", || {
@@ -417,12 +488,22 @@ mod url_source {
         assert!(small.keys().is_empty());
 
         let loaded = JwtVerifier::new(url_settings(&server.url(), body.len()), &[], None);
-        assert_eq!(refresh_once(&loaded).await.map(|o| o.label()), Some("updated"));
-        let reloaded = JwtVerifier::new(url_settings(&server.url(), body.len()), &[], Some(&loaded));
+        assert_eq!(
+            refresh_once(&loaded).await.map(|o| o.label()),
+            Some("updated")
+        );
+        let reloaded =
+            JwtVerifier::new(url_settings(&server.url(), body.len()), &[], Some(&loaded));
         let now = testing::now();
         let token = key.sign(&testing::claims("alice", ISS, AUD, now));
-        assert!(reloaded.verify(&token, now).is_ok(), "keys kept across the reload");
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        assert!(
+            reloaded.verify(&token, now).is_ok(),
+            "keys kept across the reload"
+        );
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
         let elsewhere_url = format!("http://{closed}/jwks");
         let elsewhere = JwtVerifier::new(url_settings(&elsewhere_url, 1024), &[], Some(&loaded));
         assert_eq!(elsewhere.verify(&token, now), Err(JwtRejection::NoKeys));

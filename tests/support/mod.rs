@@ -12,6 +12,7 @@ pub mod certs;
 pub mod config;
 pub mod daemons;
 pub mod limits;
+pub mod tokens;
 pub mod topologies;
 
 /// A loopback port nobody listens on right now, never handed out twice by this test process.

@@ -7,8 +7,8 @@ use super::problem::Problems;
 use super::raw::RawSecret;
 use crate::jwt::jwks::{self, KeySet};
 use crate::jwt::settings::{
-    JwtSettings, KeySource, UrlSource, ALGORITHM_NAMES, DEFAULT_ALGORITHMS, DEFAULT_FETCH_TIMEOUT,
-    DEFAULT_LEEWAY_SECONDS, DEFAULT_MAX_JWKS_BYTES, DEFAULT_REFRESH,
+    early_refresh_gap, JwtSettings, KeySource, UrlSource, ALGORITHM_NAMES, DEFAULT_ALGORITHMS,
+    DEFAULT_FETCH_TIMEOUT, DEFAULT_LEEWAY_SECONDS, DEFAULT_MAX_JWKS_BYTES, DEFAULT_REFRESH,
 };
 use jsonwebtoken::{Algorithm, AlgorithmFamily};
 use serde::Deserialize;
@@ -164,7 +164,7 @@ fn hmac_key(
     let secret = super::secrets::compile(secret, at, p)?;
     if !algorithms
         .iter()
-        .any(|alg| alg.family() == AlgorithmFamily::Hmac)
+        .any(|alg| jwks::family_of(*alg) == AlgorithmFamily::Hmac)
     {
         p.add(
             at,
@@ -232,6 +232,7 @@ fn url_source(url: &str, fetch: FetchKeys, at: &str, p: &mut Problems) -> Option
         refresh,
         fetch_timeout,
         max_bytes,
+        early_refresh_gap: early_refresh_gap(refresh),
     })
 }
 

@@ -3,8 +3,23 @@
 //! can only ever verify tokens of its own kind.
 
 use jsonwebtoken::jwk::{Jwk, KeyAlgorithm, PublicKeyUse};
-use jsonwebtoken::{Algorithm, DecodingKey};
+use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey};
 use std::str::FromStr;
+
+/// The family of `alg` (jsonwebtoken 10.3 keeps its own `Algorithm::family` to itself).
+pub fn family_of(alg: Algorithm) -> AlgorithmFamily {
+    match alg {
+        Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512 => AlgorithmFamily::Hmac,
+        Algorithm::ES256 | Algorithm::ES384 => AlgorithmFamily::Ec,
+        Algorithm::EdDSA => AlgorithmFamily::Ed,
+        Algorithm::RS256
+        | Algorithm::RS384
+        | Algorithm::RS512
+        | Algorithm::PS256
+        | Algorithm::PS384
+        | Algorithm::PS512 => AlgorithmFamily::Rsa,
+    }
+}
 
 /// One key a token may be verified with.
 pub struct VerifyKey {
@@ -19,7 +34,7 @@ impl VerifyKey {
     /// Whether this key may verify a token signed with `alg`: same family (an RSA public key
     /// never verifies an HS256 token), and the JWK's own `alg` when it has one.
     pub fn fits(&self, alg: Algorithm) -> bool {
-        self.key.family() == alg.family() && self.alg.is_none_or(|own| own == alg)
+        self.key.family() == family_of(alg) && self.alg.is_none_or(|own| own == alg)
     }
 }
 
@@ -128,7 +143,7 @@ fn key_of(entry: serde_json::Value) -> Option<VerifyKey> {
         Some(named) => Some(signature_algorithm(named)?),
     };
     let key = DecodingKey::from_jwk(&jwk).ok()?;
-    if alg.is_some_and(|alg| alg.family() != key.family()) {
+    if alg.is_some_and(|alg| family_of(alg) != key.family()) {
         return None;
     }
     Some(VerifyKey {

@@ -91,7 +91,7 @@ async fn refresh_until_stopped(
             return;
         }
     };
-    let gap = source.early_refresh_gap();
+    let gap = source.early_refresh_gap;
     let mut last_fetch = Instant::now();
     loop {
         let due = last_fetch + source.refresh;

@@ -80,13 +80,13 @@ pub struct UrlSource {
     pub refresh: Duration,
     pub fetch_timeout: Duration,
     pub max_bytes: usize,
+    /// The shortest time between two fetches when unknown `kid`s ask for an early one.
+    pub early_refresh_gap: Duration,
 }
 
-impl UrlSource {
-    /// The shortest time between two fetches when unknown `kid`s ask for an early one.
-    pub fn early_refresh_gap(&self) -> Duration {
-        self.refresh.min(Duration::from_secs(10))
-    }
+/// The early-refresh gap for a refresh interval: `min(refresh, 10 s)`.
+pub fn early_refresh_gap(refresh: Duration) -> Duration {
+    refresh.min(Duration::from_secs(10))
 }
 
 /// The JOSE name of `alg`.

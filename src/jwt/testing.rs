@@ -298,8 +298,8 @@ fn serve(listener: TcpListener, served: &Mutex<Served>, requests: &AtomicUsize, 
             "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
             body.len()
         );
+        requests.fetch_add(1, Ordering::SeqCst);
         let _ = stream.write_all(head.as_bytes());
         let _ = stream.write_all(body.as_bytes());
-        requests.fetch_add(1, Ordering::SeqCst);
     }
 }

@@ -394,6 +394,7 @@ mod url_source {
             refresh: Duration::from_secs(1),
             fetch_timeout: Duration::from_secs(2),
             max_bytes,
+            early_refresh_gap: Duration::from_secs(1),
         }));
         settings
     }
@@ -509,5 +510,33 @@ mod url_source {
         assert_eq!(elsewhere.verify(&token, now), Err(JwtRejection::NoKeys));
         let unreachable = refresh_once(&elsewhere).await.expect("a URL source");
         assert_eq!(unreachable.label(), "unreachable", "{unreachable:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unknown_kid_asks_for_an_early_fetch_and_never_waits_for_it() {
+        let old = TestKey::generate(Family::P256, Algorithm::ES256, Some("old"));
+        let new = TestKey::generate(Family::P256, Algorithm::ES256, Some("new"));
+        let server = JwksServer::start(testing::jwks(&[&old]));
+        let mut settings = url_settings(&server.url(), 64 * 1024);
+        if let Some(KeySource::Url(url)) = &mut settings.source {
+            // Only an early fetch can bring the new key within the test.
+            url.refresh = Duration::from_secs(3600);
+            url.early_refresh_gap = Duration::from_millis(100);
+        }
+        let verifier = Arc::new(JwtVerifier::new(settings, &[], None));
+        refresh_once(&verifier).await.expect("a URL source");
+        let refresh = start_refresh(&verifier, |_| {});
+        server.serve(Served::Body(testing::jwks(&[&old, &new])));
+        let now = testing::now();
+        let new_token = new.sign(&testing::claims("bob", ISS, AUD, now));
+        assert_eq!(
+            verifier.verify(&new_token, now),
+            Err(JwtRejection::UnknownKey)
+        );
+        eventually("the early fetch brings the new key", || {
+            verifier.verify(&new_token, now).is_ok()
+        })
+        .await;
+        drop(refresh);
     }
 }

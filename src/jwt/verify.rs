@@ -27,6 +27,16 @@ pub struct JwtVerifier {
     refresh_wanted: Notify,
 }
 
+impl std::fmt::Debug for JwtVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtVerifier")
+            .field("settings", &self.settings)
+            .field("claim_names", &self.claim_names)
+            .field("keys", &self.keys.load().keys.len())
+            .finish()
+    }
+}
+
 impl JwtVerifier {
     /// A verifier for `settings`, carrying the values of `claim_names` in each verified token.
     /// With `previous` of the same JWKS URL, its keys are kept until the next fetch (a reload

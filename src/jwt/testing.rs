@@ -218,6 +218,9 @@ pub enum Served {
     Body(String),
     /// This status, empty body.
     Status(u16),
+    /// Nothing: the request is read and left unanswered until the server stops or is told
+    /// to serve something else.
+    Stall,
 }
 
 /// A JWKS HTTP server on a free loopback port, stopped when dropped.
@@ -259,7 +262,7 @@ impl JwksServer {
         *self.served.lock().unwrap_or_else(|p| p.into_inner()) = served;
     }
 
-    /// Requests answered so far.
+    /// Requests received so far (a stalled one counts when it has been read).
     pub fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
     }
@@ -289,17 +292,33 @@ fn serve(listener: TcpListener, served: &Mutex<Served>, requests: &AtomicUsize, 
                 Ok(n) => request.extend_from_slice(&buffer[..n]),
             }
         }
+        requests.fetch_add(1, Ordering::SeqCst);
         let answer = served.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let (status, body) = match answer {
             Served::Body(body) => (200, body),
             Served::Status(status) => (status, String::new()),
+            Served::Stall => {
+                stall(served, stop);
+                continue;
+            }
         };
         let head = format!(
             "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
             body.len()
         );
-        requests.fetch_add(1, Ordering::SeqCst);
         let _ = stream.write_all(head.as_bytes());
         let _ = stream.write_all(body.as_bytes());
+    }
+}
+
+/// Holds the connection until the server stops or serves something other than a stall.
+fn stall(served: &Mutex<Served>, stop: &AtomicBool) {
+    while !stop.load(Ordering::SeqCst)
+        && matches!(
+            *served.lock().unwrap_or_else(|p| p.into_inner()),
+            Served::Stall
+        )
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }

@@ -539,4 +539,22 @@ mod url_source {
         .await;
         drop(refresh);
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fetch_that_is_never_answered_ends_at_its_deadline() {
+        let server = JwksServer::start(String::new());
+        server.serve(Served::Stall);
+        let mut settings = url_settings(&server.url(), 1024);
+        if let Some(KeySource::Url(url)) = &mut settings.source {
+            url.fetch_timeout = Duration::from_millis(200);
+        }
+        let verifier = JwtVerifier::new(settings, &[], None);
+        let outcome = tokio::time::timeout(Duration::from_secs(20), refresh_once(&verifier))
+            .await
+            .expect("the fetch ends by its own deadline")
+            .expect("a URL source");
+        assert_eq!(outcome.label(), "unreachable", "{outcome:?}");
+        assert_eq!(server.requests(), 1);
+        server.serve(Served::Status(404));
+    }
 }

@@ -76,11 +76,15 @@ fn hot_path(c: &mut Criterion) {
                 query: None,
                 headers: &headers,
                 route: &route.name,
+                consumer: None,
+                claim_names: &[],
             };
-            route.asks(&facts).expect("keys")
+            route.tiers.default().asks(&facts).expect("keys")
         })
     });
     let route_asks = route
+        .tiers
+        .default()
         .asks(&RequestFacts {
             client_ip: peer,
             method: method.as_str(),
@@ -89,9 +93,11 @@ fn hot_path(c: &mut Criterion) {
             query: None,
             headers: &headers,
             route: &route.name,
+            consumer: None,
+            claim_names: &[],
         })
         .expect("keys");
-    let route_entries = entries(route.limits.limits(), &route_asks);
+    let route_entries = entries(route.tiers.default().limits.limits(), &route_asks);
     let request = LimitRequest::new(&route_entries);
     let reply: Vec<i64> = vec![
         1, 49, 0, 20, 0, 1, 1, 999, 0, 60_000, 0, 1, 1, 9_999, 0, 60_000, 0, 0,
@@ -112,7 +118,7 @@ fn hot_path(c: &mut Criterion) {
                 cost: 1,
             })
             .collect();
-        let entries = entries(&route.limits.limits()[..n], &asks);
+        let entries = entries(&route.tiers.default().limits.limits()[..n], &asks);
         let request = LimitRequest {
             id: RequestId(1),
             ..LimitRequest::new(&entries)

@@ -16,6 +16,7 @@ pub mod admin;
 pub mod answer;
 pub mod app;
 pub mod config;
+pub mod consumers;
 pub mod daemon;
 pub mod exchange;
 pub mod identity;

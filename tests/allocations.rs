@@ -123,6 +123,8 @@ fn per_request_work_allocates_nothing() {
         query: None,
         headers: &headers,
         route: &route.name,
+        consumer: None,
+        claim_names: &[],
     };
     let steps = [
         (
@@ -146,7 +148,7 @@ fn per_request_work_allocates_nothing() {
         (
             "keys and costs",
             allocations(1000, || {
-                assert_eq!(route.asks(&facts).expect("keys").len(), 3);
+                assert_eq!(route.tiers.default().asks(&facts).expect("keys").len(), 3);
             }),
         ),
     ];
@@ -159,8 +161,8 @@ fn deciding(route: &Route, facts: &RequestFacts<'_>) -> [(&'static str, u64); 2]
         1, 49, 0, 20, 0, 1, 1, 4999, 0, 60_000, 0, 1, 1, 9_999, 0, 60_000, 0, 0,
     ];
     let limiter = LocalLimiter::new(Arc::new(ManualClock::new(1_000_000)), 1000);
-    let asks = route.asks(facts).expect("keys");
-    let entries = entries(route.limits.limits(), &asks);
+    let asks = route.tiers.default().asks(facts).expect("keys");
+    let entries = entries(route.tiers.default().limits.limits(), &asks);
     let request = LimitRequest {
         id: RequestId(7),
         ..LimitRequest::new(&entries)
@@ -235,7 +237,7 @@ fn the_policys_decision_allocates_nothing_once_its_keys_are_known() {
             .routes
             .find("example.com", path, &Method::GET)
             .expect("route");
-        assert_eq!(route.limits.len(), limits);
+        assert_eq!(route.tiers.default().limits.len(), limits);
         let facts = RequestFacts {
             client_ip: config
                 .identity
@@ -246,14 +248,16 @@ fn the_policys_decision_allocates_nothing_once_its_keys_are_known() {
             query: None,
             headers: &headers,
             route: &route.name,
+            consumer: None,
+            claim_names: &[],
         };
-        let asks = route.asks(&facts).expect("keys");
+        let asks = route.tiers.default().asks(&facts).expect("keys");
         // A key's first sighting stores its state: warm up before counting.
-        assert!(ready(policy.decide(&route.limits, &asks)).admitted());
+        assert!(ready(policy.decide(&route.tiers.default().limits, &asks)).admitted());
         let count = allocations(1000, || {
             // 20 ms apart: within every limit.
             clock.advance(20_000);
-            let verdict = ready(policy.decide(&route.limits, &asks));
+            let verdict = ready(policy.decide(&route.tiers.default().limits, &asks));
             assert!(verdict.admitted());
         });
         println!("policy decision, {limits} limits: {count} allocations in 1000 requests");
@@ -326,7 +330,9 @@ fn a_request_through_the_exchange_allocates_nothing() {
             "{admission:?}"
         );
         assert_eq!(
-            exchange.limits_said().map(|(_, d)| d.statuses.len()),
+            exchange
+                .limits_said()
+                .map(|said| said.decision.statuses.len()),
             Some(3)
         );
         ready(exchange.end(&policy, Some(200)));

@@ -106,6 +106,8 @@ pub(crate) use impl_choice;
 
 // The failure mode's names are the limiter's own strum table.
 impl_choice!(FailureMode, "failure mode");
+// So are a route's `auth:` modes.
+impl_choice!(crate::consumers::AuthMode, "auth mode");
 
 /// `algorithm:` of a limit (and of an RLS rate limit): which family runs it. The parameters
 /// that make it a `limiter::Algorithm` are compiled by each section.

@@ -47,6 +47,8 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
     let (key_prefix, secret) = compile_keys(redis.as_ref(), raw.key_secret, p);
     let identity = compile_identity(&raw.trusted_proxies, raw.ipv6_prefix, p);
     let addresses = super::addresses::compile("addresses", raw.addresses, p);
+    let claim_names = super::identity::claim_names(&raw.routes);
+    let consumers = super::identity::compile(raw.identity, claim_names, p);
     let paths = compile_paths(raw.path, p);
     let instances = compile_instances(raw.instances, p);
     let access_log = compile_access_log(raw.access_log, p);
@@ -68,6 +70,7 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
         secret,
         instances,
         failure_mode,
+        verifiers: &consumers,
     };
     let routes = compile_routes(raw.routes, &raw.route_positions, defaults, serves_rls, p);
     Config {
@@ -78,6 +81,7 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
         redis,
         failure_mode,
         identity,
+        consumers,
         addresses,
         paths,
         access_log,

@@ -11,6 +11,7 @@
 pub mod addresses;
 pub mod choice;
 pub mod compile;
+pub mod identity;
 pub mod limits;
 pub mod listeners;
 pub mod model;
@@ -26,6 +27,7 @@ pub mod routes;
 pub mod secrets;
 pub mod sections;
 pub mod server;
+pub mod tiers;
 pub mod upstreams;
 
 use std::path::Path;

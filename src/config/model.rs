@@ -9,6 +9,7 @@ use super::observe::{AccessLogSettings, RequestIdSettings, TracingSettings};
 use super::redis::RedisSettings;
 use super::rls::RlsSettings;
 use super::server::ServerSettings;
+use crate::consumers::Verifiers;
 use crate::identity::Identity;
 use crate::limiter::FailureMode;
 use crate::path::PathPolicy;
@@ -26,6 +27,8 @@ pub struct Config {
     /// The failure mode of routes that do not set their own.
     pub failure_mode: FailureMode,
     pub identity: Identity,
+    /// Who is calling: the plans and the verifiers of credentials (`identity:`).
+    pub consumers: Verifiers,
     /// The gateway's `addresses:` lists (each route may add its own).
     pub addresses: AddressLists,
     pub paths: PathPolicy,
@@ -47,7 +50,7 @@ impl Config {
             .routes
             .in_file_order()
             .iter()
-            .map(|r| r.limits.len())
+            .map(|r| r.tiers.default().limits.len())
             .sum();
         let backend = match &self.redis {
             Some(redis) => redis.topology.describe(),

@@ -334,7 +334,7 @@ impl ProxyHttp for Gateway {
         match admission {
             Admission::Answered(answer) => {
                 let id = id_header(Some(&*exchange), ctx.request_id.as_ref());
-                respond(session, answer, exchange.limits_said(), id).await?;
+                respond(session, answer, Some(&*exchange), id).await?;
                 Ok(true)
             }
             Admission::Admitted { delay } => self.proceed(session, exchange, delay).await,
@@ -408,9 +408,8 @@ impl ProxyHttp for Gateway {
         };
         if let (Some(answer), None) = (answer, session.response_written()) {
             let exchange = ctx.exchange.as_ref();
-            let limits_said = exchange.and_then(Exchange::limits_said);
             let id = id_header(exchange, ctx.request_id.as_ref());
-            if let Err(e) = respond(session, answer, limits_said, id).await {
+            if let Err(e) = respond(session, answer, exchange, id).await {
                 log::debug!("could not answer a failed request: {e}");
             }
         }
@@ -498,8 +497,8 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        if let Some((route, decision)) = ctx.exchange.as_ref().and_then(Exchange::limits_said) {
-            respond::add_ratelimit_headers(upstream_response, route, decision)?;
+        if let Some(said) = ctx.exchange.as_ref().and_then(Exchange::limits_said) {
+            respond::add_ratelimit_headers(upstream_response, said)?;
         }
         respond::add_request_id(upstream_response, ctx.request_id_header())
     }

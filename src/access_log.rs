@@ -53,6 +53,11 @@ pub struct Line<'a> {
     pub path: &'a str,
     pub protocol: &'static str,
     pub route: Option<&'a str>,
+    /// The verified caller (routes with `auth:`), and its plan.
+    pub consumer: Option<&'a str>,
+    pub plan: Option<&'a str>,
+    /// Why the caller was refused before any limit (`sluice_auth_failures_total`'s reasons).
+    pub auth_failure: Option<&'static str>,
     /// 0 when nothing was answered (the client left first).
     pub status: u16,
     /// Request body bytes received.

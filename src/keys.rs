@@ -397,6 +397,19 @@ impl RouteKeys {
         }
     }
 
+    /// Whether the key of the limit at `index` follows from the caller alone (its parts are
+    /// `consumer`, `route` or `const:`, and no round robin picks its shard): what the usage
+    /// API can read for a consumer without a request.
+    pub fn follows_from_caller(&self, index: usize) -> bool {
+        let caller_only =
+            |part: &KeyPart| matches!(part, KeyPart::Consumer | KeyPart::Route | KeyPart::Const(_));
+        !matches!(self.tag_choice, TagChoice::ShardRoundRobin { .. })
+            && self
+                .limits
+                .get(index)
+                .is_some_and(|limit| limit.parts.iter().all(caller_only))
+    }
+
     /// One key per limit, in the route's order, and the limits skipped for lack of a part;
     /// `Err` when a limit with `on_missing: deny` lacks a part.
     pub fn build(&self, facts: &RequestFacts<'_>) -> Result<BuiltKeys, MissingPart> {

@@ -39,3 +39,4 @@ pub mod snapshot;
 pub mod tls;
 pub mod traces;
 pub mod upstream;
+pub mod usage;

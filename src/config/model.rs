@@ -14,6 +14,7 @@ use crate::identity::Identity;
 use crate::limiter::FailureMode;
 use crate::path::PathPolicy;
 use crate::router::RouteTable;
+use crate::secret::Secret;
 
 /// A loaded, validated configuration.
 #[derive(Debug)]
@@ -22,6 +23,8 @@ pub struct Config {
     pub server: ServerSettings,
     pub listen: Vec<Listener>,
     pub admin_listen: Option<SocketAddr>,
+    /// What the usage API asks for (`admin.token`); `None`: the usage API is off.
+    pub admin_token: Option<Secret>,
     /// `None`: limits run in-process.
     pub redis: Option<RedisSettings>,
     /// The failure mode of routes that do not set their own.

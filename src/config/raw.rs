@@ -66,6 +66,7 @@ pub struct RawPath {
 #[derive(Debug, Deserialize)]
 pub struct RawAdmin {
     pub listen: Option<String>,
+    pub token: Option<RawSecret>,
 }
 
 #[derive(Debug, Deserialize)]

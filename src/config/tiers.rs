@@ -299,3 +299,129 @@ pub fn policy_header(limits: &[Limit]) -> Option<HeaderValue> {
     // Names are checked to be a safe ASCII subset, so this cannot fail.
     HeaderValue::from_str(&items.join(", ")).ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use smallvec::SmallVec;
+
+    use super::*;
+    use crate::config::problem::problems_of;
+    use crate::consumers::{Consumer, PlanId, Via};
+    use crate::keys::KeySecret;
+    use crate::limiter::FailureMode;
+
+    fn plans() -> Plans {
+        Plans::new(vec!["free".into(), "pro".into()], Some(PlanId(0)))
+    }
+
+    /// The tiers of a route with `limits` (YAML list).
+    fn tiers(limits: &str) -> (Option<Tiers>, Vec<String>) {
+        problems_of(limits, |raw: Vec<RawLimit>, p: &mut Problems| {
+            let plans = plans();
+            let compiled: Option<Vec<LimitVariants>> = compile_limits("routes[0]", raw, &plans, p)
+                .into_iter()
+                .collect();
+            let compiled = compiled?;
+            let specs: Vec<KeySpec> = compiled.iter().map(|l| l.written().1.clone()).collect();
+            let keys = RouteKeys::new("t", "r", KeySecret::new("s"), &specs);
+            let settings = TierSettings {
+                at: "routes[0]",
+                plans: &plans,
+                instances: 1,
+                failure_mode: FailureMode::Allow,
+                deadline: None,
+                shadow: false,
+                rate_limit_headers: true,
+                keys: &keys,
+            };
+            Some(build(&compiled, &settings, p))
+        })
+    }
+
+    fn consumer(id: &str, plan: Option<u8>) -> Consumer {
+        Consumer {
+            id: id.into(),
+            plan: plan.map(PlanId),
+            claims: SmallVec::new(),
+            via: Via::ApiKey,
+        }
+    }
+
+    /// The `RateLimit-Policy` a caller sees: the limits it meets.
+    fn policy(tiers: &Tiers, caller: Option<&Consumer>) -> String {
+        let tier = tiers.get(tiers.choose(caller));
+        tier.policy_header
+            .as_ref()
+            .map_or(String::new(), |v| v.to_str().unwrap().to_string())
+    }
+
+    const TIERED: &str = "
+- name: per_consumer
+  key: [consumer]
+  rate: 10/m
+  plans:
+    pro: { rate: 100/m }
+  consumers:
+    acme: { rate: 1000/m }
+    bob: off
+- name: per_ip
+  key: [client_ip]
+  rate: 50/s
+  plans:
+    pro: off
+";
+
+    #[test]
+    fn each_caller_meets_its_most_specific_limits_and_never_also_the_default() {
+        let (tiers, problems) = tiers(TIERED);
+        assert!(problems.is_empty(), "{problems:?}");
+        let tiers = tiers.unwrap();
+        let free = consumer("carol", Some(0));
+        let pro = consumer("dave", Some(1));
+        assert_eq!(
+            policy(&tiers, None),
+            "\"per_consumer\";q=10;w=60, \"per_ip\";q=50;w=1"
+        );
+        assert_eq!(policy(&tiers, Some(&free)), policy(&tiers, None));
+        assert_eq!(
+            policy(&tiers, Some(&pro)),
+            "\"per_consumer\";q=100;w=60",
+            "pro's own rate, and the limit pro turns off is gone"
+        );
+        assert_eq!(
+            policy(&tiers, Some(&consumer("acme", Some(1)))),
+            "\"per_consumer\";q=1000;w=60",
+            "acme's override, over pro's, and pro's per_ip off still holds"
+        );
+        assert_eq!(
+            policy(&tiers, Some(&consumer("acme", Some(0)))),
+            "\"per_consumer\";q=1000;w=60, \"per_ip\";q=50;w=1"
+        );
+        assert_eq!(
+            policy(&tiers, Some(&consumer("bob", Some(0)))),
+            "\"per_ip\";q=50;w=1"
+        );
+        let pro_tier = tiers.get(tiers.choose(Some(&pro)));
+        assert_eq!(&*pro_tier.positions, &[0], "positions in the route's list");
+    }
+
+    #[test]
+    fn entries_name_known_plans_and_compile_like_the_limit() {
+        let (_, problems) = tiers(
+            "
+- name: l
+  rate: 10/m
+  plans:
+    gold: { rate: 1/s }
+    pro: { rate: 0/s }
+",
+        );
+        assert_eq!(
+            problems,
+            [
+                "routes[0].limits[0].plans.gold: unknown plan \"gold\": the plans are free, pro",
+                "routes[0].limits[0].plans.pro.rate: invalid rate \"0/s\": the request count must be at least 1",
+            ]
+        );
+    }
+}

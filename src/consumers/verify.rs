@@ -8,7 +8,7 @@ use std::sync::Arc;
 use http::header::HeaderValue;
 use http::HeaderMap;
 
-use super::{AuthFailure, Consumer, Plans};
+use super::{AuthFailure, Consumer, PlanId, Plans};
 
 /// What a request offers to verifiers.
 #[derive(Clone, Copy)]
@@ -48,6 +48,12 @@ impl Verifiers {
     /// Whether any verifier is configured: routes may ask for credentials.
     pub fn verify_anything(&self) -> bool {
         false
+    }
+
+    /// The plan of consumer `id` as the verifiers know it (the API-key file names it), else the
+    /// default plan.
+    pub fn plan_of(&self, _id: &str) -> Option<PlanId> {
+        self.plans.of(None)
     }
 
     /// The `WWW-Authenticate` value of a `401` for `failure`.

@@ -383,6 +383,14 @@ impl Exchange {
         self.consumer.as_ref()
     }
 
+    /// Why the caller was refused before any limit, if it was.
+    pub fn auth_failure(&self) -> Option<AuthFailure> {
+        match self.answer {
+            Some(Answer::AuthFailed(failure)) => Some(failure),
+            _ => None,
+        }
+    }
+
     /// The caller's plan's name, if it has one.
     pub fn plan(&self) -> Option<&str> {
         let plan = self.consumer.as_ref()?.plan?;

@@ -14,12 +14,13 @@ use pingora_prometheus::prometheus::{
 };
 
 use crate::answer::{Decided, UpstreamError};
-use crate::consumers::{AuthFailure, AuthMode, PlanId, Plans, Tier, NO_PLAN};
+use crate::consumers::{AuthFailure, AuthMode, PlanId, Plans, NO_PLAN};
 use crate::limiter::guard::GuardMeters;
 use crate::limiter::leased::LeaseMeters;
 use crate::limiter::{Coalescing, CostReport, ErrorKind, Limit, Outcome, PolicyMeters, Verdict};
 use crate::rls::Domains;
 use crate::router::RouteTable;
+use crate::tiers::Tier;
 use strum::EnumCount;
 
 pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {

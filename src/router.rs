@@ -10,7 +10,8 @@ use std::sync::Arc;
 use http::Method;
 
 use crate::addresses::AddressLists;
-use crate::consumers::{RouteAuth, Tiers};
+use crate::consumers::RouteAuth;
+use crate::tiers::Tiers;
 use crate::upstream::UpstreamSettings;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -166,7 +166,7 @@ async fn peek<'a>(
     let decision = if readable.iter().any(|r| *r) {
         let asks = tier
             .asks(&facts)
-            .map_err(|answer| refusal(400, answer.detail()))?;
+            .map_err(|undecidable| refusal(400, undecidable.0))?;
         Some(
             policy
                 .peek(&tier.limits, &asks)

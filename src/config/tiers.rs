@@ -14,10 +14,11 @@ use http::header::HeaderValue;
 use super::identity::known_plans;
 use super::problem::Problems;
 use super::raw::{RawLimit, RawOverride, RawParams};
-use crate::consumers::{Plans, Tier, TierId, Tiers};
+use crate::consumers::Plans;
 use crate::keys::{KeySpec, RouteKeys};
 use crate::limiter::{Limit, LimitSet};
 use crate::pricing::{CostHeaders, RoutePricing};
+use crate::tiers::{Tier, TierId, Tiers};
 
 /// Longest consumer id an override may name (ids from credentials are bounded the same).
 const MAX_CONSUMER_ID: usize = crate::consumers::MAX_CONSUMER_ID;

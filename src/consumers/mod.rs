@@ -6,9 +6,8 @@
 //! hashed key file, a JWT whose signature and claims check out, a client certificate the TLS
 //! listener verified — never from an unverified header. Plans are names declared once
 //! (`identity.plans`); a route's limits may differ per plan and per consumer, chosen at config
-//! load (`tiers.rs`), so a request only picks its precompiled set.
+//! load (`crate::tiers`), so a request only picks its precompiled set.
 
-pub mod tiers;
 mod verify;
 
 use std::sync::Arc;
@@ -16,7 +15,6 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 use strum::{EnumCount, IntoStaticStr, VariantArray};
 
-pub use tiers::{Tier, TierId, Tiers};
 pub use verify::{Credentials, Verifiers};
 
 /// Longest consumer id accepted from any credential (ids are hashed into keys and written to the

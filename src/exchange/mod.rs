@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 
 use crate::addresses::{AddressLists, Standing};
 use crate::answer::{Answer, Decided, Unasked, UpstreamError};
-use crate::consumers::{AuthFailure, AuthMode, Consumer, Credentials, Tier, TierId};
+use crate::consumers::{AuthFailure, AuthMode, Consumer, Credentials};
 use crate::keys::{self, RequestFacts};
 use crate::limiter::{
     Asks, Backend, CostReport, Decision, Limiter, Policy, ReleaseSlots, SettleUnits, Verdict,
@@ -27,6 +27,7 @@ use crate::metrics::{InFlight, RouteMetrics};
 use crate::path;
 use crate::router::Route;
 use crate::snapshot::{RouteRuntime, Snapshot};
+use crate::tiers::{Tier, TierId, Undecidable};
 
 pub use head::{Head, Target};
 pub use upstream::Dial;
@@ -198,7 +199,9 @@ impl Exchange {
         }
         let tier = route.tiers.get(self.tier);
         if !tier.limits.is_empty() && !self.exempt {
-            self.asks = tier.asks(&facts)?;
+            self.asks = tier
+                .asks(&facts)
+                .map_err(|Undecidable(detail)| Answer::BadRequest(detail))?;
         }
         Ok(())
     }

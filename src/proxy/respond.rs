@@ -14,9 +14,9 @@ use pingora::protocols::http::HttpTask;
 use pingora::proxy::Session;
 
 use crate::answer::{Answer, GrpcStatus};
-use crate::consumers::Tier;
 use crate::exchange::{Exchange, LimitsSaid};
 use crate::limiter::Decision;
+use crate::tiers::Tier;
 
 pub const RATELIMIT: &str = "ratelimit";
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";

@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use http::header::HeaderValue;
 
-use super::Consumer;
-use crate::answer::Answer;
+use crate::consumers::Consumer;
 use crate::keys::{MissingPart, RequestFacts, RouteKeys};
 use crate::limiter::{Ask, Asks, Limit, LimitSet};
 use crate::pricing::RoutePricing;
@@ -19,6 +18,11 @@ const MISSING_PART: &str =
     "The request lacks a header, query parameter or claim a rate limit is keyed on.";
 /// Detail of the `400` for a cost header that is not a whole number within the cap.
 const BAD_COST: &str = "The cost header must be a whole number within the limit's cost_max.";
+
+/// A request that cannot be decided as sent (a key part it must have is missing, its cost
+/// header is wrong): the detail of its `400`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Undecidable(pub &'static str);
 
 /// The limits one kind of caller meets on a route, with everything a request needs of them.
 #[derive(Debug)]
@@ -37,18 +41,18 @@ pub struct Tier {
 impl Tier {
     /// What the request asks of each limit of this tier: its key and its cost (0 for a limit
     /// skipped for lack of a key part, which is then only read). `Err` when the request cannot
-    /// be decided as sent.
-    pub fn asks(&self, facts: &RequestFacts<'_>) -> Result<Asks, Answer> {
+    /// be decided as sent, with the detail of its `400`.
+    pub fn asks(&self, facts: &RequestFacts<'_>) -> Result<Asks, Undecidable> {
         let built = self
             .keys
             .build(facts)
-            .map_err(|MissingPart| Answer::BadRequest(MISSING_PART))?;
+            .map_err(|MissingPart| Undecidable(MISSING_PART))?;
         let mut asks = Asks::new();
         for (i, (limit, key)) in self.limits.limits().iter().zip(built.keys).enumerate() {
             let cost = limit
                 .cost
                 .of(self.pricing.request(i, facts.headers))
-                .map_err(|_| Answer::BadRequest(BAD_COST))?;
+                .map_err(|_| Undecidable(BAD_COST))?;
             let skipped = built.skipped & (1 << i) != 0;
             asks.push(Ask {
                 key,
@@ -73,7 +77,7 @@ pub struct TierId(pub u16);
 pub struct Tiers {
     /// `tiers[0]` is the route's default: every limit as written.
     tiers: Box<[Tier]>,
-    /// Per plan, by [`super::PlanId`] + 1 (0: no plan), the tier its consumers meet.
+    /// Per plan, by [`crate::consumers::PlanId`] + 1 (0: no plan), the tier its consumers meet.
     by_plan: Box<[TierId]>,
     /// Per overridden consumer, the tier it meets, by its plan as above.
     by_consumer: HashMap<Arc<str>, Box<[TierId]>>,
@@ -149,8 +153,8 @@ impl Tiers {
 mod tests {
     use smallvec::SmallVec;
 
-    use super::super::{PlanId, Via};
     use super::*;
+    use crate::consumers::{PlanId, Via};
     use crate::keys::KeySecret;
 
     fn tier() -> Tier {

@@ -165,5 +165,34 @@ fn address_lists(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, hot_path, address_lists);
+/// Reading and verifying a presented API key among 10,000 stored hashes: the header read, one
+/// SHA-256 and one lookup (docs/consumers-apikeys.md).
+fn api_keys(c: &mut Criterion) {
+    use sluice::api_keys::{presented_key, ApiKey, ApiKeys, KeyHash};
+    let mut keys = ApiKeys::default();
+    for i in 0..10_000 {
+        let key = ApiKey {
+            consumer: format!("consumer-{}", i % 1000).into(),
+            plan: None,
+            disabled: false,
+        };
+        let secret = format!("sk_bench_key_{i:032}");
+        keys.insert(KeyHash::of(secret.as_bytes()), key, i)
+            .expect("distinct keys");
+    }
+    let name = http::header::HeaderName::from_static("x-api-key");
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        name.clone(),
+        HeaderValue::from_static("sk_bench_key_00000000000000000000000000004242"),
+    );
+    c.bench_function("api keys: verify a presented key among 10,000", |b| {
+        b.iter(|| {
+            let presented = presented_key(black_box(&headers), &name).ok().flatten();
+            presented.and_then(|key| keys.verify(key)).is_some()
+        })
+    });
+}
+
+criterion_group!(benches, hot_path, address_lists, api_keys);
 criterion_main!(benches);

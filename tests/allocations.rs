@@ -342,3 +342,42 @@ fn a_request_through_the_exchange_allocates_nothing() {
     println!("a request through the exchange: {count} allocations in 1000 requests");
     assert_eq!(count, 0, "{count} allocations in 1000 requests");
 }
+
+#[test]
+fn verifying_an_api_key_allocates_nothing() {
+    use sluice::api_keys::presented_key;
+    // The hashes of `abc` and `hello` (sha256sum).
+    let keys = sluice::config::api_key_file::from_yaml(
+        "keys:\n\
+         - { hash: \"sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\", consumer: acme, plan: pro }\n\
+         - { hash: \"sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824\", consumer: bolt }\n",
+    )
+    .expect("the key file reads");
+    let name = http::header::HeaderName::from_static("x-api-key");
+    let mut known = HeaderMap::new();
+    known.insert(name.clone(), HeaderValue::from_static("abc"));
+    let mut unknown = HeaderMap::new();
+    unknown.insert(
+        name.clone(),
+        HeaderValue::from_static("sk_not_a_stored_key_at_all"),
+    );
+    let verify = |headers: &HeaderMap| {
+        let presented = presented_key(headers, &name).ok().flatten()?;
+        keys.verify(presented).map(|key| key.consumer.len())
+    };
+    assert_eq!(verify(&known), Some(4));
+    assert_eq!(verify(&unknown), None);
+    assert_none(
+        [
+            (
+                "verifying a stored key",
+                allocations(1000, || assert!(verify(&known).is_some())),
+            ),
+            (
+                "verifying an unknown key",
+                allocations(1000, || assert!(verify(&unknown).is_none())),
+            ),
+        ]
+        .into_iter(),
+    );
+}

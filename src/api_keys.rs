@@ -182,6 +182,11 @@ impl ApiKeys {
         self.entries.is_empty()
     }
 
+    /// Every stored key, with its index in the file.
+    pub fn keys(&self) -> impl Iterator<Item = (usize, &ApiKey)> {
+        self.entries.iter().map(|entry| (entry.index, &entry.key))
+    }
+
     /// Each plan named in the file, with the index of its key there, so that the plans can be
     /// checked against the configured ones (`config::api_key_file::check_plans`).
     pub fn plans(&self) -> impl Iterator<Item = (usize, &str)> {

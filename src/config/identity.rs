@@ -1,11 +1,13 @@
 //! `identity:` (the plans there are and the verifiers of credentials) and each route's `auth:`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::api_key_file::check_plans;
+use super::api_keys::{compile_api_keys, ApiKeySettings};
 use super::problem::{check_name, Problems};
 use super::raw::{RawAuth, RawAuthTable, RawIdentity};
-use crate::consumers::NO_PLAN;
-use crate::consumers::{AuthMode, PlanId, Plans, RouteAuth, Verifiers};
+use crate::consumers::{AuthMode, KeyCheck, PlanId, Plans, RouteAuth, Verifiers, NO_PLAN};
 
 /// Plans fit the bit mask of a route's allowed plans.
 const MAX_PLANS: usize = 64;
@@ -17,9 +19,51 @@ pub fn compile(
     claim_names: Vec<Arc<str>>,
     p: &mut Problems,
 ) -> Verifiers {
-    let raw = raw.unwrap_or_default();
+    let mut raw = raw.unwrap_or_default();
     let plans = compile_plans(&raw, p);
-    Verifiers::new(plans, claim_names)
+    let api_keys = raw
+        .api_keys
+        .take()
+        .and_then(|keys| compile_api_keys(keys, "identity.api_keys", p));
+    if let Some(keys) = &api_keys {
+        check_key_plans(keys, &plans, p);
+    }
+    let api_keys = api_keys.map(|settings| KeyCheck {
+        header: settings.header,
+        keys: settings.keys,
+    });
+    Verifiers::new(plans, claim_names).with_api_keys(api_keys)
+}
+
+/// Every plan the key file names is declared, and the keys of one consumer name one plan.
+fn check_key_plans(settings: &ApiKeySettings, plans: &Plans, p: &mut Problems) {
+    let at = "identity.api_keys.file";
+    let file = &settings.file;
+    check_plans(&settings.keys, file, at, p, |name| {
+        plans
+            .find(name)
+            .map(|_| ())
+            .ok_or_else(|| format!("unknown plan {name:?}: {}", known_plans(plans)))
+    });
+    let mut first: HashMap<&str, (usize, Option<&str>)> = HashMap::new();
+    for (i, key) in settings.keys.keys() {
+        let plan = key.plan.as_deref();
+        match first.get(&*key.consumer) {
+            Some(&(earlier, named)) if named != plan => p.add(
+                at,
+                format!(
+                    "{}: keys[{i}].plan: consumer {:?} is on plan {} by keys[{earlier}]: one consumer has one plan",
+                    file.display(),
+                    key.consumer,
+                    named.unwrap_or("(the default)"),
+                ),
+            ),
+            Some(_) => {}
+            None => {
+                first.insert(&key.consumer, (i, plan));
+            }
+        }
+    }
 }
 
 /// The claims `claim:NAME` key parts of `routes` name, each once: what verified tokens keep.

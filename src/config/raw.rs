@@ -15,6 +15,7 @@ use crate::consumers::AuthMode;
 use crate::limiter::FailureMode;
 
 use super::addresses::RawAddresses;
+use super::api_keys::RawApiKeys;
 use super::choice::{
     AlgorithmName, BalanceName, EncodedSlash, LimitMode, OnMissingName, RedisMode, Spelled,
 };
@@ -215,6 +216,7 @@ pub struct RawIdentity {
     #[serde(default)]
     pub plans: Vec<String>,
     pub default_plan: Option<String>,
+    pub api_keys: Option<RawApiKeys>,
 }
 
 /// A route's `auth:`: `required`, `optional` or `off`, or `{ mode, plans }`.

@@ -5,15 +5,24 @@
 
 use std::sync::Arc;
 
-use http::header::HeaderValue;
+use http::header::{HeaderName, HeaderValue};
 use http::HeaderMap;
+use smallvec::SmallVec;
 
-use super::{AuthFailure, Consumer, PlanId, Plans};
+use super::{AuthFailure, Consumer, PlanId, Plans, Via};
+use crate::api_keys::{presented_key, ApiKeys};
 
 /// What a request offers to verifiers.
 #[derive(Clone, Copy)]
 pub struct Credentials<'a> {
     pub headers: &'a HeaderMap,
+}
+
+/// API keys: the header that presents one, and the keys of the file.
+#[derive(Debug, Clone)]
+pub struct KeyCheck {
+    pub header: HeaderName,
+    pub keys: Arc<ApiKeys>,
 }
 
 /// The configured verifiers and the plans their consumers may name.
@@ -23,9 +32,10 @@ pub struct Verifiers {
     /// The claims `claim:NAME` key parts name: what a verified token's [`Consumer::claims`]
     /// hold, in this order.
     claim_names: Box<[Arc<str>]>,
+    api_keys: Option<KeyCheck>,
     /// `WWW-Authenticate` of a `401`, per [`AuthFailure`]: a challenge per verifier that takes a
     /// header, built at load.
-    challenges: Box<[HeaderValue]>,
+    challenges: Box<[Option<HeaderValue>]>,
 }
 
 impl Verifiers {
@@ -33,8 +43,16 @@ impl Verifiers {
         Verifiers {
             plans,
             claim_names: claim_names.into(),
+            api_keys: None,
             challenges: Box::new([]),
         }
+    }
+
+    /// With API keys read from `api_keys`.
+    pub fn with_api_keys(mut self, api_keys: Option<KeyCheck>) -> Verifiers {
+        self.api_keys = api_keys;
+        self.challenges = self.build_challenges();
+        self
     }
 
     pub fn plans(&self) -> &Plans {
@@ -47,26 +65,75 @@ impl Verifiers {
 
     /// Whether any verifier is configured: routes may ask for credentials.
     pub fn verify_anything(&self) -> bool {
-        false
+        self.api_keys.is_some()
     }
 
     /// The plan of consumer `id` as the verifiers know it (the API-key file names it), else the
     /// default plan.
-    pub fn plan_of(&self, _id: &str) -> Option<PlanId> {
-        self.plans.of(None)
+    pub fn plan_of(&self, id: &str) -> Option<PlanId> {
+        let named = self.api_keys.as_ref().and_then(|check| {
+            let (_, key) = check.keys.keys().find(|(_, key)| &*key.consumer == id)?;
+            key.plan.as_deref()
+        });
+        self.plans.of(named)
     }
 
     /// The `WWW-Authenticate` value of a `401` for `failure`.
     pub fn challenge(&self, failure: AuthFailure) -> Option<&HeaderValue> {
-        self.challenges.get(failure as usize)
+        self.challenges.get(failure as usize)?.as_ref()
     }
 
     /// The consumer the request's credential names; `Ok(None)` when it presents none.
     pub fn identify(
         &self,
-        _credentials: &Credentials<'_>,
+        credentials: &Credentials<'_>,
         _now_unix_secs: u64,
     ) -> Result<Option<Consumer>, AuthFailure> {
+        if let Some(check) = &self.api_keys {
+            match presented_key(credentials.headers, &check.header) {
+                Ok(Some(presented)) => return self.by_api_key(check, presented).map(Some),
+                Ok(None) => {}
+                Err(_) => return Err(AuthFailure::Malformed),
+            }
+        }
         Ok(None)
+    }
+
+    /// The consumer of the API key `presented`.
+    fn by_api_key(&self, check: &KeyCheck, presented: &[u8]) -> Result<Consumer, AuthFailure> {
+        let key = check
+            .keys
+            .verify(presented)
+            .ok_or(AuthFailure::UnknownKey)?;
+        if key.disabled {
+            return Err(AuthFailure::RevokedKey);
+        }
+        Ok(Consumer {
+            id: Arc::clone(&key.consumer),
+            plan: self.plans.of(key.plan.as_deref()),
+            claims: SmallVec::new(),
+            via: Via::ApiKey,
+        })
+    }
+
+    /// One `WWW-Authenticate` value per failure: the challenges of the verifiers that read a
+    /// header (RFC 9110 §11.6.1), a bearer challenge saying what was wrong (RFC 6750 §3).
+    fn build_challenges(&self) -> Box<[Option<HeaderValue>]> {
+        AuthFailure::ALL
+            .iter()
+            .map(|_failure| {
+                let mut challenges: Vec<String> = Vec::new();
+                if let Some(check) = &self.api_keys {
+                    challenges.push(format!(
+                        "ApiKey realm=\"sluice\", header=\"{}\"",
+                        check.header
+                    ));
+                }
+                let text = challenges.join(", ");
+                (!text.is_empty())
+                    .then(|| HeaderValue::from_str(&text).ok())
+                    .flatten()
+            })
+            .collect()
     }
 }

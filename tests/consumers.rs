@@ -192,7 +192,21 @@ fn bad_credentials_are_refused_before_any_limit_or_redis() {
     assert_eq!(upstream.served(), 0, "nothing refused reached the upstream");
     let keys: Vec<String> = redis.connection().keys("*").unwrap();
     assert!(keys.is_empty(), "nor Redis: {keys:?}");
-    assert_eq!(get_with_key(&gateway, "/pro/x", KEY_B).status, 200);
+    let passed = http_get(
+        gateway.proxy,
+        "/pro/x",
+        None,
+        &[("x-api-key", KEY_B), ("x-consumer-id", "mallory")],
+    );
+    assert_eq!(passed.status, 200);
+    assert!(
+        passed.body.contains("x-consumer-id: bob\n")
+            && passed.body.contains("x-consumer-plan: pro\n")
+            && !passed.body.contains("mallory")
+            && !passed.body.contains("x-api-key"),
+        "the upstream learns the verified caller, never a client's claim or the key: {}",
+        passed.body
+    );
 
     let metrics = gateway.metrics();
     let failures = |route, reason| {

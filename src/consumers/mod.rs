@@ -35,6 +35,8 @@ pub struct PlanId(pub u8);
 #[derive(Debug, Clone, Default)]
 pub struct Plans {
     names: Box<[Arc<str>]>,
+    /// Each name as a header value (`X-Consumer-Plan`), made once.
+    values: Box<[http::HeaderValue]>,
     default: Option<PlanId>,
 }
 
@@ -42,6 +44,11 @@ impl Plans {
     /// At most 255 names (checked by the config compiler), distinct.
     pub fn new(names: Vec<Arc<str>>, default: Option<PlanId>) -> Plans {
         Plans {
+            // Names are checked to be a safe ASCII subset.
+            values: names
+                .iter()
+                .filter_map(|name| http::HeaderValue::from_str(name).ok())
+                .collect(),
             names: names.into(),
             default,
         }
@@ -56,6 +63,11 @@ impl Plans {
 
     pub fn name(&self, plan: PlanId) -> &str {
         self.names.get(usize::from(plan.0)).map_or("", |n| n)
+    }
+
+    /// The plan's name as a header value.
+    pub fn header_value(&self, plan: PlanId) -> Option<&http::HeaderValue> {
+        self.values.get(usize::from(plan.0))
     }
 
     pub fn names(&self) -> &[Arc<str>] {

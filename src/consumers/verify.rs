@@ -63,6 +63,11 @@ impl Verifiers {
         &self.claim_names
     }
 
+    /// The header API keys are presented in, when API keys are configured.
+    pub fn api_key_header(&self) -> Option<&HeaderName> {
+        self.api_keys.as_ref().map(|check| &check.header)
+    }
+
     /// Whether any verifier is configured: routes may ask for credentials.
     pub fn verify_anything(&self) -> bool {
         self.api_keys.is_some()

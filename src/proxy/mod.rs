@@ -4,6 +4,7 @@
 //! deadlines, forwarding headers, request ids, spans, the access log line and the responses.
 
 mod access;
+mod caller;
 pub mod forwarding;
 pub mod front;
 pub mod preface;
@@ -456,6 +457,7 @@ impl ProxyHttp for Gateway {
         if let Some(host) = exchange.route().and_then(|r| r.upstream.host.clone()) {
             upstream_request.insert_header(http::header::HOST, host)?;
         }
+        caller::set_headers(upstream_request, exchange)?;
         forwarding::set_headers(upstream_request, hop(session, ctx))?;
         if let Some(id) = ctx.request_id_header() {
             upstream_request.insert_header(id.name.clone(), id.value.clone())?;

@@ -15,6 +15,7 @@ pub mod addresses;
 pub mod admin;
 pub mod answer;
 pub mod app;
+pub mod client_cert;
 pub mod config;
 pub mod daemon;
 pub mod exchange;

@@ -240,6 +240,14 @@ pub struct RawListenerTls {
     #[serde(default)]
     pub certificates: Vec<RawCertificate>,
     pub http2: Option<bool>,
+    pub client_auth: Option<RawClientAuth>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClientAuth {
+    pub mode: Option<String>,
+    pub ca: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

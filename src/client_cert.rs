@@ -126,11 +126,17 @@ mod tests {
         let mut sans: Vec<SanType> = (0..MAX_NAMES + 5)
             .map(|i| SanType::DnsName(ia5(&format!("host{i}.example"))))
             .collect();
-        sans.insert(0, SanType::URI(ia5(&format!("urn:{}", "x".repeat(MAX_NAME_BYTES)))));
+        sans.insert(
+            0,
+            SanType::URI(ia5(&format!("urn:{}", "x".repeat(MAX_NAME_BYTES)))),
+        );
         let read = ClientCertificate::from_der(&certificate(Some("c"), sans), &[]);
         assert_eq!(read.dns_names.len(), MAX_NAMES);
         assert_eq!(read.dns_names[0], "host0.example");
-        assert!(read.uris.is_empty(), "an overlong name is left out, not cut");
+        assert!(
+            read.uris.is_empty(),
+            "an overlong name is left out, not cut"
+        );
     }
 
     #[test]

@@ -298,7 +298,13 @@ impl ClientCertVerifier for ClientVerifier {
     }
 
     fn client_auth_mandatory(&self) -> bool {
-        matches!(**self.policy.load(), ClientPolicy::Ask { mandatory: true, .. })
+        matches!(
+            **self.policy.load(),
+            ClientPolicy::Ask {
+                mandatory: true,
+                ..
+            }
+        )
     }
 
     /// No CA names are hinted: the policy is swapped on reload, and rustls borrows the hints
@@ -461,9 +467,8 @@ impl TlsListeners {
         let served = self.served.iter().find(|s| s.addr == listener.addr)?;
         let mut settings = TlsSettings::with_callbacks(Box::new(KeepClientCertificate)).ok()?;
         settings.set_cert_resolver(Arc::clone(&served.resolver) as Arc<dyn ResolvesServerCert>);
-        settings.set_client_cert_verifier(
-            Arc::clone(&served.clients) as Arc<dyn ClientCertVerifier>
-        );
+        settings
+            .set_client_cert_verifier(Arc::clone(&served.clients) as Arc<dyn ClientCertVerifier>);
         if tls.http2 {
             settings.enable_h2();
         }

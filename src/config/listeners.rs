@@ -212,7 +212,10 @@ mod tests {
         assert!(tls.http2, "HTTP/2 by ALPN is on by default");
         assert_eq!(tls.certificates[0].cert, std::path::PathBuf::from("/a.pem"));
         assert!(compiled[2].h2c);
-        assert_eq!(tls.client_auth, None, "no client certificate is asked for by default");
+        assert_eq!(
+            tls.client_auth, None,
+            "no client certificate is asked for by default"
+        );
     }
 
     #[test]

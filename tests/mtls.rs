@@ -187,6 +187,42 @@ fn require_serves_only_clients_with_a_certificate_from_its_ca() {
 }
 
 #[test]
+fn a_client_certificate_must_be_within_its_validity_and_usable_for_client_auth() {
+    use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+    let pki = pki();
+    let upstream = Upstream::start();
+    let port = free_port();
+    let log = pki.ca.dir.path().join("access.log");
+    let listener = listener(port, &pki.server, client_auth("require", &pki.ca.ca));
+    let _gateway = Gateway::start(&config(&listener, &log), &upstream, None);
+
+    let expired = pki.ca.issue_for("expired", &["old.client.test"], &[], -1);
+    assert_refused(
+        &get(port, &pki.ca, Some(&expired), false),
+        "an expired certificate",
+    );
+    let server_only = pki
+        .ca
+        .issue_with("server-only", &["srv.client.test"], |params| {
+            params.extended_key_usages = vec![ServerAuth];
+        });
+    assert_refused(
+        &get(port, &pki.ca, Some(&server_only), false),
+        "a certificate for serverAuth only",
+    );
+    let client_usage = pki
+        .ca
+        .issue_with("client-usage", &["eku.client.test"], |params| {
+            params.extended_key_usages = vec![ClientAuth];
+        });
+    assert_served(
+        &get(port, &pki.ca, Some(&client_usage), false),
+        "2 200",
+        "a certificate for clientAuth",
+    );
+}
+
+#[test]
 fn request_serves_clients_without_a_certificate_and_verifies_one_presented() {
     let pki = pki();
     let upstream = Upstream::start();

@@ -74,15 +74,30 @@ impl TestCa {
 
     /// The same, valid for `days` from now.
     pub fn issue_for(&self, file: &str, names: &[&str], ips: &[IpAddr], days: i64) -> Issued {
+        self.issue_with(file, names, |params| {
+            params
+                .subject_alt_names
+                .extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
+            let (year, month, day) = days_from_now(days);
+            params.not_after = rcgen::date_time_ymd(year, month, day);
+        })
+    }
+
+    /// A certificate for these DNS names (the first its common name), valid for a year, with
+    /// `edit` applied to its parameters before signing.
+    pub fn issue_with(
+        &self,
+        file: &str,
+        names: &[&str],
+        edit: impl FnOnce(&mut CertificateParams),
+    ) -> Issued {
         let mut params =
             CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
                 .unwrap();
-        params
-            .subject_alt_names
-            .extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
         params.distinguished_name = named(names.first().copied().unwrap_or("sluice test"));
-        let (year, month, day) = days_from_now(days);
+        let (year, month, day) = days_from_now(365);
         params.not_after = rcgen::date_time_ymd(year, month, day);
+        edit(&mut params);
         let key = KeyPair::generate().unwrap();
         let certificate = params
             .signed_by(&key, &self.certificate, &self.key)

@@ -31,7 +31,8 @@ use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::DistinguishedName;
 
 use crate::client_cert::ClientCertificate;
-use crate::config::listeners::{CertificateFiles, ClientAuth, ClientAuthMode, Listener};
+use crate::config::choice::ClientAuthMode;
+use crate::config::listeners::{CertificateFiles, ClientAuth, Listener};
 use crate::config::{Config, ConfigError, Problem};
 use crate::upstream::UpstreamTls;
 

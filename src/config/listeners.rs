@@ -8,6 +8,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use super::choice::chosen;
+use super::choice::ClientAuthMode;
 use super::problem::Problems;
 use super::raw::{RawClientAuth, RawListener, RawListenerTable};
 pub use crate::pem::CertificateFiles;
@@ -38,15 +40,6 @@ pub struct ClientAuth {
     pub mode: ClientAuthMode,
     /// PEM file of the certificate authorities a client certificate must chain to.
     pub ca: PathBuf,
-}
-
-/// Whether a client without a certificate may proceed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientAuthMode {
-    /// A certificate is asked for and verified if presented; a client without one proceeds.
-    Request,
-    /// The handshake fails without a valid certificate.
-    Require,
 }
 
 impl Listener {
@@ -164,17 +157,12 @@ fn compile_table(raw: RawListenerTable, at: &str, p: &mut Problems) -> Option<Li
 
 /// `tls.client_auth`: `mode` (`require` unless `request`) and `ca` (required).
 fn client_auth(raw: RawClientAuth, at: &str, p: &mut Problems) -> Option<ClientAuth> {
-    let mode = match raw.mode.as_deref() {
-        None | Some("require") => Some(ClientAuthMode::Require),
-        Some("request") => Some(ClientAuthMode::Request),
-        Some(other) => {
-            p.add(
-                format!("{at}.mode"),
-                format!("unknown mode {other:?}: expected require (no certificate, no connection) or request (a certificate is verified if presented)"),
-            );
-            None
-        }
-    };
+    let mode = chosen(
+        raw.mode.as_ref(),
+        ClientAuthMode::Require,
+        &format!("{at}.mode"),
+        p,
+    );
     let ca = match raw.ca {
         Some(ca) => Some(super::paths::absolute(ca)),
         None => {
@@ -246,7 +234,7 @@ mod tests {
         assert_eq!(
             problems,
             [
-                "listen[0].tls.client_auth.mode: unknown mode \"optional\": expected require (no certificate, no connection) or request (a certificate is verified if presented)",
+                "listen[0].tls.client_auth.mode: unknown mode \"optional\": use request or require",
                 "listen[0].tls.client_auth.ca: required: a PEM file of the certificate authorities client certificates must chain to",
             ]
         );

@@ -14,7 +14,8 @@ use crate::limiter::FailureMode;
 
 use super::addresses::RawAddresses;
 use super::choice::{
-    AlgorithmName, BalanceName, EncodedSlash, LimitMode, OnMissingName, RedisMode, Spelled,
+    AlgorithmName, BalanceName, ClientAuthMode, EncodedSlash, LimitMode, OnMissingName, RedisMode,
+    Spelled,
 };
 use super::observe::{RawAccessLog, RawRequestId, RawTracing};
 use super::server::ServerSettings;
@@ -246,7 +247,7 @@ pub struct RawListenerTls {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawClientAuth {
-    pub mode: Option<String>,
+    pub mode: Option<Spelled<ClientAuthMode>>,
     pub ca: Option<String>,
 }
 

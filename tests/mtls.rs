@@ -256,7 +256,7 @@ fn request_serves_clients_without_a_certificate_and_verifies_one_presented() {
 }
 
 #[test]
-fn sighup_swaps_the_client_ca_and_mode_and_a_bad_ca_file_keeps_them() {
+fn sighup_adds_swaps_and_removes_client_auth_and_a_bad_ca_file_keeps_it() {
     let pki = pki();
     let upstream = Upstream::start();
     let port = free_port();
@@ -312,6 +312,14 @@ fn sighup_swaps_the_client_ca_and_mode_and_a_bad_ca_file_keeps_them() {
         "the running CA after the refused reload",
     );
     assert_refused(&get(port, &pki.ca, None, false), "still required");
+
+    // client_auth removed by a reload: no certificate is asked for again.
+    assert!(gateway.reload(&config(&plain, &log)), "client_auth removed");
+    assert_served(
+        &get(port, &pki.ca, None, false),
+        "2 200",
+        "after client_auth is removed",
+    );
 }
 
 /// `sluice -t` on `yaml`: success and stderr.

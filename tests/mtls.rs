@@ -187,7 +187,7 @@ fn require_serves_only_clients_with_a_certificate_from_its_ca() {
 }
 
 #[test]
-fn a_client_certificate_must_be_within_its_validity_and_usable_for_client_auth() {
+fn a_client_certificate_must_chain_to_the_ca_be_valid_now_and_usable_for_client_auth() {
     use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
     let pki = pki();
     let upstream = Upstream::start();
@@ -209,6 +209,25 @@ fn a_client_certificate_must_be_within_its_validity_and_usable_for_client_auth()
     assert_refused(
         &get(port, &pki.ca, Some(&server_only), false),
         "a certificate for serverAuth only",
+    );
+    // Issued by an intermediate: verified when the client sends the intermediate along.
+    let intermediate = pki.ca.intermediate("partners");
+    let leaf = intermediate.issue("partner", &["partner.client.test"], &[]);
+    assert_refused(
+        &get(port, &pki.ca, Some(&leaf), false),
+        "a leaf from an intermediate, sent alone",
+    );
+    let chain = intermediate.dir.path().join("partner-chain.pem");
+    let pem = |path: &Path| std::fs::read_to_string(path).unwrap();
+    std::fs::write(&chain, pem(&leaf.cert) + &pem(&intermediate.ca)).unwrap();
+    let with_chain = Issued {
+        cert: chain,
+        key: leaf.key.clone(),
+    };
+    assert_served(
+        &get(port, &pki.ca, Some(&with_chain), false),
+        "2 200",
+        "a leaf from an intermediate, sent with it",
     );
     let client_usage = pki
         .ca

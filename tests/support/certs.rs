@@ -67,6 +67,27 @@ impl TestCa {
         }
     }
 
+    /// An intermediate CA signed by this one (in the same temp dir): its `ca` file is its own
+    /// certificate, which leaves it issues must be presented with.
+    pub fn intermediate(&self, file: &str) -> TestCa {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name = named(&format!("sluice test intermediate {file}"));
+        let key = KeyPair::generate().unwrap();
+        let certificate = params
+            .signed_by(&key, &self.certificate, &self.key)
+            .unwrap();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ca = dir.path().join(format!("{file}.pem"));
+        std::fs::write(&ca, certificate.pem()).unwrap();
+        TestCa {
+            certificate,
+            key,
+            dir,
+            ca,
+        }
+    }
+
     /// A certificate for these DNS names (and IP addresses), valid for a year; `file` names it.
     pub fn issue(&self, file: &str, names: &[&str], ips: &[IpAddr]) -> Issued {
         self.issue_for(file, names, ips, 365)

@@ -16,6 +16,7 @@ pub mod admin;
 pub mod answer;
 pub mod api_keys;
 pub mod app;
+pub mod client_cert;
 pub mod config;
 pub mod consumers;
 pub mod daemon;

@@ -171,6 +171,17 @@ pub enum EncodedSlash {
 }
 impl_choice!(EncodedSlash, "value");
 
+/// `listen[].tls.client_auth.mode:`: whether a client without a certificate may proceed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumString, VariantNames)]
+#[strum(serialize_all = "snake_case")]
+pub enum ClientAuthMode {
+    /// A certificate is asked for and verified if presented; a client without one proceeds.
+    Request,
+    /// The handshake fails without a valid certificate.
+    Require,
+}
+impl_choice!(ClientAuthMode, "mode");
+
 #[cfg(test)]
 mod tests {
     use super::*;

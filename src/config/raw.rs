@@ -17,7 +17,8 @@ use crate::limiter::FailureMode;
 use super::addresses::RawAddresses;
 use super::api_keys::RawApiKeys;
 use super::choice::{
-    AlgorithmName, BalanceName, EncodedSlash, LimitMode, OnMissingName, RedisMode, Spelled,
+    AlgorithmName, BalanceName, ClientAuthMode, EncodedSlash, LimitMode, OnMissingName, RedisMode,
+    Spelled,
 };
 use super::observe::{RawAccessLog, RawRequestId, RawTracing};
 use super::server::ServerSettings;
@@ -342,6 +343,14 @@ pub struct RawListenerTls {
     #[serde(default)]
     pub certificates: Vec<RawCertificate>,
     pub http2: Option<bool>,
+    pub client_auth: Option<RawClientAuth>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClientAuth {
+    pub mode: Option<Spelled<ClientAuthMode>>,
+    pub ca: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -90,6 +90,7 @@ impl<E: Seam> Gateway<E> {
             parts,
             raw_target: target.as_bytes(),
             peer: Some(peer),
+            client_certificate: None,
         };
         let admission = exchange.admit(&self.policy, &head).await;
         (exchange, admission)

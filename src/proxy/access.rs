@@ -8,6 +8,7 @@ use crate::access_log::{
     bounded, millis, AccessLog, Headers, Line, MAX_FIELD_BYTES, MAX_HEADER_BYTES,
 };
 use crate::exchange::{head, Exchange};
+use crate::tls;
 
 /// The longest method logged (Pingora bounds the request line, not the method alone).
 const MAX_METHOD_BYTES: usize = 32;
@@ -71,6 +72,7 @@ pub fn log(
         failure_mode: exchange.failure_mode(),
         limiter_ms: millis(exchange.limiter_time()),
         error: error.map(|kind| kind.label()),
+        client_cert: tls::client_certificate(session.digest()).map(Into::into),
         headers,
     };
     access_log.write(&line);

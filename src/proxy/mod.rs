@@ -30,6 +30,7 @@ use crate::exchange::{Admission, Dial, Exchange, Head};
 use crate::identity;
 use crate::limiter::{Policy, RequestIds};
 use crate::snapshot::{Live, Snapshot};
+use crate::tls;
 use crate::traces::TracerSlot;
 use opentelemetry_sdk::trace::SdkTracer;
 use respond::{respond, RequestIdHeader};
@@ -324,6 +325,7 @@ impl ProxyHttp for Gateway {
             parts: req,
             raw_target: req.raw_path(),
             peer: peer_ip(session),
+            client_certificate: tls::client_certificate(session.digest()),
         };
         let admission = exchange.admit(&self.policy, &head).await;
         if let (Some(tracer), Some(trace)) = (self.tracer(), &ctx.trace) {

@@ -387,3 +387,51 @@ fn sluice_t_names_an_unreadable_or_invalid_client_ca_with_its_path() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_client_certificate_names_the_consumer_and_its_plan() {
+    let pki = pki();
+    let upstream = Upstream::start();
+    let port = free_port();
+    let listener = listener(port, &pki.server, client_auth("request", &pki.ca.ca));
+    let other = pki.ca.issue("other", &["other.client.test"], &[]);
+    let config = Config::new()
+        .listen(&["PROXY", &listener])
+        .set(
+            "identity",
+            "{ plans: [free, pro], mtls: { consumer: subject_cn, plans: { billing.client.test: pro } } }",
+        )
+        .route(
+            route("all").set("auth", "required").limit(
+                support::limits::fixed_window("per_consumer", "1/h")
+                    .key(&["consumer"])
+                    .set("plans", "{ pro: { rate: 2/h } }"),
+            ),
+        )
+        .yaml();
+    let _gateway = Gateway::start(&config, &upstream, None);
+    let status = |client: Option<&Issued>| outcome(&get(port, &pki.ca, client, true)).0;
+    let billing: Vec<String> = (0..3).map(|_| status(Some(&pki.client))).collect();
+    assert_eq!(billing, ["1.1 200", "1.1 200", "1.1 429"], "pro: 2/h");
+    let others: Vec<String> = (0..2).map(|_| status(Some(&other))).collect();
+    assert_eq!(
+        others,
+        ["1.1 200", "1.1 429"],
+        "no plan named: the limit as written"
+    );
+    assert_eq!(status(None), "1.1 401", "no certificate, no consumer");
+    let seen = get(port, &pki.ca, Some(&other), true);
+    let seen = String::from_utf8_lossy(&seen.stdout).into_owned();
+    assert!(seen.contains("\"status\":429"), "{seen}");
+    let upstream_saw = get(
+        port,
+        &pki.ca,
+        Some(&pki.ca.issue("third", &["third.client.test"], &[])),
+        true,
+    );
+    let upstream_saw = String::from_utf8_lossy(&upstream_saw.stdout).into_owned();
+    assert!(
+        upstream_saw.contains("x-consumer-id: third.client.test"),
+        "{upstream_saw}"
+    );
+}

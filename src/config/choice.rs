@@ -108,6 +108,8 @@ pub(crate) use impl_choice;
 impl_choice!(FailureMode, "failure mode");
 // So are a route's `auth:` modes.
 impl_choice!(crate::consumers::AuthMode, "auth mode");
+// And the certificate fields that name a consumer.
+impl_choice!(crate::consumers::CertificateField, "certificate field");
 
 /// `algorithm:` of a limit (and of an RLS rate limit): which family runs it. The parameters
 /// that make it a `limiter::Algorithm` are compiled by each section.

@@ -5,9 +5,13 @@ use std::sync::Arc;
 
 use super::api_key_file::check_plans;
 use super::api_keys::{compile_api_keys, ApiKeySettings};
+use super::choice::chosen;
 use super::problem::{check_name, Problems};
-use super::raw::{RawAuth, RawAuthTable, RawIdentity};
-use crate::consumers::{AuthMode, KeyCheck, PlanId, Plans, RouteAuth, Verifiers, NO_PLAN};
+use super::raw::{RawAuth, RawAuthTable, RawIdentity, RawMtls};
+use crate::consumers::{
+    AuthMode, CertificateCheck, CertificateField, KeyCheck, PlanId, Plans, RouteAuth, Verifiers,
+    NO_PLAN,
+};
 
 /// Plans fit the bit mask of a route's allowed plans.
 const MAX_PLANS: usize = 64;
@@ -32,7 +36,39 @@ pub fn compile(
         header: settings.header,
         keys: settings.keys,
     });
-    Verifiers::new(plans, claim_names).with_api_keys(api_keys)
+    let certificates = raw
+        .mtls
+        .take()
+        .and_then(|mtls| compile_mtls(mtls, &plans, p));
+    Verifiers::new(plans, claim_names)
+        .with_api_keys(api_keys)
+        .with_certificates(certificates)
+}
+
+/// `identity.mtls`: the certificate field (default `subject_cn`) and consumers' plans.
+fn compile_mtls(raw: RawMtls, plans: &Plans, p: &mut Problems) -> Option<CertificateCheck> {
+    let field = chosen(
+        raw.consumer.as_ref(),
+        CertificateField::SubjectCn,
+        "identity.mtls.consumer",
+        p,
+    )?;
+    let mut by_consumer = HashMap::new();
+    for (consumer, plan) in raw.plans {
+        match plans.find(&plan) {
+            Some(id) => {
+                by_consumer.insert(Arc::from(consumer), id);
+            }
+            None => p.add(
+                format!("identity.mtls.plans.{consumer}"),
+                format!("unknown plan {plan:?}: {}", known_plans(plans)),
+            ),
+        }
+    }
+    Some(CertificateCheck {
+        field,
+        plans: by_consumer,
+    })
 }
 
 /// Every plan the key file names is declared, and the keys of one consumer name one plan.

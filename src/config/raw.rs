@@ -11,7 +11,7 @@ use std::fmt;
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use crate::consumers::AuthMode;
+use crate::consumers::{AuthMode, CertificateField};
 use crate::limiter::FailureMode;
 
 use super::addresses::RawAddresses;
@@ -218,6 +218,16 @@ pub struct RawIdentity {
     pub plans: Vec<String>,
     pub default_plan: Option<String>,
     pub api_keys: Option<RawApiKeys>,
+    pub mtls: Option<RawMtls>,
+}
+
+/// `identity.mtls`: which field of a verified client certificate names the consumer, and the
+/// plans of consumers so named.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawMtls {
+    pub consumer: Option<Spelled<CertificateField>>,
+    #[serde(default)]
+    pub plans: BTreeMap<String, String>,
 }
 
 /// A route's `auth:`: `required`, `optional` or `off`, or `{ mode, plans }`.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 use strum::{EnumCount, IntoStaticStr, VariantArray};
 
-pub use verify::{Credentials, KeyCheck, Verifiers};
+pub use verify::{CertificateCheck, CertificateField, Credentials, KeyCheck, Verifiers};
 
 /// Longest consumer id accepted from any credential (ids are hashed into keys and written to the
 /// access log; they are never labels).

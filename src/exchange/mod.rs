@@ -214,6 +214,7 @@ impl Exchange {
         }
         let credentials = Credentials {
             headers: &head.parts.headers,
+            client_certificate: head.client_certificate,
         };
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -2,7 +2,7 @@
 //! caller presents in a header and naming its consumer, plan and whether it was revoked.
 //!
 //! Keys are high-entropy secrets that sluice generates (`sluice gen-key`), so a fast unsalted
-//! SHA-256 is enough to keep them unreadable at rest (docs/consumers-apikeys.md says why no
+//! SHA-256 is enough to keep them unreadable at rest (docs/consumers.md says why no
 //! password hash and no keyed hash). Verifying hashes the presented key once, finds the stored
 //! hashes by the first 8 bytes of that digest, and compares each whole digest in constant time
 //! (`subtle`): the time taken tells a caller nothing about how near its key is to a stored one.

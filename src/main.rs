@@ -33,7 +33,7 @@ struct Cli {
     command: Option<Command>,
 }
 
-/// Tools that need no configuration (docs/consumers-apikeys.md).
+/// Tools that need no configuration (docs/consumers.md).
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Read an API key from standard input (one line) and print the hash to list in the key file.

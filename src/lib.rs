@@ -36,6 +36,7 @@ pub mod rls_service;
 pub mod router;
 pub mod secret;
 pub mod snapshot;
+pub mod sources;
 pub mod tls;
 pub mod traces;
 pub mod upstream;

@@ -94,7 +94,8 @@ parsed = yaml.safe_load(text)
 for route in parsed.get("routes") or []:
     servers = route["upstream"]["servers"]
     route["upstream"]["servers"] = ["127.0.0.1:" + s.rsplit(":", 1)[1] for s in servers]
-text = yaml.safe_dump(parsed).replace("/etc/sluice/", out + "/")
+text = yaml.safe_dump(parsed)
+text = text.replace("/etc/sluice-secrets/", out + "/secrets/").replace("/etc/sluice-rls", out + "/rls")
 open(out + "/sluice.yaml", "w").write(text)
 EOF
 

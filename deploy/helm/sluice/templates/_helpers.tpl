@@ -71,7 +71,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- if .Values.redis.username }}{{ $_ := set $r "username" .Values.redis.username }}{{ end -}}
 {{- if include "sluice.redisSecret" . -}}
-{{- $_ := set $r "password" (dict "file" (printf "/etc/sluice/secrets/%s" (include "sluice.redisSecretKey" .))) -}}
+{{- $_ := set $r "password" (dict "file" (printf "/etc/sluice-secrets/%s" (include "sluice.redisSecretKey" .))) -}}
 {{- end -}}
 {{- toYaml $r }}
 {{- end }}
@@ -94,7 +94,7 @@ on the container's ports, redis, rls, the shutdown timings, watch: true).
 {{- $_ := set $c "admin" $admin -}}
 {{- $_ := set $c "redis" (include "sluice.redisSection" . | fromYaml) -}}
 {{- if .Values.rls.enabled -}}
-{{- $_ := set $c "rls" (dict "listen" (printf "0.0.0.0:%d" (int .Values.ports.rls)) "config_dir" "/etc/sluice/rls" "algorithm" .Values.rls.algorithm) -}}
+{{- $_ := set $c "rls" (dict "listen" (printf "0.0.0.0:%d" (int .Values.ports.rls)) "config_dir" "/etc/sluice-rls" "algorithm" .Values.rls.algorithm) -}}
 {{- end -}}
 {{- $_ := set $c "watch" true -}}
 {{- toYaml $c }}

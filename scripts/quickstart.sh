@@ -12,11 +12,12 @@ install_missing cc:build-essential cmake:cmake
 install_missing redis-server:redis-server || echo "redis-server could not be installed: limits will run in-process" >&2
 
 cargo build --release --bins
+bin=${CARGO_TARGET_DIR:-target}/release
 started=()
 cleanup() { for pid in "${started[@]}"; do kill "$pid" 2>/dev/null || true; done; }
 trap cleanup EXIT INT TERM
 
-./target/release/demo-upstream 127.0.0.1:3000 &
+"$bin/demo-upstream" 127.0.0.1:3000 &
 started+=($!)
 
 config=conf/sluice.yaml
@@ -34,4 +35,4 @@ else
 fi
 
 echo "sluice on http://127.0.0.1:8080 (try: curl -i localhost:8080/login), metrics on http://127.0.0.1:9091/metrics"
-./target/release/sluice -c "$config"
+"$bin/sluice" -c "$config"

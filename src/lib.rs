@@ -38,6 +38,7 @@ pub mod rls_service;
 pub mod router;
 pub mod secret;
 pub mod snapshot;
+pub mod sources;
 pub mod tiers;
 pub mod tls;
 pub mod traces;

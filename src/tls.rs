@@ -107,9 +107,10 @@ fn io_reason(e: &std::io::Error) -> String {
 fn load_one(files: &CertificateFiles) -> Result<Loaded, String> {
     let (cert, key) = (files.cert.display(), files.key.display());
     // Pingora's own error does not say which file, nor why: read each first.
-    std::fs::File::open(&files.cert)
+    // Read through `sources` too: `watch: true` follows certificate files.
+    crate::sources::read(&files.cert)
         .map_err(|e| format!("cannot read the certificate file {cert}: {}", io_reason(&e)))?;
-    std::fs::File::open(&files.key)
+    crate::sources::read(&files.key)
         .map_err(|e| format!("cannot read the private key file {key}: {}", io_reason(&e)))?;
     let (chain, private) = pingora::tls::load_certs_and_key_files(
         &files.cert.to_string_lossy(),
@@ -510,7 +511,8 @@ pub struct PeerTls {
 }
 
 fn read_pem_certificates(path: &Path) -> Result<Vec<Vec<u8>>, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let pem =
+        crate::sources::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut reader = std::io::BufReader::new(pem.as_slice());
     let mut out = Vec::new();
     for item in rustls_pemfile::certs(&mut reader) {

@@ -34,7 +34,7 @@ struct RawKey {
 
 /// The keys of the file at `path`, or every problem of it (each with its path in the file).
 pub fn read(path: &Path) -> Result<ApiKeys, Vec<Problem>> {
-    let text = std::fs::read_to_string(path)
+    let text = crate::sources::read_to_string(path)
         .map_err(|e| vec![Problem::new("", format!("cannot read the file: {e}"))])?;
     from_yaml(&text)
 }

@@ -88,6 +88,7 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
         request_id,
         tracing,
         rls,
+        watch: raw.watch.unwrap_or(false),
         routes,
     }
 }
@@ -285,5 +286,20 @@ mod tests {
         let (compiled, problems) = config(&format!("listen: [127.0.0.1:1]\n{ROUTE}"));
         assert!(problems.is_empty());
         assert_eq!(compiled.unwrap().failure_mode, FailureMode::Allow);
+    }
+
+    #[test]
+    fn watch_is_off_unless_set_and_must_be_a_boolean() {
+        let (compiled, _) = config(&format!("listen: [127.0.0.1:1]\n{ROUTE}"));
+        assert!(!compiled.unwrap().watch);
+        let (compiled, _) = config(&format!("listen: [127.0.0.1:1]\nwatch: true\n{ROUTE}"));
+        assert!(compiled.unwrap().watch);
+        let text = format!("listen: [127.0.0.1:1]\nwatch: sometimes\n{ROUTE}");
+        let error = Config::from_yaml(Path::new("t.yaml"), &text).unwrap_err();
+        let problems: Vec<String> = error.problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            problems,
+            ["watch: invalid type: string \"sometimes\", expected true or false at line 2 column 8"]
+        );
     }
 }

@@ -49,7 +49,7 @@ impl Config {
     /// Reads and compiles what of `path` compiles, with every problem found: what `sluice -t`
     /// checks further. No config when the file cannot be read or is not YAML.
     pub fn load_all(path: &Path) -> (Option<Config>, Vec<Problem>) {
-        match std::fs::read_to_string(path) {
+        match crate::sources::read_to_string(path) {
             Ok(text) => Config::compile_text(path, &text),
             Err(e) => (
                 None,

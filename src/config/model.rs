@@ -43,6 +43,8 @@ pub struct Config {
     pub tracing: Option<TracingSettings>,
     /// `None`: no rate limit service.
     pub rls: Option<RlsSettings>,
+    /// `watch: true`: reload when the file or a file it names changes, as on SIGHUP.
+    pub watch: bool,
     pub routes: RouteTable,
 }
 

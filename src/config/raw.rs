@@ -44,6 +44,8 @@ pub struct RawConfig {
     pub request_id: Option<RawRequestId>,
     pub tracing: Option<RawTracing>,
     pub rls: Option<RawRls>,
+    /// Reload when the file, or a file it names, changes (`reload.rs`).
+    pub watch: Option<bool>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
     /// Where each of `routes` stands in the file when some routes could not be read (and were

@@ -76,11 +76,15 @@ fn hot_path(c: &mut Criterion) {
                 query: None,
                 headers: &headers,
                 route: &route.name,
+                consumer: None,
+                claim_names: &[],
             };
-            route.asks(&facts).expect("keys")
+            route.tiers.default().asks(&facts).expect("keys")
         })
     });
     let route_asks = route
+        .tiers
+        .default()
         .asks(&RequestFacts {
             client_ip: peer,
             method: method.as_str(),
@@ -89,9 +93,11 @@ fn hot_path(c: &mut Criterion) {
             query: None,
             headers: &headers,
             route: &route.name,
+            consumer: None,
+            claim_names: &[],
         })
         .expect("keys");
-    let route_entries = entries(route.limits.limits(), &route_asks);
+    let route_entries = entries(route.tiers.default().limits.limits(), &route_asks);
     let request = LimitRequest::new(&route_entries);
     let reply: Vec<i64> = vec![
         1, 49, 0, 20, 0, 1, 1, 999, 0, 60_000, 0, 1, 1, 9_999, 0, 60_000, 0, 0,
@@ -112,7 +118,7 @@ fn hot_path(c: &mut Criterion) {
                 cost: 1,
             })
             .collect();
-        let entries = entries(&route.limits.limits()[..n], &asks);
+        let entries = entries(&route.tiers.default().limits.limits()[..n], &asks);
         let request = LimitRequest {
             id: RequestId(1),
             ..LimitRequest::new(&entries)
@@ -159,5 +165,34 @@ fn address_lists(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, hot_path, address_lists);
+/// Reading and verifying a presented API key among 10,000 stored hashes: the header read, one
+/// SHA-256 and one lookup (docs/consumers-apikeys.md).
+fn api_keys(c: &mut Criterion) {
+    use sluice::api_keys::{presented_key, ApiKey, ApiKeys, KeyHash};
+    let mut keys = ApiKeys::default();
+    for i in 0..10_000 {
+        let key = ApiKey {
+            consumer: format!("consumer-{}", i % 1000).into(),
+            plan: None,
+            disabled: false,
+        };
+        let secret = format!("sk_bench_key_{i:032}");
+        keys.insert(KeyHash::of(secret.as_bytes()), key, i)
+            .expect("distinct keys");
+    }
+    let name = http::header::HeaderName::from_static("x-api-key");
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        name.clone(),
+        HeaderValue::from_static("sk_bench_key_00000000000000000000000000004242"),
+    );
+    c.bench_function("api keys: verify a presented key among 10,000", |b| {
+        b.iter(|| {
+            let presented = presented_key(black_box(&headers), &name).ok().flatten();
+            presented.and_then(|key| keys.verify(key)).is_some()
+        })
+    });
+}
+
+criterion_group!(benches, hot_path, address_lists, api_keys);
 criterion_main!(benches);

@@ -170,9 +170,11 @@ async fn main() {
                             query: None,
                             headers: &headers,
                             route: &route.name,
+                            consumer: None,
+                            claim_names: &[],
                         };
-                        let asks = route.asks(&facts).expect("keys");
-                        let entries = entries(route.limits.limits(), &asks);
+                        let asks = route.tiers.default().asks(&facts).expect("keys");
+                        let entries = entries(route.tiers.default().limits.limits(), &asks);
                         n += 1;
                         let request = LimitRequest {
                             id: RequestId(u128::from(state) << 32 | u128::from(n)),
@@ -198,7 +200,7 @@ async fn main() {
         println!(
             "| {} | {} | {} | {:.2} | {:.0} | {:.2} | {:.2} | {:.0} |",
             route.name,
-            route.limits.len(),
+            route.tiers.default().limits.len(),
             max_batch,
             decisions as f64 / calls.max(1) as f64,
             decisions as f64 / elapsed,

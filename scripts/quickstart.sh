@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Quick start: builds sluice, starts a demo upstream on 127.0.0.1:3000 and a throwaway
-# redis-server on 127.0.0.1:6379 (or uses the one already running), then runs sluice with
-# conf/sluice.yaml in the foreground: proxy on :8080, metrics on 127.0.0.1:9091.
+# Quick start: builds sluice (unoptimized, for a fast first build), starts a demo upstream on
+# 127.0.0.1:3000 and a throwaway redis-server on 127.0.0.1:6379 (or uses the one already
+# running), then runs sluice with conf/sluice.yaml in the foreground: proxy on :8080, metrics on
+# 127.0.0.1:9091.
 # Without Redis (not installable, not running) the same limits run in-process.
 # Ctrl-C stops everything this script started.
 set -euo pipefail
@@ -11,12 +12,16 @@ require_cargo
 install_missing cc:build-essential cmake:cmake
 install_missing redis-server:redis-server || echo "redis-server could not be installed: limits will run in-process" >&2
 
-cargo build --release --bins
+# The quickstart profile (Cargo.toml) builds for compile time, not speed: the first request is
+# served minutes sooner (docs/deploy.md#quick-start-how-long). `cargo build --release` for the
+# optimized binary.
+cargo build --profile quickstart --bins
+bin=${CARGO_TARGET_DIR:-target}/quickstart
 started=()
 cleanup() { for pid in "${started[@]}"; do kill "$pid" 2>/dev/null || true; done; }
 trap cleanup EXIT INT TERM
 
-./target/release/demo-upstream 127.0.0.1:3000 &
+"$bin/demo-upstream" 127.0.0.1:3000 &
 started+=($!)
 
 config=conf/sluice.yaml
@@ -34,4 +39,4 @@ else
 fi
 
 echo "sluice on http://127.0.0.1:8080 (try: curl -i localhost:8080/login), metrics on http://127.0.0.1:9091/metrics"
-./target/release/sluice -c "$config"
+"$bin/sluice" -c "$config"

@@ -24,6 +24,7 @@ use http::HeaderName;
 use prometheus::IntCounter;
 use serde::Serialize;
 
+use crate::client_cert::ClientCertificate;
 use crate::config::observe::{AccessLogSettings, LogTarget};
 
 /// Bytes waiting for the writer, at most.
@@ -53,6 +54,11 @@ pub struct Line<'a> {
     pub path: &'a str,
     pub protocol: &'static str,
     pub route: Option<&'a str>,
+    /// The verified caller (routes with `auth:`), and its plan.
+    pub consumer: Option<&'a str>,
+    pub plan: Option<&'a str>,
+    /// Why the caller was refused before any limit (`sluice_auth_failures_total`'s reasons).
+    pub auth_failure: Option<&'static str>,
     /// 0 when nothing was answered (the client left first).
     pub status: u16,
     /// Request body bytes received.
@@ -72,8 +78,28 @@ pub struct Line<'a> {
     pub limiter_ms: f64,
     /// What went wrong, when the request failed (`sluice_upstream_errors_total`'s kinds).
     pub error: Option<&'static str>,
+    /// The client certificate the TLS listener verified (mTLS).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_cert: Option<LoggedCertificate<'a>>,
     #[serde(skip_serializing_if = "Headers::is_empty")]
     pub headers: Headers<'a>,
+}
+
+/// A verified client certificate, as logged: its subject's common name and its fingerprint.
+#[derive(Serialize)]
+pub struct LoggedCertificate<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject_cn: Option<&'a str>,
+    pub sha256: &'a str,
+}
+
+impl<'a> From<&'a ClientCertificate> for LoggedCertificate<'a> {
+    fn from(certificate: &'a ClientCertificate) -> Self {
+        LoggedCertificate {
+            subject_cn: certificate.subject_cn.as_deref(),
+            sha256: &certificate.sha256,
+        }
+    }
 }
 
 /// The logged request headers, written as a JSON object (name: value).

@@ -53,6 +53,62 @@ impl AdminApp {
     }
 }
 
+impl AdminApp {
+    /// `/v1/quota`: a consumer's usage, for a caller with the admin token.
+    async fn quota(&self, session: &ServerSession) -> Response<Vec<u8>> {
+        let snapshot = self.live.load_full();
+        let Some(token) = &snapshot.config.admin_token else {
+            return text(
+                404,
+                "not found: the usage API is on when admin.token is set\n".into(),
+            );
+        };
+        let req = session.req_header();
+        if req.method != http::Method::GET {
+            return text(405, "use GET\n".into());
+        }
+        if !bearer_matches(&req.headers, token.expose()) {
+            let mut refused = text(
+                401,
+                "unauthorized: send Authorization: Bearer <admin.token>\n".into(),
+            );
+            refused.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                http::HeaderValue::from_static("Bearer realm=\"sluice admin\""),
+            );
+            return refused;
+        }
+        match crate::usage::quota(&self.policy, &snapshot, req.uri.query()).await {
+            Ok(json) => {
+                let mut response = text(200, json + "\n");
+                response.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/json"),
+                );
+                response
+            }
+            Err(refusal) => text(refusal.status, format!("{}\n", refusal.reason)),
+        }
+    }
+}
+
+/// Whether `headers` carry `Authorization: Bearer <token>`, compared in constant time.
+fn bearer_matches(headers: &http::HeaderMap, token: &str) -> bool {
+    let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return false;
+    };
+    let bytes = value.as_bytes();
+    let Some(presented) = bytes
+        .get(..7)
+        .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
+        .map(|_| &bytes[7..])
+    else {
+        return false;
+    };
+    subtle::ConstantTimeEq::ct_eq(presented, token.as_bytes()).into()
+}
+
 fn text(status: u16, body: String) -> Response<Vec<u8>> {
     let body = body.into_bytes();
     let length = body.len();
@@ -77,9 +133,10 @@ impl ServeHttp for AdminApp {
             "/metrics" => PrometheusHttpApp.response(session).await,
             "/healthz" => text(200, "ok\n".to_string()),
             "/readyz" => self.readiness().await,
+            "/v1/quota" => self.quota(session).await,
             _ => text(
                 404,
-                "not found: try /metrics, /healthz or /readyz\n".to_string(),
+                "not found: try /metrics, /healthz, /readyz or /v1/quota\n".to_string(),
             ),
         }
     }

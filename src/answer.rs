@@ -6,6 +6,7 @@
 
 use strum::{EnumCount, IntoStaticStr, VariantArray};
 
+use crate::consumers::AuthFailure;
 use crate::limiter::Outcome;
 
 /// What the gateway answers a request with, instead of the upstream's response.
@@ -22,6 +23,9 @@ pub enum Answer {
     BodyTooLarge,
     /// The client's address is in a `deny` range.
     Forbidden,
+    /// The caller's credential is missing or does not verify (`401`), or the verified caller
+    /// may not pass (`403`).
+    AuthFailed(AuthFailure),
     /// A limit denied the request (its decision says which, and until when); `locally`: the
     /// in-process fallback decided while Redis was away.
     Limited {
@@ -51,6 +55,8 @@ pub enum Unasked {
     Forbidden = 2,
     /// The client's address is in an `allow` range: proxied without asking the limits.
     Exempt = 3,
+    /// The caller's credential is missing or does not verify.
+    Unauthenticated = 4,
 }
 
 impl Unasked {
@@ -140,6 +146,7 @@ pub enum GrpcStatus {
     Unimplemented = 12,
     Internal = 13,
     Unavailable = 14,
+    Unauthenticated = 16,
 }
 
 impl GrpcStatus {
@@ -167,6 +174,8 @@ impl Answer {
             Answer::HeadersTooLarge => 431,
             Answer::BodyTooLarge => 413,
             Answer::Forbidden => 403,
+            Answer::AuthFailed(failure) if failure.forbids() => 403,
+            Answer::AuthFailed(_) => 401,
             Answer::Limited { .. } => 429,
             Answer::LimiterUnavailable => 503,
             Answer::UpstreamUnreachable => 502,
@@ -184,6 +193,8 @@ impl Answer {
             Answer::HeadersTooLarge => "Request Header Fields Too Large",
             Answer::BodyTooLarge => "Content Too Large",
             Answer::Forbidden => "Forbidden",
+            Answer::AuthFailed(failure) if failure.forbids() => "Forbidden",
+            Answer::AuthFailed(_) => "Unauthorized",
             Answer::Limited { .. } => "Too Many Requests",
             Answer::LimiterUnavailable => "Service Unavailable",
             Answer::UpstreamUnreachable => "Bad Gateway",
@@ -201,6 +212,7 @@ impl Answer {
             Answer::HeadersTooLarge => "The request headers are too large.",
             Answer::BodyTooLarge => "The request body is larger than this route accepts.",
             Answer::Forbidden => "This client's address may not use this route.",
+            Answer::AuthFailed(failure) => failure.detail(),
             Answer::Limited { .. } => "A rate limit of this route is exceeded.",
             Answer::LimiterUnavailable => "The rate limiter is unavailable.",
             Answer::UpstreamUnreachable => "The upstream server could not be reached.",
@@ -221,6 +233,8 @@ impl Answer {
             }
             Answer::NoRoute => GrpcStatus::Unimplemented,
             Answer::Forbidden => GrpcStatus::PermissionDenied,
+            Answer::AuthFailed(failure) if failure.forbids() => GrpcStatus::PermissionDenied,
+            Answer::AuthFailed(_) => GrpcStatus::Unauthenticated,
             Answer::BadRequest(_)
             | Answer::UriTooLong
             | Answer::HeadersTooLarge
@@ -237,6 +251,8 @@ impl Answer {
         match self {
             Answer::NoRoute => Some(Unasked::NoRoute),
             Answer::Forbidden => Some(Unasked::Forbidden),
+            Answer::AuthFailed(failure) if failure.forbids() => Some(Unasked::Forbidden),
+            Answer::AuthFailed(_) => Some(Unasked::Unauthenticated),
             Answer::BadRequest(_)
             | Answer::UriTooLong
             | Answer::HeadersTooLarge
@@ -259,6 +275,8 @@ impl Answer {
             Answer::HeadersTooLarge => "headers_too_large",
             Answer::BodyTooLarge => "body_too_large",
             Answer::Forbidden => "forbidden",
+            Answer::AuthFailed(failure) if failure.forbids() => "forbidden",
+            Answer::AuthFailed(_) => "unauthenticated",
             Answer::Limited { .. } => "limited",
             Answer::LimiterUnavailable => "limiter_unavailable",
             Answer::UpstreamUnreachable => "upstream_unreachable",
@@ -282,6 +300,18 @@ mod tests {
             (Answer::HeadersTooLarge, 431, 13, Some("bad_request")),
             (Answer::BodyTooLarge, 413, 13, Some("bad_request")),
             (Answer::Forbidden, 403, 7, Some("forbidden")),
+            (
+                Answer::AuthFailed(AuthFailure::Expired),
+                401,
+                16,
+                Some("unauthenticated"),
+            ),
+            (
+                Answer::AuthFailed(AuthFailure::PlanNotAllowed),
+                403,
+                7,
+                Some("forbidden"),
+            ),
             (Answer::Unreadable, 400, 13, Some("bad_request")),
             (Answer::Limited { locally: false }, 429, 8, None),
             (Answer::Limited { locally: true }, 429, 8, None),

@@ -14,15 +14,16 @@
 //!   (a client always lands on the same shard, with its own keys), or a per-gateway round robin
 //!   when the route has only split limits. Still one slot per call.
 
-use std::net::IpAddr;
-
 use std::hash::Hasher;
+use std::net::IpAddr;
+use std::sync::Arc;
 
 use http::header::HeaderName;
 use http::HeaderMap;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use smallvec::SmallVec;
 
+use crate::consumers::Consumer;
 use crate::limiter::{push_hex, Key, LIMITS_INLINE};
 
 /// The keys of one request, one per limit.
@@ -40,7 +41,14 @@ pub enum KeyPart {
     /// The first value of a query parameter, as sent (not decoded).
     Query(Box<str>),
     Const(Box<str>),
+    /// The verified consumer (an anonymous caller: its address).
+    Consumer,
+    /// A claim of the caller's verified token.
+    Claim(Box<str>),
 }
+
+/// Longest claim name a key part may name.
+const MAX_CLAIM_NAME: usize = 64;
 
 /// What a limit does when a header or query part is missing from a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -88,14 +96,49 @@ impl KeyPart {
                     KeyPart::Query(String::from_utf8_lossy(&decode_component(name)).into())
                 } else if let Some(value) = text.strip_prefix("const:") {
                     KeyPart::Const(value.into())
+                } else if text == "consumer" {
+                    KeyPart::Consumer
+                } else if let Some(name) = text.strip_prefix("claim:") {
+                    if name.is_empty()
+                        || name.len() > MAX_CLAIM_NAME
+                        || !name.bytes().all(|b| b.is_ascii_graphic())
+                    {
+                        return Err(format!(
+                            "invalid claim name in key part {text:?}: 1 to {MAX_CLAIM_NAME} printable characters"
+                        ));
+                    }
+                    KeyPart::Claim(name.into())
                 } else {
                     return Err(format!(
-                        "unknown key part {text:?}: use client_ip, path, route, method, host, header:NAME, query:NAME or const:TEXT"
+                        "unknown key part {text:?}: use client_ip, path, route, method, host, header:NAME, query:NAME, const:TEXT, consumer or claim:NAME"
                     ));
                 }
             }
         };
         Ok(part)
+    }
+
+    /// Whether the part is the verified caller's (`consumer`, `claim:NAME`).
+    pub fn is_caller(&self) -> bool {
+        matches!(self, KeyPart::Consumer | KeyPart::Claim(_))
+    }
+}
+
+impl std::fmt::Display for KeyPart {
+    /// As written in the config.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyPart::ClientIp => f.write_str("client_ip"),
+            KeyPart::Path => f.write_str("path"),
+            KeyPart::Route => f.write_str("route"),
+            KeyPart::Method => f.write_str("method"),
+            KeyPart::Host => f.write_str("host"),
+            KeyPart::Header(name) => write!(f, "header:{name}"),
+            KeyPart::Query(name) => write!(f, "query:{name}"),
+            KeyPart::Const(text) => write!(f, "const:{text}"),
+            KeyPart::Consumer => f.write_str("consumer"),
+            KeyPart::Claim(name) => write!(f, "claim:{name}"),
+        }
     }
 }
 
@@ -110,6 +153,18 @@ pub struct RequestFacts<'a> {
     pub query: Option<&'a str>,
     pub headers: &'a HeaderMap,
     pub route: &'a str,
+    /// The verified caller; `None`: anonymous (or the route does not verify callers).
+    pub consumer: Option<&'a Consumer>,
+    /// The claim names of [`Consumer::claims`], in its order.
+    pub claim_names: &'a [Arc<str>],
+}
+
+impl RequestFacts<'_> {
+    /// The value of the caller's claim `name`, if its token had it.
+    fn claim(&self, name: &str) -> Option<&str> {
+        let index = self.claim_names.iter().position(|n| &**n == name)?;
+        self.consumer?.claims.get(index)?.as_deref()
+    }
 }
 
 /// Bytes of a decoded query name or value kept inline; longer ones spill to the heap.
@@ -165,6 +220,19 @@ fn feed(hasher: &mut impl Hasher, facts: &RequestFacts<'_>, part: &KeyPart) -> b
             return value.is_some();
         }
         KeyPart::Const(text) => field(9, text.as_bytes()),
+        KeyPart::Consumer => match facts.consumer {
+            Some(consumer) => field(10, consumer.id.as_bytes()),
+            // An anonymous caller counts as its address, never as anyone's consumer.
+            None => match facts.client_ip {
+                IpAddr::V4(v4) => field(11, &v4.octets()),
+                IpAddr::V6(v6) => field(12, &v6.octets()),
+            },
+        },
+        KeyPart::Claim(name) => {
+            let value = facts.claim(name);
+            field(13, value.map_or(&b""[..], str::as_bytes));
+            return value.is_some();
+        }
     }
     true
 }
@@ -256,6 +324,17 @@ impl Clone for TagChoice {
     }
 }
 
+fn limit_keys(specs: &[KeySpec]) -> Box<[LimitKey]> {
+    specs
+        .iter()
+        .map(|spec| LimitKey {
+            middle: format!(":{}:", spec.limit).into_bytes().into(),
+            parts: spec.parts.clone().into(),
+            on_missing: spec.on_missing,
+        })
+        .collect()
+}
+
 /// Builds the keys of every limit of one route.
 #[derive(Debug, Clone)]
 pub struct RouteKeys {
@@ -301,15 +380,34 @@ impl RouteKeys {
             secret,
             tag_parts: tag_parts.into(),
             tag_choice,
-            limits: specs
-                .iter()
-                .map(|spec| LimitKey {
-                    middle: format!(":{}:", spec.limit).into_bytes().into(),
-                    parts: spec.parts.clone().into(),
-                    on_missing: spec.on_missing,
-                })
-                .collect(),
+            limits: limit_keys(specs),
         }
+    }
+
+    /// The keys of some of this route's limits (a plan's or a consumer's, `consumers::tiers`),
+    /// tagged as this route's: a limit keeps its slot, and its key where its spec is the same,
+    /// whichever of them a request meets.
+    pub fn for_tier(&self, specs: &[KeySpec]) -> RouteKeys {
+        RouteKeys {
+            head: self.head.clone(),
+            secret: self.secret,
+            tag_parts: self.tag_parts.clone(),
+            tag_choice: self.tag_choice.clone(),
+            limits: limit_keys(specs),
+        }
+    }
+
+    /// Whether the key of the limit at `index` follows from the caller alone (its parts are
+    /// `consumer`, `route` or `const:`, and no round robin picks its shard): what the usage
+    /// API can read for a consumer without a request.
+    pub fn follows_from_caller(&self, index: usize) -> bool {
+        let caller_only =
+            |part: &KeyPart| matches!(part, KeyPart::Consumer | KeyPart::Route | KeyPart::Const(_));
+        !matches!(self.tag_choice, TagChoice::ShardRoundRobin { .. })
+            && self
+                .limits
+                .get(index)
+                .is_some_and(|limit| limit.parts.iter().all(caller_only))
     }
 
     /// One key per limit, in the route's order, and the limits skipped for lack of a part;
@@ -379,6 +477,8 @@ mod tests {
             query: Some("api_key=abc&flag"),
             headers,
             route: "api",
+            consumer: None,
+            claim_names: &[],
         }
     }
 

@@ -5,7 +5,7 @@
 //! * glue, which knows Pingora: `app` (wiring), `reload` (the configuration service),
 //!   `snapshot` (what a reload swaps), `pool` (upstream pools and health checks), `proxy`, `admin`,
 //!   `access_log` (the log's writer thread and files), `traces` (the OpenTelemetry pipeline);
-//! * domain, plain Rust: `config`, `router`, `identity`, `keys`, `path`, `upstream`, `metrics`,
+//! * domain, plain Rust: `config`, `api_keys`, `router`, `identity`, `keys`, `path`, `upstream`, `metrics`,
 //!   and the limiter's policy (`limiter::policy`, which owns the verdict);
 //! * backends: `limiter::redis` and `limiter::local`, with their decorators.
 #![forbid(unsafe_code)]
@@ -14,8 +14,11 @@ pub mod access_log;
 pub mod addresses;
 pub mod admin;
 pub mod answer;
+pub mod api_keys;
 pub mod app;
+pub mod client_cert;
 pub mod config;
+pub mod consumers;
 pub mod daemon;
 pub mod exchange;
 pub mod identity;
@@ -36,6 +39,9 @@ pub mod rls_service;
 pub mod router;
 pub mod secret;
 pub mod snapshot;
+pub mod sources;
+pub mod tiers;
 pub mod tls;
 pub mod traces;
 pub mod upstream;
+pub mod usage;

@@ -1,9 +1,10 @@
 //! The `sluice` binary: parse the command line, load the config, run or check it.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use mimalloc::MiMalloc;
 use sluice::app::{self, RunOptions};
 use sluice::config::{self, Config, ConfigError};
@@ -28,6 +29,17 @@ struct Cli {
     /// Print the limiter's Lua script (docs/lua-contract.md) and exit; needs no configuration.
     #[arg(long = "print-script")]
     print_script: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// Tools that need no configuration (docs/consumers.md).
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Read an API key from standard input (one line) and print the hash to list in the key file.
+    HashKey,
+    /// Print a new random API key, then its hash to list in the key file.
+    GenKey,
 }
 
 /// mimalloc instead of glibc malloc: the proxy path allocates small, short-lived buffers from
@@ -40,6 +52,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Relative paths (the file's and those in it) are taken from here, before anything moves.
     sluice::config::paths::start_directory();
+    if let Some(command) = cli.command {
+        return match command {
+            Command::HashKey => hash_key(),
+            Command::GenKey => gen_key(),
+        };
+    }
     if cli.print_script {
         print!("{}", sluice::limiter::script::SOURCE);
         return ExitCode::SUCCESS;
@@ -101,4 +119,59 @@ fn checked(conf: &Path) -> Result<(Config, Vec<String>), ConfigError> {
         None => Vec::new(),
     };
     config::all_or_error(conf, (config, problems)).map(|config| (config, warnings))
+}
+
+/// The longest input `sluice hash-key` reads: a key and its newline fit many times over.
+const MAX_HASH_KEY_INPUT: u64 = 4096;
+
+/// `sluice hash-key`: one key on standard input (its newline dropped), its hash on standard
+/// output; a key that could not be issued (too short, too long, not one line) is refused. At a
+/// terminal the key ends with Enter; piped, the whole input must be that one line.
+fn hash_key() -> ExitCode {
+    use std::io::{BufRead, IsTerminal};
+    let stdin = std::io::stdin();
+    let mut input = Vec::new();
+    let mut bounded = stdin.lock().take(MAX_HASH_KEY_INPUT);
+    let read = if stdin.is_terminal() {
+        bounded.read_until(b'\n', &mut input)
+    } else {
+        bounded.read_to_end(&mut input)
+    };
+    if let Err(e) = read {
+        eprintln!("sluice: cannot read the key from standard input: {e}");
+        return ExitCode::from(1);
+    }
+    let line = input.strip_suffix(b"\n").unwrap_or(&input);
+    let key = line.strip_suffix(b"\r").unwrap_or(line);
+    let checked = if key.contains(&b'\n') {
+        Err("give one key, on one line".to_string())
+    } else {
+        sluice::api_keys::check_new_key(key)
+    };
+    match checked {
+        Ok(()) => {
+            println!("{}", sluice::api_keys::KeyHash::of(key));
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            eprintln!("sluice: {why}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `sluice gen-key`: a new key on the first line, its hash on the second.
+fn gen_key() -> ExitCode {
+    match sluice::api_keys::generate_key() {
+        Ok(key) => {
+            println!("{key}");
+            println!("{}", sluice::api_keys::KeyHash::of(key.as_bytes()));
+            eprintln!("sluice: give the key (first line) to its consumer, list the hash (second line) in the key file; the key is not kept anywhere");
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            eprintln!("sluice: {why}");
+            ExitCode::from(1)
+        }
+    }
 }

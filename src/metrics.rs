@@ -14,11 +14,13 @@ use pingora_prometheus::prometheus::{
 };
 
 use crate::answer::{Decided, UpstreamError};
+use crate::consumers::{AuthFailure, AuthMode, PlanId, Plans, NO_PLAN};
 use crate::limiter::guard::GuardMeters;
 use crate::limiter::leased::LeaseMeters;
 use crate::limiter::{Coalescing, CostReport, ErrorKind, Limit, Outcome, PolicyMeters, Verdict};
 use crate::rls::Domains;
 use crate::router::RouteTable;
+use crate::tiers::Tier;
 use strum::EnumCount;
 
 pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -162,6 +164,24 @@ pub static LIMIT_DECISIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("sluice_limit_decisions_total registers once")
 });
 
+pub static PLAN_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_plan_requests_total",
+        "Requests of routes that verify callers, by the caller's plan (none: anonymous or without a plan) and decision (the labels of sluice_requests_total).",
+        &["route", "plan", "decision"]
+    )
+    .expect("sluice_plan_requests_total registers once")
+});
+
+pub static AUTH_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_auth_failures_total",
+        "Requests refused before any limit because the caller's credential was missing or did not verify (401), or the verified caller may not pass (403), by route and reason.",
+        &["route", "reason"]
+    )
+    .expect("sluice_auth_failures_total registers once")
+});
+
 pub static REQUESTS_IN_FLIGHT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     register_int_gauge_vec!(
         "sluice_requests_in_flight",
@@ -303,6 +323,14 @@ pub struct RouteMetrics {
     /// Per limit of the route, in its order: for those priced by the response, a counter per
     /// [`CostReport`] label and one of units reported.
     response_costs: Vec<Option<ResponseCostMeters>>,
+    /// Of a route that verifies callers: per plan slot (0: none, then each plan), a counter
+    /// per decision label; and a counter per reason a caller was refused.
+    callers: Option<CallerMeters>,
+}
+
+struct CallerMeters {
+    by_plan: Vec<[IntCounter; Decided::COUNT]>,
+    failures: [IntCounter; AuthFailure::COUNT],
 }
 
 /// What the responses of one limit priced by the response reported.
@@ -345,14 +373,52 @@ impl RouteMetrics {
                     })
                 })
                 .collect(),
+            callers: None,
+        }
+    }
+
+    /// Adds the per-plan and auth-failure handles of a route that verifies callers.
+    pub fn with_callers(mut self, route: &str, plans: &Plans) -> RouteMetrics {
+        let slots = std::iter::once(NO_PLAN).chain(plans.names().iter().map(|n| &**n));
+        self.callers = Some(CallerMeters {
+            by_plan: slots
+                .map(|plan| {
+                    Decided::all()
+                        .map(|d| PLAN_REQUESTS.with_label_values(&[route, plan, d.label()]))
+                })
+                .collect(),
+            failures: std::array::from_fn(|i| {
+                AUTH_FAILURES.with_label_values(&[route, AuthFailure::ALL[i].label()])
+            }),
+        });
+        self
+    }
+
+    /// A request of a caller on `plan` (`None`: anonymous or without a plan) was `decided`;
+    /// `failure`: why it was refused before any limit.
+    pub fn count_caller(
+        &self,
+        plan: Option<PlanId>,
+        decided: Decided,
+        failure: Option<AuthFailure>,
+    ) {
+        let Some(callers) = &self.callers else { return };
+        let slot = plan.map_or(0, |plan| usize::from(plan.0) + 1);
+        if let Some(counters) = callers.by_plan.get(slot) {
+            counters[decided.index()].inc();
+        }
+        if let Some(failure) = failure {
+            callers.failures[failure as usize].inc();
         }
     }
 
     /// What the response of an admitted request reported for each limit priced by the
     /// response (`reports`, one per limit; none when no response came).
-    pub fn count_response_costs(&self, reports: &[CostReport]) {
-        for (index, meters) in self.response_costs.iter().enumerate() {
-            let Some(meters) = meters else { continue };
+    pub fn count_response_costs(&self, tier: &Tier, reports: &[CostReport]) {
+        for (index, &position) in tier.positions.iter().enumerate() {
+            let Some(Some(meters)) = self.response_costs.get(usize::from(position)) else {
+                continue;
+            };
             let report = reports.get(index).copied().unwrap_or(CostReport::Missing);
             meters.reports[report.index()].inc();
             if let Some(units) = report.units() {
@@ -386,11 +452,12 @@ impl RouteMetrics {
         self.upstream_errors[kind as usize].inc();
     }
 
-    /// What each of the route's `limits` said about a request (nothing when no limiter was
+    /// What each limit of the `tier` a request met said about it (nothing when no limiter was
     /// asked: no limits, or the request was refused before).
-    pub fn count_limits(&self, limits: &[Limit], verdict: &Verdict) {
-        for (index, outcome) in Outcome::per_limit(limits, verdict) {
-            if let Some(counters) = self.limits.get(index) {
+    pub fn count_limits(&self, tier: &Tier, verdict: &Verdict) {
+        for (index, outcome) in Outcome::per_limit(tier.limits.limits(), verdict) {
+            let position = tier.positions.get(index).map(|&p| usize::from(p));
+            if let Some(counters) = position.and_then(|p| self.limits.get(p)) {
                 counters[outcome as usize].inc();
             }
         }
@@ -425,17 +492,26 @@ pub struct Metrics {
 #[derive(Default)]
 struct Series {
     routes: Vec<String>,
+    /// (route, plan) of routes that verify callers, plan `none` included.
+    plans: Vec<(String, String)>,
     limits: Vec<(String, String)>,
     servers: Vec<(String, String)>,
 }
 
 impl Metrics {
-    /// The series of `routes`.
-    pub fn new(routes: &RouteTable) -> Metrics {
+    /// The series of `routes`, whose callers may be on `plans`.
+    pub fn new(routes: &RouteTable, plans: &Plans) -> Metrics {
         let mut series = Series::default();
         for route in routes.in_file_order() {
-            let limits = route.limits.limits();
+            let limits = route.tiers.default().limits.limits();
             series.routes.push(route.name.to_string());
+            if route.auth.mode != AuthMode::Off {
+                for plan in std::iter::once(NO_PLAN).chain(plans.names().iter().map(|n| &**n)) {
+                    series
+                        .plans
+                        .push((route.name.to_string(), plan.to_string()));
+                }
+            }
             for limit in limits {
                 series
                     .limits
@@ -480,6 +556,14 @@ impl Metrics {
             let _ = REQUESTS_IN_FLIGHT.remove_label_values(&[name]);
             for kind in UpstreamError::ALL {
                 let _ = UPSTREAM_ERRORS.remove_label_values(&[name, kind.label()]);
+            }
+            for failure in AuthFailure::ALL {
+                let _ = AUTH_FAILURES.remove_label_values(&[name, failure.label()]);
+            }
+        }
+        for (route, plan) in self.series.plans.iter().filter(|p| !next.plans.contains(p)) {
+            for decided in Decided::all() {
+                let _ = PLAN_REQUESTS.remove_label_values(&[route, plan, decided.label()]);
             }
         }
         for (route, limit) in self

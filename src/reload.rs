@@ -12,9 +12,17 @@
 //!
 //! SIGUSR1 opens the access log file again by name (logrotate); a reload does too, since the new
 //! configuration opens its own.
+//!
+//! `watch: true` reloads without a signal: every [`WATCH_INTERVAL`] the files the configuration
+//! was built from (`sources.rs`: the file, the certificates, keys, CA and secret files it names,
+//! the RLS directory and its files) are read again; a difference that is still the same one
+//! interval later (debounced: an editor's several writes, a kubelet's symlink swap) reloads, with
+//! the same all-or-nothing checks as SIGHUP. After a rejected reload the broken contents are what
+//! is compared against: the next change (the fix) reloads again, the broken file does not retry.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
@@ -25,7 +33,12 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::config::{Config, ConfigError, RedisSettings, ServerSettings};
 use crate::metrics;
 use crate::snapshot::{Live, Snapshot};
+use crate::sources::Sources;
 use crate::tls::TlsListeners;
+
+/// How often `watch: true` reads the configuration's files again; a change reloads once it has
+/// held for one more interval, so within about two.
+pub const WATCH_INTERVAL: Duration = Duration::from_millis(500);
 
 /// The settings a reload cannot change, as the process started with them.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +71,8 @@ pub struct ConfigService {
     started_with: RestartOnly,
     live: Live,
     tls: Arc<TlsListeners>,
+    /// The files the last reload (or start) read, with what it saw in them.
+    sources: Mutex<Sources>,
 }
 
 impl ConfigService {
@@ -72,11 +87,27 @@ impl ConfigService {
             started_with,
             live,
             tls,
+            // What start read: the file, then its certificates and the rest it names.
+            sources: Mutex::new(crate::sources::take()),
         }
     }
 
-    /// One reload attempt: swaps on success, keeps the old configuration on any error.
+    /// One reload attempt: swaps on success, keeps the old configuration on any error. What it
+    /// read becomes what `watch` compares against (after an error, on top of what the running
+    /// configuration was built from).
     pub async fn reload(&self) -> Result<(), ConfigError> {
+        crate::sources::take();
+        let result = self.try_reload().await;
+        let read = crate::sources::take();
+        let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+        match result {
+            Ok(()) => *sources = read,
+            Err(_) => sources.merge(read),
+        }
+        result
+    }
+
+    async fn try_reload(&self) -> Result<(), ConfigError> {
         let config = Config::load(&self.path)?;
         let now = RestartOnly::of(&config);
         let fixed = [
@@ -134,6 +165,9 @@ impl BackgroundService for ConfigService {
                 None
             }
         };
+        let mut watch = Watch::default();
+        let mut ticks = tokio::time::interval(WATCH_INTERVAL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = next_signal(&mut reopens) => {
@@ -141,15 +175,8 @@ impl BackgroundService for ConfigService {
                         access_log.reopen();
                     }
                 }
-                _ = hangups.recv() => match self.reload().await {
-                    Ok(()) => metrics::CONFIG_RELOADS.with_label_values(&["success"]).inc(),
-                    Err(error) => {
-                        metrics::CONFIG_RELOADS.with_label_values(&["error"]).inc();
-                        for line in error.to_string().lines() {
-                            log::error!("reload rejected, keeping the running configuration: {line}");
-                        }
-                    }
-                },
+                _ = hangups.recv() => self.reload_counted("SIGHUP").await,
+                _ = ticks.tick() => self.look(&mut watch).await,
                 _ = shutdown.changed() => {
                     self.live.load().retire();
                     return;
@@ -157,6 +184,56 @@ impl BackgroundService for ConfigService {
             }
         }
     }
+}
+
+impl ConfigService {
+    /// A reload for `cause`, counted and logged either way.
+    async fn reload_counted(&self, cause: &str) {
+        log::info!("reload: {cause}");
+        match self.reload().await {
+            Ok(()) => metrics::CONFIG_RELOADS
+                .with_label_values(&["success"])
+                .inc(),
+            Err(error) => {
+                metrics::CONFIG_RELOADS.with_label_values(&["error"]).inc();
+                for line in error.to_string().lines() {
+                    log::error!("reload rejected, keeping the running configuration: {line}");
+                }
+            }
+        }
+    }
+
+    /// `watch: true`: compares the files with what the last reload read; reloads once a
+    /// difference has held for one interval.
+    async fn look(&self, watch: &mut Watch) {
+        if !self.live.load().config.watch {
+            watch.pending = None;
+            return;
+        }
+        let (now, changed) = {
+            let sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+            let now = sources.now();
+            let changed = sources.first_difference(&now).map(PathBuf::from);
+            (now, changed)
+        };
+        let Some(changed) = changed else {
+            watch.pending = None;
+            return;
+        };
+        if watch.pending.as_ref() == Some(&now) {
+            watch.pending = None;
+            let cause = format!("watch: {} changed", changed.display());
+            self.reload_counted(&cause).await;
+        } else {
+            watch.pending = Some(now);
+        }
+    }
+}
+
+/// What `watch` saw changed at the last look, waiting to hold for one more interval.
+#[derive(Default)]
+struct Watch {
+    pending: Option<Sources>,
 }
 
 /// The next signal of `signals`; never, when there is no stream to listen on.

@@ -7,14 +7,11 @@
 
 use std::sync::Arc;
 
-use http::header::HeaderValue;
 use http::Method;
 
 use crate::addresses::AddressLists;
-use crate::answer::Answer;
-use crate::keys::{MissingPart, RequestFacts, RouteKeys};
-use crate::limiter::{Ask, Asks, LimitSet};
-use crate::pricing::RoutePricing;
+use crate::consumers::RouteAuth;
+use crate::tiers::Tiers;
 use crate::upstream::UpstreamSettings;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,50 +76,17 @@ pub struct Route {
     pub name: Arc<str>,
     pub matcher: RouteMatch,
     pub upstream: UpstreamSettings,
-    pub limits: LimitSet,
-    /// Where its priced limits read their costs.
-    pub pricing: RoutePricing,
+    /// Its limits per kind of caller (one tier when no plan or consumer differs).
+    pub tiers: Tiers,
+    /// What it asks of callers (`auth:`).
+    pub auth: RouteAuth,
     /// Its own `addresses:` lists (the gateway's apply too).
     pub addresses: AddressLists,
-    pub keys: RouteKeys,
-    /// `RateLimit-Policy` value, or `None` when the route sends no rate-limit headers.
-    pub policy_header: Option<HeaderValue>,
     /// The largest request body accepted (`413` beyond); `None`: no limit.
     pub max_body_bytes: Option<u64>,
     /// How long a request may take from its arrival to the end of its response (`504`
     /// beyond); `None`: only the upstream's per-read timeouts apply.
     pub request_timeout: Option<std::time::Duration>,
-}
-
-/// Detail of the `400` for a request that lacks a part a limit is keyed on.
-const MISSING_PART: &str =
-    "The request lacks a header or query parameter a rate limit is keyed on.";
-/// Detail of the `400` for a cost header that is not a whole number within the cap.
-const BAD_COST: &str = "The cost header must be a whole number within the limit's cost_max.";
-
-impl Route {
-    /// What the request asks of each limit of this route: its key and its cost (0 for a limit
-    /// skipped for lack of a key part, which is then only read). `Err` when the request cannot
-    /// be decided as sent.
-    pub fn asks(&self, facts: &RequestFacts<'_>) -> Result<Asks, Answer> {
-        let built = self
-            .keys
-            .build(facts)
-            .map_err(|MissingPart| Answer::BadRequest(MISSING_PART))?;
-        let mut asks = Asks::new();
-        for (i, (limit, key)) in self.limits.limits().iter().zip(built.keys).enumerate() {
-            let cost = limit
-                .cost
-                .of(self.pricing.request(i, facts.headers))
-                .map_err(|_| Answer::BadRequest(BAD_COST))?;
-            let skipped = built.skipped & (1 << i) != 0;
-            asks.push(Ask {
-                key,
-                cost: if skipped { 0 } else { cost },
-            });
-        }
-        Ok(asks)
-    }
 }
 
 #[derive(Debug, Default)]
@@ -189,11 +153,9 @@ mod tests {
                 methods,
             },
             upstream: UpstreamSettings::round_robin(vec!["127.0.0.1:1".parse().unwrap()]),
-            limits: LimitSet::none(),
-            pricing: RoutePricing::default(),
+            tiers: Tiers::unlimited(),
+            auth: RouteAuth::default(),
             addresses: AddressLists::default(),
-            keys: RouteKeys::new("p", "r", crate::keys::KeySecret::new("s"), &[]),
-            policy_header: None,
             max_body_bytes: None,
             request_timeout: None,
         }

@@ -71,7 +71,7 @@ impl SecretSource {
 }
 
 fn read_file(path: &Path) -> Result<Secret, String> {
-    let mut text = std::fs::read_to_string(path)
+    let mut text = crate::sources::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if text.ends_with('\n') {
         text.pop();

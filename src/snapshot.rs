@@ -15,6 +15,7 @@ use http::Method;
 
 use crate::access_log::{self, AccessLog};
 use crate::config::{Config, ConfigError};
+use crate::consumers::AuthMode;
 use crate::metrics::{self, Metrics, RouteMetrics};
 use crate::pool::{HealthChecks, Pool, Pools};
 use crate::router::Route;
@@ -60,14 +61,19 @@ impl Snapshot {
             .into_iter()
             .zip(pools.iter())
             .map(|(route, pool)| {
+                let mut metrics =
+                    RouteMetrics::new(&route.name, route.tiers.default().limits.limits());
+                if route.auth.mode != AuthMode::Off {
+                    metrics = metrics.with_callers(&route.name, config.consumers.plans());
+                }
                 Arc::new(RouteRuntime {
                     route: Arc::clone(route),
                     pool: pool.clone(),
-                    metrics: RouteMetrics::new(&route.name, route.limits.limits()),
+                    metrics,
                 })
             })
             .collect();
-        let metrics = Metrics::new(&config.routes);
+        let metrics = Metrics::new(&config.routes, config.consumers.plans());
         let access_log = match &config.access_log {
             Some(settings) => Some(
                 AccessLog::open(settings, metrics::ACCESS_LOG_DROPPED.clone()).map_err(|e| {

@@ -16,12 +16,23 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
+use async_trait::async_trait;
 use pingora::listeners::tls::TlsSettings;
+use pingora::listeners::TlsAccept;
+use pingora::protocols::tls::TlsRef;
 use pingora::tls::sign::CertifiedKey;
-use pingora::tls::{ClientHello, CryptoProvider, ResolvesServerCert};
+use pingora::tls::{
+    CertificateDer, ClientCertVerified, ClientCertVerifier, ClientHello, CryptoProvider,
+    DigitallySignedStruct, HandshakeSignatureValid, ResolvesServerCert, RootCertStore,
+    SignatureScheme, UnixTime, WebPkiClientVerifier,
+};
 use pingora::utils::tls::{CertKey, WrappedX509};
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::DistinguishedName;
 
-use crate::config::listeners::{CertificateFiles, Listener};
+use crate::client_cert::ClientCertificate;
+use crate::config::choice::ClientAuthMode;
+use crate::config::listeners::{CertificateFiles, ClientAuth, Listener};
 use crate::config::{Config, ConfigError, Problem};
 use crate::upstream::UpstreamTls;
 
@@ -96,9 +107,10 @@ fn io_reason(e: &std::io::Error) -> String {
 fn load_one(files: &CertificateFiles) -> Result<Loaded, String> {
     let (cert, key) = (files.cert.display(), files.key.display());
     // Pingora's own error does not say which file, nor why: read each first.
-    std::fs::File::open(&files.cert)
+    // Read through `sources` too: `watch: true` follows certificate files.
+    crate::sources::read(&files.cert)
         .map_err(|e| format!("cannot read the certificate file {cert}: {}", io_reason(&e)))?;
-    std::fs::File::open(&files.key)
+    crate::sources::read(&files.key)
         .map_err(|e| format!("cannot read the private key file {key}: {}", io_reason(&e)))?;
     let (chain, private) = pingora::tls::load_certs_and_key_files(
         &files.cert.to_string_lossy(),
@@ -228,24 +240,188 @@ impl ResolvesServerCert for SniResolver {
     }
 }
 
-/// The TLS listeners of this process, by address: each listener's resolver outlives reloads.
-pub struct TlsListeners {
-    resolvers: Vec<(SocketAddr, Arc<SniResolver>)>,
+/// What a listener asks of client certificates.
+pub enum ClientPolicy {
+    /// Nothing: no certificate is asked for.
+    Off,
+    /// A certificate is asked for and checked by `verifier`; `mandatory`: no certificate, no
+    /// connection.
+    Ask {
+        mandatory: bool,
+        verifier: Arc<dyn ClientCertVerifier>,
+    },
 }
 
-/// Loads the certificates of every TLS listener of `config`.
-fn load_all(config: &Config) -> Result<Vec<(SocketAddr, CertificateSet)>, ConfigError> {
+/// Loads a listener's client CA (`at` names the listener in problems).
+fn client_policy(at: &str, auth: Option<&ClientAuth>) -> Result<ClientPolicy, Problem> {
+    let Some(auth) = auth else {
+        return Ok(ClientPolicy::Off);
+    };
+    let problem = |reason: String| Problem::new(format!("{at}.tls.client_auth.ca"), reason);
+    let mut roots = RootCertStore::empty();
+    for der in read_pem_certificates(&auth.ca).map_err(problem)? {
+        roots.add(CertificateDer::from(der)).map_err(|e| {
+            problem(format!(
+                "{}: not usable as a certificate authority: {e}",
+                auth.ca.display()
+            ))
+        })?;
+    }
+    // Verified if presented; whether one must be is the policy's (`ClientVerifier`).
+    let verifier = WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        crypto_provider().map_err(problem)?,
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| problem(format!("{}: {e}", auth.ca.display())))?;
+    Ok(ClientPolicy::Ask {
+        mandatory: auth.mode == ClientAuthMode::Require,
+        verifier,
+    })
+}
+
+/// A listener's client certificate verifier, swappable while it serves: every TLS listener has
+/// one (`Off` asks for nothing), so a reload may add, change or remove `client_auth`.
+pub struct ClientVerifier {
+    policy: ArcSwap<ClientPolicy>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl fmt::Debug for ClientVerifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientVerifier").finish_non_exhaustive()
+    }
+}
+
+impl ClientCertVerifier for ClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        matches!(**self.policy.load(), ClientPolicy::Ask { .. })
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        matches!(
+            **self.policy.load(),
+            ClientPolicy::Ask {
+                mandatory: true,
+                ..
+            }
+        )
+    }
+
+    /// No CA names are hinted: the policy is swapped on reload, and rustls borrows the hints
+    /// from the verifier for the handshake. Clients send the certificate they are given.
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        match &**self.policy.load() {
+            ClientPolicy::Ask { verifier, .. } => {
+                verifier.verify_client_cert(end_entity, intermediates, now)
+            }
+            ClientPolicy::Off => Err(rustls::Error::General(
+                "this listener asks for no client certificate".to_string(),
+            )),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// Reads the verified client certificate once, when the handshake completes; Pingora keeps
+/// it in the connection's `SslDigest` extension, where every request of the connection finds it
+/// (`client_certificate`).
+struct KeepClientCertificate;
+
+#[async_trait]
+impl TlsAccept for KeepClientCertificate {
+    async fn handshake_complete_callback(
+        &self,
+        tls: &TlsRef,
+    ) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        // rustls keeps a client's certificates only once the verifier has accepted them.
+        let der = tls.peer_certificate_der()?;
+        let sha256 = pingora::tls::hash_certificate(&CertificateDer::from(der));
+        Some(Arc::new(ClientCertificate::from_der(der, &sha256)))
+    }
+}
+
+/// The verified client certificate of the connection whose TLS digest is `digest`.
+pub fn client_certificate(
+    digest: Option<&pingora::protocols::Digest>,
+) -> Option<&ClientCertificate> {
+    digest?.ssl_digest.as_ref()?.extension.get()
+}
+
+/// What a TLS listener serves and asks, loaded from the configuration.
+pub struct ListenerTlsState {
+    certificates: CertificateSet,
+    clients: ClientPolicy,
+}
+
+/// One TLS listener of this process: its resolver and verifier outlive reloads.
+struct Served {
+    addr: SocketAddr,
+    resolver: Arc<SniResolver>,
+    clients: Arc<ClientVerifier>,
+}
+
+/// The TLS listeners of this process, by address.
+pub struct TlsListeners {
+    served: Vec<Served>,
+}
+
+/// Loads the certificates and client CAs of every TLS listener of `config`.
+fn load_all(config: &Config) -> Result<Vec<(SocketAddr, ListenerTlsState)>, ConfigError> {
     let mut problems = Vec::new();
-    let mut sets = Vec::new();
+    let mut loaded = Vec::new();
     for (i, listener) in config.listen.iter().enumerate() {
         let Some(tls) = &listener.tls else { continue };
-        match CertificateSet::load(&format!("listen[{i}]"), &tls.certificates) {
-            Ok(set) => sets.push((listener.addr, set)),
-            Err(mut found) => problems.append(&mut found),
+        let at = format!("listen[{i}]");
+        let certificates = CertificateSet::load(&at, &tls.certificates);
+        let clients = client_policy(&at, tls.client_auth.as_ref());
+        match (certificates, clients) {
+            (Ok(certificates), Ok(clients)) => loaded.push((
+                listener.addr,
+                ListenerTlsState {
+                    certificates,
+                    clients,
+                },
+            )),
+            (certificates, clients) => {
+                problems.extend(certificates.err().into_iter().flatten());
+                problems.extend(clients.err());
+            }
         }
     }
     if problems.is_empty() {
-        Ok(sets)
+        Ok(loaded)
     } else {
         Err(ConfigError {
             file: config.source.clone(),
@@ -258,55 +434,65 @@ fn load_all(config: &Config) -> Result<Vec<(SocketAddr, CertificateSet)>, Config
 pub fn check(config: &Config) -> Result<Vec<String>, ConfigError> {
     Ok(load_all(config)?
         .iter()
-        .flat_map(|(_, set)| set.expiring(EXPIRY_WARNING))
+        .flat_map(|(_, state)| state.certificates.expiring(EXPIRY_WARNING))
         .collect())
 }
 
 impl TlsListeners {
-    /// Loads the certificates of `config`'s TLS listeners.
+    /// Loads the certificates and client CAs of `config`'s TLS listeners.
     pub fn load(config: &Config) -> Result<TlsListeners, ConfigError> {
-        let resolvers = load_all(config)?
+        let algorithms = crypto_provider()
+            .map_err(|reason| ConfigError {
+                file: config.source.clone(),
+                problems: vec![Problem::new("listen", reason)],
+            })?
+            .signature_verification_algorithms;
+        let served = load_all(config)?
             .into_iter()
-            .map(|(addr, set)| {
-                let resolver = SniResolver {
-                    set: ArcSwap::from_pointee(set),
-                };
-                (addr, Arc::new(resolver))
+            .map(|(addr, state)| Served {
+                addr,
+                resolver: Arc::new(SniResolver {
+                    set: ArcSwap::from_pointee(state.certificates),
+                }),
+                clients: Arc::new(ClientVerifier {
+                    policy: ArcSwap::from_pointee(state.clients),
+                    algorithms,
+                }),
             })
             .collect();
-        Ok(TlsListeners { resolvers })
+        Ok(TlsListeners { served })
     }
 
     /// The TLS settings of `listener` (one of those loaded).
     pub fn settings(&self, listener: &Listener) -> Option<TlsSettings> {
         let tls = listener.tls.as_ref()?;
-        let (_, resolver) = self
-            .resolvers
-            .iter()
-            .find(|(addr, _)| *addr == listener.addr)?;
-        let mut settings = TlsSettings::intermediate("", "").ok()?;
-        settings.set_cert_resolver(Arc::clone(resolver) as Arc<dyn ResolvesServerCert>);
+        let served = self.served.iter().find(|s| s.addr == listener.addr)?;
+        let mut settings = TlsSettings::with_callbacks(Box::new(KeepClientCertificate)).ok()?;
+        settings.set_cert_resolver(Arc::clone(&served.resolver) as Arc<dyn ResolvesServerCert>);
+        settings
+            .set_client_cert_verifier(Arc::clone(&served.clients) as Arc<dyn ClientCertVerifier>);
         if tls.http2 {
             settings.enable_h2();
         }
         Some(settings)
     }
 
-    /// Loads the certificates `config` names for the listeners this process serves, without
-    /// using them yet: a reload fails on any problem and keeps what is served.
+    /// Loads the certificates and client CAs `config` names for the listeners this process
+    /// serves, without using them yet: a reload fails on any problem and keeps what is served.
     pub fn prepare(
         &self,
         config: &Config,
-    ) -> Result<Vec<(SocketAddr, CertificateSet)>, ConfigError> {
+    ) -> Result<Vec<(SocketAddr, ListenerTlsState)>, ConfigError> {
         load_all(config)
     }
 
-    /// Serves the prepared certificates from now on; listeners not served (a reload cannot add
-    /// one) are ignored.
-    pub fn swap(&self, sets: Vec<(SocketAddr, CertificateSet)>) {
-        for (addr, set) in sets {
-            if let Some((_, resolver)) = self.resolvers.iter().find(|(a, _)| *a == addr) {
-                resolver.set.store(Arc::new(set));
+    /// Serves the prepared certificates and client policies from now on; listeners not served
+    /// (a reload cannot add one) are ignored.
+    pub fn swap(&self, prepared: Vec<(SocketAddr, ListenerTlsState)>) {
+        for (addr, state) in prepared {
+            if let Some(served) = self.served.iter().find(|s| s.addr == addr) {
+                served.resolver.set.store(Arc::new(state.certificates));
+                served.clients.policy.store(Arc::new(state.clients));
             }
         }
     }
@@ -325,7 +511,8 @@ pub struct PeerTls {
 }
 
 fn read_pem_certificates(path: &Path) -> Result<Vec<Vec<u8>>, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let pem =
+        crate::sources::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut reader = std::io::BufReader::new(pem.as_slice());
     let mut out = Vec::new();
     for item in rustls_pemfile::certs(&mut reader) {

@@ -123,6 +123,8 @@ fn per_request_work_allocates_nothing() {
         query: None,
         headers: &headers,
         route: &route.name,
+        consumer: None,
+        claim_names: &[],
     };
     let steps = [
         (
@@ -146,7 +148,7 @@ fn per_request_work_allocates_nothing() {
         (
             "keys and costs",
             allocations(1000, || {
-                assert_eq!(route.asks(&facts).expect("keys").len(), 3);
+                assert_eq!(route.tiers.default().asks(&facts).expect("keys").len(), 3);
             }),
         ),
     ];
@@ -159,8 +161,8 @@ fn deciding(route: &Route, facts: &RequestFacts<'_>) -> [(&'static str, u64); 2]
         1, 49, 0, 20, 0, 1, 1, 4999, 0, 60_000, 0, 1, 1, 9_999, 0, 60_000, 0, 0,
     ];
     let limiter = LocalLimiter::new(Arc::new(ManualClock::new(1_000_000)), 1000);
-    let asks = route.asks(facts).expect("keys");
-    let entries = entries(route.limits.limits(), &asks);
+    let asks = route.tiers.default().asks(facts).expect("keys");
+    let entries = entries(route.tiers.default().limits.limits(), &asks);
     let request = LimitRequest {
         id: RequestId(7),
         ..LimitRequest::new(&entries)
@@ -235,7 +237,7 @@ fn the_policys_decision_allocates_nothing_once_its_keys_are_known() {
             .routes
             .find("example.com", path, &Method::GET)
             .expect("route");
-        assert_eq!(route.limits.len(), limits);
+        assert_eq!(route.tiers.default().limits.len(), limits);
         let facts = RequestFacts {
             client_ip: config
                 .identity
@@ -246,14 +248,16 @@ fn the_policys_decision_allocates_nothing_once_its_keys_are_known() {
             query: None,
             headers: &headers,
             route: &route.name,
+            consumer: None,
+            claim_names: &[],
         };
-        let asks = route.asks(&facts).expect("keys");
+        let asks = route.tiers.default().asks(&facts).expect("keys");
         // A key's first sighting stores its state: warm up before counting.
-        assert!(ready(policy.decide(&route.limits, &asks)).admitted());
+        assert!(ready(policy.decide(&route.tiers.default().limits, &asks)).admitted());
         let count = allocations(1000, || {
             // 20 ms apart: within every limit.
             clock.advance(20_000);
-            let verdict = ready(policy.decide(&route.limits, &asks));
+            let verdict = ready(policy.decide(&route.tiers.default().limits, &asks));
             assert!(verdict.admitted());
         });
         println!("policy decision, {limits} limits: {count} allocations in 1000 requests");
@@ -315,6 +319,7 @@ fn a_request_through_the_exchange_allocates_nothing() {
         parts: &head,
         raw_target: b"/api/v1/items/42",
         peer: Some([127, 0, 0, 1].into()),
+        client_certificate: None,
     };
     let serve = || {
         // 20 ms apart: within every limit.
@@ -326,7 +331,9 @@ fn a_request_through_the_exchange_allocates_nothing() {
             "{admission:?}"
         );
         assert_eq!(
-            exchange.limits_said().map(|(_, d)| d.statuses.len()),
+            exchange
+                .limits_said()
+                .map(|said| said.decision.statuses.len()),
             Some(3)
         );
         ready(exchange.end(&policy, Some(200)));
@@ -335,4 +342,43 @@ fn a_request_through_the_exchange_allocates_nothing() {
     let count = allocations(1000, serve);
     println!("a request through the exchange: {count} allocations in 1000 requests");
     assert_eq!(count, 0, "{count} allocations in 1000 requests");
+}
+
+#[test]
+fn verifying_an_api_key_allocates_nothing() {
+    use sluice::api_keys::presented_key;
+    // The hashes of `abc` and `hello` (sha256sum).
+    let keys = sluice::config::api_key_file::from_yaml(
+        "keys:\n\
+         - { hash: \"sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\", consumer: acme, plan: pro }\n\
+         - { hash: \"sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824\", consumer: bolt }\n",
+    )
+    .expect("the key file reads");
+    let name = http::header::HeaderName::from_static("x-api-key");
+    let mut known = HeaderMap::new();
+    known.insert(name.clone(), HeaderValue::from_static("abc"));
+    let mut unknown = HeaderMap::new();
+    unknown.insert(
+        name.clone(),
+        HeaderValue::from_static("sk_not_a_stored_key_at_all"),
+    );
+    let verify = |headers: &HeaderMap| {
+        let presented = presented_key(headers, &name).ok().flatten()?;
+        keys.verify(presented).map(|key| key.consumer.len())
+    };
+    assert_eq!(verify(&known), Some(4));
+    assert_eq!(verify(&unknown), None);
+    assert_none(
+        [
+            (
+                "verifying a stored key",
+                allocations(1000, || assert!(verify(&known).is_some())),
+            ),
+            (
+                "verifying an unknown key",
+                allocations(1000, || assert!(verify(&unknown).is_none())),
+            ),
+        ]
+        .into_iter(),
+    );
 }

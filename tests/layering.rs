@@ -20,6 +20,7 @@ const GLUE: &[&str] = &[
     "snapshot",
     "pool",
     "admin",
+    "usage",
     "proxy",
     "daemon",
     "listening",

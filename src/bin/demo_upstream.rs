@@ -66,7 +66,9 @@ impl ServeHttp for Demo {
                     || name == "forwarded"
                     || name == "x-real-ip"
                     || name == "x-request-id"
-                    || name == "traceparent";
+                    || name == "traceparent"
+                    || name.as_str().starts_with("x-consumer-")
+                    || name == "x-api-key";
                 if forwarding {
                     body.extend_from_slice(name.as_str().as_bytes());
                     body.extend_from_slice(b": ");

@@ -106,6 +106,10 @@ pub(crate) use impl_choice;
 
 // The failure mode's names are the limiter's own strum table.
 impl_choice!(FailureMode, "failure mode");
+// So are a route's `auth:` modes.
+impl_choice!(crate::consumers::AuthMode, "auth mode");
+// And the certificate fields that name a consumer.
+impl_choice!(crate::consumers::CertificateField, "certificate field");
 
 /// `algorithm:` of a limit (and of an RLS rate limit): which family runs it. The parameters
 /// that make it a `limiter::Algorithm` are compiled by each section.
@@ -168,6 +172,17 @@ pub enum EncodedSlash {
     Keep,
 }
 impl_choice!(EncodedSlash, "value");
+
+/// `listen[].tls.client_auth.mode:`: whether a client without a certificate may proceed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumString, VariantNames)]
+#[strum(serialize_all = "snake_case")]
+pub enum ClientAuthMode {
+    /// A certificate is asked for and verified if presented; a client without one proceeds.
+    Request,
+    /// The handshake fails without a valid certificate.
+    Require,
+}
+impl_choice!(ClientAuthMode, "mode");
 
 #[cfg(test)]
 mod tests {

@@ -2,6 +2,7 @@
 //! top-level settings here; every problem collected with its path.
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use super::choice::{chosen, EncodedSlash};
@@ -9,7 +10,7 @@ use super::listeners::socket_addr;
 use super::model::Config;
 use super::observe::{compile_access_log, compile_request_id, compile_tracing};
 use super::problem::Problems;
-use super::raw::{RawConfig, RawPath, RawRoute, RawSecret};
+use super::raw::{RawAdmin, RawConfig, RawPath, RawRoute, RawSecret};
 use super::redis::{RedisSettings, DEFAULT_KEY_PREFIX};
 use super::routes::{self, RouteDefaults};
 use crate::identity::{Identity, DEFAULT_IPV6_PREFIX};
@@ -17,6 +18,7 @@ use crate::keys::KeySecret;
 use crate::limiter::FailureMode;
 use crate::path::PathPolicy;
 use crate::router::RouteTable;
+use crate::secret::Secret;
 
 /// Compiles `raw`; returns `None` or a config, and adds every problem found to `p`.
 pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config> {
@@ -35,10 +37,7 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
         .map_or_else(|| PathBuf::from("/"), Path::to_path_buf);
     let server = super::server::check(raw.server, p);
     let listen = super::listeners::compile(raw.listen, !serves_rls, p);
-    let admin_listen = raw
-        .admin
-        .and_then(|admin| admin.listen)
-        .and_then(|text| socket_addr(&text, "admin.listen", p));
+    let (admin_listen, admin_token) = compile_admin(raw.admin, p);
     let redis = raw.redis.map(|redis| super::redis::compile(redis, p));
     let failure_mode = raw
         .failure_mode
@@ -47,6 +46,8 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
     let (key_prefix, secret) = compile_keys(redis.as_ref(), raw.key_secret, p);
     let identity = compile_identity(&raw.trusted_proxies, raw.ipv6_prefix, p);
     let addresses = super::addresses::compile("addresses", raw.addresses, p);
+    let claim_names = super::identity::claim_names(&raw.routes);
+    let consumers = super::identity::compile(raw.identity, claim_names, p);
     let paths = compile_paths(raw.path, p);
     let instances = compile_instances(raw.instances, p);
     let access_log = compile_access_log(raw.access_log, p);
@@ -68,6 +69,7 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
         secret,
         instances,
         failure_mode,
+        verifiers: &consumers,
     };
     let routes = compile_routes(raw.routes, &raw.route_positions, defaults, serves_rls, p);
     Config {
@@ -75,15 +77,18 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
         server,
         listen,
         admin_listen,
+        admin_token,
         redis,
         failure_mode,
         identity,
+        consumers,
         addresses,
         paths,
         access_log,
         request_id,
         tracing,
         rls,
+        watch: raw.watch.unwrap_or(false),
         routes,
     }
 }
@@ -99,6 +104,33 @@ fn compile_keys(
     let key_secret = raw.and_then(|secret| super::secrets::compile(secret, "key_secret", p));
     let secret = KeySecret::new(key_secret.as_ref().map_or(key_prefix, |s| s.expose()));
     (key_prefix.to_string(), secret)
+}
+
+/// The shortest admin token accepted: it guards every consumer's usage.
+const MIN_ADMIN_TOKEN: usize = 16;
+
+/// `admin:`: the listener, and the token its usage API asks for.
+fn compile_admin(raw: Option<RawAdmin>, p: &mut Problems) -> (Option<SocketAddr>, Option<Secret>) {
+    let Some(raw) = raw else {
+        return (None, None);
+    };
+    let listen = raw
+        .listen
+        .and_then(|text| socket_addr(&text, "admin.listen", p));
+    let token = raw
+        .token
+        .and_then(|token| super::secrets::compile(token, "admin.token", p))
+        .filter(|token| {
+            let long_enough = token.expose().len() >= MIN_ADMIN_TOKEN;
+            if !long_enough {
+                p.add(
+                    "admin.token",
+                    format!("too short: at least {MIN_ADMIN_TOKEN} characters (e.g. `openssl rand -hex 32`)"),
+                );
+            }
+            long_enough
+        });
+    (listen, token)
 }
 
 /// `instances:`, the gateways sharing the limits (1 unless set).
@@ -254,5 +286,20 @@ mod tests {
         let (compiled, problems) = config(&format!("listen: [127.0.0.1:1]\n{ROUTE}"));
         assert!(problems.is_empty());
         assert_eq!(compiled.unwrap().failure_mode, FailureMode::Allow);
+    }
+
+    #[test]
+    fn watch_is_off_unless_set_and_must_be_a_boolean() {
+        let (compiled, _) = config(&format!("listen: [127.0.0.1:1]\n{ROUTE}"));
+        assert!(!compiled.unwrap().watch);
+        let (compiled, _) = config(&format!("listen: [127.0.0.1:1]\nwatch: true\n{ROUTE}"));
+        assert!(compiled.unwrap().watch);
+        let text = format!("listen: [127.0.0.1:1]\nwatch: sometimes\n{ROUTE}");
+        let error = Config::from_yaml(Path::new("t.yaml"), &text).unwrap_err();
+        let problems: Vec<String> = error.problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            problems,
+            ["watch: invalid type: string \"sometimes\", expected true or false at line 2 column 8"]
+        );
     }
 }

@@ -1,13 +1,17 @@
 //! `listen:`: where the proxy accepts connections. An entry is an address (`0.0.0.0:8080`,
-//! plain HTTP/1.1) or a table: `{ addr, tls: { certificates: [{ cert, key }...], http2 },
-//! h2c }`. A TLS listener speaks HTTP/2 by ALPN unless `http2: false`; `h2c: true` makes a
-//! plain listener accept HTTP/2 with prior knowledge too. Certificate files are read by the
-//! glue (`tls.rs`), at start and at every reload.
+//! plain HTTP/1.1) or a table: `{ addr, tls: { certificates: [{ cert, key }...], http2,
+//! client_auth: { mode, ca } }, h2c }`. A TLS listener speaks HTTP/2 by ALPN unless
+//! `http2: false`; `client_auth` asks clients for a certificate signed by `ca` (mTLS); `h2c:
+//! true` makes a plain listener accept HTTP/2 with prior knowledge too. Certificate and CA files
+//! are read by the glue (`tls.rs`), at start and at every reload.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
+use super::choice::chosen;
+use super::choice::ClientAuthMode;
 use super::problem::Problems;
-use super::raw::{RawListener, RawListenerTable};
+use super::raw::{RawClientAuth, RawListener, RawListenerTable};
 pub use crate::pem::CertificateFiles;
 
 /// One proxy listener.
@@ -26,6 +30,16 @@ pub struct ListenerTls {
     pub certificates: Vec<CertificateFiles>,
     /// Offer HTTP/2 by ALPN (with HTTP/1.1 as the fallback).
     pub http2: bool,
+    /// Client certificates (mTLS): none asked for when absent.
+    pub client_auth: Option<ClientAuth>,
+}
+
+/// `tls.client_auth`: clients are asked for a certificate that chains to `ca`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientAuth {
+    pub mode: ClientAuthMode,
+    /// PEM file of the certificate authorities a client certificate must chain to.
+    pub ca: PathBuf,
 }
 
 impl Listener {
@@ -123,6 +137,9 @@ fn compile_table(raw: RawListenerTable, at: &str, p: &mut Problems) -> Option<Li
         ListenerTls {
             certificates,
             http2: tls.http2.unwrap_or(true),
+            client_auth: tls
+                .client_auth
+                .and_then(|raw| client_auth(raw, &format!("{at}.tls.client_auth"), p)),
         }
     });
     if h2c && tls.is_some() {
@@ -135,6 +152,30 @@ fn compile_table(raw: RawListenerTable, at: &str, p: &mut Problems) -> Option<Li
         addr: addr?,
         tls,
         h2c,
+    })
+}
+
+/// `tls.client_auth`: `mode` (`require` unless `request`) and `ca` (required).
+fn client_auth(raw: RawClientAuth, at: &str, p: &mut Problems) -> Option<ClientAuth> {
+    let mode = chosen(
+        raw.mode.as_ref(),
+        ClientAuthMode::Require,
+        &format!("{at}.mode"),
+        p,
+    );
+    let ca = match raw.ca {
+        Some(ca) => Some(super::paths::absolute(ca)),
+        None => {
+            p.add(
+                format!("{at}.ca"),
+                "required: a PEM file of the certificate authorities client certificates must chain to",
+            );
+            None
+        }
+    };
+    Some(ClientAuth {
+        mode: mode?,
+        ca: ca?,
     })
 }
 
@@ -159,6 +200,44 @@ mod tests {
         assert!(tls.http2, "HTTP/2 by ALPN is on by default");
         assert_eq!(tls.certificates[0].cert, std::path::PathBuf::from("/a.pem"));
         assert!(compiled[2].h2c);
+        assert_eq!(
+            tls.client_auth, None,
+            "no client certificate is asked for by default"
+        );
+    }
+
+    #[test]
+    fn client_auth_takes_a_mode_and_a_ca() {
+        let tls = |client_auth: &str| {
+            format!("- addr: 0.0.0.0:8443\n  tls:\n    certificates: [{{ cert: /a.pem, key: /a.key }}]\n    client_auth: {client_auth}\n")
+        };
+        let (compiled, problems) = listeners(&tls("{ mode: request, ca: /ca.pem }"));
+        assert!(problems.is_empty(), "{problems:?}");
+        let auth = compiled[0].tls.as_ref().unwrap().client_auth.clone();
+        assert_eq!(
+            auth,
+            Some(ClientAuth {
+                mode: ClientAuthMode::Request,
+                ca: PathBuf::from("/ca.pem"),
+            })
+        );
+        let (compiled, _) = listeners(&tls("{ ca: /ca.pem }"));
+        let auth = compiled[0].tls.as_ref().unwrap().client_auth.as_ref();
+        assert_eq!(auth.map(|a| a.mode), Some(ClientAuthMode::Require));
+    }
+
+    #[test]
+    fn client_auth_names_its_mistakes() {
+        let (_, problems) = listeners(
+            "- { addr: 0.0.0.0:1, tls: { certificates: [{ cert: /a, key: /b }], client_auth: { mode: optional } } }\n",
+        );
+        assert_eq!(
+            problems,
+            [
+                "listen[0].tls.client_auth.mode: unknown mode \"optional\": use request or require",
+                "listen[0].tls.client_auth.ca: required: a PEM file of the certificate authorities client certificates must chain to",
+            ]
+        );
     }
 
     #[test]

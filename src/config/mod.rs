@@ -2,15 +2,19 @@
 //!
 //! `raw.rs` describes the file; `compile.rs` turns it into a [`Config`] whose values cannot be
 //! wrong, one module per section (`server`, `redis`, `routes`, `upstreams`, `limits`, `rls` and
-//! the rate limit service's own files, `rls_files`); `choice.rs` holds the one name table of each
+//! the rate limit service's own files, `rls_files`, `api_keys` and its file of hashed keys,
+//! `api_key_file`); `choice.rs` holds the one name table of each
 //! closed choice (algorithms, modes, ...). Unknown keys, unknown names of a choice, and problems
 //! found while compiling are all reported together, each with the file and the YAML path; type
 //! errors too, with their line and column: when serde stops at one, each section (and each
 //! route) is read alone (`sections.rs`), and what reads is compiled.
 
 pub mod addresses;
+pub mod api_key_file;
+pub mod api_keys;
 pub mod choice;
 pub mod compile;
+pub mod identity;
 pub mod jwt;
 pub mod limits;
 pub mod listeners;
@@ -27,6 +31,7 @@ pub mod routes;
 pub mod secrets;
 pub mod sections;
 pub mod server;
+pub mod tiers;
 pub mod upstreams;
 
 use std::path::Path;
@@ -45,7 +50,7 @@ impl Config {
     /// Reads and compiles what of `path` compiles, with every problem found: what `sluice -t`
     /// checks further. No config when the file cannot be read or is not YAML.
     pub fn load_all(path: &Path) -> (Option<Config>, Vec<Problem>) {
-        match std::fs::read_to_string(path) {
+        match crate::sources::read_to_string(path) {
             Ok(text) => Config::compile_text(path, &text),
             Err(e) => (
                 None,
@@ -112,29 +117,10 @@ fn read_noting_unknown(text: &str, p: &mut Problems) -> Result<raw::RawConfig, s
     let mut unknown = Problems::default();
     let deserializer = serde_yaml::Deserializer::from_str(text);
     let mut unknown_key = |key: serde_ignored::Path<'_>| {
-        unknown.add(format_ignored(&key), "unknown key");
+        unknown.add(problem::ignored_path(&key), "unknown key");
     };
     let ignored = serde_ignored::Deserializer::new(deserializer, &mut unknown_key);
     let raw = serde::Deserialize::deserialize(ignored)?;
     p.0.append(&mut unknown.0);
     Ok(raw)
-}
-
-fn format_ignored(path: &serde_ignored::Path<'_>) -> String {
-    use serde_ignored::Path as P;
-    match path {
-        P::Root => String::new(),
-        P::Seq { parent, index } => format!("{}[{index}]", format_ignored(parent)),
-        P::Map { parent, key } => {
-            let parent = format_ignored(parent);
-            if parent.is_empty() {
-                key.to_string()
-            } else {
-                format!("{parent}.{key}")
-            }
-        }
-        P::Some { parent } | P::NewtypeStruct { parent } | P::NewtypeVariant { parent } => {
-            format_ignored(parent)
-        }
-    }
 }

@@ -9,10 +9,12 @@ use super::observe::{AccessLogSettings, RequestIdSettings, TracingSettings};
 use super::redis::RedisSettings;
 use super::rls::RlsSettings;
 use super::server::ServerSettings;
+use crate::consumers::Verifiers;
 use crate::identity::Identity;
 use crate::limiter::FailureMode;
 use crate::path::PathPolicy;
 use crate::router::RouteTable;
+use crate::secret::Secret;
 
 /// A loaded, validated configuration.
 #[derive(Debug)]
@@ -21,11 +23,15 @@ pub struct Config {
     pub server: ServerSettings,
     pub listen: Vec<Listener>,
     pub admin_listen: Option<SocketAddr>,
+    /// What the usage API asks for (`admin.token`); `None`: the usage API is off.
+    pub admin_token: Option<Secret>,
     /// `None`: limits run in-process.
     pub redis: Option<RedisSettings>,
     /// The failure mode of routes that do not set their own.
     pub failure_mode: FailureMode,
     pub identity: Identity,
+    /// Who is calling: the plans and the verifiers of credentials (`identity:`).
+    pub consumers: Verifiers,
     /// The gateway's `addresses:` lists (each route may add its own).
     pub addresses: AddressLists,
     pub paths: PathPolicy,
@@ -37,6 +43,8 @@ pub struct Config {
     pub tracing: Option<TracingSettings>,
     /// `None`: no rate limit service.
     pub rls: Option<RlsSettings>,
+    /// `watch: true`: reload when the file or a file it names changes, as on SIGHUP.
+    pub watch: bool,
     pub routes: RouteTable,
 }
 
@@ -47,7 +55,7 @@ impl Config {
             .routes
             .in_file_order()
             .iter()
-            .map(|r| r.limits.len())
+            .map(|r| r.tiers.default().limits.len())
             .sum();
         let backend = match &self.redis {
             Some(redis) => redis.topology.describe(),

@@ -80,6 +80,26 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// The YAML path of a key `serde_ignored` reports, as problems name paths.
+pub fn ignored_path(path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path as P;
+    match path {
+        P::Root => String::new(),
+        P::Seq { parent, index } => format!("{}[{index}]", ignored_path(parent)),
+        P::Map { parent, key } => {
+            let parent = ignored_path(parent);
+            if parent.is_empty() {
+                key.to_string()
+            } else {
+                format!("{parent}.{key}")
+            }
+        }
+        P::Some { parent } | P::NewtypeStruct { parent } | P::NewtypeVariant { parent } => {
+            ignored_path(parent)
+        }
+    }
+}
+
 /// Most characters of a name; names end up in Redis keys and response headers.
 const MAX_NAME_LEN: usize = 64;
 

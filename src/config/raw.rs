@@ -5,16 +5,20 @@
 //! the spelling compile reports with the accepted names (`choice.rs`). Unknown keys are collected by `serde_ignored` (see `mod.rs`) so that all
 //! of them are reported at once, with their paths.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
+use crate::consumers::{AuthMode, CertificateField};
 use crate::limiter::FailureMode;
 
 use super::addresses::RawAddresses;
+use super::api_keys::RawApiKeys;
 use super::choice::{
-    AlgorithmName, BalanceName, EncodedSlash, LimitMode, OnMissingName, RedisMode, Spelled,
+    AlgorithmName, BalanceName, ClientAuthMode, EncodedSlash, LimitMode, OnMissingName, RedisMode,
+    Spelled,
 };
 use super::observe::{RawAccessLog, RawRequestId, RawTracing};
 use super::server::ServerSettings;
@@ -32,6 +36,7 @@ pub struct RawConfig {
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
     pub addresses: Option<RawAddresses>,
+    pub identity: Option<RawIdentity>,
     pub key_secret: Option<RawSecret>,
     pub ipv6_prefix: Option<u8>,
     pub path: Option<RawPath>,
@@ -39,6 +44,8 @@ pub struct RawConfig {
     pub request_id: Option<RawRequestId>,
     pub tracing: Option<RawTracing>,
     pub rls: Option<RawRls>,
+    /// Reload when the file, or a file it names, changes (`reload.rs`).
+    pub watch: Option<bool>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
     /// Where each of `routes` stands in the file when some routes could not be read (and were
@@ -63,6 +70,7 @@ pub struct RawPath {
 #[derive(Debug, Deserialize)]
 pub struct RawAdmin {
     pub listen: Option<String>,
+    pub token: Option<RawSecret>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -97,6 +105,7 @@ pub struct RawRoute {
     pub max_body_bytes: Option<u64>,
     pub request_timeout_ms: Option<u64>,
     pub addresses: Option<RawAddresses>,
+    pub auth: Option<RawAuth>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -132,7 +141,7 @@ pub struct RawUpstreamTls {
     pub key: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct RawLimit {
     pub name: Option<String>,
     pub key: Option<Vec<String>>,
@@ -152,10 +161,116 @@ pub struct RawLimit {
     pub mode: Option<Spelled<LimitMode>>,
     pub lease_units: Option<u64>,
     pub cost_from_response: Option<RawResponseCost>,
+    /// Per plan: other parameters, or `off`.
+    pub plans: Option<BTreeMap<String, RawOverride>>,
+    /// Per consumer: other parameters, or `off`.
+    pub consumers: Option<BTreeMap<String, RawOverride>>,
+}
+
+/// A limit's parameters for one plan or consumer: `off` (the limit does not apply), or the
+/// parameters that differ (the rest, and the algorithm and key, are the limit's own).
+#[derive(Debug, Clone)]
+pub enum RawOverride {
+    Off,
+    Params(RawParams),
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawParams {
+    pub rate: Option<String>,
+    pub burst: Option<u64>,
+    pub capacity: Option<u64>,
+    pub max_delay: Option<String>,
+    pub max: Option<u64>,
+}
+
+impl<'de> Deserialize<'de> for RawOverride {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct OverrideVisitor;
+        impl<'de> Visitor<'de> for OverrideVisitor {
+            type Value = RawOverride;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("off, or { rate, burst, capacity, max_delay, max }")
+            }
+
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<RawOverride, E> {
+                match value {
+                    "off" => Ok(RawOverride::Off),
+                    other => Err(E::custom(format!(
+                        "unknown value {other:?}: use off, or {{ rate, burst, capacity, max_delay, max }}"
+                    ))),
+                }
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawOverride, A::Error> {
+                RawParams::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(RawOverride::Params)
+            }
+        }
+        deserializer.deserialize_any(OverrideVisitor)
+    }
+}
+
+/// `identity:`: the plans there are, and the verifiers of credentials.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawIdentity {
+    #[serde(default)]
+    pub plans: Vec<String>,
+    pub default_plan: Option<String>,
+    pub api_keys: Option<RawApiKeys>,
+    pub mtls: Option<RawMtls>,
+}
+
+/// `identity.mtls`: which field of a verified client certificate names the consumer, and the
+/// plans of consumers so named.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawMtls {
+    pub consumer: Option<Spelled<CertificateField>>,
+    #[serde(default)]
+    pub plans: BTreeMap<String, String>,
+}
+
+/// A route's `auth:`: `required`, `optional` or `off`, or `{ mode, plans }`.
+#[derive(Debug, Clone)]
+pub enum RawAuth {
+    Mode(Spelled<AuthMode>),
+    Table(RawAuthTable),
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuthTable {
+    pub mode: Option<Spelled<AuthMode>>,
+    pub plans: Option<Vec<String>>,
+}
+
+impl<'de> Deserialize<'de> for RawAuth {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct AuthVisitor;
+        impl<'de> Visitor<'de> for AuthVisitor {
+            type Value = RawAuth;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("required, optional or off, or { mode, plans }")
+            }
+
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<RawAuth, E> {
+                Spelled::deserialize(de::value::StrDeserializer::<E>::new(value)).map(RawAuth::Mode)
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawAuth, A::Error> {
+                RawAuthTable::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(RawAuth::Table)
+            }
+        }
+        deserializer.deserialize_any(AuthVisitor)
+    }
 }
 
 /// `cost_from_response:` of a limit: the header (or trailer) the upstream reports the cost in.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct RawResponseCost {
     pub header: Option<String>,
     pub estimate: Option<u64>,
@@ -240,6 +355,14 @@ pub struct RawListenerTls {
     #[serde(default)]
     pub certificates: Vec<RawCertificate>,
     pub http2: Option<bool>,
+    pub client_auth: Option<RawClientAuth>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClientAuth {
+    pub mode: Option<Spelled<ClientAuthMode>>,
+    pub ca: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -97,9 +97,9 @@ fn compile_auth(raw: &RawRedis, p: &mut Problems) -> RedisAuth {
 /// `redis.tls`: PEM files read now, for `rediss://` connections.
 fn compile_tls(raw: &RawRedis, p: &mut Problems) -> Option<RedisTls> {
     let tls = raw.tls.as_ref()?;
-    let read = |path: &str, at: &str, p: &mut Problems| match std::fs::read(super::paths::absolute(
-        path,
-    )) {
+    let read = |path: &str, at: &str, p: &mut Problems| match crate::sources::read(
+        &super::paths::absolute(path),
+    ) {
         Ok(bytes) if !bytes.is_empty() => Some(bytes),
         Ok(_) => {
             p.add(at, format!("{path} is empty"));

@@ -76,7 +76,7 @@ pub fn load(
     let mut domains = Domains::default();
     for file in yaml_files(dir, p) {
         let shown = file.display().to_string();
-        let raw: RawDomain = match std::fs::read_to_string(&file)
+        let raw: RawDomain = match crate::sources::read_to_string(&file)
             .map_err(|e| e.to_string())
             .and_then(|text| serde_yaml::from_str(&text).map_err(|e| e.to_string()))
         {
@@ -121,9 +121,9 @@ pub fn load(
 
 /// The `.yaml` and `.yml` files of `dir`, sorted.
 fn yaml_files(dir: &Path, p: &mut Problems) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+    let mut files: Vec<PathBuf> = match crate::sources::read_dir(dir) {
         Ok(entries) => entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
+            .into_iter()
             .filter(|path| {
                 path.extension()
                     .is_some_and(|ext| ext == "yaml" || ext == "yml")

@@ -3,15 +3,16 @@
 
 use std::collections::HashSet;
 
-use http::header::HeaderValue;
 use http::Method;
 
+use super::identity::compile_auth;
 use super::problem::{millis_within, required_name, Problems};
 use super::raw::{RawLimit, RawMatch, RawRoute};
+use super::tiers::{self, LimitVariants, TierSettings};
+use crate::consumers::{AuthMode, Plans, Verifiers};
 use crate::keys::{KeySecret, KeySpec, RouteKeys};
-use crate::limiter::{FailureMode, Limit, LimitSet};
+use crate::limiter::FailureMode;
 use crate::path::{normalize, PathPolicy};
-use crate::pricing::RoutePricing;
 use crate::router::{HostMatch, PathMatch, Route, RouteMatch};
 
 const MAX_LIMITS_PER_ROUTE: usize = 16;
@@ -24,6 +25,23 @@ pub struct RouteDefaults<'a> {
     /// Gateways sharing the limits: `failure_mode: local` enforces `limit / instances`.
     pub instances: u64,
     pub failure_mode: FailureMode,
+    /// The plans routes may name, and the verifiers their `auth:` needs.
+    pub verifiers: &'a Verifiers,
+}
+
+/// Limits keyed on the caller (`consumer`, `claim:NAME`) need a route that verifies callers.
+fn check_callers_are_known(at: &str, limits: &[LimitVariants], mode: AuthMode, p: &mut Problems) {
+    if mode != AuthMode::Off {
+        return;
+    }
+    for (i, limit) in limits.iter().enumerate() {
+        if let Some(part) = limit.written().1.parts.iter().find(|part| part.is_caller()) {
+            p.add(
+                format!("{at}.limits[{i}].key"),
+                format!("{part} needs the route to verify callers: auth: required or optional"),
+            );
+        }
+    }
 }
 
 pub fn compile(
@@ -36,7 +54,7 @@ pub fn compile(
     let name = required_name(raw.name, &format!("{at}.name"), p);
     let matcher = compile_match(at, raw.matcher, p);
     let upstream = super::upstreams::compile(at, raw.upstream, p);
-    let (mut limits, key_specs, pricing) = compile_limits(at, raw.limits, p);
+    let limits = compile_limits(at, raw.limits, defaults.verifiers.plans(), p);
     let failure_mode = raw
         .failure_mode
         .as_ref()
@@ -53,45 +71,44 @@ pub fn compile(
             "must be at least 1 (omit it for no limit)",
         );
     }
-    let (name, matcher, upstream) = (name?, matcher?, upstream?);
-    if raw.shadow.unwrap_or(false) {
-        for limit in &mut limits {
-            limit.shadow = true;
-        }
-    }
-    let policy_header = if raw.rate_limit_headers.unwrap_or(true) {
-        policy_header(&limits)
-    } else {
-        None
+    let auth = compile_auth(raw.auth, defaults.verifiers, &format!("{at}.auth"), p);
+    let (name, matcher, upstream, limits) = (name?, matcher?, upstream?, limits?);
+    check_callers_are_known(at, &limits, auth.mode, p);
+    let specs: Vec<KeySpec> = limits.iter().map(|l| l.written().1.clone()).collect();
+    let keys = RouteKeys::new(defaults.key_prefix, &name, defaults.secret, &specs);
+    let settings = TierSettings {
+        at,
+        plans: defaults.verifiers.plans(),
+        instances: defaults.instances,
+        failure_mode: failure_mode.unwrap_or(defaults.failure_mode),
+        deadline: limiter_timeout,
+        shadow: raw.shadow.unwrap_or(false),
+        rate_limit_headers: raw.rate_limit_headers.unwrap_or(true),
+        keys: &keys,
     };
+    let tiers = tiers::build(&limits, &settings, p);
     Some(Route {
         index,
-        keys: RouteKeys::new(defaults.key_prefix, &name, defaults.secret, &key_specs),
         name: name.into(),
         matcher,
         upstream,
-        limits: LimitSet::new(
-            limits,
-            defaults.instances,
-            failure_mode.unwrap_or(defaults.failure_mode),
-            limiter_timeout,
-        ),
-        pricing,
+        tiers,
+        auth,
         addresses: super::addresses::compile(&format!("{at}.addresses"), raw.addresses, p),
-        policy_header,
         max_body_bytes: raw.max_body_bytes,
         request_timeout,
     })
 }
 
 /// `limits:` of the route at `at`: at most [`MAX_LIMITS_PER_ROUTE`], each name once, split
-/// limits cut into the same number of shards.
-/// The route's limits, the key spec of each, and where each reads its cost.
+/// limits cut into the same number of shards; each compiled as written and per plan and
+/// consumer. `None` when any does not compile (each problem reported).
 fn compile_limits(
     at: &str,
     raw: Vec<RawLimit>,
+    plans: &Plans,
     p: &mut Problems,
-) -> (Vec<Limit>, Vec<KeySpec>, RoutePricing) {
+) -> Option<Vec<LimitVariants>> {
     if raw.len() > MAX_LIMITS_PER_ROUTE {
         p.add(
             format!("{at}.limits"),
@@ -99,32 +116,26 @@ fn compile_limits(
         );
     }
     let mut limit_names = HashSet::new();
-    let mut limits = Vec::new();
-    let mut key_specs = Vec::new();
-    let mut pricing = Vec::new();
-    for (i, raw_limit) in raw.into_iter().enumerate() {
-        let limit_at = format!("{at}.limits[{i}]");
+    for (i, raw_limit) in raw.iter().enumerate() {
         if let Some(name) = &raw_limit.name {
             if !limit_names.insert(name.clone()) {
                 p.add(
-                    format!("{limit_at}.name"),
+                    format!("{at}.limits[{i}].name"),
                     format!("duplicate limit name {name:?} in this route"),
                 );
             }
         }
-        if let Some((limit, spec, headers)) = super::limits::compile_limit(&limit_at, raw_limit, p)
-        {
-            key_specs.push(spec);
-            limits.push(limit);
-            pricing.push(headers);
-        }
     }
-    check_shards(at, &key_specs, p);
-    (limits, key_specs, RoutePricing::new(pricing))
+    let compiled = tiers::compile_limits(at, raw, plans, p);
+    let compiled: Option<Vec<LimitVariants>> = compiled.into_iter().collect();
+    let compiled = compiled?;
+    let specs: Vec<&KeySpec> = compiled.iter().map(|l| l.written().1).collect();
+    check_shards(at, &specs, p);
+    Some(compiled)
 }
 
 /// One request's keys are cut into one number of shards: split limits of a route agree.
-fn check_shards(at: &str, key_specs: &[KeySpec], p: &mut Problems) {
+fn check_shards(at: &str, key_specs: &[&KeySpec], p: &mut Problems) {
     let mut splits: Vec<u32> = key_specs
         .iter()
         .map(|s| s.shards)
@@ -242,21 +253,6 @@ fn compile_methods(at: &str, list: &[String], p: &mut Problems) -> Option<Vec<Me
     (methods.len() == list.len()).then_some(methods)
 }
 
-/// `"a";q=10;w=1, "b";q=100;w=60`: the IETF httpapi RateLimit-Policy list, built once.
-/// Limits that are not rates (concurrency) are not listed.
-fn policy_header(limits: &[Limit]) -> Option<HeaderValue> {
-    let items: Vec<String> = limits
-        .iter()
-        .filter(|l| !l.shadow)
-        .filter_map(|l| l.policy.map(|(q, w)| format!("\"{}\";q={q};w={w}", l.name)))
-        .collect();
-    if items.is_empty() {
-        return None;
-    }
-    // Names are checked to be a safe ASCII subset, so this cannot fail.
-    HeaderValue::from_str(&items.join(", ")).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,6 +264,7 @@ mod tests {
             secret: KeySecret::new("s"),
             instances: 2,
             failure_mode: FailureMode::Deny,
+            verifiers: &Verifiers::default(),
         };
         problems_of(yaml, |raw: RawRoute, p: &mut Problems| {
             compile(3, raw, defaults, p)
@@ -283,10 +280,11 @@ mod tests {
         ));
         assert!(problems.is_empty(), "{problems:?}");
         let compiled = compiled.unwrap();
-        assert_eq!(compiled.limits.failure_mode(), FailureMode::Deny);
-        assert_eq!(compiled.limits.len(), 2);
+        let tier = compiled.tiers.default();
+        assert_eq!(tier.limits.failure_mode(), FailureMode::Deny);
+        assert_eq!(tier.limits.len(), 2);
         assert_eq!(
-            compiled.policy_header.unwrap(),
+            tier.policy_header.clone().unwrap(),
             "\"a\";q=10;w=1",
             "concurrency is not a rate"
         );

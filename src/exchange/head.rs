@@ -8,6 +8,7 @@ use http::request::Parts;
 use http::{Method, Version};
 
 use crate::answer::Answer;
+use crate::client_cert::ClientCertificate;
 
 /// A request head as the exchange reads it: what any adapter (HTTP/1, HTTP/2) can hand over
 /// without its own types.
@@ -18,6 +19,8 @@ pub struct Head<'a> {
     pub raw_target: &'a [u8],
     /// The TCP peer.
     pub peer: Option<IpAddr>,
+    /// The client certificate the TLS listener verified (mTLS), read once per connection.
+    pub client_certificate: Option<&'a ClientCertificate>,
 }
 
 /// The form of a request target (RFC 9112 §3.2) sluice accepts.

@@ -17,6 +17,7 @@ use smallvec::SmallVec;
 
 use crate::addresses::{AddressLists, Standing};
 use crate::answer::{Answer, Decided, Unasked, UpstreamError};
+use crate::consumers::{AuthFailure, AuthMode, Consumer, Credentials};
 use crate::keys::{self, RequestFacts};
 use crate::limiter::{
     Asks, Backend, CostReport, Decision, Limiter, Policy, ReleaseSlots, SettleUnits, Verdict,
@@ -26,6 +27,7 @@ use crate::metrics::{InFlight, RouteMetrics};
 use crate::path;
 use crate::router::Route;
 use crate::snapshot::{RouteRuntime, Snapshot};
+use crate::tiers::{Tier, TierId, Undecidable};
 
 pub use head::{Head, Target};
 pub use upstream::Dial;
@@ -35,6 +37,14 @@ pub use upstream::Dial;
 pub trait Seam: Limiter + ReleaseSlots + SettleUnits + Backend {}
 
 impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Seam for E {}
+
+/// What a request's limits said: its route, the limits it met, their decision.
+#[derive(Clone, Copy)]
+pub struct LimitsSaid<'a> {
+    pub route: &'a Route,
+    pub tier: &'a Tier,
+    pub decision: &'a Decision,
+}
 
 /// What admission says of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +73,10 @@ pub struct Exchange {
     verdict: Option<Verdict>,
     /// What the gateway answers (or answered) instead of the upstream, once it knows.
     answer: Option<Answer>,
+    /// The verified caller (`None`: anonymous, or the route does not verify callers).
+    consumer: Option<Consumer>,
+    /// Which of its route's tiers of limits the request meets (by its consumer and plan).
+    tier: TierId,
     /// The client's address is in an `allow` range: proxied without asking the limits.
     exempt: bool,
     /// The request was held for shaping and its client left: its units went back.
@@ -92,6 +106,8 @@ impl Exchange {
             asks: Asks::new(),
             verdict: None,
             answer: None,
+            consumer: None,
+            tier: TierId::default(),
             exempt: false,
             abandoned: false,
             deadline: None,
@@ -116,7 +132,8 @@ impl Exchange {
                 delay: Duration::ZERO,
             };
         }
-        let verdict = policy.decide(&route.route.limits, &self.asks).await;
+        let tier = route.route.tiers.get(self.tier);
+        let verdict = policy.decide(&tier.limits, &self.asks).await;
         let refusal = Answer::refusing(verdict.outcome);
         let delay = verdict.delay;
         self.verdict = Some(verdict);
@@ -159,6 +176,13 @@ impl Exchange {
         }
         let client = config.identity.client(head.peer, &req.headers);
         self.client = Some(client);
+        match AddressLists::standing(&config.addresses, &route.addresses, client) {
+            Standing::Denied => return Err(Answer::Forbidden),
+            Standing::Exempt => self.exempt = true,
+            Standing::Limited => {}
+        }
+        self.consumer = self.caller(&route, head)?;
+        self.tier = route.tiers.choose(self.consumer.as_ref());
         let facts = RequestFacts {
             client_ip: client,
             method: req.method.as_str(),
@@ -167,19 +191,43 @@ impl Exchange {
             query: req.uri.query(),
             headers: &req.headers,
             route: &route.name,
+            consumer: self.consumer.as_ref(),
+            claim_names: config.consumers.claim_names(),
         };
         if let Some(parts) = route.upstream.hash_parts() {
             self.balance_key = keys::digest_parts(&facts, parts).to_be_bytes();
         }
-        match AddressLists::standing(&config.addresses, &route.addresses, client) {
-            Standing::Denied => return Err(Answer::Forbidden),
-            Standing::Exempt => self.exempt = true,
-            Standing::Limited => {}
-        }
-        if !route.limits.is_empty() && !self.exempt {
-            self.asks = route.asks(&facts)?;
+        let tier = route.tiers.get(self.tier);
+        if !tier.limits.is_empty() && !self.exempt {
+            self.asks = tier
+                .asks(&facts)
+                .map_err(|Undecidable(detail)| Answer::BadRequest(detail))?;
         }
         Ok(())
+    }
+
+    /// Who is calling, as the route asks (`auth:`): the verified consumer, `None` for an
+    /// anonymous caller; `Err` when the caller is refused before any limit.
+    fn caller(&self, route: &Route, head: &Head<'_>) -> Result<Option<Consumer>, Answer> {
+        if route.auth.mode == AuthMode::Off {
+            return Ok(None);
+        }
+        let credentials = Credentials {
+            headers: &head.parts.headers,
+            client_certificate: head.client_certificate,
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        match self.snapshot.config.consumers.identify(&credentials, now) {
+            Ok(Some(consumer)) if route.auth.admits(&consumer) => Ok(Some(consumer)),
+            Ok(Some(_)) => Err(Answer::AuthFailed(AuthFailure::PlanNotAllowed)),
+            Ok(None) if route.auth.mode == AuthMode::Required => {
+                Err(Answer::AuthFailed(AuthFailure::Missing))
+            }
+            Ok(None) => Ok(None),
+            Err(failure) => Err(Answer::AuthFailed(failure)),
+        }
     }
 
     /// Keeps `answer` as what the gateway answers, and says so.
@@ -192,8 +240,9 @@ impl Exchange {
     /// shaping): the units it reserved go back.
     pub async fn abandon<E: Seam>(&mut self, policy: &Policy<E>) {
         if let (Some(route), Some(verdict)) = (&self.route, &self.verdict) {
+            let tier = route.route.tiers.get(self.tier);
             policy
-                .give_back_abandoned(&route.route.limits, &self.asks, verdict)
+                .give_back_abandoned(&tier.limits, &self.asks, verdict)
                 .await;
         }
         self.abandoned = true;
@@ -203,7 +252,17 @@ impl Exchange {
     /// back its concurrency slots, and settles what its response said it cost.
     pub async fn end<E: Seam>(&mut self, policy: &Policy<E>, status: Option<u16>) {
         let metrics = self.metrics();
-        metrics.count(self.decided());
+        let decided = self.decided();
+        metrics.count(decided);
+        let failure = match self.answer {
+            Some(Answer::AuthFailed(failure)) => Some(failure),
+            _ => None,
+        };
+        metrics.count_caller(
+            self.consumer.as_ref().and_then(|c| c.plan),
+            decided,
+            failure,
+        );
         if let Some(status) = status {
             metrics.observe_duration(status, self.started.elapsed());
             if self.admitted() {
@@ -214,12 +273,13 @@ impl Exchange {
             metrics.observe_upstream(upstream_time);
         }
         if let (Some(runtime), Some(verdict)) = (&self.route, &self.verdict) {
-            let limits = &runtime.route.limits;
-            metrics.count_limits(limits.limits(), verdict);
+            let tier = runtime.route.tiers.get(self.tier);
+            let limits = &tier.limits;
+            metrics.count_limits(tier, verdict);
             policy.finish(limits, &self.asks, verdict).await;
             // What a response reported: its units went back already if it was abandoned.
             if verdict.admitted() && !self.abandoned {
-                metrics.count_response_costs(&self.cost_reports);
+                metrics.count_response_costs(tier, &self.cost_reports);
                 let reports = &self.cost_reports;
                 policy
                     .settle_response(limits, &self.asks, verdict, reports)
@@ -278,28 +338,67 @@ impl Exchange {
         self.answer
     }
 
-    /// The route and the decision of a request its limits refused or admitted: what the
-    /// `RateLimit` headers and a `429`'s body are written from.
-    pub fn limits_said(&self) -> Option<(&Route, &Decision)> {
+    /// The route, the limits the request met and their decision, for a request its limits
+    /// refused or admitted: what the `RateLimit` headers and a `429`'s body are written from.
+    pub fn limits_said(&self) -> Option<LimitsSaid<'_>> {
         let decision = self.verdict.as_ref()?.decision.as_ref()?;
-        Some((self.route()?, decision))
+        let route = self.route()?;
+        Some(LimitsSaid {
+            route,
+            tier: route.tiers.get(self.tier),
+            decision,
+        })
+    }
+
+    /// The limits the request met (its route's tier for its consumer and plan).
+    pub fn tier(&self) -> Option<&Tier> {
+        Some(self.route()?.tiers.get(self.tier))
     }
 
     /// The name of the limit that decided: the one that denied, or the shadow limit that
     /// would have.
     pub fn deciding_limit(&self) -> Option<&str> {
         let index = self.verdict.as_ref()?.deciding_limit()?;
-        self.route()?.limits.limits().get(index).map(|l| &*l.name)
+        self.tier()?.limit(index).map(|l| &*l.name)
     }
 
     /// The failure mode that applied, when the limiter could not decide.
     pub fn failure_mode(&self) -> Option<&'static str> {
         let verdict = self.verdict.as_ref()?;
-        let route = self.route()?;
+        let tier = self.tier()?;
         verdict
             .outcome
             .by_failure_mode()
-            .then(|| route.limits.failure_mode().label())
+            .then(|| tier.limits.failure_mode().label())
+    }
+
+    /// The `WWW-Authenticate` challenge of `answer`, when it is a `401`.
+    pub fn challenge(&self, answer: Answer) -> Option<&http::HeaderValue> {
+        match answer {
+            Answer::AuthFailed(failure) if !failure.forbids() => {
+                self.snapshot.config.consumers.challenge(failure)
+            }
+            _ => None,
+        }
+    }
+
+    /// The verified caller, if the route verifies callers and the request had a credential.
+    pub fn consumer(&self) -> Option<&Consumer> {
+        self.consumer.as_ref()
+    }
+
+    /// Why the caller was refused before any limit, if it was.
+    pub fn auth_failure(&self) -> Option<AuthFailure> {
+        match self.answer {
+            Some(Answer::AuthFailed(failure)) => Some(failure),
+            _ => None,
+        }
+    }
+
+    /// The caller's plan's name, if it has one.
+    pub fn plan(&self) -> Option<&str> {
+        let plan = self.consumer.as_ref()?.plan?;
+        Some(self.snapshot.config.consumers.plans().name(plan))
     }
 
     pub fn target(&self) -> Target {

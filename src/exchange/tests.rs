@@ -90,6 +90,7 @@ impl<E: Seam> Gateway<E> {
             parts,
             raw_target: target.as_bytes(),
             peer: Some(peer),
+            client_certificate: None,
         };
         let admission = exchange.admit(&self.policy, &head).await;
         (exchange, admission)
@@ -119,8 +120,8 @@ async fn a_limit_admits_then_answers_429_with_what_it_said() {
         Admission::Answered(Answer::Limited { locally: false })
     );
     assert_eq!(exchange.decided(), Decided::Limiter(Outcome::Limited));
-    let (route, decision) = exchange.limits_said().expect("a decision");
-    assert_eq!((&*route.name, decision.denied_by), ("t", Some(0)));
+    let said = exchange.limits_said().expect("a decision");
+    assert_eq!((&*said.route.name, said.decision.denied_by), ("t", Some(0)));
     assert_eq!(exchange.deciding_limit(), Some("w"));
     // The window turns: the limit admits again.
     g.clock.advance_by(Duration::from_secs(3600));

@@ -176,11 +176,10 @@ impl Exchange {
     /// response.
     fn read_cost_reports(&mut self, headers: &HeaderMap) {
         if let Some(runtime) = self.route.as_ref() {
-            let route = &runtime.route;
-            if route.limits.priced_by_response() {
-                let limits = route.limits.limits();
-                route
-                    .pricing
+            let tier = runtime.route.tiers.get(self.tier);
+            if tier.limits.priced_by_response() {
+                let limits = tier.limits.limits();
+                tier.pricing
                     .read_reports(limits, headers, &mut self.cost_reports);
             }
         }

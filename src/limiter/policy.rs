@@ -242,6 +242,34 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         }
     }
 
+    /// What the backend holds for each of `set`'s limits at `asks`' keys, consuming nothing:
+    /// every ask costs 0 and leased limits are read where their units are counted (the
+    /// backend), so units leased out to gateways count as used. The usage API's read.
+    pub async fn peek(&self, set: &LimitSet, asks: &[Ask]) -> Result<Decision, LimiterError> {
+        let limits: Vec<Limit> = set
+            .limits
+            .iter()
+            .map(|limit| Limit {
+                leased: None,
+                ..limit.clone()
+            })
+            .collect();
+        let peeks: Vec<Ask> = asks
+            .iter()
+            .map(|ask| Ask {
+                key: ask.key.clone(),
+                cost: 0,
+            })
+            .collect();
+        let entries = entries(&limits, &peeks);
+        let request = LimitRequest {
+            entries: &entries,
+            id: self.ids.next(),
+            deadline: set.deadline,
+        };
+        self.engine.check(&request).await
+    }
+
     /// The limiter could not decide: the route's failure mode does.
     async fn unavailable(
         &self,

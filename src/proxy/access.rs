@@ -8,6 +8,7 @@ use crate::access_log::{
     bounded, millis, AccessLog, Headers, Line, MAX_FIELD_BYTES, MAX_HEADER_BYTES,
 };
 use crate::exchange::{head, Exchange};
+use crate::tls;
 
 /// The longest method logged (Pingora bounds the request line, not the method alone).
 const MAX_METHOD_BYTES: usize = 32;
@@ -57,6 +58,9 @@ pub fn log(
         path: bounded(path, MAX_FIELD_BYTES),
         protocol,
         route: exchange.route().map(|r| &*r.name),
+        consumer: exchange.consumer().map(|c| &*c.id),
+        plan: exchange.plan(),
+        auth_failure: exchange.auth_failure().map(|f| f.label()),
         status,
         bytes_in: exchange.body_bytes(),
         bytes_out: session.body_bytes_sent() as u64,
@@ -68,6 +72,7 @@ pub fn log(
         failure_mode: exchange.failure_mode(),
         limiter_ms: millis(exchange.limiter_time()),
         error: error.map(|kind| kind.label()),
+        client_cert: tls::client_certificate(session.digest()).map(Into::into),
         headers,
     };
     access_log.write(&line);

@@ -4,6 +4,7 @@
 //! deadlines, forwarding headers, request ids, spans, the access log line and the responses.
 
 mod access;
+mod caller;
 pub mod forwarding;
 pub mod front;
 pub mod preface;
@@ -29,6 +30,7 @@ use crate::exchange::{Admission, Dial, Exchange, Head};
 use crate::identity;
 use crate::limiter::{Policy, RequestIds};
 use crate::snapshot::{Live, Snapshot};
+use crate::tls;
 use crate::traces::TracerSlot;
 use opentelemetry_sdk::trace::SdkTracer;
 use respond::{respond, RequestIdHeader};
@@ -323,6 +325,7 @@ impl ProxyHttp for Gateway {
             parts: req,
             raw_target: req.raw_path(),
             peer: peer_ip(session),
+            client_certificate: tls::client_certificate(session.digest()),
         };
         let admission = exchange.admit(&self.policy, &head).await;
         if let (Some(tracer), Some(trace)) = (self.tracer(), &ctx.trace) {
@@ -334,7 +337,7 @@ impl ProxyHttp for Gateway {
         match admission {
             Admission::Answered(answer) => {
                 let id = id_header(Some(&*exchange), ctx.request_id.as_ref());
-                respond(session, answer, exchange.limits_said(), id).await?;
+                respond(session, answer, Some(&*exchange), id).await?;
                 Ok(true)
             }
             Admission::Admitted { delay } => self.proceed(session, exchange, delay).await,
@@ -408,9 +411,8 @@ impl ProxyHttp for Gateway {
         };
         if let (Some(answer), None) = (answer, session.response_written()) {
             let exchange = ctx.exchange.as_ref();
-            let limits_said = exchange.and_then(Exchange::limits_said);
             let id = id_header(exchange, ctx.request_id.as_ref());
-            if let Err(e) = respond(session, answer, limits_said, id).await {
+            if let Err(e) = respond(session, answer, exchange, id).await {
                 log::debug!("could not answer a failed request: {e}");
             }
         }
@@ -457,6 +459,7 @@ impl ProxyHttp for Gateway {
         if let Some(host) = exchange.route().and_then(|r| r.upstream.host.clone()) {
             upstream_request.insert_header(http::header::HOST, host)?;
         }
+        caller::set_headers(upstream_request, exchange)?;
         forwarding::set_headers(upstream_request, hop(session, ctx))?;
         if let Some(id) = ctx.request_id_header() {
             upstream_request.insert_header(id.name.clone(), id.value.clone())?;
@@ -498,8 +501,8 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        if let Some((route, decision)) = ctx.exchange.as_ref().and_then(Exchange::limits_said) {
-            respond::add_ratelimit_headers(upstream_response, route, decision)?;
+        if let Some(said) = ctx.exchange.as_ref().and_then(Exchange::limits_said) {
+            respond::add_ratelimit_headers(upstream_response, said)?;
         }
         respond::add_request_id(upstream_response, ctx.request_id_header())
     }

@@ -7,14 +7,16 @@
 use bytes::Bytes;
 use http::header::{
     HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER,
+    WWW_AUTHENTICATE,
 };
 use pingora::http::ResponseHeader;
 use pingora::protocols::http::HttpTask;
 use pingora::proxy::Session;
 
 use crate::answer::{Answer, GrpcStatus};
+use crate::exchange::{Exchange, LimitsSaid};
 use crate::limiter::Decision;
-use crate::router::Route;
+use crate::tiers::Tier;
 
 pub const RATELIMIT: &str = "ratelimit";
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
@@ -26,9 +28,9 @@ fn ceil_seconds(ms: u64) -> u64 {
 
 /// `"per_client";r=0;t=1, ...`: the IETF httpapi `RateLimit` field for every limit of a route.
 /// Written byte by byte (no formatting machinery): it goes on every response of a limited route.
-pub fn ratelimit_value(route: &Route, decision: &Decision) -> Option<HeaderValue> {
-    let mut value = Vec::with_capacity(32 * route.limits.len());
-    let rates = route
+pub fn ratelimit_value(tier: &Tier, decision: &Decision) -> Option<HeaderValue> {
+    let mut value = Vec::with_capacity(32 * tier.limits.len());
+    let rates = tier
         .limits
         .limits()
         .iter()
@@ -54,15 +56,15 @@ fn push_decimal(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
-/// Adds `RateLimit-Policy` and `RateLimit` when the route sends them.
+/// Adds `RateLimit-Policy` and `RateLimit` when the route sends them: those of the limits the
+/// caller met (its plan's).
 pub fn add_ratelimit_headers(
     header: &mut ResponseHeader,
-    route: &Route,
-    decision: &Decision,
+    said: LimitsSaid<'_>,
 ) -> pingora::Result<()> {
-    if let Some(policy) = &route.policy_header {
+    if let Some(policy) = &said.tier.policy_header {
         header.insert_header(RATELIMIT_POLICY, policy.clone())?;
-        if let Some(value) = ratelimit_value(route, decision) {
+        if let Some(value) = ratelimit_value(said.tier, said.decision) {
             header.insert_header(RATELIMIT, value)?;
         }
     }
@@ -94,23 +96,25 @@ fn problem(
     ))
 }
 
-/// Writes the whole response for `answer`; a `429` names the denying limit of `limited`'s
-/// route and carries its headers.
+/// Writes the whole response for `answer` to the request of `exchange`: a `429` names the
+/// denying limit and carries the limits' headers, a `401` the challenge of the verifiers.
 pub async fn respond(
     session: &mut Session,
     answer: Answer,
-    limited: Option<(&Route, &Decision)>,
+    exchange: Option<&Exchange>,
     id: Option<RequestIdHeader<'_>>,
 ) -> pingora::Result<()> {
+    let limited = exchange.and_then(Exchange::limits_said);
     if is_grpc(session) {
         return respond_grpc(session, answer, limited, id).await;
     }
     let status = answer.status();
     let mut header = ResponseHeader::build(status, Some(6))?;
+    if let Some(challenge) = exchange.and_then(|e| e.challenge(answer)) {
+        header.insert_header(WWW_AUTHENTICATE, challenge.clone())?;
+    }
     let body = match (answer, limited) {
-        (Answer::Limited { .. }, Some((route, decision))) => {
-            limited_body(&mut header, route, decision, id)?
-        }
+        (Answer::Limited { .. }, Some(said)) => limited_body(&mut header, said, id)?,
         (Answer::LimiterUnavailable, _) => {
             header.insert_header(RETRY_AFTER, "1")?;
             problem(status, answer.title(), answer.detail(), "", id)
@@ -142,22 +146,26 @@ fn grpc_message(text: &str) -> String {
 async fn respond_grpc(
     session: &mut Session,
     answer: Answer,
-    limited: Option<(&Route, &Decision)>,
+    limited: Option<LimitsSaid<'_>>,
     id: Option<RequestIdHeader<'_>>,
 ) -> pingora::Result<()> {
     let mut header = ResponseHeader::build(200, Some(8))?;
     let message = match (answer, limited) {
-        (Answer::Limited { .. }, Some((route, decision))) => {
+        (Answer::Limited { .. }, Some(said)) => {
+            let decision = said.decision;
             let limit = decision
                 .denied_by
-                .and_then(|i| route.limits.limits().get(i))
+                .and_then(|i| said.tier.limit(i))
                 .map_or("", |l| &*l.name);
             if let Some(ms) = decision.retry().after_ms() {
                 header.insert_header("grpc-retry-pushback-ms", ms)?;
                 header.insert_header(RETRY_AFTER, ceil_seconds(ms).max(1))?;
             }
-            add_ratelimit_headers(&mut header, route, decision)?;
-            format!("rate limit '{limit}' of route '{}' exceeded", route.name)
+            add_ratelimit_headers(&mut header, said)?;
+            format!(
+                "rate limit '{limit}' of route '{}' exceeded",
+                said.route.name
+            )
         }
         (Answer::LimiterUnavailable, _) => {
             header.insert_header("grpc-retry-pushback-ms", 1000)?;
@@ -227,12 +235,12 @@ async fn send(
 /// The `429` body, `Retry-After` and rate-limit headers of a denied request.
 fn limited_body(
     header: &mut ResponseHeader,
-    route: &Route,
-    decision: &Decision,
+    said: LimitsSaid<'_>,
     id: Option<RequestIdHeader<'_>>,
 ) -> pingora::Result<Bytes> {
+    let (route, decision) = (said.route, said.decision);
     let denied = decision.denied_by.unwrap_or(0);
-    let limit = route.limits.limits().get(denied).map_or("", |l| &*l.name);
+    let limit = said.tier.limit(denied).map_or("", |l| &*l.name);
     let retry = decision.retry().after_ms();
     let extra = match retry {
         Some(ms) => {
@@ -243,7 +251,7 @@ fn limited_body(
         // The request costs more than the limit can ever admit: retrying cannot help.
         None => format!(",\"limit\":\"{limit}\",\"retry_after_seconds\":null"),
     };
-    add_ratelimit_headers(header, route, decision)?;
+    add_ratelimit_headers(header, said)?;
     let detail = match retry {
         Some(_) => format!("Rate limit '{limit}' of route '{}' exceeded.", route.name),
         None => format!(

@@ -67,6 +67,27 @@ impl TestCa {
         }
     }
 
+    /// An intermediate CA signed by this one (in the same temp dir): its `ca` file is its own
+    /// certificate, which leaves it issues must be presented with.
+    pub fn intermediate(&self, file: &str) -> TestCa {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name = named(&format!("sluice test intermediate {file}"));
+        let key = KeyPair::generate().unwrap();
+        let certificate = params
+            .signed_by(&key, &self.certificate, &self.key)
+            .unwrap();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ca = dir.path().join(format!("{file}.pem"));
+        std::fs::write(&ca, certificate.pem()).unwrap();
+        TestCa {
+            certificate,
+            key,
+            dir,
+            ca,
+        }
+    }
+
     /// A certificate for these DNS names (and IP addresses), valid for a year; `file` names it.
     pub fn issue(&self, file: &str, names: &[&str], ips: &[IpAddr]) -> Issued {
         self.issue_for(file, names, ips, 365)
@@ -74,15 +95,30 @@ impl TestCa {
 
     /// The same, valid for `days` from now.
     pub fn issue_for(&self, file: &str, names: &[&str], ips: &[IpAddr], days: i64) -> Issued {
+        self.issue_with(file, names, |params| {
+            params
+                .subject_alt_names
+                .extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
+            let (year, month, day) = days_from_now(days);
+            params.not_after = rcgen::date_time_ymd(year, month, day);
+        })
+    }
+
+    /// A certificate for these DNS names (the first its common name), valid for a year, with
+    /// `edit` applied to its parameters before signing.
+    pub fn issue_with(
+        &self,
+        file: &str,
+        names: &[&str],
+        edit: impl FnOnce(&mut CertificateParams),
+    ) -> Issued {
         let mut params =
             CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
                 .unwrap();
-        params
-            .subject_alt_names
-            .extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
         params.distinguished_name = named(names.first().copied().unwrap_or("sluice test"));
-        let (year, month, day) = days_from_now(days);
+        let (year, month, day) = days_from_now(365);
         params.not_after = rcgen::date_time_ymd(year, month, day);
+        edit(&mut params);
         let key = KeyPair::generate().unwrap();
         let certificate = params
             .signed_by(&key, &self.certificate, &self.key)

@@ -94,7 +94,7 @@ impl Limit {
         let config = sluice::config::Config::from_yaml(Path::new("limit.yaml"), &yaml)
             .unwrap_or_else(|e| panic!("{self} does not compile: {e}"));
         let route = config.routes.in_file_order()[0].clone();
-        route.limits.limits()[0].clone()
+        route.tiers.default().limits.limits()[0].clone()
     }
 }
 

@@ -333,9 +333,20 @@ impl GatewayConfig {
         } else {
             format!("listen: [{}]\n", self.proxy)
         };
+        // A body's own `admin: { ... }` line joins the admin listener the harness writes.
+        let admin_extra = body
+            .lines()
+            .find_map(|l| l.strip_prefix("admin: {")?.strip_suffix('}'))
+            .map(|inner| format!(", {}", inner.trim()))
+            .unwrap_or_default();
+        let body: String = body
+            .lines()
+            .filter(|l| !l.starts_with("admin: {"))
+            .map(|l| format!("{l}\n"))
+            .collect();
         let text = format!(
             "server:\n  threads: 2\n  pid_file: {pid}\n  upgrade_sock: {sock}\n  grace_period_seconds: {grace}\n  graceful_shutdown_timeout_seconds: {grace}\n{server}\
-             {listen}admin:\n  listen: {admin}\n{body}",
+             {listen}admin: {{ listen: \"{admin}\"{admin_extra} }}\n{body}",
             pid = self.dir.path().join("sluice.pid").display(),
             sock = self.dir.path().join("upgrade.sock").display(),
             grace = self.grace_seconds,

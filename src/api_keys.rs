@@ -1,0 +1,532 @@
+//! API keys: the store of hashed keys (SHA-256, never the keys themselves), verifying a key a
+//! caller presents in a header and naming its consumer, plan and whether it was revoked.
+//!
+//! Keys are high-entropy secrets that sluice generates (`sluice gen-key`), so a fast unsalted
+//! SHA-256 is enough to keep them unreadable at rest (docs/consumers.md says why no
+//! password hash and no keyed hash). Verifying hashes the presented key once, finds the stored
+//! hashes by the first 8 bytes of that digest, and compares each whole digest in constant time
+//! (`subtle`): the time taken tells a caller nothing about how near its key is to a stored one.
+//! The file is read and checked by `config::api_key_file`; this module knows no YAML.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use http::header::{HeaderMap, HeaderName};
+use subtle::ConstantTimeEq;
+
+/// How a stored hash is written: `sha256:` and 64 hex digits.
+pub const HASH_PREFIX: &str = "sha256:";
+/// The shortest key `sluice hash-key` hashes: shorter keys can be guessed from their hash.
+pub const MIN_KEY_LEN: usize = 20;
+/// The longest key read from a request; a longer header value is refused unhashed.
+pub const MAX_KEY_LEN: usize = 256;
+/// The longest consumer id: it becomes a key part and a field of the access log.
+pub const MAX_CONSUMER_LEN: usize = 128;
+/// The header a key is read from when the configuration names none.
+pub const DEFAULT_HEADER: &str = "x-api-key";
+
+/// The SHA-256 of a key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyHash([u8; 32]);
+
+impl KeyHash {
+    /// The hash of `key`.
+    pub fn of(key: &[u8]) -> KeyHash {
+        let digest = ring::digest::digest(&ring::digest::SHA256, key);
+        let mut bytes = [0u8; 32];
+        bytes.copy_from_slice(digest.as_ref());
+        KeyHash(bytes)
+    }
+
+    /// Reads `sha256:` and 64 hex digits (either case), as [`KeyHash`]'s `Display` writes it.
+    pub fn parse(text: &str) -> Result<KeyHash, String> {
+        let explain = || {
+            format!(
+                "invalid hash {:?}: expected {HASH_PREFIX} and 64 hex digits, as `sluice hash-key` prints",
+                shorten(text)
+            )
+        };
+        let hex = text.strip_prefix(HASH_PREFIX).ok_or_else(explain)?;
+        if hex.len() != 64 {
+            return Err(explain());
+        }
+        let mut bytes = [0u8; 32];
+        for (byte, pair) in bytes.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
+            let (Some(high), Some(low)) = (hex_value(pair[0]), hex_value(pair[1])) else {
+                return Err(explain());
+            };
+            *byte = high << 4 | low;
+        }
+        Ok(KeyHash(bytes))
+    }
+
+    /// The first 8 bytes: where the store files the hash.
+    fn bucket(&self) -> u64 {
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&self.0[..8]);
+        u64::from_le_bytes(first)
+    }
+}
+
+impl fmt::Display for KeyHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(HASH_PREFIX)?;
+        for byte in self.0 {
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for KeyHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+fn hex_value(digit: u8) -> Option<u8> {
+    match digit {
+        b'0'..=b'9' => Some(digit - b'0'),
+        b'a'..=b'f' => Some(digit - b'a' + 10),
+        b'A'..=b'F' => Some(digit - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// At most 80 characters of `text`, for messages.
+fn shorten(text: &str) -> String {
+    match text.char_indices().nth(80) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text.to_string(),
+    }
+}
+
+/// What a verified key says about its caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKey {
+    /// One customer across all of their keys: the keys of one consumer share one `Arc`.
+    pub consumer: Arc<str>,
+    /// The consumer's plan as written in the file; `None` is the default plan.
+    pub plan: Option<Box<str>>,
+    /// A revoked key: verified, then refused (403), so the caller learns it was revoked.
+    pub disabled: bool,
+}
+
+/// One stored key: its hash, what it says, and where it stands in the file.
+#[derive(Debug)]
+struct Entry {
+    hash: KeyHash,
+    key: ApiKey,
+    index: usize,
+}
+
+/// Every key of the file, filed by the first 8 bytes of their hashes.
+#[derive(Debug, Default)]
+pub struct ApiKeys {
+    entries: Vec<Entry>,
+    buckets: HashMap<u64, Vec<usize>>,
+    consumers: HashSet<Arc<str>>,
+}
+
+impl ApiKeys {
+    /// Adds the key whose hash is `hash`, `index`th in the file; a hash already stored is refused
+    /// with the index of the key that has it.
+    pub fn insert(&mut self, hash: KeyHash, mut key: ApiKey, index: usize) -> Result<(), usize> {
+        if let Some(earlier) = self.find(&hash) {
+            return Err(earlier.index);
+        }
+        key.consumer = self.shared_consumer(&key.consumer);
+        self.buckets
+            .entry(hash.bucket())
+            .or_default()
+            .push(self.entries.len());
+        self.entries.push(Entry { hash, key, index });
+        Ok(())
+    }
+
+    /// The one `Arc` of consumer `id`.
+    fn shared_consumer(&mut self, id: &Arc<str>) -> Arc<str> {
+        match self.consumers.get(id) {
+            Some(shared) => shared.clone(),
+            None => {
+                self.consumers.insert(id.clone());
+                id.clone()
+            }
+        }
+    }
+
+    /// The key `presented` by a caller, if it is stored (disabled or not).
+    pub fn verify(&self, presented: &[u8]) -> Option<&ApiKey> {
+        self.find(&KeyHash::of(presented)).map(|entry| &entry.key)
+    }
+
+    /// The stored key with hash `hash`: every whole hash of its bucket compared in constant time.
+    fn find(&self, hash: &KeyHash) -> Option<&Entry> {
+        let mut found = None;
+        for &i in self.buckets.get(&hash.bucket())? {
+            let entry = &self.entries[i];
+            if bool::from(entry.hash.0.ct_eq(&hash.0)) {
+                found = Some(entry);
+            }
+        }
+        found
+    }
+
+    /// How many keys are stored.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Every stored key, with its index in the file.
+    pub fn keys(&self) -> impl Iterator<Item = (usize, &ApiKey)> {
+        self.entries.iter().map(|entry| (entry.index, &entry.key))
+    }
+
+    /// Each plan named in the file, with the index of its key there, so that the plans can be
+    /// checked against the configured ones (`config::api_key_file::check_plans`).
+    pub fn plans(&self) -> impl Iterator<Item = (usize, &str)> {
+        self.entries
+            .iter()
+            .filter_map(|entry| Some((entry.index, entry.key.plan.as_deref()?)))
+    }
+}
+
+/// A consumer id: 1 to [`MAX_CONSUMER_LEN`] visible ASCII characters (no spaces, no control
+/// characters), since it becomes a key part and a field of the access log.
+pub fn check_consumer(id: &str) -> Result<(), String> {
+    if id.is_empty() {
+        return Err("empty: name the consumer".to_string());
+    }
+    if id.len() > MAX_CONSUMER_LEN {
+        return Err(format!(
+            "{} bytes: a consumer id has at most {MAX_CONSUMER_LEN}",
+            id.len()
+        ));
+    }
+    if !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "invalid consumer id {:?}: use visible ASCII characters, without spaces",
+            shorten(id)
+        ));
+    }
+    Ok(())
+}
+
+/// Why the key header of a request cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PresentedKeyError {
+    /// The header occurs more than once: which key would be meant is not clear.
+    Repeated,
+    /// The value is longer than [`MAX_KEY_LEN`]: no issued key is.
+    TooLong,
+}
+
+impl PresentedKeyError {
+    /// A metric label.
+    pub fn kind(self) -> &'static str {
+        match self {
+            PresentedKeyError::Repeated => "repeated_key_header",
+            PresentedKeyError::TooLong => "oversize_key",
+        }
+    }
+}
+
+impl fmt::Display for PresentedKeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PresentedKeyError::Repeated => f.write_str("the API key header is repeated"),
+            PresentedKeyError::TooLong => {
+                write!(f, "the API key is longer than {MAX_KEY_LEN} bytes")
+            }
+        }
+    }
+}
+
+/// The key presented in header `name`: `None` when the header is absent, an error when it is
+/// repeated or too long to be a key. The bytes are read in place.
+pub fn presented_key<'a>(
+    headers: &'a HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'a [u8]>, PresentedKeyError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(PresentedKeyError::Repeated);
+    }
+    if value.len() > MAX_KEY_LEN {
+        return Err(PresentedKeyError::TooLong);
+    }
+    Ok(Some(value.as_bytes()))
+}
+
+/// A new key: `sk_` and 32 random bytes in unpadded base64url (46 characters), from the
+/// operating system's generator (ring's `SystemRandom`, which reads `getrandom`).
+pub fn generate_key() -> Result<String, String> {
+    use base64::Engine as _;
+    use ring::rand::SecureRandom as _;
+    let mut bytes = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| "the operating system's random generator failed".to_string())?;
+    Ok(format!(
+        "sk_{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    ))
+}
+
+/// Whether `key` may be issued (`sluice hash-key`): [`MIN_KEY_LEN`] to [`MAX_KEY_LEN`] visible
+/// ASCII characters, which a header carries unchanged.
+pub fn check_new_key(key: &[u8]) -> Result<(), String> {
+    if key.len() < MIN_KEY_LEN {
+        return Err(format!(
+            "the key has {} bytes: use at least {MIN_KEY_LEN} (`sluice gen-key` makes one)",
+            key.len()
+        ));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(format!(
+            "the key has {} bytes: a request may present at most {MAX_KEY_LEN}",
+            key.len()
+        ));
+    }
+    if !key.iter().all(u8::is_ascii_graphic) {
+        return Err(
+            "the key must be visible ASCII characters without spaces, as a header carries them"
+                .to_string(),
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn key(consumer: &str, plan: Option<&str>, disabled: bool) -> ApiKey {
+        ApiKey {
+            consumer: consumer.into(),
+            plan: plan.map(Into::into),
+            disabled,
+        }
+    }
+
+    fn store() -> ApiKeys {
+        let mut keys = ApiKeys::default();
+        let entries = [
+            ("acme-key-one-0123456789", key("acme", Some("pro"), false)),
+            ("acme-key-two-0123456789", key("acme", None, false)),
+            ("acme-revoked-0123456789", key("acme", Some("pro"), true)),
+            ("bolt-key-one-0123456789", key("bolt", Some("free"), false)),
+        ];
+        for (i, (secret, key)) in entries.into_iter().enumerate() {
+            keys.insert(KeyHash::of(secret.as_bytes()), key, i).unwrap();
+        }
+        keys
+    }
+
+    #[test]
+    fn the_hash_is_sha256_written_in_hex() {
+        // printf 'abc' | sha256sum
+        let hash = KeyHash::of(b"abc");
+        let text = "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(hash.to_string(), text);
+        assert_eq!(KeyHash::parse(text), Ok(hash));
+        assert_eq!(
+            KeyHash::parse(&text.to_uppercase().replace("SHA256", "sha256")),
+            Ok(hash)
+        );
+    }
+
+    #[test]
+    fn malformed_hashes_are_explained() {
+        let expected = |shown: &str| {
+            format!("invalid hash {shown:?}: expected sha256: and 64 hex digits, as `sluice hash-key` prints")
+        };
+        let no_prefix = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(KeyHash::parse(no_prefix), Err(expected(no_prefix)));
+        assert_eq!(KeyHash::parse("sha256:abcd"), Err(expected("sha256:abcd")));
+        let not_hex = format!("sha256:{}", "g".repeat(64));
+        assert_eq!(KeyHash::parse(&not_hex), Err(expected(&not_hex)));
+        let long = format!("sha256:{}", "a".repeat(100));
+        assert_eq!(
+            KeyHash::parse(&long),
+            Err(expected(&format!("{}...", &long[..80])))
+        );
+    }
+
+    #[test]
+    fn a_stored_key_names_its_consumer_and_plan() {
+        let keys = store();
+        assert_eq!(keys.len(), 4);
+        assert_eq!(
+            keys.verify(b"acme-key-one-0123456789"),
+            Some(&key("acme", Some("pro"), false))
+        );
+        assert_eq!(
+            keys.verify(b"bolt-key-one-0123456789"),
+            Some(&key("bolt", Some("free"), false))
+        );
+        assert_eq!(
+            keys.verify(b"acme-key-two-0123456789"),
+            Some(&key("acme", None, false))
+        );
+    }
+
+    #[test]
+    fn an_unknown_key_is_not_verified() {
+        let keys = store();
+        assert_eq!(keys.verify(b"acme-key-one-012345678"), None);
+        assert_eq!(keys.verify(b"acme-key-one-0123456789 "), None);
+        assert_eq!(keys.verify(b""), None);
+        // The hash itself is not a key.
+        let hash = KeyHash::of(b"acme-key-one-0123456789").to_string();
+        assert_eq!(keys.verify(hash.as_bytes()), None);
+        assert_eq!(ApiKeys::default().verify(b"acme-key-one-0123456789"), None);
+    }
+
+    #[test]
+    fn a_revoked_key_is_verified_and_says_so() {
+        let keys = store();
+        let revoked = keys.verify(b"acme-revoked-0123456789").unwrap();
+        assert!(revoked.disabled);
+        assert_eq!(&*revoked.consumer, "acme");
+    }
+
+    #[test]
+    fn keys_of_one_consumer_share_one_id_and_not_another_consumers() {
+        let keys = store();
+        let one = keys.verify(b"acme-key-one-0123456789").unwrap();
+        let two = keys.verify(b"acme-key-two-0123456789").unwrap();
+        let other = keys.verify(b"bolt-key-one-0123456789").unwrap();
+        assert!(Arc::ptr_eq(&one.consumer, &two.consumer));
+        assert_ne!(one.consumer, other.consumer);
+    }
+
+    #[test]
+    fn a_hash_stored_twice_is_refused_with_the_first_index() {
+        let mut keys = store();
+        let again = keys.insert(
+            KeyHash::of(b"bolt-key-one-0123456789"),
+            key("other", None, false),
+            7,
+        );
+        assert_eq!(again, Err(3));
+        assert_eq!(keys.len(), 4);
+    }
+
+    #[test]
+    fn plans_are_listed_with_the_index_of_their_key() {
+        let keys = store();
+        let plans: Vec<_> = keys.plans().collect();
+        assert_eq!(plans, [(0, "pro"), (2, "pro"), (3, "free")]);
+    }
+
+    #[test]
+    fn hashes_sharing_a_bucket_are_told_apart() {
+        let mut keys = ApiKeys::default();
+        let real = KeyHash::of(b"acme-key-one-0123456789");
+        let mut near = real;
+        near.0[31] ^= 1; // same first 8 bytes, another hash
+        keys.insert(near, key("near", None, false), 0).unwrap();
+        keys.insert(real, key("real", None, false), 1).unwrap();
+        assert_eq!(keys.buckets.len(), 1);
+        let found = keys.verify(b"acme-key-one-0123456789").unwrap();
+        assert_eq!(&*found.consumer, "real");
+    }
+
+    #[test]
+    fn consumer_ids_are_bounded_and_visible() {
+        assert_eq!(check_consumer("acme-corp_1@eu"), Ok(()));
+        assert_eq!(check_consumer(&"a".repeat(128)), Ok(()));
+        assert_eq!(
+            check_consumer(""),
+            Err("empty: name the consumer".to_string())
+        );
+        assert_eq!(
+            check_consumer(&"a".repeat(129)),
+            Err("129 bytes: a consumer id has at most 128".to_string())
+        );
+        for bad in ["acme corp", "acme\n", "acmé"] {
+            assert_eq!(
+                check_consumer(bad),
+                Err(format!(
+                    "invalid consumer id {bad:?}: use visible ASCII characters, without spaces"
+                ))
+            );
+        }
+    }
+
+    fn headers(pairs: &[(&str, &[u8])]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_bytes(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn the_presented_key_is_the_headers_only_value() {
+        let name = HeaderName::from_static("x-api-key");
+        let one = headers(&[("x-api-key", b"sk_abc"), ("x-other", b"1")]);
+        assert_eq!(presented_key(&one, &name), Ok(Some(&b"sk_abc"[..])));
+        let missing = headers(&[("x-other", b"sk_abc")]);
+        assert_eq!(presented_key(&missing, &name), Ok(None));
+        let repeated = headers(&[("x-api-key", b"sk_abc"), ("x-api-key", b"sk_abc")]);
+        assert_eq!(
+            presented_key(&repeated, &name),
+            Err(PresentedKeyError::Repeated)
+        );
+        let longest = vec![b'k'; MAX_KEY_LEN];
+        let at_most = headers(&[("x-api-key", &longest)]);
+        assert_eq!(presented_key(&at_most, &name), Ok(Some(&longest[..])));
+        let oversize = headers(&[("x-api-key", &[b'k'; MAX_KEY_LEN + 1])]);
+        assert_eq!(
+            presented_key(&oversize, &name),
+            Err(PresentedKeyError::TooLong)
+        );
+    }
+
+    #[test]
+    fn generated_keys_are_fresh_and_may_be_issued() {
+        let one = generate_key().unwrap();
+        let two = generate_key().unwrap();
+        assert_ne!(one, two);
+        assert_eq!(one.len(), 3 + 43);
+        assert!(one.starts_with("sk_"));
+        assert!(one[3..]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+        assert_eq!(check_new_key(one.as_bytes()), Ok(()));
+    }
+
+    #[test]
+    fn short_long_or_invisible_keys_are_not_issued() {
+        assert_eq!(
+            check_new_key(b"short"),
+            Err("the key has 5 bytes: use at least 20 (`sluice gen-key` makes one)".to_string())
+        );
+        assert_eq!(check_new_key(&[b'k'; 20]), Ok(()));
+        assert_eq!(
+            check_new_key(&[b'k'; 257]),
+            Err("the key has 257 bytes: a request may present at most 256".to_string())
+        );
+        assert_eq!(
+            check_new_key(b"twenty bytes and more"),
+            Err(
+                "the key must be visible ASCII characters without spaces, as a header carries them"
+                    .to_string()
+            )
+        );
+    }
+}

@@ -1,0 +1,264 @@
+//! `identity:` (the plans there are and the verifiers of credentials) and each route's `auth:`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::api_key_file::check_plans;
+use super::api_keys::{compile_api_keys, ApiKeySettings};
+use super::choice::chosen;
+use super::problem::{check_name, Problems};
+use super::raw::{RawAuth, RawAuthTable, RawIdentity, RawMtls};
+use crate::consumers::{
+    AuthMode, CertificateCheck, CertificateField, KeyCheck, PlanId, Plans, RouteAuth, Verifiers,
+    NO_PLAN,
+};
+
+/// Plans fit the bit mask of a route's allowed plans.
+const MAX_PLANS: usize = 64;
+
+/// `identity:`: the plans, the default plan, the verifiers; with none, no route may ask for
+/// credentials.
+pub fn compile(
+    raw: Option<RawIdentity>,
+    claim_names: Vec<Arc<str>>,
+    p: &mut Problems,
+) -> Verifiers {
+    let mut raw = raw.unwrap_or_default();
+    let plans = compile_plans(&raw, p);
+    let api_keys = raw
+        .api_keys
+        .take()
+        .and_then(|keys| compile_api_keys(keys, "identity.api_keys", p));
+    if let Some(keys) = &api_keys {
+        check_key_plans(keys, &plans, p);
+    }
+    let api_keys = api_keys.map(|settings| KeyCheck {
+        header: settings.header,
+        keys: settings.keys,
+    });
+    let certificates = raw
+        .mtls
+        .take()
+        .and_then(|mtls| compile_mtls(mtls, &plans, p));
+    Verifiers::new(plans, claim_names)
+        .with_api_keys(api_keys)
+        .with_certificates(certificates)
+}
+
+/// `identity.mtls`: the certificate field (default `subject_cn`) and consumers' plans.
+fn compile_mtls(raw: RawMtls, plans: &Plans, p: &mut Problems) -> Option<CertificateCheck> {
+    let field = chosen(
+        raw.consumer.as_ref(),
+        CertificateField::SubjectCn,
+        "identity.mtls.consumer",
+        p,
+    )?;
+    let mut by_consumer = HashMap::new();
+    for (consumer, plan) in raw.plans {
+        match plans.find(&plan) {
+            Some(id) => {
+                by_consumer.insert(Arc::from(consumer), id);
+            }
+            None => p.add(
+                format!("identity.mtls.plans.{consumer}"),
+                format!("unknown plan {plan:?}: {}", known_plans(plans)),
+            ),
+        }
+    }
+    Some(CertificateCheck {
+        field,
+        plans: by_consumer,
+    })
+}
+
+/// Every plan the key file names is declared, and the keys of one consumer name one plan.
+fn check_key_plans(settings: &ApiKeySettings, plans: &Plans, p: &mut Problems) {
+    let at = "identity.api_keys.file";
+    let file = &settings.file;
+    check_plans(&settings.keys, file, at, p, |name| {
+        plans
+            .find(name)
+            .map(|_| ())
+            .ok_or_else(|| format!("unknown plan {name:?}: {}", known_plans(plans)))
+    });
+    let mut first: HashMap<&str, (usize, Option<&str>)> = HashMap::new();
+    for (i, key) in settings.keys.keys() {
+        let plan = key.plan.as_deref();
+        match first.get(&*key.consumer) {
+            Some(&(earlier, named)) if named != plan => p.add(
+                at,
+                format!(
+                    "{}: keys[{i}].plan: consumer {:?} is on plan {} by keys[{earlier}]: one consumer has one plan",
+                    file.display(),
+                    key.consumer,
+                    named.unwrap_or("(the default)"),
+                ),
+            ),
+            Some(_) => {}
+            None => {
+                first.insert(&key.consumer, (i, plan));
+            }
+        }
+    }
+}
+
+/// The claims `claim:NAME` key parts of `routes` name, each once: what verified tokens keep.
+pub fn claim_names(routes: &[super::raw::RawRoute]) -> Vec<Arc<str>> {
+    let mut names: Vec<Arc<str>> = Vec::new();
+    let texts = routes
+        .iter()
+        .flat_map(|route| &route.limits)
+        .flat_map(|limit| limit.key.iter().flatten());
+    for name in texts.filter_map(|text| text.strip_prefix("claim:")) {
+        if !names.iter().any(|n| **n == *name) {
+            names.push(name.into());
+        }
+    }
+    names
+}
+
+/// `identity.plans` (distinct names, at most [`MAX_PLANS`]) and `identity.default_plan`.
+fn compile_plans(raw: &RawIdentity, p: &mut Problems) -> Plans {
+    if let Some(i) = raw.plans.iter().position(|name| name == NO_PLAN) {
+        p.add(
+            format!("identity.plans[{i}]"),
+            format!("{NO_PLAN:?} is the metrics' name of callers without a plan: choose another"),
+        );
+    }
+    if raw.plans.len() > MAX_PLANS {
+        p.add("identity.plans", format!("at most {MAX_PLANS} plans"));
+    }
+    let mut names: Vec<Arc<str>> = Vec::new();
+    for (i, name) in raw.plans.iter().take(MAX_PLANS).enumerate() {
+        let at = format!("identity.plans[{i}]");
+        if !check_name(name, &at, p) {
+            continue;
+        }
+        if names.iter().any(|n| **n == **name) {
+            p.add(at, format!("duplicate plan {name:?}"));
+            continue;
+        }
+        names.push(name.as_str().into());
+    }
+    let plans = Plans::new(names, None);
+    let default = raw.default_plan.as_deref().and_then(|name| {
+        let found = plans.find(name);
+        if found.is_none() {
+            p.add(
+                "identity.default_plan",
+                format!("unknown plan {name:?}: {}", known_plans(&plans)),
+            );
+        }
+        found
+    });
+    Plans::new(plans.names().to_vec(), default)
+}
+
+/// What a problem with a plan name tells the operator: the plans there are.
+pub fn known_plans(plans: &Plans) -> String {
+    if plans.is_empty() {
+        "no plans are declared (identity.plans)".to_string()
+    } else {
+        let names: Vec<&str> = plans.names().iter().map(|n| &**n).collect();
+        format!("the plans are {}", names.join(", "))
+    }
+}
+
+/// A route's `auth:` at `at` (default `off`); asking for credentials needs a verifier.
+pub fn compile_auth(
+    raw: Option<RawAuth>,
+    verifiers: &Verifiers,
+    at: &str,
+    p: &mut Problems,
+) -> RouteAuth {
+    let (mode, plan_names, mode_at) = match raw {
+        None => return RouteAuth::default(),
+        Some(RawAuth::Mode(mode)) => (Some(mode), None, at.to_string()),
+        Some(RawAuth::Table(RawAuthTable { mode, plans })) => (mode, plans, format!("{at}.mode")),
+    };
+    let mode = match mode {
+        Some(mode) => mode.known(&mode_at, p).unwrap_or_default(),
+        None => AuthMode::Required,
+    };
+    if mode != AuthMode::Off && !verifiers.verify_anything() {
+        p.add(
+            &mode_at,
+            "needs a verifier of credentials: identity.api_keys, identity.jwt or identity.mtls",
+        );
+    }
+    let plans = plan_names.map(|names| {
+        let mut mask = 0u64;
+        for (i, name) in names.iter().enumerate() {
+            match verifiers.plans().find(name) {
+                Some(PlanId(bit)) => mask |= 1 << bit,
+                None => p.add(
+                    format!("{at}.plans[{i}]"),
+                    format!("unknown plan {name:?}: {}", known_plans(verifiers.plans())),
+                ),
+            }
+        }
+        mask
+    });
+    if plans.is_some() && mode == AuthMode::Off {
+        p.add(
+            format!("{at}.plans"),
+            "needs auth (mode required or optional): a caller's plan is known only once it is verified",
+        );
+    }
+    RouteAuth { mode, plans }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::problem::problems_of;
+
+    fn identity(yaml: &str) -> (Option<Verifiers>, Vec<String>) {
+        problems_of(yaml, |raw: RawIdentity, p: &mut Problems| {
+            Some(compile(Some(raw), Vec::new(), p))
+        })
+    }
+
+    #[test]
+    fn plans_are_named_once_and_the_default_is_one_of_them() {
+        let (verifiers, problems) = identity("plans: [free, pro]\ndefault_plan: free\n");
+        assert!(problems.is_empty(), "{problems:?}");
+        let plans = verifiers.unwrap();
+        assert_eq!(plans.plans().of(None), Some(PlanId(0)));
+        let (_, problems) = identity("plans: [free, free, \"a b\"]\ndefault_plan: gold\n");
+        assert_eq!(
+            problems,
+            [
+                "identity.plans[1]: duplicate plan \"free\"",
+                "identity.plans[2]: invalid name \"a b\": use 1 to 64 of A-Z a-z 0-9 _ . -",
+                "identity.default_plan: unknown plan \"gold\": the plans are free",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_route_asking_for_credentials_needs_a_verifier_and_known_plans() {
+        let verifiers = Verifiers::new(Plans::new(vec!["free".into()], None), Vec::new());
+        let auth = |yaml: &str| {
+            problems_of(yaml, |raw: RawAuth, p: &mut Problems| {
+                Some(compile_auth(Some(raw), &verifiers, "routes[0].auth", p))
+            })
+            .1
+        };
+        assert_eq!(
+            auth("required"),
+            ["routes[0].auth: needs a verifier of credentials: identity.api_keys, identity.jwt or identity.mtls"]
+        );
+        assert_eq!(
+            auth("maybe"),
+            ["routes[0].auth: unknown auth mode \"maybe\": use off, optional or required"]
+        );
+        assert_eq!(
+            auth("{ mode: off, plans: [gold] }"),
+            [
+                "routes[0].auth.plans[0]: unknown plan \"gold\": the plans are free",
+                "routes[0].auth.plans: needs auth (mode required or optional): a caller's plan is known only once it is verified",
+            ]
+        );
+    }
+}

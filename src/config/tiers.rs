@@ -1,0 +1,428 @@
+//! A route's limits per plan and per consumer (`plans:` / `consumers:` of each limit) →
+//! [`Tiers`]: one compiled set of limits for each combination callers can meet, the same
+//! combination compiled once.
+//!
+//! For a caller on plan P (or none) who is consumer C, each limit takes, most specific first:
+//! its `consumers: { C: ... }` entry, its `plans: { P: ... }` entry, the limit as written. An
+//! entry is `off` (the limit does not apply) or the parameters that differ.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use http::header::HeaderValue;
+
+use super::identity::known_plans;
+use super::problem::Problems;
+use super::raw::{RawLimit, RawOverride, RawParams};
+use crate::consumers::Plans;
+use crate::keys::{KeySpec, RouteKeys};
+use crate::limiter::{Limit, LimitSet};
+use crate::pricing::{CostHeaders, RoutePricing};
+use crate::tiers::{Tier, TierId, Tiers};
+
+/// Longest consumer id an override may name (ids from credentials are bounded the same).
+const MAX_CONSUMER_ID: usize = crate::consumers::MAX_CONSUMER_ID;
+/// The most tiers one route may compile to (overrides multiply them).
+const MAX_TIERS: usize = 1024;
+
+/// One limit compiled for one kind of caller.
+#[derive(Clone)]
+struct Compiled {
+    limit: Limit,
+    spec: KeySpec,
+    headers: CostHeaders,
+}
+
+/// What one limit is for one kind of caller: as written, one of its entries, or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Pick {
+    Written,
+    Entry(usize),
+    Off,
+}
+
+/// One `plans:` or `consumers:` entry of a limit.
+enum Entry {
+    Off,
+    Params(Compiled),
+    /// It did not compile (reported); stands as the limit as written.
+    Broken,
+}
+
+/// A limit as written, and each of its entries compiled.
+struct Variants {
+    written: Compiled,
+    entries: Vec<Entry>,
+    /// Entry index per plan.
+    by_plan: HashMap<usize, usize>,
+    by_consumer: HashMap<Arc<str>, usize>,
+}
+
+/// What every tier of a route shares.
+pub struct TierSettings<'a> {
+    pub at: &'a str,
+    pub plans: &'a Plans,
+    pub instances: u64,
+    pub failure_mode: crate::limiter::FailureMode,
+    pub deadline: Option<std::time::Duration>,
+    pub shadow: bool,
+    pub rate_limit_headers: bool,
+    pub keys: &'a RouteKeys,
+}
+
+/// Compiles each limit and its entries; `None` for a limit that does not compile (reported).
+pub fn compile_limits(
+    at: &str,
+    raw: Vec<RawLimit>,
+    plans: &Plans,
+    p: &mut Problems,
+) -> Vec<Option<LimitVariants>> {
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, raw)| compile_variants(&format!("{at}.limits[{i}]"), raw, plans, p))
+        .collect()
+}
+
+/// One limit of a route, as written and per plan and consumer.
+pub struct LimitVariants(Variants);
+
+impl LimitVariants {
+    pub fn written(&self) -> (&Limit, &KeySpec) {
+        (&self.0.written.limit, &self.0.written.spec)
+    }
+}
+
+fn compile_variants(
+    at: &str,
+    mut raw: RawLimit,
+    plans: &Plans,
+    p: &mut Problems,
+) -> Option<LimitVariants> {
+    let by_plan_raw = raw.plans.take().unwrap_or_default();
+    let by_consumer_raw = raw.consumers.take().unwrap_or_default();
+    let written = super::limits::compile_limit(at, raw.clone(), p).map(compiled)?;
+    let mut variants = Variants {
+        written,
+        entries: Vec::new(),
+        by_plan: HashMap::new(),
+        by_consumer: HashMap::new(),
+    };
+    for (name, entry) in by_plan_raw {
+        let entry_at = format!("{at}.plans.{name}");
+        let Some(plan) = plans.find(&name) else {
+            p.add(
+                entry_at,
+                format!("unknown plan {name:?}: {}", known_plans(plans)),
+            );
+            continue;
+        };
+        let index = variants.entries.len();
+        variants
+            .entries
+            .push(compile_entry(&entry_at, &raw, entry, p));
+        variants.by_plan.insert(usize::from(plan.0), index);
+    }
+    for (name, entry) in by_consumer_raw {
+        let entry_at = format!("{at}.consumers.{name}");
+        if name.is_empty() || name.len() > MAX_CONSUMER_ID {
+            p.add(
+                entry_at,
+                format!("a consumer id has 1 to {MAX_CONSUMER_ID} bytes"),
+            );
+            continue;
+        }
+        let index = variants.entries.len();
+        variants
+            .entries
+            .push(compile_entry(&entry_at, &raw, entry, p));
+        variants.by_consumer.insert(name.as_str().into(), index);
+    }
+    Some(LimitVariants(variants))
+}
+
+fn compiled((limit, spec, headers): (Limit, KeySpec, CostHeaders)) -> Compiled {
+    Compiled {
+        limit,
+        spec,
+        headers,
+    }
+}
+
+/// One entry: `off`, or the limit with the entry's parameters in place of its own.
+fn compile_entry(at: &str, written: &RawLimit, entry: RawOverride, p: &mut Problems) -> Entry {
+    let RawOverride::Params(params) = entry else {
+        return Entry::Off;
+    };
+    let RawParams {
+        rate,
+        burst,
+        capacity,
+        max_delay,
+        max,
+    } = params;
+    let mut raw = written.clone();
+    raw.rate = rate.or(raw.rate);
+    raw.burst = burst.or(raw.burst);
+    raw.capacity = capacity.or(raw.capacity);
+    raw.max_delay = max_delay.or(raw.max_delay);
+    raw.max = max.or(raw.max);
+    match super::limits::compile_limit(at, raw, p) {
+        Some(parts) => Entry::Params(compiled(parts)),
+        // Reported at the entry's path; the config is refused.
+        None => Entry::Broken,
+    }
+}
+
+/// The tiers of a route whose limits compiled to `limits`.
+pub fn build(limits: &[LimitVariants], settings: &TierSettings<'_>, p: &mut Problems) -> Tiers {
+    let mut builder = Builder {
+        limits,
+        settings,
+        tiers: Vec::new(),
+        known: HashMap::new(),
+    };
+    let written = vec![Pick::Written; limits.len()];
+    builder.tier(&written);
+    let plan_slots = settings.plans.len() + 1;
+    let by_plan: Vec<TierId> = (0..plan_slots)
+        .map(|slot| builder.tier(&builder.picks(slot, None)))
+        .collect();
+    let consumers: BTreeSet<&Arc<str>> =
+        limits.iter().flat_map(|l| l.0.by_consumer.keys()).collect();
+    let by_consumer = consumers
+        .into_iter()
+        .map(|consumer| {
+            let tiers: Box<[TierId]> = (0..plan_slots)
+                .map(|slot| builder.tier(&builder.picks(slot, Some(consumer))))
+                .collect();
+            (Arc::clone(consumer), tiers)
+        })
+        .collect();
+    if builder.tiers.len() > MAX_TIERS {
+        p.add(
+            format!("{}.limits", settings.at),
+            format!(
+                "plans and consumers make {} sets of limits: at most {MAX_TIERS}",
+                builder.tiers.len()
+            ),
+        );
+    }
+    Tiers::new(builder.tiers, by_plan, by_consumer)
+}
+
+struct Builder<'a> {
+    limits: &'a [LimitVariants],
+    settings: &'a TierSettings<'a>,
+    tiers: Vec<Tier>,
+    known: HashMap<Vec<Pick>, TierId>,
+}
+
+impl Builder<'_> {
+    /// What each limit is for a caller in plan slot `slot` (0: no plan) who is `consumer`.
+    fn picks(&self, slot: usize, consumer: Option<&Arc<str>>) -> Vec<Pick> {
+        self.limits
+            .iter()
+            .map(|LimitVariants(v)| {
+                let own = consumer.and_then(|c| v.by_consumer.get(c));
+                let plan = slot.checked_sub(1).and_then(|plan| v.by_plan.get(&plan));
+                match own.or(plan).map(|&entry| (entry, &v.entries[entry])) {
+                    Some((_, Entry::Off)) => Pick::Off,
+                    Some((entry, Entry::Params(_))) => Pick::Entry(entry),
+                    Some((_, Entry::Broken)) | None => Pick::Written,
+                }
+            })
+            .collect()
+    }
+
+    /// The tier of `picks`, compiled the first time it is asked for.
+    fn tier(&mut self, picks: &[Pick]) -> TierId {
+        if let Some(&id) = self.known.get(picks) {
+            return id;
+        }
+        let id = TierId(self.tiers.len().min(usize::from(u16::MAX)) as u16);
+        let tier = self.compile(picks);
+        self.tiers.push(tier);
+        self.known.insert(picks.to_vec(), id);
+        id
+    }
+
+    fn compile(&self, picks: &[Pick]) -> Tier {
+        let mut chosen: Vec<(u8, Compiled)> = Vec::new();
+        for (position, (LimitVariants(v), pick)) in self.limits.iter().zip(picks).enumerate() {
+            let compiled = match (pick, pick_entry(v, *pick)) {
+                (Pick::Off, _) => continue,
+                (_, Some(compiled)) => compiled,
+                (_, None) => &v.written,
+            };
+            chosen.push((position as u8, compiled.clone()));
+        }
+        let s = self.settings;
+        let mut limits: Vec<Limit> = chosen.iter().map(|(_, c)| c.limit.clone()).collect();
+        if s.shadow {
+            limits.iter_mut().for_each(|limit| limit.shadow = true);
+        }
+        let specs: Vec<KeySpec> = chosen.iter().map(|(_, c)| c.spec.clone()).collect();
+        Tier {
+            policy_header: s
+                .rate_limit_headers
+                .then(|| policy_header(&limits))
+                .flatten(),
+            keys: s.keys.for_tier(&specs),
+            pricing: RoutePricing::new(chosen.iter().map(|(_, c)| c.headers.clone()).collect()),
+            positions: chosen.iter().map(|(position, _)| *position).collect(),
+            limits: LimitSet::new(limits, s.instances, s.failure_mode, s.deadline),
+        }
+    }
+}
+
+/// The compiled entry a pick names, if it names one.
+fn pick_entry(v: &Variants, pick: Pick) -> Option<&Compiled> {
+    match pick {
+        Pick::Entry(entry) => match v.entries.get(entry) {
+            Some(Entry::Params(compiled)) => Some(compiled),
+            _ => None,
+        },
+        Pick::Written | Pick::Off => None,
+    }
+}
+
+/// `"a";q=10;w=1, "b";q=100;w=60`: the IETF httpapi RateLimit-Policy list, built once.
+/// Limits that are not rates (concurrency) are not listed.
+pub fn policy_header(limits: &[Limit]) -> Option<HeaderValue> {
+    let items: Vec<String> = limits
+        .iter()
+        .filter(|l| !l.shadow)
+        .filter_map(|l| l.policy.map(|(q, w)| format!("\"{}\";q={q};w={w}", l.name)))
+        .collect();
+    if items.is_empty() {
+        return None;
+    }
+    // Names are checked to be a safe ASCII subset, so this cannot fail.
+    HeaderValue::from_str(&items.join(", ")).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use smallvec::SmallVec;
+
+    use super::*;
+    use crate::config::problem::problems_of;
+    use crate::consumers::{Consumer, PlanId, Via};
+    use crate::keys::KeySecret;
+    use crate::limiter::FailureMode;
+
+    fn plans() -> Plans {
+        Plans::new(vec!["free".into(), "pro".into()], Some(PlanId(0)))
+    }
+
+    /// The tiers of a route with `limits` (YAML list).
+    fn tiers(limits: &str) -> (Option<Tiers>, Vec<String>) {
+        problems_of(limits, |raw: Vec<RawLimit>, p: &mut Problems| {
+            let plans = plans();
+            let compiled: Option<Vec<LimitVariants>> = compile_limits("routes[0]", raw, &plans, p)
+                .into_iter()
+                .collect();
+            let compiled = compiled?;
+            let specs: Vec<KeySpec> = compiled.iter().map(|l| l.written().1.clone()).collect();
+            let keys = RouteKeys::new("t", "r", KeySecret::new("s"), &specs);
+            let settings = TierSettings {
+                at: "routes[0]",
+                plans: &plans,
+                instances: 1,
+                failure_mode: FailureMode::Allow,
+                deadline: None,
+                shadow: false,
+                rate_limit_headers: true,
+                keys: &keys,
+            };
+            Some(build(&compiled, &settings, p))
+        })
+    }
+
+    fn consumer(id: &str, plan: Option<u8>) -> Consumer {
+        Consumer {
+            id: id.into(),
+            plan: plan.map(PlanId),
+            claims: SmallVec::new(),
+            via: Via::ApiKey,
+        }
+    }
+
+    /// The `RateLimit-Policy` a caller sees: the limits it meets.
+    fn policy(tiers: &Tiers, caller: Option<&Consumer>) -> String {
+        let tier = tiers.get(tiers.choose(caller));
+        tier.policy_header
+            .as_ref()
+            .map_or(String::new(), |v| v.to_str().unwrap().to_string())
+    }
+
+    const TIERED: &str = "
+- name: per_consumer
+  key: [consumer]
+  rate: 10/m
+  plans:
+    pro: { rate: 100/m }
+  consumers:
+    acme: { rate: 1000/m }
+    bob: off
+- name: per_ip
+  key: [client_ip]
+  rate: 50/s
+  plans:
+    pro: off
+";
+
+    #[test]
+    fn each_caller_meets_its_most_specific_limits_and_never_also_the_default() {
+        let (tiers, problems) = tiers(TIERED);
+        assert!(problems.is_empty(), "{problems:?}");
+        let tiers = tiers.unwrap();
+        let free = consumer("carol", Some(0));
+        let pro = consumer("dave", Some(1));
+        assert_eq!(
+            policy(&tiers, None),
+            "\"per_consumer\";q=10;w=60, \"per_ip\";q=50;w=1"
+        );
+        assert_eq!(policy(&tiers, Some(&free)), policy(&tiers, None));
+        assert_eq!(
+            policy(&tiers, Some(&pro)),
+            "\"per_consumer\";q=100;w=60",
+            "pro's own rate, and the limit pro turns off is gone"
+        );
+        assert_eq!(
+            policy(&tiers, Some(&consumer("acme", Some(1)))),
+            "\"per_consumer\";q=1000;w=60",
+            "acme's override, over pro's, and pro's per_ip off still holds"
+        );
+        assert_eq!(
+            policy(&tiers, Some(&consumer("acme", Some(0)))),
+            "\"per_consumer\";q=1000;w=60, \"per_ip\";q=50;w=1"
+        );
+        assert_eq!(
+            policy(&tiers, Some(&consumer("bob", Some(0)))),
+            "\"per_ip\";q=50;w=1"
+        );
+        let pro_tier = tiers.get(tiers.choose(Some(&pro)));
+        assert_eq!(&*pro_tier.positions, &[0], "positions in the route's list");
+    }
+
+    #[test]
+    fn entries_name_known_plans_and_compile_like_the_limit() {
+        let (_, problems) = tiers(
+            "
+- name: l
+  rate: 10/m
+  plans:
+    gold: { rate: 1/s }
+    pro: { rate: 0/s }
+",
+        );
+        assert_eq!(
+            problems,
+            [
+                "routes[0].limits[0].plans.gold: unknown plan \"gold\": the plans are free, pro",
+                "routes[0].limits[0].plans.pro.rate: invalid rate \"0/s\": the request count must be at least 1",
+            ]
+        );
+    }
+}

@@ -1,0 +1,354 @@
+//! End to end: consumers and plans. Real gateways verify API keys from a hashed key file, give
+//! each consumer its plan's limits in one shared Redis, refuse bad credentials before any limit,
+//! and answer the usage API without consuming anything.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use redis::Commands;
+use sluice::api_keys::KeyHash;
+use support::config::{route, Config, Route};
+use support::limits::fixed_window;
+use support::{http_get, metric, Gateway, RedisServer, Upstream};
+
+/// The admin token of these tests' usage API.
+const TOKEN: &str = "test-admin-token-0123456789";
+
+/// A file of hashed keys: `(key, consumer, plan, disabled)`.
+struct KeyFile {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl KeyFile {
+    fn write(keys: &[(&str, &str, Option<&str>, bool)]) -> KeyFile {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("api-keys.yaml");
+        let file = KeyFile { _dir: dir, path };
+        file.rewrite(keys);
+        file
+    }
+
+    fn rewrite(&self, keys: &[(&str, &str, Option<&str>, bool)]) {
+        let mut text = String::from("keys:\n");
+        for (key, consumer, plan, disabled) in keys {
+            text.push_str(&format!(
+                "  - {{ hash: \"{}\", consumer: {consumer}",
+                KeyHash::of(key.as_bytes())
+            ));
+            if let Some(plan) = plan {
+                text.push_str(&format!(", plan: {plan}"));
+            }
+            if *disabled {
+                text.push_str(", disabled: true");
+            }
+            text.push_str(" }\n");
+        }
+        std::fs::write(&self.path, text).expect("write the key file");
+    }
+}
+
+const KEY_A1: &str = "sk_consumer_a_first_key_0001";
+const KEY_A2: &str = "sk_consumer_a_second_key_002";
+const KEY_B: &str = "sk_consumer_b_pro_key_000003";
+const KEY_VIP: &str = "sk_consumer_vip_key_00000004";
+const KEY_REVOKED: &str = "sk_consumer_a_revoked_key_05";
+
+fn keys() -> Vec<(&'static str, &'static str, Option<&'static str>, bool)> {
+    vec![
+        (KEY_A1, "alice", Some("free"), false),
+        (KEY_A2, "alice", Some("free"), false),
+        (KEY_B, "bob", Some("pro"), false),
+        (KEY_VIP, "vip", Some("free"), false),
+        (KEY_REVOKED, "alice", Some("free"), true),
+    ]
+}
+
+/// Plans free and pro; API keys from `file`.
+fn identity(file: &KeyFile) -> Config {
+    Config::new()
+        .redis("REDIS_URL")
+        .set(
+            "identity",
+            format!(
+                "{{ plans: [free, pro], default_plan: free, api_keys: {{ file: {} }} }}",
+                file.path.display()
+            ),
+        )
+        .set("admin", format!("{{ token: {TOKEN} }}"))
+}
+
+/// `/api/`: per consumer 10/h on free, 100/h on pro, 20/h for consumer vip.
+fn plan_route() -> Route {
+    route("api").prefix("/api/").set("auth", "required").limit(
+        fixed_window("per_consumer", "10/h")
+            .key(&["consumer"])
+            .set("plans", "{ pro: { rate: 100/h } }")
+            .set("consumers", "{ vip: { rate: 20/h } }"),
+    )
+}
+
+fn get_with_key(gateway: &Gateway, path: &str, key: &str) -> support::Response {
+    http_get(gateway.proxy, path, None, &[("x-api-key", key)])
+}
+
+#[test]
+fn each_consumer_is_admitted_exactly_its_plan_whichever_gateway_and_key() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let file = KeyFile::write(&keys());
+    let config = identity(&file).route(plan_route());
+    let one = Gateway::start(&config.yaml(), &upstream, Some(&redis));
+    let two = Gateway::start(&config.yaml(), &upstream, Some(&redis));
+    one.wait_ready();
+    two.wait_ready();
+    let gateways = [&one, &two];
+    let mut admitted: BTreeMap<&str, usize> = BTreeMap::new();
+    // Alice alternates her two keys and both gateways; each consumer asks for more than its plan.
+    let callers = [
+        ("alice", [KEY_A1, KEY_A2], 25),
+        ("bob", [KEY_B, KEY_B], 130),
+        ("vip", [KEY_VIP, KEY_VIP], 40),
+    ];
+    for (consumer, keys, asks) in callers {
+        for i in 0..asks {
+            let response = get_with_key(gateways[i % 2], "/api/x", keys[(i / 2) % 2]);
+            match response.status {
+                200 => *admitted.entry(consumer).or_default() += 1,
+                429 => {}
+                other => panic!("{consumer}: {other}: {}", response.body),
+            }
+        }
+    }
+    assert_eq!(
+        admitted,
+        BTreeMap::from([("alice", 10), ("bob", 100), ("vip", 20)]),
+        "free 10/h (two keys, one bucket), pro 100/h, vip's own 20/h and not also free's 10/h"
+    );
+    let policy = |key| {
+        get_with_key(&one, "/api/x", key)
+            .header("ratelimit-policy")
+            .map(str::to_string)
+    };
+    assert_eq!(
+        policy(KEY_B).as_deref(),
+        Some("\"per_consumer\";q=100;w=3600"),
+        "each caller sees its own plan's limits"
+    );
+    assert_eq!(
+        policy(KEY_A1).as_deref(),
+        Some("\"per_consumer\";q=10;w=3600")
+    );
+    let metrics = one.metrics();
+    let plan_count = |plan, decision| {
+        metric(
+            &metrics,
+            "sluice_plan_requests_total",
+            &[("route", "api"), ("plan", plan), ("decision", decision)],
+        )
+    };
+    assert!(plan_count("pro", "allowed") > 0.0 && plan_count("free", "limited") > 0.0);
+    assert!(
+        !metrics.contains("alice") && !metrics.contains("bob"),
+        "a consumer id is never a label"
+    );
+}
+
+#[test]
+fn bad_credentials_are_refused_before_any_limit_or_redis() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let file = KeyFile::write(&keys());
+    let config = identity(&file).route(plan_route()).route(
+        route("pro_only")
+            .prefix("/pro/")
+            .set("auth", "{ mode: required, plans: [pro] }"),
+    );
+    let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
+    gateway.wait_ready();
+    let missing = gateway.get("/api/x");
+    assert_eq!(missing.status, 401, "{}", missing.body);
+    assert_eq!(
+        missing.header("www-authenticate"),
+        Some("ApiKey realm=\"sluice\", header=\"x-api-key\"")
+    );
+    assert!(missing.body.contains("This route requires a credential."));
+    let unknown = get_with_key(&gateway, "/api/x", "sk_nobody_has_this_key_0000");
+    assert_eq!(unknown.status, 401);
+    let revoked = get_with_key(&gateway, "/api/x", KEY_REVOKED);
+    assert_eq!(revoked.status, 403, "{}", revoked.body);
+    assert_eq!(revoked.header("www-authenticate"), None);
+    let repeated = http_get(
+        gateway.proxy,
+        "/api/x",
+        None,
+        &[("x-api-key", KEY_A1), ("x-api-key", KEY_A2)],
+    );
+    assert_eq!(repeated.status, 401);
+    let wrong_plan = get_with_key(&gateway, "/pro/x", KEY_A1);
+    assert_eq!(wrong_plan.status, 403, "{}", wrong_plan.body);
+    assert_eq!(upstream.served(), 0, "nothing refused reached the upstream");
+    let keys: Vec<String> = redis.connection().keys("*").unwrap();
+    assert!(keys.is_empty(), "nor Redis: {keys:?}");
+    let passed = http_get(
+        gateway.proxy,
+        "/pro/x",
+        None,
+        &[("x-api-key", KEY_B), ("x-consumer-id", "mallory")],
+    );
+    assert_eq!(passed.status, 200);
+    assert!(
+        passed.body.contains("x-consumer-id: bob\n")
+            && passed.body.contains("x-consumer-plan: pro\n")
+            && !passed.body.contains("mallory")
+            && !passed.body.contains("x-api-key"),
+        "the upstream learns the verified caller, never a client's claim or the key: {}",
+        passed.body
+    );
+
+    let metrics = gateway.metrics();
+    let failures = |route, reason| {
+        metric(
+            &metrics,
+            "sluice_auth_failures_total",
+            &[("route", route), ("reason", reason)],
+        )
+    };
+    assert_eq!(
+        (
+            failures("api", "missing"),
+            failures("api", "unknown_key"),
+            failures("api", "revoked_key"),
+            failures("api", "malformed"),
+            failures("pro_only", "plan_not_allowed"),
+        ),
+        (1.0, 1.0, 1.0, 1.0, 1.0)
+    );
+    let decided = |decision| {
+        metric(
+            &metrics,
+            "sluice_requests_total",
+            &[("route", "api"), ("decision", decision)],
+        )
+    };
+    assert_eq!(
+        (decided("unauthenticated"), decided("forbidden")),
+        (3.0, 1.0)
+    );
+}
+
+#[test]
+fn an_optional_route_keys_anonymous_callers_by_address() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let file = KeyFile::write(&keys());
+    let config = identity(&file).route(
+        route("open").prefix("/").set("auth", "optional").limit(
+            fixed_window("per_caller", "2/h")
+                .key(&["consumer"])
+                .set("plans", "{ pro: { rate: 3/h } }"),
+        ),
+    );
+    let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
+    gateway.wait_ready();
+    let statuses = |source: &str| -> Vec<u16> {
+        (0..3)
+            .map(|_| gateway.get_from(source, "/x").status)
+            .collect()
+    };
+    assert_eq!(statuses("127.0.0.1"), [200, 200, 429]);
+    assert_eq!(
+        statuses("127.0.0.2"),
+        [200, 200, 429],
+        "another address, its own bucket"
+    );
+    let bob: Vec<u16> = (0..4)
+        .map(|_| get_with_key(&gateway, "/x", KEY_B).status)
+        .collect();
+    assert_eq!(bob, [200, 200, 200, 429], "a verified caller, its plan");
+    assert_eq!(
+        get_with_key(&gateway, "/x", "sk_wrong_key_is_not_anonymous").status,
+        401,
+        "a credential that does not verify is refused, never anonymous"
+    );
+}
+
+#[test]
+fn the_usage_api_peeks_without_consuming_and_needs_the_token() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let file = KeyFile::write(&keys());
+    let config = identity(&file)
+        .route(plan_route().limit(fixed_window("per_address", "50/h").key(&["client_ip"])));
+    let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
+    gateway.wait_ready();
+    for _ in 0..3 {
+        assert_eq!(get_with_key(&gateway, "/api/x", KEY_B).status, 200);
+    }
+    let admin = gateway.admin;
+    let quota = |query: &str, token: Option<&str>| {
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> = bearer
+            .iter()
+            .map(|value| ("authorization", value.as_str()))
+            .collect();
+        http_get(admin, &format!("/v1/quota?{query}"), None, &headers)
+    };
+    let read = quota("consumer=bob&route=api", Some(TOKEN));
+    assert_eq!(read.status, 200, "{}", read.body);
+    let usage: serde_json::Value = serde_json::from_str(&read.body).expect("JSON");
+    assert_eq!(usage["plan"], "pro");
+    assert_eq!(usage["limits"][0]["name"], "per_consumer");
+    assert_eq!(usage["limits"][0]["limit"], 100);
+    assert_eq!(usage["limits"][0]["remaining"], 97);
+    assert!(usage["limits"][1]["unavailable"].is_string(), "{usage}");
+    let again = quota("consumer=bob&route=api", Some(TOKEN));
+    assert_eq!(again.body, read.body, "a peek consumes nothing");
+    let next = get_with_key(&gateway, "/api/x", KEY_B);
+    let ratelimit = next.header("ratelimit").unwrap_or_default();
+    assert!(
+        ratelimit.starts_with("\"per_consumer\";r=96;"),
+        "the peeks took nothing: {ratelimit}"
+    );
+    let after: serde_json::Value =
+        serde_json::from_str(&quota("consumer=bob&route=api", Some(TOKEN)).body).unwrap();
+    assert_eq!(after["limits"][0]["remaining"], 96);
+    let alice: serde_json::Value =
+        serde_json::from_str(&quota("consumer=alice&route=api", Some(TOKEN)).body).unwrap();
+    assert_eq!(
+        (&alice["plan"], &alice["limits"][0]["remaining"]),
+        (&serde_json::json!("free"), &serde_json::json!(10))
+    );
+    assert_eq!(quota("consumer=bob&route=api", None).status, 401);
+    assert_eq!(
+        quota("consumer=bob&route=api", Some("not-the-token-at-all")).status,
+        401
+    );
+    assert_eq!(quota("consumer=bob&route=nowhere", Some(TOKEN)).status, 404);
+    assert_eq!(quota("route=api", Some(TOKEN)).status, 400);
+}
+
+#[test]
+fn a_reload_reads_the_key_file_again() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let file = KeyFile::write(&keys());
+    let config = identity(&file).route(plan_route());
+    let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
+    gateway.wait_ready();
+    assert_eq!(get_with_key(&gateway, "/api/x", KEY_B).status, 200);
+    let mut revoked = keys();
+    revoked[2].3 = true;
+    file.rewrite(&revoked);
+    assert!(gateway.reload(&config.yaml()), "the reload is taken");
+    assert_eq!(get_with_key(&gateway, "/api/x", KEY_B).status, 403);
+    // A key file that names an unknown plan fails the reload; the keys in force stay.
+    let mut broken = keys();
+    broken[0].2 = Some("gold");
+    file.rewrite(&broken);
+    assert!(!gateway.reload(&config.yaml()), "the reload is refused");
+    assert_eq!(get_with_key(&gateway, "/api/x", KEY_B).status, 403);
+    assert_eq!(get_with_key(&gateway, "/api/x", KEY_A1).status, 200);
+}

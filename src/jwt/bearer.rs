@@ -8,8 +8,10 @@ pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
 pub enum BearerProblem {
     /// More than one `Authorization` header.
     Repeated,
-    /// Another scheme (`Basic ...`), or no token after `Bearer`.
-    NotBearer,
+    /// Another scheme (`Basic ...`): not a bearer credential at all.
+    OtherScheme,
+    /// `Bearer` with no token after it.
+    NoToken,
     /// Longer than [`MAX_TOKEN_BYTES`].
     TooLong,
     /// Bytes a token cannot hold (RFC 6750 `b64token`).
@@ -20,7 +22,8 @@ impl BearerProblem {
     pub fn label(self) -> &'static str {
         match self {
             BearerProblem::Repeated => "repeated_authorization",
-            BearerProblem::NotBearer => "not_bearer",
+            BearerProblem::OtherScheme => "other_scheme",
+            BearerProblem::NoToken => "no_token",
             BearerProblem::TooLong => "token_too_long",
             BearerProblem::Invalid => "malformed",
         }
@@ -29,7 +32,10 @@ impl BearerProblem {
     pub fn detail(self) -> &'static str {
         match self {
             BearerProblem::Repeated => "more than one Authorization header",
-            BearerProblem::NotBearer => "the Authorization header does not carry a Bearer token",
+            BearerProblem::OtherScheme => {
+                "the Authorization header carries another scheme than Bearer"
+            }
+            BearerProblem::NoToken => "the Authorization header has no token after Bearer",
             BearerProblem::TooLong => "the bearer token is too long",
             BearerProblem::Invalid => "the bearer token holds characters a token cannot",
         }
@@ -49,16 +55,13 @@ pub fn bearer_token<'a>(
         return Err(BearerProblem::Repeated);
     }
     let value = trim(value);
-    let scheme_end = value
-        .iter()
-        .position(|b| *b == b' ')
-        .ok_or(BearerProblem::NotBearer)?;
+    let scheme_end = value.iter().position(|b| *b == b' ').unwrap_or(value.len());
     if !value[..scheme_end].eq_ignore_ascii_case(b"bearer") {
-        return Err(BearerProblem::NotBearer);
+        return Err(BearerProblem::OtherScheme);
     }
     let token = trim(&value[scheme_end..]);
     if token.is_empty() {
-        return Err(BearerProblem::NotBearer);
+        return Err(BearerProblem::NoToken);
     }
     if token.len() > MAX_TOKEN_BYTES {
         return Err(BearerProblem::TooLong);
@@ -115,11 +118,11 @@ mod tests {
         );
         assert_eq!(
             token(&["Basic dXNlcjpwdw=="]),
-            Err(BearerProblem::NotBearer)
+            Err(BearerProblem::OtherScheme)
         );
-        assert_eq!(token(&["Bearer"]), Err(BearerProblem::NotBearer));
-        assert_eq!(token(&["Bearer   "]), Err(BearerProblem::NotBearer));
-        assert_eq!(token(&["Bearertoken"]), Err(BearerProblem::NotBearer));
+        assert_eq!(token(&["Bearer"]), Err(BearerProblem::NoToken));
+        assert_eq!(token(&["Bearer   "]), Err(BearerProblem::NoToken));
+        assert_eq!(token(&["Bearertoken"]), Err(BearerProblem::OtherScheme));
         let long = format!("Bearer {}", "a".repeat(MAX_TOKEN_BYTES + 1));
         assert_eq!(token(&[&long]), Err(BearerProblem::TooLong));
         let longest = format!("Bearer {}", "a".repeat(MAX_TOKEN_BYTES));

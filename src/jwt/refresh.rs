@@ -21,6 +21,15 @@ pub enum FetchOutcome {
 }
 
 impl FetchOutcome {
+    /// Every label [`FetchOutcome::label`] gives.
+    pub const LABELS: [&'static str; 5] = [
+        "updated",
+        "unreachable",
+        "http_status",
+        "too_large",
+        "invalid",
+    ];
+
     /// The metric label: `updated` or the failure's.
     pub fn label(&self) -> &'static str {
         match self {

@@ -2,13 +2,15 @@
 //! the one reason it was refused (a metric label and a fixed problem text, never client bytes).
 
 use smallvec::SmallVec;
+use std::sync::Arc;
 
 /// A token that verified: who is calling, on which plan, and the claims the key parts need.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifiedToken {
     /// The consumer claim's value (a string as is, a number in its JSON text).
-    pub consumer: Box<str>,
-    /// The plan claim's value, when a plan claim is configured and the token has it as a string.
+    pub consumer: Arc<str>,
+    /// The plan claim's value, when a plan claim is configured and the token has it (a string
+    /// as is, a number in its JSON text).
     pub plan: Option<Box<str>>,
     /// The values of the claims named at construction, in that order: strings as is, numbers
     /// and booleans in their JSON text, anything else (or absent) `None`.
@@ -18,7 +20,8 @@ pub struct VerifiedToken {
 /// Why a token was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum JwtRejection {
-    /// Not three base64url parts of JSON, or a claim of the wrong type.
+    /// Not three base64url parts of JSON, or a claim of the wrong type (a time claim that is not
+    /// a number, a plan claim that is not a string or number).
     Malformed,
     /// The header's `alg` is not allowed here (`none` never is).
     AlgorithmNotAllowed,

@@ -286,7 +286,17 @@ fn issuer_audience_and_consumer_are_checked() {
     assert_eq!(with("sub", json!("")), Err(JwtRejection::NoConsumer));
     // `sub` must be a string (RFC 7519 section 4.1.2; jsonwebtoken checks its type).
     assert_eq!(with("sub", json!({"id": 1})), Err(JwtRejection::Malformed));
+    // A plan claim is a string, or a number in its JSON text; absent or null is no plan;
+    // anything else is refused rather than read as no plan.
     assert_eq!(with("plan", serde_json::Value::Null).unwrap().plan, None);
+    let mut null_plan = good_claims();
+    null_plan["plan"] = serde_json::Value::Null;
+    let verified = verifier.verify(&k.p256.sign(&null_plan), NOW);
+    assert_eq!(verified.map(|v| v.plan), Ok(None));
+    assert_eq!(with("plan", json!(2)).unwrap().plan.as_deref(), Some("2"));
+    assert_eq!(with("plan", json!(true)), Err(JwtRejection::Malformed));
+    assert_eq!(with("plan", json!(["pro"])), Err(JwtRejection::Malformed));
+    assert_eq!(with("plan", json!("")), Err(JwtRejection::Malformed));
 }
 
 #[test]

@@ -46,13 +46,8 @@ impl JwtVerifier {
         claim_names: &[&str],
         previous: Option<&JwtVerifier>,
     ) -> JwtVerifier {
-        let keys = match (&settings.source, previous) {
-            (Some(KeySource::File { keys, .. }), _) => Arc::clone(keys),
-            (Some(KeySource::Url(url)), Some(previous))
-                if previous.url_source().is_some_and(|old| old.url == url.url) =>
-            {
-                previous.keys.load_full()
-            }
+        let keys = match &settings.source {
+            Some(KeySource::File { keys, .. }) => Arc::clone(keys),
             _ => Arc::new(KeySet::default()),
         };
         let validations = settings
@@ -60,13 +55,35 @@ impl JwtVerifier {
             .iter()
             .map(|alg| (*alg, signature_only(*alg)))
             .collect();
-        JwtVerifier {
+        let verifier = JwtVerifier {
             claim_names: claim_names.iter().map(|name| (*name).into()).collect(),
             validations,
             keys: ArcSwap::new(keys),
             refresh_wanted: Notify::new(),
             settings,
+        };
+        if let Some(previous) = previous {
+            verifier.keep_keys_of(previous);
         }
+        verifier
+    }
+
+    /// Takes over `previous`'s fetched keys when both fetch the same JWKS URL (a reload does
+    /// not drop to "no keys" until the next fetch); `false`, and nothing changes, otherwise.
+    pub fn keep_keys_of(&self, previous: &JwtVerifier) -> bool {
+        let same_url = match (self.url_source(), previous.url_source()) {
+            (Some(now), Some(before)) => now.url == before.url,
+            _ => false,
+        };
+        if same_url {
+            self.keys.store(previous.keys.load_full());
+        }
+        same_url
+    }
+
+    /// Whether any token could verify now: a key is loaded, or an HMAC secret is configured.
+    pub fn has_keys(&self) -> bool {
+        self.settings.hmac.is_some() || !self.keys.load().is_empty()
     }
 
     pub fn settings(&self) -> &JwtSettings {
@@ -181,21 +198,26 @@ impl JwtVerifier {
             .and_then(scalar_text)
             .filter(|consumer| !consumer.is_empty())
             .ok_or(JwtRejection::NoConsumer)?;
-        let plan = self
+        let plan = match self
             .settings
             .plan_claim
             .as_deref()
-            .and_then(|name| claims.get(name))
-            .and_then(Value::as_str)
-            .filter(|plan| !plan.is_empty())
-            .map(Box::from);
+            .map(|name| claims.get(name))
+        {
+            None | Some(None | Some(Value::Null)) => None,
+            Some(Some(value)) => Some(
+                plan_text(value)
+                    .filter(|plan| !plan.is_empty())
+                    .ok_or(JwtRejection::Malformed)?,
+            ),
+        };
         let values = self
             .claim_names
             .iter()
             .map(|name| claims.get(&**name).and_then(scalar_text))
             .collect();
         Ok(VerifiedToken {
-            consumer,
+            consumer: consumer.into(),
             plan,
             claims: values,
         })
@@ -220,6 +242,14 @@ fn scalar_text(value: &Value) -> Option<Box<str>> {
         Value::String(text) => Some(text.as_str().into()),
         Value::Number(number) => Some(number.to_string().into()),
         Value::Bool(flag) => Some(if *flag { "true" } else { "false" }.into()),
+        _ => None,
+    }
+}
+
+/// A plan claim's text: a string, or a number in its JSON text (a boolean names no plan).
+fn plan_text(value: &Value) -> Option<Box<str>> {
+    match value {
+        Value::String(_) | Value::Number(_) => scalar_text(value),
         _ => None,
     }
 }

@@ -23,8 +23,8 @@ pub enum Answer {
     BodyTooLarge,
     /// The client's address is in a `deny` range.
     Forbidden,
-    /// The caller's credential is missing or does not verify (`401`), or the verified caller
-    /// may not pass (`403`).
+    /// The caller's credential is missing or does not verify (`401`), the verified caller may
+    /// not pass (`403`), or a token cannot be verified yet for want of keys (`503`).
     AuthFailed(AuthFailure),
     /// A limit denied the request (its decision says which, and until when); `locally`: the
     /// in-process fallback decided while Redis was away.
@@ -175,6 +175,7 @@ impl Answer {
             Answer::BodyTooLarge => 413,
             Answer::Forbidden => 403,
             Answer::AuthFailed(failure) if failure.forbids() => 403,
+            Answer::AuthFailed(failure) if failure.unavailable() => 503,
             Answer::AuthFailed(_) => 401,
             Answer::Limited { .. } => 429,
             Answer::LimiterUnavailable => 503,
@@ -194,6 +195,7 @@ impl Answer {
             Answer::BodyTooLarge => "Content Too Large",
             Answer::Forbidden => "Forbidden",
             Answer::AuthFailed(failure) if failure.forbids() => "Forbidden",
+            Answer::AuthFailed(failure) if failure.unavailable() => "Service Unavailable",
             Answer::AuthFailed(_) => "Unauthorized",
             Answer::Limited { .. } => "Too Many Requests",
             Answer::LimiterUnavailable => "Service Unavailable",
@@ -234,6 +236,7 @@ impl Answer {
             Answer::NoRoute => GrpcStatus::Unimplemented,
             Answer::Forbidden => GrpcStatus::PermissionDenied,
             Answer::AuthFailed(failure) if failure.forbids() => GrpcStatus::PermissionDenied,
+            Answer::AuthFailed(failure) if failure.unavailable() => GrpcStatus::Unavailable,
             Answer::AuthFailed(_) => GrpcStatus::Unauthenticated,
             Answer::BadRequest(_)
             | Answer::UriTooLong
@@ -311,6 +314,12 @@ mod tests {
                 403,
                 7,
                 Some("forbidden"),
+            ),
+            (
+                Answer::AuthFailed(AuthFailure::NoKeys),
+                503,
+                14,
+                Some("unauthenticated"),
             ),
             (Answer::Unreadable, 400, 13, Some("bad_request")),
             (Answer::Limited { locally: false }, 429, 8, None),

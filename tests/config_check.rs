@@ -255,3 +255,20 @@ fn what_start_needs_is_checked_by_sluice_t() {
         ],
     );
 }
+
+#[test]
+fn jwt_settings_are_checked_with_their_paths() {
+    assert_problems(
+        "jwt.yaml",
+        &[
+            "identity.jwt.audiences: unknown key",
+            "identity.api_keys.header: authorization carries the bearer tokens of identity.jwt: present API keys in another header",
+            "identity.jwt.algorithms[1]: unsigned tokens (alg none) are never accepted",
+            "identity.jwt.algorithms[2]: unknown algorithm \"HS257\": use RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, HS256, HS384, HS512",
+            "identity.jwt.hmac_secret: an HMAC secret needs HS256, HS384 or HS512 in algorithms (HMAC is off unless named)",
+            "identity.jwt.jwks_url: use https (http only on a loopback address)",
+            "identity.jwt.refresh_seconds: must be greater than zero",
+            "identity.jwt.leeway_seconds: at most 3600",
+        ],
+    );
+}

@@ -1,4 +1,5 @@
-//! `identity:` (the plans there are and the verifiers of credentials) and each route's `auth:`.
+//! `identity:` (the plans there are and the verifiers of credentials: `api_keys`, `jwt`,
+//! `mtls`) and each route's `auth:`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -6,12 +7,14 @@ use std::sync::Arc;
 use super::api_key_file::check_plans;
 use super::api_keys::{compile_api_keys, ApiKeySettings};
 use super::choice::chosen;
+use super::jwt::{compile_jwt, RawJwt};
 use super::problem::{check_name, Problems};
 use super::raw::{RawAuth, RawAuthTable, RawIdentity, RawMtls};
 use crate::consumers::{
     AuthMode, CertificateCheck, CertificateField, KeyCheck, PlanId, Plans, RouteAuth, Verifiers,
     NO_PLAN,
 };
+use crate::jwt::JwtVerifier;
 
 /// Plans fit the bit mask of a route's allowed plans.
 const MAX_PLANS: usize = 64;
@@ -24,6 +27,7 @@ pub fn compile(
     p: &mut Problems,
 ) -> Verifiers {
     let mut raw = raw.unwrap_or_default();
+    let written = raw.api_keys.is_some() || raw.jwt.is_some() || raw.mtls.is_some();
     let plans = compile_plans(&raw, p);
     let api_keys = raw
         .api_keys
@@ -40,9 +44,35 @@ pub fn compile(
         .mtls
         .take()
         .and_then(|mtls| compile_mtls(mtls, &plans, p));
+    let jwt = raw
+        .jwt
+        .take()
+        .and_then(|jwt| compile_jwt_verifier(jwt, &claim_names, api_keys.as_ref(), p));
     Verifiers::new(plans, claim_names)
         .with_api_keys(api_keys)
         .with_certificates(certificates)
+        .with_jwt(jwt)
+        .written(written)
+}
+
+/// `identity.jwt`: a verifier of bearer tokens keeping the claims `claim:NAME` key parts name
+/// (its keys: a JWKS file's, read now; a JWKS URL's, fetched when the snapshot starts). API
+/// keys, if any, must come in another header than `Authorization`.
+fn compile_jwt_verifier(
+    raw: RawJwt,
+    claim_names: &[Arc<str>],
+    api_keys: Option<&KeyCheck>,
+    p: &mut Problems,
+) -> Option<JwtVerifier> {
+    if api_keys.is_some_and(|keys| keys.header == http::header::AUTHORIZATION) {
+        p.add(
+            "identity.api_keys.header",
+            "authorization carries the bearer tokens of identity.jwt: present API keys in another header",
+        );
+    }
+    let settings = compile_jwt(raw, "identity.jwt", p)?;
+    let names: Vec<&str> = claim_names.iter().map(|name| &**name).collect();
+    Some(JwtVerifier::new(settings, &names, None))
 }
 
 /// `identity.mtls`: the certificate field (default `subject_cn`) and consumers' plans.
@@ -180,7 +210,7 @@ pub fn compile_auth(
         Some(mode) => mode.known(&mode_at, p).unwrap_or_default(),
         None => AuthMode::Required,
     };
-    if mode != AuthMode::Off && !verifiers.verify_anything() {
+    if mode != AuthMode::Off && !verifiers.any_written() {
         p.add(
             &mode_at,
             "needs a verifier of credentials: identity.api_keys, identity.jwt or identity.mtls",
@@ -259,6 +289,30 @@ mod tests {
                 "routes[0].auth.plans[0]: unknown plan \"gold\": the plans are free",
                 "routes[0].auth.plans: needs auth (mode required or optional): a caller's plan is known only once it is verified",
             ]
+        );
+    }
+
+    #[test]
+    fn a_jwt_section_is_a_verifier_and_a_broken_one_is_reported_once() {
+        let (verifiers, problems) = identity(
+            "jwt: { hmac_secret: 0123456789abcdef0123456789abcdef, algorithms: [HS256] }\n",
+        );
+        assert!(problems.is_empty(), "{problems:?}");
+        let verifiers = verifiers.unwrap();
+        assert!(verifiers.jwt().is_some() && verifiers.verify_anything());
+        let (verifiers, problems) = identity("jwt: { algorithms: [HS256] }\n");
+        assert_eq!(
+            problems,
+            ["identity.jwt: give jwks_file, jwks_url or hmac_secret: where the keys come from"]
+        );
+        let verifiers = verifiers.unwrap();
+        let auth = problems_of("required", |raw: RawAuth, p: &mut Problems| {
+            Some(compile_auth(Some(raw), &verifiers, "routes[0].auth", p))
+        });
+        assert!(
+            auth.1.is_empty(),
+            "not reported again at the route: {:?}",
+            auth.1
         );
     }
 }

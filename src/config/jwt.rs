@@ -1,7 +1,8 @@
 //! The `jwt:` settings (placed by the `identity:` section): where the verification keys come
 //! from (a JWKS file read at load, a JWKS URL fetched in the background, an HMAC secret), which
 //! algorithms are allowed, and which issuer, audience, leeway and claims apply. Compiled into
-//! [`JwtSettings`]; a JWKS file is read and checked here, so `sluice -t` reports a broken one.
+//! [`JwtSettings`]; a JWKS file is read and checked here (through `crate::sources`, so
+//! `watch: true` follows it), so `sluice -t` reports a broken one.
 
 use super::problem::Problems;
 use super::raw::RawSecret;
@@ -182,7 +183,7 @@ fn hmac_key(
 /// The keys of a JWKS file, read now (at start and at each reload).
 fn file_source(file: &str, at: &str, p: &mut Problems) -> Option<KeySource> {
     let path = super::paths::absolute(file);
-    let text = std::fs::read(&path)
+    let text = crate::sources::read(&path)
         .map_err(|e| p.add(at, format!("cannot read {}: {e}", path.display())))
         .ok()?;
     let parsed = jwks::parse(&text)

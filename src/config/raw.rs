@@ -20,6 +20,7 @@ use super::choice::{
     AlgorithmName, BalanceName, ClientAuthMode, EncodedSlash, LimitMode, OnMissingName, RedisMode,
     Spelled,
 };
+use super::jwt::RawJwt;
 use super::observe::{RawAccessLog, RawRequestId, RawTracing};
 use super::server::ServerSettings;
 
@@ -220,6 +221,7 @@ pub struct RawIdentity {
     pub plans: Vec<String>,
     pub default_plan: Option<String>,
     pub api_keys: Option<RawApiKeys>,
+    pub jwt: Option<RawJwt>,
     pub mtls: Option<RawMtls>,
 }
 

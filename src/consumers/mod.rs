@@ -8,6 +8,8 @@
 //! (`identity.plans`); a route's limits may differ per plan and per consumer, chosen at config
 //! load (`crate::tiers`), so a request only picks its precompiled set.
 
+mod challenge;
+mod token;
 mod verify;
 
 use std::sync::Arc;
@@ -150,29 +152,43 @@ impl RouteAuth {
 }
 
 /// Why a caller was refused before any limit: the `reason` of `sluice_auth_failures_total`, and
-/// the answer's status (`401` with `WWW-Authenticate`, or `403`).
+/// the answer's status (`401` with `WWW-Authenticate`, `403`, or `503` while a JWT verifier has
+/// no keys yet). The labels are these names in snake case: a closed set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, IntoStaticStr, VariantArray, EnumCount)]
 #[strum(serialize_all = "snake_case")]
 pub enum AuthFailure {
     /// No credential, on a route that requires one.
     Missing,
-    /// A credential header sent twice, too long, or not in its form.
+    /// A credential header sent twice, too long, or not in its form (an API key header, or an
+    /// `Authorization: Bearer` header without a token or with bytes no token holds).
     Malformed,
     /// An API key that is not in the key file.
     UnknownKey,
     /// An API key marked `disabled` in the key file.
     RevokedKey,
-    /// A token signed with a key the gateway does not have (or has none yet).
+    /// A bearer token that is not a JWT, or has a claim of the wrong JSON type.
+    MalformedToken,
+    /// A token signed with a key the gateway does not have.
     UnknownSigningKey,
-    /// A token whose algorithm is not allowed.
+    /// A token whose algorithm is not allowed (`none` never is).
     AlgorithmNotAllowed,
+    /// A token whose algorithm does not fit its key's kind (algorithm confusion).
+    KeyMismatch,
     BadSignature,
+    /// A token without `exp`.
+    NoExpiry,
     Expired,
     NotYetValid,
     WrongIssuer,
     WrongAudience,
-    /// A token without the claim that names its consumer.
+    /// A token without the claim that names its consumer (or with one over
+    /// [`MAX_CONSUMER_ID`] bytes).
     NoConsumer,
+    /// A verified token whose plan claim names a plan not in `identity.plans`.
+    UnknownPlan,
+    /// No JWT verification key is loaded yet (the JWKS URL has not answered since start): the
+    /// gateway cannot verify any token, so it answers `503`, not `401`.
+    NoKeys,
     /// A client certificate that names no consumer (no field the config takes it from).
     CertificateWithoutConsumer,
     /// The consumer's plan may not use this route.
@@ -191,26 +207,66 @@ impl AuthFailure {
         matches!(
             self,
             AuthFailure::RevokedKey
+                | AuthFailure::UnknownPlan
                 | AuthFailure::CertificateWithoutConsumer
                 | AuthFailure::PlanNotAllowed
         )
     }
 
-    /// The problem's detail: fixed text, never a client's bytes.
+    /// `503`: the gateway cannot verify the credential now (no JWT keys yet).
+    pub fn unavailable(self) -> bool {
+        self == AuthFailure::NoKeys
+    }
+
+    /// Whether the answer is a `401`, which carries `WWW-Authenticate`.
+    pub fn challenges(self) -> bool {
+        !self.forbids() && !self.unavailable()
+    }
+
+    /// The kind of credential the failure is about; `None` for what is no one credential's
+    /// (a missing credential, a malformed header, a plan the route does not allow).
+    pub fn via(self) -> Option<Via> {
+        match self {
+            AuthFailure::Missing | AuthFailure::Malformed | AuthFailure::PlanNotAllowed => None,
+            AuthFailure::UnknownKey | AuthFailure::RevokedKey => Some(Via::ApiKey),
+            AuthFailure::CertificateWithoutConsumer => Some(Via::ClientCertificate),
+            AuthFailure::MalformedToken
+            | AuthFailure::UnknownSigningKey
+            | AuthFailure::AlgorithmNotAllowed
+            | AuthFailure::KeyMismatch
+            | AuthFailure::BadSignature
+            | AuthFailure::NoExpiry
+            | AuthFailure::Expired
+            | AuthFailure::NotYetValid
+            | AuthFailure::WrongIssuer
+            | AuthFailure::WrongAudience
+            | AuthFailure::NoConsumer
+            | AuthFailure::UnknownPlan
+            | AuthFailure::NoKeys => Some(Via::Jwt),
+        }
+    }
+
+    /// The problem's detail: fixed text, never a client's bytes (and free of `"` and `\`, so
+    /// it can be a challenge's `error_description`).
     pub fn detail(self) -> &'static str {
         match self {
             AuthFailure::Missing => "This route requires a credential.",
             AuthFailure::Malformed => "The credential is not in its form (or sent twice).",
             AuthFailure::UnknownKey => "The API key is not valid.",
             AuthFailure::RevokedKey => "The API key has been revoked.",
+            AuthFailure::MalformedToken => "The bearer token is not a well-formed JWT.",
             AuthFailure::UnknownSigningKey => "The token is signed with an unknown key.",
             AuthFailure::AlgorithmNotAllowed => "The token's algorithm is not accepted.",
+            AuthFailure::KeyMismatch => "The token's algorithm does not fit its key.",
             AuthFailure::BadSignature => "The token's signature is not valid.",
+            AuthFailure::NoExpiry => "The token has no expiry time.",
             AuthFailure::Expired => "The token has expired.",
             AuthFailure::NotYetValid => "The token is not valid yet.",
             AuthFailure::WrongIssuer => "The token is from an issuer this gateway does not trust.",
             AuthFailure::WrongAudience => "The token is not meant for this gateway.",
             AuthFailure::NoConsumer => "The token does not name its consumer.",
+            AuthFailure::UnknownPlan => "The token names a plan this gateway does not know.",
+            AuthFailure::NoKeys => "The gateway has no keys to verify tokens with yet.",
             AuthFailure::CertificateWithoutConsumer => {
                 "The client certificate does not name a consumer."
             }
@@ -219,12 +275,14 @@ impl AuthFailure {
     }
 
     /// The RFC 6750 `error` of a bearer challenge: `invalid_request` for a malformed
-    /// credential, `invalid_token` for one that does not verify, none when it is missing.
+    /// credential header, `invalid_token` for a token that does not verify; none when the
+    /// credential is missing or the failure is another credential's (an unknown API key says
+    /// nothing about tokens).
     pub fn bearer_error(self) -> Option<&'static str> {
-        match self {
-            AuthFailure::Missing => None,
-            AuthFailure::Malformed => Some("invalid_request"),
-            _ => Some("invalid_token"),
+        match (self, self.via()) {
+            (AuthFailure::Malformed, _) => Some("invalid_request"),
+            (_, Some(Via::Jwt)) if self.challenges() => Some("invalid_token"),
+            _ => None,
         }
     }
 }
@@ -278,11 +336,33 @@ mod tests {
             forbidden,
             [
                 "revoked_key",
+                "unknown_plan",
                 "certificate_without_consumer",
                 "plan_not_allowed"
             ]
         );
         assert_eq!(AuthFailure::Missing.bearer_error(), None);
         assert_eq!(AuthFailure::Expired.bearer_error(), Some("invalid_token"));
+        assert_eq!(AuthFailure::UnknownKey.bearer_error(), None);
+        assert_eq!(
+            AuthFailure::Malformed.bearer_error(),
+            Some("invalid_request")
+        );
+        assert_eq!(AuthFailure::NoKeys.bearer_error(), None);
+        assert!(AuthFailure::NoKeys.unavailable() && !AuthFailure::NoKeys.challenges());
+    }
+
+    #[test]
+    fn a_detail_can_be_an_error_description() {
+        // RFC 6750 section 3: error_description is %x20-21 / %x23-5B / %x5D-7E.
+        for failure in AuthFailure::ALL {
+            let detail = failure.detail();
+            assert!(
+                detail
+                    .bytes()
+                    .all(|b| (0x20..=0x7e).contains(&b) && b != b'"' && b != b'\\'),
+                "{detail}"
+            );
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! From a request's credentials to its consumer: the configured verifiers, tried in a fixed
-//! order — a client certificate the listener verified, then an API key, then a bearer token.
+//! order — a client certificate the listener verified, then an API key, then a bearer token
+//! (`token.rs`).
 //! The first credential presented decides: one that does not verify refuses the request even
 //! where credentials are optional (a wrong key is a mistake to report, not an anonymous caller).
 
@@ -10,9 +11,12 @@ use http::header::{HeaderName, HeaderValue};
 use http::HeaderMap;
 use smallvec::SmallVec;
 
+use super::challenge::{self, Schemes};
+use super::token::by_token;
 use super::{AuthFailure, Consumer, PlanId, Plans, Via, MAX_CONSUMER_ID};
 use crate::api_keys::{presented_key, ApiKeys};
 use crate::client_cert::ClientCertificate;
+use crate::jwt::JwtVerifier;
 
 /// What a request offers to verifiers.
 #[derive(Clone, Copy)]
@@ -74,6 +78,11 @@ pub struct Verifiers {
     claim_names: Box<[Arc<str>]>,
     api_keys: Option<KeyCheck>,
     certificates: Option<CertificateCheck>,
+    /// Bearer tokens, verified with the keys this configuration loaded or fetches.
+    jwt: Option<Arc<JwtVerifier>>,
+    /// The configuration names a verifier, even one that did not compile (its problems are
+    /// reported where it is written, not again at each route asking for credentials).
+    written: bool,
     /// `WWW-Authenticate` of a `401`, per [`AuthFailure`]: a challenge per verifier that takes a
     /// header, built at load.
     challenges: Box<[Option<HeaderValue>]>,
@@ -86,6 +95,8 @@ impl Verifiers {
             claim_names: claim_names.into(),
             api_keys: None,
             certificates: None,
+            jwt: None,
+            written: false,
             challenges: Box::new([]),
         }
     }
@@ -93,6 +104,13 @@ impl Verifiers {
     /// With API keys read from `api_keys`.
     pub fn with_api_keys(mut self, api_keys: Option<KeyCheck>) -> Verifiers {
         self.api_keys = api_keys;
+        self.challenges = self.build_challenges();
+        self
+    }
+
+    /// With bearer tokens verified by `jwt`.
+    pub fn with_jwt(mut self, jwt: Option<JwtVerifier>) -> Verifiers {
+        self.jwt = jwt.map(Arc::new);
         self.challenges = self.build_challenges();
         self
     }
@@ -116,13 +134,31 @@ impl Verifiers {
         self.api_keys.as_ref().map(|check| &check.header)
     }
 
-    /// Whether any verifier is configured: routes may ask for credentials.
-    pub fn verify_anything(&self) -> bool {
-        self.api_keys.is_some() || self.certificates.is_some()
+    /// Marks a verifier as written in the configuration (compiled or not).
+    pub fn written(mut self, written: bool) -> Verifiers {
+        self.written = written;
+        self
     }
 
-    /// The plan of consumer `id` as the verifiers know it (the API-key file names it), else the
-    /// default plan.
+    /// Whether the configuration names any verifier, compiled or not: routes may ask for
+    /// credentials.
+    pub fn any_written(&self) -> bool {
+        self.written || self.verify_anything()
+    }
+
+    /// The JWT verifier, when bearer tokens are verified.
+    pub fn jwt(&self) -> Option<&Arc<JwtVerifier>> {
+        self.jwt.as_ref()
+    }
+
+    /// Whether any verifier is configured: routes may ask for credentials.
+    pub fn verify_anything(&self) -> bool {
+        self.api_keys.is_some() || self.certificates.is_some() || self.jwt.is_some()
+    }
+
+    /// The plan of consumer `id` as the verifiers know it (the API-key file or `identity.mtls`
+    /// names it), else the default plan. A JWT names its plan only in each token: a consumer
+    /// known only by tokens is on the default plan here.
     pub fn plan_of(&self, id: &str) -> Option<PlanId> {
         let named = self.api_keys.as_ref().and_then(|check| {
             let (_, key) = check.keys.keys().find(|(_, key)| &*key.consumer == id)?;
@@ -141,7 +177,7 @@ impl Verifiers {
     pub fn identify(
         &self,
         credentials: &Credentials<'_>,
-        _now_unix_secs: u64,
+        now_unix_secs: u64,
     ) -> Result<Option<Consumer>, AuthFailure> {
         if let (Some(check), Some(certificate)) =
             (&self.certificates, credentials.client_certificate)
@@ -155,7 +191,10 @@ impl Verifiers {
                 Err(_) => return Err(AuthFailure::Malformed),
             }
         }
-        Ok(None)
+        match &self.jwt {
+            Some(jwt) => by_token(jwt, &self.plans, credentials.headers, now_unix_secs),
+            None => Ok(None),
+        }
     }
 
     /// The consumer of the API key `presented`.
@@ -200,24 +239,11 @@ impl Verifiers {
         })
     }
 
-    /// One `WWW-Authenticate` value per failure: the challenges of the verifiers that read a
-    /// header (RFC 9110 §11.6.1), a bearer challenge saying what was wrong (RFC 6750 §3).
+    /// One `WWW-Authenticate` value per failure, for the verifiers that read a header.
     fn build_challenges(&self) -> Box<[Option<HeaderValue>]> {
-        AuthFailure::ALL
-            .iter()
-            .map(|_failure| {
-                let mut challenges: Vec<String> = Vec::new();
-                if let Some(check) = &self.api_keys {
-                    challenges.push(format!(
-                        "ApiKey realm=\"sluice\", header=\"{}\"",
-                        check.header
-                    ));
-                }
-                let text = challenges.join(", ");
-                (!text.is_empty())
-                    .then(|| HeaderValue::from_str(&text).ok())
-                    .flatten()
-            })
-            .collect()
+        challenge::challenges(Schemes {
+            api_key_header: self.api_key_header(),
+            bearer: self.jwt.is_some(),
+        })
     }
 }

@@ -375,7 +375,7 @@ impl Exchange {
     /// The `WWW-Authenticate` challenge of `answer`, when it is a `401`.
     pub fn challenge(&self, answer: Answer) -> Option<&http::HeaderValue> {
         match answer {
-            Answer::AuthFailed(failure) if !failure.forbids() => {
+            Answer::AuthFailed(failure) if failure.challenges() => {
                 self.snapshot.config.consumers.challenge(failure)
             }
             _ => None,

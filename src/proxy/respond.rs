@@ -14,6 +14,7 @@ use pingora::protocols::http::HttpTask;
 use pingora::proxy::Session;
 
 use crate::answer::{Answer, GrpcStatus};
+use crate::consumers::AuthFailure;
 use crate::exchange::{Exchange, LimitsSaid};
 use crate::limiter::Decision;
 use crate::tiers::Tier;
@@ -115,7 +116,7 @@ pub async fn respond(
     }
     let body = match (answer, limited) {
         (Answer::Limited { .. }, Some(said)) => limited_body(&mut header, said, id)?,
-        (Answer::LimiterUnavailable, _) => {
+        (Answer::LimiterUnavailable | Answer::AuthFailed(AuthFailure::NoKeys), _) => {
             header.insert_header(RETRY_AFTER, "1")?;
             problem(status, answer.title(), answer.detail(), "", id)
         }

@@ -1,7 +1,8 @@
 //! The admin listener: `GET /metrics` (Prometheus text), `/healthz` (alive), `/readyz`
 //! (`200` when the limiter backend answers, or when it does not and the failure mode still
-//! serves; `503` when it does not and the failure mode refuses traffic). The failure mode is
-//! the one in force: a reload that changes it changes what `/readyz` says.
+//! serves; `503` when it does not and the failure mode refuses traffic, and while routes verify
+//! callers with a JWT verifier that has no keys yet). The failure mode and the verifier are
+//! those in force: a reload that changes them changes what `/readyz` says.
 
 use std::sync::Arc;
 
@@ -28,6 +29,14 @@ impl AdminApp {
 
     /// `/readyz`: whether this gateway should get traffic now.
     async fn readiness(&self) -> Response<Vec<u8>> {
+        if self.live.load().awaits_jwt_keys() {
+            // Every token would be refused (503): send the traffic to a gateway that has keys.
+            return text(
+                503,
+                "not ready: no JWT verification keys yet (identity.jwt.jwks_url has not answered)\n"
+                    .into(),
+            );
+        }
         let backend = self.policy.backend();
         let readiness = self.policy.readiness().await;
         let failure_mode = self.live.load().config.failure_mode;

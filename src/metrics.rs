@@ -135,6 +135,15 @@ pub static CONFIG_RELOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("sluice_config_reloads_total registers once")
 });
 
+pub static JWKS_FETCHES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_jwks_fetches_total",
+        "Fetches of the JWKS URL (identity.jwt.jwks_url) by outcome: updated, or why the last good key set stayed in force (unreachable, http_status, too_large, invalid).",
+        &["outcome"]
+    )
+    .expect("sluice_jwks_fetches_total registers once")
+});
+
 pub static REQUEST_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
     register_histogram_vec!(
         "sluice_request_duration_seconds",
@@ -661,6 +670,9 @@ pub fn init() {
     LazyLock::force(&BREAKER_STATE);
     for result in ["success", "error"] {
         CONFIG_RELOADS.with_label_values(&[result]);
+    }
+    for outcome in crate::jwt::FetchOutcome::LABELS {
+        JWKS_FETCHES.with_label_values(&[outcome]);
     }
     BUILD_INFO
         .with_label_values(&[env!("CARGO_PKG_VERSION")])

@@ -1,8 +1,9 @@
 //! The configuration service: puts the first snapshot live (its upstreams probed) before the
 //! proxy starts serving, then on every SIGHUP reads and compiles the file again. On success the
-//! new snapshot — routes, limits, identity and path settings, pools and their health checks —
-//! is started and swapped in atomically (requests in flight finish on the one they started
-//! with) and the old one's checks stop; on any error the running configuration stays and every
+//! new snapshot — routes, limits, identity and path settings, pools and their health checks,
+//! the JWT verifier (keeping the keys of an unchanged JWKS URL) and its refresh — is started and
+//! swapped in atomically (requests in flight finish on the one they started with) and the old
+//! one's checks and refresh stop; on any error the running configuration stays and every
 //! problem is logged.
 //!
 //! What a running process cannot change in place — listeners (their addresses and protocols;
@@ -125,6 +126,7 @@ impl ConfigService {
         // Every certificate is read and checked before anything changes.
         let certificates = self.tls.prepare(&config)?;
         let snapshot = Arc::new(Snapshot::build(config)?);
+        snapshot.keep_keys_of(&self.live.load());
         snapshot.start().await;
         self.tls.swap(certificates);
         let retired = self.live.swap(Arc::clone(&snapshot));

@@ -2,7 +2,9 @@
 //!
 //! Answers every request with 200 and a line naming the method, path, `X-Forwarded-For` and Host it
 //! saw, then the request target byte for byte (`target: ...`) and every forwarding header it
-//! received (`x-real-ip: ...`), its `x-request-id` and `traceparent`; a path containing `/slow/<ms>` is answered after that many
+//! received (`x-real-ip: ...`), its `x-request-id` and `traceparent`, the caller headers sluice
+//! sets (`x-consumer-*`) and the credentials it passed on (`x-api-key`, `authorization`: the
+//! caller's own, shown back to it); a path containing `/slow/<ms>` is answered after that many
 //! milliseconds (for concurrency tests); a path containing `/cost/<n>` answers with
 //! `x-usage-tokens: <n>`, the cost a response-priced limit charges (`cost_from_response`);
 //! `GET /__stats` returns how many other requests it has served. Usage: `demo-upstream [ADDR]` (default 127.0.0.1:3000).
@@ -68,7 +70,8 @@ impl ServeHttp for Demo {
                     || name == "x-request-id"
                     || name == "traceparent"
                     || name.as_str().starts_with("x-consumer-")
-                    || name == "x-api-key";
+                    || name == "x-api-key"
+                    || name == "authorization";
                 if forwarding {
                     body.extend_from_slice(name.as_str().as_bytes());
                     body.extend_from_slice(b": ");

@@ -61,9 +61,11 @@ pub fn parse_calendar_rate(text: &str) -> Result<(Rate, CalendarUnit), String> {
         "week" => (CalendarUnit::Week, 7),
         "month" => (CalendarUnit::Month, 30),
         "year" => (CalendarUnit::Year, 365),
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "invalid rate {text:?}: unknown calendar unit {other:?}: use day, week, month or year"
-        )),
+        ))
+        }
     };
     let rate = Rate::new(count, Duration::from_secs(days * 86_400))
         .ok_or_else(|| format!("invalid rate {text:?}: the request count must be at least 1"))?;

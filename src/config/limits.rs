@@ -655,6 +655,107 @@ mod tests {
     }
 
     #[test]
+    fn a_calendar_quota_names_its_unit_and_zone_and_each_mistake_is_reported() {
+        let (compiled, problems) =
+            limit("{ name: q, algorithm: calendar, rate: 100000/month, time_zone: Europe/Berlin }");
+        assert!(problems.is_empty(), "{problems:?}");
+        let compiled = compiled.unwrap();
+        assert_eq!(compiled.policy, Some((100_000, 30 * 86_400)));
+        assert_eq!(
+            compiled.algorithm.state_meaning(),
+            "calendar:month@Europe/Berlin"
+        );
+        let (utc, _) = limit("{ name: q, algorithm: calendar, rate: 5/week }");
+        assert_eq!(utc.unwrap().algorithm.state_meaning(), "calendar:week@UTC");
+        for (yaml, problem) in [
+            (
+                "{ name: q, algorithm: calendar, rate: 5/d }",
+                "routes[0].limits[0].rate: invalid rate \"5/d\": unknown calendar unit \"d\": use day, week, month or year",
+            ),
+            (
+                "{ name: q, algorithm: calendar }",
+                "routes[0].limits[0].rate: required, e.g. 100000/month",
+            ),
+            (
+                "{ name: q, algorithm: calendar, rate: 5/day, time_zone: Europe/Atlantis }",
+                "routes[0].limits[0].time_zone: unknown time zone \"Europe/Atlantis\": use an IANA name such as UTC or Europe/Berlin",
+            ),
+            (
+                "{ name: q, rate: 5/s, time_zone: UTC }",
+                "routes[0].limits[0].time_zone: does not apply to algorithm gcra",
+            ),
+            (
+                "{ name: q, algorithm: calendar, rate: 5/day, mode: leased }",
+                "routes[0].limits[0].mode: leased applies to gcra, token_bucket, leaky_bucket (without max_delay) and fixed_window",
+            ),
+        ] {
+            assert_eq!(limit(yaml).1, [problem], "{yaml}");
+        }
+    }
+
+    /// Keys keep their fingerprint where the stored state keeps its meaning (quota continuity
+    /// across reloads and plans), and change where it would not.
+    #[test]
+    fn the_fingerprint_follows_what_the_state_means_not_the_count() {
+        let key = |yaml: &str| fingerprinted("l", &limit(yaml).0.unwrap().algorithm);
+        let same = [
+            (
+                "{ name: l, algorithm: fixed_window, rate: 100/d }",
+                "{ name: l, algorithm: fixed_window, rate: 10/d }",
+            ),
+            (
+                "{ name: l, algorithm: sliding_window, rate: 100/h }",
+                "{ name: l, algorithm: sliding_window, rate: 3/h }",
+            ),
+            (
+                "{ name: l, algorithm: sliding_log, rate: 100/h }",
+                "{ name: l, algorithm: sliding_log, rate: 3/h }",
+            ),
+            (
+                "{ name: l, rate: 10/s, burst: 20 }",
+                "{ name: l, rate: 10/s, burst: 2, max_delay: 1s }",
+            ),
+            (
+                "{ name: l, rate: 10/s }",
+                "{ name: l, algorithm: token_bucket, rate: 10/s, capacity: 5 }",
+            ),
+            (
+                "{ name: l, algorithm: concurrency, max: 5 }",
+                "{ name: l, algorithm: concurrency, max: 1, lease: 5s }",
+            ),
+            (
+                "{ name: l, algorithm: calendar, rate: 9/month }",
+                "{ name: l, algorithm: calendar, rate: 1/month, time_zone: UTC }",
+            ),
+        ];
+        for (a, b) in same {
+            assert_eq!(key(a), key(b), "{a} and {b}");
+        }
+        let different = [
+            (
+                "{ name: l, algorithm: fixed_window, rate: 100/d }",
+                "{ name: l, algorithm: fixed_window, rate: 100/h }",
+            ),
+            (
+                "{ name: l, algorithm: fixed_window, rate: 10/h }",
+                "{ name: l, algorithm: sliding_window, rate: 10/h }",
+            ),
+            ("{ name: l, rate: 10/s }", "{ name: l, rate: 20/s }"),
+            (
+                "{ name: l, algorithm: calendar, rate: 9/month }",
+                "{ name: l, algorithm: calendar, rate: 9/day }",
+            ),
+            (
+                "{ name: l, algorithm: calendar, rate: 9/month }",
+                "{ name: l, algorithm: calendar, rate: 9/month, time_zone: Asia/Tokyo }",
+            ),
+        ];
+        for (a, b) in different {
+            assert_ne!(key(a), key(b), "{a} and {b}");
+        }
+    }
+
+    #[test]
     fn parameters_of_other_algorithms_and_unpayable_costs_are_refused() {
         let (compiled, problems) =
             limit("{ name: w, algorithm: fixed_window, rate: 3/s, burst: 2, max: 1, cost: 4 }");

@@ -14,7 +14,8 @@
 -- decide(key, now, p1, p2, p3, cost, id) -> allowed (1|0), remaining, retry_after_ms (-1: never),
 --                                           reset_after_ms, delay_ms (always 0), write
 -- commit(key, write, id)                 -> HSET s e n + PEXPIRE <ms to the period's end>.
--- A denied request writes nothing. A count above the limit (written under a higher limit)
+-- A denied request writes nothing. A counter of a later period than the one holding now (the
+-- clock went back across a boundary) is kept and counted in. A count above the limit (written under a higher limit)
 -- denies until the period ends. cost = 0 peeks: never denied, writes nothing.
 
 local function calendar_decide(key, now, limit, start, finish, cost)
@@ -27,6 +28,11 @@ local function calendar_decide(key, now, limit, start, finish, cost)
   local stored = redis.call('HMGET', key, 's', 'e', 'n')
   local s, e, n = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
   local count = 0
+  -- The clock never runs backwards inside a key: a counter of a later period than the one
+  -- holding now is the period the request counts in.
+  if n and s ~= 0 and to ~= 0 and s >= to then
+    from, to = s, e
+  end
   if n and ((from ~= 0 and s == from) or (to ~= 0 and e == to)) then
     count = n
     if from == 0 then

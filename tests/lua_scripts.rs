@@ -1450,8 +1450,11 @@ fn calendar_counts_in_the_period_of_the_redis_clock_whatever_side_the_gateway_is
         .query(&mut con)
         .unwrap();
     assert_eq!(stored, [b1, b2, 2]);
-    // The next period starts from nothing.
+    // The next period starts from nothing; a clock gone back across the boundary still counts
+    // in it (the clock never runs backwards inside a key).
     assert_eq!(raw(b2, 2, b2, b2 + 60 * SEC, 1), [1, 1, 0, 60_000, 0]);
+    assert_eq!(raw(b2 - SEC, 2, b1, b2, 1), [1, 0, 0, 61_000, 0]);
+    assert_eq!(raw(b2 - SEC, 2, b1, b2, 1), [0, 0, 61_000, 61_000, 0]);
 }
 
 fn arb_limit() -> impl Strategy<Value = Limit> {

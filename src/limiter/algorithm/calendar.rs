@@ -195,6 +195,11 @@ pub fn decide(
     let (mut from, mut to) = holding(start, end, now);
     let mut count = 0;
     if let Some((s, e, n)) = stored {
+        // The clock never runs backwards inside a key: a counter of a later period than the one
+        // holding `now` is the period the request counts in.
+        if s != 0 && to != 0 && s >= to {
+            (from, to) = (s, e);
+        }
         if (from != 0 && s == from) || (to != 0 && e == to) {
             count = n;
             if from == 0 {
@@ -343,6 +348,21 @@ mod tests {
             !status.allowed,
             "the count written by the late gateway holds"
         );
+    }
+
+    #[test]
+    fn the_bundled_time_zone_database_serves_where_the_system_has_none() {
+        // What a container without /usr/share/zoneinfo falls back to (`tzdb-bundle-always`).
+        let bundled = jiff::tz::TimeZoneDatabase::bundled();
+        assert!(bundled.get("Europe/Berlin").is_ok());
+    }
+
+    #[test]
+    fn a_clock_gone_back_across_a_boundary_keeps_counting_in_the_later_period() {
+        let (status, write) = decide(2, (1_000, 2_000), Some((2_000, 3_000, 2)), 1_500, 1);
+        assert!(!status.allowed);
+        assert_eq!(status.reset_after_ms, 2, "until the stored period ends");
+        assert!(write.is_none());
     }
 
     #[test]

@@ -26,6 +26,7 @@
 local ALGORITHMS = {
   gcra = { gcra_decide, gcra_commit },
   fixed_window = { fixed_window_decide, fixed_window_commit },
+  calendar = { calendar_decide, calendar_commit },
   sliding_window = { sliding_window_decide, sliding_window_commit },
   sliding_log = { sliding_log_decide, sliding_log_commit },
   concurrency = { concurrency_decide, concurrency_commit },

@@ -8,7 +8,9 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use support::config::{route, Config};
-use support::limits::{concurrency, fixed_window, gcra, leaky_bucket, sliding_log, Limit};
+use support::limits::{
+    calendar, concurrency, fixed_window, gcra, leaky_bucket, sliding_log, Limit,
+};
 use support::{connect, hammer, http_get, metric, Gateway, RedisServer, Upstream};
 
 /// A configuration whose one route has the one `limit`, in Redis, failing closed.
@@ -216,4 +218,92 @@ fn costs_come_from_a_header_within_a_cap() {
         ),
         4.0
     );
+}
+
+/// The microseconds of the Unix clock now (the scale of Redis TIME on this machine).
+fn unix_now_us() -> i64 {
+    jiff::Timestamp::now().as_microsecond()
+}
+
+/// Issue 24: a calendar quota through the real gateway: its units pass, then 429 with
+/// `Retry-After` and the `RateLimit` reset pointing at the next local midnight in its zone.
+#[test]
+fn a_calendar_quota_denies_until_the_next_local_midnight() {
+    let zone = jiff::tz::TimeZone::get("Europe/Berlin").unwrap();
+    let limit = calendar("daily", "3/day", "Europe/Berlin").key(&["route"]);
+    let (_redis, _upstream, gateway) = one_limit(limit);
+    for _ in 0..3 {
+        assert_eq!(gateway.get("/x").status, 200);
+    }
+    let before = unix_now_us();
+    let denied = gateway.get("/x");
+    let after = unix_now_us();
+    assert_eq!(denied.status, 429);
+    // The next local midnight, computed here from the clock the request was decided within.
+    let today = jiff::Timestamp::from_microsecond(after)
+        .unwrap()
+        .to_zoned(zone.clone())
+        .date();
+    let midnight = today
+        .tomorrow()
+        .unwrap()
+        .to_zoned(zone)
+        .unwrap()
+        .timestamp()
+        .as_microsecond();
+    let (lo, hi) = (
+        (midnight - after) / 1_000_000,
+        (midnight - before) / 1_000_000 + 1,
+    );
+    let retry: i64 = denied.header("retry-after").unwrap().parse().unwrap();
+    assert!(
+        (lo..=hi).contains(&retry),
+        "Retry-After {retry} not in {lo}..={hi}"
+    );
+    let ratelimit = denied.header("ratelimit").unwrap();
+    let reset: i64 = ratelimit
+        .rsplit_once(";t=")
+        .and_then(|(_, t)| t.parse().ok())
+        .unwrap_or_else(|| panic!("RateLimit: {ratelimit}"));
+    assert!(
+        (lo..=hi).contains(&reset),
+        "RateLimit {ratelimit} not in {lo}..={hi}"
+    );
+    assert!(ratelimit.starts_with("\"daily\";r=0;"), "{ratelimit}");
+}
+
+/// Sends `n` requests and returns how many passed before the first 429 (all must pass or stop
+/// at the first denial).
+fn admitted(gateway: &Gateway, n: usize) -> usize {
+    let statuses: Vec<u16> = (0..n).map(|_| gateway.get("/x").status).collect();
+    let passed = statuses.iter().take_while(|s| **s == 200).count();
+    assert!(statuses[passed..].iter().all(|s| *s == 429), "{statuses:?}");
+    passed
+}
+
+/// Issue 24, quota continuity across reloads: a rate rewritten and reloaded by SIGHUP keeps the
+/// usage counted before (100/d with 8 used, then 10/d: 2 more pass); a change of the window
+/// length starts fresh counters, as documented (100/d with 8 used, then 5/h: 5 pass).
+#[test]
+fn a_reload_keeps_the_usage_of_a_limit_whose_state_keeps_its_meaning() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    for (after, passes) in [("10/d", 2), ("5/h", 5)] {
+        redis::cmd("FLUSHALL")
+            .query::<()>(&mut redis.connection())
+            .unwrap();
+        let before = config(fixed_window("daily", "100/d").key(&["route"]));
+        let gateway = Gateway::start(&before, &upstream, Some(&redis));
+        assert_eq!(admitted(&gateway, 8), 8);
+        let reloaded = config(fixed_window("daily", after).key(&["route"]));
+        assert!(
+            gateway.reload(&reloaded),
+            "the reload to {after} is accepted"
+        );
+        assert_eq!(
+            admitted(&gateway, 12),
+            passes,
+            "after the reload to {after}"
+        );
+    }
 }

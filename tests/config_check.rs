@@ -167,7 +167,7 @@ fn every_mistake_of_a_file_is_reported_at_once() {
             "routes[0].match.methods[1]: invalid HTTP method \"NOT A METHOD\"",
             "routes[0].limits[2].name: duplicate limit name \"b\" in this route",
             "routes[0].limits[0].key[1]: unknown key part \"cookie\": use client_ip, path, route, method, host, header:NAME, query:NAME, const:TEXT, consumer or claim:NAME",
-            "routes[0].limits[0].algorithm: unknown algorithm \"leaky\": use gcra, token_bucket, leaky_bucket, fixed_window, sliding_window, sliding_log or concurrency",
+            "routes[0].limits[0].algorithm: unknown algorithm \"leaky\": use gcra, token_bucket, leaky_bucket, fixed_window, calendar, sliding_window, sliding_log or concurrency",
             "routes[0].limits[1].burst: does not apply to algorithm fixed_window",
             "routes[0].limits[2].cost: cost 3 exceeds what this limit can ever admit (1): no request could ever pass",
         ],

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use redis::Commands;
 use sluice::api_keys::KeyHash;
 use support::config::{route, Config, Route};
-use support::limits::fixed_window;
+use support::limits::{calendar, fixed_window};
 use support::{http_get, metric, Gateway, RedisServer, Upstream};
 
 /// The admin token of these tests' usage API.
@@ -351,4 +351,64 @@ fn a_reload_reads_the_key_file_again() {
     assert!(!gateway.reload(&config.yaml()), "the reload is refused");
     assert_eq!(get_with_key(&gateway, "/api/x", KEY_B).status, 403);
     assert_eq!(get_with_key(&gateway, "/api/x", KEY_A1).status, 200);
+}
+
+/// Admitted of `asks` requests with `key`; every other answer is a 429.
+fn admitted(gateway: &Gateway, key: &str, asks: usize) -> usize {
+    (0..asks)
+        .filter(|_| match get_with_key(gateway, "/api/x", key).status {
+            200 => true,
+            429 => false,
+            other => panic!("{other}"),
+        })
+        .count()
+}
+
+#[test]
+fn a_changed_rate_or_plan_keeps_each_consumers_usage() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let file = KeyFile::write(&keys());
+    let monthly = |free: &str| {
+        identity(&file).route(
+            route("api").prefix("/api/").set("auth", "required").limit(
+                calendar("monthly", free, "Europe/Berlin")
+                    .key(&["consumer"])
+                    .set("plans", "{ pro: { rate: 20/month } }"),
+            ),
+        )
+    };
+    let gateway = Gateway::start(&monthly("10/month").yaml(), &upstream, Some(&redis));
+    gateway.wait_ready();
+    assert_eq!(admitted(&gateway, KEY_A1, 6), 6);
+    // The operator tightens the free plan: alice's six still count against the new eight.
+    assert!(
+        gateway.reload(&monthly("8/month").yaml()),
+        "the reload is taken"
+    );
+    assert_eq!(
+        admitted(&gateway, KEY_A2, 5),
+        2,
+        "8 - 6 left, not a fresh 8"
+    );
+    // Alice upgrades to pro (each of her keys says so: one plan per consumer): her eight still
+    // count against pro's twenty.
+    let mut upgraded = keys();
+    for alices in [0, 1, 4] {
+        upgraded[alices].2 = Some("pro");
+    }
+    file.rewrite(&upgraded);
+    assert!(
+        gateway.reload(&monthly("8/month").yaml()),
+        "the reload is taken"
+    );
+    let r = get_with_key(&gateway, "/api/x", KEY_A1);
+    eprintln!("DEBUG {} {:?} {}", r.status, r.headers, r.body);
+    assert_eq!(
+        admitted(&gateway, KEY_A1, 15),
+        11,
+        "20 - 8 left, not a fresh 20"
+    );
+    // Another consumer was never touched by either change.
+    assert_eq!(admitted(&gateway, KEY_VIP, 9), 8);
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use redis::Commands;
-use sluice::limiter::algorithm::{Settled, State, Write};
+use sluice::limiter::algorithm::{Period, Settled, State, Write};
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
 use sluice::limiter::script::{self, RELEASE_SOURCE, SETTLE_SOURCE, SOURCE};
@@ -1242,6 +1242,221 @@ fn a_late_refund_never_gives_back_what_another_gateway_consumed() {
     assert_eq!(con.hget::<_, _, u64>("w", "n").unwrap(), 4);
 }
 
+/// A calendar quota (`rate: N/<unit>` in `zone`) at `cost`.
+fn calendar(rate: &str, zone: &str, cost: u64) -> Limit {
+    limits::calendar("q", rate, zone).cost(cost).compile()
+}
+
+/// A counter per window of `length_us` aligned to the epoch (the rate limit service's).
+fn aligned(limit: u64, length_us: u64, cost: u64) -> Limit {
+    Limit::new(
+        "a",
+        Algorithm::Calendar {
+            limit,
+            period: Period::Aligned { length_us },
+        },
+        cost,
+        sluice::limiter::Rate::new(limit, std::time::Duration::from_micros(length_us)).unwrap(),
+    )
+}
+
+/// A time written as RFC 3339, in microseconds.
+fn instant(text: &str) -> u64 {
+    text.parse::<jiff::Timestamp>().unwrap().as_microsecond() as u64
+}
+
+/// One request `id` against `limit` (key `q`) at `now`, in Redis and in process: both decide
+/// the same, and the decision is returned.
+fn both_as(
+    con: &mut redis::Connection,
+    local: &LocalLimiter,
+    limit: &Limit,
+    now: u64,
+    id: u128,
+) -> Decision {
+    let limits = std::slice::from_ref(limit);
+    let reply = call_full(con, &["q"], limits, Some(now), id).unwrap();
+    let from_redis = script::parse_reply(&reply, 1).unwrap();
+    let asks = asks(&[b"q".as_slice()], &costs(limits));
+    let entries = entries(limits, &asks);
+    let request = LimitRequest {
+        id: RequestId(id),
+        ..LimitRequest::new(&entries)
+    };
+    let from_local = local.check_at(&request, now as i64).unwrap();
+    assert_eq!(from_redis, from_local, "at {now} with {limit:?}");
+    from_redis
+}
+
+fn both(con: &mut redis::Connection, local: &LocalLimiter, limit: &Limit, now: u64) -> Decision {
+    both_as(con, local, limit, now, 7)
+}
+
+/// Issue 24, quota continuity: a limit whose state keeps its meaning under new parameters keeps
+/// its key ([`Algorithm::state_meaning`]), and each script reads state written under the old
+/// parameters safely: usage above a lowered limit (tokens above a lowered capacity, slots above
+/// a lowered max) denies; below it, what is left passes. Identically in Redis and in process.
+#[test]
+fn state_written_under_other_parameters_keeps_counting() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    // (before, used under it, after, admitted under it before the first denial)
+    let cases: Vec<(Limit, u64, Limit, u64)> = vec![
+        (window("100/d", 1), 8, window("10/d", 1), 2),
+        (window("100/d", 1), 8, window("5/d", 1), 0),
+        (window("10/d", 1), 8, window("20/d", 1), 12),
+        (gcra("100/d", 99, 1), 8, gcra("100/d", 9, 1), 2),
+        (gcra("100/d", 99, 1), 8, gcra("100/d", 4, 1), 0),
+        (
+            limits::token_bucket("b", "100/d", 100).compile(),
+            8,
+            limits::token_bucket("b", "100/d", 10).compile(),
+            2,
+        ),
+        (sliding("100/d", 1), 8, sliding("10/d", 1), 2),
+        (log("100/d", 1), 8, log("10/d", 1), 2),
+        (log("100/d", 1), 8, log("5/d", 1), 0),
+        (concurrency(5, 60), 3, concurrency(4, 60), 1),
+        (concurrency(5, 60), 3, concurrency(2, 60), 0),
+        (
+            calendar("100/day", "UTC", 1),
+            8,
+            calendar("10/day", "UTC", 1),
+            2,
+        ),
+        (
+            calendar("100/day", "UTC", 1),
+            8,
+            calendar("5/day", "UTC", 1),
+            0,
+        ),
+    ];
+    for (before, used, after, admitted) in cases {
+        assert_eq!(
+            before.algorithm.state_meaning(),
+            after.algorithm.state_meaning(),
+            "{before:?} and {after:?} share their key"
+        );
+        redis::cmd("FLUSHDB").query::<()>(&mut con).unwrap();
+        let local = LocalLimiter::new(Arc::new(ManualClock::new(0)), 100);
+        let mut id = 0;
+        let mut next = |limit: &Limit, con: &mut redis::Connection| {
+            id += 1;
+            both_as(con, &local, limit, T0 + id as u64 * MS, id)
+        };
+        for _ in 0..used {
+            assert!(next(&before, &mut con).allowed());
+        }
+        let mut passed = 0;
+        while next(&after, &mut con).allowed() {
+            passed += 1;
+            assert!(passed <= 100, "{after:?} never denies");
+        }
+        assert_eq!(passed, admitted, "{before:?} -> {after:?}");
+    }
+}
+
+/// Required by issue 24: a monthly quota in Europe/Berlin resets at local midnight on the 1st,
+/// whether the month holds the change to summer time (March) or back (October), identically in
+/// Redis and in process.
+#[test]
+fn a_monthly_quota_in_berlin_resets_at_local_midnight_across_daylight_saving() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    for (inside, last_instant, first_of_next) in [
+        // March 2026: CET until the 29th, then CEST; April starts at 00:00 CEST = 22:00Z.
+        (
+            "2026-03-29T12:00:00Z",
+            "2026-03-31T21:59:59.999Z",
+            "2026-03-31T22:00:00Z",
+        ),
+        // October 2026: CEST until the 25th, then CET; November starts at 00:00 CET = 23:00Z.
+        (
+            "2026-10-25T12:00:00Z",
+            "2026-10-31T22:59:59.999Z",
+            "2026-10-31T23:00:00Z",
+        ),
+    ] {
+        redis::cmd("FLUSHDB").query::<()>(&mut con).unwrap();
+        let local = LocalLimiter::new(Arc::new(ManualClock::new(0)), 100);
+        let quota = calendar("3/month", "Europe/Berlin", 1);
+        let (inside, last, next) = (
+            instant(inside),
+            instant(last_instant),
+            instant(first_of_next),
+        );
+        for _ in 0..3 {
+            assert!(both(&mut con, &local, &quota, inside).allowed());
+        }
+        let denied = both(&mut con, &local, &quota, inside);
+        assert!(!denied.allowed());
+        let until_next_ms = (next - inside) / MS;
+        assert_eq!(denied.statuses[0].retry_after_ms, Some(until_next_ms));
+        assert_eq!(denied.statuses[0].reset_after_ms, until_next_ms);
+        assert!(
+            !both(&mut con, &local, &quota, last).allowed(),
+            "{last_instant}"
+        );
+        let reopened = both(&mut con, &local, &quota, next);
+        assert!(reopened.allowed(), "{first_of_next}");
+        assert_eq!(reopened.statuses[0].remaining, 2);
+        // The key ends with its period: its TTL reaches to the end of the next month.
+        assert!(pttl(&mut con, "q") > 27 * 24 * 3600 * 1000);
+    }
+}
+
+/// The calendar's branches: the gateway's bounds on either side of Redis's clock, a peek, a
+/// count above a lowered limit, a cost above the limit.
+#[test]
+fn calendar_counts_in_the_period_of_the_redis_clock_whatever_side_the_gateway_is_on() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let (b0, b1, b2) = (T0 - T0 % (60 * SEC), T0 - T0 % (60 * SEC) + 60 * SEC, 0);
+    let b2 = b2 + b1 + 60 * SEC;
+    // One call with the bounds a gateway computed, deciding at Redis's `now`.
+    let mut decider = redis.connection();
+    let mut raw = |now: u64, limit: u64, start: u64, end: u64, cost: u64| -> Vec<i64> {
+        let script = redis::Script::new(SOURCE);
+        let reply: Vec<i64> = script
+            .prepare_invoke()
+            .key("k")
+            .arg(now)
+            .arg(1)
+            .arg("00")
+            .arg(1)
+            .arg(("calendar", limit, start, end, cost, 0))
+            .invoke(&mut decider)
+            .unwrap();
+        reply[..5].to_vec()
+    };
+    // A gateway ahead of Redis (it already computed [b1, b2)) counts in the period ending at b1.
+    assert_eq!(raw(b1 - SEC, 2, b1, b2, 1), [1, 1, 0, 1000, 0]);
+    // One on time recognises that period by its end and fills in its start.
+    assert_eq!(raw(b1 - SEC / 2, 2, b0, b1, 1), [1, 0, 0, 500, 0]);
+    assert_eq!(raw(b1 - SEC / 2, 2, b0, b1, 1), [0, 0, 500, 500, 0]);
+    // A gateway behind Redis (still on [b0, b1)) counts in the period starting at b1; its end is
+    // reported as one more period of the same length.
+    assert_eq!(raw(b1 + SEC, 2, b0, b1, 1), [1, 1, 0, 59_000, 0]);
+    // One on time recognises it by its start.
+    assert_eq!(raw(b1 + 2 * SEC, 2, b1, b2, 1), [1, 0, 0, 58_000, 0]);
+    // A peek never denies and writes nothing; a count above a lowered limit denies until the
+    // period ends; a cost above the limit is never admitted.
+    assert_eq!(raw(b1 + 3 * SEC, 2, b1, b2, 0), [1, 0, 0, 57_000, 0]);
+    assert_eq!(raw(b1 + 3 * SEC, 1, b1, b2, 1), [0, 0, 57_000, 57_000, 0]);
+    assert_eq!(raw(b1 + 3 * SEC, 5, b1, b2, 6), [0, 3, -1, 57_000, 0]);
+    let stored: Vec<u64> = redis::cmd("HMGET")
+        .arg("k")
+        .arg(&["s", "e", "n"])
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(stored, [b1, b2, 2]);
+    // The next period starts from nothing; a clock gone back across the boundary still counts
+    // in it (the clock never runs backwards inside a key).
+    assert_eq!(raw(b2, 2, b2, b2 + 60 * SEC, 1), [1, 1, 0, 60_000, 0]);
+    assert_eq!(raw(b2 - SEC, 2, b1, b2, 1), [1, 0, 0, 61_000, 0]);
+    assert_eq!(raw(b2 - SEC, 2, b1, b2, 1), [0, 0, 61_000, 61_000, 0]);
+}
+
 fn arb_limit() -> impl Strategy<Value = Limit> {
     let rate = (1u64..20, 1u64..4).prop_map(|(count, secs)| (count, format!("{count}/{secs}s")));
     prop_oneof![
@@ -1255,6 +1470,16 @@ fn arb_limit() -> impl Strategy<Value = Limit> {
         (rate.clone(), 1u64..4).prop_map(|((count, rate), cost)| sliding(&rate, cost.min(count))),
         (rate, 1u64..4).prop_map(|((count, rate), cost)| log(&rate, cost.min(count))),
         (1u64..4, 1u64..3).prop_map(|(max, secs)| concurrency(max, secs)),
+        (1u64..20, 1u64..4, 1u64..4).prop_map(|(count, secs, cost)| aligned(
+            count,
+            secs * SEC,
+            cost.min(count)
+        )),
+        (1u64..20, 1u64..4).prop_map(|(count, cost)| calendar(
+            &format!("{count}/day"),
+            "Europe/Berlin",
+            cost.min(count)
+        )),
     ]
 }
 

@@ -575,3 +575,43 @@ fn a_taken_rate_limit_service_port_fails_the_start_with_its_reason() {
     }
     drop(taken);
 }
+
+/// Windows are aligned to the clock as envoyproxy/ratelimit cuts them (`now - now % unit`, a
+/// week of 7 days, a month of 30, a year of 365, all from the Unix epoch): the reset of an
+/// exhausted limit is the time to the end of the aligned window, not a whole unit from the
+/// first hit.
+#[test]
+fn windows_are_aligned_to_the_unix_epoch_like_envoyproxy_ratelimit() {
+    const DOMAIN: &str = "domain: aligned\ndescriptors:\n  - key: per\n    value: day\n    rate_limit: { unit: day, requests_per_unit: 1 }\n  - key: per\n    value: week\n    rate_limit: { unit: week, requests_per_unit: 1 }\n  - key: per\n    value: month\n    rate_limit: { unit: month, requests_per_unit: 1 }\n  - key: per\n    value: year\n    rate_limit: { unit: year, requests_per_unit: 1 }\n";
+    let redis = RedisServer::start();
+    let mut rls = Rls::start(&[("aligned.yaml", DOMAIN)], Some(&redis), "deny");
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    for (value, unit) in [
+        ("day", 86_400),
+        ("week", 7 * 86_400),
+        ("month", 30 * 86_400),
+        ("year", 365 * 86_400),
+    ] {
+        assert_eq!(codes(&rls.check("aligned", &[&[("per", value)]])).0, OK);
+        let before = now();
+        let over = rls.check("aligned", &[&[("per", value)]]);
+        let after = now();
+        assert_eq!(codes(&over).0, OVER, "{value}");
+        let reset = over.statuses[0]
+            .duration_until_reset
+            .as_ref()
+            .expect("reset")
+            .seconds as u64;
+        // The end of the aligned window, seen from either side of the call (to the second).
+        let (lo, hi) = (unit - after % unit - 1, unit - before % unit + 1);
+        assert!(
+            (lo..=hi).contains(&reset),
+            "{value}: reset {reset}s, the aligned window ends in {lo}..={hi}s"
+        );
+    }
+}

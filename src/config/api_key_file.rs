@@ -52,7 +52,7 @@ pub fn from_yaml(text: &str) -> Result<ApiKeys, Vec<Problem>> {
     let raw = match raw {
         Ok(raw) => raw,
         Err(e) => {
-            p.add("", super::sections::plain_words(&e.to_string()));
+            p.add("", super::wording::plain_words(&e.to_string()));
             return Err(p.0);
         }
     };

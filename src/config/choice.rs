@@ -120,6 +120,7 @@ pub enum AlgorithmName {
     TokenBucket,
     LeakyBucket,
     FixedWindow,
+    Calendar,
     SlidingWindow,
     SlidingLog,
     Concurrency,
@@ -203,7 +204,7 @@ mod tests {
         assert_eq!(raw[1].known("a", &mut p), None);
         assert_eq!(
             p.lines(),
-            ["a: unknown algorithm \"leaky\": use gcra, token_bucket, leaky_bucket, fixed_window, sliding_window, sliding_log or concurrency"]
+            ["a: unknown algorithm \"leaky\": use gcra, token_bucket, leaky_bucket, fixed_window, calendar, sliding_window, sliding_log or concurrency"]
         );
         assert_eq!(AlgorithmName::TokenBucket.as_ref(), "token_bucket");
     }

@@ -7,9 +7,10 @@ use http::header::HeaderName;
 
 use super::choice::{chosen, AlgorithmName, LimitMode, OnMissingName, Spelled};
 use super::problem::{required_name, Problems};
-use super::rate::{parse_duration, parse_rate};
+use super::rate::{parse_calendar_rate, parse_duration, parse_rate};
 use super::raw::{RawLimit, RawResponseCost};
 use crate::keys::{KeyPart, KeySpec, OnMissing};
+use crate::limiter::algorithm::{CalendarPeriods, Period};
 use crate::limiter::{Algorithm, Cost, Leasing, Limit, Rate, ResponsePrice};
 use crate::pricing::CostHeaders;
 
@@ -26,6 +27,7 @@ fn accepts(algorithm: AlgorithmName, field: &str) -> bool {
     use AlgorithmName::*;
     match field {
         "rate" => algorithm != Concurrency,
+        "time_zone" => algorithm == Calendar,
         "burst" => algorithm == Gcra,
         "capacity" => matches!(algorithm, TokenBucket | LeakyBucket),
         "max_delay" => matches!(algorithm, Gcra | LeakyBucket),
@@ -127,11 +129,13 @@ fn on_missing(name: OnMissingName) -> OnMissing {
     }
 }
 
-/// The limit's name in its keys, with a fingerprint of its definition: state written under one
-/// rate is never read under another (a reload that loosens a limit starts fresh buckets).
-fn fingerprinted(name: &str, algorithm: &Algorithm) -> String {
-    let [p1, p2, p3] = algorithm.script_params();
-    let definition = format!("{}:{p1}:{p2}:{p3}", algorithm.script_name());
+/// The limit's name in its keys, with a fingerprint of what its stored state means
+/// ([`Algorithm::state_meaning`]): a reload (or another plan) that changes only what the state
+/// is compared with (a count, a burst, a capacity, a max) keeps the key and the usage counted
+/// in it; one that changes what the state means (a window length, GCRA's rate, a calendar unit
+/// or zone, another algorithm) starts fresh.
+pub(crate) fn fingerprinted(name: &str, algorithm: &Algorithm) -> String {
+    let definition = algorithm.state_meaning();
     let fingerprint = xxhash_rust::xxh3::xxh3_64(definition.as_bytes()) as u32;
     format!("{name}.{fingerprint:08x}")
 }
@@ -145,6 +149,7 @@ fn check_parameters(at: &str, kind: AlgorithmName, raw: &RawLimit, p: &mut Probl
         ("max", raw.max.is_some()),
         ("lease", raw.lease.is_some()),
         ("rate", raw.rate.is_some()),
+        ("time_zone", raw.time_zone.is_some()),
         ("cost_header", raw.cost_header.is_some()),
         ("cost_max", raw.cost_max.is_some()),
         ("cost_from_response", raw.cost_from_response.is_some()),
@@ -171,9 +176,20 @@ fn compile_rate(
         return None;
     }
     let Some(text) = text else {
-        p.add(format!("{at}.rate"), "required, e.g. 10/s or 100/30s");
+        let example = if kind == AlgorithmName::Calendar {
+            "100000/month"
+        } else {
+            "10/s or 100/30s"
+        };
+        p.add(format!("{at}.rate"), format!("required, e.g. {example}"));
         return None;
     };
+    if kind == AlgorithmName::Calendar {
+        return parse_calendar_rate(text)
+            .map(|(rate, _)| rate)
+            .map_err(|e| p.add(format!("{at}.rate"), e))
+            .ok();
+    }
     parse_rate(text)
         .map_err(|e| p.add(format!("{at}.rate"), e))
         .ok()
@@ -318,8 +334,23 @@ fn compile_algorithm(
             }
             window
         }
+        AlgorithmName::Calendar => compile_calendar(at, raw, rate?, p),
         AlgorithmName::Concurrency => compile_concurrency(at, raw, p),
     }
+}
+
+/// `algorithm: calendar`: `rate: N/<day|week|month|year>` (already checked as `rate`) counted
+/// per calendar period in `time_zone` (an IANA name, default UTC).
+fn compile_calendar(at: &str, raw: &RawLimit, rate: Rate, p: &mut Problems) -> Option<Algorithm> {
+    let (_, unit) = parse_calendar_rate(raw.rate.as_deref()?).ok()?;
+    let zone = raw.time_zone.as_deref().unwrap_or("UTC");
+    let periods = CalendarPeriods::of(unit, zone)
+        .map_err(|e| p.add(format!("{at}.time_zone"), e))
+        .ok()?;
+    Some(Algorithm::Calendar {
+        limit: rate.count.get(),
+        period: Period::Calendar(periods),
+    })
 }
 
 /// GCRA at `rate` with `units` of credit (`burst + 1`, or a bucket's capacity), admitting a
@@ -621,6 +652,107 @@ mod tests {
             (compiled.policy, compiled.cost),
             (Some((10, 1)), Cost::Fixed(1))
         );
+    }
+
+    #[test]
+    fn a_calendar_quota_names_its_unit_and_zone_and_each_mistake_is_reported() {
+        let (compiled, problems) =
+            limit("{ name: q, algorithm: calendar, rate: 100000/month, time_zone: Europe/Berlin }");
+        assert!(problems.is_empty(), "{problems:?}");
+        let compiled = compiled.unwrap();
+        assert_eq!(compiled.policy, Some((100_000, 30 * 86_400)));
+        assert_eq!(
+            compiled.algorithm.state_meaning(),
+            "calendar:month@Europe/Berlin"
+        );
+        let (utc, _) = limit("{ name: q, algorithm: calendar, rate: 5/week }");
+        assert_eq!(utc.unwrap().algorithm.state_meaning(), "calendar:week@UTC");
+        for (yaml, problem) in [
+            (
+                "{ name: q, algorithm: calendar, rate: 5/d }",
+                "routes[0].limits[0].rate: invalid rate \"5/d\": unknown calendar unit \"d\": use day, week, month or year",
+            ),
+            (
+                "{ name: q, algorithm: calendar }",
+                "routes[0].limits[0].rate: required, e.g. 100000/month",
+            ),
+            (
+                "{ name: q, algorithm: calendar, rate: 5/day, time_zone: Europe/Atlantis }",
+                "routes[0].limits[0].time_zone: unknown time zone \"Europe/Atlantis\": use an IANA name such as UTC or Europe/Berlin",
+            ),
+            (
+                "{ name: q, rate: 5/s, time_zone: UTC }",
+                "routes[0].limits[0].time_zone: does not apply to algorithm gcra",
+            ),
+            (
+                "{ name: q, algorithm: calendar, rate: 5/day, mode: leased }",
+                "routes[0].limits[0].mode: leased applies to gcra, token_bucket, leaky_bucket (without max_delay) and fixed_window",
+            ),
+        ] {
+            assert_eq!(limit(yaml).1, [problem], "{yaml}");
+        }
+    }
+
+    /// Keys keep their fingerprint where the stored state keeps its meaning (quota continuity
+    /// across reloads and plans), and change where it would not.
+    #[test]
+    fn the_fingerprint_follows_what_the_state_means_not_the_count() {
+        let key = |yaml: &str| fingerprinted("l", &limit(yaml).0.unwrap().algorithm);
+        let same = [
+            (
+                "{ name: l, algorithm: fixed_window, rate: 100/d }",
+                "{ name: l, algorithm: fixed_window, rate: 10/d }",
+            ),
+            (
+                "{ name: l, algorithm: sliding_window, rate: 100/h }",
+                "{ name: l, algorithm: sliding_window, rate: 3/h }",
+            ),
+            (
+                "{ name: l, algorithm: sliding_log, rate: 100/h }",
+                "{ name: l, algorithm: sliding_log, rate: 3/h }",
+            ),
+            (
+                "{ name: l, rate: 10/s, burst: 20 }",
+                "{ name: l, rate: 10/s, burst: 2, max_delay: 1s }",
+            ),
+            (
+                "{ name: l, rate: 10/s }",
+                "{ name: l, algorithm: token_bucket, rate: 10/s, capacity: 5 }",
+            ),
+            (
+                "{ name: l, algorithm: concurrency, max: 5 }",
+                "{ name: l, algorithm: concurrency, max: 1, lease: 5s }",
+            ),
+            (
+                "{ name: l, algorithm: calendar, rate: 9/month }",
+                "{ name: l, algorithm: calendar, rate: 1/month, time_zone: UTC }",
+            ),
+        ];
+        for (a, b) in same {
+            assert_eq!(key(a), key(b), "{a} and {b}");
+        }
+        let different = [
+            (
+                "{ name: l, algorithm: fixed_window, rate: 100/d }",
+                "{ name: l, algorithm: fixed_window, rate: 100/h }",
+            ),
+            (
+                "{ name: l, algorithm: fixed_window, rate: 10/h }",
+                "{ name: l, algorithm: sliding_window, rate: 10/h }",
+            ),
+            ("{ name: l, rate: 10/s }", "{ name: l, rate: 20/s }"),
+            (
+                "{ name: l, algorithm: calendar, rate: 9/month }",
+                "{ name: l, algorithm: calendar, rate: 9/day }",
+            ),
+            (
+                "{ name: l, algorithm: calendar, rate: 9/month }",
+                "{ name: l, algorithm: calendar, rate: 9/month, time_zone: Asia/Tokyo }",
+            ),
+        ];
+        for (a, b) in different {
+            assert_ne!(key(a), key(b), "{a} and {b}");
+        }
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub mod sections;
 pub mod server;
 pub mod tiers;
 pub mod upstreams;
+pub mod wording;
 
 use std::path::Path;
 
@@ -98,13 +99,13 @@ fn read(text: &str, p: &mut Problems) -> Option<raw::RawConfig> {
     };
     let Some((readable, positions)) = sections::read_by_section(text, p) else {
         // serde_yaml's message already starts with the YAML path and ends with the line.
-        p.add("", sections::plain_words(&first_error.to_string()));
+        p.add("", wording::plain_words(&first_error.to_string()));
         return None;
     };
     let mut raw = match read_noting_unknown(&readable, p) {
         Ok(raw) => raw,
         Err(e) => {
-            p.add("", sections::plain_words(&e.to_string()));
+            p.add("", wording::plain_words(&e.to_string()));
             return None;
         }
     };

@@ -3,6 +3,7 @@
 use std::num::NonZeroU64;
 use std::time::Duration;
 
+use crate::limiter::algorithm::CalendarUnit;
 use crate::limiter::Rate;
 
 /// The longest period a rate may have: one year keeps every microsecond count far below 2^53,
@@ -46,6 +47,34 @@ pub fn parse_rate(text: &str) -> Result<Rate, String> {
         ));
     }
     Ok(Rate { count, period })
+}
+
+/// A calendar quota's `rate:`: `N/day`, `N/week`, `N/month` or `N/year`, and the nominal
+/// period the `RateLimit-Policy` header advertises (a month: 30 days, a year: 365).
+pub fn parse_calendar_rate(text: &str) -> Result<(Rate, CalendarUnit), String> {
+    let (count, unit) = text
+        .split_once('/')
+        .ok_or_else(|| format!("invalid rate {text:?}: expected N/<unit>, e.g. 100000/month"))?;
+    let count = parse_count(text, count.trim())?;
+    let (unit, days) = match unit.trim() {
+        "day" => (CalendarUnit::Day, 1),
+        "week" => (CalendarUnit::Week, 7),
+        "month" => (CalendarUnit::Month, 30),
+        "year" => (CalendarUnit::Year, 365),
+        other => {
+            return Err(format!(
+            "invalid rate {text:?}: unknown calendar unit {other:?}: use day, week, month or year"
+        ))
+        }
+    };
+    let rate = Rate::new(count, Duration::from_secs(days * 86_400))
+        .ok_or_else(|| format!("invalid rate {text:?}: the request count must be at least 1"))?;
+    if u128::from(count) > MAX_PERIOD.as_micros() {
+        return Err(format!(
+            "invalid rate {text:?}: at most one request per microsecond can be limited"
+        ));
+    }
+    Ok((rate, unit))
 }
 
 /// A duration such as `500ms`, `2s`, `1m`, `1h`, `1d` (a bare unit means one of it).
@@ -106,6 +135,25 @@ mod tests {
         assert_eq!(parse_rate("100/30s"), Ok(rate(100, 30_000)));
         assert_eq!(parse_rate("3/500ms"), Ok(rate(3, 500)));
         assert_eq!(parse_rate(" 7 / 2m "), Ok(rate(7, 120_000)));
+    }
+
+    #[test]
+    fn calendar_rates_name_a_calendar_unit() {
+        let (rate, unit) = parse_calendar_rate("100000/month").unwrap();
+        assert_eq!((rate.count.get(), unit), (100_000, CalendarUnit::Month));
+        assert_eq!(rate.policy(), (100_000, 30 * 86_400));
+        assert_eq!(
+            parse_calendar_rate(" 5 / week ").unwrap().1,
+            CalendarUnit::Week
+        );
+        assert_eq!(
+            parse_calendar_rate("10/d").unwrap_err(),
+            "invalid rate \"10/d\": unknown calendar unit \"d\": use day, week, month or year"
+        );
+        assert!(parse_calendar_rate("0/day")
+            .unwrap_err()
+            .contains("at least 1"));
+        assert!(parse_calendar_rate("10").unwrap_err().contains("N/<unit>"));
     }
 
     #[test]

@@ -149,6 +149,7 @@ pub struct RawLimit {
     pub on_missing: Option<Spelled<OnMissingName>>,
     pub algorithm: Option<Spelled<AlgorithmName>>,
     pub rate: Option<String>,
+    pub time_zone: Option<String>,
     pub burst: Option<u64>,
     pub capacity: Option<u64>,
     pub max_delay: Option<String>,

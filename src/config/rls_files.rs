@@ -13,6 +13,7 @@ use serde::Deserialize;
 use super::choice::{impl_choice, AlgorithmName, Spelled};
 use super::limits::{gcra, window, MAX_SLIDING_LOG_LIMIT};
 use super::problem::Problems;
+use crate::limiter::algorithm::Period;
 use crate::limiter::{Algorithm, FailureMode, Limit, Rate};
 use crate::rls::{DescriptorLimit, Domain, Domains, Node, Rule, Unit};
 
@@ -251,11 +252,19 @@ fn compile_rule(
     Some(Rule::Limited(Box::new(limit)))
 }
 
-/// The algorithm a descriptor limit runs: envoyproxy/ratelimit's fixed window by default, the
-/// other windows, or `gcra`: a token bucket holding a whole unit's requests, refilled evenly.
+/// The algorithm a descriptor limit runs: envoyproxy/ratelimit's fixed window by default
+/// (aligned to the epoch as it cuts them: `now - now % unit`, a month of 30 days, a year of
+/// 365), the other windows, or `gcra`: a token bucket holding a whole unit's requests, refilled
+/// evenly.
 fn algorithm(chosen: &Spelled<AlgorithmName>, rate: Rate) -> Option<Algorithm> {
     match *chosen {
         Spelled::Known(AlgorithmName::Gcra) => gcra(rate, rate.count.get(), 0),
+        Spelled::Known(AlgorithmName::FixedWindow) => Some(Algorithm::Calendar {
+            limit: rate.count.get(),
+            period: Period::Aligned {
+                length_us: rate.period_us(),
+            },
+        }),
         Spelled::Known(kind) => window(kind, rate),
         Spelled::Unknown(_) => None,
     }

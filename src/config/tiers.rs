@@ -44,7 +44,7 @@ enum Pick {
 /// One `plans:` or `consumers:` entry of a limit.
 enum Entry {
     Off,
-    Params(Compiled),
+    Params(Box<Compiled>),
     /// It did not compile (reported); stands as the limit as written.
     Broken,
 }
@@ -167,7 +167,7 @@ fn compile_entry(at: &str, written: &RawLimit, entry: RawOverride, p: &mut Probl
     raw.max_delay = max_delay.or(raw.max_delay);
     raw.max = max.or(raw.max);
     match super::limits::compile_limit(at, raw, p) {
-        Some(parts) => Entry::Params(compiled(parts)),
+        Some(parts) => Entry::Params(Box::new(compiled(parts))),
         // Reported at the entry's path; the config is refused.
         None => Entry::Broken,
     }

@@ -5,7 +5,10 @@
 //!   before then: other gateways only ever consume, and time moves the same for all. So later
 //!   requests for it are denied in-process until then, with the same decision aged by the time
 //!   passed. Only limits with a fixed cost are cached (a smaller cost could pass sooner), and
-//!   never concurrency limits (slots free whenever a request ends). Bounded; exact expiry: a
+//!   never concurrency limits (slots free whenever a request ends). A key outlives a change of
+//!   the count it is compared with (a reload, another plan's limits on a shared key: see
+//!   `config/limits.rs`'s fingerprint), so a denial answers only a request that asks the same
+//!   limit, in the same position, with the same parameters and cost as the denied one. Bounded; exact expiry: a
 //!   denial is judged by the injected clock, and expired ones are swept when the cache is full.
 //! * **Circuit breaker.** After `FAILURES_TO_OPEN` consecutive errors the backend is not called
 //!   for a short interval (doubling from 50 ms up to 200 ms, so recovery is seen within a second
@@ -66,6 +69,29 @@ struct Denial {
     until: Instant,
     at: Instant,
     decision: Decision,
+    /// What was denied: the entry's position among the request's, its limit's parameters and
+    /// cost, and how many limits the request had.
+    asked: Asked,
+}
+
+/// The denied entry of a request, as a later request must ask it for the denial to apply.
+#[derive(PartialEq, Eq)]
+struct Asked {
+    position: usize,
+    limits: usize,
+    algorithm: Algorithm,
+    cost: u64,
+}
+
+impl Asked {
+    fn of(entries: &[Entry<'_>], position: usize, entry: &Entry<'_>) -> Asked {
+        Asked {
+            position,
+            limits: entries.len(),
+            algorithm: entry.limit.algorithm,
+            cost: entry.cost,
+        }
+    }
 }
 
 impl Denial {
@@ -98,9 +124,10 @@ impl DenyCache {
 
     /// The cached decision for the key of any of `entries`, aged to `now`.
     pub fn lookup(&self, entries: &[Entry<'_>], now: Instant) -> Option<Decision> {
-        entries.iter().find_map(|entry| {
+        entries.iter().enumerate().find_map(|(position, entry)| {
             let denial = self.denials.get(entry.key)?;
-            (denial.until > now).then(|| denial.aged(now))
+            (denial.until > now && denial.asked == Asked::of(entries, position, entry))
+                .then(|| denial.aged(now))
         })
     }
 
@@ -133,6 +160,7 @@ impl DenyCache {
             until: now + Duration::from_millis(retry_ms),
             at: now,
             decision: decision.clone(),
+            asked: Asked::of(&request.entries, index, entry),
         };
         self.denials.insert(Box::from(key), denial);
     }
@@ -400,10 +428,19 @@ mod tests {
         cache.remember(&LimitRequest::new(&entries), &denied(retry), now);
     }
 
+    /// The cached answer for `key` asked of `gcra(1000, 0)` at cost 1.
     fn lookup(cache: &DenyCache, key: &[u8], now: Instant) -> Option<Decision> {
-        let limits = [limit("l", gcra(1, 0))];
+        lookup_of(cache, key, &[limit("l", gcra(1000, 0))], now)
+    }
+
+    fn lookup_of(
+        cache: &DenyCache,
+        key: &[u8],
+        limits: &[Limit],
+        now: Instant,
+    ) -> Option<Decision> {
         let asks = asks(&[key], &[1]);
-        let entries = entries(&limits, &asks);
+        let entries = entries(limits, &asks);
         cache.lookup(&entries, now)
     }
 
@@ -416,6 +453,22 @@ mod tests {
         assert_eq!(aged.statuses[0].retry_after_ms, Some(600));
         assert!(lookup(&cache, b"k", t0 + Duration::from_millis(1000)).is_none());
         assert!(lookup(&cache, b"other", t0).is_none());
+    }
+
+    #[test]
+    fn a_denial_answers_only_the_same_limit_asked_the_same_way() {
+        let cache = DenyCache::new(10);
+        let t0 = Instant::now();
+        let denied_under = [limit("l", window(5))];
+        remember(&cache, &denied_under, 1, 1000, t0);
+        assert!(lookup_of(&cache, b"k", &denied_under, t0).is_some());
+        // The same key with a higher count (a reload, another plan's limit on a shared key)
+        // may pass: only the backend can say.
+        assert!(lookup_of(&cache, b"k", &[limit("l", window(50))], t0).is_none());
+        // The same limit beside another one: the denial's other statuses do not fit.
+        let beside = [limit("l", window(5)), limit("m", window(5))];
+        let asks = asks(&[b"k", b"m"], &[1, 1]);
+        assert!(cache.lookup(&entries(&beside, &asks), t0).is_none());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use smallvec::SmallVec;
 
 use super::algorithm::{Algorithm, Change};
+use super::clock::{Clock, SystemClock};
 use super::decision::{Decision, Statuses};
 use super::error::LimiterError;
 use super::id::RequestId;
@@ -19,6 +20,8 @@ pub const SOURCE: &str = concat!(
     include_str!("../../lua/gcra.lua"),
     "\n",
     include_str!("../../lua/fixed_window.lua"),
+    "\n",
+    include_str!("../../lua/calendar.lua"),
     "\n",
     include_str!("../../lua/sliding_window.lua"),
     "\n",
@@ -75,8 +78,10 @@ pub fn push_args(
     invocation
         .arg(&request.id.hex()[..])
         .arg(request.entries.len());
+    // Calendar bounds are computed around the clock the script is given, else the gateway's.
+    let gateway_now = now_us.map_or_else(|| SystemClock.now_us(), |now| now as i64);
     for entry in request.entries {
-        invocation.arg(LimitArgs::of(entry.limit, entry.cost).argv());
+        invocation.arg(LimitArgs::of(entry.limit, entry.cost, gateway_now).argv());
     }
 }
 
@@ -98,10 +103,10 @@ struct LimitArgs {
 }
 
 impl LimitArgs {
-    fn of(limit: &Limit, cost: u64) -> LimitArgs {
+    fn of(limit: &Limit, cost: u64, now_us: i64) -> LimitArgs {
         LimitArgs {
             algorithm: limit.algorithm.script_name(),
-            params: limit.algorithm.script_params(),
+            params: limit.algorithm.script_params(now_us),
             cost,
             shadow: limit.shadow,
         }
@@ -125,7 +130,13 @@ pub struct Call {
 }
 
 impl Call {
+    /// The call for `request`; calendar bounds are those around the gateway's clock now.
     pub fn of(request: &LimitRequest<'_>) -> Call {
+        Call::at(request, SystemClock.now_us())
+    }
+
+    /// The call for `request`, with calendar bounds computed around `now_us`.
+    pub fn at(request: &LimitRequest<'_>, now_us: i64) -> Call {
         let mut call = Call {
             id: request.id,
             keys: SmallVec::new(),
@@ -135,7 +146,8 @@ impl Call {
         for entry in request.entries {
             call.keys.extend_from_slice(entry.key);
             call.key_ends.push(call.keys.len());
-            call.limits.push(LimitArgs::of(entry.limit, entry.cost));
+            call.limits
+                .push(LimitArgs::of(entry.limit, entry.cost, now_us));
         }
         call
     }

@@ -48,6 +48,13 @@ pub fn sliding_log(name: &str, rate: &str) -> Limit {
     limit(name, "sliding_log").set("rate", rate)
 }
 
+/// A calendar quota (`rate: N/day|week|month|year`) in `time_zone`.
+pub fn calendar(name: &str, rate: &str, time_zone: &str) -> Limit {
+    limit(name, "calendar")
+        .set("rate", rate)
+        .set("time_zone", time_zone)
+}
+
 pub fn concurrency(name: &str, max: u64) -> Limit {
     limit(name, "concurrency").set("max", max)
 }

@@ -6,6 +6,7 @@
 //! milliseconds exactly as the scripts do. Where a fraction is needed (the sliding window's
 //! weight) both sides compute it with the same IEEE-754 double operations in the same order.
 
+mod calendar;
 mod concurrency;
 mod fixed_window;
 mod gcra;
@@ -13,6 +14,7 @@ mod sliding_log;
 mod sliding_window;
 mod state;
 
+pub use calendar::{CalendarPeriods, CalendarUnit, Period};
 pub use state::{Settled, State, Write};
 
 /// How settling changes a key after a decision took units from it (`lua/settle.lua`).
@@ -44,6 +46,9 @@ pub enum Algorithm {
     },
     /// At most `limit` units per window; the window starts at the first hit (INCRBY + PEXPIRE).
     FixedWindow { limit: u64, window_us: u64 },
+    /// At most `limit` units per period: calendar periods in a time zone (`algorithm:
+    /// calendar`), or windows aligned to the epoch (the Envoy rate limit service).
+    Calendar { limit: u64, period: Period },
     /// Two aligned counters; the previous window's count weighted by its overlap.
     SlidingWindow { limit: u64, window_us: u64 },
     /// Exact: a log of admitted units' timestamps over the last window.
@@ -79,6 +84,10 @@ impl Algorithm {
                 limit: (limit / k).max(1),
                 window_us,
             },
+            Algorithm::Calendar { limit, period } => Algorithm::Calendar {
+                limit: (limit / k).max(1),
+                period,
+            },
             Algorithm::SlidingLog { limit, window_us } => Algorithm::SlidingLog {
                 limit: (limit / k).max(1),
                 window_us,
@@ -99,6 +108,7 @@ impl Algorithm {
                 max_delay_us,
             } => (tolerance_us + max_delay_us) / emission_us,
             Algorithm::FixedWindow { limit, .. }
+            | Algorithm::Calendar { limit, .. }
             | Algorithm::SlidingWindow { limit, .. }
             | Algorithm::SlidingLog { limit, .. } => limit,
             Algorithm::Concurrency { .. } => 1,
@@ -112,15 +122,21 @@ impl Algorithm {
         match self {
             Algorithm::Gcra { .. } => "gcra",
             Algorithm::FixedWindow { .. } => "fixed_window",
+            Algorithm::Calendar { .. } => "calendar",
             Algorithm::SlidingWindow { .. } => "sliding_window",
             Algorithm::SlidingLog { .. } => "sliding_log",
             Algorithm::Concurrency { .. } => "concurrency",
         }
     }
 
-    /// The three numeric parameters passed to the script for this algorithm.
-    pub fn script_params(&self) -> [u64; 3] {
+    /// The three numeric parameters passed to the script for this algorithm; a calendar's are
+    /// the bounds of the period holding `now_us` (the gateway's clock).
+    pub fn script_params(&self, now_us: i64) -> [u64; 3] {
         match *self {
+            Algorithm::Calendar { limit, period } => {
+                let (start, end) = period.bounds(now_us);
+                [limit, start.max(0) as u64, end.max(0) as u64]
+            }
             Algorithm::Gcra {
                 emission_us,
                 tolerance_us,
@@ -130,6 +146,34 @@ impl Algorithm {
             | Algorithm::SlidingWindow { limit, window_us }
             | Algorithm::SlidingLog { limit, window_us } => [limit, window_us, 0],
             Algorithm::Concurrency { max, slot_ttl_us } => [max, slot_ttl_us, 0],
+        }
+    }
+
+    /// What the state this algorithm stores means, as text: two limits whose meanings are equal
+    /// can read each other's state (a reload that changes only a count, a burst or a capacity;
+    /// the same limit under two plans). It names the script and the parameters that give the
+    /// stored numbers their meaning, never the count a decision compares them with:
+    /// * GCRA: the emission interval (its TAT is time owed, in units of it), not the tolerance
+    ///   or the max delay (a TAT beyond a lowered tolerance denies until it drains);
+    /// * fixed, sliding windows and logs: the window length (a count per window), not the limit;
+    /// * calendar: the unit and zone (or the aligned length), not the limit;
+    /// * concurrency: nothing (slots in flight, whatever the max and the lease).
+    pub fn state_meaning(&self) -> String {
+        let name = self.script_name();
+        match *self {
+            Algorithm::Gcra { emission_us, .. } => format!("{name}:{emission_us}"),
+            Algorithm::FixedWindow { window_us, .. }
+            | Algorithm::SlidingWindow { window_us, .. }
+            | Algorithm::SlidingLog { window_us, .. } => format!("{name}:{window_us}"),
+            Algorithm::Calendar {
+                period: Period::Aligned { length_us },
+                ..
+            } => format!("{name}:{length_us}"),
+            Algorithm::Calendar {
+                period: Period::Calendar(periods),
+                ..
+            } => format!("{name}:{}@{}", periods.unit().name(), periods.zone_name()),
+            Algorithm::Concurrency { .. } => name.to_string(),
         }
     }
 
@@ -174,6 +218,17 @@ impl Algorithm {
                     _ => None,
                 };
                 fixed_window::decide(limit, window_us as i64, window, now_us, cost)
+            }
+            Algorithm::Calendar { limit, period } => {
+                let counter = match state {
+                    Some(&State::Period {
+                        start_us,
+                        end_us,
+                        count,
+                    }) => Some((start_us, end_us, count)),
+                    _ => None,
+                };
+                calendar::decide(limit, period.bounds(now_us), counter, now_us, cost)
             }
             Algorithm::SlidingWindow { limit, window_us } => {
                 let counters = match state {

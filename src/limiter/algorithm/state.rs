@@ -11,6 +11,13 @@ pub enum State {
     Gcra { tat_us: i64 },
     /// End of the current window and the units counted in it.
     Window { end_us: i64, count: u64 },
+    /// A calendar (or epoch-aligned) period's counter: its bounds as known (0: not known yet)
+    /// and the units counted in it.
+    Period {
+        start_us: i64,
+        end_us: i64,
+        count: u64,
+    },
     /// Start of the current aligned window, and the counts of it and of the one before.
     Sliding {
         start_us: i64,

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use super::api_key_file::check_plans;
 use super::api_keys::{compile_api_keys, ApiKeySettings};
 use super::choice::chosen;
-use super::jwt::{compile_jwt, RawJwt};
+use super::jwt::compile_jwt;
 use super::problem::{check_name, Problems};
-use super::raw::{RawAuth, RawAuthTable, RawIdentity, RawMtls};
+use super::raw::{RawAuth, RawAuthTable, RawIdentity, RawJwt, RawMtls};
 use crate::consumers::{
     AuthMode, CertificateCheck, CertificateField, KeyCheck, PlanId, Plans, RouteAuth, Verifiers,
     NO_PLAN,

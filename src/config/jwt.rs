@@ -5,14 +5,13 @@
 //! `watch: true` follows it), so `sluice -t` reports a broken one.
 
 use super::problem::Problems;
-use super::raw::RawSecret;
+use super::raw::{OneOrMany, RawJwt, RawSecret};
 use crate::jwt::jwks::{self, KeySet};
 use crate::jwt::settings::{
     early_refresh_gap, JwtSettings, KeySource, UrlSource, ALGORITHM_NAMES, DEFAULT_ALGORITHMS,
     DEFAULT_FETCH_TIMEOUT, DEFAULT_LEEWAY_SECONDS, DEFAULT_MAX_JWKS_BYTES, DEFAULT_REFRESH,
 };
 use jsonwebtoken::{Algorithm, AlgorithmFamily};
-use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,31 +19,6 @@ use std::time::Duration;
 const MIN_HMAC_SECRET_BYTES: usize = 32;
 const MAX_JWKS_BYTES_LIMIT: u64 = 16 * 1024 * 1024;
 const MAX_LEEWAY_SECONDS: u64 = 3600;
-
-/// `jwt:` as written. Unknown keys are reported by the file's reader (serde_ignored).
-#[derive(Debug, Default, Deserialize)]
-pub struct RawJwt {
-    pub jwks_file: Option<String>,
-    pub jwks_url: Option<String>,
-    pub refresh_seconds: Option<u64>,
-    pub fetch_timeout_ms: Option<u64>,
-    pub max_jwks_bytes: Option<u64>,
-    pub hmac_secret: Option<RawSecret>,
-    pub algorithms: Option<Vec<String>>,
-    pub issuer: Option<OneOrMany>,
-    pub audience: Option<OneOrMany>,
-    pub leeway_seconds: Option<u64>,
-    pub consumer_claim: Option<String>,
-    pub plan_claim: Option<String>,
-}
-
-/// A string, or a list of them.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum OneOrMany {
-    One(String),
-    Many(Vec<String>),
-}
 
 /// Compiles `raw`, found at the YAML path `at` (such as `identity.jwt`).
 pub fn compile_jwt(raw: RawJwt, at: &str, p: &mut Problems) -> Option<JwtSettings> {

@@ -20,7 +20,6 @@ use super::choice::{
     AlgorithmName, BalanceName, ClientAuthMode, EncodedSlash, LimitMode, OnMissingName, RedisMode,
     Spelled,
 };
-use super::jwt::RawJwt;
 use super::observe::{RawAccessLog, RawRequestId, RawTracing};
 use super::server::ServerSettings;
 
@@ -224,6 +223,32 @@ pub struct RawIdentity {
     pub api_keys: Option<RawApiKeys>,
     pub jwt: Option<RawJwt>,
     pub mtls: Option<RawMtls>,
+}
+
+/// `identity.jwt`: where the keys come from, which algorithms, issuers, audiences and claims
+/// (compiled by `jwt.rs`).
+#[derive(Debug, Default, Deserialize)]
+pub struct RawJwt {
+    pub jwks_file: Option<String>,
+    pub jwks_url: Option<String>,
+    pub refresh_seconds: Option<u64>,
+    pub fetch_timeout_ms: Option<u64>,
+    pub max_jwks_bytes: Option<u64>,
+    pub hmac_secret: Option<RawSecret>,
+    pub algorithms: Option<Vec<String>>,
+    pub issuer: Option<OneOrMany>,
+    pub audience: Option<OneOrMany>,
+    pub leeway_seconds: Option<u64>,
+    pub consumer_claim: Option<String>,
+    pub plan_claim: Option<String>,
+}
+
+/// A string, or a list of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
 }
 
 /// `identity.mtls`: which field of a verified client certificate names the consumer, and the

@@ -160,7 +160,7 @@ impl DenyCache {
             until: now + Duration::from_millis(retry_ms),
             at: now,
             decision: decision.clone(),
-            asked: Asked::of(&request.entries, index, entry),
+            asked: Asked::of(request.entries, index, entry),
         };
         self.denials.insert(Box::from(key), denial);
     }

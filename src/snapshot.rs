@@ -169,13 +169,13 @@ impl Snapshot {
         }
     }
 
-    /// Whether routes verify callers while the JWT verifier has no key (its JWKS URL has not
-    /// answered yet): every token would be refused, so the gateway is not ready.
+    /// Whether routes verify callers while the JWT verifier has no key from its JWKS URL (it has
+    /// not answered yet): tokens would be refused, so the gateway is not ready.
     pub fn awaits_jwt_keys(&self) -> bool {
         let Some(jwt) = self.config.consumers.jwt() else {
             return false;
         };
-        !jwt.has_keys()
+        jwt.awaits_keys()
             && self
                 .routes
                 .iter()

@@ -550,6 +550,31 @@ mod url_source {
         drop(refresh);
     }
 
+    #[test]
+    fn before_a_url_answers_its_tokens_await_keys_and_an_hmac_secret_still_verifies() {
+        let secret = b"0123456789abcdef0123456789abcdef";
+        let mut settings = url_settings("http://127.0.0.1:9/jwks.json", 1024);
+        settings.algorithms = [Algorithm::ES256, Algorithm::HS256].into();
+        settings.hmac = Some(Arc::new(jwks::hmac_key(secret)));
+        let verifier = JwtVerifier::new(settings, &[], None);
+        let now = testing::now();
+        let ec = TestKey::generate(Family::P256, Algorithm::ES256, Some("ec"));
+        let hs = TestKey::hmac(secret, Algorithm::HS256, None);
+        assert!(verifier.awaits_keys());
+        assert_eq!(
+            verifier.verify(&ec.sign(&testing::claims("alice", ISS, AUD, now)), now),
+            Err(JwtRejection::NoKeys)
+        );
+        assert!(verifier
+            .verify(&hs.sign(&testing::claims("bob", ISS, AUD, now)), now)
+            .is_ok());
+        verifier.install(jwks::parse(testing::jwks(&[&ec]).as_bytes()).unwrap().set);
+        assert!(!verifier.awaits_keys());
+        assert!(verifier
+            .verify(&ec.sign(&testing::claims("alice", ISS, AUD, now)), now)
+            .is_ok());
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fetch_that_is_never_answered_ends_at_its_deadline() {
         let server = JwksServer::start(String::new());
@@ -566,5 +591,29 @@ mod url_source {
         assert_eq!(outcome.label(), "unreachable", "{outcome:?}");
         assert_eq!(server.requests(), 1);
         server.serve(Served::Status(404));
+    }
+}
+
+#[test]
+fn every_fetch_outcome_label_is_listed_for_the_metric() {
+    use super::fetch::FetchError;
+    use super::refresh::FetchOutcome;
+    let outcomes = [
+        FetchOutcome::Updated {
+            keys: 1,
+            skipped: 0,
+        },
+        FetchOutcome::Failed(FetchError::Client(String::new())),
+        FetchOutcome::Failed(FetchError::Request(String::new())),
+        FetchOutcome::Failed(FetchError::Status(500)),
+        FetchOutcome::Failed(FetchError::TooLarge(1)),
+        FetchOutcome::Failed(FetchError::NotJwks(String::new())),
+        FetchOutcome::Failed(FetchError::NoUsableKey),
+    ];
+    for outcome in &outcomes {
+        assert!(
+            FetchOutcome::LABELS.contains(&outcome.label()),
+            "{outcome:?}"
+        );
     }
 }

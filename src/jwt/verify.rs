@@ -81,9 +81,11 @@ impl JwtVerifier {
         same_url
     }
 
-    /// Whether any token could verify now: a key is loaded, or an HMAC secret is configured.
-    pub fn has_keys(&self) -> bool {
-        self.settings.hmac.is_some() || !self.keys.load().is_empty()
+    /// Whether the keys of a JWKS URL are still to come: it has not answered since this
+    /// verifier (or the one whose keys it kept) was made. Tokens of its keys are refused as
+    /// [`JwtRejection::NoKeys`] meanwhile (an `hmac_secret`'s tokens still verify).
+    pub fn awaits_keys(&self) -> bool {
+        self.url_source().is_some() && self.keys.load().is_empty()
     }
 
     pub fn settings(&self) -> &JwtSettings {
@@ -142,7 +144,9 @@ impl JwtVerifier {
                 return Ok(hmac);
             }
         }
-        if keys.is_empty() && self.settings.hmac.is_none() {
+        // No key at all where keys were to come (a JWKS URL that has not answered yet): the
+        // token cannot be judged, which is not the same as a key unknown to a loaded set.
+        if keys.is_empty() && (self.settings.source.is_some() || self.settings.hmac.is_none()) {
             return Err(JwtRejection::NoKeys);
         }
         keys.select(kid, alg).map_err(|selection| match selection {

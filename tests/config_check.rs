@@ -272,3 +272,36 @@ fn jwt_settings_are_checked_with_their_paths() {
         ],
     );
 }
+
+/// Every configuration shown in docs/consumers.md (a `yaml` block with `routes:`) passes
+/// `sluice -t`, its key file replaced by one that exists.
+#[test]
+fn the_configurations_of_the_consumers_guide_pass() {
+    let guide = std::fs::read_to_string(support::repo_path("docs/consumers.md"))
+        .expect("docs/consumers.md");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key_file = dir.path().join("api-keys.yaml");
+    let hash = sluice::api_keys::KeyHash::of(b"sk_documented_example_key_01");
+    std::fs::write(
+        &key_file,
+        format!("keys:\n  - {{ hash: \"{hash}\", consumer: acme }}\n"),
+    )
+    .expect("write the key file");
+    let examples: Vec<&str> = guide
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|block| block.split("```").next())
+        .filter(|block| block.contains("\nroutes:"))
+        .collect();
+    assert!(examples.len() >= 4, "the worked examples are found");
+    for (i, example) in examples.iter().enumerate() {
+        let text = example.replace("/etc/sluice/api-keys.yaml", &key_file.display().to_string());
+        let path = dir.path().join(format!("example-{i}.yaml"));
+        std::fs::write(&path, format!("listen: [127.0.0.1:8080]\n{text}")).expect("write");
+        let (code, _, stderr) = check(&path.display().to_string());
+        assert_eq!(
+            code, 0,
+            "example {i} of docs/consumers.md:\n{example}\n{stderr}"
+        );
+    }
+}

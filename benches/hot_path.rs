@@ -166,7 +166,7 @@ fn address_lists(c: &mut Criterion) {
 }
 
 /// Reading and verifying a presented API key among 10,000 stored hashes: the header read, one
-/// SHA-256 and one lookup (docs/consumers-apikeys.md).
+/// SHA-256 and one lookup (docs/consumers.md#api-keys).
 fn api_keys(c: &mut Criterion) {
     use sluice::api_keys::{presented_key, ApiKey, ApiKeys, KeyHash};
     let mut keys = ApiKeys::default();
@@ -194,5 +194,66 @@ fn api_keys(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, hot_path, address_lists, api_keys);
+/// Verifying a bearer token of each family against a key set of one key (the signature, the
+/// claims, the consumer and plan read): what `auth` with `identity.jwt` costs a request.
+fn jwt(c: &mut Criterion) {
+    use sluice::jwt::testing::{self, Family, TestKey};
+    use sluice::jwt::{jwks, Algorithm, JwtSettings, JwtVerifier, KeySource};
+    let now = testing::now();
+    let families = [
+        (
+            "RS256 (RSA 2048)",
+            TestKey::generate(Family::Rsa, Algorithm::RS256, Some("k")),
+        ),
+        (
+            "ES256 (P-256)",
+            TestKey::generate(Family::P256, Algorithm::ES256, Some("k")),
+        ),
+        (
+            "EdDSA (Ed25519)",
+            TestKey::generate(Family::Ed25519, Algorithm::EdDSA, Some("k")),
+        ),
+        (
+            "HS256",
+            TestKey::hmac(&[7u8; 32], Algorithm::HS256, Some("k")),
+        ),
+    ];
+    for (label, key) in &families {
+        let set = jwks::parse(testing::jwks(&[key]).as_bytes())
+            .expect("a JWKS")
+            .set;
+        let settings = JwtSettings {
+            algorithms: [
+                Algorithm::RS256,
+                Algorithm::ES256,
+                Algorithm::EdDSA,
+                Algorithm::HS256,
+            ]
+            .into(),
+            source: Some(KeySource::File {
+                path: "/bench/jwks.json".into(),
+                keys: std::sync::Arc::new(set),
+            }),
+            hmac: None,
+            issuers: ["https://idp.example".into()].into(),
+            audiences: ["api".into()].into(),
+            leeway_seconds: 60,
+            consumer_claim: "sub".into(),
+            plan_claim: Some("plan".into()),
+        };
+        let verifier = JwtVerifier::new(settings, &[], None);
+        let mut claims = testing::claims("user-42", "https://idp.example", "api", now);
+        claims["plan"] = "pro".into();
+        let token = key.sign(&claims);
+        assert!(
+            verifier.verify(&token, now).is_ok(),
+            "{label}: the token verifies"
+        );
+        c.bench_function(&format!("jwt: verify a bearer token, {label}"), |b| {
+            b.iter(|| verifier.verify(black_box(&token), now).is_ok())
+        });
+    }
+}
+
+criterion_group!(benches, hot_path, address_lists, api_keys, jwt);
 criterion_main!(benches);

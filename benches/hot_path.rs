@@ -195,7 +195,8 @@ fn api_keys(c: &mut Criterion) {
 }
 
 /// Verifying a bearer token of each family against a key set of one key (the signature, the
-/// claims, the consumer and plan read): what `auth` with `identity.jwt` costs a request.
+/// claims, the consumer and plan read): what `auth` with `identity.jwt` costs a request the
+/// first time its token is seen; and a token seen before (`jwt/cache.rs`).
 fn jwt(c: &mut Criterion) {
     use sluice::jwt::testing::{self, Family, TestKey};
     use sluice::jwt::{jwks, Algorithm, JwtSettings, JwtVerifier, KeySource};
@@ -245,13 +246,24 @@ fn jwt(c: &mut Criterion) {
         let mut claims = testing::claims("user-42", "https://idp.example", "api", now);
         claims["plan"] = "pro".into();
         let token = key.sign(&claims);
+        let document = testing::jwks(&[key]);
+        // In full: the keys installed again before each verification empty the cache.
+        c.bench_function(&format!("jwt: verify a new bearer token, {label}"), |b| {
+            b.iter_batched(
+                || verifier.install(jwks::parse(document.as_bytes()).expect("a JWKS").set),
+                |()| verifier.verify(black_box(&token), now).is_ok(),
+                criterion::BatchSize::PerIteration,
+            )
+        });
         assert!(
             verifier.verify(&token, now).is_ok(),
             "{label}: the token verifies"
         );
-        c.bench_function(&format!("jwt: verify a bearer token, {label}"), |b| {
-            b.iter(|| verifier.verify(black_box(&token), now).is_ok())
-        });
+        if *label == "RS256 (RSA 2048)" {
+            c.bench_function("jwt: a token verified before (held), RS256", |b| {
+                b.iter(|| verifier.verify(black_box(&token), now).is_ok())
+            });
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! Signatures are checked by the `jsonwebtoken` crate; no cryptography is written here.
 
 pub mod bearer;
+pub mod cache;
 pub mod fetch;
 pub mod jwks;
 pub mod refresh;

@@ -249,6 +249,37 @@ fn expiry_and_not_before_hold_with_the_leeway() {
 }
 
 #[test]
+fn a_verified_token_is_held_its_times_checked_again_until_other_keys_are_installed() {
+    let k = keys();
+    let verifier = every_family();
+    let mut claims = good_claims();
+    claims["nbf"] = json!(NOW + 30);
+    claims["exp"] = json!(NOW + 100);
+    let token = k.rsa.sign(&claims);
+    let first = verifier.verify(&token, NOW).expect("verifies");
+    assert_eq!(verifier.verified_tokens(), 1);
+    assert_eq!(verifier.verify(&token, NOW + 1), Ok(first.clone()), "held");
+    // The leeway is 60 s: valid from NOW - 30 to NOW + 160, held or not.
+    assert_eq!(
+        verifier.verify(&token, NOW - 31),
+        Err(JwtRejection::NotYetValid)
+    );
+    assert!(verifier.verify(&token, NOW + 159).is_ok());
+    assert_eq!(
+        verifier.verify(&token, NOW + 160),
+        Err(JwtRejection::Expired)
+    );
+    // Forged tokens are not held.
+    let forged = format!("{}x", &token[..token.len() - 1]);
+    assert!(verifier.verify(&forged, NOW).is_err());
+    assert_eq!(verifier.verified_tokens(), 1);
+    // A fetch that drops the token's key: the token held is refused from then on.
+    verifier.install(jwks::parse(testing::jwks(&[&k.ed]).as_bytes()).unwrap().set);
+    assert_eq!(verifier.verified_tokens(), 0);
+    assert_eq!(verifier.verify(&token, NOW), Err(JwtRejection::UnknownKey));
+}
+
+#[test]
 fn issuer_audience_and_consumer_are_checked() {
     let k = keys();
     let verifier = every_family();

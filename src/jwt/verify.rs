@@ -1,7 +1,9 @@
 //! Verifying a bearer token: the header's algorithm against the allow-list, the key by `kid`,
 //! the signature (by `jsonwebtoken`), then the claims against the settings and the given time.
-//! Nothing here waits: the keys are whatever the last load or fetch installed.
+//! Nothing here waits: the keys are whatever the last load or fetch installed. A token verified
+//! once is held (`cache.rs`) until other keys are installed; its times are checked every time.
 
+use super::cache::{Validity, VerifiedTokens};
 use super::jwks::{KeySet, Selection, VerifyKey};
 use super::rejection::{JwtRejection, VerifiedToken};
 use super::settings::{JwtSettings, KeySource, UrlSource};
@@ -25,6 +27,8 @@ pub struct JwtVerifier {
     keys: ArcSwap<KeySet>,
     /// Woken when a token names a `kid` no key has: the refresh may fetch early.
     refresh_wanted: Notify,
+    /// Tokens verified with the keys in force (`cache.rs`).
+    verified: VerifiedTokens,
 }
 
 impl std::fmt::Debug for JwtVerifier {
@@ -60,6 +64,7 @@ impl JwtVerifier {
             validations,
             keys: ArcSwap::new(keys),
             refresh_wanted: Notify::new(),
+            verified: VerifiedTokens::default(),
             settings,
         };
         if let Some(previous) = previous {
@@ -77,6 +82,7 @@ impl JwtVerifier {
         };
         if same_url {
             self.keys.store(previous.keys.load_full());
+            self.verified.keys_changed();
         }
         same_url
     }
@@ -105,9 +111,17 @@ impl JwtVerifier {
         self.keys.load_full()
     }
 
-    /// Puts `keys` in force (a fetch's result).
+    /// Puts `keys` in force (a fetch's result); tokens verified before are verified again.
     pub fn install(&self, keys: KeySet) {
+        // Keys first, then the cache's generation: a verification that reads the new
+        // generation also reads the new keys.
         self.keys.store(Arc::new(keys));
+        self.verified.keys_changed();
+    }
+
+    /// Tokens held verified (tests and metrics).
+    pub fn verified_tokens(&self) -> usize {
+        self.verified.len()
     }
 
     /// Resolves when a token named an unknown `kid` since the last call.
@@ -115,8 +129,25 @@ impl JwtVerifier {
         self.refresh_wanted.notified().await;
     }
 
-    /// Verifies `token` at `now_unix_secs`.
+    /// Verifies `token` at `now_unix_secs`: from the cache of verified tokens when it holds it
+    /// (its times checked again), else in full.
     pub fn verify(&self, token: &str, now_unix_secs: u64) -> Result<VerifiedToken, JwtRejection> {
+        let now = now_unix_secs as f64;
+        if let Some(held) = self.verified.get(token, now) {
+            return held;
+        }
+        let generation = self.verified.generation();
+        let (verified, validity) = self.verify_in_full(token, now)?;
+        self.verified
+            .insert(token, &verified, validity, generation, now);
+        Ok(verified)
+    }
+
+    fn verify_in_full(
+        &self,
+        token: &str,
+        now: f64,
+    ) -> Result<(VerifiedToken, Validity), JwtRejection> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| header_rejection(token))?;
         let validation = self
             .validations
@@ -129,8 +160,8 @@ impl JwtVerifier {
         let claims = jsonwebtoken::decode::<Claims>(token, &key.key, validation)
             .map_err(|e| signature_rejection(e.kind()))?
             .claims;
-        self.check_claims(&claims, now_unix_secs)?;
-        self.verified(&claims)
+        let validity = self.check_claims(&claims, now)?;
+        Ok((self.verified(&claims)?, validity))
     }
 
     fn key_for<'k>(
@@ -160,21 +191,21 @@ impl JwtVerifier {
         })
     }
 
-    /// `exp` (required), `nbf`, `iss`, `aud`, each of the right JSON type.
-    fn check_claims(&self, claims: &Claims, now: u64) -> Result<(), JwtRejection> {
-        let now = now as f64;
+    /// `exp` (required), `nbf`, `iss`, `aud`, each of the right JSON type; what `exp` and `nbf`
+    /// say, with the leeway, for the cache to check again.
+    fn check_claims(&self, claims: &Claims, now: f64) -> Result<Validity, JwtRejection> {
         let leeway = self.settings.leeway_seconds as f64;
         let exp = claims.get("exp").ok_or(JwtRejection::NoExpiry)?;
         let exp = exp.as_f64().ok_or(JwtRejection::Malformed)?;
-        if now >= exp + leeway {
-            return Err(JwtRejection::Expired);
-        }
-        if let Some(nbf) = claims.get("nbf") {
-            let nbf = nbf.as_f64().ok_or(JwtRejection::Malformed)?;
-            if now + leeway < nbf {
-                return Err(JwtRejection::NotYetValid);
-            }
-        }
+        let from = match claims.get("nbf") {
+            Some(nbf) => Some(nbf.as_f64().ok_or(JwtRejection::Malformed)? - leeway),
+            None => None,
+        };
+        let validity = Validity {
+            until: exp + leeway,
+            from,
+        };
+        validity.check(now)?;
         if !self.settings.issuers.is_empty() {
             let iss = claims.get("iss").and_then(Value::as_str);
             if !iss.is_some_and(|iss| self.settings.issuers.iter().any(|ok| **ok == *iss)) {
@@ -184,7 +215,7 @@ impl JwtVerifier {
         if !self.settings.audiences.is_empty() && !self.audience_matches(claims.get("aud")) {
             return Err(JwtRejection::WrongAudience);
         }
-        Ok(())
+        Ok(validity)
     }
 
     fn audience_matches(&self, aud: Option<&Value>) -> bool {

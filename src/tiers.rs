@@ -151,10 +151,9 @@ impl Tiers {
 
 #[cfg(test)]
 mod tests {
-    use smallvec::SmallVec;
 
     use super::*;
-    use crate::consumers::{PlanId, Via};
+    use crate::consumers::test_consumer as consumer;
     use crate::keys::KeySecret;
 
     fn tier() -> Tier {
@@ -164,15 +163,6 @@ mod tests {
             pricing: RoutePricing::new(Vec::new()),
             policy_header: None,
             positions: Box::new([]),
-        }
-    }
-
-    fn consumer(id: &str, plan: Option<u8>) -> Consumer {
-        Consumer {
-            id: id.into(),
-            plan: plan.map(PlanId),
-            claims: SmallVec::new(),
-            via: Via::ApiKey,
         }
     }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use support::certs::{Issued, TestCa};
 use support::config::{route, Config};
 use support::limits::{concurrency, fixed_window};
-use support::{free_port, metric, spawn_redis, Gateway, RedisServer, Upstream};
+use support::{check_config, free_port, metric, spawn_redis, Gateway, RedisServer, Upstream};
 
 const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
@@ -462,24 +462,9 @@ fn a_certificate_swapped_by_sighup_under_load_fails_no_request_and_a_bad_pair_is
     );
 }
 
-/// `sluice -t` on `yaml` (written beside the test's certificates): success and stderr.
-fn check(dir: &Path, yaml: &str) -> (bool, String) {
-    let path = dir.join("check.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["-t", "-c"])
-        .arg(&path)
-        .output()
-        .expect("run sluice -t");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// `sluice -t` on a config whose only listener serves `issued`.
 fn check_listener(dir: &Path, issued: &Issued) -> (bool, String) {
-    check(
+    check_config(
         dir,
         &format!(
             "listen:\n  - {}\nroutes:\n  - name: r\n    match: {{ path_prefix: / }}\n    upstream: {{ servers: [127.0.0.1:1] }}\n",
@@ -490,7 +475,7 @@ fn check_listener(dir: &Path, issued: &Issued) -> (bool, String) {
 
 /// `sluice -t` on a config whose only route's upstream has this `tls:` value.
 fn check_upstream_tls(dir: &Path, tls: &str) -> (bool, String) {
-    check(
+    check_config(
         dir,
         &format!(
             "listen: [127.0.0.1:1]\nroutes:\n  - name: r\n    match: {{ path_prefix: / }}\n    upstream: {{ servers: [127.0.0.1:1], tls: {tls} }}\n"

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use support::certs::{Issued, TestCa};
 use support::config::{route, Config};
-use support::{free_port, Gateway, Upstream};
+use support::{check_config, free_port, Gateway, Upstream};
 
 /// A TLS listener on `port` serving `server`, with this `client_auth` value (or none).
 fn listener(port: u16, server: &Issued, client_auth: Option<String>) -> String {
@@ -341,21 +341,6 @@ fn sighup_adds_swaps_and_removes_client_auth_and_a_bad_ca_file_keeps_it() {
     );
 }
 
-/// `sluice -t` on `yaml`: success and stderr.
-fn check(dir: &Path, yaml: &str) -> (bool, String) {
-    let path = dir.join("check.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["-t", "-c"])
-        .arg(&path)
-        .output()
-        .expect("run sluice -t");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn sluice_t_names_an_unreadable_or_invalid_client_ca_with_its_path() {
     let pki = pki();
@@ -366,11 +351,11 @@ fn sluice_t_names_an_unreadable_or_invalid_client_ca_with_its_path() {
             listener(1, &pki.server, client_auth("require", ca))
         )
     };
-    let (ok, stderr) = check(dir, &yaml(&pki.ca.ca));
+    let (ok, stderr) = check_config(dir, &yaml(&pki.ca.ca));
     assert!(ok, "{stderr}");
 
     let absent = dir.join("absent-ca.pem");
-    let (ok, stderr) = check(dir, &yaml(&absent));
+    let (ok, stderr) = check_config(dir, &yaml(&absent));
     assert!(!ok, "{stderr}");
     assert!(
         stderr.contains("listen[0].tls.client_auth.ca") && stderr.contains("absent-ca.pem"),
@@ -378,7 +363,7 @@ fn sluice_t_names_an_unreadable_or_invalid_client_ca_with_its_path() {
     );
 
     // A private key is no CA certificate.
-    let (ok, stderr) = check(dir, &yaml(&pki.client.key));
+    let (ok, stderr) = check_config(dir, &yaml(&pki.client.key));
     assert!(!ok, "{stderr}");
     assert!(
         stderr.contains("listen[0].tls.client_auth.ca")

@@ -303,11 +303,10 @@ pub fn policy_header(limits: &[Limit]) -> Option<HeaderValue> {
 
 #[cfg(test)]
 mod tests {
-    use smallvec::SmallVec;
 
     use super::*;
     use crate::config::problem::problems_of;
-    use crate::consumers::{Consumer, PlanId, Via};
+    use crate::consumers::{test_consumer as consumer, Consumer, PlanId};
     use crate::keys::KeySecret;
     use crate::limiter::FailureMode;
 
@@ -337,15 +336,6 @@ mod tests {
             };
             Some(build(&compiled, &settings, p))
         })
-    }
-
-    fn consumer(id: &str, plan: Option<u8>) -> Consumer {
-        Consumer {
-            id: id.into(),
-            plan: plan.map(PlanId),
-            claims: SmallVec::new(),
-            via: Via::ApiKey,
-        }
     }
 
     /// The `RateLimit-Policy` a caller sees: the limits it meets.

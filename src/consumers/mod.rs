@@ -118,6 +118,18 @@ pub struct Consumer {
     pub via: Via,
 }
 
+/// A consumer of API keys on plan `plan` (an index into the plans), without claims: the callers
+/// of unit tests.
+#[cfg(test)]
+pub(crate) fn test_consumer(id: &str, plan: Option<u8>) -> Consumer {
+    Consumer {
+        id: id.into(),
+        plan: plan.map(PlanId),
+        claims: SmallVec::new(),
+        via: Via::ApiKey,
+    }
+}
+
 /// What a route asks of callers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, strum::EnumString, strum::VariantNames)]
 #[strum(serialize_all = "snake_case")]

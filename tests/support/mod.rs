@@ -666,3 +666,19 @@ pub fn load_for(
         .flat_map(|t| t.join().expect("load thread"))
         .collect()
 }
+
+/// `sluice -t` on `yaml`, written as `check.yaml` in `dir` (beside the files it names): success
+/// and stderr.
+pub fn check_config(dir: &Path, yaml: &str) -> (bool, String) {
+    let path = dir.join("check.yaml");
+    std::fs::write(&path, yaml).expect("write check.yaml");
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["-t", "-c"])
+        .arg(&path)
+        .output()
+        .expect("run sluice -t");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

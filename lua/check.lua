@@ -14,7 +14,16 @@
 --            allowed (1|0), remaining, retry_after_ms (-1: never), reset_after_ms, delay_ms,
 --            mark: where this call left the key, in us (gcra: the TAT written; fixed_window: the
 --            window's end), 0 when the call wrote nothing to it or the algorithm has no mark.
---            A refund of units this call took quotes the mark (refund.lua).
+--            A refund of units this call took quotes the mark (settle.lua).
+--
+-- DECIDE and COMMIT map each algorithm this script holds to its functions: src/limiter/script.rs
+-- composes one script per set of algorithms (the prelude, those algorithms' files, the two
+-- tables, this driver), so a call pays only for the algorithms its requests use.
+--
+-- The driver is written for Redis's per-call cost: one pass checks the layout before anything
+-- is read or written; one pass decides. Per request it creates no closure and no table (the
+-- reply and one table of writes serve every request of the call), and an algorithm's write is a
+-- plain value where it can be (gcra: the new TAT).
 --
 -- Each request is decided as if it were alone, in arrival order, so a batch admits exactly what
 -- the same requests sent one by one would. For one request, phase one reads every state and
@@ -23,34 +32,23 @@
 -- written (and writes nothing itself). When the request is denied, the limits that allowed it
 -- report their unconsumed state (a cost-0 peek).
 
-local ALGORITHMS = {
-  gcra = { gcra_decide, gcra_commit },
-  fixed_window = { fixed_window_decide, fixed_window_commit },
-  calendar = { calendar_decide, calendar_commit },
-  sliding_window = { sliding_window_decide, sliding_window_commit },
-  sliding_log = { sliding_log_decide, sliding_log_commit },
-  concurrency = { concurrency_decide, concurrency_commit },
-}
-
--- The requests' layout, checked before anything is read or written: for each request, the ARGV
--- index of its id, the KEYS index before its first key, and its number of limits.
+-- The layout, checked before anything is read or written: every request's count of limits and
+-- algorithms, and the totals of ARGV and KEYS.
 local requests = tonumber(ARGV[2])
 if not requests or requests < 1 then
   return redis.error_reply('ERR sluice: expected the number of requests, got ' .. tostring(ARGV[2]))
 end
-local layout, arg, key = {}, 3, 0
+local arg, key = 3, 0
 for r = 1, requests do
   local limits = tonumber(ARGV[arg + 1])
   if not limits or limits < 1 or arg + 1 + 6 * limits > #ARGV then
     return redis.error_reply('ERR sluice: request ' .. r .. ' of ' .. requests .. ' is malformed')
   end
-  for i = 0, limits - 1 do
-    local name = ARGV[arg + 2 + 6 * i]
-    if not ALGORITHMS[name] then
-      return redis.error_reply('ERR sluice: unknown algorithm ' .. tostring(name))
+  for at = arg + 2, arg + 6 * limits - 4, 6 do
+    if not DECIDE[ARGV[at]] then
+      return redis.error_reply('ERR sluice: unknown algorithm ' .. tostring(ARGV[at]))
     end
   end
-  layout[r] = { arg, key, limits }
   arg, key = arg + 2 + 6 * limits, key + limits
 end
 if arg - 1 ~= #ARGV or key ~= #KEYS then
@@ -59,51 +57,46 @@ if arg - 1 ~= #ARGV or key ~= #KEYS then
 end
 
 local now = now_us(ARGV[1])
-local reply = {}
-
--- Decides one request: its id at ARGV[arg], its limits' keys after KEYS[key], `limits` of them;
--- its 6 integers per limit go into the reply after index `out`.
-local function decide_request(arg, key, limits, out)
-  local id = ARGV[arg]
-  local function decide(i, cost)
-    local at = arg + 2 + 6 * (i - 1)
-    return ALGORITHMS[ARGV[at]][1](KEYS[key + i], now, tonumber(ARGV[at + 1]),
-      tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]), cost, id)
-  end
-
-  local writes, all_allowed = {}, true
+local reply, writes = {}, {}
+-- arg: the ARGV index of the request's id; key: KEYS before its first key; out: the reply before
+-- its first integer. `at` walks its limits' 6 values, `o` their 6 integers.
+arg, key = 3, 0
+local out = 0
+for _ = 1, requests do
+  local id, limits = ARGV[arg], tonumber(ARGV[arg + 1])
+  local admitted = true
+  local at, o = arg + 2, out
   for i = 1, limits do
-    local at = arg + 2 + 6 * (i - 1)
-    local allowed, remaining, retry, reset, delay, write = decide(i, tonumber(ARGV[at + 4]))
-    if allowed == 0 and ARGV[at + 5] ~= '1' then
-      all_allowed = false
-    end
-    writes[i] = write
-    local o = out + 6 * (i - 1)
-    reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4], reply[o + 5] = allowed, remaining, retry, reset, delay
+    local write
+    reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4], reply[o + 5], write =
+      DECIDE[ARGV[at]](KEYS[key + i], now, tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
+        tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]), id)
     reply[o + 6] = 0
+    writes[i] = write or false
+    if reply[o + 1] == 0 and ARGV[at + 5] ~= '1' then
+      admitted = false
+    end
+    at, o = at + 6, o + 6
   end
-
-  if all_allowed then
+  at, o = arg + 2, out
+  if admitted then
     for i = 1, limits do
       if writes[i] then
-        local commit = ALGORITHMS[ARGV[arg + 2 + 6 * (i - 1)]][2]
-        reply[out + 6 * (i - 1) + 6] = commit(KEYS[key + i], writes[i], id) or 0
+        reply[o + 6] = COMMIT[ARGV[at]](KEYS[key + i], writes[i], id, now) or 0
       end
+      at, o = at + 6, o + 6
     end
   else
+    -- Denied: the limits that allowed it report their unconsumed state (a cost-0 peek).
     for i = 1, limits do
-      local o = out + 6 * (i - 1)
       if reply[o + 1] == 1 then
-        local _, remaining, retry, reset = decide(i, 0)
+        local _, remaining, retry, reset = DECIDE[ARGV[at]](KEYS[key + i], now,
+          tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]), 0, id)
         reply[o + 2], reply[o + 3], reply[o + 4], reply[o + 5] = remaining, retry, reset, 0
       end
+      at, o = at + 6, o + 6
     end
   end
-end
-
-for r = 1, requests do
-  local at = layout[r]
-  decide_request(at[1], at[2], at[3], 6 * at[2])
+  arg, key, out = at, key + limits, o
 end
 return reply

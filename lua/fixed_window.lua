@@ -9,7 +9,7 @@
 -- commit(key, write, id)                 -> new window: HSET e n + PEXPIRE <ms to window end>;
 --                                           same window: HINCRBY n cost (the TTL already ends it).
 --                                           Returns the mark: the window's end (us), which a
---                                           refund of these units must quote (refund.lua).
+--                                           refund of these units must quote (settle.lua).
 -- A denied request writes nothing. The clock never runs backwards inside a key: a time before
 -- the stored window's start counts as its start.
 

@@ -7,11 +7,13 @@
 --          p3 = max delay in us (shaping): a request that would pass within p3 more is admitted
 --               and held for that long instead of denied (0: never delay).
 -- decide(key, now, p1, p2, p3, cost, id) -> allowed (1|0), remaining, retry_after_ms (-1: never),
---                                           reset_after_ms, delay_ms, write (nil: nothing to store)
--- commit(key, write, id)                 -> SET key <tat> PX <ttl_ms>; the TTL is the time until
+--                                           reset_after_ms, delay_ms, write: the new TAT (false:
+--                                           nothing to store; a number, not a table, so a decision
+--                                           allocates nothing)
+-- commit(key, write, id, now)            -> SET key <tat> PX <ttl_ms>; the TTL is the time until
 --                                           the TAT is in the past, when the state equals no key.
 --                                           Returns the mark: the TAT written (us), which a refund
---                                           of these units must quote (refund.lua).
+--                                           of these units must quote (settle.lua).
 -- A denied request writes nothing. cost = 0 peeks: never denied, writes nothing.
 
 local function gcra_remaining(tolerance, ttl, emission)
@@ -35,17 +37,16 @@ local function gcra_decide(key, now, emission, tolerance, max_delay, cost)
     if increment <= tolerance + max_delay then
       retry = ceil_ms(over - max_delay)
     end
-    return 0, gcra_remaining(tolerance, ttl, emission), retry, ceil_ms(ttl), 0, nil
+    return 0, gcra_remaining(tolerance, ttl, emission), retry, ceil_ms(ttl), 0, false
   end
-  local ttl = new_tat - now
-  local write, delay = nil, 0
+  local remaining, reset = gcra_remaining(tolerance, new_tat - now, emission), ceil_ms(new_tat - now)
   if cost > 0 then
-    write, delay = { new_tat, ttl }, ceil_ms(over)
+    return 1, remaining, 0, reset, ceil_ms(over), new_tat
   end
-  return 1, gcra_remaining(tolerance, ttl, emission), 0, ceil_ms(ttl), delay, write
+  return 1, remaining, 0, reset, 0, false
 end
 
-local function gcra_commit(key, write)
-  redis.call('SET', key, fmt(write[1]), 'PX', ceil_ms(write[2]))
-  return write[1]
+local function gcra_commit(key, tat, _, now)
+  redis.call('SET', key, fmt(tat), 'PX', ceil_ms(tat - now))
+  return tat
 end

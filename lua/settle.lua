@@ -58,7 +58,7 @@ end
 
 local function charge_gcra(key, now, emission, units)
   local tat = math.max(tonumber(redis.call('GET', key)) or now, now) + emission * units
-  gcra_commit(key, { tat, tat - now })
+  gcra_commit(key, tat, nil, now)
   return 1
 end
 

@@ -27,8 +27,10 @@ struct Cli {
     #[arg(short = 'u', long = "upgrade")]
     upgrade: bool,
     /// Print the limiter's Lua script (docs/lua-contract.md) and exit; needs no configuration.
-    #[arg(long = "print-script")]
-    print_script: bool,
+    /// With a comma-separated list of algorithms (e.g. `--print-script=gcra`), print the script
+    /// a gateway sends for requests that use only those.
+    #[arg(long = "print-script", value_name = "ALGORITHMS", num_args = 0..=1, require_equals = true, default_missing_value = "")]
+    print_script: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -48,6 +50,27 @@ enum Command {
 #[global_allocator]
 static ALLOCATOR: MiMalloc = MiMalloc;
 
+/// Prints the decision script holding the algorithms named in `names` (comma-separated; empty:
+/// all of them).
+fn print_script(names: &str) -> ExitCode {
+    use sluice::limiter::script::{decision_source, Algorithms};
+    let algorithms = if names.is_empty() {
+        Some(Algorithms::ALL)
+    } else {
+        Algorithms::named(names.split(','))
+    };
+    match algorithms {
+        Some(algorithms) => {
+            print!("{}", decision_source(algorithms));
+            ExitCode::SUCCESS
+        }
+        None => {
+            eprintln!("sluice: --print-script: {names:?} names an unknown algorithm (known: gcra, fixed_window, calendar, sliding_window, sliding_log, concurrency)");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Relative paths (the file's and those in it) are taken from here, before anything moves.
@@ -58,9 +81,8 @@ fn main() -> ExitCode {
             Command::GenKey => gen_key(),
         };
     }
-    if cli.print_script {
-        print!("{}", sluice::limiter::script::SOURCE);
-        return ExitCode::SUCCESS;
+    if let Some(names) = cli.print_script {
+        return print_script(&names);
     }
     sluice::logging::init();
 

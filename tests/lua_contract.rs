@@ -54,7 +54,7 @@ fn the_documented_calls_give_the_documented_replies() {
     let script = String::from_utf8(script.stdout).expect("the script is text");
     assert_eq!(
         script,
-        sluice::limiter::script::SOURCE,
+        sluice::limiter::script::decision_source(sluice::limiter::script::Algorithms::ALL),
         "the script sluice sends"
     );
 

@@ -11,7 +11,7 @@ use redis::Commands;
 use sluice::limiter::algorithm::{Period, Settled, State, Write};
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
-use sluice::limiter::script::{self, RELEASE_SOURCE, SETTLE_SOURCE, SOURCE};
+use sluice::limiter::script::{self, Algorithms, RELEASE_SOURCE, SETTLE_SOURCE};
 use sluice::limiter::{
     asks, entries, Algorithm, Change, Cost, Decision, Limit, LimitRequest, RequestId,
 };
@@ -102,6 +102,23 @@ fn statuses_only(reply: Vec<i64>) -> Vec<i64> {
         .collect()
 }
 
+/// Which decision script a call runs: the one holding exactly its limits' algorithms (what a
+/// gateway sends), or the one holding all of them (`sluice --print-script`).
+#[derive(Debug, Clone, Copy)]
+enum Variant {
+    Exact,
+    All,
+}
+
+impl Variant {
+    fn script(self, limits: &[Limit]) -> &'static redis::Script {
+        script::decision_script(match self {
+            Variant::Exact => Algorithms::of_limits(limits),
+            Variant::All => Algorithms::ALL,
+        })
+    }
+}
+
 /// The whole reply, marks included.
 fn call_full(
     con: &mut redis::Connection,
@@ -110,8 +127,8 @@ fn call_full(
     now: Option<u64>,
     id: u128,
 ) -> redis::RedisResult<Vec<i64>> {
-    let script = redis::Script::new(SOURCE);
-    invocation(&script, keys, limits, &costs(limits), now, id).invoke(con)
+    let script = Variant::Exact.script(limits);
+    invocation(script, keys, limits, &costs(limits), now, id).invoke(con)
 }
 
 fn call_as(
@@ -132,8 +149,19 @@ fn call_costs(
     now: u64,
     id: u128,
 ) -> Vec<i64> {
-    let script = redis::Script::new(SOURCE);
-    invocation(&script, keys, limits, costs, Some(now), id)
+    call_variant(Variant::Exact, con, keys, limits, costs, now, id)
+}
+
+fn call_variant(
+    variant: Variant,
+    con: &mut redis::Connection,
+    keys: &[&str],
+    limits: &[Limit],
+    costs: &[u64],
+    now: u64,
+    id: u128,
+) -> Vec<i64> {
+    invocation(variant.script(limits), keys, limits, costs, Some(now), id)
         .invoke(con)
         .expect("script call")
 }
@@ -464,7 +492,7 @@ fn malformed_calls_are_refused_with_a_message() {
     let redis = RedisServer::start();
     let mut con = redis.connection();
     let mut refused = |keys: &[&str], args: &[&str]| {
-        let script = redis::Script::new(SOURCE);
+        let script = script::decision_script(Algorithms::ALL);
         let mut invocation = script.prepare_invoke();
         for key in keys {
             invocation.key(*key);
@@ -538,7 +566,7 @@ fn a_batch_decides_its_requests_in_order_each_as_if_alone() {
     // The first limit would admit three at once (burst 2), the second only one (no burst).
     let limits = [gcra("1/s", 2, 1), gcra("10/s", 0, 1)];
     let key_bytes: Vec<&[u8]> = vec![b"{a}x".as_slice(), b"{a}y".as_slice()];
-    let script = redis::Script::new(SOURCE);
+    let script = script::decision_script(Algorithms::of_limits(&limits));
     script.load(&mut con).expect("SCRIPT LOAD");
     let costs = [[1, 1], [1, 1], [1, 1], [1, 1]];
     let mut calls = Vec::new();
@@ -552,7 +580,8 @@ fn a_batch_decides_its_requests_in_order_each_as_if_alone() {
         calls.push(script::Call::of(&request));
     }
     let refs: Vec<&script::Call> = calls.iter().collect();
-    let reply: Vec<i64> = script::batch_command(&script, &refs)
+    assert!(std::ptr::eq(script::script_for(&refs), script));
+    let reply: Vec<i64> = script::batch_command(script, &refs)
         .query(&mut con)
         .expect("batch call");
     assert_eq!(reply.len(), 4 * 2 * script::REPLY_STRIDE);
@@ -1416,7 +1445,7 @@ fn calendar_counts_in_the_period_of_the_redis_clock_whatever_side_the_gateway_is
     // One call with the bounds a gateway computed, deciding at Redis's `now`.
     let mut decider = redis.connection();
     let mut raw = |now: u64, limit: u64, start: u64, end: u64, cost: u64| -> Vec<i64> {
-        let script = redis::Script::new(SOURCE);
+        let script = script::decision_script(Algorithms::of_limits(&[calendar("2/day", "UTC", 1)]));
         let reply: Vec<i64> = script
             .prepare_invoke()
             .key("k")
@@ -1485,9 +1514,20 @@ fn arb_limit() -> impl Strategy<Value = Limit> {
 
 /// Random limits of every algorithm and random sequences of (time step, request, release): the
 /// script in Redis and the in-process backend give identical decisions, remaining counts,
-/// retry, reset and delay times.
+/// retry, reset and delay times. Each call runs the script of exactly its limits' algorithms,
+/// as a gateway sends it.
 #[test]
 fn script_and_in_process_backend_agree() {
+    scripts_and_in_process_backend_agree(Variant::Exact);
+}
+
+/// The same with the script of every algorithm (the public contract's).
+#[test]
+fn the_script_of_every_algorithm_and_the_in_process_backend_agree() {
+    scripts_and_in_process_backend_agree(Variant::All);
+}
+
+fn scripts_and_in_process_backend_agree(variant: Variant) {
     let redis = RedisServer::start();
     let con = std::cell::RefCell::new(redis.connection());
     let cases = (
@@ -1541,7 +1581,15 @@ fn script_and_in_process_backend_agree() {
                         .unwrap();
                 }
                 let id = i as u128;
-                let reply = call_costs(&mut con, &keys[..n], &limits[..n], &costs[..n], now, id);
+                let reply = call_variant(
+                    variant,
+                    &mut con,
+                    &keys[..n],
+                    &limits[..n],
+                    &costs[..n],
+                    now,
+                    id,
+                );
                 let from_redis = script::parse_reply(&reply, n).unwrap();
                 let asks = asks(&key_bytes[..n], &costs[..n]);
                 let entries = entries(&limits[..n], &asks);

@@ -1,4 +1,5 @@
-//! Redis backend: every limit of a route in one EVALSHA of `script::SOURCE`, under a deadline;
+//! Redis backend: every limit of a route in one EVALSHA of a decision script (`script.rs`: the
+//! one holding exactly the algorithms of the batch), under a deadline;
 //! requests that arrive while a call is in flight go together in the next one (`coalesce.rs`).
 //!
 //! The connection (standalone, cluster or sentinel: `link.rs`) is made lazily on first use,
@@ -31,17 +32,17 @@ pub struct RedisLimiter {
     deadline: Duration,
 }
 
-/// What a batch of decisions needs to reach Redis: the link and the decision script.
+/// What a batch of decisions needs to reach Redis: the link.
 struct Dispatch {
     link: Arc<Link>,
-    script: redis::Script,
 }
 
 impl Execute for Dispatch {
     async fn execute(&self, calls: &[&Call], deadline: Duration) -> Result<Vec<i64>, LimiterError> {
         let call = async {
             let mut connection = self.link.connection().await?;
-            let command = script::batch_command(&self.script, calls);
+            let decision_script = script::script_for(calls);
+            let command = script::batch_command(decision_script, calls);
             // NOSCRIPT: the script never ran, so loading it and sending the call again cannot
             // count twice; a `SCRIPT FLUSH` in between gives NOSCRIPT again, hence a few tries.
             let mut attempts = NOSCRIPT_ATTEMPTS;
@@ -49,7 +50,7 @@ impl Execute for Dispatch {
                 attempts -= 1;
                 match command.query_async::<Vec<i64>>(&mut connection).await {
                     Err(error) if error.code() == Some("NOSCRIPT") && attempts > 0 => {
-                        self.script
+                        decision_script
                             .load_async(&mut connection)
                             .await
                             .map_err(classify)?;
@@ -92,7 +93,6 @@ impl RedisLimiter {
         let link = Arc::new(Link::new(topology, auth, deadline)?);
         let dispatch = Dispatch {
             link: Arc::clone(&link),
-            script: redis::Script::new(script::SOURCE),
         };
         let by_slot = matches!(topology, Topology::Cluster { .. });
         Ok(RedisLimiter {

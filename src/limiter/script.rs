@@ -1,6 +1,8 @@
 //! The Lua scripts, composed from `lua/`, and the encoding of their arguments and replies. The
 //! contracts are stated in `lua/check.lua`, `lua/settle.lua` and `lua/release.lua`.
 
+use std::sync::OnceLock;
+
 use smallvec::SmallVec;
 
 use super::algorithm::{Algorithm, Change};
@@ -12,25 +14,117 @@ use super::limit::Limit;
 use super::request::LimitRequest;
 use super::status::LimitStatus;
 
-/// prelude, one file per algorithm, then the driver: one script; one EVALSHA decides a batch of
+/// The helpers every script starts with.
+const PRELUDE: &str = include_str!("../../lua/prelude.lua");
+
+/// Each algorithm's name (`Algorithm::script_name`) and file, in the order of [`Algorithms`]'
+/// bits.
+const ALGORITHM_FILES: [(&str, &str); 6] = [
+    ("gcra", include_str!("../../lua/gcra.lua")),
+    ("fixed_window", include_str!("../../lua/fixed_window.lua")),
+    ("calendar", include_str!("../../lua/calendar.lua")),
+    (
+        "sliding_window",
+        include_str!("../../lua/sliding_window.lua"),
+    ),
+    ("sliding_log", include_str!("../../lua/sliding_log.lua")),
+    ("concurrency", include_str!("../../lua/concurrency.lua")),
+];
+
+/// The driver deciding a batch of requests (`lua/check.lua`).
+const DRIVER: &str = include_str!("../../lua/check.lua");
+
+/// A set of algorithms: which ones a decision script holds. Redis runs a script's whole text on
+/// every call, so each algorithm a script holds costs every call that does not use it (its
+/// closures are made anew each time): the gateway sends each batch to the script of exactly the
+/// algorithms its requests use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Algorithms(u8);
+
+impl Algorithms {
+    /// Every algorithm: the script of the public contract (`sluice --print-script`).
+    pub const ALL: Algorithms = Algorithms((1 << ALGORITHM_FILES.len()) - 1);
+
+    /// The set holding `algorithm` alone.
+    pub fn of(algorithm: &Algorithm) -> Algorithms {
+        let bit = match algorithm {
+            Algorithm::Gcra { .. } => 0,
+            Algorithm::FixedWindow { .. } => 1,
+            Algorithm::Calendar { .. } => 2,
+            Algorithm::SlidingWindow { .. } => 3,
+            Algorithm::SlidingLog { .. } => 4,
+            Algorithm::Concurrency { .. } => 5,
+        };
+        Algorithms(1 << bit)
+    }
+
+    /// The set of the algorithms of `limits`.
+    pub fn of_limits<'a>(limits: impl IntoIterator<Item = &'a Limit>) -> Algorithms {
+        limits
+            .into_iter()
+            .fold(Algorithms::default(), |set, limit| {
+                set.with(Algorithms::of(&limit.algorithm))
+            })
+    }
+
+    /// The set of the names in `names` (`Algorithm::script_name`); `None` names one unknown.
+    pub fn named<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<Algorithms> {
+        names
+            .into_iter()
+            .try_fold(Algorithms::default(), |set, name| {
+                let bit = ALGORITHM_FILES.iter().position(|(file, _)| *file == name)?;
+                Some(set.with(Algorithms(1 << bit)))
+            })
+    }
+
+    /// Both sets.
+    pub fn with(self, other: Algorithms) -> Algorithms {
+        Algorithms(self.0 | other.0)
+    }
+
+    fn holds(self, bit: usize) -> bool {
+        self.0 & (1 << bit) != 0
+    }
+}
+
+/// The decision script of `algorithms`: the prelude, their files, the tables the driver
+/// dispatches on, then the driver (`lua/check.lua`). One EVALSHA of it decides a batch of
 /// requests (`coalesce.rs`), each with every limit of its route.
-pub const SOURCE: &str = concat!(
-    include_str!("../../lua/prelude.lua"),
-    "\n",
-    include_str!("../../lua/gcra.lua"),
-    "\n",
-    include_str!("../../lua/fixed_window.lua"),
-    "\n",
-    include_str!("../../lua/calendar.lua"),
-    "\n",
-    include_str!("../../lua/sliding_window.lua"),
-    "\n",
-    include_str!("../../lua/sliding_log.lua"),
-    "\n",
-    include_str!("../../lua/concurrency.lua"),
-    "\n",
-    include_str!("../../lua/check.lua"),
-);
+pub fn decision_source(algorithms: Algorithms) -> String {
+    let held = || {
+        ALGORITHM_FILES
+            .iter()
+            .enumerate()
+            .filter(move |(bit, _)| algorithms.holds(*bit))
+            .map(|(_, file)| file)
+    };
+    let mut source = String::from(PRELUDE);
+    for (_, file) in held() {
+        source.push('\n');
+        source.push_str(file);
+    }
+    let table = |function: &str| {
+        held()
+            .map(|(name, _)| format!("{name} = {name}_{function}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    source.push_str(&format!(
+        "\nlocal DECIDE = {{ {} }}\nlocal COMMIT = {{ {} }}\n\n",
+        table("decide"),
+        table("commit")
+    ));
+    source.push_str(DRIVER);
+    source
+}
+
+/// The decision script of `algorithms`, composed and hashed on its first use.
+pub fn decision_script(algorithms: Algorithms) -> &'static redis::Script {
+    static SCRIPTS: [OnceLock<redis::Script>; 1 << ALGORITHM_FILES.len()] =
+        [const { OnceLock::new() }; 1 << ALGORITHM_FILES.len()];
+    SCRIPTS[usize::from(algorithms.0)]
+        .get_or_init(|| redis::Script::new(&decision_source(algorithms)))
+}
 
 /// Settles units earlier calls took: gives back the unspent, charges the overspent
 /// (`lua/settle.lua`, which writes a charge with the algorithms' own commit functions).
@@ -127,6 +221,7 @@ pub struct Call {
     keys: SmallVec<[u8; 256]>,
     key_ends: SmallVec<[usize; 4]>,
     limits: SmallVec<[LimitArgs; 4]>,
+    algorithms: Algorithms,
 }
 
 impl Call {
@@ -142,8 +237,10 @@ impl Call {
             keys: SmallVec::new(),
             key_ends: SmallVec::new(),
             limits: SmallVec::new(),
+            algorithms: Algorithms::default(),
         };
         for entry in request.entries {
+            call.algorithms = call.algorithms.with(Algorithms::of(&entry.limit.algorithm));
             call.keys.extend_from_slice(entry.key);
             call.key_ends.push(call.keys.len());
             call.limits
@@ -171,7 +268,16 @@ impl Call {
     }
 }
 
-/// The EVALSHA of `script` (the decision script) deciding `calls` in order, with Redis's clock.
+/// The decision script holding every algorithm of `calls`.
+pub fn script_for(calls: &[&Call]) -> &'static redis::Script {
+    let algorithms = calls
+        .iter()
+        .fold(Algorithms::default(), |set, call| set.with(call.algorithms));
+    decision_script(algorithms)
+}
+
+/// The EVALSHA of `script` (a decision script holding every algorithm of `calls`) deciding
+/// `calls` in order, with Redis's clock.
 /// Built as one command buffer: no allocation per argument.
 pub fn batch_command(script: &redis::Script, calls: &[&Call]) -> redis::Cmd {
     let keys: usize = calls.iter().map(|call| call.limits()).sum();
@@ -251,6 +357,48 @@ mod tests {
         assert_eq!(never.retry(), crate::limiter::decision::Retry::Never);
         let shaped = parse_reply(&[1, 0, 0, 300, 120, 9], 1).unwrap();
         assert_eq!(shaped.delay_ms(), 120);
+    }
+
+    #[test]
+    fn each_algorithm_has_its_file_and_a_script_holds_only_its_algorithms() {
+        use crate::limiter::algorithm::Period;
+        use crate::limiter::testing::{concurrency, gcra, limit, window};
+        let windowed = |algorithm: fn(u64, u64) -> Algorithm| algorithm(5, 60_000_000);
+        let algorithms = [
+            gcra(10, 1),
+            window(5),
+            Algorithm::Calendar {
+                limit: 5,
+                period: Period::Aligned {
+                    length_us: 60_000_000,
+                },
+            },
+            windowed(|limit, window_us| Algorithm::SlidingWindow { limit, window_us }),
+            windowed(|limit, window_us| Algorithm::SlidingLog { limit, window_us }),
+            concurrency(2),
+        ];
+        let limits: Vec<Limit> = algorithms.into_iter().map(|a| limit("l", a)).collect();
+        for limit in &limits {
+            let set = Algorithms::of(&limit.algorithm);
+            let name = limit.algorithm.script_name();
+            assert_eq!(Algorithms::named([name]), Some(set));
+            let source = decision_source(set);
+            assert!(source.contains(&format!("local function {name}_decide(")));
+            assert!(source.contains(&format!("DECIDE = {{ {name} = {name}_decide }}")));
+            for other in ALGORITHM_FILES
+                .iter()
+                .map(|(n, _)| *n)
+                .filter(|n| *n != name)
+            {
+                assert!(!source.contains(&format!("local function {other}_decide(")));
+            }
+        }
+        assert_eq!(Algorithms::of_limits(&limits), Algorithms::ALL);
+        assert_eq!(Algorithms::named(["gcra", "leaky"]), None);
+        assert!(std::ptr::eq(
+            decision_script(Algorithms::ALL),
+            decision_script(Algorithms::ALL)
+        ));
     }
 
     #[test]

@@ -60,10 +60,14 @@ fn a_burst_admits_exactly_the_limit_then_429s_with_headers_then_passes_again() {
         denied.header("content-type"),
         Some("application/problem+json")
     );
-    assert!(
-        denied.body.contains("\"status\":429") && denied.body.contains("\"limit\":\"per_client\""),
-        "{}",
-        denied.body
+    let id = denied
+        .header("x-request-id")
+        .map_or(String::new(), |id| format!(",\"request_id\":\"{id}\""));
+    assert_eq!(
+        denied.body,
+        format!(
+            "{{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Rate limit 'per_client' of route 'api' exceeded.\",\"limit\":\"per_client\",\"retry_after_seconds\":2{id}}}\n"
+        )
     );
 
     // One emission interval (2 s) later, exactly one more request passes. Deliberate: the

@@ -1,8 +1,8 @@
 //! Group commit of decisions: while one script call is in flight on a lane, the requests that
 //! arrive wait, and the next call carries all of them (up to `max_batch`), each decided in
 //! arrival order as if it were alone (`lua/check.lua`). There is no timer: a lone request goes at
-//! once, and batches form only when requests arrive faster than Redis answers, which is when
-//! one call per request would cost the most.
+//! once, from its own task, and batches form only when requests arrive faster than Redis
+//! answers, which is when one call per request would cost the most; a draining task sends them.
 //!
 //! A lane is where one call at a time may be in flight: the one connection of a standalone or
 //! Sentinel-managed Redis, or one Cluster slot (a script's keys must share a slot). Each request
@@ -131,21 +131,41 @@ impl<E: Execute> Coalescer<E> {
         }
     }
 
-    /// Decides `call` in the next batch of its lane; waits at most `deadline`.
+    /// Decides `call` in the next batch of its lane; waits at most `deadline`. On an idle lane
+    /// the call goes at once, from the caller's own task (no hand-off, no extra wake-up); the
+    /// requests that arrive meanwhile wait and go together when it is answered.
     pub async fn decide(&self, call: Call, deadline: Duration) -> Result<Decided, LimiterError> {
         if self.coalescing.max_batch == 1 {
             return self.decide_alone(call, deadline).await;
         }
         let lane = self.lanes.lane(&call);
-        let (reply, answer) = oneshot::channel();
-        let start_draining = {
+        let queued = {
             let mut queue = lane.lock();
-            queue.waiting.push(Job {
-                call,
-                deadline: Instant::now() + deadline,
-                reply,
-            });
-            !std::mem::replace(&mut queue.draining, true)
+            if !queue.draining && queue.waiting.is_empty() {
+                queue.draining = true;
+                Err(call)
+            } else {
+                let (reply, answer) = oneshot::channel();
+                queue.waiting.push(Job {
+                    call,
+                    deadline: Instant::now() + deadline,
+                    reply,
+                });
+                Ok((answer, !std::mem::replace(&mut queue.draining, true)))
+            }
+        };
+        let (answer, start_draining) = match queued {
+            Ok(queued) => queued,
+            Err(call) => {
+                // The lane is this request's until `_sending` is dropped (answered, cancelled or
+                // unwound), which hands it to a draining task if requests queued meanwhile.
+                let _sending = Sending {
+                    lane: &lane,
+                    executor: &self.executor,
+                    coalescing: &self.coalescing,
+                };
+                return self.decide_alone(call, deadline).await;
+            }
         };
         if start_draining {
             tokio::spawn(drain(
@@ -165,16 +185,46 @@ impl<E: Execute> Coalescer<E> {
 }
 
 impl<E: Execute> Coalescer<E> {
-    /// `max_batch: 1`: one call per decision, sent at once; calls in flight together are
-    /// pipelined on the connection, none waits for another's reply.
+    /// One call deciding `call` alone, sent at once from the caller's task: `max_batch: 1` (calls
+    /// in flight together are pipelined on the connection, none waits for another's reply), or
+    /// an idle lane. The executor keeps the deadline (`redis.rs`: `within`).
     async fn decide_alone(&self, call: Call, deadline: Duration) -> Result<Decided, LimiterError> {
         self.coalescing.sizes.observe(1.0);
-        let flat =
-            match tokio::time::timeout(deadline, self.executor.execute(&[&call], deadline)).await {
-                Ok(reply) => reply?,
-                Err(_) => return Err(LimiterError::Timeout(deadline.as_millis() as u64)),
-            };
+        let flat = self.executor.execute(&[&call], deadline).await?;
         script::parse_statuses(&flat, call.limits()).map(|statuses| (statuses, 1))
+    }
+}
+
+/// A lane whose call a request sends itself: when dropped, the lane goes to a new draining task
+/// if requests queued meanwhile, and is idle again otherwise.
+struct Sending<'a, E: Execute> {
+    lane: &'a Arc<Lane>,
+    executor: &'a Arc<E>,
+    coalescing: &'a Coalescing,
+}
+
+impl<E: Execute> Drop for Sending<'_, E> {
+    fn drop(&mut self) {
+        let mut queue = self.lane.lock();
+        if queue.waiting.is_empty() {
+            queue.draining = false;
+            return;
+        }
+        drop(queue);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(drain(
+                    Arc::clone(self.lane),
+                    Arc::clone(self.executor),
+                    self.coalescing.clone(),
+                ));
+            }
+            // No runtime to drain on (only while one shuts down): free the lane and fail them.
+            Err(_) => drop(Draining {
+                lane: self.lane,
+                finished: false,
+            }),
+        }
     }
 }
 
@@ -209,7 +259,7 @@ async fn drain<E: Execute>(lane: Arc<Lane>, executor: Arc<E>, coalescing: Coales
         lane: &lane,
         finished: false,
     };
-    let mut batch: Vec<Job> = Vec::with_capacity(coalescing.max_batch);
+    let mut batch: Vec<Job> = Vec::new();
     loop {
         {
             let mut queue = guard.lane.lock();
@@ -283,9 +333,11 @@ mod tests {
     use crate::limiter::testing::{gcra, limit};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// Panics on its first call (an injected bug); then allows every limit.
+    /// Its first call waits for `release`, its second panics (an injected bug); then it allows
+    /// every limit.
     struct PanicsOnce {
         calls: AtomicUsize,
+        release: tokio::sync::Notify,
     }
 
     impl Execute for PanicsOnce {
@@ -294,8 +346,10 @@ mod tests {
             calls: &[&Call],
             _deadline: Duration,
         ) -> Result<Vec<i64>, LimiterError> {
-            if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
-                panic!("injected: a batch task panics");
+            match self.calls.fetch_add(1, Ordering::SeqCst) {
+                0 => self.release.notified().await,
+                1 => panic!("injected: a batch task panics"),
+                _ => {}
             }
             let limits: usize = calls.iter().map(|call| call.limits()).sum();
             Ok([1, 0, 0, 0, 0, 0].repeat(limits))
@@ -309,6 +363,9 @@ mod tests {
         Call::of(&LimitRequest::new(&entries))
     }
 
+    /// A lone request goes from its own task; two that arrive while it is in flight wait and go
+    /// together in a draining task, which panics: both fail, the lane is freed, and later
+    /// requests are served.
     #[tokio::test]
     async fn a_panicking_batch_fails_its_requests_and_frees_the_lane() {
         let coalescing = Coalescing {
@@ -318,19 +375,38 @@ mod tests {
         };
         let executor = PanicsOnce {
             calls: AtomicUsize::new(0),
+            release: tokio::sync::Notify::new(),
         };
-        let coalescer = Coalescer::new(executor, false, coalescing);
+        let coalescer = Arc::new(Coalescer::new(executor, false, coalescing));
         let deadline = Duration::from_secs(30);
-        let failed = coalescer.decide(call(), deadline).await;
-        assert!(
-            matches!(failed, Err(LimiterError::Connection(_))),
-            "{failed:?}"
-        );
+        let decide = |coalescer: &Arc<Coalescer<PanicsOnce>>| {
+            let coalescer = Arc::clone(coalescer);
+            tokio::spawn(async move { coalescer.decide(call(), deadline).await })
+        };
+        let first = decide(&coalescer);
+        while coalescer.executor.calls.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        let queued = [decide(&coalescer), decide(&coalescer)];
+        while coalescer.lanes.lane(&call()).lock().waiting.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        coalescer.executor.release.notify_one();
+        let (statuses, carried) = first.await.expect("no panic").expect("served");
+        assert!(statuses[0].allowed);
+        assert_eq!(carried, 1);
+        for failed in queued {
+            let failed = failed.await.expect("the panic stays in the batch task");
+            assert!(
+                matches!(failed, Err(LimiterError::Connection(_))),
+                "{failed:?}"
+            );
+        }
         for _ in 0..3 {
             let (statuses, _) = coalescer.decide(call(), deadline).await.expect("served");
             assert!(statuses[0].allowed);
         }
-        assert_eq!(coalescer.executor.calls.load(Ordering::SeqCst), 4);
+        assert_eq!(coalescer.executor.calls.load(Ordering::SeqCst), 5);
     }
 
     #[test]

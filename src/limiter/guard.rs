@@ -262,9 +262,16 @@ impl Breaker {
         }
     }
 
+    /// A call that succeeded. While the breaker is closed and nothing failed, it writes nothing
+    /// (every decision passes here: a shared cache line written by each would bounce between
+    /// cores).
     pub fn on_success(&self) {
-        self.failures.store(0, Ordering::Relaxed);
-        if self.transition(BreakerState::HalfOpen, BreakerState::Closed) {
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+        if self.state() == BreakerState::HalfOpen
+            && self.transition(BreakerState::HalfOpen, BreakerState::Closed)
+        {
             self.interval_ms.store(FIRST_OPEN_MS, Ordering::Relaxed);
         }
     }

@@ -281,7 +281,13 @@ pub fn script_for(calls: &[&Call]) -> &'static redis::Script {
 /// Built as one command buffer: no allocation per argument.
 pub fn batch_command(script: &redis::Script, calls: &[&Call]) -> redis::Cmd {
     let keys: usize = calls.iter().map(|call| call.limits()).sum();
-    let mut command = redis::cmd("EVALSHA");
+    // Sized once: EVALSHA, the SHA, the key count, the keys, the clock and the request count,
+    // then per request its id, its count of limits and six values per limit (20 digits at most).
+    let key_bytes: usize = calls.iter().map(|call| call.keys.len()).sum();
+    let arguments = 5 + 7 * keys + 2 * calls.len();
+    let mut command =
+        redis::Cmd::with_capacity(arguments, 64 + key_bytes + 40 * calls.len() + 6 * 20 * keys);
+    command.arg("EVALSHA");
     command.arg(script.get_hash()).arg(keys);
     for call in calls {
         for key in call.keys() {

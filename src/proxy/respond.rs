@@ -88,13 +88,34 @@ fn problem(
     extra: &str,
     id: Option<RequestIdHeader<'_>>,
 ) -> Bytes {
-    let id = id
-        .and_then(|id| id.value.to_str().ok())
-        .map(|id| format!(",\"request_id\":\"{id}\""))
-        .unwrap_or_default();
-    Bytes::from(format!(
-        "{{\"type\":\"about:blank\",\"title\":\"{title}\",\"status\":{status},\"detail\":\"{detail}\"{extra}{id}}}\n"
-    ))
+    let mut body = problem_start(status, title, detail.len() + extra.len());
+    body.extend_from_slice(detail.as_bytes());
+    body.push(b'"');
+    body.extend_from_slice(extra.as_bytes());
+    problem_end(body, id)
+}
+
+/// A problem body up to its open `detail` string, in a buffer with `room` more bytes (and
+/// enough for the request id and the end): each answer is written into one allocation.
+fn problem_start(status: u16, title: &str, room: usize) -> Vec<u8> {
+    let mut body = Vec::with_capacity(160 + title.len() + room);
+    body.extend_from_slice(b"{\"type\":\"about:blank\",\"title\":\"");
+    body.extend_from_slice(title.as_bytes());
+    body.extend_from_slice(b"\",\"status\":");
+    push_decimal(&mut body, u64::from(status));
+    body.extend_from_slice(b",\"detail\":\"");
+    body
+}
+
+/// Ends a problem body: the request id member, when requests have ids, and the closing brace.
+fn problem_end(mut body: Vec<u8>, id: Option<RequestIdHeader<'_>>) -> Bytes {
+    if let Some(id) = id.and_then(|id| id.value.to_str().ok()) {
+        body.extend_from_slice(b",\"request_id\":\"");
+        body.extend_from_slice(id.as_bytes());
+        body.push(b'"');
+    }
+    body.extend_from_slice(b"}\n");
+    Bytes::from(body)
 }
 
 /// Writes the whole response for `answer` to the request of `exchange`: a `429` names the
@@ -233,7 +254,8 @@ async fn send(
     session.write_response_body(Some(body), true).await
 }
 
-/// The `429` body, `Retry-After` and rate-limit headers of a denied request.
+/// The `429` body, `Retry-After` and rate-limit headers of a denied request, written into one
+/// buffer without `format!`.
 fn limited_body(
     header: &mut ResponseHeader,
     said: LimitsSaid<'_>,
@@ -243,24 +265,44 @@ fn limited_body(
     let denied = decision.denied_by.unwrap_or(0);
     let limit = said.tier.limit(denied).map_or("", |l| &*l.name);
     let retry = decision.retry().after_ms();
-    let extra = match retry {
+    let mut body = problem_start(
+        429,
+        "Too Many Requests",
+        96 + 2 * limit.len() + route.name.len(),
+    );
+    let detail: [&str; 5] = match retry {
+        Some(_) => [
+            "Rate limit '",
+            limit,
+            "' of route '",
+            &route.name,
+            "' exceeded.",
+        ],
+        // The request costs more than the limit can ever admit: retrying cannot help.
+        None => [
+            "The request's cost exceeds what limit '",
+            limit,
+            "' of route '",
+            &route.name,
+            "' can ever admit.",
+        ],
+    };
+    for part in detail {
+        body.extend_from_slice(part.as_bytes());
+    }
+    body.extend_from_slice(b"\",\"limit\":\"");
+    body.extend_from_slice(limit.as_bytes());
+    body.extend_from_slice(b"\",\"retry_after_seconds\":");
+    match retry {
         Some(ms) => {
             let seconds = ceil_seconds(ms).max(1);
             header.insert_header(RETRY_AFTER, seconds)?;
-            format!(",\"limit\":\"{limit}\",\"retry_after_seconds\":{seconds}")
+            push_decimal(&mut body, seconds);
         }
-        // The request costs more than the limit can ever admit: retrying cannot help.
-        None => format!(",\"limit\":\"{limit}\",\"retry_after_seconds\":null"),
-    };
+        None => body.extend_from_slice(b"null"),
+    }
     add_ratelimit_headers(header, said)?;
-    let detail = match retry {
-        Some(_) => format!("Rate limit '{limit}' of route '{}' exceeded.", route.name),
-        None => format!(
-            "The request's cost exceeds what limit '{limit}' of route '{}' can ever admit.",
-            route.name
-        ),
-    };
-    Ok(problem(429, "Too Many Requests", &detail, &extra, id))
+    Ok(problem_end(body, id))
 }
 
 fn request_has_body(session: &Session) -> bool {

@@ -149,7 +149,7 @@ fn counted(redis: &RedisServer, key: &str) -> bool {
 fn each_request_in_a_batch_keeps_its_own_deadline() {
     let redis = RedisServer::start();
     let (limiter, sizes) = limiter(&redis.url());
-    // One thread: both requests are queued before the batch leaves.
+    // One thread: the three requests are polled in order before anything is answered.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -159,9 +159,16 @@ fn each_request_in_a_batch_keeps_its_own_deadline() {
             .await
             .unwrap());
         pause_redis(&redis, 400);
-        let (hasty, patient) = tokio::join!(
+        // The first finds the lane idle and goes alone; the other two wait behind it, and go
+        // together when it gives up (50 ms), while Redis is still paused.
+        let (blocker, hasty, patient) = tokio::join!(
+            decide(&limiter, "{t}blocker", Duration::from_millis(50)),
             decide(&limiter, "{t}hasty", Duration::from_millis(100)),
             decide(&limiter, "{t}patient", Duration::from_secs(3)),
+        );
+        assert!(
+            matches!(blocker, Err(LimiterError::Timeout(50))),
+            "{blocker:?}"
         );
         assert!(
             matches!(hasty, Err(LimiterError::Timeout(100))),
@@ -171,13 +178,13 @@ fn each_request_in_a_batch_keeps_its_own_deadline() {
     });
     assert_eq!(
         sizes.get_sample_count(),
-        2,
-        "the warm-up call, then one batch"
+        3,
+        "the warm-up call, the lone call, then one batch"
     );
     assert_eq!(
         sizes.get_sample_sum(),
-        3.0,
-        "the batch carried both requests"
+        4.0,
+        "the batch carried both waiting requests"
     );
     // It was in the batch when it gave up: it counted (a late answer is never retried).
     assert!(counted(&redis, "{t}hasty"));

@@ -91,3 +91,31 @@ fn the_documented_calls_give_the_documented_replies() {
         assert!(DOC.contains(&shown), "the document shows the reply {shown}");
     }
 }
+
+/// `--print-script=ALGORITHMS` prints the script a gateway sends for calls using only those; an
+/// unknown name is refused with the known ones.
+#[test]
+fn the_script_of_some_algorithms_is_printed_and_an_unknown_name_refused() {
+    use sluice::limiter::script::{decision_source, Algorithms};
+    let print = |value: &str| {
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg(format!("--print-script={value}"))
+            .output()
+            .expect("run sluice --print-script")
+    };
+    let gcra = print("gcra,fixed_window");
+    assert!(gcra.status.success());
+    let expected = Algorithms::named(["gcra", "fixed_window"]).expect("known names");
+    assert_eq!(
+        String::from_utf8_lossy(&gcra.stdout),
+        decision_source(expected)
+    );
+    assert!(!String::from_utf8_lossy(&gcra.stdout).contains("sliding_log_decide"));
+    let unknown = print("gcra,leaky");
+    assert_eq!(unknown.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        stderr.contains("\"gcra,leaky\"") && stderr.contains("known: gcra, fixed_window"),
+        "{stderr}"
+    );
+}

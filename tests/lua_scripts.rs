@@ -141,17 +141,7 @@ fn call_as(
     call_full(con, keys, limits, now, id).map(statuses_only)
 }
 
-fn call_costs(
-    con: &mut redis::Connection,
-    keys: &[&str],
-    limits: &[Limit],
-    costs: &[u64],
-    now: u64,
-    id: u128,
-) -> Vec<i64> {
-    call_variant(Variant::Exact, con, keys, limits, costs, now, id)
-}
-
+/// The reply of `limits` at `costs`, at `now`, from the script `variant` names.
 fn call_variant(
     variant: Variant,
     con: &mut redis::Connection,
@@ -1225,7 +1215,15 @@ fn a_late_refund_never_gives_back_what_another_gateway_consumed() {
     let redis = RedisServer::start();
     let mut con = redis.connection();
     let peek = |con: &mut redis::Connection, key: &str, limit: &Limit, now: u64| {
-        call_costs(con, &[key], std::slice::from_ref(limit), &[0], now, 9)[1]
+        call_variant(
+            Variant::Exact,
+            con,
+            &[key],
+            std::slice::from_ref(limit),
+            &[0],
+            now,
+            9,
+        )[1]
     };
 
     // GCRA 10/s, burst 9 (100 ms per unit). A leases 5 at T0: TAT T0 + 500 ms.

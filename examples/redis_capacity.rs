@@ -3,7 +3,7 @@
 //! Drives sluice's own Redis backend (the real script, keys built by the real key builder) with
 //! many concurrent calls over one multiplexed connection, every call allowed (the full write
 //! path), keys spread over 100,000 clients. For each scenario it reads Redis's own accounting:
-//! CPU seconds used (`INFO cpu`) and `usec_per_call` of EVALSHA (`INFO commandstats`), and prints
+//! CPU seconds used (`INFO cpu`) and `usec_per_call` of FCALL (`INFO commandstats`), and prints
 //! decisions per second achieved and decisions per Redis CPU-second (what one core can make).
 //! With MAX_BATCH above 1, decisions that arrive while a call is in flight go together in the
 //! next call, as the gateway sends them (`limiter::coalesce`).
@@ -71,15 +71,15 @@ fn redis_cpu_seconds(con: &mut redis::Connection) -> f64 {
     info_field(&info, "used_cpu_user:") + info_field(&info, "used_cpu_sys:")
 }
 
-/// `(calls, usec_per_call)` of EVALSHA since the last CONFIG RESETSTAT.
-fn evalsha_stats(con: &mut redis::Connection) -> (u64, f64) {
+/// `(calls, usec_per_call)` of FCALL (the decision calls) since the last CONFIG RESETSTAT.
+fn fcall_stats(con: &mut redis::Connection) -> (u64, f64) {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query(con)
         .expect("INFO commandstats");
     let line = info
         .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .find(|l| l.starts_with("cmdstat_fcall:"))
         .unwrap_or("");
     let field = |name: &str| {
         line.split([':', ','])
@@ -131,17 +131,20 @@ async fn main() {
         .expect("connect to redis");
 
     println!(
-        "| scenario | limits | max batch | decisions per call | decisions/s (this client) | EVALSHA usec_per_call | Redis CPU µs/decision | decisions per Redis core-second |"
+        "| scenario | limits | max batch | decisions per call | decisions/s (this client) | FCALL usec_per_call | Redis CPU µs/decision | decisions per Redis core-second |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     for route in config.routes.in_file_order() {
         let _: () = redis::cmd("FLUSHALL").query(&mut admin).expect("FLUSHALL");
-        // The route's script (of exactly its algorithms) is loaded up front, so the first call's
-        // NOSCRIPT does not count as an extra EVALSHA.
+        // The route's library (of exactly its algorithms) is loaded up front, so the first
+        // call's refusal does not count as an extra FCALL.
         let algorithms = Algorithms::of_limits(route.tiers.default().limits.limits());
-        decision_script(algorithms)
-            .load(&mut admin)
-            .expect("SCRIPT LOAD");
+        let _: () = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(&decision_script(algorithms).library)
+            .query(&mut admin)
+            .expect("FUNCTION LOAD");
         let _: () = redis::cmd("CONFIG")
             .arg("RESETSTAT")
             .query(&mut admin)
@@ -193,10 +196,10 @@ async fn main() {
         }
         let elapsed = started.elapsed().as_secs_f64();
         let cpu = redis_cpu_seconds(&mut admin) - cpu_before;
-        let (calls, usec_per_call) = evalsha_stats(&mut admin);
+        let (calls, usec_per_call) = fcall_stats(&mut admin);
         let decisions = done.load(Ordering::Relaxed);
         if max_batch == 1 {
-            assert_eq!(calls, decisions, "exactly one EVALSHA per decision");
+            assert_eq!(calls, decisions, "exactly one FCALL per decision");
         }
         println!(
             "| {} | {} | {} | {:.2} | {:.0} | {:.2} | {:.2} | {:.0} |",

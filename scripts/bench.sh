@@ -4,7 +4,7 @@
 # OpenResty pattern under Kong and APISIX) and one sluice per scenario, then drives every target
 # with `wrk -t2 -c64` for a bounded time, ROUNDS times, alternating targets, and prints medians:
 # requests/s, p50/p99/p99.9 latency, non-2xx, CPU per request of the serving processes and of
-# Redis (/proc/<pid>/stat utime+stime), EVALSHA calls and Redis commands per request (INFO).
+# Redis (/proc/<pid>/stat utime+stime), decision calls (FCALL or EVALSHA) and Redis commands per request (INFO).
 # Targets, all in one run so the ratios are meaningful on a noisy machine:
 #   1 upstream direct              2 nginx proxy, 1 worker          3 nginx proxy, 2 workers
 #   4 nginx + ngx_lua token bucket in Redis (benches/peers/)        5 sluice, no limits
@@ -176,7 +176,14 @@ end
 LUA
 
 info_field() { awk -v name="$2" 'index($0, name) == 1 { print substr($0, length(name) + 1); exit }' <<<"$1"; }
-evalsha() { info_field "$1" "cmdstat_evalsha:" | tr ',' '\n' | awk -F= -v f="$2" '$1 == f { v = $2 } END { print v + 0 }'; }
+# evalsha INFO FIELD: FIELD of the decision calls, FCALL (functions) and EVALSHA (scripts) summed.
+evalsha() {
+  local name total=0
+  for name in cmdstat_fcall: cmdstat_evalsha:; do
+    total=$(( total + $(info_field "$1" "$name" | tr ',' '\n' | awk -F= -v f="$2" '$1 == f { v = $2 } END { print v + 0 }') ))
+  done
+  echo "$total"
+}
 
 # One closed-loop wrk run of target N: appends "N req/s p50 p99 p99.9 non2xx cpu_us redis_us
 # evalsha/req commands/req" to runs.tsv.
@@ -205,7 +212,7 @@ done
 # Medians per target, per column.
 median() { awk -F'\t' -v n="$1" -v c="$2" '$1 == n {print $c}' "$work/runs.tsv" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 printf 'Medians of %d rounds, wrk -t2 -c64 -d%ss each, targets alternating:\n\n' "$rounds" "$seconds"
-printf '| # | target | req/s | p50 ms | p99 ms | p99.9 ms | non-2xx | serving CPU µs/req | Redis CPU µs/req | EVALSHA/req | Redis cmds/req |\n'
+printf '| # | target | req/s | p50 ms | p99 ms | p99.9 ms | non-2xx | serving CPU µs/req | Redis CPU µs/req | decision calls/req | Redis cmds/req |\n'
 printf '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
 declare -A rps cpu redis_cpu p99
 for n in "${targets[@]}"; do
@@ -234,7 +241,7 @@ echo "| 1 limit ≥ 0.90 × no limits (7 / 5) | $(ratio "${rps[7]}" "${rps[5]}")
 echo "| 3 limits ≥ 0.85 × no limits (8 / 5) | $(ratio "${rps[8]}" "${rps[5]}") × |"
 echo "| the limiter's gateway CPU ≤ 8 µs per request (7 − 5) | $(diff "${cpu[7]}" "${cpu[5]}") µs |"
 echo "| a 429 flood costs the gateway ≤ an allowed request (9 against 7) | ${cpu[9]} against ${cpu[7]} µs |"
-echo "| cached denials call Redis 0 times (9) | ${evalsha_per_req[9]} EVALSHA per request |"
+echo "| cached denials call Redis 0 times (9) | ${evalsha_per_req[9]} decision calls per request |"
 echo "| Redis CPU per decision, 1 limit (7), 3 limits (8) | ${redis_cpu[7]} µs, ${redis_cpu[8]} µs |"
 echo "| sluice CPU per proxied request ≤ 1.5 × nginx's, one thread / one worker (6 / 2) | ${cpu[6]} / ${cpu[2]} µs = $(ratio "${cpu[6]}" "${cpu[2]}") × |"
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# What Redis itself spends per limiter call (docs/performance.md): EVALSHA usec_per_call of the
-# decision script a gateway sends (`sluice --print-script=gcra`: the one holding exactly the
-# algorithms of the call) for one and three GCRA limits, alone and in batches of 8 requests
+# What Redis itself spends per limiter call (docs/performance.md): usec_per_call of the decision
+# script a gateway sends for GCRA limits, as an EVALSHA of the script (`sluice
+# --print-script=gcra`: the one holding exactly the algorithms of the call; what a server before
+# Redis 7 runs) and as an FCALL of its function library (`--print-library=gcra`: what Redis 7
+# runs), for one and three GCRA limits, alone and in batches of 8 requests
 # (coalesced decisions), of the OpenResty-style peer's token bucket, and of bare scripts that only
 # do the unavoidable work (read the clock, read each key, write each key with a TTL, reply six
 # integers per limit) — the floor any script with one key per limit pays; and the settlement a
@@ -18,7 +20,7 @@ install_missing redis-server:redis-server redis-benchmark:redis-tools
 calls=${1:-100000}
 rounds=${2:-5}
 sluice_bin=${SLUICE_BIN:-target/release/sluice}
-[ -x "$sluice_bin" ] || cargo build --release --quiet
+if [ -z "${SLUICE_BIN:-}" ]; then cargo build --release --quiet --bin sluice; fi
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 pin() { if [ "$(nproc)" -ge 2 ]; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
 pin 1 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null 2>&1 &
@@ -46,6 +48,21 @@ measure() {
   echo "$per_call" >>"$results/$case_no"
 }
 sluice=$("$sluice_bin" --print-script=gcra)
+library=$("$sluice_bin" --print-library=gcra)
+function_name=$(head -1 <<<"$library" | sed 's/^#!lua name=//')
+# measure_fcall LABEL DECISIONS NUMKEYS ARGS...: the same for an FCALL of the GCRA library.
+measure_fcall() {
+  local label=$1 decisions=$2 per_call
+  shift 2
+  case_no=$((case_no + 1))
+  [ "$round" = 1 ] && labels+=("$label|$decisions")
+  cli flushall >/dev/null
+  cli function load replace "$library" >/dev/null
+  cli config resetstat >/dev/null
+  pin 0 redis-benchmark -p "$port" -n "$calls" -c 16 -r 100000 -q fcall "$function_name" "$@" >/dev/null 2>&1
+  per_call=$(cli info commandstats | tr -d '\r' | awk -F'usec_per_call=' '/cmdstat_fcall:/ {split($2, v, ","); print v[1]}')
+  echo "$per_call" >>"$results/$case_no"
+}
 id=00000000000000000000000000000001
 gcra="gcra 1 1000000 0 1 0"
 reply="return {1, 0, 0, 1, 0, 1763500000123456}"
@@ -66,24 +83,32 @@ for round in $(seq "$rounds"); do
   measure "floor: TIME + GET + SET PX" 1 "$floor1" 1 a:__rand_int__
   # shellcheck disable=SC2086 # one argument per word
   measure "sluice, 1 GCRA limit" 1 "$sluice" 1 a:__rand_int__ "" 1 $id 1 $gcra
+  # shellcheck disable=SC2086
+  measure_fcall "sluice, 1 GCRA limit, FCALL" 1 1 a:__rand_int__ "" 1 $id 1 $gcra
   measure "peer token bucket (TIME + HMGET + HSET + PEXPIRE)" 1 "$(cat benches/peers/openresty/token_bucket.lua)" 1 p:__rand_int__ 1000000 1000000 1
   # shellcheck disable=SC2086
   measure "floor: TIME + 3 × (GET + SET PX)" 1 "$floor3" 3 a:__rand_int__ b:__rand_int__ c:__rand_int__
   # shellcheck disable=SC2086
   measure "sluice, 3 GCRA limits" 1 "$sluice" 3 a:__rand_int__ b:__rand_int__ c:__rand_int__ "" 1 $id 3 $gcra $gcra $gcra
   # shellcheck disable=SC2086
+  measure_fcall "sluice, 3 GCRA limits, FCALL" 1 3 a:__rand_int__ b:__rand_int__ c:__rand_int__ "" 1 $id 3 $gcra $gcra $gcra
+  # shellcheck disable=SC2086
   measure "floor: TIME + 8 × (GET + SET PX), one call" 8 "$floor_n" 8 $batch_keys
   # shellcheck disable=SC2086
   measure "sluice, a batch of 8 requests of 1 GCRA limit" 8 "$sluice" 8 $batch_keys "" 8 $batch_args
   # shellcheck disable=SC2086
+  measure_fcall "sluice, a batch of 8 requests of 1 GCRA limit, FCALL" 8 8 $batch_keys "" 8 $batch_args
+  # shellcheck disable=SC2086
   measure "floor: TIME + 24 × (GET + SET PX), one call" 8 "$floor_n" 24 $batch3_keys
   # shellcheck disable=SC2086
   measure "sluice, a batch of 8 requests of 3 GCRA limits" 8 "$sluice" 24 $batch3_keys "" 8 $batch3_args
+  # shellcheck disable=SC2086
+  measure_fcall "sluice, a batch of 8 requests of 3 GCRA limits, FCALL" 8 24 $batch3_keys "" 8 $batch3_args
   measure "sluice settle: a response's charge on 1 GCRA key" 1 "$settle" 1 a:__rand_int__ "" gcra 1000 5 0
 done
 
 median() { sort -g "$1" | awk '{v[NR] = $1} END {if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-echo "| script | EVALSHA usec_per_call (median of $rounds) | per decision | × floor |"
+echo "| script | usec_per_call (median of $rounds) | per decision | × floor |"
 echo "| --- | --- | --- | --- |"
 floor=""
 for i in "${!labels[@]}"; do

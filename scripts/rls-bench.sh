@@ -3,7 +3,7 @@
 # redis-server and a release sluice with an envoyproxy/ratelimit configuration (generous limits:
 # every call is allowed) on free loopback ports, and drives ShouldRateLimit with
 # examples/rls_load.rs — 64 calls in flight over 4 HTTP/2 connections — with 1 and then 3
-# descriptors per call. Prints calls/s, latency, and Redis's CPU and EVALSHA calls per call.
+# descriptors per call. Prints calls/s, latency, and Redis's CPU and decision calls (FCALL or EVALSHA) per call.
 # Usage: scripts/rls-bench.sh [SECONDS]   (default 5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,10 +42,11 @@ sluice_pid=$!
 wait_port "$redis_port"; wait_port "$rls_port"
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-evalsha_calls() { redis-cli -p "$redis_port" info commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $2}' | awk '{print $1 + 0}'; }
+# The decision calls so far: FCALL (functions) and EVALSHA (scripts).
+evalsha_calls() { redis-cli -p "$redis_port" info commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_(fcall|evalsha):/ {n += $2} END {print n + 0}'; }
 hz=$(getconf CLK_TCK)
 echo "command: scripts/rls-bench.sh $seconds"
-echo "| descriptors per call | calls/s | p50 ms | p99 ms | errors | sluice CPU µs/call | Redis CPU µs/call | EVALSHA per call |"
+echo "| descriptors per call | calls/s | p50 ms | p99 ms | errors | sluice CPU µs/call | Redis CPU µs/call | decision calls per call |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 for descriptors in 1 3; do
   s0=$(cpu_ticks "$sluice_pid"); r0=$(cpu_ticks "$redis_pid"); e0=$(evalsha_calls)

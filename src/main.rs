@@ -31,6 +31,10 @@ struct Cli {
     /// a gateway sends for requests that use only those.
     #[arg(long = "print-script", value_name = "ALGORITHMS", num_args = 0..=1, require_equals = true, default_missing_value = "")]
     print_script: Option<String>,
+    /// Print the same as a Redis 7 function library (`FUNCTION LOAD`, then `FCALL sluice_<sha>`),
+    /// the form a gateway loads on Redis 7 and later.
+    #[arg(long = "print-library", value_name = "ALGORITHMS", num_args = 0..=1, require_equals = true, default_missing_value = "")]
+    print_library: Option<String>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -51,21 +55,25 @@ enum Command {
 static ALLOCATOR: MiMalloc = MiMalloc;
 
 /// Prints the decision script holding the algorithms named in `names` (comma-separated; empty:
-/// all of them).
-fn print_script(names: &str) -> ExitCode {
-    use sluice::limiter::script::{decision_source, Algorithms};
+/// all of them), as a script or as a function library.
+fn print_script(names: &str, library: bool) -> ExitCode {
+    use sluice::limiter::script::{decision_script, decision_source, Algorithms};
     let algorithms = if names.is_empty() {
         Some(Algorithms::ALL)
     } else {
         Algorithms::named(names.split(','))
     };
     match algorithms {
+        Some(algorithms) if library => {
+            print!("{}", decision_script(algorithms).library);
+            ExitCode::SUCCESS
+        }
         Some(algorithms) => {
             print!("{}", decision_source(algorithms));
             ExitCode::SUCCESS
         }
         None => {
-            eprintln!("sluice: --print-script: {names:?} names an unknown algorithm (known: gcra, fixed_window, calendar, sliding_window, sliding_log, concurrency)");
+            eprintln!("sluice: {names:?} names an unknown algorithm (known: gcra, fixed_window, calendar, sliding_window, sliding_log, concurrency)");
             ExitCode::from(2)
         }
     }
@@ -82,7 +90,10 @@ fn main() -> ExitCode {
         };
     }
     if let Some(names) = cli.print_script {
-        return print_script(&names);
+        return print_script(&names, false);
+    }
+    if let Some(names) = cli.print_library {
+        return print_script(&names, true);
     }
     sluice::logging::init();
 

@@ -1,8 +1,9 @@
 //! Coalesced decisions against real Redis servers: requests that arrive while a script call is in
 //! flight go together in the next one. Exactness holds over two gateways and a Cluster while
 //! batches larger than one form (the batch-size histogram says so); each request keeps its own
-//! deadline inside a batch; a request that gave up before its batch left is never sent; and a
-//! `SCRIPT FLUSH` in the middle of batched traffic costs no decision.
+//! deadline inside a batch; a request that gave up before its batch left is never sent; a
+//! `FUNCTION FLUSH` (or, on a server without functions, a `SCRIPT FLUSH`) in the middle of
+//! batched traffic costs no decision; and the decision library survives a replica's promotion.
 
 mod support;
 
@@ -261,13 +262,16 @@ fn with_max_batch_one_every_request_sends_its_own_call_at_once() {
     assert_eq!(sizes.get_sample_sum(), 123.0, "each carrying one decision");
 }
 
-#[test]
-fn script_flush_in_the_middle_of_batched_traffic_costs_no_decision() {
-    let _alone = alone();
-    let redis = RedisServer::start();
+/// Hammers a gateway on `redis` while a thread sends `flush` every 25 ms: no decision fails, the
+/// count stays exact, and Redis refused calls (`refusal`, in its error statistics) meanwhile.
+fn a_flush_in_the_middle_of_batched_traffic_costs_no_decision(
+    redis: &RedisServer,
+    flush: [&'static str; 2],
+    refusal: &str,
+) {
     let upstream = Upstream::start();
-    let body = one_shared_limit(&redis, "300/h");
-    let gateway = Gateway::start(&body, &upstream, Some(&redis));
+    let body = one_shared_limit(redis, "300/h");
+    let gateway = Gateway::start(&body, &upstream, Some(redis));
     gateway.wait_ready();
     let stop = Arc::new(AtomicBool::new(false));
     let flushes = Arc::new(AtomicUsize::new(0));
@@ -276,13 +280,13 @@ fn script_flush_in_the_middle_of_batched_traffic_costs_no_decision() {
         let mut admin = redis.connection();
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                let _: () = redis::cmd("SCRIPT")
-                    .arg("FLUSH")
+                let _: () = redis::cmd(flush[0])
+                    .arg(flush[1])
                     .query(&mut admin)
-                    .expect("SCRIPT FLUSH");
+                    .expect("flush");
                 flushes.fetch_add(1, Ordering::Relaxed);
                 // Far more often than any operator would; a call that meets a flush loads the
-                // script and tries again, a few times at most.
+                // library or script and tries again, a few times at most.
                 std::thread::sleep(Duration::from_millis(25));
             }
         })
@@ -300,12 +304,125 @@ fn script_flush_in_the_middle_of_batched_traffic_costs_no_decision() {
         errors.trim()
     );
     assert!(
-        errors.contains("errorstat_NOSCRIPT"),
-        "the flushes made calls find no script"
+        errors.contains(refusal),
+        "the flushes made calls be refused"
     );
     assert_eq!(count(&statuses, 503), 0, "no decision failed");
     assert_eq!(count(&statuses, 200), 300);
     assert_eq!(count(&statuses, 429), 32 * 25 - 300);
+}
+
+/// Redis 7: decisions are `FCALL`s; a `FUNCTION FLUSH` makes them meet `Function not found`
+/// (an `ERR`), and the library is loaded again.
+#[test]
+fn function_flush_in_the_middle_of_batched_traffic_costs_no_decision() {
+    let _alone = alone();
+    let redis = RedisServer::start();
+    a_flush_in_the_middle_of_batched_traffic_costs_no_decision(
+        &redis,
+        ["FUNCTION", "FLUSH"],
+        "errorstat_ERR",
+    );
+    let info = redis.commandstats();
+    assert!(support::command_calls(&info, &["fcall"]) > 0, "{info}");
+    assert_eq!(support::command_calls(&info, &["evalsha"]), 0, "{info}");
+}
+
+/// A server without functions (here `FCALL` is renamed away, as before Redis 7): decisions are
+/// `EVALSHA`s, and a `SCRIPT FLUSH` makes them meet `NOSCRIPT`.
+#[test]
+fn without_functions_decisions_are_scripts_and_a_script_flush_costs_no_decision() {
+    let _alone = alone();
+    let redis = RedisServer::start_with_args(&["--rename-command", "FCALL", ""]);
+    a_flush_in_the_middle_of_batched_traffic_costs_no_decision(
+        &redis,
+        ["SCRIPT", "FLUSH"],
+        "errorstat_NOSCRIPT",
+    );
+    let info = redis.commandstats();
+    assert!(support::command_calls(&info, &["evalsha"]) > 0, "{info}");
+    assert_eq!(
+        support::command_calls(&info, &["function|load"]),
+        0,
+        "{info}"
+    );
+}
+
+/// The library a gateway loaded on a master is replicated: after the replica is promoted, a
+/// gateway on it decides with `FCALL` at once, loading nothing, and counts on from the state the
+/// master had.
+#[test]
+fn functions_survive_a_replicas_promotion_without_a_reload() {
+    // The replica's first sync starts at once (not after the default 5 s wait for others).
+    let master = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]);
+    let port = master.port.to_string();
+    let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (on_master, _) = limiter(&master.url());
+    let first = runtime.block_on(decide(&on_master, "{f}key", Duration::from_secs(2)));
+    assert!(first.expect("decided on the master"), "1 of 100 used");
+    assert_eq!(
+        support::command_calls(&master.commandstats(), &["function|load"]),
+        1,
+        "the gateway loaded its library on the master"
+    );
+    // The library and the key reach the replica.
+    let mut replica_admin = replica.connection();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let libraries: redis::Value = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .query(&mut replica_admin)
+            .expect("FUNCTION LIST");
+        let exists: bool = redis::cmd("EXISTS")
+            .arg("{f}key")
+            .query(&mut replica_admin)
+            .expect("EXISTS");
+        if exists && format!("{libraries:?}").contains("sluice_") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replicated within 10 s: {libraries:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut replica_admin)
+        .expect("promote the replica");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut replica_admin)
+        .expect("CONFIG RESETSTAT");
+    let (on_promoted, _) = limiter(&replica.url());
+    let window: Vec<u64> = runtime.block_on(async {
+        let mut remaining = Vec::new();
+        for _ in 0..2 {
+            assert!(decide(&on_promoted, "{f}key", Duration::from_secs(2))
+                .await
+                .expect("decided"));
+        }
+        let stored: Vec<u64> = redis::cmd("HMGET")
+            .arg("{f}key")
+            .arg("n")
+            .query(&mut replica.connection())
+            .expect("HMGET");
+        remaining.extend(stored);
+        remaining
+    });
+    assert_eq!(window, [3], "counted on from the master's state");
+    let info = replica.commandstats();
+    assert_eq!(support::command_calls(&info, &["fcall"]), 2, "{info}");
+    assert_eq!(
+        support::command_calls(&info, &["function|load", "evalsha", "eval", "script|load"]),
+        0,
+        "nothing loaded after the promotion: {info}"
+    );
 }
 
 #[test]

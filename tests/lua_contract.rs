@@ -44,14 +44,22 @@ fn spaced(values: &[i64]) -> String {
         .join(" ")
 }
 
+/// What `sluice ARG` printed, which it does without any configuration.
+fn printed(arg: &str) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg(arg)
+        .output()
+        .expect("run sluice");
+    assert!(
+        output.status.success(),
+        "sluice {arg} needs no configuration"
+    );
+    String::from_utf8(output.stdout).expect("text")
+}
+
 #[test]
 fn the_documented_calls_give_the_documented_replies() {
-    let script = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("--print-script")
-        .output()
-        .expect("run sluice --print-script");
-    assert!(script.status.success(), "needs no configuration");
-    let script = String::from_utf8(script.stdout).expect("the script is text");
+    let script = printed("--print-script");
     assert_eq!(
         script,
         sluice::limiter::script::decision_source(sluice::limiter::script::Algorithms::ALL),
@@ -118,4 +126,34 @@ fn the_script_of_some_algorithms_is_printed_and_an_unknown_name_refused() {
         stderr.contains("\"gcra,leaky\"") && stderr.contains("known: gcra, fixed_window"),
         "{stderr}"
     );
+}
+
+/// `--print-library` prints the same script as a Redis 7 function library: loaded with
+/// `FUNCTION LOAD`, its function answers the documented call as the script does.
+#[test]
+fn the_library_answers_the_documented_call_as_the_script_does() {
+    let library = printed("--print-library");
+    let redis = RedisServer::start();
+    let mut connection = redis.connection();
+    let name: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&library)
+        .query(&mut connection)
+        .expect("FUNCTION LOAD");
+    assert!(
+        library.starts_with(&format!("#!lua name={name}\n")),
+        "{name}"
+    );
+    let reply: Vec<i64> = redis::cmd("FCALL")
+        .arg(&name)
+        .arg(1)
+        .arg("{api}:user42")
+        .arg(1_700_000_000_000_000_u64)
+        .arg(1)
+        .arg("req-1")
+        .arg(1)
+        .arg(("gcra", 100_000, 600_000, 0, 1, 0))
+        .query(&mut connection)
+        .expect("FCALL");
+    assert_eq!(reply, CALLS[0].1);
 }

@@ -11,7 +11,7 @@ use redis::Commands;
 use sluice::limiter::algorithm::{Period, Settled, State, Write};
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
-use sluice::limiter::script::{self, Algorithms, RELEASE_SOURCE, SETTLE_SOURCE};
+use sluice::limiter::script::{self, Algorithms, Invoke, RELEASE_SOURCE, SETTLE_SOURCE};
 use sluice::limiter::{
     asks, entries, Algorithm, Change, Cost, Decision, Limit, LimitRequest, RequestId,
 };
@@ -69,30 +69,6 @@ fn costs(limits: &[Limit]) -> Vec<u64> {
         .collect()
 }
 
-/// The script call of `limits` at `costs` under `keys`, as request `id`.
-fn invocation<'a>(
-    script: &'a redis::Script,
-    keys: &[&str],
-    limits: &[Limit],
-    costs: &[u64],
-    now: Option<u64>,
-    id: u128,
-) -> redis::ScriptInvocation<'a> {
-    let mut invocation = script.prepare_invoke();
-    for key in keys {
-        invocation.key(*key);
-    }
-    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    let asks = asks(&key_bytes, costs);
-    let entries = entries(limits, &asks);
-    let request = LimitRequest {
-        id: RequestId(id),
-        ..LimitRequest::new(&entries)
-    };
-    script::push_args(&mut invocation, &request, now);
-    invocation
-}
-
 /// The reply without its marks: five integers per limit (allowed, remaining, retry, reset,
 /// delay). The marks have their own tests (`call_full`).
 fn statuses_only(reply: Vec<i64>) -> Vec<i64> {
@@ -103,20 +79,81 @@ fn statuses_only(reply: Vec<i64>) -> Vec<i64> {
 }
 
 /// Which decision script a call runs: the one holding exactly its limits' algorithms (what a
-/// gateway sends), or the one holding all of them (`sluice --print-script`).
+/// gateway sends), as a script or as a function library, or the script holding all of them
+/// (`sluice --print-script`).
 #[derive(Debug, Clone, Copy)]
 enum Variant {
     Exact,
     All,
+    Function,
 }
 
 impl Variant {
-    fn script(self, limits: &[Limit]) -> &'static redis::Script {
+    fn script(self, limits: &[Limit]) -> &'static script::DecisionScript {
         script::decision_script(match self {
-            Variant::Exact => Algorithms::of_limits(limits),
+            Variant::Exact | Variant::Function => Algorithms::of_limits(limits),
             Variant::All => Algorithms::ALL,
         })
     }
+}
+
+/// Runs `command` (an `FCALL` or `EVALSHA` of `decision`), loading the library or the script
+/// when Redis does not have it, as a gateway does.
+fn run(
+    con: &mut redis::Connection,
+    decision: &script::DecisionScript,
+    command: &redis::Cmd,
+) -> redis::RedisResult<Vec<i64>> {
+    match command.query(con) {
+        Err(error) if error.detail() == Some("Function not found") => {
+            redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg("REPLACE")
+                .arg(&decision.library)
+                .query::<()>(con)?;
+            command.query(con)
+        }
+        Err(error) if error.code() == Some("NOSCRIPT") => {
+            decision.script.load(con)?;
+            command.query(con)
+        }
+        reply => reply,
+    }
+}
+
+/// The call of `limits` at `costs` under `keys`, as request `id`, at `now` (`None`: Redis's
+/// clock), by the script `variant` names.
+fn call_variant(
+    variant: Variant,
+    con: &mut redis::Connection,
+    keys: &[&str],
+    limits: &[Limit],
+    costs: &[u64],
+    now: Option<u64>,
+    id: u128,
+) -> redis::RedisResult<Vec<i64>> {
+    let decision = variant.script(limits);
+    let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let asks = asks(&key_bytes, costs);
+    let entries = entries(limits, &asks);
+    let request = LimitRequest {
+        id: RequestId(id),
+        ..LimitRequest::new(&entries)
+    };
+    // Calendar bounds are computed around the clock the script is given, else the gateway's.
+    let call = match now {
+        Some(now) => script::Call::at(&request, now as i64),
+        None => script::Call::of(&request),
+    };
+    let invoke = match variant {
+        Variant::Function => Invoke::Function,
+        Variant::Exact | Variant::All => Invoke::Script,
+    };
+    run(
+        con,
+        decision,
+        &script::batch_command(decision, invoke, &[&call], now),
+    )
 }
 
 /// The whole reply, marks included.
@@ -127,8 +164,7 @@ fn call_full(
     now: Option<u64>,
     id: u128,
 ) -> redis::RedisResult<Vec<i64>> {
-    let script = Variant::Exact.script(limits);
-    invocation(script, keys, limits, &costs(limits), now, id).invoke(con)
+    call_variant(Variant::Exact, con, keys, limits, &costs(limits), now, id)
 }
 
 fn call_as(
@@ -139,21 +175,6 @@ fn call_as(
     id: u128,
 ) -> redis::RedisResult<Vec<i64>> {
     call_full(con, keys, limits, now, id).map(statuses_only)
-}
-
-/// The reply of `limits` at `costs`, at `now`, from the script `variant` names.
-fn call_variant(
-    variant: Variant,
-    con: &mut redis::Connection,
-    keys: &[&str],
-    limits: &[Limit],
-    costs: &[u64],
-    now: u64,
-    id: u128,
-) -> Vec<i64> {
-    invocation(variant.script(limits), keys, limits, costs, Some(now), id)
-        .invoke(con)
-        .expect("script call")
 }
 
 fn call_raw(
@@ -482,7 +503,7 @@ fn malformed_calls_are_refused_with_a_message() {
     let redis = RedisServer::start();
     let mut con = redis.connection();
     let mut refused = |keys: &[&str], args: &[&str]| {
-        let script = script::decision_script(Algorithms::ALL);
+        let script = &script::decision_script(Algorithms::ALL).script;
         let mut invocation = script.prepare_invoke();
         for key in keys {
             invocation.key(*key);
@@ -557,7 +578,6 @@ fn a_batch_decides_its_requests_in_order_each_as_if_alone() {
     let limits = [gcra("1/s", 2, 1), gcra("10/s", 0, 1)];
     let key_bytes: Vec<&[u8]> = vec![b"{a}x".as_slice(), b"{a}y".as_slice()];
     let script = script::decision_script(Algorithms::of_limits(&limits));
-    script.load(&mut con).expect("SCRIPT LOAD");
     let costs = [[1, 1], [1, 1], [1, 1], [1, 1]];
     let mut calls = Vec::new();
     for (i, cost) in costs.iter().enumerate() {
@@ -571,9 +591,12 @@ fn a_batch_decides_its_requests_in_order_each_as_if_alone() {
     }
     let refs: Vec<&script::Call> = calls.iter().collect();
     assert!(std::ptr::eq(script::script_for(&refs), script));
-    let reply: Vec<i64> = script::batch_command(script, &refs)
-        .query(&mut con)
-        .expect("batch call");
+    let reply = run(
+        &mut con,
+        script,
+        &script::batch_command(script, Invoke::Function, &refs, None),
+    )
+    .expect("batch call");
     assert_eq!(reply.len(), 4 * 2 * script::REPLY_STRIDE);
     let allowed: Vec<i64> = reply
         .chunks(script::REPLY_STRIDE)
@@ -1221,9 +1244,10 @@ fn a_late_refund_never_gives_back_what_another_gateway_consumed() {
             &[key],
             std::slice::from_ref(limit),
             &[0],
-            now,
+            Some(now),
             9,
-        )[1]
+        )
+        .expect("script call")[1]
     };
 
     // GCRA 10/s, burst 9 (100 ms per unit). A leases 5 at T0: TAT T0 + 500 ms.
@@ -1443,7 +1467,8 @@ fn calendar_counts_in_the_period_of_the_redis_clock_whatever_side_the_gateway_is
     // One call with the bounds a gateway computed, deciding at Redis's `now`.
     let mut decider = redis.connection();
     let mut raw = |now: u64, limit: u64, start: u64, end: u64, cost: u64| -> Vec<i64> {
-        let script = script::decision_script(Algorithms::of_limits(&[calendar("2/day", "UTC", 1)]));
+        let script =
+            &script::decision_script(Algorithms::of_limits(&[calendar("2/day", "UTC", 1)])).script;
         let reply: Vec<i64> = script
             .prepare_invoke()
             .key("k")
@@ -1525,6 +1550,13 @@ fn the_script_of_every_algorithm_and_the_in_process_backend_agree() {
     scripts_and_in_process_backend_agree(Variant::All);
 }
 
+/// The same with each call's script as a function library (`FCALL`, what a gateway sends to
+/// Redis 7).
+#[test]
+fn the_function_libraries_and_the_in_process_backend_agree() {
+    scripts_and_in_process_backend_agree(Variant::Function);
+}
+
 fn scripts_and_in_process_backend_agree(variant: Variant) {
     let redis = RedisServer::start();
     let con = std::cell::RefCell::new(redis.connection());
@@ -1585,9 +1617,10 @@ fn scripts_and_in_process_backend_agree(variant: Variant) {
                     &keys[..n],
                     &limits[..n],
                     &costs[..n],
-                    now,
+                    Some(now),
                     id,
-                );
+                )
+                .expect("script call");
                 let from_redis = script::parse_reply(&reply, n).unwrap();
                 let asks = asks(&key_bytes[..n], &costs[..n]);
                 let entries = entries(&limits[..n], &asks);

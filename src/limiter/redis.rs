@@ -1,13 +1,16 @@
-//! Redis backend: every limit of a route in one EVALSHA of a decision script (`script.rs`: the
-//! one holding exactly the algorithms of the batch), under a deadline;
-//! requests that arrive while a call is in flight go together in the next one (`coalesce.rs`).
+//! Redis backend: every limit of a route in one call of a decision script (`script.rs`: the
+//! one holding exactly the algorithms of the batch), under a deadline; requests that arrive
+//! while a call is in flight go together in the next one (`coalesce.rs`). The call is an
+//! `FCALL` of the script's function library, loaded on first use (`FUNCTION LOAD`) and then
+//! kept by Redis with the dataset, replicated and persisted; a server without functions (before
+//! Redis 7) or that refuses to load them gets `EVALSHA` instead, loaded on `NOSCRIPT`.
 //!
 //! The connection (standalone, cluster or sentinel: `link.rs`) is made lazily on first use,
 //! inside the runtime that serves requests (a connection made before Pingora forks or on a
-//! runtime that is later dropped is dead). `redis::Script` sends EVALSHA and falls back to loading
-//! the script on NOSCRIPT. A call that misses its deadline is abandoned, never retried: it may
-//! already have counted.
+//! runtime that is later dropped is dead). A call that misses its deadline is abandoned, never
+//! retried: it may already have counted.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,10 +21,10 @@ use super::decision::Decision;
 use super::error::{ErrorKind, LimiterError};
 use super::link::Link;
 use super::request::LimitRequest;
-use super::script::{self, Call};
+use super::script::{self, Call, DecisionScript, Invoke};
 use super::topology::{RedisAuth, Topology};
 
-/// Times a batch is sent while Redis answers that it does not know the script.
+/// Times a batch is sent while Redis answers that it does not know the script or function.
 const NOSCRIPT_ATTEMPTS: u32 = 3;
 
 pub struct RedisLimiter {
@@ -32,34 +35,107 @@ pub struct RedisLimiter {
     deadline: Duration,
 }
 
-/// What a batch of decisions needs to reach Redis: the link.
+/// What a batch of decisions needs to reach Redis: the link, and whether the server runs
+/// function libraries (until it says it does not).
 struct Dispatch {
     link: Arc<Link>,
+    functions: AtomicBool,
 }
 
 impl Execute for Dispatch {
     async fn execute(&self, calls: &[&Call], deadline: Duration) -> Result<Vec<i64>, LimiterError> {
         let call = async {
             let mut connection = self.link.connection().await?;
-            let decision_script = script::script_for(calls);
-            let command = script::batch_command(decision_script, calls);
-            // NOSCRIPT: the script never ran, so loading it and sending the call again cannot
-            // count twice; a `SCRIPT FLUSH` in between gives NOSCRIPT again, hence a few tries.
+            let decision = script::script_for(calls);
+            // A call Redis refused (no such function or script) never ran, so loading it and
+            // sending the call again cannot count twice; a flush in between refuses it again,
+            // hence a few tries.
             let mut attempts = NOSCRIPT_ATTEMPTS;
             loop {
                 attempts -= 1;
-                match command.query_async::<Vec<i64>>(&mut connection).await {
-                    Err(error) if error.code() == Some("NOSCRIPT") && attempts > 0 => {
-                        decision_script
-                            .load_async(&mut connection)
-                            .await
-                            .map_err(classify)?;
-                    }
+                let invoke = if self.functions.load(Ordering::Relaxed) {
+                    Invoke::Function
+                } else {
+                    Invoke::Script
+                };
+                let command = script::batch_command(decision, invoke, calls, None);
+                let error = match command.query_async::<Vec<i64>>(&mut connection).await {
+                    Err(error) if attempts > 0 => error,
                     reply => return reply.map_err(classify),
+                };
+                match (invoke, Refusal::of(&error)) {
+                    (Invoke::Function, Some(Refusal::FunctionMissing)) => {
+                        self.load_library(&mut connection, decision).await?;
+                    }
+                    (Invoke::Function, Some(Refusal::FunctionsUnknown)) => {
+                        self.use_scripts("the server has no functions (Redis before 7.0)");
+                    }
+                    (Invoke::Script, Some(Refusal::ScriptMissing)) => decision
+                        .script
+                        .load_async(&mut connection)
+                        .await
+                        .map(|_| ())
+                        .map_err(classify)?,
+                    _ => return Err(classify(error)),
                 }
             }
         };
         within(&self.link, deadline, call).await
+    }
+}
+
+/// Why Redis refused to run a decision call: the call never ran.
+enum Refusal {
+    /// `ERR Function not found`: the library is not loaded on this server (new, flushed).
+    FunctionMissing,
+    /// `ERR unknown command 'FCALL'`: a server before Redis 7.
+    FunctionsUnknown,
+    /// `NOSCRIPT`: the script is not in this server's cache.
+    ScriptMissing,
+}
+
+impl Refusal {
+    fn of(error: &redis::RedisError) -> Option<Refusal> {
+        let detail = error.detail().unwrap_or_default();
+        match error.code() {
+            Some("NOSCRIPT") => Some(Refusal::ScriptMissing),
+            Some("ERR") if detail.starts_with("Function not found") => {
+                Some(Refusal::FunctionMissing)
+            }
+            Some("ERR") if detail.starts_with("unknown command") => Some(Refusal::FunctionsUnknown),
+            _ => None,
+        }
+    }
+}
+
+impl Dispatch {
+    /// Loads the decision library; a server that refuses it (an ACL without `FUNCTION`, a
+    /// proxy that does not pass it) gets scripts from then on.
+    async fn load_library(
+        &self,
+        connection: &mut super::link::Connection,
+        decision: &DecisionScript,
+    ) -> Result<(), LimiterError> {
+        let loaded = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(&decision.library)
+            .query_async::<()>(connection)
+            .await;
+        match loaded {
+            Ok(()) => Ok(()),
+            Err(error) if error.code().is_some() => {
+                self.use_scripts(&format!("FUNCTION LOAD was refused: {error}"));
+                Ok(())
+            }
+            Err(error) => Err(classify(error)),
+        }
+    }
+
+    fn use_scripts(&self, why: &str) {
+        if self.functions.swap(false, Ordering::Relaxed) {
+            log::warn!("redis: decisions use EVALSHA scripts instead of functions: {why}");
+        }
     }
 }
 
@@ -93,6 +169,7 @@ impl RedisLimiter {
         let link = Arc::new(Link::new(topology, auth, deadline)?);
         let dispatch = Dispatch {
             link: Arc::clone(&link),
+            functions: AtomicBool::new(true),
         };
         let by_slot = matches!(topology, Topology::Cluster { .. });
         Ok(RedisLimiter {

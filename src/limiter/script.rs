@@ -91,6 +91,13 @@ impl Algorithms {
 /// dispatches on, then the driver (`lua/check.lua`). One EVALSHA of it decides a batch of
 /// requests (`coalesce.rs`), each with every limit of its route.
 pub fn decision_source(algorithms: Algorithms) -> String {
+    let mut source = decision_head(algorithms);
+    source.push_str(DRIVER);
+    source
+}
+
+/// Everything of a decision script but its driver: what a function library creates once.
+fn decision_head(algorithms: Algorithms) -> String {
     let held = || {
         ALGORITHM_FILES
             .iter()
@@ -114,16 +121,53 @@ pub fn decision_source(algorithms: Algorithms) -> String {
         table("decide"),
         table("commit")
     ));
-    source.push_str(DRIVER);
     source
 }
 
-/// The decision script of `algorithms`, composed and hashed on its first use.
-pub fn decision_script(algorithms: Algorithms) -> &'static redis::Script {
-    static SCRIPTS: [OnceLock<redis::Script>; 1 << ALGORITHM_FILES.len()] =
+/// A decision script in both of the forms Redis runs: a script (`EVALSHA`) and a function
+/// library (Redis 7: `FCALL`). A library is loaded once per server and kept with the dataset,
+/// so it is persisted and replicated: a promoted replica already has it. Its text (the
+/// prelude, the algorithms, their tables) runs once, at load, where a script's runs on every
+/// call; the driver is the library's one function.
+pub struct DecisionScript {
+    pub script: redis::Script,
+    /// The library's and its function's name: `sluice_` and the script's SHA1, so that
+    /// gateways of different releases (different texts) never replace each other's.
+    pub function: String,
+    /// The library's source, for `FUNCTION LOAD REPLACE`.
+    pub library: String,
+}
+
+impl DecisionScript {
+    fn of(algorithms: Algorithms) -> DecisionScript {
+        let head = decision_head(algorithms);
+        let script = redis::Script::new(&format!("{head}{DRIVER}"));
+        let function = format!("sluice_{}", script.get_hash());
+        let library = format!(
+            "#!lua name={function}\n{head}\nredis.register_function('{function}', function(KEYS, ARGV)\n{DRIVER}\nend)\n"
+        );
+        DecisionScript {
+            script,
+            function,
+            library,
+        }
+    }
+}
+
+/// The decision script of `algorithms`, composed on its first use.
+pub fn decision_script(algorithms: Algorithms) -> &'static DecisionScript {
+    static SCRIPTS: [OnceLock<DecisionScript>; 1 << ALGORITHM_FILES.len()] =
         [const { OnceLock::new() }; 1 << ALGORITHM_FILES.len()];
-    SCRIPTS[usize::from(algorithms.0)]
-        .get_or_init(|| redis::Script::new(&decision_source(algorithms)))
+    SCRIPTS[usize::from(algorithms.0)].get_or_init(|| DecisionScript::of(algorithms))
+}
+
+/// How a decision script is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Invoke {
+    /// `FCALL` of its library's function (Redis 7 and later).
+    Function,
+    /// `EVALSHA` of its script.
+    Script,
 }
 
 /// Settles units earlier calls took: gives back the unspent, charges the overspent
@@ -160,32 +204,6 @@ pub const RELEASE_SOURCE: &str = include_str!("../../lua/release.lua");
 
 /// Integers per limit in the reply.
 pub const REPLY_STRIDE: usize = 6;
-
-/// Appends ARGV for a call deciding `request` alone: the clock (`None`: Redis TIME), a batch of
-/// one, then the request (`lua/check.lua`). Keys are added by the caller in entry order.
-pub fn push_args(
-    invocation: &mut redis::ScriptInvocation<'_>,
-    request: &LimitRequest<'_>,
-    now_us: Option<u64>,
-) {
-    push_clock(invocation, now_us, 1);
-    invocation
-        .arg(&request.id.hex()[..])
-        .arg(request.entries.len());
-    // Calendar bounds are computed around the clock the script is given, else the gateway's.
-    let gateway_now = now_us.map_or_else(|| SystemClock.now_us(), |now| now as i64);
-    for entry in request.entries {
-        invocation.arg(LimitArgs::of(entry.limit, entry.cost, gateway_now).argv());
-    }
-}
-
-fn push_clock(invocation: &mut redis::ScriptInvocation<'_>, now_us: Option<u64>, requests: usize) {
-    match now_us {
-        Some(now) => invocation.arg(now),
-        None => invocation.arg(""),
-    };
-    invocation.arg(requests);
-}
 
 /// One limit's arguments in a script call.
 #[derive(Debug, Clone, Copy)]
@@ -269,32 +287,44 @@ impl Call {
 }
 
 /// The decision script holding every algorithm of `calls`.
-pub fn script_for(calls: &[&Call]) -> &'static redis::Script {
+pub fn script_for(calls: &[&Call]) -> &'static DecisionScript {
     let algorithms = calls
         .iter()
         .fold(Algorithms::default(), |set, call| set.with(call.algorithms));
     decision_script(algorithms)
 }
 
-/// The EVALSHA of `script` (a decision script holding every algorithm of `calls`) deciding
-/// `calls` in order, with Redis's clock.
-/// Built as one command buffer: no allocation per argument.
-pub fn batch_command(script: &redis::Script, calls: &[&Call]) -> redis::Cmd {
+/// The `FCALL` or `EVALSHA` of `decision` (holding every algorithm of `calls`) deciding `calls`
+/// in order, at `now_us` (`None`: Redis's clock, the production path). Built as one command
+/// buffer, sized once: no allocation per argument.
+pub fn batch_command(
+    decision: &DecisionScript,
+    invoke: Invoke,
+    calls: &[&Call],
+    now_us: Option<u64>,
+) -> redis::Cmd {
     let keys: usize = calls.iter().map(|call| call.limits()).sum();
-    // Sized once: EVALSHA, the SHA, the key count, the keys, the clock and the request count,
-    // then per request its id, its count of limits and six values per limit (20 digits at most).
+    // The command, the function or SHA, the key count, the keys, the clock and the request
+    // count, then per request its id, its count of limits and six values per limit.
     let key_bytes: usize = calls.iter().map(|call| call.keys.len()).sum();
     let arguments = 5 + 7 * keys + 2 * calls.len();
     let mut command =
         redis::Cmd::with_capacity(arguments, 64 + key_bytes + 40 * calls.len() + 6 * 20 * keys);
-    command.arg("EVALSHA");
-    command.arg(script.get_hash()).arg(keys);
+    match invoke {
+        Invoke::Function => command.arg("FCALL").arg(&decision.function),
+        Invoke::Script => command.arg("EVALSHA").arg(decision.script.get_hash()),
+    };
+    command.arg(keys);
     for call in calls {
         for key in call.keys() {
             command.arg(key);
         }
     }
-    command.arg("").arg(calls.len());
+    match now_us {
+        Some(now) => command.arg(now),
+        None => command.arg(""),
+    };
+    command.arg(calls.len());
     for call in calls {
         command.arg(&call.id.hex()[..]).arg(call.limits());
         for limit in &call.limits {
@@ -401,10 +431,13 @@ mod tests {
         }
         assert_eq!(Algorithms::of_limits(&limits), Algorithms::ALL);
         assert_eq!(Algorithms::named(["gcra", "leaky"]), None);
-        assert!(std::ptr::eq(
-            decision_script(Algorithms::ALL),
-            decision_script(Algorithms::ALL)
-        ));
+        let all = decision_script(Algorithms::ALL);
+        assert!(std::ptr::eq(all, decision_script(Algorithms::ALL)));
+        assert_eq!(all.function, format!("sluice_{}", all.script.get_hash()));
+        assert!(all
+            .library
+            .starts_with(&format!("#!lua name={}\n", all.function)));
+        assert!(all.library.contains(DRIVER));
     }
 
     #[test]

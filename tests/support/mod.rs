@@ -79,6 +79,9 @@ pub struct RedisServer {
     child: Child,
     pub port: u16,
     password: Option<String>,
+    /// Its working directory, its own: a replica writes the data it receives there
+    /// (`dump.rdb`), which no other server may load.
+    _dir: tempfile::TempDir,
 }
 
 /// The arguments of a throwaway redis-server on loopback: no persistence.
@@ -97,6 +100,24 @@ pub fn redis_args(port: u16) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect()
+}
+
+/// The calls of `commands` in an `INFO commandstats` reply.
+pub fn command_calls(info: &str, commands: &[&str]) -> u64 {
+    info.lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            commands.contains(&name).then_some(stats)
+        })
+        .filter_map(|stats| {
+            stats
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
 }
 
 /// Starts redis-server, failing the test loudly when it is not installed.
@@ -128,16 +149,29 @@ impl RedisServer {
         RedisServer::start_with(free_port(), Some(password))
     }
 
+    /// A server started with `extra` arguments too (e.g. `--rename-command`).
+    pub fn start_with_args(extra: &[&str]) -> RedisServer {
+        RedisServer::start_with_extra(free_port(), None, extra)
+    }
+
     fn start_with(port: u16, password: Option<&str>) -> RedisServer {
+        RedisServer::start_with_extra(port, password, &[])
+    }
+
+    fn start_with_extra(port: u16, password: Option<&str>, extra: &[&str]) -> RedisServer {
         let mut args = redis_args(port);
         if let Some(password) = password {
             args.extend(["--requirepass".to_string(), password.to_string()]);
         }
+        args.extend(extra.iter().map(|arg| arg.to_string()));
+        let dir = tempfile::tempdir().expect("a directory for redis-server");
+        args.extend(["--dir".to_string(), dir.path().display().to_string()]);
         let child = spawn_redis(&args);
         let mut server = RedisServer {
             child,
             port,
             password: password.map(str::to_string),
+            _dir: dir,
         };
         let url = server.url();
         wait_until(
@@ -171,6 +205,20 @@ impl RedisServer {
         redis::Client::open(self.url())
             .and_then(|c| c.get_connection())
             .expect("connect to the test redis-server")
+    }
+
+    /// The decision calls the server has run since its statistics were last reset: `FCALL`
+    /// (functions, Redis 7) and `EVALSHA`/`EVAL` (scripts).
+    pub fn decision_calls(&self) -> u64 {
+        command_calls(&self.commandstats(), &["fcall", "evalsha", "eval"])
+    }
+
+    /// `INFO commandstats`: the calls of each command since the statistics were last reset.
+    pub fn commandstats(&self) -> String {
+        redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.connection())
+            .expect("INFO commandstats")
     }
 
     /// The server's process id (to SIGSTOP/SIGCONT it).

@@ -49,19 +49,12 @@ local function calendar_decide(key, now, limit, start, finish, cost)
   else
     reset, ttl = finish + length - now, finish + 2 * length - now
   end
-  -- A peek (cost 0) asks for nothing: it never denies.
-  if cost > 0 and count + cost > limit then
-    local retry = -1
-    if cost <= limit then
-      retry = ceil_ms(reset)
-    end
-    return 0, math.max(limit - count, 0), retry, ceil_ms(reset), 0, nil
-  end
+  local allowed, remaining, retry, reset_ms, delay = count_against(limit, count, cost, reset)
   local write = nil
-  if cost > 0 then
+  if allowed == 1 and cost > 0 then
     write = { from, to, count + cost, ttl }
   end
-  return 1, math.max(limit - count - cost, 0), 0, ceil_ms(reset), 0, write
+  return allowed, remaining, retry, reset_ms, delay, write
 end
 
 local function calendar_commit(key, write)

@@ -27,19 +27,12 @@ local function fixed_window_decide(key, now, limit, window, _, cost)
     e, n = now + window, 0
   end
   local reset = e - now
-  -- A peek (cost 0) asks for nothing: it never denies.
-  if cost > 0 and n + cost > limit then
-    local retry = -1
-    if cost <= limit then
-      retry = ceil_ms(reset)
-    end
-    return 0, math.max(limit - n, 0), retry, ceil_ms(reset), 0, nil
-  end
+  local allowed, remaining, retry, reset_ms, delay = count_against(limit, n, cost, reset)
   local write = nil
-  if cost > 0 then
+  if allowed == 1 and cost > 0 then
     write = { fresh, e, n + cost, reset, cost }
   end
-  return 1, math.max(limit - n - cost, 0), 0, ceil_ms(reset), 0, write
+  return allowed, remaining, retry, reset_ms, delay, write
 end
 
 local function fixed_window_commit(key, write)

@@ -33,3 +33,19 @@ local function ceil_ms(us)
   end
   return math.ceil(us / 1000)
 end
+
+-- A count of units held against `limit` in a period that is full again in `reset` us (fixed
+-- windows, calendar periods), asked for `cost` more: allowed (1|0), remaining, retry_after_ms
+-- (-1: never, the cost alone exceeds the limit), reset_after_ms and delay_ms (0) of the
+-- decision; the caller writes `count + cost` when allowed. A peek (cost 0) asks for nothing: it
+-- never denies. Mirrors count_against in src/limiter/algorithm/mod.rs.
+local function count_against(limit, count, cost, reset)
+  if cost > 0 and count + cost > limit then
+    local retry = -1
+    if cost <= limit then
+      retry = ceil_ms(reset)
+    end
+    return 0, math.max(limit - count, 0), retry, ceil_ms(reset), 0
+  end
+  return 1, math.max(limit - count - cost, 0), 0, ceil_ms(reset), 0
+end

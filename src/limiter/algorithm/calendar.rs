@@ -15,6 +15,7 @@ use jiff::civil::Date;
 use jiff::tz::TimeZone;
 use jiff::{Timestamp, ToSpan};
 
+use super::count_against;
 use super::state::{State, Write};
 use crate::limiter::status::LimitStatus;
 
@@ -218,26 +219,11 @@ pub fn decide(
     } else {
         (end + length - now, end + 2 * length - now)
     };
-    // A peek (cost 0) asks for nothing: it never denies.
-    if cost > 0 && count + cost > limit {
-        let retry = (cost <= limit).then_some(reset);
-        return (
-            LimitStatus::denied(limit.saturating_sub(count), retry, reset),
-            None,
-        );
-    }
-    let write = (cost > 0).then_some(Write {
-        state: State::Period {
-            start_us: from,
-            end_us: to,
-            count: count + cost,
-        },
-        ttl_us: ttl,
-    });
-    (
-        LimitStatus::allowed(limit.saturating_sub(count + cost), reset),
-        write,
-    )
+    count_against(limit, count, cost, (reset, ttl), |count| State::Period {
+        start_us: from,
+        end_us: to,
+        count,
+    })
 }
 
 #[cfg(test)]

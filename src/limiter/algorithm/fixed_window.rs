@@ -1,5 +1,6 @@
 //! Fixed window counter: mirrors `lua/fixed_window.lua`.
 
+use super::count_against;
 use super::state::{State, Write};
 use crate::limiter::status::LimitStatus;
 
@@ -24,25 +25,10 @@ pub fn decide(
         count = 0;
     }
     let reset = end - now;
-    // A peek (cost 0) asks for nothing: it never denies.
-    if cost > 0 && count + cost > limit {
-        let retry = (cost <= limit).then_some(reset);
-        return (
-            LimitStatus::denied(limit.saturating_sub(count), retry, reset),
-            None,
-        );
-    }
-    let write = (cost > 0).then_some(Write {
-        state: State::Window {
-            end_us: end,
-            count: count + cost,
-        },
-        ttl_us: reset,
-    });
-    (
-        LimitStatus::allowed(limit.saturating_sub(count + cost), reset),
-        write,
-    )
+    count_against(limit, count, cost, (reset, reset), |count| State::Window {
+        end_us: end,
+        count,
+    })
 }
 
 #[cfg(test)]

@@ -32,6 +32,35 @@ pub const MAX_SLIDING_LOG_LIMIT: u64 = 10_000;
 use crate::limiter::id::RequestId;
 use crate::limiter::status::LimitStatus;
 
+/// A count of units held against `limit` in a period that is full again in `reset_us` (fixed
+/// windows, calendar periods), asked for `cost` more: denied past the limit (and never retried
+/// when the cost alone exceeds it), else allowed, writing `state(count + cost)` to live `ttl_us`.
+/// A peek (cost 0) asks for nothing: it never denies and writes nothing. Mirrors `count_against`
+/// in `lua/prelude.lua`.
+fn count_against(
+    limit: u64,
+    count: u64,
+    cost: u64,
+    (reset_us, ttl_us): (i64, i64),
+    state: impl FnOnce(u64) -> State,
+) -> (LimitStatus, Option<Write>) {
+    if cost > 0 && count + cost > limit {
+        let retry = (cost <= limit).then_some(reset_us);
+        return (
+            LimitStatus::denied(limit.saturating_sub(count), retry, reset_us),
+            None,
+        );
+    }
+    let write = (cost > 0).then(|| Write {
+        state: state(count + cost),
+        ttl_us,
+    });
+    (
+        LimitStatus::allowed(limit.saturating_sub(count + cost), reset_us),
+        write,
+    )
+}
+
 /// How one limit decides. Parameters are precomputed at config load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {

@@ -176,8 +176,8 @@ end
 LUA
 
 info_field() { awk -v name="$2" 'index($0, name) == 1 { print substr($0, length(name) + 1); exit }' <<<"$1"; }
-# evalsha INFO FIELD: FIELD of the decision calls, FCALL (functions) and EVALSHA (scripts) summed.
-evalsha() {
+# decision_calls INFO FIELD: FIELD of the decision calls, FCALL (functions) and EVALSHA (scripts) summed.
+decision_calls() {
   local name total=0
   for name in cmdstat_fcall: cmdstat_evalsha:; do
     total=$(( total + $(info_field "$1" "$name" | tr ',' '\n' | awk -F= -v f="$2" '$1 == f { v = $2 } END { print v + 0 }') ))
@@ -186,7 +186,7 @@ evalsha() {
 }
 
 # One closed-loop wrk run of target N: appends "N req/s p50 p99 p99.9 non2xx cpu_us redis_us
-# evalsha/req commands/req" to runs.tsv.
+# decision calls/req commands/req" to runs.tsv.
 measure() {
   local n=$1 before after cpu0 cpu1 r0 r1 out requests non2xx p50 p99 p999 duration
   # shellcheck disable=SC2086 # one PID per word
@@ -195,7 +195,7 @@ measure() {
   # shellcheck disable=SC2086
   cpu1=$(cpu_ticks ${cpu_pids[$n]}); r1=$(cpu_ticks "$redis_pid"); after=$(redis_stat)
   read -r requests non2xx p50 p99 p999 duration < <(awk '/^REPORT/ {print $2, $3, $4, $5, $6, $7}' <<<"$out")
-  local calls=$(( $(evalsha "$after" calls) - $(evalsha "$before" calls) ))
+  local calls=$(( $(decision_calls "$after" calls) - $(decision_calls "$before" calls) ))
   local commands=$(( $(info_field "$after" total_commands_processed:) - $(info_field "$before" total_commands_processed:) - 1 ))
   awk -v n="$n" -v r="$requests" -v bad="$non2xx" -v p50="$p50" -v p99="$p99" -v p999="$p999" \
       -v us="$duration" -v cpu="$(( cpu1 - cpu0 ))" -v rcpu="$(( r1 - r0 ))" -v hz="$ticks_per_s" \
@@ -232,8 +232,8 @@ echo
 echo "Targets (issues 17 and 26), from the medians above:"
 echo
 diff() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.1f", a - b}'; }
-declare -A evalsha_per_req
-for n in "${targets[@]}"; do evalsha_per_req[$n]=$(median "$n" 9); done
+declare -A calls_per_req
+for n in "${targets[@]}"; do calls_per_req[$n]=$(median "$n" 9); done
 echo "| target | measured |"
 echo "| --- | --- |"
 echo "| 1 GCRA limit ≥ 1.0 × the ngx_lua peer's throughput (7 / 4) | $(ratio "${rps[7]}" "${rps[4]}") × |"
@@ -241,7 +241,7 @@ echo "| 1 limit ≥ 0.90 × no limits (7 / 5) | $(ratio "${rps[7]}" "${rps[5]}")
 echo "| 3 limits ≥ 0.85 × no limits (8 / 5) | $(ratio "${rps[8]}" "${rps[5]}") × |"
 echo "| the limiter's gateway CPU ≤ 8 µs per request (7 − 5) | $(diff "${cpu[7]}" "${cpu[5]}") µs |"
 echo "| a 429 flood costs the gateway ≤ an allowed request (9 against 7) | ${cpu[9]} against ${cpu[7]} µs |"
-echo "| cached denials call Redis 0 times (9) | ${evalsha_per_req[9]} decision calls per request |"
+echo "| cached denials call Redis 0 times (9) | ${calls_per_req[9]} decision calls per request |"
 echo "| Redis CPU per decision, 1 limit (7), 3 limits (8) | ${redis_cpu[7]} µs, ${redis_cpu[8]} µs |"
 echo "| sluice CPU per proxied request ≤ 1.5 × nginx's, one thread / one worker (6 / 2) | ${cpu[6]} / ${cpu[2]} µs = $(ratio "${cpu[6]}" "${cpu[2]}") × |"
 

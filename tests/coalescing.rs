@@ -18,7 +18,7 @@ use sluice::limiter::{
 use support::config::{route, Config};
 use support::limits::{fixed_window, Limit};
 use support::topologies::RedisCluster;
-use support::{hammer, http_get, Gateway, RedisServer, Upstream};
+use support::{eventually, hammer, http_get, Gateway, RedisServer, Upstream};
 
 /// These tests load several processes at once: one at a time.
 fn alone() -> std::sync::MutexGuard<'static, ()> {
@@ -260,6 +260,99 @@ fn with_max_batch_one_every_request_sends_its_own_call_at_once() {
     assert!(counted(&redis, "{t}second"), "sent at once, so it counted");
     assert_eq!(sizes.get_sample_count(), 123, "one call per decision");
     assert_eq!(sizes.get_sample_sum(), 123.0, "each carrying one decision");
+}
+
+/// The `CLIENT LIST` lines of the connections named `name`.
+fn clients_named(redis: &RedisServer, name: &str) -> Vec<String> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut redis.connection())
+        .expect("CLIENT LIST");
+    let name = format!(" name={name} ");
+    list.lines()
+        .filter(|line| line.contains(&name))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A `CLIENT LIST` line's `field=` value.
+fn client_field<'a>(line: &'a str, field: &str) -> &'a str {
+    line.split(' ')
+        .find_map(|pair| pair.strip_prefix(field)?.strip_prefix('='))
+        .unwrap_or_default()
+}
+
+#[test]
+fn decisions_go_over_the_lanes_own_connection_and_outlive_its_loss() {
+    let redis = RedisServer::start_with_password("direct-secret");
+    let (limiter, _) = limiter(&format!(
+        "redis://:direct-secret@127.0.0.1:{}/3",
+        redis.port
+    ));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let direct = || clients_named(&redis, "sluice-decisions");
+    let decide_all = |key: &'static str, n: usize| {
+        runtime.block_on(async {
+            for _ in 0..n {
+                assert!(decide(&limiter, key, Duration::from_secs(2))
+                    .await
+                    .expect("decided"));
+            }
+        })
+    };
+    // The first decision goes over the shared connection and starts the direct one, which
+    // authenticates, selects database 3 and names itself.
+    decide_all("{d}one", 1);
+    eventually(Duration::from_secs(10), "the direct connection", || {
+        direct().len() == 1
+    });
+    let first = direct().remove(0);
+    assert_eq!(client_field(&first, "db"), "3", "{first}");
+    // The shared connection answers a PING; the decisions then go direct.
+    let ready = runtime.block_on(sluice::limiter::Backend::readiness(&*limiter));
+    assert_eq!(ready, sluice::limiter::Readiness::Ready);
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut redis.connection())
+        .unwrap();
+    decide_all("{d}one", 20);
+    assert_eq!(redis.decision_calls(), 20, "one call per decision");
+    let line = direct().remove(0);
+    assert_eq!(client_field(&line, "cmd"), "fcall", "{line}");
+    assert_eq!(client_field(&line, "id"), client_field(&first, "id"));
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(
+        list.lines()
+            .filter(|l| client_field(l, "db") == "3")
+            .all(|l| client_field(l, "name") == "sluice-decisions"
+                || client_field(l, "cmd") == "ping"),
+        "only the direct connection ran the decisions:\n{list}"
+    );
+    // Closed by the server while idle (a restart, `timeout`, `CLIENT KILL`): the next decision
+    // notices before writing, goes over the shared connection, and a new direct one follows.
+    let _: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(client_field(&first, "id"))
+        .query(&mut redis.connection())
+        .unwrap();
+    eventually(Duration::from_secs(5), "the kill", || direct().is_empty());
+    std::thread::sleep(Duration::from_millis(50));
+    decide_all("{d}one", 5);
+    eventually(Duration::from_secs(10), "a new direct connection", || {
+        direct().len() == 1
+    });
+    decide_all("{d}one", 5);
+    let again = direct().remove(0);
+    assert_ne!(client_field(&again, "id"), client_field(&first, "id"));
+    assert_eq!(client_field(&again, "cmd"), "fcall", "{again}");
+    // Every one of the 31 decisions counted once: 69 more fill the 100/h window.
+    decide_all("{d}one", 69);
+    let over = runtime.block_on(decide(&limiter, "{d}one", Duration::from_secs(2)));
+    assert!(!over.expect("decided"), "the 101st is denied");
 }
 
 /// Hammers a gateway on `redis` while a thread sends `flush` every 25 ms: no decision fails, the

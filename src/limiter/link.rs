@@ -201,6 +201,14 @@ impl Link {
         }
     }
 
+    /// The address and settings of a standalone server (the other topologies name several).
+    pub fn standalone_server(&self) -> Option<&ConnectionInfo> {
+        match self {
+            Link::Standalone { client, .. } => Some(client.get_connection_info()),
+            _ => None,
+        }
+    }
+
     /// Told after a failed call: a Sentinel link forgets a master that may have moved.
     pub fn failed(&self, error: &LimiterError) {
         if let Link::Sentinel(link) = self {

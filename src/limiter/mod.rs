@@ -13,6 +13,7 @@ pub mod backend;
 pub mod clock;
 pub mod coalesce;
 pub mod decision;
+pub mod direct;
 pub mod engine;
 pub mod error;
 pub mod guard;

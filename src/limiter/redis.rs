@@ -7,8 +7,9 @@
 //!
 //! The connection (standalone, cluster or sentinel: `link.rs`) is made lazily on first use,
 //! inside the runtime that serves requests (a connection made before Pingora forks or on a
-//! runtime that is later dropped is dead). A call that misses its deadline is abandoned, never
-//! retried: it may already have counted.
+//! runtime that is later dropped is dead). A standalone server over plain TCP also gets the
+//! decision lane's own connection (`direct.rs`), made in the background on first use. A call
+//! that misses its deadline is abandoned, never retried: it may already have counted.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,8 +19,9 @@ use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::coalesce::{Coalescer, Coalescing, Execute};
 use super::decision::Decision;
+use super::direct::{DirectLink, Lease};
 use super::error::{ErrorKind, LimiterError};
-use super::link::Link;
+use super::link::{Connection, Link};
 use super::request::LimitRequest;
 use super::script::{self, Call, DecisionScript, Invoke};
 use super::topology::{RedisAuth, Topology};
@@ -35,17 +37,22 @@ pub struct RedisLimiter {
     deadline: Duration,
 }
 
-/// What a batch of decisions needs to reach Redis: the link, and whether the server runs
-/// function libraries (until it says it does not).
+/// What a batch of decisions needs to reach Redis: the link, the lane's direct connection (a
+/// standalone server over plain TCP: `direct.rs`), and whether the server runs function
+/// libraries (until it says it does not).
 struct Dispatch {
     link: Arc<Link>,
+    direct: Option<Arc<DirectLink>>,
     functions: AtomicBool,
 }
 
 impl Execute for Dispatch {
     async fn execute(&self, calls: &[&Call], deadline: Duration) -> Result<Vec<i64>, LimiterError> {
         let call = async {
-            let mut connection = self.link.connection().await?;
+            let mut route = match self.direct.as_ref().and_then(DirectLink::lease) {
+                Some(lease) => Route::Direct(lease),
+                None => Route::Shared(self.link.connection().await?),
+            };
             let decision = script::script_for(calls);
             // A call Redis refused (no such function or script) never ran, so loading it and
             // sending the call again cannot count twice; a flush in between refuses it again,
@@ -59,11 +66,16 @@ impl Execute for Dispatch {
                     Invoke::Script
                 };
                 let command = script::batch_command(decision, invoke, calls, None);
-                let error = match command.query_async::<Vec<i64>>(&mut connection).await {
+                let error = match route.integers(&command).await {
                     Err(error) if attempts > 0 => error,
                     reply => return reply.map_err(classify),
                 };
-                match (invoke, Refusal::of(&error)) {
+                let refusal = Refusal::of(&error);
+                if refusal.is_none() {
+                    return Err(classify(error));
+                }
+                let mut connection = self.link.connection().await?;
+                match (invoke, refusal) {
                     (Invoke::Function, Some(Refusal::FunctionMissing)) => {
                         self.load_library(&mut connection, decision).await?;
                     }
@@ -81,6 +93,23 @@ impl Execute for Dispatch {
             }
         };
         within(&self.link, deadline, call).await
+    }
+}
+
+/// The connection a decision call goes over.
+enum Route {
+    /// The lane's own (`direct.rs`).
+    Direct(Lease),
+    /// redis-rs's, shared with every other command.
+    Shared(Connection),
+}
+
+impl Route {
+    async fn integers(&mut self, command: &redis::Cmd) -> Result<Vec<i64>, redis::RedisError> {
+        match self {
+            Route::Direct(lease) => lease.integers(command).await,
+            Route::Shared(connection) => command.query_async(connection).await,
+        }
     }
 }
 
@@ -113,7 +142,7 @@ impl Dispatch {
     /// proxy that does not pass it) gets scripts from then on.
     async fn load_library(
         &self,
-        connection: &mut super::link::Connection,
+        connection: &mut Connection,
         decision: &DecisionScript,
     ) -> Result<(), LimiterError> {
         let loaded = redis::cmd("FUNCTION")
@@ -168,6 +197,7 @@ impl RedisLimiter {
     ) -> Result<RedisLimiter, redis::RedisError> {
         let link = Arc::new(Link::new(topology, auth, deadline)?);
         let dispatch = Dispatch {
+            direct: link.standalone_server().and_then(DirectLink::to),
             link: Arc::clone(&link),
             functions: AtomicBool::new(true),
         };

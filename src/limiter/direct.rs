@@ -20,6 +20,8 @@ use redis::{ConnectionAddr, ConnectionInfo, ErrorKind, ProtocolVersion, RedisErr
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
+use super::script::Arguments;
+
 /// How long making a direct connection (and its handshake) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -155,11 +157,15 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// The reply of `command`: a flat array of integers (a decision script's), or the error the
-    /// server answered. Any other reply breaks the connection and is an error.
-    pub async fn integers(&mut self, command: &redis::Cmd) -> Result<Vec<i64>, RedisError> {
+    /// The reply of the command `write` puts in the (cleared) output buffer, as RESP: a flat
+    /// array of integers (a decision script's), or the error the server answered. Any other
+    /// reply breaks the connection and is an error.
+    pub async fn integers(
+        &mut self,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<Vec<i64>, RedisError> {
         match self.connection.as_mut() {
-            Some(connection) => connection.integers(command).await,
+            Some(connection) => connection.integers(write).await,
             None => Err(RedisError::from((
                 ErrorKind::Io,
                 "direct connection already broken",
@@ -187,10 +193,10 @@ struct DirectConnection {
 }
 
 impl DirectConnection {
-    async fn integers(&mut self, command: &redis::Cmd) -> Result<Vec<i64>, RedisError> {
+    async fn integers(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> Result<Vec<i64>, RedisError> {
         self.clean = false;
         self.output.clear();
-        command.write_packed_command(&mut self.output);
+        write(&mut self.output);
         self.stream.write_all(&self.output).await?;
         loop {
             match parse_integers(&self.input) {
@@ -270,6 +276,35 @@ impl DirectConnection {
     }
 }
 
+/// A command written as RESP straight into a buffer: `*<count>`, then each argument as a bulk
+/// string.
+pub struct Resp<'a>(&'a mut Vec<u8>);
+
+impl<'a> Resp<'a> {
+    /// Starts a command of `count` arguments (its name included) in `out`.
+    pub fn command(out: &'a mut Vec<u8>, count: usize) -> Resp<'a> {
+        out.push(b'*');
+        out.extend_from_slice(itoa::Buffer::new().format(count).as_bytes());
+        out.extend_from_slice(b"\r\n");
+        Resp(out)
+    }
+}
+
+impl Arguments for Resp<'_> {
+    fn bytes(&mut self, argument: &[u8]) {
+        self.0.push(b'$');
+        self.0
+            .extend_from_slice(itoa::Buffer::new().format(argument.len()).as_bytes());
+        self.0.extend_from_slice(b"\r\n");
+        self.0.extend_from_slice(argument);
+        self.0.extend_from_slice(b"\r\n");
+    }
+
+    fn integer(&mut self, argument: u64) {
+        self.bytes(itoa::Buffer::new().format(argument).as_bytes());
+    }
+}
+
 /// What the start of the input holds.
 #[derive(Debug, PartialEq)]
 enum Parsed {
@@ -317,10 +352,15 @@ fn parse_integers(input: &[u8]) -> Parsed {
 }
 
 /// The line starting at `start` without its type byte and CRLF, and where the next one starts.
+/// A line ending in a bare LF reads as `\n`, which no reply parsed here accepts.
 fn line(input: &[u8], start: usize) -> Option<(&[u8], usize)> {
     let rest = input.get(start..)?;
-    let end = rest.windows(2).position(|pair| pair == b"\r\n")?;
-    Some((rest.get(1..end).unwrap_or_default(), start + end + 2))
+    let end = rest.iter().position(|&byte| byte == b'\n')?;
+    let body = match rest[..end].strip_suffix(b"\r") {
+        Some(line) => line.get(1..).unwrap_or_default(),
+        None => b"\n",
+    };
+    Some((body, start + end + 1))
 }
 
 /// A RESP integer's decimal digits, with an optional minus sign.
@@ -397,6 +437,7 @@ mod tests {
             b"*1\r\n:\r\n",
             b"*1\r\n:99999999999999999999\r\n",
             b"\r\n",
+            b"*1\r\n:5\n",
         ] {
             assert_eq!(
                 parse_integers(unexpected),
@@ -409,6 +450,44 @@ mod tests {
         assert_eq!(integer(b"9223372036854775807"), Some(i64::MAX));
         assert_eq!(integer(b"9223372036854775808"), None);
         assert_eq!(integer(b"-"), None);
+    }
+
+    #[test]
+    fn a_batch_in_resp_is_byte_for_byte_the_redis_rs_command() {
+        use crate::limiter::request::{entries, LimitRequest};
+        use crate::limiter::script::{self, Algorithms, Call, Invoke};
+        use crate::limiter::testing::{asks, concurrency, gcra, limit, window};
+        let limits = [
+            limit("a", gcra(10, 3)),
+            limit("b", window(5)),
+            limit("c", concurrency(2)),
+        ];
+        let keys: [&[u8]; 3] = [b"{t}a", b"{t}b", b"{t}c"];
+        let asks = asks(&keys, &[1, 0, 2]);
+        let entries = entries(&limits, &asks);
+        let request = LimitRequest {
+            id: crate::limiter::RequestId(0xfeed),
+            ..LimitRequest::new(&entries)
+        };
+        let (first, second) = (
+            Call::at(&request, 1),
+            Call::at(&LimitRequest::new(&entries[..1]), 2),
+        );
+        let calls = [&first, &second];
+        let decision = script::decision_script(Algorithms::ALL);
+        for (invoke, now) in [
+            (Invoke::Function, None),
+            (Invoke::Script, Some(1_763_500_000)),
+        ] {
+            let mut resp = Vec::new();
+            let mut command = Resp::command(&mut resp, script::batch_arguments(&calls));
+            script::write_batch(&mut command, decision, invoke, &calls, now);
+            let packed = script::batch_command(decision, invoke, &calls, now).get_packed_command();
+            assert_eq!(
+                String::from_utf8_lossy(&resp),
+                String::from_utf8_lossy(&packed)
+            );
+        }
     }
 
     #[test]

@@ -4,9 +4,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use smallvec::SmallVec;
-
-use super::key::push_hex;
+use super::key::write_hex;
 
 /// A unique request identity: members of sliding logs and concurrency leases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -14,9 +12,9 @@ pub struct RequestId(pub u128);
 
 impl RequestId {
     /// 32 lowercase hex digits, on the stack (the scripts' request id argument).
-    pub fn hex(&self) -> SmallVec<[u8; 32]> {
-        let mut out = SmallVec::new();
-        push_hex(&mut out, &self.0.to_be_bytes());
+    pub fn hex(&self) -> [u8; 32] {
+        let mut out = [0; 32];
+        write_hex(&mut out, &self.0.to_be_bytes());
         out
     }
 }

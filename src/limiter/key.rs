@@ -9,12 +9,18 @@ pub const KEY_INLINE: usize = 128;
 /// One limiter key.
 pub type Key = SmallVec<[u8; KEY_INLINE]>;
 
-/// Appends `bytes` as lowercase hex: the digests in keys, the request id in script arguments.
-pub fn push_hex(out: &mut impl Extend<u8>, bytes: &[u8]) {
+/// Appends `bytes` as lowercase hex: the digests in keys.
+pub fn push_hex<A: smallvec::Array<Item = u8>>(out: &mut SmallVec<A>, bytes: &[u8]) {
+    let start = out.len();
+    out.resize(start + 2 * bytes.len(), 0);
+    write_hex(&mut out[start..], bytes);
+}
+
+/// Writes `bytes` as lowercase hex into `out`, two digits per byte (`out` holds twice as many).
+pub fn write_hex(out: &mut [u8], bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.extend(
-        bytes
-            .iter()
-            .flat_map(|b| [HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]),
-    );
+    for (digits, byte) in out.chunks_exact_mut(2).zip(bytes) {
+        digits[0] = HEX[usize::from(byte >> 4)];
+        digits[1] = HEX[usize::from(byte & 0xf)];
+    }
 }

@@ -19,7 +19,7 @@ use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::coalesce::{Coalescer, Coalescing, Execute};
 use super::decision::Decision;
-use super::direct::{DirectLink, Lease};
+use super::direct::{DirectLink, Lease, Resp};
 use super::error::{ErrorKind, LimiterError};
 use super::link::{Connection, Link};
 use super::request::LimitRequest;
@@ -65,8 +65,7 @@ impl Execute for Dispatch {
                 } else {
                     Invoke::Script
                 };
-                let command = script::batch_command(decision, invoke, calls, None);
-                let error = match route.integers(&command).await {
+                let error = match route.decide(decision, invoke, calls).await {
                     Err(error) if attempts > 0 => error,
                     reply => return reply.map_err(classify),
                 };
@@ -105,10 +104,27 @@ enum Route {
 }
 
 impl Route {
-    async fn integers(&mut self, command: &redis::Cmd) -> Result<Vec<i64>, redis::RedisError> {
+    /// The flat reply of the call of `decision` deciding `calls`.
+    async fn decide(
+        &mut self,
+        decision: &DecisionScript,
+        invoke: Invoke,
+        calls: &[&Call],
+    ) -> Result<Vec<i64>, redis::RedisError> {
         match self {
-            Route::Direct(lease) => lease.integers(command).await,
-            Route::Shared(connection) => command.query_async(connection).await,
+            Route::Direct(lease) => {
+                lease
+                    .integers(|out| {
+                        let mut command = Resp::command(out, script::batch_arguments(calls));
+                        script::write_batch(&mut command, decision, invoke, calls, None);
+                    })
+                    .await
+            }
+            Route::Shared(connection) => {
+                script::batch_command(decision, invoke, calls, None)
+                    .query_async(connection)
+                    .await
+            }
         }
     }
 }

@@ -224,10 +224,14 @@ impl LimitArgs {
         }
     }
 
-    /// The six ARGV values of this limit (`lua/check.lua`), one argument each.
-    fn argv(&self) -> (&'static str, u64, u64, u64, u64, u8) {
-        let [p1, p2, p3] = self.params;
-        (self.algorithm, p1, p2, p3, self.cost, u8::from(self.shadow))
+    /// Writes the six ARGV values of this limit (`lua/check.lua`), one argument each.
+    fn write(&self, out: &mut impl Arguments) {
+        out.bytes(self.algorithm.as_bytes());
+        for param in self.params {
+            out.integer(param);
+        }
+        out.integer(self.cost);
+        out.integer(u64::from(self.shadow));
     }
 }
 
@@ -294,44 +298,86 @@ pub fn script_for(calls: &[&Call]) -> &'static DecisionScript {
     decision_script(algorithms)
 }
 
+/// Where a decision call's arguments are written: a redis-rs command, or the RESP bytes the
+/// decision lane's own connection sends (`direct.rs`).
+pub trait Arguments {
+    fn bytes(&mut self, argument: &[u8]);
+    fn integer(&mut self, argument: u64);
+}
+
+impl Arguments for redis::Cmd {
+    fn bytes(&mut self, argument: &[u8]) {
+        self.arg(argument);
+    }
+
+    fn integer(&mut self, argument: u64) {
+        self.arg(argument);
+    }
+}
+
+/// How many arguments the call deciding `calls` has, command name included: the command, the
+/// function or SHA, the key count, the keys, the clock and the request count, then per request
+/// its id, its count of limits and six values per limit.
+pub fn batch_arguments(calls: &[&Call]) -> usize {
+    let keys: usize = calls.iter().map(|call| call.limits()).sum();
+    5 + 7 * keys + 2 * calls.len()
+}
+
 /// The `FCALL` or `EVALSHA` of `decision` (holding every algorithm of `calls`) deciding `calls`
-/// in order, at `now_us` (`None`: Redis's clock, the production path). Built as one command
-/// buffer, sized once: no allocation per argument.
+/// in order, at `now_us` (`None`: Redis's clock, the production path), as a redis-rs command
+/// sized once: no allocation per argument.
 pub fn batch_command(
     decision: &DecisionScript,
     invoke: Invoke,
     calls: &[&Call],
     now_us: Option<u64>,
 ) -> redis::Cmd {
-    let keys: usize = calls.iter().map(|call| call.limits()).sum();
-    // The command, the function or SHA, the key count, the keys, the clock and the request
-    // count, then per request its id, its count of limits and six values per limit.
     let key_bytes: usize = calls.iter().map(|call| call.keys.len()).sum();
-    let arguments = 5 + 7 * keys + 2 * calls.len();
-    let mut command =
-        redis::Cmd::with_capacity(arguments, 64 + key_bytes + 40 * calls.len() + 6 * 20 * keys);
+    let keys: usize = calls.iter().map(|call| call.limits()).sum();
+    let mut command = redis::Cmd::with_capacity(
+        batch_arguments(calls),
+        64 + key_bytes + 40 * calls.len() + 6 * 20 * keys,
+    );
+    write_batch(&mut command, decision, invoke, calls, now_us);
+    command
+}
+
+/// Writes the arguments of the call deciding `calls` (see [`batch_command`]) into `out`.
+pub fn write_batch(
+    out: &mut impl Arguments,
+    decision: &DecisionScript,
+    invoke: Invoke,
+    calls: &[&Call],
+    now_us: Option<u64>,
+) {
     match invoke {
-        Invoke::Function => command.arg("FCALL").arg(&decision.function),
-        Invoke::Script => command.arg("EVALSHA").arg(decision.script.get_hash()),
-    };
-    command.arg(keys);
+        Invoke::Function => {
+            out.bytes(b"FCALL");
+            out.bytes(decision.function.as_bytes());
+        }
+        Invoke::Script => {
+            out.bytes(b"EVALSHA");
+            out.bytes(decision.script.get_hash().as_bytes());
+        }
+    }
+    out.integer(calls.iter().map(|call| call.limits() as u64).sum());
     for call in calls {
         for key in call.keys() {
-            command.arg(key);
+            out.bytes(key);
         }
     }
     match now_us {
-        Some(now) => command.arg(now),
-        None => command.arg(""),
-    };
-    command.arg(calls.len());
+        Some(now) => out.integer(now),
+        None => out.bytes(b""),
+    }
+    out.integer(calls.len() as u64);
     for call in calls {
-        command.arg(&call.id.hex()[..]).arg(call.limits());
+        out.bytes(&call.id.hex());
+        out.integer(call.limits() as u64);
         for limit in &call.limits {
-            command.arg(limit.argv());
+            limit.write(out);
         }
     }
-    command
 }
 
 /// Turns the script's flat integer reply into a decision where every limit is enforced.

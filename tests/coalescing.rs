@@ -355,6 +355,50 @@ fn decisions_go_over_the_lanes_own_connection_and_outlive_its_loss() {
     assert!(!over.expect("decided"), "the 101st is denied");
 }
 
+#[test]
+fn a_server_that_refuses_the_direct_handshake_decides_over_the_shared_connection() {
+    let redis = RedisServer::start();
+    // A user that may run scripts and functions but not `CLIENT`: the direct connection's
+    // `CLIENT SETNAME` is refused, once, and every decision goes over the shared connection.
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "limited", "on", ">pw", "~*", "+@all", "-client"])
+        .query(&mut redis.connection())
+        .expect("ACL SETUSER");
+    let (limiter, _) = limiter(&format!("redis://limited:pw@127.0.0.1:{}/0", redis.port));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    // `INFO commandstats` counts the calls ACL refused.
+    let setname_refusals = || {
+        let stats = redis.commandstats();
+        let line = stats
+            .lines()
+            .find(|line| line.starts_with("cmdstat_client|setname:"))
+            .unwrap_or_default()
+            .to_string();
+        client_field(&line.replace(',', " "), "rejected_calls")
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(0)
+    };
+    runtime.block_on(async {
+        assert!(decide(&limiter, "{r}one", Duration::from_secs(2))
+            .await
+            .expect("decided"));
+    });
+    eventually(Duration::from_secs(10), "the refused handshake", || {
+        setname_refusals() == 1
+    });
+    runtime.block_on(async {
+        for _ in 0..99 {
+            assert!(decide(&limiter, "{r}one", Duration::from_secs(2))
+                .await
+                .expect("decided"));
+        }
+        let over = decide(&limiter, "{r}one", Duration::from_secs(2)).await;
+        assert!(!over.expect("decided"), "the 101st is denied");
+    });
+    assert_eq!(setname_refusals(), 1, "refused once, never tried again");
+}
+
 /// Hammers a gateway on `redis` while a thread sends `flush` every 25 ms: no decision fails, the
 /// count stays exact, and Redis refused calls (`refusal`, in its error statistics) meanwhile.
 fn a_flush_in_the_middle_of_batched_traffic_costs_no_decision(

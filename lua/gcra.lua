@@ -16,37 +16,42 @@
 --                                           of these units must quote (settle.lua).
 -- A denied request writes nothing. cost = 0 peeks: never denied, writes nothing.
 
-local function gcra_remaining(tolerance, ttl, emission)
-  local next = tolerance - ttl
-  if next < 0 then
-    return 0
-  end
-  return math.floor(next / emission)
-end
+-- Written for Redis's per-call cost: each decision is one function call with its arithmetic
+-- inline (no helper calls: a Lua call costs more than the arithmetic it wraps, and a batch of
+-- requests pays it per limit). ceil_ms and the floor of remaining units are spelled out here.
 
 local function gcra_decide(key, now, emission, tolerance, max_delay, cost)
   local tat = tonumber(redis.call('GET', key)) or now
+  if tat < now then
+    tat = now -- a TAT in the past is a full bucket: the state is as if absent
+  end
   local increment = emission * cost
-  local new_tat = math.max(tat, now) + increment
+  local new_tat = tat + increment
   -- How far beyond the tolerance this request would reach: > 0 means past the burst.
   local over = new_tat - now - tolerance
   -- A peek (cost 0) asks for nothing: it never denies.
   if cost > 0 and over > max_delay then
-    local ttl = math.max(tat - now, 0)
+    local ttl = tat - now
     local retry = -1
     if increment <= tolerance + max_delay then
-      retry = ceil_ms(over - max_delay)
+      retry = math.ceil((over - max_delay) / 1000)
     end
-    return 0, gcra_remaining(tolerance, ttl, emission), retry, ceil_ms(ttl), 0, false
+    local left = tolerance - ttl
+    return 0, left < 0 and 0 or math.floor(left / emission), retry,
+      ttl > 0 and math.ceil(ttl / 1000) or 0, 0, false
   end
-  local remaining, reset = gcra_remaining(tolerance, new_tat - now, emission), ceil_ms(new_tat - now)
+  local ttl = new_tat - now
+  local left = tolerance - ttl
+  local remaining = left < 0 and 0 or math.floor(left / emission)
+  local reset = ttl > 0 and math.ceil(ttl / 1000) or 0
   if cost > 0 then
-    return 1, remaining, 0, reset, ceil_ms(over), new_tat
+    return 1, remaining, 0, reset, over > 0 and math.ceil(over / 1000) or 0, new_tat
   end
   return 1, remaining, 0, reset, 0, false
 end
 
+-- The TTL is at least 1 ms: the TAT is in the future (a write always adds cost > 0 emissions).
 local function gcra_commit(key, tat, _, now)
-  redis.call('SET', key, fmt(tat), 'PX', ceil_ms(tat - now))
+  redis.call('SET', key, string.format('%d', tat), 'PX', math.ceil((tat - now) / 1000))
   return tat
 end

@@ -11,7 +11,8 @@
 # redis-benchmark drives each for a fixed count, 16 clients, one request in flight each, keys
 # spread over 100,000 clients; every call is allowed. Redis runs on core 1 and redis-benchmark on
 # core 0 (this machine's noise is otherwise ±20 %); ROUNDS rounds alternate the scripts and the
-# median of each is printed.
+# median of each is printed; a script's "× floor" is the median of its rounds' ratios to the
+# floor run just before it in the same round.
 # Usage: scripts/redis-floor.sh [CALLS] [ROUNDS]   (default 100000 and 5; about 2 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -108,17 +109,20 @@ for round in $(seq "$rounds"); do
 done
 
 median() { sort -g "$1" | awk '{v[NR] = $1} END {if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-echo "| script | usec_per_call (median of $rounds) | per decision | × floor |"
+echo "| script | usec_per_call (median of $rounds) | per decision | × floor (median of the rounds' ratios) |"
 echo "| --- | --- | --- | --- |"
-floor=""
+floor_file=""
 for i in "${!labels[@]}"; do
   label=${labels[$i]%|*}; decisions=${labels[$i]#*|}
   per_call=$(median "$results/$((i + 1))")
   per_decision=$(awk -v c="$per_call" -v d="$decisions" 'BEGIN {printf "%.2f", c / d}')
   ratio=""
   case $label in
-    floor*) floor=$per_decision ;;
-    sluice,*) ratio=$(awk -v x="$per_decision" -v f="$floor" 'BEGIN {printf "%.2f", x / f}') ;;
+    floor*) floor_file="$results/$((i + 1))" ;;
+    # Each round runs the floor and the script back to back, so the ratio is taken per round
+    # (the machine's drift between rounds cancels) and its median printed.
+    sluice,*) ratio=$(paste "$results/$((i + 1))" "$floor_file" | awk '{printf "%.4f\n", $1 / $2}' > "$results/ratio"; median "$results/ratio")
+              ratio=$(awk -v r="$ratio" 'BEGIN {printf "%.2f", r}') ;;
   esac
   echo "| $label | $per_call | $per_decision | $ratio |"
 done

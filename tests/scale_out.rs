@@ -433,6 +433,7 @@ fn two_gateways_lease_a_hot_global_limit_and_give_back_what_they_did_not_spend()
         .route(limit("exact", false))
         .route(limit("leased", true))
         .route(limit("giveback", true))
+        .route(limit("warm", false))
         .yaml();
     let gateways = [
         Gateway::start(&body, &upstream, None),
@@ -441,6 +442,18 @@ fn two_gateways_lease_a_hot_global_limit_and_give_back_what_they_did_not_spend()
     for gateway in &gateways {
         gateway.wait_ready();
     }
+    // A cold gateway's first decisions load the decision library and make its connections
+    // inside the 200 ms deadline, and failure_mode deny would turn a cold stall into a denial:
+    // the counts below are about leases, so each gateway decides on another route first, until
+    // both decide over their own connections.
+    support::eventually(Duration::from_secs(10), "warm gateways", || {
+        gateways.iter().all(|g| g.get("/warm/x").status == 200)
+            && redis::cmd("CLIENT")
+                .arg("LIST")
+                .query::<String>(&mut redis.connection())
+                .map(|list| list.matches(" name=sluice-decisions ").count() == 2)
+                .unwrap_or(false)
+    });
     let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
 
     let total = |name: &str| -> u64 {

@@ -13,8 +13,9 @@
 //! * **Circuit breaker.** After `FAILURES_TO_OPEN` consecutive errors the backend is not called
 //!   for a short interval (doubling from 50 ms up to 200 ms, so recovery is seen within a second
 //!   of Redis returning); then one request probes it. Errors while open are `breaker_open`, and
-//!   the failure mode applies. Its state is `sluice_redis_breaker_state` and each transition is
-//!   logged.
+//!   the failure mode applies. A probe whose request is cancelled before Redis answers opens
+//!   it again for the same interval, so a later request probes. Its state is
+//!   `sluice_redis_breaker_state` and each transition is logged.
 //!
 //! Releases of concurrency slots and settlements go through the same breaker
 //! ([`BehindBreaker`]): while it is open they fail at once (`breaker_open`) instead of each
@@ -328,22 +329,60 @@ impl<L: Limiter> Guarded<L> {
 }
 
 impl Breaker {
-    /// Runs `call` if the breaker admits it (else `breaker_open` at once), and feeds its outcome
-    /// back: errors that say nothing about the backend's health (`always_denies`) do not count.
-    async fn guard<T>(
-        &self,
-        call: impl std::future::Future<Output = Result<T, LimiterError>>,
-    ) -> Result<T, LimiterError> {
-        if !self.admit() {
-            return Err(LimiterError::BreakerOpen);
+    /// Lets a call through (`None`: the breaker is open, fail fast); its outcome is recorded
+    /// through what this returns.
+    ///
+    /// Callers await the backend's future themselves, between `enter` and `record`. A helper
+    /// taking the future by value would hold it twice in its own state (the argument and the
+    /// value awaited: rustc does not overlap them), doubling the size of every future above it,
+    /// each moved whole when it is made.
+    fn enter(&self) -> Option<Admitted<'_>> {
+        self.admit().then_some(Admitted {
+            breaker: self,
+            recorded: false,
+        })
+    }
+
+    /// A call it let through was dropped before its outcome was known (its request was
+    /// cancelled). If that call was the half-open breaker's probe, the breaker opens again for
+    /// the same interval, so a later request probes: otherwise it would stay half-open, failing
+    /// every call fast, waiting for an answer that never comes.
+    fn abandoned(&self) {
+        if self.state() == BreakerState::HalfOpen {
+            self.open_until_ms.store(
+                self.now_ms() + self.interval_ms.load(Ordering::Relaxed),
+                Ordering::Release,
+            );
+            self.transition(BreakerState::HalfOpen, BreakerState::Open);
         }
-        let result = call.await;
-        match &result {
-            Ok(_) => self.on_success(),
-            Err(e) if !e.always_denies() => self.on_failure(),
+    }
+}
+
+/// A call the breaker let through, until its outcome is recorded.
+#[must_use = "a call let through is recorded, or it counts as abandoned"]
+struct Admitted<'a> {
+    breaker: &'a Breaker,
+    recorded: bool,
+}
+
+impl Admitted<'_> {
+    /// Feeds the call's outcome back: errors that say nothing about the backend's health
+    /// (`always_denies`) do not count.
+    fn record<T>(mut self, result: &Result<T, LimiterError>) {
+        self.recorded = true;
+        match result {
+            Ok(_) => self.breaker.on_success(),
+            Err(e) if !e.always_denies() => self.breaker.on_failure(),
             Err(_) => {}
         }
-        result
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if !self.recorded {
+            self.breaker.abandoned();
+        }
     }
 }
 
@@ -361,13 +400,19 @@ impl<B> BehindBreaker<B> {
 
 impl<B: ReleaseSlots> ReleaseSlots for BehindBreaker<B> {
     async fn release(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
-        self.breaker.guard(self.inner.release(request)).await
+        let admitted = self.breaker.enter().ok_or(LimiterError::BreakerOpen)?;
+        let result = self.inner.release(request).await;
+        admitted.record(&result);
+        result
     }
 }
 
 impl<B: SettleUnits> SettleUnits for BehindBreaker<B> {
     async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
-        self.breaker.guard(self.inner.settle(settlements)).await
+        let admitted = self.breaker.enter().ok_or(LimiterError::BreakerOpen)?;
+        let result = self.inner.settle(settlements).await;
+        admitted.record(&result);
+        result
     }
 }
 
@@ -384,10 +429,14 @@ impl<L: Limiter> Limiter for Guarded<L> {
                 ..decision
             });
         }
-        let result = match &self.breaker {
-            Some(breaker) => breaker.guard(self.inner.check(request)).await,
-            None => self.inner.check(request).await,
+        let admitted = match &self.breaker {
+            Some(breaker) => Some(breaker.enter().ok_or(LimiterError::BreakerOpen)?),
+            None => None,
         };
+        let result = self.inner.check(request).await;
+        if let Some(admitted) = admitted {
+            admitted.record(&result);
+        }
         if let Ok(decision) = &result {
             if !decision.allowed() {
                 self.deny_cache.remember(request, decision, now);
@@ -536,6 +585,46 @@ mod tests {
         breaker.on_success();
         assert_eq!((breaker.state(), gauge.get()), (BreakerState::Closed, 0));
         assert!(breaker.admit());
+    }
+
+    /// A backend whose releases never answer.
+    struct Hangs;
+
+    impl ReleaseSlots for Hangs {
+        async fn release(&self, _: &LimitRequest<'_>) -> Result<(), LimiterError> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_probe_cancelled_before_its_answer_lets_a_later_request_probe() {
+        let clock = Arc::new(ManualClock::new(0));
+        let breaker = Arc::new(Breaker::new(
+            clock.clone(),
+            GuardMeters::unregistered().breaker_state,
+        ));
+        for _ in 0..FAILURES_TO_OPEN {
+            breaker.on_failure();
+        }
+        let ends = BehindBreaker::new(Arc::new(Hangs), Arc::clone(&breaker));
+        let limits = [limit("c", concurrency(1))];
+        let asks = asks(&[b"k"], &[1]);
+        let entries = entries(&limits, &asks);
+        clock.advance_by(Duration::from_millis(FIRST_OPEN_MS));
+        // The probe's request is cancelled (dropped) while the backend has not answered.
+        let request = LimitRequest::new(&entries);
+        let cancelled =
+            tokio::time::timeout(Duration::from_millis(5), ends.release(&request)).await;
+        assert!(cancelled.is_err(), "the probe never answered");
+        assert_eq!(breaker.state(), BreakerState::Open, "not stuck half-open");
+        assert!(!breaker.admit(), "open for the same interval again");
+        clock.advance_by(Duration::from_millis(FIRST_OPEN_MS));
+        assert!(breaker.admit(), "a later request probes");
+        assert_eq!(
+            breaker.interval_ms.load(Ordering::Relaxed),
+            FIRST_OPEN_MS,
+            "a cancellation says nothing of the backend: the interval does not grow"
+        );
     }
 
     /// A backend whose releases and settlements all time out, counting the calls that reach it.

@@ -134,29 +134,35 @@ impl<E: Execute> Coalescer<E> {
     /// Decides `call` in the next batch of its lane; waits at most `deadline`. On an idle lane
     /// the call goes at once, from the caller's own task (no hand-off, no extra wake-up); the
     /// requests that arrive meanwhile wait and go together when it is answered.
-    pub async fn decide(&self, call: Call, deadline: Duration) -> Result<Decided, LimiterError> {
-        if self.coalescing.max_batch == 1 {
-            return self.decide_alone(call, deadline).await;
-        }
-        let lane = self.lanes.lane(&call);
-        let queued = {
-            let mut queue = lane.lock();
-            if !queue.draining && queue.waiting.is_empty() {
-                queue.draining = true;
-                Err(call)
-            } else {
-                let (reply, answer) = oneshot::channel();
-                queue.waiting.push(Job {
-                    call,
-                    deadline: Instant::now() + deadline,
-                    reply,
-                });
-                Ok((answer, !std::mem::replace(&mut queue.draining, true)))
+    ///
+    /// Not an `async fn`: one moves each argument to a second place in its future (rustc does
+    /// not overlap the two), so the call would be held twice by this future and by every one
+    /// above it, each moved whole when it is made. The block below owns the call once: it is
+    /// moved out only into the queue, and read in place when it goes alone.
+    pub fn decide(
+        &self,
+        call: Call,
+        deadline: Duration,
+    ) -> impl Future<Output = Result<Decided, LimiterError>> + Send + '_ {
+        async move {
+            if self.coalescing.max_batch == 1 {
+                return self.decide_alone(&call, deadline).await;
             }
-        };
-        let (answer, start_draining) = match queued {
-            Ok(queued) => queued,
-            Err(call) => {
+            let lane = self.lanes.lane(&call);
+            let (answer, start_draining) = 'queued: {
+                {
+                    let mut queue = lane.lock();
+                    if queue.draining || !queue.waiting.is_empty() {
+                        let (reply, answer) = oneshot::channel();
+                        queue.waiting.push(Job {
+                            call,
+                            deadline: Instant::now() + deadline,
+                            reply,
+                        });
+                        break 'queued (answer, !std::mem::replace(&mut queue.draining, true));
+                    }
+                    queue.draining = true;
+                }
                 // The lane is this request's until `_sending` is dropped (answered, cancelled or
                 // unwound), which hands it to a draining task if requests queued meanwhile.
                 let _sending = Sending {
@@ -164,22 +170,22 @@ impl<E: Execute> Coalescer<E> {
                     executor: &self.executor,
                     coalescing: &self.coalescing,
                 };
-                return self.decide_alone(call, deadline).await;
+                return self.decide_alone(&call, deadline).await;
+            };
+            if start_draining {
+                tokio::spawn(drain(
+                    lane,
+                    Arc::clone(&self.executor),
+                    self.coalescing.clone(),
+                ));
             }
-        };
-        if start_draining {
-            tokio::spawn(drain(
-                lane,
-                Arc::clone(&self.executor),
-                self.coalescing.clone(),
-            ));
-        }
-        match tokio::time::timeout(deadline, answer).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(LimiterError::Connection(
-                "the batch carrying this decision was lost".to_string(),
-            )),
-            Err(_) => Err(LimiterError::Timeout(deadline.as_millis() as u64)),
+            match tokio::time::timeout(deadline, answer).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err(LimiterError::Connection(
+                    "the batch carrying this decision was lost".to_string(),
+                )),
+                Err(_) => Err(LimiterError::Timeout(deadline.as_millis() as u64)),
+            }
         }
     }
 }
@@ -188,9 +194,9 @@ impl<E: Execute> Coalescer<E> {
     /// One call deciding `call` alone, sent at once from the caller's task: `max_batch: 1` (calls
     /// in flight together are pipelined on the connection, none waits for another's reply), or
     /// an idle lane. The executor keeps the deadline (`redis.rs`: `within`).
-    async fn decide_alone(&self, call: Call, deadline: Duration) -> Result<Decided, LimiterError> {
+    async fn decide_alone(&self, call: &Call, deadline: Duration) -> Result<Decided, LimiterError> {
         self.coalescing.sizes.observe(1.0);
-        let flat = self.executor.execute(&[&call], deadline).await?;
+        let flat = self.executor.execute(&[call], deadline).await?;
         script::parse_statuses(&flat, call.limits()).map(|statuses| (statuses, 1))
     }
 }

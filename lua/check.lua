@@ -23,7 +23,11 @@
 -- The driver is written for Redis's per-call cost: one pass checks the layout before anything
 -- is read or written; one pass decides. Per request it creates no closure and no table (the
 -- reply and one table of writes serve every request of the call), and an algorithm's write is a
--- plain value where it can be (gcra: the new TAT).
+-- plain value where it can be (gcra: the new TAT). Numbers are read from ARGV by arithmetic
+-- coercion (`ARGV[i] + 0`), not tonumber: Lua 5.1's tonumber parses a string twice (strtod in
+-- lua_isnumber, again in lua_tonumber), coercion once; the layout pass has checked the counts,
+-- and a parameter that is not a number is an error either way. A count of "1" (one request,
+-- one limit: the common call) is recognised as the interned string it is, without parsing.
 --
 -- Each request is decided as if it were alone, in arrival order, so a batch admits exactly what
 -- the same requests sent one by one would. For one request, phase one reads every state and
@@ -34,14 +38,15 @@
 
 -- The layout, checked before anything is read or written: every request's count of limits and
 -- algorithms, and the totals of ARGV and KEYS.
-local requests = tonumber(ARGV[2])
+local requests = ARGV[2] == '1' and 1 or tonumber(ARGV[2])
 if not requests or requests < 1 then
   return redis.error_reply('ERR sluice: expected the number of requests, got ' .. tostring(ARGV[2]))
 end
-local arg, key = 3, 0
+local arg, key, argc = 3, 0, #ARGV
 for r = 1, requests do
-  local limits = tonumber(ARGV[arg + 1])
-  if not limits or limits < 1 or arg + 1 + 6 * limits > #ARGV then
+  local limits = ARGV[arg + 1]
+  limits = limits == '1' and 1 or tonumber(limits)
+  if not limits or limits < 1 or arg + 1 + 6 * limits > argc then
     return redis.error_reply('ERR sluice: request ' .. r .. ' of ' .. requests .. ' is malformed')
   end
   for at = arg + 2, arg + 6 * limits - 4, 6 do
@@ -51,26 +56,31 @@ for r = 1, requests do
   end
   arg, key = arg + 2 + 6 * limits, key + limits
 end
-if arg - 1 ~= #ARGV or key ~= #KEYS then
-  return redis.error_reply('ERR sluice: ' .. #ARGV .. ' arguments and ' .. #KEYS ..
+if arg - 1 ~= argc or key ~= #KEYS then
+  return redis.error_reply('ERR sluice: ' .. argc .. ' arguments and ' .. #KEYS ..
     ' keys do not match ' .. requests .. ' requests')
 end
 
 local now = now_us(ARGV[1])
-local reply, writes = {}, {}
+-- The reply is made at its full size, 6 integers per key, in one allocation instead of growing
+-- through 1, 2, 4, 8... slots: a table of ARGV's first values (the layout guarantees more than
+-- 6 per key), each of which the decision pass overwrites. Bounded, so the values unpacked stay
+-- far inside Lua's stack limit; a larger call grows its reply as it goes.
+local reply = key <= 64 and { unpack(ARGV, 1, 6 * key) } or {}
+local writes = {}
 -- arg: the ARGV index of the request's id; key: KEYS before its first key; out: the reply before
 -- its first integer. `at` walks its limits' 6 values, `o` their 6 integers.
 arg, key = 3, 0
 local out = 0
 for _ = 1, requests do
-  local id, limits = ARGV[arg], tonumber(ARGV[arg + 1])
+  local id, limits = ARGV[arg], ARGV[arg + 1] + 0
   local admitted = true
   local at, o = arg + 2, out
   for i = 1, limits do
     local write
     reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4], reply[o + 5], write =
-      DECIDE[ARGV[at]](KEYS[key + i], now, tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
-        tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]), id)
+      DECIDE[ARGV[at]](KEYS[key + i], now, ARGV[at + 1] + 0, ARGV[at + 2] + 0,
+        ARGV[at + 3] + 0, ARGV[at + 4] + 0, id)
     reply[o + 6] = 0
     writes[i] = write or false
     if reply[o + 1] == 0 and ARGV[at + 5] ~= '1' then
@@ -91,7 +101,7 @@ for _ = 1, requests do
     for i = 1, limits do
       if reply[o + 1] == 1 then
         local _, remaining, retry, reset = DECIDE[ARGV[at]](KEYS[key + i], now,
-          tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]), 0, id)
+          ARGV[at + 1] + 0, ARGV[at + 2] + 0, ARGV[at + 3] + 0, 0, id)
         reply[o + 2], reply[o + 3], reply[o + 4], reply[o + 5] = remaining, retry, reset, 0
       end
       at, o = at + 6, o + 6

@@ -15,7 +15,7 @@ end
 -- The time of this call in microseconds: `given` (an explicit clock, for tests) or Redis TIME,
 -- the production path, so every gateway shares the Redis clock.
 local function now_us(given)
-  local now = tonumber(given)
+  local now = given ~= '' and tonumber(given)
   if now then
     return now
   end
@@ -23,7 +23,7 @@ local function now_us(given)
     redis.replicate_commands() -- Redis < 7: replicate effects so TIME may precede writes
   end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return t[1] * 1000000 + t[2] -- coerced, each parsed once (see tonumber in check.lua)
 end
 
 -- Microseconds to whole milliseconds, rounded up (0 for anything not positive).

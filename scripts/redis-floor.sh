@@ -13,56 +13,93 @@
 # core 0 (this machine's noise is otherwise ±20 %); ROUNDS rounds alternate the scripts and the
 # median of each is printed; a script's "× floor" is the median of its rounds' ratios to the
 # floor run just before it in the same round.
-# Usage: scripts/redis-floor.sh [CALLS] [ROUNDS]   (default 100000 and 5; about 2 min)
+# METER=instructions counts instead of timing: Redis runs under valgrind's callgrind, and each
+# script's user-space instructions per call are read from its profile, in the command (`call()`,
+# inclusive: what usec_per_call times) and in the whole server (with reading the request and
+# writing the reply, which usec_per_call leaves out). Counts do not drift with the machine, so
+# one round is enough; they weigh a cache miss like any instruction, which is why the floor,
+# mostly dictionary lookups over 100,000 keys, costs more time per instruction than Lua does.
+# Usage: scripts/redis-floor.sh [CALLS] [ROUNDS]   (default 100000 and 5; about 5 min)
+#        METER=instructions scripts/redis-floor.sh [CALLS]   (default 3000; about 2 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 install_missing redis-server:redis-server redis-benchmark:redis-tools
-calls=${1:-100000}
-rounds=${2:-5}
+meter=${METER:-time}
+case $meter in
+  time) calls=${1:-100000}; rounds=${2:-5} ;;
+  instructions) install_missing valgrind:valgrind callgrind_annotate:valgrind \
+                  callgrind_control:valgrind
+                calls=${1:-3000}; rounds=1 ;;
+  *) echo "METER is time or instructions, not $meter" >&2; exit 2 ;;
+esac
 sluice_bin=${SLUICE_BIN:-target/release/sluice}
 if [ -z "${SLUICE_BIN:-}" ]; then cargo build --release --quiet --bin sluice; fi
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 pin() { if [ "$(nproc)" -ge 2 ]; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
-pin 1 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null 2>&1 &
+results=$(mktemp -d)
+redis=(redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no)
+if [ "$meter" = instructions ]; then
+  valgrind --tool=callgrind --callgrind-out-file="$results/callgrind.out" "${redis[@]}" >/dev/null 2>&1 &
+else
+  pin 1 "${redis[@]}" >/dev/null 2>&1 &
+fi
 server=$!
-trap 'kill $server 2>/dev/null || true' EXIT INT TERM
-for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+trap 'kill $server 2>/dev/null || true; rm -rf "$results"' EXIT INT TERM
+for _ in $(seq 300); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
 
 cli() { redis-cli -p "$port" "$@"; }
-# usec_per_call LABEL DECISIONS SCRIPT NUMKEYS ARGS...: usec_per_call of EVALSHA over $calls calls,
-# appended to results/<n> (one line per round).
-results=$(mktemp -d)
-trap 'kill $server 2>/dev/null || true; rm -rf "$results"' EXIT INT TERM
+# metered COMMAND ARGS...: $calls calls of the command through redis-benchmark, and what they
+# cost per call: usec_per_call (time), or instructions in the command and in the whole server.
+dumps=0
+metered() {
+  local command=$1 per_call
+  if [ "$meter" = time ]; then
+    cli config resetstat >/dev/null
+    pin 0 redis-benchmark -p "$port" -n "$calls" -c 16 -r 100000 -q "$@" >/dev/null 2>&1
+    cli info commandstats | tr -d '\r' |
+      awk -F'usec_per_call=' -v c="cmdstat_$command:" 'index($0, c) == 1 {split($2, v, ","); print v[1]}'
+    return
+  fi
+  redis-benchmark -p "$port" -n 200 -c 4 -r 100000 -q "$@" >/dev/null 2>&1 # warm-up
+  cli flushall >/dev/null
+  callgrind_control -z "$server" >/dev/null
+  redis-benchmark -p "$port" -n "$calls" -c 16 -r 100000 -q "$@" >/dev/null 2>&1
+  callgrind_control -d "$command" "$server" >/dev/null
+  dumps=$((dumps + 1))
+  local profile="$results/callgrind.out.$dumps"
+  local in_command whole
+  # call() is Redis's command execution; the first line is its outermost (inclusive) level.
+  in_command=$(callgrind_annotate --inclusive=yes "$profile" 2>/dev/null |
+    awk '/\?\?\?:call \[/ && !n++ {gsub(",", "", $1); print $1}')
+  whole=$(callgrind_annotate "$profile" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+  awk -v a="$in_command" -v b="$whole" -v n="$calls" 'BEGIN {printf "%.0f %.0f\n", a / n, b / n}'
+}
+# measure LABEL DECISIONS SCRIPT NUMKEYS ARGS...: what EVALSHA of SCRIPT costs per call, appended
+# to results/<n> (one line per round).
 labels=()
 case_no=0
 measure() {
-  local label=$1 decisions=$2 script=$3 sha per_call
+  local label=$1 decisions=$2 script=$3 sha
   shift 3
   case_no=$((case_no + 1))
   [ "$round" = 1 ] && labels+=("$label|$decisions")
   sha=$(cli script load "$script")
   cli flushall >/dev/null
-  cli config resetstat >/dev/null
-  pin 0 redis-benchmark -p "$port" -n "$calls" -c 16 -r 100000 -q evalsha "$sha" "$@" >/dev/null 2>&1
-  per_call=$(cli info commandstats | tr -d '\r' | awk -F'usec_per_call=' '/cmdstat_evalsha/ {split($2, v, ","); print v[1]}')
-  echo "$per_call" >>"$results/$case_no"
+  metered evalsha "$sha" "$@" >>"$results/$case_no"
 }
 sluice=$("$sluice_bin" --print-script=gcra)
 library=$("$sluice_bin" --print-library=gcra)
 function_name=$(head -1 <<<"$library" | sed 's/^#!lua name=//')
 # measure_fcall LABEL DECISIONS NUMKEYS ARGS...: the same for an FCALL of the GCRA library.
 measure_fcall() {
-  local label=$1 decisions=$2 per_call
+  local label=$1 decisions=$2
   shift 2
   case_no=$((case_no + 1))
   [ "$round" = 1 ] && labels+=("$label|$decisions")
   cli flushall >/dev/null
   cli function load replace "$library" >/dev/null
-  cli config resetstat >/dev/null
-  pin 0 redis-benchmark -p "$port" -n "$calls" -c 16 -r 100000 -q fcall "$function_name" "$@" >/dev/null 2>&1
-  per_call=$(cli info commandstats | tr -d '\r' | awk -F'usec_per_call=' '/cmdstat_fcall:/ {split($2, v, ","); print v[1]}')
-  echo "$per_call" >>"$results/$case_no"
+  metered fcall "$function_name" "$@" >>"$results/$case_no"
 }
 id=00000000000000000000000000000001
 gcra="gcra 1 1000000 0 1 0"
@@ -108,6 +145,22 @@ for round in $(seq "$rounds"); do
   measure "sluice settle: a response's charge on 1 GCRA key" 1 "$settle" 1 a:__rand_int__ "" gcra 1000 5 0
 done
 
+if [ "$meter" = instructions ]; then
+  echo "| script | instructions per call, in the command | per decision | × floor | in the whole server, per decision | × floor |"
+  echo "| --- | --- | --- | --- | --- | --- |"
+  for i in "${!labels[@]}"; do
+    label=${labels[$i]%|*}; decisions=${labels[$i]#*|}
+    read -r in_command whole <"$results/$((i + 1))"
+    case $label in floor*) floor_command=$in_command; floor_whole=$whole ;; esac
+    awk -v l="$label" -v c="$in_command" -v w="$whole" -v d="$decisions" -v fc="$floor_command" \
+      -v fw="$floor_whole" 'BEGIN {
+        ratio = (l ~ /^sluice,/); printf "| %s | %d | %d | %s | %d | %s |\n", l, c, c / d,
+          ratio ? sprintf("%.2f", c / fc) : "", w / d, ratio ? sprintf("%.2f", w / fw) : "" }'
+  done
+  echo
+  echo "redis $(redis-server --version | awk '{print $3}' | cut -d= -f2) under callgrind; $calls calls per script"
+  exit 0
+fi
 median() { sort -g "$1" | awk '{v[NR] = $1} END {if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 echo "| script | usec_per_call (median of $rounds) | per decision | × floor (median of the rounds' ratios) |"
 echo "| --- | --- | --- | --- |"

@@ -139,6 +139,7 @@ impl<E: Execute> Coalescer<E> {
     /// not overlap the two), so the call would be held twice by this future and by every one
     /// above it, each moved whole when it is made. The block below owns the call once: it is
     /// moved out only into the queue, and read in place when it goes alone.
+    #[allow(clippy::manual_async_fn)] // on purpose: see above
     pub fn decide(
         &self,
         call: Call,

@@ -329,8 +329,8 @@ impl<L: Limiter> Guarded<L> {
 }
 
 impl Breaker {
-    /// Lets a call through (`None`: the breaker is open, fail fast); its outcome is recorded
-    /// through what this returns.
+    /// Lets a call through (`None`: open, or a probe is in flight: fail fast); its outcome is
+    /// recorded through what this returns.
     ///
     /// Callers await the backend's future themselves, between `enter` and `record`. A helper
     /// taking the future by value would hold it twice in its own state (the argument and the

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use http::header::HeaderName;
 use http::HeaderMap;
-use siphasher::sip128::{Hasher128, SipHasher13};
+use siphasher::sip128::{Hash128, Hasher128, SipHasher13};
 use smallvec::SmallVec;
 
 use crate::consumers::Consumer;
@@ -195,9 +195,11 @@ fn query_value(query: Option<&str>, name: &str) -> Option<Decoded> {
 
 /// Feeds one part; returns whether the request had it (header and query parts can be missing).
 fn feed(hasher: &mut impl Hasher, facts: &RequestFacts<'_>, part: &KeyPart) -> bool {
+    // The tag and the length go in as integers: the same bytes as slices (little-endian), through
+    // SipHash's short path.
     let mut field = |tag: u8, bytes: &[u8]| {
-        hasher.write(&[tag]);
-        hasher.write(&(bytes.len() as u64).to_le_bytes());
+        hasher.write_u8(tag);
+        hasher.write_u64(bytes.len() as u64);
         hasher.write(bytes);
     };
     match part {
@@ -344,6 +346,14 @@ pub struct RouteKeys {
     tag_parts: Box<[KeyPart]>,
     tag_choice: TagChoice,
     limits: Box<[LimitKey]>,
+    /// A limit whose parts are the tag's: its digest's upper half is the tag's digest (SipHash's
+    /// 64-bit result is the upper half of its 128-bit one), so the parts are hashed once.
+    tag_from_limit: Option<usize>,
+}
+
+/// The first limit whose parts are exactly `tag_parts`, in order.
+fn limit_with_parts(limits: &[LimitKey], tag_parts: &[KeyPart]) -> Option<usize> {
+    limits.iter().position(|limit| *limit.parts == *tag_parts)
 }
 
 impl RouteKeys {
@@ -375,12 +385,14 @@ impl RouteKeys {
                 next: std::sync::atomic::AtomicU32::new(0),
             },
         };
+        let limits = limit_keys(specs);
         RouteKeys {
             head: format!("{prefix}:{{{route}").into_bytes().into(),
             secret,
+            tag_from_limit: limit_with_parts(&limits, &tag_parts),
             tag_parts: tag_parts.into(),
             tag_choice,
-            limits: limit_keys(specs),
+            limits,
         }
     }
 
@@ -388,12 +400,14 @@ impl RouteKeys {
     /// tagged as this route's: a limit keeps its slot, and its key where its spec is the same,
     /// whichever of them a request meets.
     pub fn for_tier(&self, specs: &[KeySpec]) -> RouteKeys {
+        let limits = limit_keys(specs);
         RouteKeys {
             head: self.head.clone(),
             secret: self.secret,
+            tag_from_limit: limit_with_parts(&limits, &self.tag_parts),
             tag_parts: self.tag_parts.clone(),
             tag_choice: self.tag_choice.clone(),
-            limits: limit_keys(specs),
+            limits,
         }
     }
 
@@ -413,16 +427,34 @@ impl RouteKeys {
     /// One key per limit, in the route's order, and the limits skipped for lack of a part;
     /// `Err` when a limit with `on_missing: deny` lacks a part.
     pub fn build(&self, facts: &RequestFacts<'_>) -> Result<BuiltKeys, MissingPart> {
+        let mut skipped = 0u32;
+        let mut digests: SmallVec<[Hash128; LIMITS_INLINE]> = SmallVec::new();
+        for (i, limit) in self.limits.iter().enumerate() {
+            let mut hasher = self.secret.hasher();
+            let mut complete = true;
+            for part in limit.parts.iter() {
+                complete &= feed(&mut hasher, facts, part);
+            }
+            match (complete, limit.on_missing) {
+                (false, OnMissing::Deny) => return Err(MissingPart),
+                (false, OnMissing::Skip) => skipped |= 1 << i,
+                _ => {}
+            }
+            digests.push(hasher.finish128());
+        }
         // The tag's variable end (`.<digest>` or a shard suffix) and the closing brace; every
         // key of the route starts with head + tag. Built in place: no heap allocation for keys
         // up to KEY_INLINE bytes.
         let mut tag: SmallVec<[u8; 40]> = SmallVec::new();
-        let shared_digest = || {
-            let mut hasher = self.secret.hasher();
-            for part in self.tag_parts.iter() {
-                feed(&mut hasher, facts, part);
+        let shared_digest = || match self.tag_from_limit.and_then(|i| digests.get(i)) {
+            Some(digest) => digest.h2,
+            None => {
+                let mut hasher = self.secret.hasher();
+                for part in self.tag_parts.iter() {
+                    feed(&mut hasher, facts, part);
+                }
+                hasher.finish()
             }
-            hasher.finish()
         };
         match &self.tag_choice {
             TagChoice::SharedParts if self.tag_parts.is_empty() => {}
@@ -440,24 +472,13 @@ impl RouteKeys {
             }
         }
         tag.push(b'}');
-        let mut skipped = 0u32;
         let mut keys = Keys::new();
-        for (i, limit) in self.limits.iter().enumerate() {
-            let mut hasher = self.secret.hasher();
-            let mut complete = true;
-            for part in limit.parts.iter() {
-                complete &= feed(&mut hasher, facts, part);
-            }
-            match (complete, limit.on_missing) {
-                (false, OnMissing::Deny) => return Err(MissingPart),
-                (false, OnMissing::Skip) => skipped |= 1 << i,
-                _ => {}
-            }
+        for (limit, digest) in self.limits.iter().zip(&digests) {
             let mut key = Key::new();
             key.extend_from_slice(&self.head);
             key.extend_from_slice(&tag);
             key.extend_from_slice(&limit.middle);
-            push_hex(&mut key, &hasher.finish128().as_u128().to_be_bytes());
+            push_hex(&mut key, &digest.as_u128().to_be_bytes());
             keys.push(key);
         }
         Ok(BuiltKeys { keys, skipped })
@@ -556,6 +577,68 @@ mod tests {
         assert_eq!(built[0].len(), "sluice:{api.}:per_client:".len() + 16 + 32);
         let tag = |k: &[u8]| k.split(|&b| b == b'}').next().unwrap().to_vec();
         assert_eq!(tag(&built[0]), tag(&built[1]));
+    }
+
+    /// A key names a bucket every gateway of a fleet shares, across releases: a rolling upgrade
+    /// that changed a digest would split each bucket in two (and double every limit) until the
+    /// last old gateway left.
+    #[test]
+    fn keys_stay_the_same_across_releases() {
+        let by_client = keys(&[
+            spec("per_client", &["client_ip", "path"]),
+            spec("per_ip", &["client_ip"]),
+        ]);
+        let by_tenant = keys(&[spec(
+            "per_tenant",
+            &[
+                "header:x-tenant",
+                "query:api_key",
+                "method",
+                "host",
+                "route",
+                "const:v1",
+            ],
+        )]);
+        // No limit's parts are the tag's: the tag's digest is its own.
+        let by_client_and = keys(&[
+            spec("per_path", &["client_ip", "path"]),
+            spec("per_method", &["client_ip", "method"]),
+        ]);
+        let mut headers = HeaderMap::new();
+        headers.insert("x-tenant", "acme".parse().unwrap());
+        let long_path = format!("/v1/{}", "p".repeat(100));
+        let text = |keys: &RouteKeys, path: &str, ip: &str| -> Vec<String> {
+            let built = keys.build(&facts(ip, path, &headers)).unwrap().keys;
+            built
+                .iter()
+                .map(|k| String::from_utf8(k.to_vec()).unwrap())
+                .collect()
+        };
+        assert_eq!(
+            text(&by_client, "/v1/items", "10.0.0.1"),
+            [
+                "sluice:{api.51b2c513a9551dc4}:per_client:aa5b7a08515ecf28fb2e732b204bf8e9",
+                "sluice:{api.51b2c513a9551dc4}:per_ip:51b2c513a9551dc4530ee3e63e2c5852"
+            ]
+        );
+        assert_eq!(
+            text(&by_client, &long_path, "2001:db8::7"),
+            [
+                "sluice:{api.24166de461d664f8}:per_client:1d6bfb9ddc5531ee4d5a3553a00e2311",
+                "sluice:{api.24166de461d664f8}:per_ip:24166de461d664f8ed1b801623a414d9"
+            ]
+        );
+        assert_eq!(
+            text(&by_tenant, "/", "10.0.0.1"),
+            ["sluice:{api.931473480a5d560b}:per_tenant:931473480a5d560b77ad6376b4ae0914"]
+        );
+        assert_eq!(
+            text(&by_client_and, "/v1/items", "10.0.0.1"),
+            [
+                "sluice:{api.51b2c513a9551dc4}:per_path:aa5b7a08515ecf28fb2e732b204bf8e9",
+                "sluice:{api.51b2c513a9551dc4}:per_method:985d99dab14aa84e48df5ad503ac6e8a"
+            ]
+        );
     }
 
     #[test]

@@ -284,7 +284,7 @@ impl<'a> Resp<'a> {
     /// Starts a command of `count` arguments (its name included) in `out`.
     pub fn command(out: &'a mut Vec<u8>, count: usize) -> Resp<'a> {
         out.push(b'*');
-        out.extend_from_slice(itoa::Buffer::new().format(count).as_bytes());
+        push_length(out, count);
         out.extend_from_slice(b"\r\n");
         Resp(out)
     }
@@ -293,15 +293,30 @@ impl<'a> Resp<'a> {
 impl Arguments for Resp<'_> {
     fn bytes(&mut self, argument: &[u8]) {
         self.0.push(b'$');
-        self.0
-            .extend_from_slice(itoa::Buffer::new().format(argument.len()).as_bytes());
+        push_length(self.0, argument.len());
         self.0.extend_from_slice(b"\r\n");
         self.0.extend_from_slice(argument);
         self.0.extend_from_slice(b"\r\n");
     }
 
     fn integer(&mut self, argument: u64) {
-        self.bytes(itoa::Buffer::new().format(argument).as_bytes());
+        match u8::try_from(argument) {
+            // A count, a flag or a cost of one: most of a call's integers.
+            Ok(digit @ 0..=9) => {
+                self.0
+                    .extend_from_slice(&[b'$', b'1', b'\r', b'\n', b'0' + digit, b'\r', b'\n'])
+            }
+            _ => self.bytes(itoa::Buffer::new().format(argument).as_bytes()),
+        }
+    }
+}
+
+/// Appends a length in decimal; most are under 100 (a key, a number's digits).
+fn push_length(out: &mut Vec<u8>, length: usize) {
+    match u8::try_from(length) {
+        Ok(digit @ 0..=9) => out.push(b'0' + digit),
+        Ok(tens @ 10..=99) => out.extend_from_slice(&[b'0' + tens / 10, b'0' + tens % 10]),
+        _ => out.extend_from_slice(itoa::Buffer::new().format(length).as_bytes()),
     }
 }
 
@@ -318,35 +333,41 @@ enum Parsed {
     Unexpected,
 }
 
-/// Parses a RESP2 array of integers (`*2\r\n:1\r\n:-3\r\n`) or an error (`-ERR ...\r\n`).
+/// Parses a RESP2 array of integers (`*2\r\n:1\r\n:-3\r\n`) or an error (`-ERR ...\r\n`),
+/// each byte read once.
 fn parse_integers(input: &[u8]) -> Parsed {
-    let Some((&kind, _)) = input.split_first() else {
-        return Parsed::Incomplete;
-    };
-    let Some((header, mut at)) = line(input, 0) else {
-        return Parsed::Incomplete;
-    };
-    match kind {
-        b'-' => return Parsed::Error(at),
-        b'*' => {}
-        _ => return Parsed::Unexpected,
+    match input.first() {
+        None => return Parsed::Incomplete,
+        Some(b'*') => {}
+        Some(b'-') => {
+            return match line(input, 0) {
+                Some((_, used)) => Parsed::Error(used),
+                None => Parsed::Incomplete,
+            }
+        }
+        Some(_) => return Parsed::Unexpected,
     }
-    let Some(count) = integer(header).and_then(|n| usize::try_from(n).ok()) else {
+    let (count, mut at) = match integer_line(input, 1) {
+        Ok(read) => read,
+        Err(parsed) => return parsed,
+    };
+    let Ok(count) = usize::try_from(count) else {
         return Parsed::Unexpected;
     };
     let mut integers = Vec::with_capacity(count.min(1024));
     for _ in 0..count {
-        let Some((item, end)) = line(input, at) else {
-            return Parsed::Incomplete;
-        };
-        if input[at] != b':' {
-            return Parsed::Unexpected;
+        match input.get(at) {
+            None => return Parsed::Incomplete,
+            Some(b':') => {}
+            Some(_) => return Parsed::Unexpected,
         }
-        let Some(value) = integer(item) else {
-            return Parsed::Unexpected;
-        };
-        integers.push(value);
-        at = end;
+        match integer_line(input, at + 1) {
+            Ok((value, next)) => {
+                integers.push(value);
+                at = next;
+            }
+            Err(parsed) => return parsed,
+        }
     }
     Parsed::Integers(integers, at)
 }
@@ -363,28 +384,34 @@ fn line(input: &[u8], start: usize) -> Option<(&[u8], usize)> {
     Some((body, start + end + 1))
 }
 
-/// A RESP integer's decimal digits, with an optional minus sign.
-fn integer(digits: &[u8]) -> Option<i64> {
-    let (negative, digits) = match digits.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, digits),
-    };
-    if digits.is_empty() {
-        return None;
-    }
+/// The integer whose decimal digits (an optional minus sign first) start at `at` and end at a
+/// CRLF, and where the next line starts; `Err` says why there is none: not all there yet, or
+/// not an integer that fits an `i64`.
+fn integer_line(input: &[u8], at: usize) -> Result<(i64, usize), Parsed> {
+    let negative = input.get(at) == Some(&b'-');
+    let first = at + usize::from(negative);
+    let mut end = first;
+    // Accumulated negatively, so that i64::MIN fits.
     let mut value: i64 = 0;
-    for &digit in digits {
-        if !digit.is_ascii_digit() {
-            return None;
+    loop {
+        match input.get(end) {
+            None => return Err(Parsed::Incomplete),
+            Some(&digit @ b'0'..=b'9') => {
+                value = value
+                    .checked_mul(10)
+                    .and_then(|value| value.checked_sub(i64::from(digit - b'0')))
+                    .ok_or(Parsed::Unexpected)?;
+                end += 1;
+            }
+            Some(b'\r') if end > first => break,
+            Some(_) => return Err(Parsed::Unexpected),
         }
-        value = value
-            .checked_mul(10)?
-            .checked_sub(i64::from(digit - b'0'))?;
     }
-    if negative {
-        Some(value)
-    } else {
-        value.checked_neg()
+    match input.get(end + 1) {
+        None => Err(Parsed::Incomplete),
+        Some(b'\n') if negative => Ok((value, end + 2)),
+        Some(b'\n') => Ok((value.checked_neg().ok_or(Parsed::Unexpected)?, end + 2)),
+        Some(_) => Err(Parsed::Unexpected),
     }
 }
 
@@ -446,10 +473,13 @@ mod tests {
                 String::from_utf8_lossy(unexpected)
             );
         }
-        assert_eq!(integer(b"-9223372036854775808"), Some(i64::MIN));
-        assert_eq!(integer(b"9223372036854775807"), Some(i64::MAX));
-        assert_eq!(integer(b"9223372036854775808"), None);
-        assert_eq!(integer(b"-"), None);
+        let integer = |line: &[u8]| integer_line(line, 0).map(|(value, _)| value);
+        assert_eq!(integer(b"-9223372036854775808\r\n"), Ok(i64::MIN));
+        assert_eq!(integer(b"9223372036854775807\r\n"), Ok(i64::MAX));
+        assert_eq!(integer(b"9223372036854775808\r\n"), Err(Parsed::Unexpected));
+        assert_eq!(integer(b"-\r\n"), Err(Parsed::Unexpected));
+        assert_eq!(integer(b"-12"), Err(Parsed::Incomplete));
+        assert_eq!(integer(b"-12\r"), Err(Parsed::Incomplete));
     }
 
     #[test]
@@ -488,6 +518,27 @@ mod tests {
                 String::from_utf8_lossy(&packed)
             );
         }
+    }
+
+    #[test]
+    fn every_length_and_integer_is_written_as_redis_rs_writes_it() {
+        let long = vec![b'k'; 1000];
+        let mut expected = redis::cmd("X");
+        let mut resp = Vec::new();
+        let mut written = Resp::command(&mut resp, 1 + 4 + 9);
+        written.bytes(b"X");
+        for argument in [&b""[..], b"k", &long[..10], &long[..]] {
+            expected.arg(argument);
+            written.bytes(argument);
+        }
+        for argument in [0, 1, 9, 10, 99, 100, 255, 256, u64::MAX] {
+            expected.arg(argument);
+            written.integer(argument);
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&resp),
+            String::from_utf8_lossy(&expected.get_packed_command())
+        );
     }
 
     #[test]

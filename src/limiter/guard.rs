@@ -27,7 +27,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dashmap::DashMap;
 use prometheus::{IntCounter, IntGauge};
 
 use super::algorithm::Algorithm;
@@ -35,6 +34,7 @@ use super::backend::{Limiter, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
 use super::decision::{Decision, Source};
 use super::error::LimiterError;
+use super::key::{key_map, KeyMap};
 use super::limit::Cost;
 use super::request::{Entry, LimitRequest};
 
@@ -111,14 +111,14 @@ impl Denial {
 /// Keys known to be denied, until when: a concurrent map (`dashmap`); expiry is judged by the
 /// injected clock, so tests move time by hand.
 pub struct DenyCache {
-    denials: DashMap<Box<[u8]>, Denial>,
+    denials: KeyMap<Denial>,
     capacity: usize,
 }
 
 impl DenyCache {
     pub fn new(capacity: usize) -> DenyCache {
         DenyCache {
-            denials: DashMap::with_shard_amount(SHARDS),
+            denials: key_map(SHARDS),
             capacity: capacity.max(1),
         }
     }

@@ -1,5 +1,6 @@
 //! Limiter key bytes, kept inline for keys of ordinary length.
 
+use dashmap::DashMap;
 use smallvec::SmallVec;
 
 /// Bytes a limiter key holds without a heap allocation: more than any key sluice builds from
@@ -8,6 +9,17 @@ pub const KEY_INLINE: usize = 128;
 
 /// One limiter key.
 pub type Key = SmallVec<[u8; KEY_INLINE]>;
+
+/// A concurrent map keyed by limiter keys (the deny cache, lease holdings), hashed with
+/// foldhash rather than SipHash: every key ends in a keyed digest of its client's parts
+/// (`keys.rs`), so no client can choose keys that collide, and a key is hashed on every limited
+/// request.
+pub type KeyMap<V> = DashMap<Box<[u8]>, V, foldhash::fast::RandomState>;
+
+/// An empty [`KeyMap`] of `shards` shards (a power of two).
+pub fn key_map<V>(shards: usize) -> KeyMap<V> {
+    DashMap::with_hasher_and_shard_amount(foldhash::fast::RandomState::default(), shards)
+}
 
 /// Appends `bytes` as lowercase hex: the digests in keys.
 pub fn push_hex<A: smallvec::Array<Item = u8>>(out: &mut SmallVec<A>, bytes: &[u8]) {

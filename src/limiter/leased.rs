@@ -23,7 +23,6 @@ use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use dashmap::mapref::entry::Entry as HoldingEntry;
-use dashmap::DashMap;
 use prometheus::{IntCounter, IntGauge};
 use smallvec::SmallVec;
 
@@ -32,6 +31,7 @@ use super::backend::{Limiter, SettleUnits, Settlement};
 use super::clock::Clock;
 use super::decision::{Decision, Source, Statuses};
 use super::error::LimiterError;
+use super::key::{key_map, KeyMap};
 use super::limit::{Leasing, Limit, LIMITS_INLINE};
 use super::request::{Entries, Entry, LimitRequest};
 use super::status::LimitStatus;
@@ -172,7 +172,7 @@ impl Step {
 /// Units held per key: a concurrent map (`dashmap`), each key's holding changed under its shard's
 /// lock; idle holdings are swept by the injected clock.
 struct Holdings {
-    holdings: DashMap<Box<[u8]>, Holding>,
+    holdings: KeyMap<Holding>,
     capacity: usize,
     meters: LeaseMeters,
 }
@@ -180,7 +180,7 @@ struct Holdings {
 impl Holdings {
     fn new(capacity: usize, meters: LeaseMeters) -> Holdings {
         Holdings {
-            holdings: DashMap::with_shard_amount(SHARDS),
+            holdings: key_map(SHARDS),
             capacity: capacity.max(1),
             meters,
         }

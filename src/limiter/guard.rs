@@ -278,21 +278,25 @@ impl Breaker {
     }
 
     pub fn on_failure(&self) {
-        let open = |interval: u64| {
-            self.open_until_ms
-                .store(self.now_ms() + interval, Ordering::Release);
-        };
         if self.state() == BreakerState::HalfOpen {
             let interval = (self.interval_ms.load(Ordering::Relaxed) * 2).min(MAX_OPEN_MS);
             self.interval_ms.store(interval, Ordering::Relaxed);
-            open(interval);
-            self.transition(BreakerState::HalfOpen, BreakerState::Open);
+            self.open(BreakerState::HalfOpen, interval);
             return;
         }
         if self.failures.fetch_add(1, Ordering::Relaxed) + 1 >= FAILURES_TO_OPEN {
-            open(self.interval_ms.load(Ordering::Relaxed));
-            self.transition(BreakerState::Closed, BreakerState::Open);
+            self.open(
+                BreakerState::Closed,
+                self.interval_ms.load(Ordering::Relaxed),
+            );
         }
+    }
+
+    /// Opens the breaker from the state `from` for `interval` ms.
+    fn open(&self, from: BreakerState, interval: u64) {
+        self.open_until_ms
+            .store(self.now_ms() + interval, Ordering::Release);
+        self.transition(from, BreakerState::Open);
     }
 }
 
@@ -349,11 +353,10 @@ impl Breaker {
     /// every call fast, waiting for an answer that never comes.
     fn abandoned(&self) {
         if self.state() == BreakerState::HalfOpen {
-            self.open_until_ms.store(
-                self.now_ms() + self.interval_ms.load(Ordering::Relaxed),
-                Ordering::Release,
+            self.open(
+                BreakerState::HalfOpen,
+                self.interval_ms.load(Ordering::Relaxed),
             );
-            self.transition(BreakerState::HalfOpen, BreakerState::Open);
         }
     }
 }

@@ -245,17 +245,18 @@ echo "| cached denials call Redis 0 times (9) | ${calls_per_req[9]} decision cal
 echo "| Redis CPU per decision, 1 limit (7), 3 limits (8) | ${redis_cpu[7]} µs, ${redis_cpu[8]} µs |"
 echo "| sluice CPU per proxied request ≤ 1.5 × nginx's, one thread / one worker (6 / 2) | ${cpu[6]} / ${cpu[2]} µs = $(ratio "${cpu[6]}" "${cpu[2]}") × |"
 
-# Open loop at half of target 5's peak: latency the limiter adds at a rate the gateway can hold.
-# As many rounds as the closed loop, the two targets back to back in alternating order; the
-# limiter's p99 is the median of the rounds' differences, so the machine's drift between rounds
-# cancels (one round's p99 on two shared cores moves by a millisecond either way).
+# Open loop at half of target 5's peak: latency the limiter adds at a rate the gateway can hold,
+# beside what the ngx_lua peer's Redis call adds to the plain nginx proxy (2 workers) at the
+# same rate. As many rounds as the closed loop, the four targets back to back in alternating
+# order; an added p99 is the median of the rounds' differences, so the machine's drift between
+# rounds cancels (one round's p99 on two shared cores moves by a millisecond either way).
 half=$(awk -v r="${rps[5]}" 'BEGIN {printf "%d", r / 2}')
 echo
-echo "Fixed rate ${half} req/s (half of target 5's peak), ${seconds}s, 64 connections, latency from the scheduled send time; medians of $rounds rounds, the two targets alternating:"
+echo "Fixed rate ${half} req/s (half of target 5's peak), ${seconds}s, 64 connections, latency from the scheduled send time; medians of $rounds rounds, the targets alternating:"
 echo
 : > "$work/fixed.tsv"
 for round in $(seq 1 "$rounds"); do
-  order="5 7"; if (( round % 2 == 0 )); then order="7 5"; fi
+  order="3 4 5 7"; if (( round % 2 == 0 )); then order="7 5 4 3"; fi
   for n in $order; do
     addr=${url[$n]#http://}
     out=$(./target/release/examples/fixed_rate "${addr%/x}" /x "$half" "$seconds" 64)
@@ -264,15 +265,21 @@ for round in $(seq 1 "$rounds"); do
 done
 fixed_median() { awk -F'\t' -v n="$1" -v c="$2" '$1 == n {print $c}' "$work/fixed.tsv" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 printf '| # | target | achieved req/s | non-2xx | p50 ms | p99 ms | p99.9 ms |\n| --- | --- | --- | --- | --- | --- | --- |\n'
-for n in 5 7; do
+for n in 3 4 5 7; do
   awk -v n="$n" -v l="${label[$n]}" -v r="$(fixed_median "$n" 3)" -v b="$(fixed_median "$n" 4)" \
     -v p50="$(fixed_median "$n" 5)" -v p99="$(fixed_median "$n" 6)" -v p999="$(fixed_median "$n" 7)" \
     'BEGIN {printf "| %s | %s | %s | %s | %.2f | %.2f | %.2f |\n", n, l, r, b, p50 / 1000, p99 / 1000, p999 / 1000}'
 done
-# Per round: p99 with the limit minus p99 without; then their median, and every round's.
-awk -F'\t' '{p99[$2, $1] = $6; rounds[$2] = 1} END {for (r in rounds) print (p99[r, 7] - p99[r, 5]) / 1000}' "$work/fixed.tsv" \
-  | sort -g | awk '{v[NR] = $1; all = all sprintf("%s%.2f", NR > 1 ? ", " : "", $1)}
-      END {printf "\np99 added by the limiter at that rate: %.2f ms, the median of the rounds (%s; target ≤ 0.5 ms)\n", v[int((NR + 1) / 2)], all}'
+# added_p99 WITH WITHOUT: each round's p99 difference (ms), sorted; then the median and all of them.
+added_p99() {
+  awk -F'\t' -v with="$1" -v without="$2" '{p99[$2, $1] = $6; rounds[$2] = 1}
+    END {for (r in rounds) print (p99[r, with] - p99[r, without]) / 1000}' "$work/fixed.tsv" \
+    | sort -g | awk '{v[NR] = $1; all = all sprintf("%s%.2f", NR > 1 ? ", " : "", $1)}
+        END {printf "%.2f ms, the median of the rounds (%s)", v[int((NR + 1) / 2)], all}'
+}
+echo
+echo "p99 added by sluice's limiter at that rate (7 − 5): $(added_p99 7 5); target ≤ 0.5 ms"
+echo "p99 added by the peer's Redis call at that rate (4 − 3, both nginx with 2 workers): $(added_p99 4 3)"
 
 # TLS: sluice and nginx with the same certificate and upstream, no limits, alternating per row.
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=bench.test \

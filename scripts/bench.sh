@@ -210,7 +210,9 @@ for round in $(seq "$rounds"); do
 done
 
 # Medians per target, per column.
-median() { awk -F'\t' -v n="$1" -v c="$2" '$1 == n {print $c}' "$work/runs.tsv" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+# median_in FILE N COLUMN: the median of COLUMN over the rows of target N in a results file.
+median_in() { awk -F'\t' -v n="$2" -v c="$3" '$1 == n {print $c}' "$1" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+median() { median_in "$work/runs.tsv" "$@"; }
 printf 'Medians of %d rounds, wrk -t2 -c64 -d%ss each, targets alternating:\n\n' "$rounds" "$seconds"
 printf '| # | target | req/s | p50 ms | p99 ms | p99.9 ms | non-2xx | serving CPU µs/req | Redis CPU µs/req | decision calls/req | Redis cmds/req |\n'
 printf '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
@@ -263,7 +265,7 @@ for round in $(seq 1 "$rounds"); do
     awk -v n="$n" -v round="$round" '{printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n, round, $6, $4, $8, $10, $12}' <<<"$out" >> "$work/fixed.tsv"
   done
 done
-fixed_median() { awk -F'\t' -v n="$1" -v c="$2" '$1 == n {print $c}' "$work/fixed.tsv" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+fixed_median() { median_in "$work/fixed.tsv" "$@"; }
 printf '| # | target | achieved req/s | non-2xx | p50 ms | p99 ms | p99.9 ms |\n| --- | --- | --- | --- | --- | --- | --- |\n'
 for n in 3 4 5 7; do
   awk -v n="$n" -v l="${label[$n]}" -v r="$(fixed_median "$n" 3)" -v b="$(fixed_median "$n" 4)" \

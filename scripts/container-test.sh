@@ -13,6 +13,9 @@
 # usage: scripts/container-test.sh IMAGE ROOTFS
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/deps.sh
+# Every command this script runs beyond coreutils and util-linux (pgrep: procps).
+install_missing redis-server:redis-server redis-cli:redis-tools curl:curl pgrep:procps unshare:util-linux
 image=$1 rootfs=$(realpath "$2")
 target=${CARGO_TARGET_DIR:-target}
 binary_dir=$(dirname "${SLUICE_BINARY:-$target/release/sluice}")

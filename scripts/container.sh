@@ -51,7 +51,9 @@ assemble_rootfs() {
 }
 
 build() {
-  install_missing podman:podman runc:runc
+  # podman runs rootful containers with runc, and their network needs slirp4netns (a fresh
+  # Debian machine has none of them: install_missing, not a hope).
+  install_missing podman:podman runc:runc slirp4netns:slirp4netns
   if [ "${SLUICE_IMAGE_FROM:-}" = registry ]; then
     podman build -t "$image" -f Containerfile .
   else

@@ -693,14 +693,16 @@ fn https_upstreams_are_verified_by_ca_and_name_and_can_present_a_client_certific
 
 /// A gRPC health service (tonic) on a free port, served until the runtime drops.
 fn grpc_health_server(runtime: &tokio::runtime::Runtime) -> SocketAddr {
-    let listener = TcpListener::bind((LOOPBACK, 0)).unwrap();
+    // The server takes the socket bound here: none is released and bound again.
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind((LOOPBACK, 0)))
+        .expect("bind the gRPC server");
     let addr = listener.local_addr().unwrap();
-    drop(listener);
     runtime.spawn(async move {
         let (_reporter, service) = tonic_health::server::health_reporter();
         tonic::transport::Server::builder()
             .add_service(service)
-            .serve(addr)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
             .await
             .expect("gRPC server");
     });

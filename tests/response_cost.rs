@@ -9,7 +9,7 @@ use std::sync::{Arc, Barrier};
 
 use support::config::{route, Config};
 use support::limits::fixed_window;
-use support::{free_port, http_get, metric, Gateway, RedisServer, Response, Upstream};
+use support::{http_get, metric, Gateway, RedisServer, Response, Upstream};
 
 /// `r=` of the `RateLimit` header: what the limit had left once this request's estimate was
 /// reserved.
@@ -208,8 +208,9 @@ struct TrailerUpstream {
 
 impl TrailerUpstream {
     fn start() -> TrailerUpstream {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let listener = std::net::TcpListener::bind(addr).expect("bind the HTTP/2 upstream");
+        let listener =
+            std::net::TcpListener::bind("127.0.0.1:0").expect("bind the HTTP/2 upstream");
+        let addr: SocketAddr = listener.local_addr().expect("the upstream's address");
         listener.set_nonblocking(true).unwrap();
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()

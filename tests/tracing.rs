@@ -16,7 +16,7 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use support::config::{route, Config};
 use support::limits::fixed_window;
-use support::{free_port, http_get, Gateway, Upstream};
+use support::{http_get, Gateway, Upstream};
 
 /// An OTLP/HTTP trace receiver on a free loopback port: keeps every span it is sent.
 struct Receiver {
@@ -26,8 +26,12 @@ struct Receiver {
 
 impl Receiver {
     fn start() -> Receiver {
-        let port = free_port();
-        let listener = TcpListener::bind(("127.0.0.1", port)).expect("bind the receiver");
+        // Bound on port 0 and read back: a port checked free first can be taken in between.
+        let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind the receiver");
+        let port = listener
+            .local_addr()
+            .expect("the receiver's address")
+            .port();
         let spans = Arc::new(Mutex::new(Vec::new()));
         let kept = Arc::clone(&spans);
         std::thread::spawn(move || {

@@ -20,7 +20,9 @@ pub mod topologies;
 /// Ports come from just below the kernel's ephemeral range, so no outgoing connection (a client,
 /// sluice dialling Redis) can take one between this check and the server's own bind: a port from
 /// `bind(":0")` can, and once did on a cold CI machine. The starting point is drawn per process, so
-/// test binaries that run one after another do not walk the same ports.
+/// test binaries that run one after another do not walk the same ports. Only child processes get
+/// ports from here, and their starts are retried on new ports when one was taken meanwhile
+/// ([`start_retrying`]); a socket the test holds itself binds port 0 and reads it back.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
@@ -45,18 +47,71 @@ pub fn free_port() -> u16 {
     panic!("no free loopback port in {low}..{ephemeral_low}");
 }
 
-fn wait_until(what: &str, child: &mut Child, timeout: Duration, mut ready: impl FnMut() -> bool) {
+fn wait_until(what: &str, child: &mut Child, timeout: Duration, ready: impl FnMut() -> bool) {
+    if let Started::Exited(status) = wait_for_start(what, child, timeout, ready) {
+        panic!("{what} exited during startup with {status}");
+    }
+}
+
+/// How a child's start ended (a start that does not end within its timeout panics).
+enum Started {
+    Ready,
+    Exited(std::process::ExitStatus),
+}
+
+fn wait_for_start(
+    what: &str,
+    child: &mut Child,
+    timeout: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> Started {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if ready() {
-            return;
+            return Started::Ready;
         }
         if let Ok(Some(status)) = child.try_wait() {
-            panic!("{what} exited during startup with {status}");
+            return Started::Exited(status);
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     panic!("{what} was not ready within {timeout:?}");
+}
+
+/// Starts a server child on ports the harness chose, again on new ports when a start failed
+/// because one of them was taken meanwhile (by another test's server): a port checked free and
+/// bound later by a child process can be taken in between, and once was on a cold CI machine.
+/// `attempt` spawns the child on fresh ports and says which ports it binds; a child that exits
+/// with its ports still free failed for another reason, which panics at once.
+fn start_retrying<T>(
+    what: &str,
+    timeout: Duration,
+    mut attempt: impl FnMut() -> (Child, Vec<u16>, T),
+    mut ready: impl FnMut(&T) -> bool,
+) -> (Child, T) {
+    const ATTEMPTS: usize = 4;
+    for _ in 0..ATTEMPTS {
+        let (mut child, ports, started) = attempt();
+        match wait_for_start(what, &mut child, timeout, || ready(&started)) {
+            Started::Ready => return (child, started),
+            Started::Exited(status) => {
+                let taken: Vec<u16> = ports.into_iter().filter(|&port| is_taken(port)).collect();
+                assert!(
+                    !taken.is_empty(),
+                    "{what} exited during startup with {status}"
+                );
+                eprintln!(
+                    "{what}: port(s) {taken:?} were taken before it bound them; again on new ports"
+                );
+            }
+        }
+    }
+    panic!("{what}: {ATTEMPTS} starts each found a port taken");
+}
+
+/// Someone listens on the loopback `port` now.
+fn is_taken(port: u16) -> bool {
+    TcpListener::bind(("127.0.0.1", port)).is_err()
 }
 
 /// Polls `done` every 20 ms until it holds; panics naming `what` when `within` passes first.
@@ -137,40 +192,16 @@ pub fn spawn_redis(args: &[String]) -> Child {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        RedisServer::start_on(free_port())
+        RedisServer::start_with(None, &[])
     }
 
+    /// A server on `port` (a restart on the port a killed one had): not retried elsewhere.
     pub fn start_on(port: u16) -> RedisServer {
-        RedisServer::start_with(port, None)
-    }
-
-    /// A server that requires `password` (`--requirepass`).
-    pub fn start_with_password(password: &str) -> RedisServer {
-        RedisServer::start_with(free_port(), Some(password))
-    }
-
-    /// A server started with `extra` arguments too (e.g. `--rename-command`).
-    pub fn start_with_args(extra: &[&str]) -> RedisServer {
-        RedisServer::start_with_extra(free_port(), None, extra)
-    }
-
-    fn start_with(port: u16, password: Option<&str>) -> RedisServer {
-        RedisServer::start_with_extra(port, password, &[])
-    }
-
-    fn start_with_extra(port: u16, password: Option<&str>, extra: &[&str]) -> RedisServer {
-        let mut args = redis_args(port);
-        if let Some(password) = password {
-            args.extend(["--requirepass".to_string(), password.to_string()]);
-        }
-        args.extend(extra.iter().map(|arg| arg.to_string()));
-        let dir = tempfile::tempdir().expect("a directory for redis-server");
-        args.extend(["--dir".to_string(), dir.path().display().to_string()]);
-        let child = spawn_redis(&args);
+        let (child, dir) = RedisServer::spawn(port, None, &[]);
         let mut server = RedisServer {
             child,
             port,
-            password: password.map(str::to_string),
+            password: None,
             _dir: dir,
         };
         let url = server.url();
@@ -178,22 +209,56 @@ impl RedisServer {
             "redis-server",
             &mut server.child,
             Duration::from_secs(10),
-            || {
-                redis::Client::open(url.as_str())
-                    .and_then(|c| c.get_connection())
-                    .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-                    .is_ok()
-            },
+            || answers_ping(&url),
         );
         server
     }
 
+    /// A server that requires `password` (`--requirepass`).
+    pub fn start_with_password(password: &str) -> RedisServer {
+        RedisServer::start_with(Some(password), &[])
+    }
+
+    /// A server started with `extra` arguments too (e.g. `--rename-command`).
+    pub fn start_with_args(extra: &[&str]) -> RedisServer {
+        RedisServer::start_with(None, extra)
+    }
+
+    /// A server on a free port (another one if that port is taken before it binds it).
+    fn start_with(password: Option<&str>, extra: &[&str]) -> RedisServer {
+        let (child, (port, dir)) = start_retrying(
+            "redis-server",
+            Duration::from_secs(10),
+            || {
+                let port = free_port();
+                let (child, dir) = RedisServer::spawn(port, password, extra);
+                (child, vec![port], (port, dir))
+            },
+            |(port, _)| answers_ping(&server_url(*port, password)),
+        );
+        RedisServer {
+            child,
+            port,
+            password: password.map(str::to_string),
+            _dir: dir,
+        }
+    }
+
+    /// redis-server on `port`, in a working directory of its own.
+    fn spawn(port: u16, password: Option<&str>, extra: &[&str]) -> (Child, tempfile::TempDir) {
+        let mut args = redis_args(port);
+        if let Some(password) = password {
+            args.extend(["--requirepass".to_string(), password.to_string()]);
+        }
+        args.extend(extra.iter().map(|arg| arg.to_string()));
+        let dir = tempfile::tempdir().expect("a directory for redis-server");
+        args.extend(["--dir".to_string(), dir.path().display().to_string()]);
+        (spawn_redis(&args), dir)
+    }
+
     /// The URL with the password, if the server has one.
     pub fn url(&self) -> String {
-        match &self.password {
-            Some(password) => format!("redis://:{password}@127.0.0.1:{}/0", self.port),
-            None => self.plain_url(),
-        }
+        server_url(self.port, self.password.as_deref())
     }
 
     /// The URL without any password.
@@ -241,6 +306,22 @@ impl RedisServer {
     }
 }
 
+/// The URL of a test server on `port`, with its password if it has one.
+fn server_url(port: u16, password: Option<&str>) -> String {
+    match password {
+        Some(password) => format!("redis://:{password}@127.0.0.1:{port}/0"),
+        None => format!("redis://127.0.0.1:{port}/0"),
+    }
+}
+
+/// The server at `url` answers `PING`.
+fn answers_ping(url: &str) -> bool {
+    redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+        .is_ok()
+}
+
 impl Drop for RedisServer {
     fn drop(&mut self) {
         reap(&mut self.child);
@@ -255,21 +336,22 @@ pub struct Upstream {
 
 impl Upstream {
     pub fn start() -> Upstream {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_demo-upstream"))
-            .arg(addr.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start demo-upstream");
-        let mut upstream = Upstream { child, addr };
-        wait_until(
+        let (child, addr) = start_retrying(
             "demo-upstream",
-            &mut upstream.child,
             Duration::from_secs(10),
-            || TcpStream::connect(addr).is_ok(),
+            || {
+                let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+                let child = Command::new(env!("CARGO_BIN_EXE_demo-upstream"))
+                    .arg(addr.to_string())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("start demo-upstream");
+                (child, vec![addr.port()], addr)
+            },
+            |addr| TcpStream::connect(addr).is_ok(),
         );
-        upstream
+        Upstream { child, addr }
     }
 
     /// Requests served so far (other than `/__stats`).
@@ -422,7 +504,38 @@ impl Gateway {
         redis: Option<&RedisServer>,
         launch: &Launch,
     ) -> Gateway {
-        let config = GatewayConfig::write(body, upstream, redis, 0);
+        let (child, config) = start_retrying(
+            "sluice",
+            Duration::from_secs(20),
+            || {
+                let config = GatewayConfig::write(body, upstream, redis, 0);
+                let child = Gateway::spawn(&config, launch);
+                (
+                    child,
+                    vec![config.proxy.port(), config.admin.port()],
+                    config,
+                )
+            },
+            |config| {
+                let mut listeners = config.listeners();
+                if listeners.is_empty() {
+                    listeners.push(config.proxy);
+                }
+                TcpStream::connect(config.admin).is_ok()
+                    && listeners.iter().all(|l| TcpStream::connect(l).is_ok())
+            },
+        );
+        Gateway {
+            child,
+            proxy: config.proxy,
+            admin: config.admin,
+            config_path: config.path.clone(),
+            config,
+        }
+    }
+
+    /// sluice with `config`, in the foreground.
+    fn spawn(config: &GatewayConfig, launch: &Launch) -> Child {
         let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
         command
             .arg("-c")
@@ -436,29 +549,7 @@ impl Gateway {
         } else {
             command.stderr(Stdio::inherit());
         }
-        let child = command.spawn().expect("start sluice");
-        let (proxy, admin) = (config.proxy, config.admin);
-        let mut listeners = config.listeners();
-        if listeners.is_empty() {
-            listeners.push(proxy);
-        }
-        let mut gateway = Gateway {
-            child,
-            proxy,
-            admin,
-            config_path: config.path.clone(),
-            config,
-        };
-        wait_until(
-            "sluice",
-            &mut gateway.child,
-            Duration::from_secs(20),
-            || {
-                TcpStream::connect(admin).is_ok()
-                    && listeners.iter().all(|l| TcpStream::connect(l).is_ok())
-            },
-        );
-        gateway
+        command.spawn().expect("start sluice")
     }
 
     /// Waits (at most 30 s) until `/readyz` answers 200: the limiter's backend answers.

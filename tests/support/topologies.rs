@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{free_port, redis_args, spawn_redis};
+use super::{free_port, redis_args, spawn_redis, start_retrying};
 
 /// Node timeout of the cluster and down-after of the sentinels: a failover takes a few seconds.
 pub const FAILURE_DETECTION_MS: u64 = 1000;
@@ -34,6 +34,11 @@ fn connection(port: u16) -> Option<redis::Connection> {
         .ok()
 }
 
+/// The server at `port` answers `PING`.
+fn answers(port: u16) -> bool {
+    query::<String>(port, &mut redis::cmd("PING")).is_some()
+}
+
 /// Runs `command` on the server at `port`; `None` when it cannot be reached or fails.
 pub fn query<T: redis::FromRedisValue>(port: u16, command: &mut redis::Cmd) -> Option<T> {
     let mut connection = connection(port)?;
@@ -58,6 +63,24 @@ pub struct Node {
 }
 
 impl Node {
+    /// A redis-server with the arguments `args` gives for a port, on a free port (another one
+    /// if that port is taken before it binds it), once it answers `PING`.
+    pub fn start(args: impl Fn(u16) -> Vec<String>) -> Node {
+        let (child, port) = start_retrying(
+            "redis-server",
+            Duration::from_secs(10),
+            || {
+                let port = free_port();
+                (spawn_redis(&args(port)), vec![port], port)
+            },
+            |port| answers(*port),
+        );
+        Node {
+            port,
+            child: Some(child),
+        }
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -87,34 +110,37 @@ impl RedisCluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let nodes: Vec<Node> = (0..6)
             .map(|_| {
-                let port = free_port();
-                // The bus port is chosen too: port + 10000 may not exist or be free.
-                let mut args = base_args(port, dir.path());
-                args.extend(
-                    [
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-port",
-                        &free_port().to_string(),
-                        "--cluster-config-file",
-                        &format!("nodes-{port}.conf"),
-                        "--cluster-node-timeout",
-                        &FAILURE_DETECTION_MS.to_string(),
-                    ]
-                    .iter()
-                    .map(|s| s.to_string()),
+                let (child, port) = start_retrying(
+                    "cluster node",
+                    Duration::from_secs(10),
+                    || {
+                        let (port, bus) = (free_port(), free_port());
+                        // The bus port is chosen too: port + 10000 may not exist or be free.
+                        let mut args = base_args(port, dir.path());
+                        args.extend(
+                            [
+                                "--cluster-enabled",
+                                "yes",
+                                "--cluster-port",
+                                &bus.to_string(),
+                                "--cluster-config-file",
+                                &format!("nodes-{port}.conf"),
+                                "--cluster-node-timeout",
+                                &FAILURE_DETECTION_MS.to_string(),
+                            ]
+                            .iter()
+                            .map(|s| s.to_string()),
+                        );
+                        (spawn_redis(&args), vec![port, bus], port)
+                    },
+                    |port| answers(*port),
                 );
                 Node {
                     port,
-                    child: Some(spawn_redis(&args)),
+                    child: Some(child),
                 }
             })
             .collect();
-        for node in &nodes {
-            wait_for("cluster node answers PING", Duration::from_secs(10), || {
-                query::<String>(node.port, &mut redis::cmd("PING")).is_some()
-            });
-        }
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
@@ -245,49 +271,40 @@ pub struct RedisSentinels {
 impl RedisSentinels {
     pub fn start() -> RedisSentinels {
         let dir = tempfile::tempdir().expect("temp dir");
-        let master_port = free_port();
-        let master = Node {
-            port: master_port,
-            child: Some(spawn_redis(&base_args(master_port, dir.path()))),
-        };
-        let replica_port = free_port();
-        let mut replica_args = base_args(replica_port, dir.path());
-        replica_args.extend([
-            "--replicaof".to_string(),
-            "127.0.0.1".to_string(),
-            master_port.to_string(),
-        ]);
-        let replica = Node {
-            port: replica_port,
-            child: Some(spawn_redis(&replica_args)),
-        };
+        let master = Node::start(|port| base_args(port, dir.path()));
+        let master_port = master.port;
+        let replica = Node::start(|port| {
+            let mut args = base_args(port, dir.path());
+            args.extend([
+                "--replicaof".to_string(),
+                "127.0.0.1".to_string(),
+                master_port.to_string(),
+            ]);
+            args
+        });
+        let replica_port = replica.port;
         wait_for("the replica is in sync", Duration::from_secs(15), || {
             query::<String>(replica_port, redis::cmd("INFO").arg("replication"))
                 .is_some_and(|info| info.contains("master_link_status:up"))
         });
         let sentinels: Vec<Node> = (0..3)
             .map(|i| {
-                let port = free_port();
-                let config = dir.path().join(format!("sentinel-{i}.conf"));
-                std::fs::write(
-                    &config,
-                    format!(
-                        "port {port}\nbind 127.0.0.1\ndir {dir}\n\
-                         sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
-                         sentinel down-after-milliseconds {MASTER_NAME} {FAILURE_DETECTION_MS}\n\
-                         sentinel failover-timeout {MASTER_NAME} 5000\n\
-                         sentinel parallel-syncs {MASTER_NAME} 1\n",
-                        dir = dir.path().display()
-                    ),
-                )
-                .expect("write sentinel config");
-                Node {
-                    port,
-                    child: Some(spawn_redis(&[
-                        config.display().to_string(),
-                        "--sentinel".to_string(),
-                    ])),
-                }
+                Node::start(|port| {
+                    let config = dir.path().join(format!("sentinel-{i}.conf"));
+                    std::fs::write(
+                        &config,
+                        format!(
+                            "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                             sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
+                             sentinel down-after-milliseconds {MASTER_NAME} {FAILURE_DETECTION_MS}\n\
+                             sentinel failover-timeout {MASTER_NAME} 5000\n\
+                             sentinel parallel-syncs {MASTER_NAME} 1\n",
+                            dir = dir.path().display()
+                        ),
+                    )
+                    .expect("write sentinel config");
+                    vec![config.display().to_string(), "--sentinel".to_string()]
+                })
             })
             .collect();
         // A failover needs a majority of sentinels that know each other and the replica.

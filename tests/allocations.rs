@@ -275,7 +275,7 @@ fn the_redis_engines_decorators_allocate_nothing_around_their_backend() {
     let backend = Arc::new(LocalLimiter::new(clock.clone(), 1000));
     let guarded = Guarded::new(
         Arc::clone(&backend),
-        true,
+        Some("redis at test"),
         clock.clone(),
         GuardMeters::unregistered(),
     );

@@ -211,12 +211,44 @@ fn the_password_comes_from_a_file_the_environment_or_a_systemd_credential() {
     // A wrong password: Redis refuses, the failure mode applies, the error is counted as auth.
     let wrong = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(wrong.path(), "not-the-password").unwrap();
-    let gateway = gateway_with_password_from(
-        &format!("{{ file: {} }}", wrong.path().display()),
-        vec![],
-        &redis,
+    let config = Config::new()
+        .redis_section(&[
+            &format!("url: {}", redis.plain_url()),
+            &format!("password: {{ file: {} }}", wrong.path().display()),
+            "timeout_ms: 200",
+        ])
+        .failure_mode("deny")
+        .route(limited_route());
+    let gateway = Gateway::launch(
+        &config.yaml(),
         &upstream,
+        Some(&redis),
+        &Launch {
+            capture_log: true,
+            ..Launch::default()
+        },
     );
     assert_eq!(gateway.get("/x").status, 503);
     assert!(Path::new(wrong.path()).exists());
+    let metrics = gateway.metrics();
+    let errors =
+        |kind: &str| support::metric(&metrics, "sluice_limiter_errors_total", &[("kind", kind)]);
+    assert!(errors("auth") >= 1.0, "counted as auth: {metrics}");
+    assert_eq!(errors("reply"), 0.0, "not as a reply it did not understand");
+    // The operator reads which server refused, and why, in words (not redis-rs's Rust names).
+    let server = format!("redis at redis://127.0.0.1:{}/0", redis.port);
+    let ready = support::http_get(gateway.admin, "/readyz", None, &[]);
+    assert!(ready.body.contains(&server), "{}", ready.body);
+    let log = gateway.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("rate limiter unavailable (auth)"))
+        .unwrap_or_else(|| panic!("an auth warning: {log}"));
+    assert!(line.contains(&server), "{line}");
+    assert!(
+        line.contains("refused the configured credentials"),
+        "{line}"
+    );
+    assert!(!log.contains("AuthenticationFailed"), "{log}");
+    assert!(!log.contains("not-the-password"), "{log}");
 }

@@ -66,6 +66,10 @@ pub trait Backend: Send + Sync {
 
     /// `redis` or `local`, for logs, metrics and `/readyz`.
     fn name(&self) -> &'static str;
+
+    /// Where the state is, for an operator reading a log line or `/readyz`: `redis at
+    /// 127.0.0.1:6379`, `redis cluster seeded by ...`, `this process`. No password.
+    fn target(&self) -> &str;
 }
 
 impl<L: Limiter> Limiter for Arc<L> {

@@ -63,7 +63,12 @@ impl Engine {
         coalescing: Coalescing,
     ) -> Result<Engine, redis::RedisError> {
         let backend = Arc::new(RedisLimiter::new(topology, auth, deadline, coalescing)?);
-        let guarded = Guarded::new(Arc::clone(&backend), true, Arc::clone(&clock), guard_meters);
+        let guarded = Guarded::new(
+            Arc::clone(&backend),
+            Some(&topology.describe()),
+            Arc::clone(&clock),
+            guard_meters,
+        );
         let breaker = guarded.breaker().expect("a Redis guard has a breaker");
         let ends = Arc::new(BehindBreaker::new(Arc::clone(&backend), breaker));
         let decide = Leased::new(guarded, Arc::clone(&ends), clock, lease_meters);
@@ -120,5 +125,12 @@ impl Backend for Engine {
 
     fn name(&self) -> &'static str {
         Engine::name(self)
+    }
+
+    fn target(&self) -> &str {
+        match self {
+            Engine::Local(local) => local.target(),
+            Engine::Redis(redis) => redis.backend.target(),
+        }
     }
 }

@@ -11,11 +11,14 @@
 //!   limit, in the same position, with the same parameters and cost as the denied one. Bounded; exact expiry: a
 //!   denial is judged by the injected clock, and expired ones are swept when the cache is full.
 //! * **Circuit breaker.** After `FAILURES_TO_OPEN` consecutive errors the backend is not called
-//!   for a short interval (doubling from 50 ms up to 200 ms, so recovery is seen within a second
-//!   of Redis returning); then one request probes it. Errors while open are `breaker_open`, and
-//!   the failure mode applies. A probe whose request is cancelled before Redis answers opens
-//!   it again for the same interval, so a later request probes. Its state is
-//!   `sluice_redis_breaker_state` and each transition is logged.
+//!   for a short interval (doubling from 50 ms up to 200 ms with each failed probe, whatever the
+//!   failure — an error or a missed deadline — so recovery is seen within a second of Redis
+//!   returning); then one request probes it. Errors while open are `breaker_open`, and the
+//!   failure mode applies. A probe whose request is cancelled before Redis answers opens it
+//!   again for the same interval, so a later request probes. Its state is
+//!   `sluice_redis_breaker_state`; an outage logs two lines: a warning when it opens (naming
+//!   the server and the last error) and a line when it closes (how long, how many probes
+//!   failed); the transitions between are logged at debug.
 //!
 //! Releases of concurrency slots and settlements go through the same breaker
 //! ([`BehindBreaker`]): while it is open they fail at once (`breaker_open`) instead of each
@@ -203,11 +206,16 @@ pub struct Breaker {
     open_until_ms: AtomicU64,
     interval_ms: AtomicU64,
     gauge: IntGauge,
+    /// What it guards (`redis at 127.0.0.1:6379`), for its log lines.
+    target: Arc<str>,
+    /// When it last opened from closed (ms since `epoch`), and the probes failed since.
+    opened_at_ms: AtomicU64,
+    failed_probes: AtomicU32,
 }
 
 impl Breaker {
-    /// A closed breaker; `gauge` shows its state.
-    pub fn new(clock: Arc<dyn Clock>, gauge: IntGauge) -> Breaker {
+    /// A closed breaker guarding `target`; `gauge` shows its state.
+    pub fn new(clock: Arc<dyn Clock>, gauge: IntGauge, target: &str) -> Breaker {
         gauge.set(BreakerState::Closed as i64);
         Breaker {
             epoch: clock.instant(),
@@ -217,6 +225,9 @@ impl Breaker {
             open_until_ms: AtomicU64::new(0),
             interval_ms: AtomicU64::new(FIRST_OPEN_MS),
             gauge,
+            target: Arc::from(target),
+            opened_at_ms: AtomicU64::new(0),
+            failed_probes: AtomicU32::new(0),
         }
     }
 
@@ -235,18 +246,6 @@ impl Breaker {
             .is_ok();
         if moved {
             self.gauge.set(to as i64);
-            match to {
-                BreakerState::Open => log::warn!(
-                    "redis circuit breaker open: not calling Redis for {} ms",
-                    self.interval_ms.load(Ordering::Relaxed)
-                ),
-                BreakerState::HalfOpen => {
-                    log::info!("redis circuit breaker half-open: probing Redis")
-                }
-                BreakerState::Closed => {
-                    log::info!("redis circuit breaker closed: Redis answers again")
-                }
-            }
         }
         moved
     }
@@ -257,8 +256,12 @@ impl Breaker {
             BreakerState::Closed => true,
             BreakerState::HalfOpen => false, // one probe is in flight
             BreakerState::Open => {
-                self.now_ms() >= self.open_until_ms.load(Ordering::Acquire)
-                    && self.transition(BreakerState::Open, BreakerState::HalfOpen)
+                let probe = self.now_ms() >= self.open_until_ms.load(Ordering::Acquire)
+                    && self.transition(BreakerState::Open, BreakerState::HalfOpen);
+                if probe {
+                    log::debug!("redis circuit breaker half-open: probing {}", self.target);
+                }
+                probe
             }
         }
     }
@@ -274,29 +277,51 @@ impl Breaker {
             && self.transition(BreakerState::HalfOpen, BreakerState::Closed)
         {
             self.interval_ms.store(FIRST_OPEN_MS, Ordering::Relaxed);
-        }
-    }
-
-    pub fn on_failure(&self) {
-        if self.state() == BreakerState::HalfOpen {
-            let interval = (self.interval_ms.load(Ordering::Relaxed) * 2).min(MAX_OPEN_MS);
-            self.interval_ms.store(interval, Ordering::Relaxed);
-            self.open(BreakerState::HalfOpen, interval);
-            return;
-        }
-        if self.failures.fetch_add(1, Ordering::Relaxed) + 1 >= FAILURES_TO_OPEN {
-            self.open(
-                BreakerState::Closed,
-                self.interval_ms.load(Ordering::Relaxed),
+            let open_ms = self
+                .now_ms()
+                .saturating_sub(self.opened_at_ms.load(Ordering::Relaxed));
+            log::info!(
+                "redis circuit breaker closed: {} answers again after {:.1} s ({} probes failed)",
+                self.target,
+                open_ms as f64 / 1000.0,
+                self.failed_probes.swap(0, Ordering::Relaxed)
             );
         }
     }
 
-    /// Opens the breaker from the state `from` for `interval` ms.
-    fn open(&self, from: BreakerState, interval: u64) {
+    /// A call that failed with `error`: a failed probe doubles the pause (a missed deadline as
+    /// much as an error), and the third failure in a row of a closed breaker opens it.
+    pub fn on_failure(&self, error: &LimiterError) {
+        if self.state() == BreakerState::HalfOpen {
+            let interval = (self.interval_ms.load(Ordering::Relaxed) * 2).min(MAX_OPEN_MS);
+            self.interval_ms.store(interval, Ordering::Relaxed);
+            if self.open(BreakerState::HalfOpen, interval) {
+                self.failed_probes.fetch_add(1, Ordering::Relaxed);
+                log::debug!(
+                    "redis circuit breaker: the probe failed ({error}); next in {interval} ms"
+                );
+            }
+            return;
+        }
+        if self.failures.fetch_add(1, Ordering::Relaxed) + 1 >= FAILURES_TO_OPEN {
+            let interval = self.interval_ms.load(Ordering::Relaxed);
+            if self.open(BreakerState::Closed, interval) {
+                self.opened_at_ms.store(self.now_ms(), Ordering::Relaxed);
+                self.failed_probes.store(0, Ordering::Relaxed);
+                log::warn!(
+                    "redis circuit breaker open: {} failed {FAILURES_TO_OPEN} calls in a row, the last: {error}; \
+                     calls fail fast and the failure mode applies, one probe every {interval} to {MAX_OPEN_MS} ms",
+                    self.target
+                );
+            }
+        }
+    }
+
+    /// Opens the breaker from the state `from` for `interval` ms; whether it moved.
+    fn open(&self, from: BreakerState, interval: u64) -> bool {
         self.open_until_ms
             .store(self.now_ms() + interval, Ordering::Release);
-        self.transition(from, BreakerState::Open);
+        self.transition(from, BreakerState::Open)
     }
 }
 
@@ -310,17 +335,24 @@ pub struct Guarded<L> {
 }
 
 impl<L: Limiter> Guarded<L> {
+    /// `inner` behind a deny cache, and behind a breaker when it reaches a server
+    /// (`breaker_for` names the server, for the breaker's log lines).
     pub fn new(
         inner: L,
-        with_breaker: bool,
+        breaker_for: Option<&str>,
         clock: Arc<dyn Clock>,
         meters: GuardMeters,
     ) -> Guarded<L> {
         Guarded {
             inner,
             deny_cache: DenyCache::new(DENY_CACHE_CAPACITY),
-            breaker: with_breaker
-                .then(|| Arc::new(Breaker::new(Arc::clone(&clock), meters.breaker_state))),
+            breaker: breaker_for.map(|target| {
+                Arc::new(Breaker::new(
+                    Arc::clone(&clock),
+                    meters.breaker_state,
+                    target,
+                ))
+            }),
             clock,
             deny_cache_hits: meters.deny_cache_hits,
         }
@@ -341,7 +373,10 @@ impl Breaker {
     /// value awaited: rustc does not overlap them), doubling the size of every future above it,
     /// each moved whole when it is made.
     fn enter(&self) -> Option<Admitted<'_>> {
-        self.admit().then_some(Admitted {
+        // `then`, not `then_some`: a call refused must not make (and drop) an `Admitted`, whose
+        // drop says a probe was abandoned and reopens the breaker with the same interval — every
+        // request refused while a probe was in flight did so, and the pause never grew.
+        self.admit().then(|| Admitted {
             breaker: self,
             recorded: false,
         })
@@ -375,7 +410,7 @@ impl Admitted<'_> {
         self.recorded = true;
         match result {
             Ok(_) => self.breaker.on_success(),
-            Err(e) if !e.always_denies() => self.breaker.on_failure(),
+            Err(e) if !e.always_denies() => self.breaker.on_failure(e),
             Err(_) => {}
         }
     }
@@ -564,10 +599,10 @@ mod tests {
     fn the_breaker_opens_after_repeated_failures_and_a_probe_closes_it() {
         let clock = Arc::new(ManualClock::new(0));
         let gauge = GuardMeters::unregistered().breaker_state;
-        let breaker = Breaker::new(clock.clone(), gauge.clone());
+        let breaker = Breaker::new(clock.clone(), gauge.clone(), "redis at test");
         for _ in 0..FAILURES_TO_OPEN {
             assert!(breaker.admit());
-            breaker.on_failure();
+            breaker.on_failure(&LimiterError::Timeout(50));
         }
         assert_eq!(breaker.state(), BreakerState::Open);
         assert_eq!(gauge.get(), 1);
@@ -578,7 +613,7 @@ mod tests {
         assert!(breaker.admit(), "one probe");
         assert_eq!((breaker.state(), gauge.get()), (BreakerState::HalfOpen, 2));
         assert!(!breaker.admit(), "only one probe at a time");
-        breaker.on_failure();
+        breaker.on_failure(&LimiterError::Timeout(50));
         assert_eq!(
             (breaker.state(), breaker.interval_ms.load(Ordering::Relaxed)),
             (BreakerState::Open, 2 * FIRST_OPEN_MS)
@@ -588,6 +623,35 @@ mod tests {
         breaker.on_success();
         assert_eq!((breaker.state(), gauge.get()), (BreakerState::Closed, 0));
         assert!(breaker.admit());
+    }
+
+    #[test]
+    fn calls_refused_while_a_probe_is_in_flight_leave_it_alone_and_its_failure_doubles_the_pause() {
+        let clock = Arc::new(ManualClock::new(0));
+        let breaker = Breaker::new(
+            clock.clone(),
+            GuardMeters::unregistered().breaker_state,
+            "redis at test",
+        );
+        let timeout = LimiterError::Timeout(50);
+        for _ in 0..FAILURES_TO_OPEN {
+            breaker.on_failure(&timeout);
+        }
+        let mut interval = FIRST_OPEN_MS;
+        for _ in 0..3 {
+            clock.advance_by(Duration::from_millis(interval));
+            let probe = breaker.enter().expect("the pause is over: one probe");
+            // Requests keep coming while the probe waits for its deadline: each is refused.
+            for _ in 0..10 {
+                assert!(breaker.enter().is_none());
+            }
+            assert_eq!(breaker.state(), BreakerState::HalfOpen, "still probing");
+            probe.record::<()>(&Err(timeout.clone()));
+            interval = (interval * 2).min(MAX_OPEN_MS);
+            assert_eq!(breaker.interval_ms.load(Ordering::Relaxed), interval);
+            assert_eq!(breaker.state(), BreakerState::Open);
+        }
+        assert_eq!(interval, MAX_OPEN_MS);
     }
 
     /// A backend whose releases never answer.
@@ -605,9 +669,10 @@ mod tests {
         let breaker = Arc::new(Breaker::new(
             clock.clone(),
             GuardMeters::unregistered().breaker_state,
+            "redis at test",
         ));
         for _ in 0..FAILURES_TO_OPEN {
-            breaker.on_failure();
+            breaker.on_failure(&LimiterError::Timeout(50));
         }
         let ends = BehindBreaker::new(Arc::new(Hangs), Arc::clone(&breaker));
         let limits = [limit("c", concurrency(1))];
@@ -656,6 +721,7 @@ mod tests {
         let breaker = Arc::new(Breaker::new(
             clock,
             GuardMeters::unregistered().breaker_state,
+            "redis at test",
         ));
         let backend = Arc::new(TimesOut::default());
         let ends = BehindBreaker::new(Arc::clone(&backend), Arc::clone(&breaker));
@@ -682,14 +748,18 @@ mod tests {
     #[test]
     fn the_interval_doubles_up_to_its_cap() {
         let clock = Arc::new(ManualClock::new(0));
-        let breaker = Breaker::new(clock.clone(), GuardMeters::unregistered().breaker_state);
+        let breaker = Breaker::new(
+            clock.clone(),
+            GuardMeters::unregistered().breaker_state,
+            "redis at test",
+        );
         for _ in 0..FAILURES_TO_OPEN {
-            breaker.on_failure();
+            breaker.on_failure(&LimiterError::Timeout(50));
         }
         for _ in 0..5 {
             clock.advance_by(Duration::from_millis(MAX_OPEN_MS));
             assert!(breaker.admit());
-            breaker.on_failure();
+            breaker.on_failure(&LimiterError::Timeout(50));
         }
         assert_eq!(breaker.interval_ms.load(Ordering::Relaxed), MAX_OPEN_MS);
     }

@@ -299,6 +299,10 @@ impl Backend for LocalLimiter {
     fn name(&self) -> &'static str {
         "local"
     }
+
+    fn target(&self) -> &str {
+        "this process"
+    }
 }
 
 #[cfg(test)]

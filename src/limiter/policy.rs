@@ -445,8 +445,9 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         let second = (self.clock.now_us() / 1_000_000).max(0) as u64;
         if self.last_error_log.swap(second, Ordering::Relaxed) != second {
             log::warn!(
-                "rate limiter unavailable ({}): {error}; failure_mode={} applies",
+                "rate limiter unavailable ({}): {}: {error}; failure_mode={} applies",
                 error.kind(),
+                self.engine.target(),
                 failure_mode.label()
             );
         }

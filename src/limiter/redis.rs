@@ -31,6 +31,8 @@ const NOSCRIPT_ATTEMPTS: u32 = 3;
 
 pub struct RedisLimiter {
     link: Arc<Link>,
+    /// Where the server is (`redis at 127.0.0.1:6379`), for messages.
+    target: String,
     decisions: Coalescer<Dispatch>,
     release: redis::Script,
     settle: redis::Script,
@@ -220,6 +222,7 @@ impl RedisLimiter {
         let by_slot = matches!(topology, Topology::Cluster { .. });
         Ok(RedisLimiter {
             link,
+            target: topology.describe(),
             decisions: Coalescer::new(dispatch, by_slot, coalescing),
             release: redis::Script::new(script::RELEASE_SOURCE),
             settle: redis::Script::new(script::SETTLE_SOURCE),
@@ -282,13 +285,22 @@ impl RedisLimiter {
     }
 }
 
-/// Maps a redis-rs error to our error, with a stable `kind` for the metric label.
+/// Maps a redis-rs error to our error, with a stable `kind` for the metric label and a message
+/// in words (redis-rs's own text names its Rust error kinds).
 pub fn classify(error: redis::RedisError) -> LimiterError {
     if error.is_timeout() {
         return LimiterError::Timeout(0);
     }
     if error.is_io_error() || error.is_connection_dropped() || error.is_connection_refusal() {
         return LimiterError::Connection(error.to_string());
+    }
+    if error.kind() == redis::ErrorKind::AuthenticationFailed {
+        return LimiterError::Server {
+            kind: ErrorKind::Auth,
+            message: "the server refused the configured credentials (redis.password, \
+                      redis.username or the URL's)"
+                .to_string(),
+        };
     }
     let kind = match error.code() {
         Some("NOSCRIPT") => ErrorKind::Noscript,
@@ -300,12 +312,20 @@ pub fn classify(error: redis::RedisError) -> LimiterError {
         Some("MOVED") | Some("ASK") | Some("TRYAGAIN") | Some("CLUSTERDOWN") => ErrorKind::Cluster,
         Some("NOPERM") | Some("NOAUTH") | Some("WRONGPASS") => ErrorKind::Auth,
         Some(_) => ErrorKind::Server,
-        None => return LimiterError::Reply(error.to_string()),
+        None => return LimiterError::Reply(in_words(&error)),
     };
     LimiterError::Server {
         kind,
         message: error.to_string(),
     }
+}
+
+/// redis-rs's text of `error` without the name of its Rust error kind (`Response was of
+/// incompatible type - TypeError: ...` reads `Response was of incompatible type: ...`).
+fn in_words(error: &redis::RedisError) -> String {
+    let text = error.to_string();
+    let kind = format!(" - {:?}", error.kind());
+    text.replacen(&kind, "", 1)
 }
 
 impl Limiter for RedisLimiter {
@@ -347,9 +367,10 @@ impl Backend for RedisLimiter {
         };
         match tokio::time::timeout(self.deadline, ping).await {
             Ok(Ok(_)) => Readiness::Ready,
-            Ok(Err(e)) => Readiness::Unavailable(e.to_string()),
+            Ok(Err(e)) => Readiness::Unavailable(format!("{}: {e}", self.target)),
             Err(_) => Readiness::Unavailable(format!(
-                "PING exceeded the {} ms deadline",
+                "{}: PING exceeded the {} ms deadline",
+                self.target,
                 self.deadline_ms()
             )),
         }
@@ -357,5 +378,9 @@ impl Backend for RedisLimiter {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn target(&self) -> &str {
+        &self.target
     }
 }

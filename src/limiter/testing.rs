@@ -83,4 +83,8 @@ impl super::backend::Backend for Unavailable {
     fn name(&self) -> &'static str {
         "redis"
     }
+
+    fn target(&self) -> &str {
+        "redis at test"
+    }
 }

@@ -306,7 +306,8 @@ fn add_proxies(
 }
 
 /// One proxy service on `listeners`, behind the front door's deadlines; it connects to Redis
-/// as it starts, from its own runtime, rather than at the first request.
+/// as it starts, from its own runtime, rather than at the first request, and keeps the
+/// connections usable while idle (`Policy::keep_connections`).
 fn proxy_service(
     server: &Server,
     plan: &Plan,
@@ -340,10 +341,8 @@ fn proxy_service(
         }
         addresses.push(address);
     }
-    let warm = Arc::clone(&shared.policy);
+    let policy = Arc::clone(&shared.policy);
     BoundFirst::new(service, addresses).on_start(move || {
-        tokio::spawn(async move {
-            warm.readiness().await;
-        });
+        tokio::spawn(async move { policy.keep_connections().await });
     })
 }

@@ -265,6 +265,10 @@ impl BackgroundService for RlsService {
             Err(e) => crate::listening::cannot_listen(&self.listen.to_string(), &e),
         };
         ready.notify_ready();
+        // The service may be the only one deciding (no proxy listener): it keeps the limiter's
+        // connections too (one keeper per backend, whoever starts first).
+        let policy = Arc::clone(&self.policy);
+        tokio::spawn(async move { policy.keep_connections().await });
         let handler = RlsHandler {
             live: Arc::clone(&self.live),
             policy: Arc::clone(&self.policy),

@@ -338,6 +338,17 @@ fn with_redis_down_each_failure_mode_applies() {
         redis.stop();
         let answer = rls.check("edge", &[&[("client", "z")]]);
         assert_eq!(answer.overall_code, expected, "failure_mode: {mode}");
+        if mode != "local" {
+            // Nothing was decided: no limit, remaining or reset is claimed.
+            assert!(
+                answer.response_headers_to_add.is_empty(),
+                "{mode}: no RateLimit fields: {:?}",
+                answer.response_headers_to_add
+            );
+            let status = &answer.statuses[0];
+            assert!(status.current_limit.is_none(), "{mode}: {status:?}");
+            assert!(status.duration_until_reset.is_none(), "{mode}: {status:?}");
+        }
         if mode == "local" {
             // Decided in-process at this gateway's share: 3 per minute, so the fourth is over.
             for _ in 0..2 {

@@ -70,6 +70,10 @@ pub trait Backend: Send + Sync {
     /// Where the state is, for an operator reading a log line or `/readyz`: `redis at
     /// 127.0.0.1:6379`, `redis cluster seeded by ...`, `this process`. No password.
     fn target(&self) -> &str;
+
+    /// Keeps its connections usable while nothing uses them, for as long as the runtime it is
+    /// called on runs (a backend without connections returns at once).
+    fn keep(&self) -> impl Future<Output = ()> + Send;
 }
 
 impl<L: Limiter> Limiter for Arc<L> {

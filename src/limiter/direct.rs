@@ -103,6 +103,23 @@ impl DirectLink {
         }
     }
 
+    /// Between calls: drops the idle connection if the server closed it, and makes one in the
+    /// background when there is none, so the next decision finds a live one.
+    pub fn check_idle(self: &Arc<Self>) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle
+            .as_ref()
+            .is_some_and(DirectConnection::closed_by_server)
+        {
+            *idle = None;
+        }
+        let absent = idle.is_none();
+        drop(idle);
+        if absent {
+            self.connect_in_background();
+        }
+    }
+
     fn connect_in_background(self: &Arc<Self>) {
         if self.refused.load(Ordering::Relaxed) || self.connecting.swap(true, Ordering::AcqRel) {
             return;

@@ -133,4 +133,11 @@ impl Backend for Engine {
             Engine::Redis(redis) => redis.backend.target(),
         }
     }
+
+    async fn keep(&self) {
+        match self {
+            Engine::Local(local) => local.keep().await,
+            Engine::Redis(redis) => redis.backend.keep().await,
+        }
+    }
 }

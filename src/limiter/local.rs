@@ -303,6 +303,8 @@ impl Backend for LocalLimiter {
     fn target(&self) -> &str {
         "this process"
     }
+
+    async fn keep(&self) {}
 }
 
 #[cfg(test)]

@@ -206,6 +206,13 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         self.engine.readiness().await
     }
 
+    /// Connects the backend, then keeps its connections usable while idle, for as long as the
+    /// runtime it runs on (`Backend::keep`).
+    pub async fn keep_connections(&self) {
+        self.engine.readiness().await;
+        self.engine.keep().await;
+    }
+
     /// The verdict on a request asking `asks` (one per limit of `set`, in order).
     pub async fn decide(&self, set: &LimitSet, asks: &[Ask]) -> Verdict {
         if set.is_empty() {

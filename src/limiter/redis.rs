@@ -10,10 +10,17 @@
 //! runtime that is later dropped is dead). A standalone server over plain TCP also gets the
 //! decision lane's own connection (`direct.rs`), made in the background on first use. A call
 //! that misses its deadline is abandoned, never retried: it may already have counted.
+//!
+//! Connections that break while the gateway is idle (a Redis restart, `timeout`, a proxy or
+//! firewall dropping quiet connections) are found by [`RedisLimiter::keep_connections`], which
+//! checks them every second in the background, not by the next request.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// How often idle connections are checked (`keep_connections`).
+const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
@@ -31,6 +38,10 @@ const NOSCRIPT_ATTEMPTS: u32 = 3;
 
 pub struct RedisLimiter {
     link: Arc<Link>,
+    /// The decision lane's own connection (a standalone server over plain TCP).
+    direct: Option<Arc<DirectLink>>,
+    /// Some task keeps the connections already (`keep_connections`).
+    keeping: AtomicBool,
     /// Where the server is (`redis at 127.0.0.1:6379`), for messages.
     target: String,
     decisions: Coalescer<Dispatch>,
@@ -214,14 +225,17 @@ impl RedisLimiter {
         coalescing: Coalescing,
     ) -> Result<RedisLimiter, redis::RedisError> {
         let link = Arc::new(Link::new(topology, auth, deadline)?);
+        let direct = link.standalone_server().and_then(DirectLink::to);
         let dispatch = Dispatch {
-            direct: link.standalone_server().and_then(DirectLink::to),
+            direct: direct.clone(),
             link: Arc::clone(&link),
             functions: AtomicBool::new(true),
         };
         let by_slot = matches!(topology, Topology::Cluster { .. });
         Ok(RedisLimiter {
             link,
+            direct,
+            keeping: AtomicBool::new(false),
             target: topology.describe(),
             decisions: Coalescer::new(dispatch, by_slot, coalescing),
             release: redis::Script::new(script::RELEASE_SOURCE),
@@ -232,6 +246,35 @@ impl RedisLimiter {
 
     fn deadline_ms(&self) -> u64 {
         self.deadline.as_millis() as u64
+    }
+
+    /// Connects, then checks the connections every second for as long as its runtime runs: a
+    /// `PING` over the shared connection (a broken one fails it, and redis-rs, or the link for
+    /// a Sentinel master, connects again in the background), and the decision lane's idle
+    /// connection (dropped if the server closed it, made again when absent). So a connection
+    /// that broke while no request used it is replaced before one needs it. One task per
+    /// backend: later calls return at once.
+    pub async fn keep_connections(&self) {
+        if self.keeping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut every = tokio::time::interval(IDLE_CHECK);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            if let Some(direct) = &self.direct {
+                direct.check_idle();
+            }
+            let _ = self.within_deadline(None, self.ping()).await;
+        }
+    }
+
+    async fn ping(&self) -> Result<String, LimiterError> {
+        let mut connection = self.link.connection().await?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut connection)
+            .await
+            .map_err(classify)
     }
 
     async fn release_leases(&self, request: &LimitRequest<'_>) -> Result<(), LimiterError> {
@@ -358,14 +401,7 @@ impl SettleUnits for RedisLimiter {
 
 impl Backend for RedisLimiter {
     async fn readiness(&self) -> Readiness {
-        let ping = async {
-            let mut connection = self.link.connection().await?;
-            redis::cmd("PING")
-                .query_async::<String>(&mut connection)
-                .await
-                .map_err(classify)
-        };
-        match tokio::time::timeout(self.deadline, ping).await {
+        match tokio::time::timeout(self.deadline, self.ping()).await {
             Ok(Ok(_)) => Readiness::Ready,
             Ok(Err(e)) => Readiness::Unavailable(format!("{}: {e}", self.target)),
             Err(_) => Readiness::Unavailable(format!(
@@ -382,5 +418,9 @@ impl Backend for RedisLimiter {
 
     fn target(&self) -> &str {
         &self.target
+    }
+
+    async fn keep(&self) {
+        self.keep_connections().await;
     }
 }

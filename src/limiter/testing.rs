@@ -87,4 +87,6 @@ impl super::backend::Backend for Unavailable {
     fn target(&self) -> &str {
         "redis at test"
     }
+
+    async fn keep(&self) {}
 }

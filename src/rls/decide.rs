@@ -199,19 +199,25 @@ fn statuses<'a>(matches: Matches<'a>, verdict: &Verdict) -> Vec<Status<'a>> {
     let decided = verdict.decision.as_ref().map(|d| &d.statuses);
     for (j, m) in matches.matched.iter().enumerate() {
         let status: Option<&LimitStatus> = decided.and_then(|s| s.get(j));
-        let over = match status {
-            Some(status) => !status.allowed && !m.limit.limit.shadow,
-            None => verdict.outcome == Outcome::ErrorDenied,
+        let Some(status) = status else {
+            // Nothing decided this limit (the limiter could not; the failure mode answered):
+            // no limit, remaining or reset is claimed, so neither Envoy's rate limit headers
+            // nor the RateLimit fields invent one ("nothing left" when nothing was counted).
+            statuses[m.descriptor] = Status {
+                over: verdict.outcome == Outcome::ErrorDenied,
+                ..Status::default()
+            };
+            continue;
         };
         statuses[m.descriptor] = Status {
-            over,
+            over: !status.allowed && !m.limit.limit.shadow,
             limit: Some(Shown {
                 name: &m.limit.name,
                 requests_per_unit: m.limit.requests_per_unit,
                 unit: m.limit.unit,
             }),
-            remaining: status.map_or(0, |s| s.remaining),
-            reset_after_ms: status.map(|s| s.reset_after_ms),
+            remaining: status.remaining,
+            reset_after_ms: Some(status.reset_after_ms),
             enforced: !m.limit.limit.shadow,
         };
     }

@@ -3,7 +3,8 @@
 # a C toolchain and cmake (Pingora builds zlib-ng), redis-server (the tests start their own
 # servers on free loopback ports; redis-cli builds the test cluster), systemd-analyze (the unit file is
 # verified), curl and openssl (the edge tests drive real TLS and HTTP/2 clients), and promtool
-# (the observability tests lint /metrics with it). promtool is taken out of Debian's prometheus
+# (the observability tests lint /metrics with it), iproute2 and iptables (the fault suite cuts one
+# gateway off from Redis in a network namespace of its own). promtool is taken out of Debian's prometheus
 # package into target/tools rather than installed: installing the package would also start a
 # Prometheus server.
 # Extra arguments go to `cargo test`.
@@ -11,7 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 require_cargo
-install_missing cc:build-essential cmake:cmake redis-server:redis-server redis-cli:redis-tools systemd-analyze:systemd curl:curl openssl:openssl
+install_missing cc:build-essential cmake:cmake redis-server:redis-server redis-cli:redis-tools systemd-analyze:systemd curl:curl openssl:openssl \
+  ip:iproute2 iptables:iptables
 if ! command -v promtool >/dev/null 2>&1 && [ ! -x target/tools/promtool ]; then
   echo "fetching promtool from Debian's prometheus package into target/tools" >&2
   mkdir -p target/tools

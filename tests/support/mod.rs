@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 pub mod certs;
 pub mod config;
 pub mod daemons;
+pub mod faults;
 pub mod limits;
+pub mod netns;
+pub mod relay;
 pub mod tokens;
 pub mod topologies;
 
@@ -128,6 +131,8 @@ fn reap(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
 /// A throwaway `redis-server` with no persistence.
 pub struct RedisServer {
@@ -246,14 +251,26 @@ impl RedisServer {
 
     /// redis-server on `port`, in a working directory of its own.
     fn spawn(port: u16, password: Option<&str>, extra: &[&str]) -> (Child, tempfile::TempDir) {
-        let mut args = redis_args(port);
-        if let Some(password) = password {
-            args.extend(["--requirepass".to_string(), password.to_string()]);
-        }
-        args.extend(extra.iter().map(|arg| arg.to_string()));
         let dir = tempfile::tempdir().expect("a directory for redis-server");
-        args.extend(["--dir".to_string(), dir.path().display().to_string()]);
-        (spawn_redis(&args), dir)
+        (
+            spawn_redis(&server_args(port, password, extra, dir.path())),
+            dir,
+        )
+    }
+
+    /// Kills the server (SIGKILL: nothing is flushed) and starts it again on its port, with
+    /// its arguments and its directory: what it persisted there (`--appendonly yes`) it loads.
+    pub fn restart(&mut self, extra: &[&str]) {
+        self.stop();
+        let args = server_args(self.port, self.password.as_deref(), extra, self._dir.path());
+        self.child = spawn_redis(&args);
+        let url = self.url();
+        wait_until(
+            "redis-server",
+            &mut self.child,
+            Duration::from_secs(10),
+            || answers_ping(&url),
+        );
     }
 
     /// The URL with the password, if the server has one.
@@ -306,6 +323,17 @@ impl RedisServer {
     }
 }
 
+/// The arguments of a test server on `port` working in `dir`.
+fn server_args(port: u16, password: Option<&str>, extra: &[&str], dir: &Path) -> Vec<String> {
+    let mut args = redis_args(port);
+    if let Some(password) = password {
+        args.extend(["--requirepass".to_string(), password.to_string()]);
+    }
+    args.extend(extra.iter().map(|arg| arg.to_string()));
+    args.extend(["--dir".to_string(), dir.display().to_string()]);
+    args
+}
+
 /// The URL of a test server on `port`, with its password if it has one.
 fn server_url(port: u16, password: Option<&str>) -> String {
     match password {
@@ -336,11 +364,16 @@ pub struct Upstream {
 
 impl Upstream {
     pub fn start() -> Upstream {
+        Upstream::start_on(LOOPBACK)
+    }
+
+    /// A demo upstream listening on `ip` (a namespace's host end: reachable from both sides).
+    pub fn start_on(ip: IpAddr) -> Upstream {
         let (child, addr) = start_retrying(
             "demo-upstream",
             Duration::from_secs(10),
             || {
-                let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+                let addr = SocketAddr::new(ip, free_port());
                 let child = Command::new(env!("CARGO_BIN_EXE_demo-upstream"))
                     .arg(addr.to_string())
                     .stdout(Stdio::null())
@@ -407,11 +440,22 @@ impl GatewayConfig {
         redis: Option<&RedisServer>,
         grace_seconds: u64,
     ) -> GatewayConfig {
+        GatewayConfig::write_on(LOOPBACK, body, upstream, redis, grace_seconds)
+    }
+
+    /// As [`GatewayConfig::write`], with the proxy and admin listeners on `ip`.
+    pub fn write_on(
+        ip: IpAddr,
+        body: &str,
+        upstream: &Upstream,
+        redis: Option<&RedisServer>,
+        grace_seconds: u64,
+    ) -> GatewayConfig {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("sluice.yaml");
         let config = GatewayConfig {
-            proxy: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
-            admin: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+            proxy: SocketAddr::new(ip, free_port()),
+            admin: SocketAddr::new(ip, free_port()),
             upstream: upstream.addr,
             redis_url: redis.map(|r| r.url()).unwrap_or_default(),
             grace_seconds,
@@ -474,12 +518,17 @@ impl GatewayConfig {
             .filter(|l| !l.starts_with("admin: {"))
             .map(|l| format!("{l}\n"))
             .collect();
+        // The body's own grace settings replace the harness's.
+        let grace: String = ["grace_period_seconds", "graceful_shutdown_timeout_seconds"]
+            .iter()
+            .filter(|key| !server.contains(&format!("{key}:")))
+            .map(|key| format!("  {key}: {}\n", self.grace_seconds))
+            .collect();
         let text = format!(
-            "server:\n  threads: 2\n  pid_file: {pid}\n  upgrade_sock: {sock}\n  grace_period_seconds: {grace}\n  graceful_shutdown_timeout_seconds: {grace}\n{server}\
+            "server:\n  threads: 2\n  pid_file: {pid}\n  upgrade_sock: {sock}\n{grace}{server}\
              {listen}admin: {{ listen: \"{admin}\"{admin_extra} }}\n{body}",
             pid = self.dir.path().join("sluice.pid").display(),
             sock = self.dir.path().join("upgrade.sock").display(),
-            grace = self.grace_seconds,
             admin = self.admin,
         );
         std::fs::write(&self.path, text).expect("write config");
@@ -534,9 +583,47 @@ impl Gateway {
         }
     }
 
+    /// Starts sluice inside `namespace`, listening on its inside address: `body` names Redis
+    /// and the upstream by addresses the namespace reaches (the host's end of its pair).
+    pub fn launch_in(
+        namespace: &netns::Namespace,
+        body: &str,
+        upstream: &Upstream,
+        launch: &Launch,
+    ) -> Gateway {
+        let config =
+            GatewayConfig::write_on(IpAddr::V4(namespace.inside_ip), body, upstream, None, 0);
+        let mut command = namespace.command(env!("CARGO_BIN_EXE_sluice"));
+        let mut child = Gateway::configure(&mut command, &config, launch)
+            .spawn()
+            .expect("start sluice in its namespace");
+        let (admin, proxy) = (config.admin, config.proxy);
+        wait_until("sluice", &mut child, Duration::from_secs(20), || {
+            TcpStream::connect(admin).is_ok() && TcpStream::connect(proxy).is_ok()
+        });
+        Gateway {
+            child,
+            proxy,
+            admin,
+            config_path: config.path.clone(),
+            config,
+        }
+    }
+
     /// sluice with `config`, in the foreground.
     fn spawn(config: &GatewayConfig, launch: &Launch) -> Child {
         let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        Gateway::configure(&mut command, config, launch)
+            .spawn()
+            .expect("start sluice")
+    }
+
+    /// `command` (sluice, or a wrapper that execs it) told to run with `config`.
+    fn configure<'a>(
+        command: &'a mut Command,
+        config: &GatewayConfig,
+        launch: &Launch,
+    ) -> &'a mut Command {
         command
             .arg("-c")
             .arg(&config.path)
@@ -549,7 +636,7 @@ impl Gateway {
         } else {
             command.stderr(Stdio::inherit());
         }
-        command.spawn().expect("start sluice")
+        command
     }
 
     /// Waits (at most 30 s) until `/readyz` answers 200: the limiter's backend answers.
@@ -626,6 +713,30 @@ impl Gateway {
     /// The process has not exited (no panic, no abort).
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// How the process ended, if it did within `within` (polled: a bound on a hung test, not a
+    /// timing assertion).
+    pub fn exit_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends `signal` (`TERM`, `INT`, `HUP`...) to the process.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} sluice");
     }
 }
 

@@ -91,6 +91,11 @@ impl Node {
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }
+
+    /// The process id (to pause it: SIGSTOP, SIGCONT).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
 }
 
 impl Drop for Node {

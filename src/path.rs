@@ -6,8 +6,13 @@
 //!   are kept with uppercase hex; a malformed escape is a `400`;
 //! * duplicate slashes are collapsed and `.` / `..` segments resolved (never above the root;
 //!   `%2E%2E` is decoded first, so it cannot hide a `..`);
-//! * an encoded slash `%2F` or NUL `%00` is rejected with `400` (default), or with
-//!   `path.encoded_slash: keep` kept opaque: `%2F` stays `%2F`, never becomes a separator.
+//! * an encoded slash `%2F`, backslash `%5C` or NUL `%00` is rejected with `400` (default), or
+//!   with `path.encoded_slash: keep` kept opaque: `%2F` stays `%2F`, never becomes a separator;
+//! * forms that backends resolve as traversal where sluice sees none are refused with `400`, as
+//!   the hardening guides of nginx and Envoy advise: a backslash (a separator to IIS and other
+//!   Windows servers: `/api\..\admin`), and a dot segment with parameters (`/api/..;/admin`:
+//!   Tomcat and other servlet containers drop `;...` from each segment before they resolve dot
+//!   segments, so the upstream would serve `/admin` under the `/api` route's limits).
 //!
 //! The query string is not touched.
 
@@ -25,8 +30,14 @@ pub enum PathError {
     NotAbsolute,
     #[error("The request path has a malformed percent-escape.")]
     BadEscape,
-    #[error("The request path has an encoded slash or NUL, which this gateway refuses.")]
+    #[error(
+        "The request path has an encoded slash, backslash or NUL, which this gateway refuses."
+    )]
     EncodedSeparator,
+    #[error("The request path has a backslash, which some servers read as a separator.")]
+    Backslash,
+    #[error("The request path has a dot segment with parameters (..;), which servlet containers resolve as a dot segment.")]
+    DotSegmentParameters,
 }
 
 impl PathError {
@@ -36,7 +47,13 @@ impl PathError {
             PathError::NotAbsolute => "The request path must start with '/'.",
             PathError::BadEscape => "The request path has a malformed percent-escape.",
             PathError::EncodedSeparator => {
-                "The request path has an encoded slash or NUL, which this gateway refuses."
+                "The request path has an encoded slash, backslash or NUL, which this gateway refuses."
+            }
+            PathError::Backslash => {
+                "The request path has a backslash, which some servers read as a separator."
+            }
+            PathError::DotSegmentParameters => {
+                "The request path has a dot segment with parameters (..;), which servlet containers resolve as a dot segment."
             }
         }
     }
@@ -77,7 +94,7 @@ fn decode_unreserved(path: &str, policy: PathPolicy) -> Result<String, PathError
             (Some(hi), Some(lo)) => hi * 16 + lo,
             _ => return Err(PathError::BadEscape),
         };
-        if matches!(value, b'/' | 0) && !policy.keep_encoded_slash {
+        if matches!(value, b'/' | b'\\' | 0) && !policy.keep_encoded_slash {
             return Err(PathError::EncodedSeparator);
         }
         if is_unreserved(value) {
@@ -92,10 +109,23 @@ fn decode_unreserved(path: &str, policy: PathPolicy) -> Result<String, PathError
     Ok(out)
 }
 
+/// `.;x` or `..;x` (or with `;` escaped as `%3B`, which some containers decode first): a dot
+/// segment once a servlet container has dropped the segment's parameters.
+fn dot_segment_with_parameters(segment: &str) -> bool {
+    let rest = segment
+        .strip_prefix("..")
+        .or_else(|| segment.strip_prefix('.'))
+        .unwrap_or(segment);
+    rest.len() < segment.len() && (rest.starts_with(';') || rest.starts_with("%3B"))
+}
+
 /// The normalized form of `path` (borrowed when it already is).
 pub fn normalize(path: &str, policy: PathPolicy) -> Result<Cow<'_, str>, PathError> {
     if !path.starts_with('/') {
         return Err(PathError::NotAbsolute);
+    }
+    if path.contains('\\') {
+        return Err(PathError::Backslash);
     }
     if !path.contains('%') && !path.contains("//") && !path.contains("/.") {
         return Ok(Cow::Borrowed(path));
@@ -105,6 +135,9 @@ pub fn normalize(path: &str, policy: PathPolicy) -> Result<Cow<'_, str>, PathErr
     let mut trailing_slash = false;
     for segment in decoded.split('/').skip(1) {
         trailing_slash = true;
+        if dot_segment_with_parameters(segment) {
+            return Err(PathError::DotSegmentParameters);
+        }
         match segment {
             "" | "." => {}
             ".." => {
@@ -185,6 +218,33 @@ mod tests {
         };
         assert_eq!(normalize("/a%2fb/../c", keep).unwrap(), "/c");
         assert_eq!(normalize("/a%2f..%2fb", keep).unwrap(), "/a%2F..%2Fb");
+    }
+
+    #[test]
+    fn what_backends_read_as_traversal_is_refused() {
+        for (path, error) in [
+            ("/api/..;/admin", PathError::DotSegmentParameters),
+            ("/api/.;/admin", PathError::DotSegmentParameters),
+            (
+                "/api/..;jsessionid=x/admin",
+                PathError::DotSegmentParameters,
+            ),
+            ("/api/%2e%2e;/admin", PathError::DotSegmentParameters),
+            ("/api/..%3b/admin", PathError::DotSegmentParameters),
+            ("/api/%5c..%5cadmin", PathError::EncodedSeparator),
+            ("/api/%5C..%5Cadmin", PathError::EncodedSeparator),
+            ("/api\\..\\admin", PathError::Backslash),
+        ] {
+            assert_eq!(norm(path), Err(error), "{path}");
+        }
+        // Parameters on other segments, and dots inside names, are a resource's own.
+        assert_eq!(norm("/api/users;v=1").unwrap(), "/api/users;v=1");
+        assert_eq!(norm("/api/...;x/a").unwrap(), "/api/...;x/a");
+        assert_eq!(norm("/api/.well-known;x").unwrap(), "/api/.well-known;x");
+        let keep = PathPolicy {
+            keep_encoded_slash: true,
+        };
+        assert_eq!(normalize("/a%5c..%5cb", keep).unwrap(), "/a%5C..%5Cb");
     }
 
     #[test]

@@ -173,6 +173,41 @@ fn raw_bytes_of_a_path_reach_the_upstream_unaltered() {
     assert_eq!(status, 400);
 }
 
+/// Forms that servlet containers and Windows servers resolve as traversal, where the gateway
+/// sees none, under a prefix route: refused, and never sent upstream.
+#[test]
+fn traversal_as_backends_read_it_is_refused_before_the_upstream() {
+    let upstream = Upstream::start();
+    let gateway = plain_gateway(&upstream, Config::new().route(route("api").prefix("/api")));
+    for target in [
+        "/api/..;/admin",
+        "/api/.;/admin",
+        "/api/..;jsessionid=1/admin",
+        "/api/%2e%2e;/admin",
+        "/api/..%3B/admin",
+        "/api/%5c..%5cadmin",
+        "/api/%5C..%5Cadmin",
+        "/api\\..\\admin",
+    ] {
+        let request =
+            format!("GET {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        let (status, response) = raw(gateway.proxy, request.as_bytes());
+        assert_eq!(status, 400, "{target}: {}", text(&response));
+    }
+    assert_eq!(upstream.served(), 0, "none reached the upstream");
+    // A segment's own parameters pass as they are.
+    let (status, response) = raw(
+        gateway.proxy,
+        b"GET /api/users;v=1 HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 200, "{}", text(&response));
+    assert!(
+        text(&response).contains("target: /api/users;v=1\n"),
+        "{}",
+        text(&response)
+    );
+}
+
 #[test]
 fn forged_forwarding_headers_from_an_untrusted_peer_never_reach_the_upstream() {
     let upstream = Upstream::start();

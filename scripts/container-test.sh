@@ -5,8 +5,9 @@
 #   the process runs as user 65532 with no capabilities on a read-only root filesystem (only
 #   /run/sluice, a volume as an emptyDir would be, is writable), and the image has no shell;
 #   its logs reach the container's standard streams (the access log's lines);
-#   SIGTERM drains: a request sent during the grace period is still answered, and the process
-#   exits by itself (status 0) before podman's stop timeout.
+#   SIGTERM drains: during the grace period /readyz answers 503 and new requests are still
+#   served; a request in flight longer than the grace period is answered; the process exits by
+#   itself (status 0) before podman's stop timeout.
 # Where podman cannot start a container, it says why and checks the same on ROOTFS (the image's
 # root filesystem) without a container runtime: chroot as 65532 on a read-only bind mount in new
 # mount and PID namespaces. SLUICE_CONTAINER_RUNTIME=chroot forces that path.
@@ -173,9 +174,10 @@ access_logged() { logs | grep -q '"status":429'; }
 eventually "the access log line of the 429 on the container's output" access_logged
 say "$mode: uid 65532, no capabilities (CapEff $caps), root filesystem ${root_options%%,*}, no shell; access log on standard output"
 
-# SIGTERM: a request in flight is answered; new connections are refused at once (in Kubernetes
-# the preStop pause lets the endpoints go first); then it exits by itself.
-curl -s -o "$work/slow.out" -w '%{http_code}' --max-time 20 "$proxy/slow/2000" >"$work/slow.status" &
+# SIGTERM: for the grace period it keeps serving and accepting while /readyz answers 503 (the
+# load balancer takes it out); then it stops accepting and lets the request in flight — longer
+# than the grace period — finish, within the shutdown timeout; then it exits by itself.
+curl -s -o "$work/slow.out" -w '%{http_code}' --max-time 20 "$proxy/slow/5000" >"$work/slow.status" &
 in_flight=$!
 sleep 0.5
 started_stop=$SECONDS
@@ -184,8 +186,12 @@ if [ "$mode" = podman ]; then
 else
   kill -TERM "$p"
 fi
+not_ready() { [ "$(status_of "$admin/readyz")" = 503 ]; }
+eventually "/readyz answering 503 once SIGTERM is received" not_ready
+during=$(status_of "$proxy/slow/0")
+[ "$during" = 200 ] || fail "a request sent during the grace period got '$during', not 200"
 wait "$in_flight" || true
-[ "$(cat "$work/slow.status")" = 200 ] || fail "the request in flight at SIGTERM got '$(cat "$work/slow.status")', not 200"
+[ "$(cat "$work/slow.status")" = 200 ] || fail "the request in flight at SIGTERM (5 s, longer than the 3 s grace) got '$(cat "$work/slow.status")', not 200"
 if [ "$mode" = podman ]; then
   code=$(timeout 30 podman wait "$container") || fail "still running 30 s after SIGTERM"
 else
@@ -193,7 +199,7 @@ else
   code=0
 fi
 [ "$code" = 0 ] || fail "exited with status $code after SIGTERM"
-say "$mode: SIGTERM drained: the request in flight answered 200, exited 0 after $((SECONDS - started_stop)) s (grace_period_seconds 3 + at most graceful_shutdown_timeout_seconds 5)"
+say "$mode: SIGTERM drained: /readyz 503 and still serving during the grace period, the 5 s request in flight answered 200, exited 0 after $((SECONDS - started_stop)) s (grace_period_seconds 3, then at most graceful_shutdown_timeout_seconds 5)"
 if [ "$mode" = podman ]; then
   say "image $image: $(podman image inspect --format '{{.Size}}' "$image" | numfmt --to=iec), root filesystem $(du -sh "$rootfs" | cut -f1)"
 fi

@@ -12,6 +12,7 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use pingora_prometheus::PrometheusHttpApp;
 
+use crate::drain::Drain;
 use crate::limiter::{Policy, Readiness};
 use crate::snapshot::Live;
 
@@ -20,15 +21,25 @@ pub struct AdminApp {
     /// The configuration in force: its failure mode says whether an unavailable limiter makes
     /// the gateway unready.
     live: Live,
+    /// A graceful shutdown under way makes it unready.
+    drain: Arc<Drain>,
 }
 
 impl AdminApp {
-    pub fn new(policy: Arc<Policy>, live: Live) -> AdminApp {
-        AdminApp { policy, live }
+    pub fn new(policy: Arc<Policy>, live: Live, drain: Arc<Drain>) -> AdminApp {
+        AdminApp {
+            policy,
+            live,
+            drain,
+        }
     }
 
     /// `/readyz`: whether this gateway should get traffic now.
     async fn readiness(&self) -> Response<Vec<u8>> {
+        if self.drain.is_draining() {
+            // SIGTERM: it still serves until grace_period_seconds ends; send new traffic elsewhere.
+            return text(503, "not ready: shutting down (SIGTERM), draining\n".into());
+        }
         if self.live.load().awaits_jwt_keys() {
             // Every token would be refused (503): send the traffic to a gateway that has keys.
             return text(

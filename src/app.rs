@@ -2,12 +2,13 @@
 //! service, built from a validated [`Config`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
 use pingora::apps::http_app::HttpServer;
 use pingora::server::configuration::{Opt, ServerConf};
-use pingora::server::Server;
+use pingora::server::{RunArgs, Server};
 use pingora::services::background::GenBackgroundService;
 use pingora::services::listening::Service;
 use pingora::services::ServiceHandle;
@@ -16,6 +17,7 @@ use pingora::services::ServiceWithDependents;
 use crate::admin::AdminApp;
 use crate::config::listeners::Listener;
 use crate::config::{Config, ConfigError, ServerSettings};
+use crate::drain::{Drain, Relay, Signals, StoppedBy};
 use crate::limiter::clock::{Clock, SystemClock};
 use crate::limiter::local::{LocalLimiter, DEFAULT_MAX_KEYS};
 use crate::limiter::{Engine, Policy};
@@ -52,8 +54,12 @@ pub fn server_conf(settings: &ServerSettings, daemon: bool) -> ServerConf {
         // Not `daemon_wait_for_ready`: in Pingora 0.9.1 the daemon's SIGUSR1 can reach the
         // launching process before it installs its handler, killing it (seen in tests/upgrade.rs).
         work_stealing: settings.work_stealing(),
-        grace_period_seconds: Some(settings.grace_period_seconds()),
-        graceful_shutdown_timeout_seconds: Some(settings.graceful_shutdown_timeout_seconds()),
+        // SIGTERM is sluice's (`drain.rs`): these two only shape the end of a graceful upgrade,
+        // where Pingora stops the old instance's listeners, then sleeps its grace period (the
+        // time requests in flight get: the shutdown timeout, as on SIGTERM), then shuts its
+        // runtimes down, waiting its timeout only for threads that do not yield.
+        grace_period_seconds: Some(settings.graceful_shutdown_timeout_seconds()),
+        graceful_shutdown_timeout_seconds: Some(1),
         upstream_keepalive_pool_size: settings
             .upstream_keepalive_pool_size
             .unwrap_or(defaults.upstream_keepalive_pool_size),
@@ -130,6 +136,8 @@ struct Plan {
     restart_only: RestartOnly,
     tracing: Option<crate::config::observe::TracingSettings>,
     rls_listen: Option<std::net::SocketAddr>,
+    grace_period_seconds: u64,
+    shutdown_timeout_seconds: u64,
 }
 
 impl Plan {
@@ -144,8 +152,38 @@ impl Plan {
             restart_only: RestartOnly::of(config),
             tracing: config.tracing.clone(),
             rls_listen: config.rls.as_ref().map(|rls| rls.listen),
+            grace_period_seconds: config.server.grace_period_seconds(),
+            shutdown_timeout_seconds: config.server.graceful_shutdown_timeout_seconds(),
         }
     }
+}
+
+impl Plan {
+    /// The graceful shutdown the `server:` section asks for.
+    fn drain(&self) -> Arc<Drain> {
+        Drain::new(
+            Duration::from_secs(self.grace_period_seconds),
+            Duration::from_secs(self.shutdown_timeout_seconds),
+        )
+    }
+}
+
+/// The rate limit service, started after `configuration`: it stops accepting with the proxies,
+/// and the drain waits for the calls it serves.
+fn add_rls(
+    server: &mut Server,
+    service: RlsService,
+    drain: &Arc<Drain>,
+    configuration: &ServiceHandle,
+) -> ServiceHandle {
+    let serving = Arc::clone(drain);
+    let service = StoppedBy::new(service, drain.closing(), move || Some(serving.in_flight()));
+    add_background(
+        server,
+        "sluice rate limit service",
+        service,
+        &[configuration],
+    )
 }
 
 /// What every proxy service shares: the live configuration, the limiter, the TLS listeners'
@@ -155,6 +193,8 @@ struct Shared {
     policy: Arc<Policy>,
     tls: Arc<TlsListeners>,
     tracing: Option<TracerSlot>,
+    /// The graceful shutdown the services stop by.
+    drain: Arc<Drain>,
 }
 
 /// Starts serving and never returns.
@@ -186,19 +226,30 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
         Arc::clone(&live),
         Arc::clone(&tls),
     );
+    let drain = plan.drain();
+    let relay = Relay(Arc::clone(&drain));
+    add_background(&mut server, "sluice shutdown relay", relay, &[]);
+    let reloads = StoppedBy::new(reloads, drain.finishing(), || None);
     let configuration = add_background(&mut server, "sluice configuration", reloads, &[]);
     let rls = plan.rls_listen.map(|listen| {
-        let upgrade = options.upgrade;
-        let service = RlsService::new(listen, Arc::clone(&live), Arc::clone(&policy), upgrade);
-        let name = "sluice rate limit service";
-        add_background(&mut server, name, service, &[&configuration])
+        let service = RlsService::new(
+            listen,
+            Arc::clone(&live),
+            Arc::clone(&policy),
+            options.upgrade,
+        );
+        add_rls(&mut server, service, &drain, &configuration)
     });
-    let tracing = plan.tracing.clone().map(|s| add_tracing(&mut server, s));
+    let tracing = plan
+        .tracing
+        .clone()
+        .map(|s| add_tracing(&mut server, s, &drain));
     let shared = Shared {
         live,
         policy: Arc::clone(&policy),
         tls,
         tracing: tracing.as_ref().map(|(slot, _)| Arc::clone(slot)),
+        drain: Arc::clone(&drain),
     };
     let mut before = vec![&bootstrap, &configuration];
     before.extend(tracing.as_ref().map(|(_, service)| service));
@@ -206,7 +257,7 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
     let mut serving = proxies;
     serving.extend(rls);
     if let Some(addr) = plan.admin_listen {
-        let admin = admin_service(addr, policy, Arc::clone(&shared.live));
+        let admin = admin_service(addr, policy, Arc::clone(&shared.live), Arc::clone(&drain));
         serving.push(add_bound(&mut server, admin, &[&bootstrap]));
     }
     // `sluice -d` returns once this reports: listeners bound and configuration live (or, when
@@ -218,7 +269,11 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
             .iter()
             .for_each(|service| report.add_dependency(service));
     }
-    server.run_forever()
+    let signals = Box::new(Signals(drain));
+    server.run(RunArgs {
+        shutdown_signal: signals,
+    });
+    std::process::exit(0)
 }
 
 /// The admin listener (`/metrics`, `/healthz`, `/readyz`) on `addr`.
@@ -226,13 +281,16 @@ fn admin_service(
     addr: std::net::SocketAddr,
     policy: Arc<Policy>,
     live: Live,
+    drain: Arc<Drain>,
 ) -> BoundFirst<Service<HttpServer<AdminApp>>> {
+    let finishing = drain.finishing();
     let mut admin = Service::new(
         "sluice admin".to_string(),
-        HttpServer::new_app(AdminApp::new(policy, live)),
+        HttpServer::new_app(AdminApp::new(policy, live, drain)),
     );
     admin.add_tcp(&addr.to_string());
-    BoundFirst::new(admin, vec![addr.to_string()])
+    // It answers `/readyz` (503) through the whole drain, so it stops last.
+    BoundFirst::new(admin, vec![addr.to_string()]).stopped_by(finishing)
 }
 
 /// Spans, when asked for: the pipeline starts with the services (after daemonizing); the slot
@@ -240,9 +298,15 @@ fn admin_service(
 fn add_tracing(
     server: &mut Server,
     settings: crate::config::observe::TracingSettings,
+    drain: &Arc<Drain>,
 ) -> (TracerSlot, ServiceHandle) {
     let slot = TracerSlot::default();
     let service = TracingService::new(settings, Arc::clone(&slot));
+    // It sends the spans of the last requests when everything else has stopped.
+    let flushing = Arc::clone(drain);
+    let service = StoppedBy::new(service, drain.finishing(), move || {
+        Some(flushing.finishing_last())
+    });
     let handle = add_background(server, "sluice tracing", service, &[]);
     (slot, handle)
 }
@@ -320,6 +384,7 @@ fn proxy_service(
         Arc::clone(&shared.live),
         Arc::clone(&shared.policy),
         shared.tracing.clone(),
+        Arc::clone(&shared.drain),
     );
     let mut app = pingora::proxy::http_proxy(&server.configuration, gateway);
     let mut options = HttpServerOptions::default();
@@ -330,7 +395,8 @@ fn proxy_service(
     app.server_options = Some(options);
     let (head, keepalive) = (plan.head_timeout, plan.keepalive_timeout);
     let front = FrontDoor::new(app, head, keepalive);
-    let greeting = Greeting::new(front, head, keepalive, cleartext_h2);
+    let drain = Arc::clone(&shared.drain);
+    let greeting = Greeting::new(front, head, keepalive, cleartext_h2, drain);
     let mut service = Service::new(name.to_string(), greeting);
     let mut addresses = Vec::new();
     for listener in listeners {
@@ -342,7 +408,9 @@ fn proxy_service(
         addresses.push(address);
     }
     let policy = Arc::clone(&shared.policy);
-    BoundFirst::new(service, addresses).on_start(move || {
-        tokio::spawn(async move { policy.keep_connections().await });
-    })
+    BoundFirst::new(service, addresses)
+        .on_start(move || {
+            tokio::spawn(async move { policy.keep_connections().await });
+        })
+        .stopped_by(shared.drain.closing())
 }

@@ -20,6 +20,7 @@ pub mod client_cert;
 pub mod config;
 pub mod consumers;
 pub mod daemon;
+pub mod drain;
 pub mod exchange;
 pub mod identity;
 pub mod jwt;

@@ -24,6 +24,8 @@ pub struct BoundFirst<S> {
     inner: S,
     addresses: Vec<String>,
     on_start: Option<StartHook>,
+    /// What stops it (the drain's signal, `drain.rs`), instead of Pingora's.
+    stop: Option<ShutdownWatch>,
 }
 
 impl<S> BoundFirst<S> {
@@ -33,7 +35,14 @@ impl<S> BoundFirst<S> {
             inner,
             addresses,
             on_start: None,
+            stop: None,
         }
+    }
+
+    /// Stops when `stop` says so, not when Pingora does.
+    pub fn stopped_by(mut self, stop: ShutdownWatch) -> BoundFirst<S> {
+        self.stop = Some(stop);
+        self
     }
 
     /// Runs `hook` in the service's runtime when it starts.
@@ -95,10 +104,11 @@ impl<S: ServiceWithDependents> ServiceWithDependents for BoundFirst<S> {
         ready.notify_ready();
         // The inner service would report ready before binding: nobody listens to it.
         let (unheard, _) = watch::channel(false);
+        let stop = self.stop.clone().unwrap_or(shutdown);
         self.inner
             .start_service(
                 fds,
-                shutdown,
+                stop,
                 listeners_per_fd,
                 ServiceReadyNotifier::new(unheard),
             )

@@ -23,6 +23,7 @@ const GLUE: &[&str] = &[
     "usage",
     "proxy",
     "daemon",
+    "drain",
     "listening",
     "logging",
     "tls",

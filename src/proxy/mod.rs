@@ -26,6 +26,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType};
 
 use crate::answer::{Answer, UpstreamError};
+use crate::drain::Drain;
 use crate::exchange::{Admission, Dial, Exchange, Head};
 use crate::identity;
 use crate::limiter::{Policy, RequestIds};
@@ -80,15 +81,23 @@ pub struct Gateway {
     ids: RequestIds,
     /// Makes the requests' spans (`tracing:`), once the pipeline runs.
     tracing: Option<TracerSlot>,
+    /// A graceful shutdown under way: connections are not kept alive.
+    drain: Arc<Drain>,
 }
 
 impl Gateway {
-    pub fn new(live: Live, policy: Arc<Policy>, tracing: Option<TracerSlot>) -> Gateway {
+    pub fn new(
+        live: Live,
+        policy: Arc<Policy>,
+        tracing: Option<TracerSlot>,
+        drain: Arc<Drain>,
+    ) -> Gateway {
         Gateway {
             live,
             policy,
             ids: RequestIds::new(),
             tracing,
+            drain,
         }
     }
 
@@ -290,12 +299,17 @@ impl ProxyHttp for Gateway {
     /// no longer applies.
     async fn early_request_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
         ctx.started = Some(Instant::now());
         if let Some(clock) = &ctx.connection {
             clock.head_received();
+        }
+        if self.drain.is_draining() {
+            // Shutting down: the client's next request goes over a new connection, which the
+            // load balancer sends elsewhere (`Connection: close` on HTTP/1).
+            session.set_keepalive(None);
         }
         Ok(())
     }

@@ -6,6 +6,7 @@
 //! reads fail once the deadline passes before the preface has arrived; after it, the wrapper only
 //! bounds an idle `h2c` listener's wait for a kept-alive HTTP/1 request (`keepalive_timeout`).
 //! HTTP/1 heads are bounded by `front.rs`; HTTP/2 streams by `h2_idle_timeout` once connected.
+//! It also counts the connections it serves, for a graceful shutdown to wait for (`drain.rs`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -22,6 +23,8 @@ use pingora::protocols::{
     TimingDigest, UniqueID, UniqueIDType, ALPN,
 };
 use pingora::server::ShutdownWatch;
+
+use crate::drain::Drain;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
@@ -38,15 +41,24 @@ pub struct Greeting<A> {
     keepalive_timeout: Duration,
     /// The listener speaks HTTP/2 in the clear (`h2c`): every connection may be one.
     h2c: bool,
+    /// Counts the connections being served, which a graceful shutdown waits for.
+    drain: Arc<Drain>,
 }
 
 impl<A> Greeting<A> {
-    pub fn new(app: A, head_timeout: Duration, keepalive_timeout: Duration, h2c: bool) -> Self {
+    pub fn new(
+        app: A,
+        head_timeout: Duration,
+        keepalive_timeout: Duration,
+        h2c: bool,
+        drain: Arc<Drain>,
+    ) -> Self {
         Greeting {
             app: Arc::new(app),
             head_timeout,
             keepalive_timeout,
             h2c,
+            drain,
         }
     }
 }
@@ -71,6 +83,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Greeting<A> {
         } else {
             stream
         };
+        let _serving = self.drain.in_flight();
         self.app.process_new(stream, shutdown).await
     }
 

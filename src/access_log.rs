@@ -78,6 +78,9 @@ pub struct Line<'a> {
     pub limiter_ms: f64,
     /// What went wrong, when the request failed (`sluice_upstream_errors_total`'s kinds).
     pub error: Option<&'static str>,
+    /// What the client did wrong, when it failed the request (`sluice_client_errors_total`'s
+    /// kinds: `body_timeout`, `closed`).
+    pub client_error: Option<&'static str>,
     /// The client certificate the TLS listener verified (mTLS).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_cert: Option<LoggedCertificate<'a>>,

@@ -21,6 +21,8 @@ pub enum Answer {
     HeadersTooLarge,
     /// The request body is larger than the route accepts (`max_body_bytes`).
     BodyTooLarge,
+    /// The client stopped sending its request body for longer than the read timeout.
+    RequestTimeout,
     /// The client's address is in a `deny` range.
     Forbidden,
     /// The caller's credential is missing or does not verify (`401`), the verified caller may
@@ -119,6 +121,38 @@ pub enum UpstreamError {
     Unreachable = 4,
 }
 
+/// The status the access log and the request duration show for a request whose client left
+/// before any response was sent (nginx's "client closed request"); never sent on the wire.
+pub const CLIENT_CLOSED: u16 = 499;
+
+/// Why the client's side of a request failed: `sluice_client_errors_total`'s `kind` and the
+/// access log's `client_error`. The client's counterpart of [`UpstreamError`]: neither is the
+/// gateway's fault, nor the upstream's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, IntoStaticStr, VariantArray, EnumCount)]
+#[strum(serialize_all = "snake_case")]
+pub enum ClientError {
+    /// It stopped sending its request body for longer than the read timeout: `408`.
+    BodyTimeout = 0,
+    /// It closed its connection (or reset its stream) before the response was complete.
+    Closed = 1,
+}
+
+impl ClientError {
+    pub const ALL: &'static [ClientError] = ClientError::VARIANTS;
+
+    pub fn label(self) -> &'static str {
+        self.into()
+    }
+
+    /// What the client is answered, if it still can be.
+    pub fn answer(self) -> Option<Answer> {
+        match self {
+            ClientError::BodyTimeout => Some(Answer::RequestTimeout),
+            ClientError::Closed => None,
+        }
+    }
+}
+
 impl UpstreamError {
     pub const ALL: &'static [UpstreamError] = UpstreamError::VARIANTS;
 
@@ -173,6 +207,7 @@ impl Answer {
             Answer::UriTooLong => 414,
             Answer::HeadersTooLarge => 431,
             Answer::BodyTooLarge => 413,
+            Answer::RequestTimeout => 408,
             Answer::Forbidden => 403,
             Answer::AuthFailed(failure) if failure.forbids() => 403,
             Answer::AuthFailed(failure) if failure.unavailable() => 503,
@@ -193,6 +228,7 @@ impl Answer {
             Answer::UriTooLong => "URI Too Long",
             Answer::HeadersTooLarge => "Request Header Fields Too Large",
             Answer::BodyTooLarge => "Content Too Large",
+            Answer::RequestTimeout => "Request Timeout",
             Answer::Forbidden => "Forbidden",
             Answer::AuthFailed(failure) if failure.forbids() => "Forbidden",
             Answer::AuthFailed(failure) if failure.unavailable() => "Service Unavailable",
@@ -211,8 +247,9 @@ impl Answer {
             Answer::NoRoute => "No route matches this request.",
             Answer::BadRequest(detail) => detail,
             Answer::UriTooLong => "The request target is too long.",
-            Answer::HeadersTooLarge => "The request headers are too large.",
+            Answer::HeadersTooLarge => "The request has too many header fields, or too large ones.",
             Answer::BodyTooLarge => "The request body is larger than this route accepts.",
+            Answer::RequestTimeout => "The request body did not arrive in time.",
             Answer::Forbidden => "This client's address may not use this route.",
             Answer::AuthFailed(failure) => failure.detail(),
             Answer::Limited { .. } => "A rate limit of this route is exceeded.",
@@ -242,6 +279,7 @@ impl Answer {
             | Answer::UriTooLong
             | Answer::HeadersTooLarge
             | Answer::BodyTooLarge
+            | Answer::RequestTimeout
             | Answer::Unreadable
             | Answer::Internal => GrpcStatus::Internal,
         }
@@ -265,6 +303,7 @@ impl Answer {
             | Answer::LimiterUnavailable
             | Answer::UpstreamUnreachable
             | Answer::UpstreamTimedOut
+            | Answer::RequestTimeout
             | Answer::Internal => None,
         }
     }
@@ -277,6 +316,7 @@ impl Answer {
             Answer::UriTooLong => "uri_too_long",
             Answer::HeadersTooLarge => "headers_too_large",
             Answer::BodyTooLarge => "body_too_large",
+            Answer::RequestTimeout => "request_timeout",
             Answer::Forbidden => "forbidden",
             Answer::AuthFailed(failure) if failure.forbids() => "forbidden",
             Answer::AuthFailed(_) => "unauthenticated",
@@ -327,6 +367,7 @@ mod tests {
             (Answer::LimiterUnavailable, 503, 14, None),
             (Answer::UpstreamUnreachable, 502, 14, None),
             (Answer::UpstreamTimedOut, 504, 14, None),
+            (Answer::RequestTimeout, 408, 13, None),
             (Answer::Internal, 500, 13, None),
         ];
         for (answer, status, grpc, unasked) in all {

@@ -6,6 +6,9 @@
 //!   (`info`);
 //! * an HTTP/2 client closed for not sending its preface in time (`proxy/preface.rs`, what nginx
 //!   logs at `info` as a client timeout) surfaces as an "H2 handshake error" (`info`);
+//! * a client that closes its connection in the middle of its request head reaches no hook of
+//!   the proxy (which counts every other departure as the client's: `sluice_client_errors_total`)
+//!   and Pingora logs it as "Fail to proxy: Downstream ConnectionClosed" (`info`);
 //! * Pingora's connection pool logs "failed to acquire reusable stream" when an idle upstream
 //!   connection it was about to reuse is still held by its idle watcher: it opens another one
 //!   (`debug`);
@@ -44,6 +47,9 @@ const SOCKET_TRANSFER: &str = "pingora_core::server::transfer_fd";
 /// Pingora's module that serves HTTP connections (and logs their HTTP/2 handshakes).
 const HTTP_APPS: &str = "pingora_core::apps";
 
+/// Pingora's proxy, which logs a client that left mid-head before any hook runs.
+const PROXY: &str = "pingora_proxy";
+
 /// Pingora's connectors (upstream connections and their pool).
 const CONNECTORS: &str = "pingora_core::connectors";
 
@@ -68,6 +74,12 @@ fn routine(record: &Record<'_>) -> Option<Level> {
     }
     if target == CONNECTORS && text.starts_with("failed to acquire reusable stream") {
         return Some(Level::Debug);
+    }
+    let client_left = ["ConnectionClosed", "ReadError"]
+        .iter()
+        .any(|kind| text.starts_with(&format!("Fail to proxy: Downstream {kind}")));
+    if target == PROXY && client_left {
+        return Some(Level::Info);
     }
     None
 }
@@ -164,6 +176,18 @@ mod tests {
             .args(format_args!("failed to acquire reusable stream"))
             .build();
         assert_eq!(routine(&pool_race), Some(Level::Debug));
+        let left = Record::builder()
+            .level(Level::Error)
+            .target("pingora_proxy")
+            .args(format_args!("Fail to proxy: Downstream ConnectionClosed context: while reading request headers, bytes already read: 20, downstream session type: HTTP/1.1"))
+            .build();
+        assert_eq!(routine(&left), Some(Level::Info));
+        let upstream = Record::builder()
+            .level(Level::Error)
+            .target("pingora_proxy")
+            .args(format_args!("Fail to proxy: Upstream ConnectRefused"))
+            .build();
+        assert_eq!(routine(&upstream), None);
     }
 
     #[test]

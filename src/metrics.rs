@@ -13,7 +13,7 @@ use pingora_prometheus::prometheus::{
     IntGauge, IntGaugeVec,
 };
 
-use crate::answer::{Decided, UpstreamError};
+use crate::answer::{ClientError, Decided, UpstreamError};
 use crate::consumers::{AuthFailure, AuthMode, PlanId, Plans, NO_PLAN};
 use crate::limiter::guard::GuardMeters;
 use crate::limiter::leased::LeaseMeters;
@@ -218,6 +218,15 @@ pub static UPSTREAM_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("sluice_upstream_errors_total registers once")
 });
 
+pub static CLIENT_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_client_errors_total",
+        "Requests their client failed, by route and kind: body_timeout (it stopped sending its request body for longer than the read timeout: 408), closed (it closed its connection or reset its stream before the response was complete: 499 in the access log when nothing had been sent).",
+        &["route", "kind"]
+    )
+    .expect("sluice_client_errors_total registers once")
+});
+
 pub static ACCESS_LOG_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
     register_int_counter!(
         "sluice_access_log_dropped_total",
@@ -327,6 +336,7 @@ pub struct RouteMetrics {
     upstream_duration: Histogram,
     in_flight: IntGauge,
     upstream_errors: [IntCounter; UpstreamError::COUNT],
+    client_errors: [IntCounter; ClientError::COUNT],
     /// Per limit of the route, in its order: a counter per [`Outcome`].
     limits: Vec<[IntCounter; Outcome::ALL.len()]>,
     /// Per limit of the route, in its order: for those priced by the response, a counter per
@@ -361,6 +371,10 @@ impl RouteMetrics {
             upstream_errors: std::array::from_fn(|i| {
                 let kind = UpstreamError::ALL[i].label();
                 UPSTREAM_ERRORS.with_label_values(&[route, kind])
+            }),
+            client_errors: std::array::from_fn(|i| {
+                let kind = ClientError::ALL[i].label();
+                CLIENT_ERRORS.with_label_values(&[route, kind])
             }),
             limits: limits
                 .iter()
@@ -459,6 +473,10 @@ impl RouteMetrics {
 
     pub fn count_upstream_error(&self, kind: UpstreamError) {
         self.upstream_errors[kind as usize].inc();
+    }
+
+    pub fn count_client_error(&self, kind: ClientError) {
+        self.client_errors[kind as usize].inc();
     }
 
     /// What each limit of the `tier` a request met said about it (nothing when no limiter was
@@ -566,6 +584,9 @@ impl Metrics {
             for kind in UpstreamError::ALL {
                 let _ = UPSTREAM_ERRORS.remove_label_values(&[name, kind.label()]);
             }
+            for kind in ClientError::ALL {
+                let _ = CLIENT_ERRORS.remove_label_values(&[name, kind.label()]);
+            }
             for failure in AuthFailure::ALL {
                 let _ = AUTH_FAILURES.remove_label_values(&[name, failure.label()]);
             }
@@ -660,6 +681,7 @@ pub fn init() {
     LazyLock::force(&REQUESTS_IN_FLIGHT);
     LazyLock::force(&UPSTREAM_HEALTHY);
     LazyLock::force(&UPSTREAM_ERRORS);
+    LazyLock::force(&CLIENT_ERRORS);
     LazyLock::force(&ACCESS_LOG_DROPPED);
     LazyLock::force(&RLS_REQUESTS);
     LazyLock::force(&DENY_CACHE_HITS);

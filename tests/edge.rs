@@ -1079,3 +1079,46 @@ fn http2_clients_that_never_send_their_preface_are_closed_while_others_are_serve
         );
     }
 }
+
+/// HTTP/2 heads are counted too: a real HTTP/2 client (curl, prior knowledge on an `h2c`
+/// listener) with more header fields than the gateway accepts gets `431`; with fewer, `200`.
+/// An HTTP/1 request with too many on the same listener gets `431` as well.
+#[test]
+fn too_many_header_fields_are_431_over_http2_and_on_an_h2c_listener() {
+    use std::io::{Read, Write};
+    let upstream = Upstream::start();
+    let h2c_port = free_port();
+    let config = Config::new()
+        .listen(&[
+            "PROXY",
+            &format!("{{ addr: 127.0.0.1:{h2c_port}, h2c: true }}"),
+        ])
+        .route(route("all"));
+    let _gateway = Gateway::start(&config.yaml(), &upstream, None);
+    let url = format!("http://127.0.0.1:{h2c_port}/fields");
+    let headers = |n: usize| -> Vec<String> {
+        (0..n)
+            .flat_map(|i| ["-H".to_string(), format!("x-h{i}: v")])
+            .collect()
+    };
+    for (fields, expected) in [(300, "2 431"), (100, "2 200")] {
+        let mut args: Vec<String> = vec!["--http2-prior-knowledge".into(), url.clone()];
+        args.extend(headers(fields));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_eq!(curl_statuses(&args), [expected], "{fields} fields");
+    }
+    let mut request =
+        String::from("GET /fields HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for i in 0..1000 {
+        request.push_str(&format!("x-h{i}: v\r\n"));
+    }
+    request.push_str("\r\n");
+    let mut stream = TcpStream::connect((LOOPBACK, h2c_port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+}

@@ -183,21 +183,6 @@ fn promtool_check(metrics: &str) {
     );
 }
 
-/// The JSON lines of `path`, waiting until at least `n` are there.
-fn lines(path: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if text.lines().count() >= n || Instant::now() > deadline {
-            return text
-                .lines()
-                .map(|line| serde_json::from_str(line).expect("each line is one JSON object"))
-                .collect();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn the_access_log_is_one_json_object_per_request_with_every_field() {
     let mut redis = RedisServer::start();
@@ -247,7 +232,7 @@ fn the_access_log_is_one_json_object_per_request_with_every_field() {
         failure_mode.status,
     ];
     assert_eq!(statuses, [200, 200, 429, 502, 200]);
-    let lines = lines(&log, 5);
+    let lines = support::json_lines(&log, 5);
     assert_eq!(lines.len(), 5, "{lines:?}");
     let expected = [
         (&allowed, "/api/a", "api", 200, "allowed", None, None),

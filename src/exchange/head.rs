@@ -21,6 +21,9 @@ pub struct Head<'a> {
     pub peer: Option<IpAddr>,
     /// The client certificate the TLS listener verified (mTLS), read once per connection.
     pub client_certificate: Option<&'a ClientCertificate>,
+    /// The front door dropped header fields past [`MAX_HEADER_FIELDS`] (HTTP/1: Pingora cannot
+    /// parse more; `proxy/head_count.rs`).
+    pub fields_cut: bool,
 }
 
 /// The form of a request target (RFC 9112 §3.2) sluice accepts.
@@ -116,11 +119,18 @@ fn valid_authority(host: &str) -> bool {
 pub const MAX_URI_LEN: usize = 8 * 1024;
 /// Most header bytes (names and values) accepted; more gets `431`.
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+/// Most header fields accepted; more get `431`. Pingora parses at most 256 in an HTTP/1 head
+/// (the front door drops the rest and says so: `fields_cut`); HTTP/2 heads are counted here.
+pub const MAX_HEADER_FIELDS: usize = 256;
 
-/// `414` for an overlong request target, `431` for too many header bytes: before any Redis call.
-pub fn oversized(req: &Parts) -> Option<Answer> {
+/// `414` for an overlong request target, `431` for too many header fields (`fields_cut`: the
+/// front door dropped those past the limit) or bytes: before any Redis call.
+pub fn oversized(req: &Parts, fields_cut: bool) -> Option<Answer> {
     if req.uri.path_and_query().map_or(0, |pq| pq.as_str().len()) > MAX_URI_LEN {
         return Some(Answer::UriTooLong);
+    }
+    if fields_cut || req.headers.len() > MAX_HEADER_FIELDS {
+        return Some(Answer::HeadersTooLarge);
     }
     let header_bytes: usize = req
         .headers

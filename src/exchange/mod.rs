@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 
 use crate::addresses::{AddressLists, Standing};
-use crate::answer::{Answer, Decided, Unasked, UpstreamError};
+use crate::answer::{Answer, ClientError, Decided, Unasked, UpstreamError, CLIENT_CLOSED};
 use crate::consumers::{AuthFailure, AuthMode, Consumer, Credentials};
 use crate::keys::{self, RequestFacts};
 use crate::limiter::{
@@ -83,8 +83,11 @@ pub struct Exchange {
     abandoned: bool,
     /// When the route's `request_timeout` runs out.
     deadline: Option<Instant>,
-    /// Request body bytes received so far.
+    /// Request body bytes received so far, and when the last of them arrived.
     body_bytes: u64,
+    body_at: Option<Instant>,
+    /// Why the client failed the request, if it did.
+    client_error: Option<ClientError>,
     upstream: upstream::Attempts,
     /// What the response said it cost, per limit of the route (`cost_from_response`).
     cost_reports: SmallVec<[CostReport; LIMITS_INLINE]>,
@@ -112,6 +115,8 @@ impl Exchange {
             abandoned: false,
             deadline: None,
             body_bytes: 0,
+            body_at: None,
+            client_error: None,
             upstream: upstream::Attempts::default(),
             cost_reports: SmallVec::new(),
             in_flight: None,
@@ -147,7 +152,7 @@ impl Exchange {
     /// answers the request itself.
     fn prepare(&mut self, head: &Head<'_>) -> Result<(), Answer> {
         let req = head.parts;
-        if let Some(answer) = head::oversized(req) {
+        if let Some(answer) = head::oversized(req, head.fields_cut) {
             return Err(answer);
         }
         self.target = head::target(head)?;
@@ -263,11 +268,11 @@ impl Exchange {
             decided,
             failure,
         );
-        if let Some(status) = status {
-            metrics.observe_duration(status, self.started.elapsed());
-            if self.admitted() {
-                metrics.count_upstream_status(status);
-            }
+        if let Some(shown) = self.status_shown(status) {
+            metrics.observe_duration(shown, self.started.elapsed());
+        }
+        if let (Some(sent), true) = (status, self.admitted()) {
+            metrics.count_upstream_status(sent);
         }
         if let Some(upstream_time) = self.upstream.time {
             metrics.observe_upstream(upstream_time);
@@ -287,6 +292,18 @@ impl Exchange {
             }
         }
         self.in_flight = None;
+    }
+
+    /// The status the access log and the request duration show: the one sent, or `499`
+    /// (nginx's "client closed request") when the client left before any was.
+    pub fn status_shown(&self, sent: Option<u16>) -> Option<u16> {
+        let closed = self.client_error == Some(ClientError::Closed);
+        sent.or(closed.then_some(CLIENT_CLOSED))
+    }
+
+    /// Why the client failed the request, if it did.
+    pub fn client_error(&self) -> Option<ClientError> {
+        self.client_error
     }
 
     /// The request went (or goes) upstream.

@@ -9,7 +9,7 @@ use http::header::HeaderMap;
 use http::Uri;
 
 use super::{Exchange, Target};
-use crate::answer::{Answer, UpstreamError};
+use crate::answer::{Answer, ClientError, UpstreamError};
 use crate::tls::PeerTls;
 
 /// What the attempts to reach the upstream have found so far.
@@ -25,6 +25,8 @@ pub(super) struct Attempts {
     pub(super) time: Option<Duration>,
     /// Why the last attempt failed.
     pub(super) error: Option<UpstreamError>,
+    /// The read timeout of the last attempt (the route's, bounded by its deadline).
+    pub(super) read_timeout: Option<Duration>,
 }
 
 /// How to reach the server chosen for the next attempt.
@@ -61,12 +63,14 @@ impl Exchange {
             .map(|deadline| deadline.saturating_duration_since(Instant::now()));
         let bounded = |timeout: Duration| left.map_or(timeout, |left| timeout.min(left));
         let settings = &runtime.route.upstream;
+        let read_timeout = bounded(settings.read_timeout);
+        self.upstream.read_timeout = Some(read_timeout);
         Ok(Dial {
             server,
             tls: runtime.pool.tls.as_ref(),
             http2: settings.http2,
             connect_timeout: bounded(settings.connect_timeout),
-            read_timeout: bounded(settings.read_timeout),
+            read_timeout,
             write_timeout: left,
         })
     }
@@ -107,6 +111,28 @@ impl Exchange {
         *self.answer.get_or_insert(fallback)
     }
 
+    /// The client has sent no body byte for at least the last attempt's whole read timeout
+    /// (since its head arrived, if it sent none): an upstream that timed out meanwhile was
+    /// waiting for the client, not the other way round. The caller knows whether body bytes
+    /// are still owed.
+    pub fn client_stalled(&self) -> bool {
+        let Some(read_timeout) = self.upstream.read_timeout else {
+            return false;
+        };
+        self.body_at.unwrap_or(self.started).elapsed() >= read_timeout
+    }
+
+    /// The client failed the request (`kind`), counted here, once per request. What it is
+    /// answered: the answer already decided, or the kind's (`None`: it is gone).
+    pub fn fail_client(&mut self, kind: ClientError) -> Option<Answer> {
+        if self.client_error.is_none() {
+            self.metrics().count_client_error(kind);
+        }
+        self.client_error = Some(kind);
+        let answer = kind.answer()?;
+        Some(*self.answer.get_or_insert(answer))
+    }
+
     fn count_upstream_error(&mut self, kind: UpstreamError) {
         self.upstream.error = Some(kind);
         if let Some(runtime) = &self.route {
@@ -132,6 +158,9 @@ impl Exchange {
     /// `bytes` more of the request body arrived: `413` once the route's `max_body_bytes` is
     /// exceeded, `504` once its deadline has passed.
     pub fn body_received(&mut self, bytes: usize) -> Result<(), Answer> {
+        if bytes > 0 {
+            self.body_at = Some(Instant::now());
+        }
         self.body_bytes += bytes as u64;
         let max = self.route().and_then(|route| route.max_body_bytes);
         if max.is_some_and(|max| self.body_bytes > max) {

@@ -22,7 +22,8 @@ pub fn log(
     request_id: Option<&HeaderValue>,
     exchange: &Exchange,
 ) {
-    let status = session.response_written().map_or(0, |r| r.status.as_u16());
+    let sent = session.response_written().map(|r| r.status.as_u16());
+    let status = exchange.status_shown(sent).unwrap_or(0);
     if !access_log.sampled(status) {
         return;
     }
@@ -72,6 +73,7 @@ pub fn log(
         failure_mode: exchange.failure_mode(),
         limiter_ms: millis(exchange.limiter_time()),
         error: error.map(|kind| kind.label()),
+        client_error: exchange.client_error().map(|kind| kind.label()),
         client_cert: tls::client_certificate(session.digest()).map(Into::into),
         headers,
     };

@@ -16,6 +16,8 @@ use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
 use pingora::time::fast_timeout::fast_sleep;
 
+use super::head_count::HeadCount;
+
 /// A connection's head clock: set once the current request's head has been read (the proxy's
 /// first hook), when the head deadline stops applying. One per connection, shared with the proxy
 /// through the connection's user context, so a request costs no allocation here.
@@ -76,6 +78,9 @@ impl<A: HttpServerApp + Send + Sync + 'static> HttpServerApp for FrontDoor<A> {
         let connection = previous.unwrap_or_else(|| Box::new(Connection(Arc::default())));
         let clock = Arc::clone(&connection.0);
         clock.seen.store(false, Ordering::Relaxed);
+        if let Some(count) = HeadCount::of(&session) {
+            count.arm();
+        }
         session.set_connection_user_context(Some(connection));
         let deadline = if reused {
             self.keepalive_timeout

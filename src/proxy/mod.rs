@@ -7,9 +7,11 @@ mod access;
 mod caller;
 pub mod forwarding;
 pub mod front;
+pub mod head_count;
 pub mod preface;
 pub mod request_id;
 pub mod respond;
+mod stream;
 mod trace;
 
 use std::net::IpAddr;
@@ -25,7 +27,7 @@ use pingora::protocols::ALPN;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType};
 
-use crate::answer::{Answer, UpstreamError};
+use crate::answer::{Answer, ClientError, UpstreamError};
 use crate::drain::Drain;
 use crate::exchange::{Admission, Dial, Exchange, Head};
 use crate::identity;
@@ -146,6 +148,17 @@ impl Gateway {
     }
 }
 
+/// The front door dropped header fields past the most it accepts (HTTP/1: `head_count.rs`).
+/// Then the connection is not kept: a dropped field may have declared a body, which must never
+/// be read as the next request.
+fn fields_cut(session: &mut Session) -> bool {
+    let cut = head_count::HeadCount::of(session.as_downstream()).is_some_and(|c| c.cut());
+    if cut {
+        session.set_keepalive(None);
+    }
+    cut
+}
+
 /// The peer's IP address, for TCP connections.
 fn peer_ip(session: &Session) -> Option<IpAddr> {
     session
@@ -201,13 +214,77 @@ fn client_left(session: &Session) -> bool {
         .is_some_and(|info| matches!(info.tcpi_state, CLOSE | CLOSE_WAIT | LAST_ACK))
 }
 
-/// What a Pingora error means: the upstream failure it is, if it is one, and what the client is
-/// answered (`None`: the client is gone, nothing to answer). The one classifier over
+/// Whose failure a Pingora error is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    Upstream(UpstreamError),
+    Client(ClientError),
+}
+
+impl Fault {
+    fn upstream(self) -> Option<UpstreamError> {
+        match self {
+            Fault::Upstream(kind) => Some(kind),
+            Fault::Client(_) => None,
+        }
+    }
+}
+
+/// What the client's side looked like when the request failed.
+#[derive(Debug, Clone, Copy, Default)]
+struct ClientSide {
+    /// A response (or its head) was already sent.
+    answered: bool,
+    /// It owes body bytes and has sent none for the attempt's whole read timeout.
+    stalled: bool,
+}
+
+impl ClientSide {
+    fn of(session: &mut Session, exchange: Option<&Exchange>) -> ClientSide {
+        let answered = session.response_written().is_some();
+        let owes_body = !session.is_body_done();
+        ClientSide {
+            answered,
+            stalled: !answered && owes_body && exchange.is_some_and(Exchange::client_stalled),
+        }
+    }
+}
+
+/// What a Pingora error means: whose failure it is (the upstream's or the client's), and what
+/// the client is answered (`None`: it is gone, nothing to answer). The one classifier over
 /// Pingora's error types.
-fn classify(error: &Error) -> (Option<UpstreamError>, Option<Answer>) {
+fn classify(error: &Error, side: ClientSide) -> (Option<Fault>, Option<Answer>) {
     use ErrorType::*;
+    let downstream = error.esource() == &ErrorSource::Downstream;
     let upstream = error.esource() == &ErrorSource::Upstream;
-    let kind = match error.etype() {
+    let fault = match error.etype() {
+        // The upstream was waiting for a body the client stopped sending.
+        ReadTimedout if upstream && side.stalled => Some(Fault::Client(ClientError::BodyTimeout)),
+        // Pingora's own read of the body timed out.
+        ReadTimedout if downstream && !side.answered => {
+            Some(Fault::Client(ClientError::BodyTimeout))
+        }
+        ConnectionClosed | ReadError | WriteError | H2Error if downstream => {
+            Some(Fault::Client(ClientError::Closed))
+        }
+        etype => upstream_failure(etype, upstream).map(Fault::Upstream),
+    };
+    let answer = match (fault, error.etype(), error.esource()) {
+        (Some(Fault::Upstream(kind)), _, _) => Some(kind.answer()),
+        (Some(Fault::Client(kind)), _, _) => kind.answer(),
+        (None, HTTPStatus(413), _) => Some(Answer::BodyTooLarge),
+        (None, HTTPStatus(504), _) => Some(Answer::UpstreamTimedOut),
+        (None, HTTPStatus(400..=499), _) => Some(Answer::Unreadable),
+        (None, _, ErrorSource::Downstream) => Some(Answer::Unreadable),
+        (None, _, _) => Some(Answer::Internal),
+    };
+    (fault, answer)
+}
+
+/// The upstream failure an error type is, if it is one.
+fn upstream_failure(etype: &ErrorType, upstream: bool) -> Option<UpstreamError> {
+    use ErrorType::*;
+    match etype {
         ConnectRefused => Some(UpstreamError::Refused),
         ConnectTimedout | TLSHandshakeTimedout => Some(UpstreamError::Timeout),
         ReadTimedout | WriteTimedout if upstream => Some(UpstreamError::Timeout),
@@ -222,17 +299,7 @@ fn classify(error: &Error) -> (Option<UpstreamError>, Option<Answer>) {
         }
         _ if upstream => Some(UpstreamError::Unreachable),
         _ => None,
-    };
-    let answer = match (kind, error.etype(), error.esource()) {
-        (Some(kind), _, _) => Some(kind.answer()),
-        (None, HTTPStatus(413), _) => Some(Answer::BodyTooLarge),
-        (None, HTTPStatus(504), _) => Some(Answer::UpstreamTimedOut),
-        (None, HTTPStatus(400..=499), _) => Some(Answer::Unreadable),
-        (None, ReadError | WriteError | ConnectionClosed, ErrorSource::Downstream) => None,
-        (None, _, ErrorSource::Downstream) => Some(Answer::Unreadable),
-        (None, _, _) => Some(Answer::Internal),
-    };
-    (kind, answer)
+    }
 }
 
 /// How Pingora reaches the server `dial` chose.
@@ -334,12 +401,14 @@ impl ProxyHttp for Gateway {
         let started = *ctx.started.get_or_insert_with(Instant::now);
         self.begin(session, ctx, &snapshot);
         let mut exchange = Exchange::new(snapshot, started);
+        let fields_cut = fields_cut(session);
         let req = session.req_header();
         let head = Head {
             parts: req,
             raw_target: req.raw_path(),
             peer: peer_ip(session),
             client_certificate: tls::client_certificate(session.digest()),
+            fields_cut,
         };
         let admission = exchange.admit(&self.policy, &head).await;
         if let (Some(tracer), Some(trace)) = (self.tracer(), &ctx.trace) {
@@ -415,13 +484,16 @@ impl ProxyHttp for Gateway {
         error: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
-        let (kind, classified) = classify(error);
-        if let (Some(kind), Some(trace)) = (kind, &mut ctx.trace) {
+        let (fault, classified) = classify(error, ClientSide::of(session, ctx.exchange.as_ref()));
+        if let (Some(Fault::Upstream(kind)), Some(trace)) = (fault, &mut ctx.trace) {
             trace.upstream_failed(kind.label());
         }
-        let answer = match (ctx.exchange.as_mut(), classified) {
-            (Some(exchange), Some(fallback)) => Some(exchange.fail_upstream(kind, fallback)),
-            (_, answer) => answer,
+        let answer = match (ctx.exchange.as_mut(), fault, classified) {
+            (Some(exchange), Some(Fault::Client(kind)), _) => exchange.fail_client(kind),
+            (Some(exchange), fault, Some(fallback)) => {
+                Some(exchange.fail_upstream(fault.and_then(Fault::upstream), fallback))
+            }
+            (_, _, answer) => answer,
         };
         if let (Some(answer), None) = (answer, session.response_written()) {
             let exchange = ctx.exchange.as_ref();
@@ -436,6 +508,33 @@ impl ProxyHttp for Gateway {
         }
     }
 
+    /// A failure the client caused is not the gateway's error: it is counted
+    /// (`sluice_client_errors_total`) and logged here below ERROR, in sluice's words, instead
+    /// of Pingora's "Fail to proxy" (nginx logs these at `info`).
+    fn suppress_error_log(&self, session: &Session, ctx: &RequestCtx, error: &Error) -> bool {
+        let Some(exchange) = ctx.exchange.as_ref() else {
+            return false;
+        };
+        let Some(kind) = exchange.client_error() else {
+            return false;
+        };
+        let route = exchange.route().map_or("-", |route| &*route.name);
+        let id = ctx.request_id.as_ref().and_then(|v| v.to_str().ok());
+        let (id, peer) = (id.unwrap_or("-"), peer_ip(session));
+        match kind {
+            ClientError::BodyTimeout => log::info!(
+                "client stalled its request body ({} bytes received, then none for the read \
+                 timeout): answered 408; route {route}, request {id}, peer {peer:?}",
+                exchange.body_bytes()
+            ),
+            ClientError::Closed => log::debug!(
+                "client closed its connection before the response was complete; route {route}, \
+                 request {id}, peer {peer:?}: {error}"
+            ),
+        }
+        true
+    }
+
     /// A server that refused the connection never saw the request: try another, up to `retries`.
     fn fail_to_connect(
         &self,
@@ -444,7 +543,9 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
         mut error: Box<Error>,
     ) -> Box<Error> {
-        let (kind, _) = classify(&error);
+        let kind = classify(&error, ClientSide::default())
+            .0
+            .and_then(Fault::upstream);
         if let (Some(kind), Some(trace)) = (kind, &mut ctx.trace) {
             trace.upstream_failed(kind.label());
         }

@@ -16,16 +16,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::apps::ServerApp;
-use pingora::protocols::raw_connect::ProxyDigest;
-use pingora::protocols::tls::{SslDigest, TlsRef};
-use pingora::protocols::{
-    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
-    TimingDigest, UniqueID, UniqueIDType, ALPN,
-};
+use pingora::protocols::{Peek, Stream, ALPN};
 use pingora::server::ShutdownWatch;
 
+use super::head_count::HeadCount;
 use crate::drain::Drain;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 /// Why a connection was closed before its preface arrived.
@@ -71,15 +67,23 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Greeting<A> {
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         let tls = stream.get_ssl_digest().is_some();
-        let h2 = matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) || (self.h2c && !tls);
+        let alpn_h2 = matches!(stream.selected_alpn_proto(), Some(ALPN::H2));
+        let h2 = alpn_h2 || (self.h2c && !tls);
         // A kept-alive connection comes back already wrapped.
-        let wrapped = stream.as_any().is::<PrefaceDeadline>();
+        let wrapped = stream.as_any().is::<PrefaceDeadline>() || stream.as_any().is::<HeadCount>();
         let stream: Stream = if h2 && !wrapped {
             Box::new(PrefaceDeadline::new(
                 stream,
                 self.head_timeout,
                 self.keepalive_timeout,
             ))
+        } else {
+            stream
+        };
+        // Every stream that may carry HTTP/1 heads has them counted (an `h2c` listener's may
+        // be either: an HTTP/2 preface reads as a request line and its empty line).
+        let stream: Stream = if !alpn_h2 && !wrapped {
+            Box::new(HeadCount::new(stream))
         } else {
             stream
         };
@@ -142,96 +146,7 @@ impl AsyncRead for PrefaceDeadline {
     }
 }
 
-impl AsyncWrite for PrefaceDeadline {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
-
-#[async_trait]
-impl Shutdown for PrefaceDeadline {
-    async fn shutdown(&mut self) {
-        self.inner.shutdown().await
-    }
-}
-
-impl UniqueID for PrefaceDeadline {
-    fn id(&self) -> UniqueIDType {
-        self.inner.id()
-    }
-}
-
-impl Ssl for PrefaceDeadline {
-    fn get_ssl(&self) -> Option<&TlsRef> {
-        self.inner.get_ssl()
-    }
-
-    fn get_ssl_digest(&self) -> Option<Arc<SslDigest>> {
-        self.inner.get_ssl_digest()
-    }
-
-    fn selected_alpn_proto(&self) -> Option<ALPN> {
-        self.inner.selected_alpn_proto()
-    }
-}
-
-impl GetTimingDigest for PrefaceDeadline {
-    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-        self.inner.get_timing_digest()
-    }
-
-    fn get_read_pending_time(&self) -> Duration {
-        self.inner.get_read_pending_time()
-    }
-
-    fn get_write_pending_time(&self) -> Duration {
-        self.inner.get_write_pending_time()
-    }
-}
-
-impl GetProxyDigest for PrefaceDeadline {
-    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
-        self.inner.get_proxy_digest()
-    }
-
-    fn set_proxy_digest(&mut self, digest: ProxyDigest) {
-        self.inner.set_proxy_digest(digest)
-    }
-}
-
-impl GetSocketDigest for PrefaceDeadline {
-    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
-        self.inner.get_socket_digest()
-    }
-
-    fn set_socket_digest(&mut self, digest: SocketDigest) {
-        self.inner.set_socket_digest(digest)
-    }
-}
+super::stream::forward_to_inner!(PrefaceDeadline);
 
 #[async_trait]
 impl Peek for PrefaceDeadline {

@@ -917,6 +917,22 @@ pub fn load_for(
         .collect()
 }
 
+/// The JSON lines of the file at `path` (an access log), once at least `n` are there (10 s at
+/// most: a bound on a hung test).
+pub fn json_lines(path: &Path, n: usize) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.lines().count() >= n || Instant::now() > deadline {
+            return text
+                .lines()
+                .map(|line| serde_json::from_str(line).expect("each line is one JSON object"))
+                .collect();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `sluice -t` on `yaml`, written as `check.yaml` in `dir` (beside the files it names): success
 /// and stderr.
 pub fn check_config(dir: &Path, yaml: &str) -> (bool, String) {

@@ -15,7 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use support::config::{route, Config, Route};
-use support::faults::{decided, scaled, Load, Monitor, Row};
+use support::faults::{decided, scaled, Load, Monitor, Row, Sample};
 use support::limits::{concurrency, fixed_window, gcra};
 use support::netns::Namespace;
 use support::relay::Relay;
@@ -80,7 +80,7 @@ fn warm(gateways: &[&Gateway]) {
 /// mode's 503 throughout; the gateways still run; each decides in Redis again at the end.
 fn check_decisions(
     what: &str,
-    samples: &[support::faults::Sample],
+    samples: &[Sample],
     fault_at: Duration,
     gateways: &mut [&mut Gateway],
 ) {
@@ -112,29 +112,86 @@ fn check_decisions(
     }
 }
 
-/// The row of a load through `gateways` with its bound; heal from `fault_end`.
+/// Two gateways of `body`, each deciding in Redis.
+fn two_gateways(body: &str, upstream: &Upstream) -> (Gateway, Gateway) {
+    let (a, b) = (
+        Gateway::start(body, upstream, None),
+        Gateway::start(body, upstream, None),
+    );
+    warm(&[&a, &b]);
+    (a, b)
+}
+
+/// Traffic through gateways, the failure-mode decisions of some watched, from the start.
+struct Run {
+    load: Load,
+    monitor: Monitor,
+}
+
+/// What a run of traffic saw.
+struct Seen {
+    samples: Vec<Sample>,
+    /// How long it ran.
+    seconds: f64,
+    /// The last time a watched gateway counted a failure-mode decision (since the start).
+    last_failure: Option<Duration>,
+}
+
+impl Run {
+    /// `CLIENTS` clients per target on `path`; returns 2 s in, when the fault is due, with
+    /// that time.
+    fn until_the_fault(targets: &[&Gateway], watched: &[&Gateway], path: &str) -> (Run, Duration) {
+        let proxies: Vec<SocketAddr> = targets.iter().map(|g| g.proxy).collect();
+        let admins: Vec<SocketAddr> = watched.iter().map(|g| g.admin).collect();
+        let load = Load::start(&proxies, CLIENTS, path);
+        let monitor = Monitor::start(&admins, &load);
+        std::thread::sleep(Duration::from_secs(2));
+        let fault_at = load.elapsed();
+        (Run { load, monitor }, fault_at)
+    }
+
+    /// Time since the traffic started.
+    fn at(&self) -> Duration {
+        self.load.elapsed()
+    }
+
+    /// Lets the traffic run `after` more, then stops it.
+    fn end_after(self, after: Duration) -> Seen {
+        std::thread::sleep(after);
+        let seconds = self.load.elapsed().as_secs_f64();
+        let samples = self.load.stop();
+        Seen {
+            samples,
+            seconds,
+            last_failure: self.monitor.stop(),
+        }
+    }
+}
+
+/// The row of what a run saw, with its bound (`extra` above exact, in requests and words);
+/// heal is measured from `fault_end`.
 fn row(
     fault: &str,
     mode: &'static str,
-    samples: &[support::faults::Sample],
-    seconds: f64,
+    seen: &Seen,
     extra: (u64, &str),
-    heal: (Option<Duration>, Duration),
+    fault_end: Duration,
 ) -> Row {
-    let mut row = Row::of(fault, mode, samples);
-    row.exact = exact(seconds);
+    let mut row = Row::of(fault, mode, &seen.samples);
+    row.exact = exact(seen.seconds);
     row.bound = row.exact + 1 + extra.0;
     row.bound_text = extra.1.to_string();
     // The failure mode's last answer: a 503 when it refuses (exact, from the samples), else
     // the last time a gateway counted a failure-mode decision.
-    let last_refusal = samples
+    let last_refusal = seen
+        .samples
         .iter()
         .filter(|s| s.status == 503)
         .map(|s| s.at + s.latency)
         .max();
     row.heal = last_refusal
-        .or(heal.0)
-        .map(|last| last.saturating_sub(heal.1));
+        .or(seen.last_failure)
+        .map(|last| last.saturating_sub(fault_end));
     row
 }
 
@@ -156,45 +213,39 @@ fn sentinel_config(redis: &RedisSentinels, timeout_ms: u64) -> Config {
 /// the master by far less).
 const REPLICATION_ALLOWANCE: u64 = RATE;
 
+/// A primary killed at `fault_at` and promoted over: decisions followed the failure mode meanwhile
+/// (some 503s, nothing else), and no more was admitted than a failover may lose.
+fn failed_over(fault: &str, seen: &Seen, fault_at: Duration, gateways: &mut [&mut Gateway]) {
+    check_decisions(fault, &seen.samples, fault_at, gateways);
+    assert!(
+        seen.samples.iter().any(|s| s.status == 503),
+        "{fault}: the failure mode applied while no primary answered"
+    );
+    let bound = (
+        REPLICATION_ALLOWANCE,
+        "limit + the writes the replication lag lost",
+    );
+    row(fault, "deny", seen, bound, fault_at).report();
+}
+
 #[test]
 fn sentinel_primary_killed_mid_window() {
     let _alone = alone();
     let mut redis = RedisSentinels::start();
     let upstream = Upstream::start();
     let body = sentinel_config(&redis, 200).yaml();
-    let (mut a, mut b) = (
-        Gateway::start(&body, &upstream, None),
-        Gateway::start(&body, &upstream, None),
-    );
-    warm(&[&a, &b]);
-    let load = Load::start(&[a.proxy, b.proxy], CLIENTS, "/api/x");
-    let monitor = Monitor::start(&[a.admin, b.admin], &load);
-    std::thread::sleep(Duration::from_secs(2));
-    let fault_at = load.elapsed();
+    let (mut a, mut b) = two_gateways(&body, &upstream);
+    let (run, fault_at) = Run::until_the_fault(&[&a, &b], &[&a, &b], "/api/x");
     redis.master.kill();
-    std::thread::sleep(scaled(Duration::from_secs(7)));
-    let seconds = load.elapsed().as_secs_f64();
-    let samples = load.stop();
-    let last_failure = monitor.stop();
+    let seen = run.end_after(scaled(Duration::from_secs(7)));
     let new = redis.current_master().expect("the sentinels name a master");
     assert_eq!(new, redis.replica.port, "the replica was promoted");
-    check_decisions("sentinel kill", &samples, fault_at, &mut [&mut a, &mut b]);
-    assert!(
-        samples.iter().any(|s| s.status == 503),
-        "the failure mode applied while no master answered"
-    );
-    row(
+    failed_over(
         "Sentinel: primary killed (SIGKILL), replica promoted",
-        "deny",
-        &samples,
-        seconds,
-        (
-            REPLICATION_ALLOWANCE,
-            "limit + the writes the replication lag lost",
-        ),
-        (last_failure, fault_at),
-    )
-    .report();
+        &seen,
+        fault_at,
+        &mut [&mut a, &mut b],
+    );
 }
 
 #[test]
@@ -203,16 +254,9 @@ fn sentinel_primary_paused_promoted_over_and_resumed_as_a_stale_replica() {
     let redis = RedisSentinels::start();
     let upstream = Upstream::start();
     let body = sentinel_config(&redis, 200).yaml();
-    let (mut a, mut b) = (
-        Gateway::start(&body, &upstream, None),
-        Gateway::start(&body, &upstream, None),
-    );
-    warm(&[&a, &b]);
+    let (mut a, mut b) = two_gateways(&body, &upstream);
     let old = redis.master.port;
-    let load = Load::start(&[a.proxy, b.proxy], CLIENTS, "/api/x");
-    let monitor = Monitor::start(&[a.admin, b.admin], &load);
-    std::thread::sleep(Duration::from_secs(2));
-    let fault_at = load.elapsed();
+    let (run, fault_at) = Run::until_the_fault(&[&a, &b], &[&a, &b], "/api/x");
     signal(redis.master.pid(), "STOP");
     support::eventually(
         Duration::from_secs(30),
@@ -220,7 +264,7 @@ fn sentinel_primary_paused_promoted_over_and_resumed_as_a_stale_replica() {
         || redis.current_master() == Some(redis.replica.port),
     );
     signal(redis.master.pid(), "CONT");
-    let resumed_at = load.elapsed();
+    let resumed_at = run.at();
     // What the old primary runs from now on, before and after the sentinels demote it, is a
     // decision no other gateway sees: none may reach it.
     let calls = |port| {
@@ -239,23 +283,24 @@ fn sentinel_primary_paused_promoted_over_and_resumed_as_a_stale_replica() {
         },
     );
     let stale_writes = calls(old).saturating_sub(at_resume);
-    std::thread::sleep(scaled(Duration::from_secs(3)));
-    let seconds = load.elapsed().as_secs_f64();
-    let samples = load.stop();
-    let last_failure = monitor.stop();
-    check_decisions("sentinel pause", &samples, fault_at, &mut [&mut a, &mut b]);
+    let seen = run.end_after(scaled(Duration::from_secs(3)));
+    check_decisions(
+        "sentinel pause",
+        &seen.samples,
+        fault_at,
+        &mut [&mut a, &mut b],
+    );
     println!("sentinel pause: resumed at {resumed_at:?}; decision calls the stale primary ran after it resumed: {stale_writes}");
     assert_eq!(stale_writes, 0, "no gateway wrote to the demoted primary");
     row(
         "Sentinel: primary paused (SIGSTOP), promoted over, resumed",
         "deny",
-        &samples,
-        seconds,
+        &seen,
         (
             REPLICATION_ALLOWANCE,
             "limit + the writes the replication lag lost; none to the stale primary",
         ),
-        (last_failure, fault_at),
+        fault_at,
     )
     .report();
 }
@@ -292,42 +337,20 @@ fn cluster_primary_failover_mid_window() {
     let mut cluster = RedisCluster::start();
     let upstream = Upstream::start();
     let body = cluster_config(&cluster, 200).yaml();
-    let (mut a, mut b) = (
-        Gateway::start(&body, &upstream, None),
-        Gateway::start(&body, &upstream, None),
-    );
-    warm(&[&a, &b]);
+    let (mut a, mut b) = two_gateways(&body, &upstream);
     assert_eq!(a.get("/api/first").status, 200);
     let (key, _) = api_key(&cluster);
     let victim = cluster.master_of(&key).expect("a master serves the key");
-    let load = Load::start(&[a.proxy, b.proxy], CLIENTS, "/api/x");
-    let monitor = Monitor::start(&[a.admin, b.admin], &load);
-    std::thread::sleep(Duration::from_secs(2));
-    let fault_at = load.elapsed();
+    let (run, fault_at) = Run::until_the_fault(&[&a, &b], &[&a, &b], "/api/x");
     cluster.kill(victim);
-    std::thread::sleep(scaled(Duration::from_secs(7)));
-    let seconds = load.elapsed().as_secs_f64();
-    let samples = load.stop();
-    let last_failure = monitor.stop();
+    let seen = run.end_after(scaled(Duration::from_secs(7)));
     assert!(cluster.is_ok(), "the cluster healed");
-    check_decisions(
-        "cluster failover",
-        &samples,
+    failed_over(
+        "Cluster: the key's primary killed, its replica promoted",
+        &seen,
         fault_at,
         &mut [&mut a, &mut b],
     );
-    row(
-        "Cluster: the key's primary killed, its replica promoted",
-        "deny",
-        &samples,
-        seconds,
-        (
-            REPLICATION_ALLOWANCE,
-            "limit + the writes the replication lag lost",
-        ),
-        (last_failure, fault_at),
-    )
-    .report();
 }
 
 fn node_id(port: u16) -> String {
@@ -340,11 +363,7 @@ fn cluster_slot_migrated_under_traffic() {
     let cluster = RedisCluster::start();
     let upstream = Upstream::start();
     let body = cluster_config(&cluster, 200).yaml();
-    let (mut a, mut b) = (
-        Gateway::start(&body, &upstream, None),
-        Gateway::start(&body, &upstream, None),
-    );
-    warm(&[&a, &b]);
+    let (mut a, mut b) = two_gateways(&body, &upstream);
     assert_eq!(a.get("/api/first").status, 200);
     let (key, slot) = api_key(&cluster);
     let source = cluster.master_of(&key).expect("the key's master");
@@ -354,10 +373,7 @@ fn cluster_slot_migrated_under_traffic() {
         .find(|&&p| p != source)
         .expect("another master");
     let (source_id, target_id) = (node_id(source), node_id(target));
-    let load = Load::start(&[a.proxy, b.proxy], CLIENTS, "/api/x");
-    let monitor = Monitor::start(&[a.admin, b.admin], &load);
-    std::thread::sleep(Duration::from_secs(2));
-    let fault_at = load.elapsed();
+    let (run, fault_at) = Run::until_the_fault(&[&a, &b], &[&a, &b], "/api/x");
     // The steps of `redis-cli --cluster reshard`, with traffic between them: ASK redirects
     // while the slot is migrating, MOVED once it has moved.
     let set_slot = |port: u16, state: &str, node: &str| {
@@ -398,21 +414,22 @@ fn cluster_slot_migrated_under_traffic() {
     for port in cluster.masters() {
         set_slot(port, "NODE", &target_id);
     }
-    let moved_at = load.elapsed();
-    std::thread::sleep(scaled(Duration::from_secs(4)));
-    let seconds = load.elapsed().as_secs_f64();
-    let samples = load.stop();
-    let last_failure = monitor.stop();
+    let moved_at = run.at();
+    let seen = run.end_after(scaled(Duration::from_secs(4)));
     assert_eq!(cluster.master_of(&key), Some(target), "the slot moved");
-    check_decisions("slot migration", &samples, fault_at, &mut [&mut a, &mut b]);
+    check_decisions(
+        "slot migration",
+        &seen.samples,
+        fault_at,
+        &mut [&mut a, &mut b],
+    );
     println!("slot {slot} ({} keys) moved from {source} to {target} between {fault_at:?} and {moved_at:?}", keys.len());
     row(
         "Cluster: the key's slot migrated (ASK, then MOVED)",
         "deny",
-        &samples,
-        seconds,
+        &seen,
         (0, "limit (a key moves whole: MIGRATE)"),
-        (last_failure, moved_at),
+        moved_at,
     )
     .report();
 }
@@ -431,33 +448,15 @@ fn restarted(fault: &str, persistence: &[&str], extra: (u64, &str)) {
     let mut redis = RedisServer::start_with_args(persistence);
     let upstream = Upstream::start();
     let body = standalone_config(&redis.url(), 200, "deny").yaml();
-    let (mut a, mut b) = (
-        Gateway::start(&body, &upstream, None),
-        Gateway::start(&body, &upstream, None),
-    );
-    warm(&[&a, &b]);
-    let load = Load::start(&[a.proxy, b.proxy], CLIENTS, "/api/x");
-    let monitor = Monitor::start(&[a.admin, b.admin], &load);
-    std::thread::sleep(Duration::from_secs(2));
-    let fault_at = load.elapsed();
+    let (mut a, mut b) = two_gateways(&body, &upstream);
+    let (run, fault_at) = Run::until_the_fault(&[&a, &b], &[&a, &b], "/api/x");
     redis.stop();
     std::thread::sleep(Duration::from_secs(1));
     redis.restart(persistence);
-    let back_at = load.elapsed();
-    std::thread::sleep(scaled(Duration::from_secs(4)));
-    let seconds = load.elapsed().as_secs_f64();
-    let samples = load.stop();
-    let last_failure = monitor.stop();
-    check_decisions(fault, &samples, fault_at, &mut [&mut a, &mut b]);
-    row(
-        fault,
-        "deny",
-        &samples,
-        seconds,
-        extra,
-        (last_failure, back_at),
-    )
-    .report();
+    let back_at = run.at();
+    let seen = run.end_after(scaled(Duration::from_secs(4)));
+    check_decisions(fault, &seen.samples, fault_at, &mut [&mut a, &mut b]);
+    row(fault, "deny", &seen, extra, back_at).report();
 }
 
 #[test]
@@ -545,32 +544,40 @@ fn one_gateway_cut_off_from_redis_under_each_failure_mode() {
     let split = Split::new();
     let (mut a, mut b) = split.gateways(per_mode);
     warm(&[&a, &b]);
-    let targets = [a.proxy, b.proxy];
-    let loads: Vec<Load> = ["allow", "deny", "local"]
-        .iter()
-        .map(|mode| Load::start(&targets, CLIENTS, &format!("/{mode}/x")))
-        .collect();
-    let monitor = Monitor::start(&[b.admin], &loads[0]);
-    std::thread::sleep(Duration::from_secs(2));
-    let fault_at = loads[0].elapsed();
+    // One run per route, started together: the fault is due at the same time for each.
+    let runs: Vec<(Run, Duration)> = std::thread::scope(|scope| {
+        let started: Vec<_> = ["allow", "deny", "local"]
+            .iter()
+            .map(|mode| {
+                let (a, b) = (&a, &b);
+                scope.spawn(move || Run::until_the_fault(&[a, b], &[b], &format!("/{mode}/x")))
+            })
+            .collect();
+        started
+            .into_iter()
+            .map(|run| run.join().expect("a run"))
+            .collect()
+    });
+    let fault_at = runs[0].1;
     split.namespace.cut(split.redis.port);
     let cut_for = scaled(Duration::from_secs(3));
     std::thread::sleep(cut_for);
     // Timed before the command: its own run counts toward the time to heal.
-    let healed_at = loads[0].elapsed();
+    let healed_at = runs[0].0.at();
     split.namespace.heal(split.redis.port);
     std::thread::sleep(scaled(Duration::from_secs(3)));
-    let seconds = loads[0].elapsed().as_secs_f64();
-    let samples: Vec<Vec<support::faults::Sample>> = loads.into_iter().map(Load::stop).collect();
-    let last_failure = monitor.stop();
+    let seen: Vec<Seen> = runs
+        .into_iter()
+        .map(|(run, _)| run.end_after(Duration::ZERO))
+        .collect();
     let cut = cut_for.as_secs_f64() + 1.0;
     let allowed_blind = decided(&[&b], "error_allowed");
     // The cut-off gateway's share: half of each limit, the burst's time kept (instances: 2).
     let share = CAPACITY / 2 + ((RATE / 2) as f64 * cut).ceil() as u64;
-    for (mode, samples, extra) in [
+    for (mode, seen, extra) in [
         (
             "allow",
-            &samples[0],
+            &seen[0],
             (
                 allowed_blind,
                 "limit + every request the cut-off gateway admitted blind (allow fails open)"
@@ -579,12 +586,12 @@ fn one_gateway_cut_off_from_redis_under_each_failure_mode() {
         ),
         (
             "deny",
-            &samples[1],
+            &seen[1],
             (0, "limit (the cut-off gateway refuses)".to_string()),
         ),
         (
             "local",
-            &samples[2],
+            &seen[2],
             (
                 share,
                 format!("limit + the cut-off gateway's share over the cut ({share})"),
@@ -598,14 +605,13 @@ fn one_gateway_cut_off_from_redis_under_each_failure_mode() {
                 cut_for.as_secs_f64()
             ),
             mode,
-            samples,
-            seconds,
+            seen,
             (extra.0, &extra.1),
-            (last_failure, healed_at),
+            healed_at,
         )
         .report();
     }
-    check_decisions("cut off", &samples[1], fault_at, &mut [&mut a, &mut b]);
+    check_decisions("cut off", &seen[1].samples, fault_at, &mut [&mut a, &mut b]);
 }
 
 #[test]
@@ -622,20 +628,15 @@ fn one_gateway_slower_than_the_deadline() {
         None,
     );
     warm(&[&a, &b]);
-    let load = Load::start(&[a.proxy, b.proxy], CLIENTS, "/api/x");
-    let monitor = Monitor::start(&[b.admin], &load);
-    std::thread::sleep(Duration::from_secs(2));
-    let fault_at = load.elapsed();
+    let (run, fault_at) = Run::until_the_fault(&[&a, &b], &[&b], "/api/x");
     relay.delay(Duration::from_millis(300));
     std::thread::sleep(scaled(Duration::from_secs(3)));
     relay.delay(Duration::ZERO);
-    let healed_at = load.elapsed();
-    std::thread::sleep(scaled(Duration::from_secs(3)));
-    let seconds = load.elapsed().as_secs_f64();
-    let samples = load.stop();
-    let last_failure = monitor.stop();
-    check_decisions("slow link", &samples, fault_at, &mut [&mut a, &mut b]);
-    let worst_b = samples
+    let healed_at = run.at();
+    let seen = run.end_after(scaled(Duration::from_secs(3)));
+    check_decisions("slow link", &seen.samples, fault_at, &mut [&mut a, &mut b]);
+    let worst_b = seen
+        .samples
         .iter()
         .filter(|s| s.gateway == 1)
         .map(|s| s.latency)
@@ -645,13 +646,12 @@ fn one_gateway_slower_than_the_deadline() {
     row(
         "one of 2 gateways' link delayed 300 ms (3 × the deadline) for 3 s",
         "deny",
-        &samples,
-        seconds,
+        &seen,
         (
             0,
             "limit (a call past its deadline may still count: under-admission only)",
         ),
-        (last_failure, healed_at),
+        healed_at,
     )
     .report();
 }
@@ -664,28 +664,32 @@ fn signal(pid: u32, signal: &str) {
     assert!(status.success(), "kill -{signal} {pid}");
 }
 
-#[test]
-fn a_crashed_gateways_concurrency_slots_come_back_within_their_ttl() {
-    let _alone = alone();
-    const MAX: u64 = 4;
-    const TTL_S: u64 = 3;
+/// A standalone Redis, an upstream, and two gateways whose `route` has `limit` on its own key,
+/// failing closed; both decide in Redis.
+fn two_gateways_limiting(
+    route: Route,
+    limit: support::limits::Limit,
+) -> (RedisServer, Upstream, Gateway, Gateway) {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
     let body = Config::new()
         .redis(redis.url())
         .failure_mode("deny")
-        .route(
-            route("slots").prefix("/slots").limit(
-                concurrency("inflight", MAX)
-                    .set("lease", format!("{TTL_S}s"))
-                    .key(&["route"]),
-            ),
-        )
+        .route(route.limit(limit.key(&["route"])))
         .route(warm_route())
         .yaml();
-    let mut a = Gateway::start(&body, &upstream, None);
-    let b = Gateway::start(&body, &upstream, None);
-    warm(&[&a, &b]);
+    let (a, b) = two_gateways(&body, &upstream);
+    (redis, upstream, a, b)
+}
+
+#[test]
+fn a_crashed_gateways_concurrency_slots_come_back_within_their_ttl() {
+    let _alone = alone();
+    const MAX: u64 = 4;
+    const TTL_S: u64 = 3;
+    let slots = concurrency("inflight", MAX).set("lease", format!("{TTL_S}s"));
+    let (_redis, _upstream, mut a, b) =
+        two_gateways_limiting(route("slots").prefix("/slots"), slots);
     // The concurrency script is another library than the warm route's: load it on both.
     for gateway in [&a, &b] {
         support::eventually(Duration::from_secs(20), "a concurrency decision", || {
@@ -746,23 +750,9 @@ fn a_crashed_gateways_leased_units_are_lost_to_the_window_at_most() {
     let _alone = alone();
     const LIMIT: u64 = 400;
     const LEASE: u64 = 20;
-    let redis = RedisServer::start();
-    let upstream = Upstream::start();
-    let body = Config::new()
-        .redis(redis.url())
-        .failure_mode("deny")
-        .route(
-            route("leased").prefix("/leased").limit(
-                fixed_window("hot", &format!("{LIMIT}/h"))
-                    .key(&["route"])
-                    .leased(LEASE),
-            ),
-        )
-        .route(warm_route())
-        .yaml();
-    let mut a = Gateway::start(&body, &upstream, None);
-    let b = Gateway::start(&body, &upstream, None);
-    warm(&[&a, &b]);
+    let hot = fixed_window("hot", &format!("{LIMIT}/h")).leased(LEASE);
+    let (redis, _upstream, mut a, b) =
+        two_gateways_limiting(route("leased").prefix("/leased"), hot);
     let hour = (redis_seconds(redis.port) / 3600.0) as u64;
     // Both gateways spend leased units; `a` dies holding what it took and did not spend.
     let load = Load::start(&[a.proxy, b.proxy], 2, "/leased/x");
@@ -831,40 +821,26 @@ fn reload_bursts_under_traffic_change_nothing_that_was_counted() {
     let a = Gateway::start(&body(0), &upstream, None);
     let b = Gateway::start(&format!("watch: true\n{}", body(0)), &upstream, None);
     warm(&[&a, &b]);
-    let load = Load::start(&[a.proxy, b.proxy], CLIENTS, "/api/x");
-    std::thread::sleep(Duration::from_secs(1));
-    let fault_at = load.elapsed();
+    let (run, fault_at) = Run::until_the_fault(&[&a, &b], &[&a, &b], "/api/x");
     let reloads_before = support::metric(
         &a.metrics(),
         "sluice_config_reloads_total",
         &[("result", "success")],
     );
+    // The n-th rewrite of a file: its marker line changes, so the file changes.
+    let rewrite = |path: &std::path::Path, n: usize| {
+        let text = std::fs::read_to_string(path).expect("read the config");
+        let next = text.replacen(&format!("# reload {}", n - 1), &format!("# reload {n}"), 1);
+        std::fs::write(path, next).expect("rewrite the config");
+    };
     for n in 1..=10 {
         // `a`: a burst of SIGHUPs; `b`: its file rewritten under its watch.
-        std::fs::write(
-            &a.config_path,
-            std::fs::read_to_string(&a.config_path).unwrap().replacen(
-                &format!("# reload {}", n - 1),
-                &format!("# reload {n}"),
-                1,
-            ),
-        )
-        .unwrap();
+        rewrite(&a.config_path, n);
         signal(a.pid(), "HUP");
-        std::fs::write(
-            &b.config_path,
-            std::fs::read_to_string(&b.config_path).unwrap().replacen(
-                &format!("# reload {}", n - 1),
-                &format!("# reload {n}"),
-                1,
-            ),
-        )
-        .unwrap();
+        rewrite(&b.config_path, n);
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(scaled(Duration::from_secs(3)));
-    let seconds = load.elapsed().as_secs_f64();
-    let samples = load.stop();
+    let seen = run.end_after(scaled(Duration::from_secs(3)));
     let reloads = support::metric(
         &a.metrics(),
         "sluice_config_reloads_total",
@@ -877,7 +853,8 @@ fn reload_bursts_under_traffic_change_nothing_that_was_counted() {
     );
     println!("reloads: {reloads} by SIGHUP, {watched} by watch");
     assert!(reloads >= 1.0 && watched >= 1.0, "both gateways reloaded");
-    let failed: Vec<_> = samples
+    let failed: Vec<_> = seen
+        .samples
         .iter()
         .filter(|s| s.status != 200 && s.status != 429)
         .collect();
@@ -888,10 +865,9 @@ fn reload_bursts_under_traffic_change_nothing_that_was_counted() {
     row(
         "10 SIGHUP reloads in 1 s on one gateway, 10 watched rewrites on the other",
         "deny",
-        &samples,
-        seconds,
+        &seen,
         (0, "limit (the counts live in Redis)"),
-        (None, fault_at),
+        fault_at,
     )
     .report();
 }

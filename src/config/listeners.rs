@@ -66,13 +66,7 @@ pub fn socket_addr(text: &str, at: &str, p: &mut Problems) -> Option<SocketAddr>
 /// `listen:`; at least one address is `required` (unless the gateway only serves Envoy's rate
 /// limit service).
 pub fn compile(raw: Vec<RawListener>, required: bool, p: &mut Problems) -> Vec<Listener> {
-    if raw.is_empty()
-        && required
-        && !p
-            .0
-            .iter()
-            .any(|x| x.path.is_empty() && x.message.starts_with("listen"))
-    {
+    if raw.is_empty() && required {
         p.add(
             "listen",
             "at least one listen address is required, e.g. [0.0.0.0:8080] (a gateway that only serves Envoy's rate limit service sets rls: instead)",

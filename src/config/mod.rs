@@ -4,10 +4,10 @@
 //! wrong, one module per section (`server`, `redis`, `routes`, `upstreams`, `limits`, `rls` and
 //! the rate limit service's own files, `rls_files`, `api_keys` and its file of hashed keys,
 //! `api_key_file`); `choice.rs` holds the one name table of each
-//! closed choice (algorithms, modes, ...). Unknown keys, unknown names of a choice, and problems
-//! found while compiling are all reported together, each with the file and the YAML path; type
-//! errors too, with their line and column: when serde stops at one, each section (and each
-//! route) is read alone (`sections.rs`), and what reads is compiled.
+//! closed choice (algorithms, modes, ...). Unknown keys, unknown names of a choice, values of
+//! the wrong type and problems found while compiling are all reported together, each with the
+//! file and the YAML path: when serde stops at a value of the wrong type, the file is read again
+//! without it (`misfits.rs`), and what reads is compiled.
 
 pub mod addresses;
 pub mod api_key_file;
@@ -18,6 +18,7 @@ pub mod identity;
 pub mod jwt;
 pub mod limits;
 pub mod listeners;
+pub mod misfits;
 pub mod model;
 pub mod observe;
 pub mod paths;
@@ -29,7 +30,6 @@ pub mod rls;
 pub mod rls_files;
 pub mod routes;
 pub mod secrets;
-pub mod sections;
 pub mod server;
 pub mod tiers;
 pub mod upstreams;
@@ -68,10 +68,18 @@ impl Config {
     /// What of `text` compiles, and every problem found.
     fn compile_text(path: &Path, text: &str) -> (Option<Config>, Vec<Problem>) {
         let mut problems = Problems::default();
-        let Some(raw) = read(text, &mut problems) else {
+        let Some(read) = misfits::read(text, &mut problems) else {
             return (None, problems.0);
         };
-        let config = compile::compile_all(path, raw, &mut problems);
+        let before = problems.0.len();
+        let config = compile::compile_all(path, read.raw, &mut problems);
+        // What compile says of a value read as not written (`rate: required`) follows from
+        // its misfit, which is the problem.
+        let compiled = problems.0.split_off(before);
+        let misfits = read.misfits;
+        problems
+            .0
+            .extend(compiled.into_iter().filter(|x| !misfits.follows(&x.path)));
         (Some(config), problems.0)
     }
 }
@@ -88,40 +96,4 @@ pub fn all_or_error(
             problems,
         }),
     }
-}
-
-/// The file's YAML as written; unknown keys and type errors added to `p`. A type error stops
-/// serde: then each section is read alone (`sections.rs`) so that all of them are reported.
-fn read(text: &str, p: &mut Problems) -> Option<raw::RawConfig> {
-    let first_error = match read_noting_unknown(text, p) {
-        Ok(raw) => return Some(raw),
-        Err(e) => e,
-    };
-    let Some((readable, positions)) = sections::read_by_section(text, p) else {
-        // serde_yaml's message already starts with the YAML path and ends with the line.
-        p.add("", wording::plain_words(&first_error.to_string()));
-        return None;
-    };
-    let mut raw = match read_noting_unknown(&readable, p) {
-        Ok(raw) => raw,
-        Err(e) => {
-            p.add("", wording::plain_words(&e.to_string()));
-            return None;
-        }
-    };
-    raw.route_positions = positions.unwrap_or_default();
-    Some(raw)
-}
-
-/// Deserializes `text`, adding each unknown key to `p` (only when the whole text reads).
-fn read_noting_unknown(text: &str, p: &mut Problems) -> Result<raw::RawConfig, serde_yaml::Error> {
-    let mut unknown = Problems::default();
-    let deserializer = serde_yaml::Deserializer::from_str(text);
-    let mut unknown_key = |key: serde_ignored::Path<'_>| {
-        unknown.add(problem::ignored_path(&key), "unknown key");
-    };
-    let ignored = serde_ignored::Deserializer::new(deserializer, &mut unknown_key);
-    let raw = serde::Deserialize::deserialize(ignored)?;
-    p.0.append(&mut unknown.0);
-    Ok(raw)
 }

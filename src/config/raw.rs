@@ -48,10 +48,6 @@ pub struct RawConfig {
     pub watch: Option<bool>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
-    /// Where each of `routes` stands in the file when some routes could not be read (and were
-    /// left out, `sections.rs`); empty when every route was read.
-    #[serde(skip)]
-    pub route_positions: Vec<usize>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -20,6 +20,20 @@ use crate::rls::{DescriptorLimit, Domain, Domains, Node, Rule, Unit};
 /// Where every problem of the directory is reported.
 const AT: &str = "rls.config_dir";
 
+/// A file's YAML as a domain; what is wrong with it (the first mistake, as serde stops there)
+/// in an operator's words, with its path in the file.
+fn read_domain(text: &str) -> Result<RawDomain, String> {
+    let deserializer = serde_yaml::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(deserializer).map_err(|error| {
+        let (path, message) = super::wording::misfit(&error);
+        if path.is_empty() {
+            message
+        } else {
+            format!("{path}: {message}")
+        }
+    })
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawDomain {
@@ -79,7 +93,7 @@ pub fn load(
         let shown = file.display().to_string();
         let raw: RawDomain = match crate::sources::read_to_string(&file)
             .map_err(|e| e.to_string())
-            .and_then(|text| serde_yaml::from_str(&text).map_err(|e| e.to_string()))
+            .and_then(|text| read_domain(&text))
         {
             Ok(raw) => raw,
             Err(e) => {

@@ -29,12 +29,21 @@ pub struct RouteDefaults<'a> {
     pub verifiers: &'a Verifiers,
 }
 
-/// Limits keyed on the caller (`consumer`, `claim:NAME`) need a route that verifies callers.
-fn check_callers_are_known(at: &str, limits: &[LimitVariants], mode: AuthMode, p: &mut Problems) {
+/// Limits keyed on the caller (`consumer`, `claim:NAME`) need a route that verifies callers
+/// (each limit that compiled; one that did not was reported already).
+fn check_callers_are_known(
+    at: &str,
+    limits: &[Option<LimitVariants>],
+    mode: AuthMode,
+    p: &mut Problems,
+) {
     if mode != AuthMode::Off {
         return;
     }
     for (i, limit) in limits.iter().enumerate() {
+        let Some(limit) = limit else {
+            continue;
+        };
         if let Some(part) = limit.written().1.parts.iter().find(|part| part.is_caller()) {
             p.add(
                 format!("{at}.limits[{i}].key"),
@@ -72,8 +81,11 @@ pub fn compile(
         );
     }
     let auth = compile_auth(raw.auth, defaults.verifiers, &format!("{at}.auth"), p);
-    let (name, matcher, upstream, limits) = (name?, matcher?, upstream?, limits?);
+    // Every part of the route is checked, whichever of them failed.
     check_callers_are_known(at, &limits, auth.mode, p);
+    let addresses = super::addresses::compile(&format!("{at}.addresses"), raw.addresses, p);
+    let limits: Option<Vec<LimitVariants>> = limits.into_iter().collect();
+    let (name, matcher, upstream, limits) = (name?, matcher?, upstream?, limits?);
     let specs: Vec<KeySpec> = limits.iter().map(|l| l.written().1.clone()).collect();
     let keys = RouteKeys::new(defaults.key_prefix, &name, defaults.secret, &specs);
     let settings = TierSettings {
@@ -94,7 +106,7 @@ pub fn compile(
         upstream,
         tiers,
         auth,
-        addresses: super::addresses::compile(&format!("{at}.addresses"), raw.addresses, p),
+        addresses,
         max_body_bytes: raw.max_body_bytes,
         request_timeout,
     })
@@ -102,13 +114,13 @@ pub fn compile(
 
 /// `limits:` of the route at `at`: at most [`MAX_LIMITS_PER_ROUTE`], each name once, split
 /// limits cut into the same number of shards; each compiled as written and per plan and
-/// consumer. `None` when any does not compile (each problem reported).
+/// consumer, `None` for one that does not compile (its problems reported).
 fn compile_limits(
     at: &str,
     raw: Vec<RawLimit>,
     plans: &Plans,
     p: &mut Problems,
-) -> Option<Vec<LimitVariants>> {
+) -> Vec<Option<LimitVariants>> {
     if raw.len() > MAX_LIMITS_PER_ROUTE {
         p.add(
             format!("{at}.limits"),
@@ -127,11 +139,9 @@ fn compile_limits(
         }
     }
     let compiled = tiers::compile_limits(at, raw, plans, p);
-    let compiled: Option<Vec<LimitVariants>> = compiled.into_iter().collect();
-    let compiled = compiled?;
-    let specs: Vec<&KeySpec> = compiled.iter().map(|l| l.written().1).collect();
+    let specs: Vec<&KeySpec> = compiled.iter().flatten().map(|l| l.written().1).collect();
     check_shards(at, &specs, p);
-    Some(compiled)
+    compiled
 }
 
 /// One request's keys are cut into one number of shards: split limits of a route agree.

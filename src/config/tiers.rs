@@ -100,13 +100,11 @@ fn compile_variants(
 ) -> Option<LimitVariants> {
     let by_plan_raw = raw.plans.take().unwrap_or_default();
     let by_consumer_raw = raw.consumers.take().unwrap_or_default();
-    let written = super::limits::compile_limit(at, raw.clone(), p).map(compiled)?;
-    let mut variants = Variants {
-        written,
-        entries: Vec::new(),
-        by_plan: HashMap::new(),
-        by_consumer: HashMap::new(),
-    };
+    let written = super::limits::compile_limit(at, raw.clone(), p).map(compiled);
+    let mut entries = Vec::new();
+    let mut by_plan = HashMap::new();
+    let mut by_consumer = HashMap::new();
+    // The plans and consumers named are checked whether the limit as written compiled or not.
     for (name, entry) in by_plan_raw {
         let entry_at = format!("{at}.plans.{name}");
         let Some(plan) = plans.find(&name) else {
@@ -116,11 +114,12 @@ fn compile_variants(
             );
             continue;
         };
-        let index = variants.entries.len();
-        variants
-            .entries
-            .push(compile_entry(&entry_at, &raw, entry, p));
-        variants.by_plan.insert(usize::from(plan.0), index);
+        // An entry inherits what the limit as written says: compiled only when that compiled
+        // (else its problems would be told again, under the entry).
+        if written.is_some() {
+            by_plan.insert(usize::from(plan.0), entries.len());
+            entries.push(compile_entry(&entry_at, &raw, entry, p));
+        }
     }
     for (name, entry) in by_consumer_raw {
         let entry_at = format!("{at}.consumers.{name}");
@@ -131,13 +130,17 @@ fn compile_variants(
             );
             continue;
         }
-        let index = variants.entries.len();
-        variants
-            .entries
-            .push(compile_entry(&entry_at, &raw, entry, p));
-        variants.by_consumer.insert(name.as_str().into(), index);
+        if written.is_some() {
+            by_consumer.insert(name.as_str().into(), entries.len());
+            entries.push(compile_entry(&entry_at, &raw, entry, p));
+        }
     }
-    Some(LimitVariants(variants))
+    Some(LimitVariants(Variants {
+        written: written?,
+        entries,
+        by_plan,
+        by_consumer,
+    }))
 }
 
 fn compiled((limit, spec, headers): (Limit, KeySpec, CostHeaders)) -> Compiled {

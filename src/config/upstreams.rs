@@ -26,14 +26,16 @@ pub fn compile(at: &str, raw: Option<RawUpstream>, p: &mut Problems) -> Option<U
         p.add(at, "required, e.g. { servers: [127.0.0.1:3000] }");
         return None;
     };
-    if raw.servers.is_empty() {
+    // No server is one problem among the upstream's others: they are checked too.
+    let servers = if raw.servers.is_empty() {
         p.add(
             format!("{at}.servers"),
             "at least one upstream server is required",
         );
-        return None;
-    }
-    let servers = compile_servers(at, &raw.servers, p);
+        None
+    } else {
+        compile_servers(at, &raw.servers, p)
+    };
     let millis = |ms: u64, field: &str, p: &mut Problems| {
         millis_within(ms, MILLIS, &format!("{at}.{field}"), p)
     };

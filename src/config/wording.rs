@@ -1,21 +1,19 @@
 //! serde's messages in an operator's words: the Rust type names serde says it expected become
-//! what an operator writes (a whole number, a list, a table).
+//! what an operator writes (a whole number, a list, a table), and a value of the wrong type is
+//! told as `expected WHAT, got WHAT WAS WRITTEN` ([`misfit`]).
 
 /// serde's names of the types it expected, and an operator's words for them.
 const WORDS: &[(&str, &str)] = &[
     ("u8", "a whole number from 0 to 255"),
     ("u16", "a whole number from 0 to 65535"),
     ("u32", "a whole number from 0 to 4294967295"),
-    ("u64", "a whole number from 0 to 18446744073709551615"),
-    ("usize", "a whole number from 0 to 18446744073709551615"),
-    ("u128", "a whole number, 0 or more"),
+    ("u64", "a whole number ≥ 0"),
+    ("usize", "a whole number ≥ 0"),
+    ("u128", "a whole number ≥ 0"),
     ("i8", "a whole number from -128 to 127"),
     ("i16", "a whole number from -32768 to 32767"),
     ("i32", "a whole number from -2147483648 to 2147483647"),
-    (
-        "i64",
-        "a whole number from -9223372036854775808 to 9223372036854775807",
-    ),
+    ("i64", "a whole number"),
     ("i128", "a whole number"),
     ("f32", "a number"),
     ("f64", "a number"),
@@ -61,6 +59,116 @@ fn starts_with_word(text: &str, word: &str) -> bool {
         .is_some_and(|rest| !rest.starts_with(|c: char| c.is_alphanumeric() || c == '_'))
 }
 
+/// A misfit (a value of the wrong type, a key a table refuses, a key missing) as a problem: its
+/// YAML path and what is wrong, in an operator's words.
+pub fn misfit(error: &serde_path_to_error::Error<serde_yaml::Error>) -> (String, String) {
+    let path = yaml_path(error.path());
+    let inner = error.inner();
+    let mut message = inner.to_string();
+    // serde_yaml's own text: `PATH: MESSAGE at line L column C`.
+    if let Some(rest) = message.strip_prefix(&format!("{path}: ")) {
+        message = rest.to_string();
+    }
+    if let Some(location) = inner.location() {
+        let suffix = format!(" at line {} column {}", location.line(), location.column());
+        if let Some(rest) = message.strip_suffix(&suffix) {
+            message = rest.to_string();
+        }
+    }
+    let key = |text: &str| text.split('`').nth(1).unwrap_or_default().to_string();
+    // The key's own path: the misfit's, or below it when the path stops at its table.
+    let below = |key: String| {
+        if path == key || path.ends_with(&format!(".{key}")) {
+            path.clone()
+        } else if path.is_empty() {
+            key
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    if message.starts_with("unknown field") {
+        return (below(key(&message)), "unknown key".to_string());
+    }
+    if message.starts_with("missing field") {
+        return (below(key(&message)), "required".to_string());
+    }
+    if message.starts_with("duplicate field") {
+        return (below(key(&message)), "written twice".to_string());
+    }
+    (path, type_error(&message))
+}
+
+/// The path of a misfit as the rest of the configuration's problems write it
+/// (`routes[0].limits[1].rate`).
+fn yaml_path(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            Segment::Map { key } if out.is_empty() => out.push_str(key),
+            Segment::Map { key } => {
+                out.push('.');
+                out.push_str(key);
+            }
+            Segment::Enum { .. } | Segment::Unknown => {}
+        }
+    }
+    out
+}
+
+/// serde's `invalid type: FOUND, expected WHAT` (or `invalid value: ...`) as `expected WHAT,
+/// got FOUND` in plain words; other messages in plain words as they are.
+fn type_error(message: &str) -> String {
+    if message.starts_with("data did not match any variant of untagged enum OneOrMany") {
+        return "expected a string or a list of strings".to_string();
+    }
+    let invalid = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "));
+    let Some((found, expected)) = invalid.and_then(|rest| rest.split_once(", expected ")) else {
+        return plain_words(message);
+    };
+    let expected = plain_words(&format!("expected {expected}"));
+    match found_in_words(found) {
+        None => format!("is empty, {expected}"),
+        Some(found) => format!("{expected}, got {found}"),
+    }
+}
+
+/// What serde says was written, as an operator wrote it; `None` for nothing at all.
+fn found_in_words(found: &str) -> Option<String> {
+    let quoted = |prefix: &str| {
+        found
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.strip_prefix('`'))
+            .and_then(|rest| rest.split('`').next())
+            .map(str::to_string)
+    };
+    if found == "unit value" {
+        return None;
+    }
+    if let Some(number) = quoted("integer ") {
+        let too_large = found.ends_with("as u128") || found.ends_with("as i128");
+        return Some(if too_large {
+            format!("{number} (too large)")
+        } else {
+            number
+        });
+    }
+    if let Some(number) = quoted("floating point ") {
+        return Some(format!("{number} (a decimal)"));
+    }
+    if let Some(value) = quoted("boolean ") {
+        return Some(value);
+    }
+    Some(match found {
+        "sequence" => "a list".to_string(),
+        "map" => "a table".to_string(),
+        other => other.strip_prefix("string ").unwrap_or(other).to_string(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,7 +177,7 @@ mod tests {
     fn rust_type_names_become_plain_words() {
         assert_eq!(
             plain_words("redis.timeout_ms: invalid type: string \"fast\", expected u64 at line 4 column 15"),
-            "redis.timeout_ms: invalid type: string \"fast\", expected a whole number from 0 to 18446744073709551615 at line 4 column 15"
+            "redis.timeout_ms: invalid type: string \"fast\", expected a whole number ≥ 0 at line 4 column 15"
         );
         assert_eq!(
             plain_words("ipv6_prefix: invalid value: integer `300`, expected u8 at line 1 column 14"),
@@ -84,6 +192,76 @@ mod tests {
                 "listen: invalid type: integer `5`, expected a sequence at line 1 column 9"
             ),
             "listen: invalid type: integer `5`, expected a list at line 1 column 9"
+        );
+    }
+
+    /// The misfit serde reports reading `text` as a `T`.
+    fn misfit_of<T: serde::de::DeserializeOwned + std::fmt::Debug>(text: &str) -> (String, String) {
+        let deserializer = serde_yaml::Deserializer::from_str(text);
+        let error = serde_path_to_error::deserialize::<_, T>(deserializer).expect_err("a misfit");
+        misfit(&error)
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Shape {
+        count: Option<u64>,
+        small: Option<u8>,
+        name: Option<String>,
+        list: Option<Vec<String>>,
+        on: Option<bool>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Strict {
+        known: Option<u64>,
+    }
+
+    #[test]
+    fn misfits_say_what_was_expected_and_what_was_written() {
+        for (text, path, message) in [
+            ("count: -1", "count", "expected a whole number ≥ 0, got -1"),
+            (
+                "count: 1.5",
+                "count",
+                "expected a whole number ≥ 0, got 1.5 (a decimal)",
+            ),
+            (
+                "count: fast",
+                "count",
+                "expected a whole number ≥ 0, got \"fast\"",
+            ),
+            (
+                "count: 99999999999999999999",
+                "count",
+                "expected a whole number ≥ 0, got 99999999999999999999 (too large)",
+            ),
+            (
+                "count: [1]",
+                "count",
+                "expected a whole number ≥ 0, got a list",
+            ),
+            (
+                "small: 300",
+                "small",
+                "expected a whole number from 0 to 255, got 300",
+            ),
+            ("name: [a]", "name", "expected a string, got a list"),
+            ("list: 5", "list", "expected a list, got 5"),
+            ("on: maybe", "on", "expected true or false, got \"maybe\""),
+            ("list: [a, [b]]", "list[1]", "expected a string, got a list"),
+        ] {
+            assert_eq!(
+                misfit_of::<Shape>(text),
+                (path.to_string(), message.to_string()),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            misfit_of::<Strict>("known: 1\nunknwon: 2"),
+            ("unknwon".to_string(), "unknown key".to_string())
         );
     }
 }

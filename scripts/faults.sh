@@ -20,7 +20,7 @@ trap 'rm -f "$table"' EXIT
 SLUICE_FAULTS=${SLUICE_FAULTS:-long} SLUICE_FAULT_TABLE=$table \
   cargo test --release --test faults -- --test-threads 1 "$@"
 echo
-echo "$(date -u +%F), $(nproc) cores, $(redis-server --version | awk '{print $3}'), SLUICE_FAULTS=${SLUICE_FAULTS:-long}:"
+echo "$(date -u +%F), $(nproc) cores, Redis $(redis-server --version | awk '{print $3}' | sed 's/^v=//'), SLUICE_FAULTS=${SLUICE_FAULTS:-long}:"
 echo
 echo "| fault | failure mode | bound (design) | bound | exact | admitted | over | under | 503 | worst latency | heal |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"

@@ -630,7 +630,8 @@ fn one_gateway_slower_than_the_deadline() {
     warm(&[&a, &b]);
     let (run, fault_at) = Run::until_the_fault(&[&a, &b], &[&b], "/api/x");
     relay.delay(Duration::from_millis(300));
-    std::thread::sleep(scaled(Duration::from_secs(3)));
+    let slowed_for = scaled(Duration::from_secs(3));
+    std::thread::sleep(slowed_for);
     relay.delay(Duration::ZERO);
     let healed_at = run.at();
     let seen = run.end_after(scaled(Duration::from_secs(3)));
@@ -644,7 +645,10 @@ fn one_gateway_slower_than_the_deadline() {
         .unwrap_or_default();
     println!("slow link: the slowed gateway's worst latency {worst_b:?} (deadline 100 ms)");
     row(
-        "one of 2 gateways' link delayed 300 ms (3 × the deadline) for 3 s",
+        &format!(
+            "one of 2 gateways' link delayed 300 ms (3 × the deadline) for {} s",
+            slowed_for.as_secs()
+        ),
         "deny",
         &seen,
         (

@@ -8,7 +8,10 @@
 //!   key (all keys of one call share a hash tag) and follows MOVED/ASK after a failover;
 //! * sentinel: a multiplexed connection to the master the Sentinels name. A connection error,
 //!   `READONLY` (the master was demoted) or a missed deadline drops it, and the next call asks the
-//!   Sentinels again: a failover is followed without a restart.
+//!   Sentinels again: a failover is followed without a restart. The link is fenced against a
+//!   stale primary (one paused through its own failover and resumed answers `ROLE` as a master
+//!   until the Sentinels reconfigure it): a connection is kept only if the Sentinels still name
+//!   its server once it is made, and [`Link::verify`] asks them again every second.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -168,6 +171,7 @@ impl Link {
         )?;
         Ok(Link::Sentinel(Arc::new(SentinelLink {
             sentinel: tokio::sync::Mutex::new(client),
+            master_name: master_name.to_string(),
             current: ArcSwapOption::empty(),
             response_timeout,
         })))
@@ -206,6 +210,14 @@ impl Link {
         match self {
             Link::Standalone { client, .. } => Some(client.get_connection_info()),
             _ => None,
+        }
+    }
+
+    /// Checks that the connection still goes where it should (the keeper calls this every
+    /// second): a Sentinel link drops its master's connection once the Sentinels name another.
+    pub async fn verify(&self) {
+        if let Link::Sentinel(link) = self {
+            link.verify().await;
         }
     }
 
@@ -300,14 +312,21 @@ impl ClusterLink {
 pub struct SentinelLink {
     /// Also makes discovery single-flight: callers queue here and reuse what the first found.
     sentinel: tokio::sync::Mutex<SentinelClient>,
-    current: ArcSwapOption<MultiplexedConnection>,
+    master_name: String,
+    current: ArcSwapOption<Master>,
     response_timeout: Duration,
+}
+
+/// The master's connection, and the address the Sentinels named for it.
+struct Master {
+    connection: MultiplexedConnection,
+    address: (String, u16),
 }
 
 impl SentinelLink {
     async fn connection(self: &Arc<Self>) -> Result<MultiplexedConnection, LimiterError> {
         if let Some(current) = self.current.load_full() {
-            return Ok((*current).clone());
+            return Ok(current.connection.clone());
         }
         // Discovery runs as its own task: a caller that gives up at its deadline does not
         // cancel it, so the next caller finds the master already connected.
@@ -320,7 +339,7 @@ impl SentinelLink {
     async fn discover(&self) -> Result<MultiplexedConnection, LimiterError> {
         let mut sentinel = self.sentinel.lock().await;
         if let Some(current) = self.current.load_full() {
-            return Ok((*current).clone());
+            return Ok(current.connection.clone());
         }
         let discovered = async {
             // Asks the Sentinels for the master's address and checks that it says it is master.
@@ -328,16 +347,89 @@ impl SentinelLink {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(CONNECT_TIMEOUT))
                 .set_response_timeout(Some(self.response_timeout));
-            client
+            let connection = client
                 .get_multiplexed_async_connection_with_config(&config)
-                .await
+                .await?;
+            // A primary paused through its own failover, resumed while this was connecting,
+            // still answers ROLE as a master: the Sentinels decide who the master is now.
+            let address = address_of(client.get_connection_info());
+            let named = self.named_master(&mut sentinel).await?;
+            Ok((connection, address, named))
         };
-        let connection = tokio::time::timeout(CONNECT_TIMEOUT * 2, discovered)
+        let (connection, address, named) = tokio::time::timeout(CONNECT_TIMEOUT * 2, discovered)
             .await
             .map_err(|_| LimiterError::Connection("sentinel discovery timed out".into()))?
-            .map_err(|e| LimiterError::Connection(format!("redis master via sentinel: {e}")))?;
-        log::info!("connected to the redis master named by the sentinels");
-        self.current.store(Some(Arc::new(connection.clone())));
+            .map_err(|e: redis::RedisError| {
+                LimiterError::Connection(format!("redis master via sentinel: {e}"))
+            })?;
+        if address != named {
+            return Err(LimiterError::Connection(format!(
+                "redis master via sentinel: {}:{} answered as master, but the sentinels name {}:{} now",
+                address.0, address.1, named.0, named.1
+            )));
+        }
+        log::info!(
+            "connected to the redis master at {}:{}, named by the sentinels",
+            address.0,
+            address.1
+        );
+        self.current.store(Some(Arc::new(Master {
+            connection: connection.clone(),
+            address,
+        })));
         Ok(connection)
+    }
+
+    /// The address the Sentinels name for the master now (the first that answers).
+    async fn named_master(
+        &self,
+        sentinel: &mut SentinelClient,
+    ) -> Result<(String, u16), redis::RedisError> {
+        let client = sentinel.async_get_sentinel_client().await?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(self.response_timeout));
+        let mut connection = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.master_name)
+            .query_async(&mut connection)
+            .await
+    }
+
+    /// Drops the master's connection once the Sentinels name another server (a failover this
+    /// gateway's calls did not notice: its old master still answers).
+    async fn verify(&self) {
+        let Some(current) = self.current.load_full() else {
+            return;
+        };
+        // Never behind a discovery: that one checks for itself.
+        let Ok(mut sentinel) = self.sentinel.try_lock() else {
+            return;
+        };
+        let named = tokio::time::timeout(CONNECT_TIMEOUT, self.named_master(&mut sentinel)).await;
+        if let Ok(Ok(named)) = named {
+            if named != current.address {
+                log::warn!(
+                    "the sentinels name {}:{} as the redis master now: the connection to {}:{} is dropped",
+                    named.0,
+                    named.1,
+                    current.address.0,
+                    current.address.1
+                );
+                self.current.store(None);
+            }
+        }
+    }
+}
+
+/// The host and port a connection info names (a Unix socket names none).
+fn address_of(info: &ConnectionInfo) -> (String, u16) {
+    match info.addr() {
+        redis::ConnectionAddr::Tcp(host, port) => (host.clone(), *port),
+        redis::ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port),
+        _ => (String::new(), 0),
     }
 }

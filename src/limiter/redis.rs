@@ -250,8 +250,9 @@ impl RedisLimiter {
 
     /// Connects, then checks the connections every second for as long as its runtime runs: a
     /// `PING` over the shared connection (a broken one fails it, and redis-rs, or the link for
-    /// a Sentinel master, connects again in the background), and the decision lane's idle
-    /// connection (dropped if the server closed it, made again when absent). So a connection
+    /// a Sentinel master, connects again in the background), the decision lane's idle
+    /// connection (dropped if the server closed it, made again when absent), and that the
+    /// Sentinels still name the master connected to (`Link::verify`). So a connection
     /// that broke while no request used it is replaced before one needs it. One task per
     /// backend: later calls return at once.
     pub async fn keep_connections(&self) {
@@ -266,6 +267,7 @@ impl RedisLimiter {
                 direct.check_idle();
             }
             let _ = self.within_deadline(None, self.ping()).await;
+            self.link.verify().await;
         }
     }
 

@@ -302,7 +302,7 @@ impl RedisSentinels {
                             "port {port}\nbind 127.0.0.1\ndir {dir}\n\
                              sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
                              sentinel down-after-milliseconds {MASTER_NAME} {FAILURE_DETECTION_MS}\n\
-                             sentinel failover-timeout {MASTER_NAME} 5000\n\
+                             sentinel failover-timeout {MASTER_NAME} 3000\n\
                              sentinel parallel-syncs {MASTER_NAME} 1\n",
                             dir = dir.path().display()
                         ),

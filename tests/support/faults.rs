@@ -24,12 +24,15 @@ pub fn scaled(short: Duration) -> Duration {
     }
 }
 
+/// The status of a request that could not connect (nobody listens): not an HTTP status.
+pub const REFUSED: u16 = 1;
+
 /// One answer of the load.
 #[derive(Debug, Clone, Copy)]
 pub struct Sample {
     /// Which gateway (its index in the load's targets).
     pub gateway: usize,
-    /// 0: the connection failed or no answer came.
+    /// 0: connected, but no answer came; [`REFUSED`]: no connection.
     pub status: u16,
     pub latency: Duration,
     /// When it was sent, since the load started.
@@ -92,11 +95,13 @@ impl Load {
     }
 }
 
-/// One GET on a new connection; its status, or 0 when the connection failed or no answer came
-/// within 10 s.
+/// One GET on a new connection; its status, 0 when no answer came within 10 s (or the
+/// connection broke), [`REFUSED`] when it could not connect.
 pub fn try_get(target: SocketAddr, path: &str) -> u16 {
-    let attempt = || -> std::io::Result<u16> {
-        let mut stream = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
+    let Ok(stream) = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(2)) else {
+        return REFUSED;
+    };
+    let attempt = |mut stream: std::net::TcpStream| -> std::io::Result<u16> {
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
         write!(
             stream,
@@ -111,7 +116,7 @@ pub fn try_get(target: SocketAddr, path: &str) -> u16 {
             .and_then(|s| s.parse().ok())
             .unwrap_or(0))
     };
-    attempt().unwrap_or(0)
+    attempt(stream).unwrap_or(0)
 }
 
 /// Decisions that say the limiter could not decide (the failure mode applied, or the

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, HeaderValue, Method};
 use sluice::config::Config;
-use sluice::keys::RequestFacts;
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
 use sluice::limiter::{entries, script, Ask, Asks, Key, LimitRequest, RequestId};
+use sluice::route::keys::RequestFacts;
 
 /// 40 routes (hosts, prefixes, methods) ahead of the one the benchmark asks for, so the lookup
 /// does real work; that route has three limits.
@@ -63,11 +63,17 @@ fn hot_path(c: &mut Criterion) {
         })
     });
     c.bench_function("identity: client behind two trusted hops", |b| {
-        b.iter(|| config.identity.client(Some(black_box(peer)), &headers))
+        b.iter(|| {
+            config
+                .trusted_proxies
+                .client(Some(black_box(peer)), &headers)
+        })
     });
     c.bench_function("identity + keys: three limits", |b| {
         b.iter(|| {
-            let client_ip = config.identity.client(Some(black_box(peer)), &headers);
+            let client_ip = config
+                .trusted_proxies
+                .client(Some(black_box(peer)), &headers);
             let facts = RequestFacts {
                 client_ip,
                 method: method.as_str(),
@@ -136,7 +142,7 @@ fn hot_path(c: &mut Criterion) {
 /// One client's standing under 10,000 `deny` prefixes (IPv4 /24s and IPv6 /48s) and an
 /// `allow` list: what an address lookup costs a request.
 fn address_lists(c: &mut Criterion) {
-    use sluice::addresses::{AddressLists, Ranges};
+    use sluice::caller::address_lists::{AddressLists, Ranges};
     let deny: Ranges = (0..10_000u32)
         .map(|i| {
             let net = if i % 2 == 0 {
@@ -168,7 +174,7 @@ fn address_lists(c: &mut Criterion) {
 /// Reading and verifying a presented API key among 10,000 stored hashes: the header read, one
 /// SHA-256 and one lookup (docs/consumers.md#api-keys).
 fn api_keys(c: &mut Criterion) {
-    use sluice::api_keys::{presented_key, ApiKey, ApiKeys, KeyHash};
+    use sluice::caller::api_keys::{presented_key, ApiKey, ApiKeys, KeyHash};
     let mut keys = ApiKeys::default();
     for i in 0..10_000 {
         let key = ApiKey {
@@ -198,8 +204,8 @@ fn api_keys(c: &mut Criterion) {
 /// claims, the consumer and plan read): what `auth` with `identity.jwt` costs a request the
 /// first time its token is seen; and a token seen before (`jwt/cache.rs`).
 fn jwt(c: &mut Criterion) {
-    use sluice::jwt::testing::{self, Family, TestKey};
-    use sluice::jwt::{jwks, Algorithm, JwtSettings, JwtVerifier, KeySource};
+    use sluice::caller::jwt::testing::{self, Family, TestKey};
+    use sluice::caller::jwt::{jwks, Algorithm, JwtSettings, JwtVerifier, KeySource};
     let now = testing::now();
     let families = [
         (

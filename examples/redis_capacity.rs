@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 
 use http::HeaderMap;
 use sluice::config::Config;
-use sluice::keys::RequestFacts;
 use sluice::limiter::redis::RedisLimiter;
 use sluice::limiter::script::{decision_script, Algorithms};
 use sluice::limiter::{entries, Coalescing, LimitRequest, Limiter, RequestId, Topology};
+use sluice::route::keys::RequestFacts;
 
 /// One route per scenario; every limit generous enough that all calls are allowed.
 const SCENARIOS: &str = r#"

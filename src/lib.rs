@@ -1,48 +1,35 @@
 //! sluice: a Pingora reverse proxy that enforces exact rate limits shared by every gateway
 //! instance, decided by one Lua script call per request in Redis (or in-process without Redis).
 //!
-//! Layers (arrows point down only; `tests/layering.rs` checks it):
-//! * glue, which knows Pingora: `app` (wiring), `reload` (the configuration service),
-//!   `snapshot` (what a reload swaps), `pool` (upstream pools and health checks), `proxy`, `admin`,
-//!   `access_log` (the log's writer thread and files), `traces` (the OpenTelemetry pipeline);
-//! * domain, plain Rust: `config`, `api_keys`, `router`, `identity`, `keys`, `path`, `upstream`, `metrics`,
-//!   and the limiter's policy (`limiter::policy`, which owns the verdict);
-//! * backends: `limiter::redis` and `limiter::local`, with their decorators.
+//! A request goes down these folders, top to bottom, and each imports only the folders below it
+//! (`tests/layering.rs` checks it); docs/architecture.md follows one request through them.
 #![forbid(unsafe_code)]
 
-pub mod access_log;
-pub mod addresses;
-pub mod admin;
-pub mod answer;
-pub mod api_keys;
-pub mod app;
-pub mod client_cert;
-pub mod config;
-pub mod consumers;
-pub mod daemon;
-pub mod drain;
+/// Pingora in, answers out: the server's wiring, the proxy's hooks, listeners and their TLS,
+/// graceful drain, the admin and usage API, the rate limit service over gRPC.
+pub mod edge;
+
+/// The configuration in force: the snapshot a reload swaps, the reload itself, `-d`.
+pub mod runtime;
+
+/// One request from head to end, without Pingora: admit, the upstream steps, end; every answer.
 pub mod exchange;
-pub mod identity;
-pub mod jwt;
-pub mod keys;
-pub mod limiter;
-pub mod listening;
-pub mod logging;
-pub mod metrics;
-pub mod path;
-pub mod pem;
-pub mod pool;
-pub mod pricing;
-pub mod proxy;
-pub mod reload;
-pub mod rls;
-pub mod rls_service;
-pub mod router;
-pub mod secret;
-pub mod snapshot;
-pub mod sources;
-pub mod tiers;
-pub mod tls;
-pub mod traces;
+
+/// Where an admitted request goes: pools, health checks, upstream TLS.
 pub mod upstream;
-pub mod usage;
+
+/// What the operator sees: metric families, the access log, traces, the process log.
+pub mod observe;
+
+/// The YAML file compiled into typed values, every problem reported at once.
+pub mod config;
+
+/// What a request meets: the route table, paths, tiers, keys, pricing, the upstream as
+/// configured, the rate limit service's descriptors.
+pub mod route;
+
+/// Who is calling: client address, address lists, API keys, client certificates, consumers, JWT.
+pub mod caller;
+
+/// The decision: policy, engine, algorithms (Lua twins), Redis and in-process backends, leases.
+pub mod limiter;

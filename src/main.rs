@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use mimalloc::MiMalloc;
-use sluice::app::{self, RunOptions};
 use sluice::config::{self, Config, ConfigError};
-use sluice::daemon;
+use sluice::edge::server::{self, RunOptions};
+use sluice::runtime::daemon;
 
 /// A Pingora reverse proxy with exact, shared rate limits in Redis.
 #[derive(Debug, Parser)]
@@ -95,7 +95,7 @@ fn main() -> ExitCode {
     if let Some(names) = cli.print_library {
         return print_script(&names, true);
     }
-    sluice::logging::init();
+    sluice::observe::logging::init();
 
     let config = match checked(&cli.conf) {
         Ok((config, warnings)) => {
@@ -123,7 +123,7 @@ fn main() -> ExitCode {
         return daemon::launch();
     }
     daemon::connect_to_launcher();
-    match app::run(
+    match server::run(
         config,
         RunOptions {
             daemon: daemonize,
@@ -143,7 +143,7 @@ fn main() -> ExitCode {
 /// when the file has other problems, so that one run reports every problem.
 fn checked(conf: &Path) -> Result<(Config, Vec<String>), ConfigError> {
     let (config, mut problems) = Config::load_all(conf);
-    let warnings = match config.as_ref().map(app::preflight) {
+    let warnings = match config.as_ref().map(server::preflight) {
         Some(Ok(warnings)) => warnings,
         Some(Err(mut error)) => {
             problems.append(&mut error.problems);
@@ -179,11 +179,11 @@ fn hash_key() -> ExitCode {
     let checked = if key.contains(&b'\n') {
         Err("give one key, on one line".to_string())
     } else {
-        sluice::api_keys::check_new_key(key)
+        sluice::caller::api_keys::check_new_key(key)
     };
     match checked {
         Ok(()) => {
-            println!("{}", sluice::api_keys::KeyHash::of(key));
+            println!("{}", sluice::caller::api_keys::KeyHash::of(key));
             ExitCode::SUCCESS
         }
         Err(why) => {
@@ -195,10 +195,10 @@ fn hash_key() -> ExitCode {
 
 /// `sluice gen-key`: a new key on the first line, its hash on the second.
 fn gen_key() -> ExitCode {
-    match sluice::api_keys::generate_key() {
+    match sluice::caller::api_keys::generate_key() {
         Ok(key) => {
             println!("{key}");
-            println!("{}", sluice::api_keys::KeyHash::of(key.as_bytes()));
+            println!("{}", sluice::caller::api_keys::KeyHash::of(key.as_bytes()));
             eprintln!("sluice: give the key (first line) to its consumer, list the hash (second line) in the key file; the key is not kept anywhere");
             ExitCode::SUCCESS
         }

@@ -13,7 +13,6 @@ use std::task::{Context, Poll, Waker};
 
 use http::{HeaderMap, HeaderValue, Method};
 use sluice::config::Config;
-use sluice::keys::RequestFacts;
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::guard::{GuardMeters, Guarded};
 use sluice::limiter::leased::{LeaseMeters, Leased};
@@ -21,8 +20,9 @@ use sluice::limiter::local::LocalLimiter;
 use sluice::limiter::{
     entries, script, Engine, LimitRequest, Limiter, Policy, PolicyMeters, RequestId,
 };
-use sluice::path::normalize;
-use sluice::router::Route;
+use sluice::route::keys::RequestFacts;
+use sluice::route::path::normalize;
+use sluice::route::table::Route;
 use support::config::route;
 use support::limits::{fixed_window, gcra, sliding_window};
 
@@ -114,7 +114,7 @@ fn per_request_work_allocates_nothing() {
             .find("example.com", path, &method)
             .expect("route"),
     );
-    let client_ip = config.identity.client(Some(peer), &headers);
+    let client_ip = config.trusted_proxies.client(Some(peer), &headers);
     let facts = RequestFacts {
         client_ip,
         method: method.as_str(),
@@ -142,7 +142,10 @@ fn per_request_work_allocates_nothing() {
         (
             "client identity",
             allocations(1000, || {
-                assert_eq!(config.identity.client(Some(peer), &headers), client_ip);
+                assert_eq!(
+                    config.trusted_proxies.client(Some(peer), &headers),
+                    client_ip
+                );
             }),
         ),
         (
@@ -240,7 +243,7 @@ fn the_policys_decision_allocates_nothing_once_its_keys_are_known() {
         assert_eq!(route.tiers.default().limits.len(), limits);
         let facts = RequestFacts {
             client_ip: config
-                .identity
+                .trusted_proxies
                 .client(Some([127, 0, 0, 1].into()), &headers),
             method: "GET",
             host: "example.com",
@@ -303,7 +306,7 @@ fn the_redis_engines_decorators_allocate_nothing_around_their_backend() {
 #[test]
 fn a_request_through_the_exchange_allocates_nothing() {
     use sluice::exchange::{Admission, Exchange, Head};
-    use sluice::snapshot::Snapshot;
+    use sluice::runtime::snapshot::Snapshot;
 
     let config = Config::from_yaml(Path::new("inline.yaml"), &config()).expect("config");
     let snapshot = Arc::new(Snapshot::build(config).expect("snapshot"));
@@ -325,7 +328,7 @@ fn a_request_through_the_exchange_allocates_nothing() {
     let serve = || {
         // 20 ms apart: within every limit.
         clock.advance(20_000);
-        let mut exchange = Exchange::new(Arc::clone(&snapshot), std::time::Instant::now());
+        let mut exchange = Exchange::new(Arc::clone(&snapshot.site), std::time::Instant::now());
         let admission = ready(exchange.admit(&policy, &request));
         assert!(
             matches!(admission, Admission::Admitted { .. }),
@@ -347,7 +350,7 @@ fn a_request_through_the_exchange_allocates_nothing() {
 
 #[test]
 fn verifying_an_api_key_allocates_nothing() {
-    use sluice::api_keys::presented_key;
+    use sluice::caller::api_keys::presented_key;
     // The hashes of `abc` and `hello` (sha256sum).
     let keys = sluice::config::api_key_file::from_yaml(
         "keys:\n\

@@ -281,7 +281,7 @@ fn the_configurations_of_the_consumers_guide_pass() {
         .expect("docs/consumers.md");
     let dir = tempfile::tempdir().expect("temp dir");
     let key_file = dir.path().join("api-keys.yaml");
-    let hash = sluice::api_keys::KeyHash::of(b"sk_documented_example_key_01");
+    let hash = sluice::caller::api_keys::KeyHash::of(b"sk_documented_example_key_01");
     std::fs::write(
         &key_file,
         format!("keys:\n  - {{ hash: \"{hash}\", consumer: acme }}\n"),

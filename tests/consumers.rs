@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use redis::Commands;
-use sluice::api_keys::KeyHash;
+use sluice::caller::api_keys::KeyHash;
 use support::config::{route, Config, Route};
 use support::limits::{calendar, fixed_window};
 use support::{http_get, metric, Gateway, RedisServer, Upstream};

@@ -1,11 +1,13 @@
-//! Functions stay small enough to read at once: none in `src/` is over 80 lines, and no Pingora
-//! hook (the `ProxyHttp` impl, where policy must not grow back) is over 40. Lines are counted
+//! Functions stay small enough to read at once: none in `src/` is over 60 lines (80 in test
+//! code: a `tests.rs` file, or what follows a file's `#[cfg(test)]`), and no Pingora hook (the
+//! `ProxyHttp` impl, where policy must not grow back) is over 40. Lines are counted
 //! from the `fn` line to the closing brace of rustfmt-formatted code (`cargo fmt --check` runs
 //! in CI), so the closing brace sits at the indentation of the `fn` line.
 
 use std::path::{Path, PathBuf};
 
-const MAX_LINES: usize = 80;
+const MAX_LINES: usize = 60;
+const MAX_TEST_LINES: usize = 80;
 const MAX_HOOK_LINES: usize = 40;
 
 /// One function of the source tree.
@@ -17,6 +19,8 @@ struct Function {
     lines: usize,
     /// A method of `impl ProxyHttp for ...`.
     hook: bool,
+    /// Test code.
+    test: bool,
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -65,6 +69,14 @@ fn functions(file: &Path) -> Vec<Function> {
     let lines: Vec<&str> = source.lines().collect();
     let mut found = Vec::new();
     let mut hook_impl: Option<String> = None;
+    let tests_from = if file.file_name().is_some_and(|name| name == "tests.rs") {
+        0
+    } else {
+        lines
+            .iter()
+            .position(|line| *line == "#[cfg(test)]")
+            .unwrap_or(lines.len())
+    };
     for (at, line) in lines.iter().enumerate() {
         if line.trim_start().starts_with("impl ProxyHttp for ") {
             hook_impl = Some(format!("{}}}", indentation(line)));
@@ -93,6 +105,7 @@ fn functions(file: &Path) -> Vec<Function> {
             name: name.to_string(),
             lines: closes - at + 1,
             hook: hook_impl.is_some(),
+            test: at >= tests_from,
         });
     }
     found
@@ -124,11 +137,23 @@ fn describe(functions: &[&Function], max: usize) -> String {
 }
 
 #[test]
-fn no_function_is_over_80_lines() {
+fn no_function_is_over_60_lines() {
     let all = all_functions();
     assert!(all.len() > 500, "the scan found the source's functions");
-    let long: Vec<&Function> = all.iter().filter(|f| f.lines > MAX_LINES).collect();
+    assert!(
+        all.iter().filter(|f| f.test).count() > 100,
+        "the scan found the tests"
+    );
+    let long: Vec<&Function> = all
+        .iter()
+        .filter(|f| !f.test && f.lines > MAX_LINES)
+        .collect();
     assert!(long.is_empty(), "\n{}", describe(&long, MAX_LINES));
+    let long: Vec<&Function> = all
+        .iter()
+        .filter(|f| f.test && f.lines > MAX_TEST_LINES)
+        .collect();
+    assert!(long.is_empty(), "\n{}", describe(&long, MAX_TEST_LINES));
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The module structure of `src/`, read from its own `use` lines and `crate::`/`super::` paths:
 //! no file imports a file that imports it back (directly or through others), no top-level module
-//! imports one that imports it back, and nothing outside the glue imports the glue.
+//! imports one that imports it back, and every import points down the layers of `LAYERS`.
 //!
 //! A `mod.rs` (or `lib.rs`) may name its children; a child reaches its siblings directly
 //! (`super::decision::Decision`), never through its parent's re-exports (`super::Decision`),
@@ -9,25 +9,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// The modules that know Pingora and wire the process, and the request's lifecycle
-/// (`exchange`, which holds a snapshot but names no Pingora type); nothing else may import them.
-const GLUE: &[&str] = &[
-    "access_log",
-    "exchange",
-    "app",
-    "reload",
-    "rls_service",
-    "snapshot",
-    "pool",
-    "admin",
-    "usage",
-    "proxy",
-    "daemon",
-    "drain",
-    "listening",
-    "logging",
-    "tls",
-    "traces",
+/// The layers of `src/`, top to bottom: a module imports only modules of its own folder or of
+/// folders below; every top-level module is on a line, and folders on one line do not import
+/// each other.
+const LAYERS: &[&[&str]] = &[
+    &["edge"],
+    &["runtime"],
+    &["exchange"],
+    &["upstream", "observe"],
+    &["config"],
+    &["route"],
+    &["caller"],
+    &["limiter"],
 ];
 
 type ModulePath = Vec<String>;
@@ -380,19 +373,40 @@ fn no_top_level_module_imports_one_that_imports_it_back() {
     }
 }
 
+/// The line of `LAYERS` a module's folder is on.
+fn layer(module: &ModulePath) -> Option<usize> {
+    let top = module.first()?;
+    LAYERS.iter().position(|line| line.contains(&top.as_str()))
+}
+
 #[test]
-fn nothing_outside_the_glue_imports_the_glue() {
-    let is_glue = |m: &ModulePath| m.first().is_some_and(|top| GLUE.contains(&top.as_str()));
+fn every_import_points_down_the_layers() {
     let mut offenders = Vec::new();
     for (from, targets) in import_graph() {
-        if from.is_empty() || is_glue(&from) {
-            continue;
+        if from.is_empty() {
+            continue; // lib.rs names every folder
         }
-        for target in targets.iter().filter(|t| is_glue(t)) {
-            offenders.push(format!("{} imports {}", name(&from), name(target)));
+        let Some(at) = layer(&from) else {
+            offenders.push(format!("{} is on no layer", name(&from)));
+            continue;
+        };
+        for target in targets.iter().filter(|t| !t.is_empty()) {
+            let same_folder = target.first() == from.first();
+            if !same_folder && layer(target).is_none_or(|to| to <= at) {
+                offenders.push(format!("{} imports {}", name(&from), name(target)));
+            }
         }
     }
+    offenders.sort();
+    offenders.dedup();
     assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
+
+#[test]
+fn src_has_at_most_twelve_entries() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let entries = std::fs::read_dir(src).expect("read src").count();
+    assert!(entries <= 12, "{entries} entries directly under src/");
 }
 
 /// Whether `code` names the external crate `krate` (`krate::...` not preceded by another path

@@ -14,10 +14,49 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use http::Response;
 use pingora::apps::http_app::{HttpServer, ServeHttp};
+use pingora::http::RequestHeader;
 use pingora::protocols::http::ServerSession;
 use pingora::server::configuration::ServerConf;
 use pingora::server::Server;
 use pingora::services::listening::Service;
+
+/// What the demo answers: the request line, the forwarding headers sluice set, the raw target.
+fn echo(req: &RequestHeader) -> Vec<u8> {
+    let xff = req
+        .headers
+        .get("x-forwarded-for")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-");
+    let host = req
+        .headers
+        .get("host")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-");
+    let mut body = format!(
+        "demo upstream: {} {} (x-forwarded-for: {xff}) (host: {host})\ntarget: ",
+        req.method, req.uri
+    )
+    .into_bytes();
+    body.extend_from_slice(req.raw_path());
+    body.push(b'\n');
+    for (name, value) in req.headers.iter() {
+        let forwarding = name.as_str().starts_with("x-forwarded-")
+            || name == "forwarded"
+            || name == "x-real-ip"
+            || name == "x-request-id"
+            || name == "traceparent"
+            || name.as_str().starts_with("x-consumer-")
+            || name == "x-api-key"
+            || name == "authorization";
+        if forwarding {
+            body.extend_from_slice(name.as_str().as_bytes());
+            body.extend_from_slice(b": ");
+            body.extend_from_slice(value.as_bytes());
+            body.push(b'\n');
+        }
+    }
+    body
+}
 
 struct Demo {
     served: AtomicU64,
@@ -46,40 +85,7 @@ impl ServeHttp for Demo {
             format!("{}\n", self.served.load(Ordering::Relaxed)).into_bytes()
         } else {
             self.served.fetch_add(1, Ordering::Relaxed);
-            let xff = req
-                .headers
-                .get("x-forwarded-for")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("-");
-            let host = req
-                .headers
-                .get("host")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("-");
-            let mut body = format!(
-                "demo upstream: {} {} (x-forwarded-for: {xff}) (host: {host})\ntarget: ",
-                req.method, req.uri
-            )
-            .into_bytes();
-            body.extend_from_slice(req.raw_path());
-            body.push(b'\n');
-            for (name, value) in req.headers.iter() {
-                let forwarding = name.as_str().starts_with("x-forwarded-")
-                    || name == "forwarded"
-                    || name == "x-real-ip"
-                    || name == "x-request-id"
-                    || name == "traceparent"
-                    || name.as_str().starts_with("x-consumer-")
-                    || name == "x-api-key"
-                    || name == "authorization";
-                if forwarding {
-                    body.extend_from_slice(name.as_str().as_bytes());
-                    body.extend_from_slice(b": ");
-                    body.extend_from_slice(value.as_bytes());
-                    body.push(b'\n');
-                }
-            }
-            body
+            echo(req)
         };
         let length = body.len();
         let mut response = Response::new(body);

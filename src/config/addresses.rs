@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 
 use super::problem::Problems;
-use crate::addresses::{AddressLists, Ranges};
+use crate::caller::address_lists::{AddressLists, Ranges};
 
 /// `addresses:` as written.
 #[derive(Debug, Default, Deserialize)]

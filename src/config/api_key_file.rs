@@ -16,7 +16,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::problem::{ignored_path, Problem, Problems};
-use crate::api_keys::{check_consumer, ApiKey, ApiKeys, KeyHash};
+use crate::caller::api_keys::{check_consumer, ApiKey, ApiKeys, KeyHash};
 
 #[derive(Debug, Deserialize)]
 struct RawKeyFile {
@@ -34,7 +34,7 @@ struct RawKey {
 
 /// The keys of the file at `path`, or every problem of it (each with its path in the file).
 pub fn read(path: &Path) -> Result<ApiKeys, Vec<Problem>> {
-    let text = crate::sources::read_to_string(path)
+    let text = crate::config::sources::read_to_string(path)
         .map_err(|e| vec![Problem::new("", format!("cannot read the file: {e}"))])?;
     from_yaml(&text)
 }

@@ -9,7 +9,7 @@ use http::header::HeaderName;
 use serde::Deserialize;
 
 use super::problem::Problems;
-use crate::api_keys::{ApiKeys, DEFAULT_HEADER};
+use crate::caller::api_keys::{ApiKeys, DEFAULT_HEADER};
 
 /// The section as written.
 #[derive(Debug, Default, Deserialize)]

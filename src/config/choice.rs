@@ -107,9 +107,12 @@ pub(crate) use impl_choice;
 // The failure mode's names are the limiter's own strum table.
 impl_choice!(FailureMode, "failure mode");
 // So are a route's `auth:` modes.
-impl_choice!(crate::consumers::AuthMode, "auth mode");
+impl_choice!(crate::caller::consumers::AuthMode, "auth mode");
 // And the certificate fields that name a consumer.
-impl_choice!(crate::consumers::CertificateField, "certificate field");
+impl_choice!(
+    crate::caller::consumers::CertificateField,
+    "certificate field"
+);
 
 /// `algorithm:` of a limit (and of an RLS rate limit): which family runs it. The parameters
 /// that make it a `limiter::Algorithm` are compiled by each section.

@@ -13,12 +13,12 @@ use super::problem::Problems;
 use super::raw::{RawAdmin, RawConfig, RawPath, RawRoute, RawSecret};
 use super::redis::{RedisSettings, DEFAULT_KEY_PREFIX};
 use super::routes::{self, RouteDefaults};
-use crate::identity::{Identity, DEFAULT_IPV6_PREFIX};
-use crate::keys::KeySecret;
+use crate::caller::address::{TrustedProxies, DEFAULT_IPV6_PREFIX};
 use crate::limiter::FailureMode;
-use crate::path::PathPolicy;
-use crate::router::RouteTable;
-use crate::secret::Secret;
+use crate::limiter::Secret;
+use crate::route::keys::KeySecret;
+use crate::route::path::PathRules;
+use crate::route::table::RouteTable;
 
 /// Compiles `raw`; returns `None` or a config, and adds every problem found to `p`.
 pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config> {
@@ -30,11 +30,6 @@ pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config
 /// next (certificates, users, directories) can be checked on it even when `p` is not empty.
 pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
     let serves_rls = raw.rls.is_some();
-    // A relative `rls.config_dir` is taken from the file's directory, made absolute now.
-    let absolute_source = super::paths::absolute(source);
-    let base = absolute_source
-        .parent()
-        .map_or_else(|| PathBuf::from("/"), Path::to_path_buf);
     let server = super::server::check(raw.server, p);
     let listen = super::listeners::compile(raw.listen, !serves_rls, p);
     let (admin_listen, admin_token) = compile_admin(raw.admin, p);
@@ -44,7 +39,7 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
         .and_then(|mode| mode.known("failure_mode", p))
         .unwrap_or(FailureMode::Allow);
     let (key_prefix, secret) = compile_keys(redis.as_ref(), raw.key_secret, p);
-    let identity = compile_identity(&raw.trusted_proxies, raw.ipv6_prefix, p);
+    let trusted_proxies = compile_trusted_proxies(&raw.trusted_proxies, raw.ipv6_prefix, p);
     let addresses = super::addresses::compile("addresses", raw.addresses, p);
     let claim_names = super::identity::claim_names(&raw.routes);
     let consumers = super::identity::compile(raw.identity, claim_names, p);
@@ -60,7 +55,7 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
             key_prefix: &key_prefix,
             secret: secret.keys(),
             instances,
-            base: &base,
+            base: &directory_of(source),
         },
         p,
     );
@@ -80,7 +75,7 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
         admin_token,
         redis,
         failure_mode,
-        identity,
+        trusted_proxies,
         consumers,
         addresses,
         paths,
@@ -91,6 +86,14 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
         watch: raw.watch.unwrap_or(false),
         routes,
     }
+}
+
+/// The directory of the configuration file, absolute: a relative `rls.config_dir` is taken from
+/// it.
+fn directory_of(source: &Path) -> PathBuf {
+    super::paths::absolute(source)
+        .parent()
+        .map_or_else(|| PathBuf::from("/"), Path::to_path_buf)
 }
 
 /// The key prefix (`redis.key_prefix`) and `key_secret`, the key of every key hash. Without a
@@ -176,7 +179,11 @@ fn compile_routes(
     RouteTable::new(compiled)
 }
 
-fn compile_identity(trusted: &[String], ipv6_prefix: Option<u8>, p: &mut Problems) -> Identity {
+fn compile_trusted_proxies(
+    trusted: &[String],
+    ipv6_prefix: Option<u8>,
+    p: &mut Problems,
+) -> TrustedProxies {
     let nets = trusted
         .iter()
         .enumerate()
@@ -198,10 +205,10 @@ fn compile_identity(trusted: &[String], ipv6_prefix: Option<u8>, p: &mut Problem
             format!("must be between 1 and 128, got {prefix}"),
         );
     }
-    Identity::new(nets, prefix)
+    TrustedProxies::new(nets, prefix)
 }
 
-fn compile_paths(raw: Option<RawPath>, p: &mut Problems) -> PathPolicy {
+fn compile_paths(raw: Option<RawPath>, p: &mut Problems) -> PathRules {
     let encoded_slash = raw.and_then(|path| path.encoded_slash);
     match chosen(
         encoded_slash.as_ref(),
@@ -209,13 +216,13 @@ fn compile_paths(raw: Option<RawPath>, p: &mut Problems) -> PathPolicy {
         "path.encoded_slash",
         p,
     ) {
-        Some(EncodedSlash::Keep) => PathPolicy {
+        Some(EncodedSlash::Keep) => PathRules {
             keep_encoded_slash: true,
         },
-        Some(EncodedSlash::Reject) => PathPolicy {
+        Some(EncodedSlash::Reject) => PathRules {
             keep_encoded_slash: false,
         },
-        None => PathPolicy::default(),
+        None => PathRules::default(),
     }
 }
 

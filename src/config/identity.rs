@@ -10,11 +10,11 @@ use super::choice::chosen;
 use super::jwt::compile_jwt;
 use super::problem::{check_name, Problems};
 use super::raw::{RawAuth, RawAuthTable, RawIdentity, RawJwt, RawMtls};
-use crate::consumers::{
+use crate::caller::consumers::{
     AuthMode, CertificateCheck, CertificateField, KeyCheck, PlanId, Plans, RouteAuth, Verifiers,
     NO_PLAN,
 };
-use crate::jwt::JwtVerifier;
+use crate::caller::jwt::JwtVerifier;
 
 /// Plans fit the bit mask of a route's allowed plans.
 const MAX_PLANS: usize = 64;

@@ -1,13 +1,13 @@
 //! The `jwt:` settings (placed by the `identity:` section): where the verification keys come
 //! from (a JWKS file read at load, a JWKS URL fetched in the background, an HMAC secret), which
 //! algorithms are allowed, and which issuer, audience, leeway and claims apply. Compiled into
-//! [`JwtSettings`]; a JWKS file is read and checked here (through `crate::sources`, so
+//! [`JwtSettings`]; a JWKS file is read and checked here (through `crate::config::sources`, so
 //! `watch: true` follows it), so `sluice -t` reports a broken one.
 
 use super::problem::Problems;
 use super::raw::{OneOrMany, RawJwt, RawSecret};
-use crate::jwt::jwks::{self, KeySet};
-use crate::jwt::settings::{
+use crate::caller::jwt::jwks::{self, KeySet};
+use crate::caller::jwt::settings::{
     early_refresh_gap, JwtSettings, KeySource, UrlSource, ALGORITHM_NAMES, DEFAULT_ALGORITHMS,
     DEFAULT_FETCH_TIMEOUT, DEFAULT_LEEWAY_SECONDS, DEFAULT_MAX_JWKS_BYTES, DEFAULT_REFRESH,
 };
@@ -157,7 +157,7 @@ fn hmac_key(
 /// The keys of a JWKS file, read now (at start and at each reload).
 fn file_source(file: &str, at: &str, p: &mut Problems) -> Option<KeySource> {
     let path = super::paths::absolute(file);
-    let text = crate::sources::read(&path)
+    let text = crate::config::sources::read(&path)
         .map_err(|e| p.add(at, format!("cannot read {}: {e}", path.display())))
         .ok()?;
     let parsed = jwks::parse(&text)
@@ -275,8 +275,8 @@ fn claim_name(name: Option<String>, key: &str, at: &str, p: &mut Problems) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::caller::jwt::testing::{self, TestKey};
     use crate::config::problem::problems_of;
-    use crate::jwt::testing::{self, TestKey};
 
     fn jwt(yaml: &str) -> (Option<JwtSettings>, Vec<String>) {
         problems_of(yaml, |raw: RawJwt, p: &mut Problems| {

@@ -9,10 +9,10 @@ use super::choice::{chosen, AlgorithmName, LimitMode, OnMissingName, Spelled};
 use super::problem::{required_name, Problems};
 use super::rate::{parse_calendar_rate, parse_duration, parse_rate};
 use super::raw::{RawLimit, RawResponseCost};
-use crate::keys::{KeyPart, KeySpec, OnMissing};
 use crate::limiter::algorithm::{CalendarPeriods, Period};
 use crate::limiter::{Algorithm, Cost, Leasing, Limit, Rate, ResponsePrice};
-use crate::pricing::CostHeaders;
+use crate::route::keys::{KeyPart, KeySpec, OnMissing};
+use crate::route::pricing::CostHeaders;
 
 /// Keeps every microsecond quantity of the algorithms far below 2^53 (exact in Lua doubles).
 const MAX_TOLERANCE_US: u64 = 1 << 50;

@@ -12,7 +12,7 @@ use super::choice::chosen;
 use super::choice::ClientAuthMode;
 use super::problem::Problems;
 use super::raw::{RawClientAuth, RawListener, RawListenerTable};
-pub use crate::pem::CertificateFiles;
+pub use crate::route::upstream::CertificateFiles;
 
 /// One proxy listener.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -31,6 +31,7 @@ pub mod rls_files;
 pub mod routes;
 pub mod secrets;
 pub mod server;
+pub mod sources;
 pub mod tiers;
 pub mod upstreams;
 pub mod wording;
@@ -51,7 +52,7 @@ impl Config {
     /// Reads and compiles what of `path` compiles, with every problem found: what `sluice -t`
     /// checks further. No config when the file cannot be read or is not YAML.
     pub fn load_all(path: &Path) -> (Option<Config>, Vec<Problem>) {
-        match crate::sources::read_to_string(path) {
+        match crate::config::sources::read_to_string(path) {
             Ok(text) => Config::compile_text(path, &text),
             Err(e) => (
                 None,

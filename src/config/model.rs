@@ -1,6 +1,6 @@
 //! A loaded, validated configuration: what the rest of sluice reads.
 
-use crate::addresses::AddressLists;
+use crate::caller::address_lists::AddressLists;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -9,12 +9,12 @@ use super::observe::{AccessLogSettings, RequestIdSettings, TracingSettings};
 use super::redis::RedisSettings;
 use super::rls::RlsSettings;
 use super::server::ServerSettings;
-use crate::consumers::Verifiers;
-use crate::identity::Identity;
+use crate::caller::address::TrustedProxies;
+use crate::caller::consumers::Verifiers;
 use crate::limiter::FailureMode;
-use crate::path::PathPolicy;
-use crate::router::RouteTable;
-use crate::secret::Secret;
+use crate::limiter::Secret;
+use crate::route::path::PathRules;
+use crate::route::table::RouteTable;
 
 /// A loaded, validated configuration.
 #[derive(Debug)]
@@ -29,12 +29,12 @@ pub struct Config {
     pub redis: Option<RedisSettings>,
     /// The failure mode of routes that do not set their own.
     pub failure_mode: FailureMode,
-    pub identity: Identity,
+    pub trusted_proxies: TrustedProxies,
     /// Who is calling: the plans and the verifiers of credentials (`identity:`).
     pub consumers: Verifiers,
     /// The gateway's `addresses:` lists (each route may add its own).
     pub addresses: AddressLists,
-    pub paths: PathPolicy,
+    pub paths: PathRules,
     /// `None`: no access log.
     pub access_log: Option<AccessLogSettings>,
     /// `None`: requests get no id.

@@ -11,7 +11,7 @@ use std::fmt;
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use crate::consumers::{AuthMode, CertificateField};
+use crate::caller::consumers::{AuthMode, CertificateField};
 use crate::limiter::FailureMode;
 
 use super::addresses::RawAddresses;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use super::choice::{chosen, RedisMode, Spelled};
 use super::problem::{check_name, millis_within, Problems};
 use super::raw::RawRedis;
+use crate::limiter::Secret;
 use crate::limiter::{RedisAuth, RedisTls, Topology};
-use crate::secret::Secret;
 
 pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 25;
 pub const DEFAULT_KEY_PREFIX: &str = "sluice";
@@ -97,7 +97,7 @@ fn compile_auth(raw: &RawRedis, p: &mut Problems) -> RedisAuth {
 /// `redis.tls`: PEM files read now, for `rediss://` connections.
 fn compile_tls(raw: &RawRedis, p: &mut Problems) -> Option<RedisTls> {
     let tls = raw.tls.as_ref()?;
-    let read = |path: &str, at: &str, p: &mut Problems| match crate::sources::read(
+    let read = |path: &str, at: &str, p: &mut Problems| match crate::config::sources::read(
         &super::paths::absolute(path),
     ) {
         Ok(bytes) if !bytes.is_empty() => Some(bytes),

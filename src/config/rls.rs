@@ -10,7 +10,7 @@ use super::problem::Problems;
 use super::raw::RawRls;
 use super::rls_files::Sharing;
 use crate::limiter::FailureMode;
-use crate::rls::Domains;
+use crate::route::descriptors::Domains;
 
 /// `rls:`, compiled: where it listens and the domains it serves.
 #[derive(Debug)]

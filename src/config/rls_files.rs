@@ -15,7 +15,7 @@ use super::limits::{gcra, window, MAX_SLIDING_LOG_LIMIT};
 use super::problem::Problems;
 use crate::limiter::algorithm::Period;
 use crate::limiter::{Algorithm, FailureMode, Limit, Rate};
-use crate::rls::{DescriptorLimit, Domain, Domains, Node, Rule, Unit};
+use crate::route::descriptors::{DescriptorLimit, Domain, Domains, Node, Rule, Unit};
 
 /// Where every problem of the directory is reported.
 const AT: &str = "rls.config_dir";
@@ -91,7 +91,7 @@ pub fn load(
     let mut domains = Domains::default();
     for file in yaml_files(dir, p) {
         let shown = file.display().to_string();
-        let raw: RawDomain = match crate::sources::read_to_string(&file)
+        let raw: RawDomain = match crate::config::sources::read_to_string(&file)
             .map_err(|e| e.to_string())
             .and_then(|text| read_domain(&text))
         {
@@ -136,7 +136,7 @@ pub fn load(
 
 /// The `.yaml` and `.yml` files of `dir`, sorted.
 fn yaml_files(dir: &Path, p: &mut Problems) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = match crate::sources::read_dir(dir) {
+    let mut files: Vec<PathBuf> = match crate::config::sources::read_dir(dir) {
         Ok(entries) => entries
             .into_iter()
             .filter(|path| {
@@ -287,7 +287,7 @@ fn algorithm(chosen: &Spelled<AlgorithmName>, rate: Rate) -> Option<Algorithm> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rls::{key, Entry};
+    use crate::route::descriptors::{key, Entry};
 
     fn domains(files: &[(&str, &str)]) -> (Domains, Vec<String>) {
         let dir = tempfile::tempdir().unwrap();

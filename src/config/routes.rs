@@ -9,11 +9,11 @@ use super::identity::compile_auth;
 use super::problem::{millis_within, required_name, Problems};
 use super::raw::{RawLimit, RawMatch, RawRoute};
 use super::tiers::{self, LimitVariants, TierSettings};
-use crate::consumers::{AuthMode, Plans, Verifiers};
-use crate::keys::{KeySecret, KeySpec, RouteKeys};
+use crate::caller::consumers::{AuthMode, Plans, Verifiers};
 use crate::limiter::FailureMode;
-use crate::path::{normalize, PathPolicy};
-use crate::router::{HostMatch, PathMatch, Route, RouteMatch};
+use crate::route::keys::{KeySecret, KeySpec, RouteKeys};
+use crate::route::path::{normalize, PathRules};
+use crate::route::table::{HostMatch, PathMatch, Route, RouteMatch};
 
 const MAX_LIMITS_PER_ROUTE: usize = 16;
 
@@ -202,7 +202,7 @@ fn compile_path(
         ),
     };
     let (PathMatch::Exact(text) | PathMatch::Prefix(text)) = &path;
-    let policy = PathPolicy {
+    let policy = PathRules {
         keep_encoded_slash: true,
     };
     match normalize(text, policy) {

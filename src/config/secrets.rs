@@ -4,7 +4,9 @@
 
 use super::problem::Problems;
 use super::raw::{RawSecret, RawSecretFrom};
-use crate::secret::{Secret, SecretSource};
+use std::path::{Path, PathBuf};
+
+use crate::limiter::Secret;
 
 /// The secret at `at`, read now.
 pub fn compile(raw: RawSecret, at: &str, p: &mut Problems) -> Option<Secret> {
@@ -34,6 +36,57 @@ pub fn compile(raw: RawSecret, at: &str, p: &mut Problems) -> Option<Secret> {
     source.read().map_err(|reason| p.add(at, reason)).ok()
 }
 
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    /// Written in the configuration file.
+    Inline(Secret),
+    /// The contents of a file (one trailing newline removed).
+    File(PathBuf),
+    /// An environment variable of the process.
+    Env(String),
+    /// A systemd credential: `$CREDENTIALS_DIRECTORY/<name>`.
+    Credential(String),
+}
+
+impl SecretSource {
+    /// Reads the secret; `Err` says why it cannot be had, never what it is.
+    pub fn read(&self) -> Result<Secret, String> {
+        match self {
+            SecretSource::Inline(secret) => Ok(secret.clone()),
+            SecretSource::File(path) => read_file(path),
+            SecretSource::Env(name) => std::env::var(name)
+                .map(Secret::new)
+                .map_err(|e| format!("environment variable {name}: {e}")),
+            SecretSource::Credential(name) => {
+                if name.is_empty() || name.contains('/') {
+                    return Err(format!(
+                        "invalid credential name {name:?}: the name given to LoadCredential="
+                    ));
+                }
+                let directory = std::env::var_os("CREDENTIALS_DIRECTORY").ok_or_else(|| {
+                    format!("credential {name:?}: $CREDENTIALS_DIRECTORY is not set (systemd sets it with LoadCredential=)")
+                })?;
+                read_file(&Path::new(&directory).join(name))
+            }
+        }
+    }
+}
+
+fn read_file(path: &Path) -> Result<Secret, String> {
+    let mut text = crate::config::sources::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if text.ends_with('\n') {
+        text.pop();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+    }
+    if text.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    Ok(Secret::new(text))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,6 +96,37 @@ mod tests {
         problems_of(yaml, |raw: RawSecret, p: &mut Problems| {
             compile(raw, "redis.password", p)
         })
+    }
+
+    #[test]
+    fn a_secret_source_never_prints_its_secret() {
+        let secret = Secret::new("hunter2");
+        assert_eq!(
+            format!("{:?}", SecretSource::Inline(secret.clone())),
+            "Inline(***)"
+        );
+    }
+
+    #[test]
+    fn files_lose_one_trailing_newline_and_errors_name_the_place_not_the_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pw");
+        std::fs::write(&path, "s3cret\n").unwrap();
+        let read = SecretSource::File(path.clone()).read().unwrap();
+        assert_eq!(read.expose(), "s3cret");
+        std::fs::write(&path, "").unwrap();
+        assert!(SecretSource::File(path)
+            .read()
+            .unwrap_err()
+            .ends_with("is empty"));
+        let missing = SecretSource::Env("SLUICE_TEST_NO_SUCH_VARIABLE".into())
+            .read()
+            .unwrap_err();
+        assert!(missing.starts_with("environment variable SLUICE_TEST_NO_SUCH_VARIABLE"));
+        assert!(SecretSource::Credential("../x".into())
+            .read()
+            .unwrap_err()
+            .starts_with("invalid credential name"));
     }
 
     #[test]

@@ -14,14 +14,14 @@ use http::header::HeaderValue;
 use super::identity::known_plans;
 use super::problem::Problems;
 use super::raw::{RawLimit, RawOverride, RawParams};
-use crate::consumers::Plans;
-use crate::keys::{KeySpec, RouteKeys};
+use crate::caller::consumers::Plans;
 use crate::limiter::{Limit, LimitSet};
-use crate::pricing::{CostHeaders, RoutePricing};
-use crate::tiers::{Tier, TierId, Tiers};
+use crate::route::keys::{KeySpec, RouteKeys};
+use crate::route::pricing::{CostHeaders, RoutePricing};
+use crate::route::tiers::{Tier, TierId, Tiers};
 
 /// Longest consumer id an override may name (ids from credentials are bounded the same).
-const MAX_CONSUMER_ID: usize = crate::consumers::MAX_CONSUMER_ID;
+const MAX_CONSUMER_ID: usize = crate::caller::consumers::MAX_CONSUMER_ID;
 /// The most tiers one route may compile to (overrides multiply them).
 const MAX_TIERS: usize = 1024;
 
@@ -308,10 +308,10 @@ pub fn policy_header(limits: &[Limit]) -> Option<HeaderValue> {
 mod tests {
 
     use super::*;
+    use crate::caller::consumers::{test_consumer as consumer, Consumer, PlanId};
     use crate::config::problem::problems_of;
-    use crate::consumers::{test_consumer as consumer, Consumer, PlanId};
-    use crate::keys::KeySecret;
     use crate::limiter::FailureMode;
+    use crate::route::keys::KeySecret;
 
     fn plans() -> Plans {
         Plans::new(vec!["free".into(), "pro".into()], Some(PlanId(0)))

@@ -9,8 +9,8 @@ use super::choice::{chosen, BalanceName, Spelled};
 use super::limits::key_parts;
 use super::problem::{millis_within, Problems};
 use super::raw::{RawUpstream, RawUpstreamTls};
-use crate::pem::CertificateFiles;
-use crate::upstream::{Balance, UpstreamSettings, UpstreamTls};
+use crate::route::upstream::CertificateFiles;
+use crate::route::upstream::{Balance, UpstreamSettings, UpstreamTls};
 
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 1_000;
 pub const DEFAULT_READ_TIMEOUT_MS: u64 = 30_000;

@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use http::request::Parts;
 use http::{Method, Version};
 
-use crate::answer::Answer;
-use crate::client_cert::ClientCertificate;
+use crate::caller::client_cert::ClientCertificate;
+use crate::exchange::answer::Answer;
 
 /// A request head as the exchange reads it: what any adapter (HTTP/1, HTTP/2) can hand over
 /// without its own types.

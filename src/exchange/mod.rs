@@ -3,9 +3,13 @@
 //! upstream (after its shaping delay) or what the gateway answers instead; the upstream steps
 //! (`upstream.rs`) choose servers within the route's deadline and keep what the attempts and
 //! the response said; [`Exchange::end`] counts the request and gives back or settles what it
-//! took. The proxy (`proxy/`) only converts Pingora's types in and renders [`Answer`]s out.
+//! took. The proxy (`edge::proxy`) only converts Pingora's types in and renders [`Answer`]s out.
 
+pub mod answer;
 pub mod head;
+pub mod meters;
+pub mod rls;
+pub mod site;
 mod upstream;
 
 use std::borrow::Cow;
@@ -15,21 +19,23 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
-use crate::addresses::{AddressLists, Standing};
-use crate::answer::{Answer, ClientError, Decided, Unasked, UpstreamError, CLIENT_CLOSED};
-use crate::consumers::{AuthFailure, AuthMode, Consumer, Credentials};
-use crate::keys::{self, RequestFacts};
+use crate::caller::address_lists::{AddressLists, Standing};
+use crate::caller::consumers::{AuthFailure, AuthMode, Consumer, Credentials};
+use crate::exchange::answer::{
+    Answer, ClientError, Decided, Unasked, UpstreamError, CLIENT_CLOSED,
+};
 use crate::limiter::{
     Asks, Backend, CostReport, Decision, Limiter, Policy, ReleaseSlots, SettleUnits, Verdict,
     LIMITS_INLINE,
 };
-use crate::metrics::{InFlight, RouteMetrics};
-use crate::path;
-use crate::router::Route;
-use crate::snapshot::{RouteRuntime, Snapshot};
-use crate::tiers::{Tier, TierId, Undecidable};
+use crate::route::keys::{self, RequestFacts};
+use crate::route::path;
+use crate::route::table::Route;
+use crate::route::tiers::{Tier, TierId, Undecidable};
+use meters::{InFlight, RouteMetrics};
 
 pub use head::{Head, Target};
+pub use site::{RouteRuntime, Site};
 pub use upstream::Dial;
 
 /// What a policy's engine must do for an exchange: decide, release slots, settle units, say
@@ -57,7 +63,7 @@ pub enum Admission {
 
 /// One request, from its head to its end, under the configuration it started with.
 pub struct Exchange {
-    snapshot: Arc<Snapshot>,
+    site: Arc<Site>,
     started: Instant,
     route: Option<Arc<RouteRuntime>>,
     target: Target,
@@ -96,10 +102,10 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    /// A request that arrived at `started`, under `snapshot`.
-    pub fn new(snapshot: Arc<Snapshot>, started: Instant) -> Exchange {
+    /// A request that arrived at `started`, under `site`.
+    pub fn new(site: Arc<Site>, started: Instant) -> Exchange {
         Exchange {
-            snapshot,
+            site,
             started,
             route: None,
             target: Target::Origin,
@@ -157,7 +163,7 @@ impl Exchange {
         }
         self.target = head::target(head)?;
         head::check_host(req)?;
-        let config = &self.snapshot.config;
+        let config = &self.site.config;
         let host = head::host(req);
         let path = match self.target {
             Target::Asterisk => Cow::Borrowed("/"),
@@ -165,7 +171,7 @@ impl Exchange {
                 .map_err(|error| Answer::BadRequest(error.detail()))?,
         };
         let runtime = Arc::clone(
-            self.snapshot
+            self.site
                 .find(&host, &path, &req.method)
                 .ok_or(Answer::NoRoute)?,
         );
@@ -179,7 +185,7 @@ impl Exchange {
         if let Cow::Owned(normalized) = &path {
             self.normalized_path = Some(normalized.clone());
         }
-        let client = config.identity.client(head.peer, &req.headers);
+        let client = config.trusted_proxies.client(head.peer, &req.headers);
         self.client = Some(client);
         match AddressLists::standing(&config.addresses, &route.addresses, client) {
             Standing::Denied => return Err(Answer::Forbidden),
@@ -224,7 +230,7 @@ impl Exchange {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |since| since.as_secs());
-        match self.snapshot.config.consumers.identify(&credentials, now) {
+        match self.site.config.consumers.identify(&credentials, now) {
             Ok(Some(consumer)) if route.auth.admits(&consumer) => Ok(Some(consumer)),
             Ok(Some(_)) => Err(Answer::AuthFailed(AuthFailure::PlanNotAllowed)),
             Ok(None) if route.auth.mode == AuthMode::Required => {
@@ -328,13 +334,13 @@ impl Exchange {
     fn metrics(&self) -> &RouteMetrics {
         match &self.route {
             Some(runtime) => &runtime.metrics,
-            None => self.snapshot.metrics.unmatched(),
+            None => self.site.metrics.unmatched(),
         }
     }
 
     /// The configuration the request started with.
-    pub fn snapshot(&self) -> &Arc<Snapshot> {
-        &self.snapshot
+    pub fn site(&self) -> &Arc<Site> {
+        &self.site
     }
 
     /// When the request's head arrived.
@@ -393,7 +399,7 @@ impl Exchange {
     pub fn challenge(&self, answer: Answer) -> Option<&http::HeaderValue> {
         match answer {
             Answer::AuthFailed(failure) if failure.challenges() => {
-                self.snapshot.config.consumers.challenge(failure)
+                self.site.config.consumers.challenge(failure)
             }
             _ => None,
         }
@@ -415,7 +421,7 @@ impl Exchange {
     /// The caller's plan's name, if it has one.
     pub fn plan(&self) -> Option<&str> {
         let plan = self.consumer.as_ref()?.plan?;
-        Some(self.snapshot.config.consumers.plans().name(plan))
+        Some(self.site.config.consumers.plans().name(plan))
     }
 
     pub fn target(&self) -> Target {

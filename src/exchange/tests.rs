@@ -7,15 +7,15 @@ use std::time::{Duration, Instant};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request};
 
+use super::site::Site;
 use super::{Admission, Exchange, Head, Seam};
-use crate::answer::{Answer, Decided, Unasked, UpstreamError};
 use crate::config::Config;
+use crate::exchange::answer::{Answer, Decided, Unasked, UpstreamError};
 use crate::limiter::clock::ManualClock;
 use crate::limiter::local::LocalLimiter;
 use crate::limiter::testing::Unavailable;
 use crate::limiter::LimiterError;
 use crate::limiter::{Engine, Outcome, Policy, PolicyMeters};
-use crate::snapshot::Snapshot;
 
 /// A gateway's configuration with one route, `/t`, whose limits are `limits` (YAML flow list).
 fn config(limits: &str) -> Config {
@@ -34,7 +34,7 @@ fn route_config(name: &str, route: &str, limits: &str) -> Config {
 }
 
 struct Gateway<E = Engine> {
-    snapshot: Arc<Snapshot>,
+    snapshot: Arc<Site>,
     policy: Policy<E>,
     clock: Arc<ManualClock>,
 }
@@ -49,7 +49,7 @@ fn gateway_of(config: Config) -> Gateway {
     let local = Arc::new(LocalLimiter::new(clock.clone(), 1000));
     let meters = PolicyMeters::unregistered();
     Gateway {
-        snapshot: Arc::new(Snapshot::build(config).expect("a snapshot")),
+        snapshot: Arc::new(Site::build(config).expect("a site")),
         policy: Policy::new(Engine::local(local), None, clock.clone(), meters),
         clock,
     }
@@ -63,7 +63,7 @@ fn gateway_down(config: Config) -> Gateway<Unavailable> {
     let meters = PolicyMeters::unregistered();
     let down = Unavailable(|| LimiterError::Timeout(25));
     Gateway {
-        snapshot: Arc::new(Snapshot::build(config).expect("a snapshot")),
+        snapshot: Arc::new(Site::build(config).expect("a site")),
         policy: Policy::new(down, Some(fallback), clock.clone(), meters),
         clock,
     }
@@ -224,7 +224,7 @@ async fn a_body_over_the_routes_maximum_is_answered_413_and_kept_as_the_answer()
 
 /// The upstream errors counted for the route named `route`, of `kind`.
 fn upstream_errors(route: &str, kind: &str) -> u64 {
-    crate::metrics::UPSTREAM_ERRORS
+    crate::observe::metrics::UPSTREAM_ERRORS
         .with_label_values(&[route, kind])
         .get()
 }

@@ -9,8 +9,8 @@ use http::header::HeaderMap;
 use http::Uri;
 
 use super::{Exchange, Target};
-use crate::answer::{Answer, ClientError, UpstreamError};
-use crate::tls::PeerTls;
+use crate::exchange::answer::{Answer, ClientError, UpstreamError};
+use crate::upstream::tls::PeerTls;
 
 /// What the attempts to reach the upstream have found so far.
 #[derive(Default)]

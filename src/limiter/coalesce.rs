@@ -38,13 +38,13 @@ pub trait Execute: Send + Sync + 'static {
 }
 
 /// A request's statuses, and how many requests the call that decided it carried.
-pub type Decided = (Statuses, usize);
+pub type Batched = (Statuses, usize);
 
 /// One request waiting in a lane.
 struct Job {
     call: Call,
     deadline: Instant,
-    reply: oneshot::Sender<Result<Decided, LimiterError>>,
+    reply: oneshot::Sender<Result<Batched, LimiterError>>,
 }
 
 #[derive(Default)]
@@ -144,7 +144,7 @@ impl<E: Execute> Coalescer<E> {
         &self,
         call: Call,
         deadline: Duration,
-    ) -> impl Future<Output = Result<Decided, LimiterError>> + Send + '_ {
+    ) -> impl Future<Output = Result<Batched, LimiterError>> + Send + '_ {
         async move {
             if self.coalescing.max_batch == 1 {
                 return self.decide_alone(&call, deadline).await;
@@ -195,7 +195,7 @@ impl<E: Execute> Coalescer<E> {
     /// One call deciding `call` alone, sent at once from the caller's task: `max_batch: 1` (calls
     /// in flight together are pipelined on the connection, none waits for another's reply), or
     /// an idle lane. The executor keeps the deadline (`redis.rs`: `within`).
-    async fn decide_alone(&self, call: &Call, deadline: Duration) -> Result<Decided, LimiterError> {
+    async fn decide_alone(&self, call: &Call, deadline: Duration) -> Result<Batched, LimiterError> {
         self.coalescing.sizes.observe(1.0);
         let flat = self.executor.execute(&[call], deadline).await?;
         script::parse_statuses(&flat, call.limits()).map(|statuses| (statuses, 1))

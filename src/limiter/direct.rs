@@ -85,14 +85,14 @@ impl DirectLink {
 
     /// The idle connection, lent until the lease is dropped; `None` when there is none (one is
     /// then made in the background, unless being made already).
-    pub fn lease(self: &Arc<Self>) -> Option<Lease> {
+    pub fn lend(self: &Arc<Self>) -> Option<Loan> {
         let idle = self
             .idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         match idle.filter(|connection| !connection.closed_by_server()) {
-            Some(connection) => Some(Lease {
+            Some(connection) => Some(Loan {
                 link: Arc::clone(self),
                 connection: Some(connection),
             }),
@@ -168,12 +168,12 @@ impl DirectLink {
 
 /// A direct connection lent to one call; back to its link when dropped, if the call finished
 /// cleanly.
-pub struct Lease {
+pub struct Loan {
     link: Arc<DirectLink>,
     connection: Option<DirectConnection>,
 }
 
-impl Lease {
+impl Loan {
     /// The reply of the command `write` puts in the (cleared) output buffer, as RESP: a flat
     /// array of integers (a decision script's), or the error the server answered. Any other
     /// reply breaks the connection and is an error.
@@ -191,7 +191,7 @@ impl Lease {
     }
 }
 
-impl Drop for Lease {
+impl Drop for Loan {
     fn drop(&mut self) {
         if let Some(connection) = self.connection.take().filter(|c| c.clean) {
             self.link.put_back(connection);

@@ -28,6 +28,7 @@ pub mod rate;
 pub mod redis;
 pub mod request;
 pub mod script;
+pub mod secret;
 pub mod status;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -46,6 +47,7 @@ pub use limit::{BadCost, Cost, CostReport, Leasing, Limit, ResponsePrice, Sent, 
 pub use policy::{FailureMode, LimitSet, Policy, PolicyMeters};
 pub use rate::Rate;
 pub use request::{asks, entries, Ask, Asks, Entry, LimitRequest};
+pub use secret::Secret;
 pub use status::LimitStatus;
 pub use topology::{RedisAuth, RedisTls, Topology};
 pub use verdict::{Decider, Outcome, Verdict};

@@ -26,7 +26,7 @@ use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::coalesce::{Coalescer, Coalescing, Execute};
 use super::decision::Decision;
-use super::direct::{DirectLink, Lease, Resp};
+use super::direct::{DirectLink, Loan, Resp};
 use super::error::{ErrorKind, LimiterError};
 use super::link::{Connection, Link};
 use super::request::LimitRequest;
@@ -62,9 +62,9 @@ struct Dispatch {
 impl Execute for Dispatch {
     async fn execute(&self, calls: &[&Call], deadline: Duration) -> Result<Vec<i64>, LimiterError> {
         let call = async {
-            let mut route = match self.direct.as_ref().and_then(DirectLink::lease) {
-                Some(lease) => Route::Direct(lease),
-                None => Route::Shared(self.link.connection().await?),
+            let mut channel = match self.direct.as_ref().and_then(DirectLink::lend) {
+                Some(lease) => Channel::Direct(lease),
+                None => Channel::Shared(self.link.connection().await?),
             };
             let decision = script::script_for(calls);
             // A call Redis refused (no such function or script) never ran, so loading it and
@@ -78,23 +78,23 @@ impl Execute for Dispatch {
                 } else {
                     Invoke::Script
                 };
-                let error = match route.decide(decision, invoke, calls).await {
+                let error = match channel.decide(decision, invoke, calls).await {
                     Err(error) if attempts > 0 => error,
                     reply => return reply.map_err(classify),
                 };
-                let refusal = Refusal::of(&error);
+                let refusal = NotLoaded::of(&error);
                 if refusal.is_none() {
                     return Err(classify(error));
                 }
                 let mut connection = self.link.connection().await?;
                 match (invoke, refusal) {
-                    (Invoke::Function, Some(Refusal::FunctionMissing)) => {
+                    (Invoke::Function, Some(NotLoaded::FunctionMissing)) => {
                         self.load_library(&mut connection, decision).await?;
                     }
-                    (Invoke::Function, Some(Refusal::FunctionsUnknown)) => {
+                    (Invoke::Function, Some(NotLoaded::FunctionsUnknown)) => {
                         self.use_scripts("the server has no functions (Redis before 7.0)");
                     }
-                    (Invoke::Script, Some(Refusal::ScriptMissing)) => decision
+                    (Invoke::Script, Some(NotLoaded::ScriptMissing)) => decision
                         .script
                         .load_async(&mut connection)
                         .await
@@ -109,14 +109,14 @@ impl Execute for Dispatch {
 }
 
 /// The connection a decision call goes over.
-enum Route {
+enum Channel {
     /// The lane's own (`direct.rs`).
-    Direct(Lease),
+    Direct(Loan),
     /// redis-rs's, shared with every other command.
     Shared(Connection),
 }
 
-impl Route {
+impl Channel {
     /// The flat reply of the call of `decision` deciding `calls`.
     async fn decide(
         &mut self,
@@ -125,7 +125,7 @@ impl Route {
         calls: &[&Call],
     ) -> Result<Vec<i64>, redis::RedisError> {
         match self {
-            Route::Direct(lease) => {
+            Channel::Direct(lease) => {
                 lease
                     .integers(|out| {
                         let mut command = Resp::command(out, script::batch_arguments(calls));
@@ -133,7 +133,7 @@ impl Route {
                     })
                     .await
             }
-            Route::Shared(connection) => {
+            Channel::Shared(connection) => {
                 script::batch_command(decision, invoke, calls, None)
                     .query_async(connection)
                     .await
@@ -143,7 +143,7 @@ impl Route {
 }
 
 /// Why Redis refused to run a decision call: the call never ran.
-enum Refusal {
+enum NotLoaded {
     /// `ERR Function not found`: the library is not loaded on this server (new, flushed).
     FunctionMissing,
     /// `ERR unknown command 'FCALL'`: a server before Redis 7.
@@ -152,15 +152,17 @@ enum Refusal {
     ScriptMissing,
 }
 
-impl Refusal {
-    fn of(error: &redis::RedisError) -> Option<Refusal> {
+impl NotLoaded {
+    fn of(error: &redis::RedisError) -> Option<NotLoaded> {
         let detail = error.detail().unwrap_or_default();
         match error.code() {
-            Some("NOSCRIPT") => Some(Refusal::ScriptMissing),
+            Some("NOSCRIPT") => Some(NotLoaded::ScriptMissing),
             Some("ERR") if detail.starts_with("Function not found") => {
-                Some(Refusal::FunctionMissing)
+                Some(NotLoaded::FunctionMissing)
             }
-            Some("ERR") if detail.starts_with("unknown command") => Some(Refusal::FunctionsUnknown),
+            Some("ERR") if detail.starts_with("unknown command") => {
+                Some(NotLoaded::FunctionsUnknown)
+            }
             _ => None,
         }
     }

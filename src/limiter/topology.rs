@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::secret::Secret;
+use super::secret::Secret;
 
 /// How sluice reaches Redis (`redis.mode`).
 #[derive(Clone, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! What the limiter made of one request, in the terms every consumer needs: its outcome (the
 //! metric label, for the request and for each limit), what the limits said, and whom to give
-//! back what it took. Nothing here is HTTP: how an outcome is answered is `crate::answer`'s.
+//! back what it took. Nothing here is HTTP: how an outcome is answered is `crate::exchange::answer`'s.
 
 use std::time::Duration;
 

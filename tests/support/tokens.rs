@@ -2,13 +2,13 @@
 //! tokens signed with given claims, `kid` and `alg`, the forged tokens the gateway must refuse
 //! (`alg: none`, HS256 signed with an RSA public key), JWKS documents, and a JWKS HTTP server on
 //! a free loopback port whose answer can be swapped (key rotation) or made to fail at runtime,
-//! stopped when dropped. The same helpers the library's own tests use (`sluice::jwt::testing`).
+//! stopped when dropped. The same helpers the library's own tests use (`sluice::caller::jwt::testing`).
 
 #[allow(unused_imports)] // each test file uses some of them
-pub use sluice::jwt::testing::{
+pub use sluice::caller::jwt::testing::{
     claims, hs256_with_public_key, jwks, now, unsigned_token, Family, JwksServer, Served, TestKey,
 };
-pub use sluice::jwt::Algorithm;
+pub use sluice::caller::jwt::Algorithm;
 
 /// A key of each asymmetric family with its usual algorithm, named `<prefix>-rsa`, `-ec256`,
 /// `-ec384`, `-ed`.

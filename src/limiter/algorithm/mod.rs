@@ -249,26 +249,10 @@ impl Algorithm {
                 fixed_window::decide(limit, window_us as i64, window, now_us, cost)
             }
             Algorithm::Calendar { limit, period } => {
-                let counter = match state {
-                    Some(&State::Period {
-                        start_us,
-                        end_us,
-                        count,
-                    }) => Some((start_us, end_us, count)),
-                    _ => None,
-                };
-                calendar::decide(limit, period.bounds(now_us), counter, now_us, cost)
+                decide_calendar(limit, period, state, now_us, cost)
             }
             Algorithm::SlidingWindow { limit, window_us } => {
-                let counters = match state {
-                    Some(State::Sliding {
-                        start_us,
-                        previous,
-                        current,
-                    }) => Some((*start_us, *previous, *current)),
-                    _ => None,
-                };
-                sliding_window::decide(limit, window_us as i64, counters, now_us, cost)
+                decide_sliding_window(limit, window_us, state, now_us, cost)
             }
             Algorithm::SlidingLog { limit, window_us } => {
                 let stamps = match state {
@@ -286,6 +270,44 @@ impl Algorithm {
             }
         }
     }
+}
+
+/// [`calendar::decide`] on a key's state, read as a calendar period's counter.
+fn decide_calendar(
+    limit: u64,
+    period: Period,
+    state: Option<&State>,
+    now_us: i64,
+    cost: u64,
+) -> (LimitStatus, Option<Write>) {
+    let counter = match state {
+        Some(&State::Period {
+            start_us,
+            end_us,
+            count,
+        }) => Some((start_us, end_us, count)),
+        _ => None,
+    };
+    calendar::decide(limit, period.bounds(now_us), counter, now_us, cost)
+}
+
+/// [`sliding_window::decide`] on a key's state, read as the two windows' counters.
+fn decide_sliding_window(
+    limit: u64,
+    window_us: u64,
+    state: Option<&State>,
+    now_us: i64,
+    cost: u64,
+) -> (LimitStatus, Option<Write>) {
+    let counters = match state {
+        Some(State::Sliding {
+            start_us,
+            previous,
+            current,
+        }) => Some((*start_us, *previous, *current)),
+        _ => None,
+    };
+    sliding_window::decide(limit, window_us as i64, counters, now_us, cost)
 }
 
 impl Algorithm {

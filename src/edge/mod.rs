@@ -1,0 +1,16 @@
+//! The edge: everything that knows Pingora (or tonic) and turns the outside world into calls of
+//! the exchange. `server` wires the Pingora server (its services, their order, its settings);
+//! `proxy` is the `ProxyHttp` adapter (each hook at most 40 lines: Pingora types in, the
+//! exchange's answers out, `respond.rs` the one place answers become responses); `listening`
+//! binds first and reports readiness; `tls` serves each listener's certificates and verifies
+//! client certificates; `drain` is SIGTERM's graceful shutdown; `admin` and `usage` answer the
+//! admin listener; `rls` is Envoy's rate limit service over gRPC.
+
+pub mod admin;
+pub mod drain;
+pub mod listening;
+pub mod proxy;
+pub mod rls;
+pub mod server;
+pub mod tls;
+pub mod usage;

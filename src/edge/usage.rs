@@ -1,0 +1,196 @@
+//! The usage API: `GET /v1/quota?consumer=ID&route=NAME[&plan=NAME]` on the admin listener —
+//! each limit a consumer meets on a route, with its quota, what remains and when it resets,
+//! read without consuming anything (a peek at the backend that keeps the counts). The admin
+//! listener checks the admin token first (`admin.rs`).
+
+use std::borrow::Cow;
+use std::net::{IpAddr, Ipv4Addr};
+
+use http::HeaderMap;
+use serde::Serialize;
+use smallvec::SmallVec;
+
+use crate::caller::consumers::{Consumer, PlanId, Via, MAX_CONSUMER_ID};
+use crate::limiter::Policy;
+use crate::route::keys::RequestFacts;
+use crate::route::table::Route;
+use crate::runtime::snapshot::Snapshot;
+
+/// Why a usage query gets no usage: its status and a plain-word reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageError {
+    pub status: u16,
+    pub reason: Cow<'static, str>,
+}
+
+fn usage_error(status: u16, reason: impl Into<Cow<'static, str>>) -> UsageError {
+    UsageError {
+        status,
+        reason: reason.into(),
+    }
+}
+
+/// What a query asks: whose usage, on which route, on which plan.
+#[derive(Debug, Default)]
+struct Query {
+    consumer: Option<String>,
+    route: Option<String>,
+    plan: Option<String>,
+}
+
+fn parse(query: Option<&str>) -> Result<Query, UsageError> {
+    let mut parsed = Query::default();
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_encoding::percent_decode_str(&value.replace('+', " "))
+            .decode_utf8()
+            .map_err(|_| usage_error(400, "query values must be UTF-8"))?
+            .into_owned();
+        let slot = match name {
+            "consumer" => &mut parsed.consumer,
+            "route" => &mut parsed.route,
+            "plan" => &mut parsed.plan,
+            _ => {
+                return Err(usage_error(
+                    400,
+                    format!("unknown parameter {name:?}: use consumer, route and plan"),
+                ))
+            }
+        };
+        *slot = Some(value);
+    }
+    Ok(parsed)
+}
+
+/// The answer: the consumer's limits on the route.
+#[derive(Debug, Serialize)]
+struct Usage<'a> {
+    consumer: &'a str,
+    plan: Option<&'a str>,
+    route: &'a str,
+    limits: Vec<LimitUsage<'a>>,
+}
+
+/// One limit: what its quota is and what remains, or why it cannot be read for a consumer.
+#[derive(Debug, Serialize)]
+struct LimitUsage<'a> {
+    name: &'a str,
+    /// The quota: units per window (`RateLimit-Policy`'s `q`), for limits that are rates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    window_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remaining: Option<u64>,
+    /// Seconds until the limit is back to its full quota (rounded up).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reset_seconds: Option<u64>,
+    /// Why there are no counts: the limit is keyed on more than the consumer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unavailable: Option<&'static str>,
+}
+
+/// The usage the query asks for, as JSON.
+pub async fn quota(
+    policy: &Policy,
+    snapshot: &Snapshot,
+    query: Option<&str>,
+) -> Result<String, UsageError> {
+    let query = parse(query)?;
+    let config = &snapshot.config;
+    let id = query
+        .consumer
+        .filter(|id| !id.is_empty() && id.len() <= MAX_CONSUMER_ID)
+        .ok_or_else(|| {
+            usage_error(
+                400,
+                format!("consumer is required: 1 to {MAX_CONSUMER_ID} bytes"),
+            )
+        })?;
+    let route_name = query
+        .route
+        .ok_or_else(|| usage_error(400, "route is required"))?;
+    let route = config
+        .routes
+        .in_file_order()
+        .into_iter()
+        .find(|route| *route.name == *route_name)
+        .ok_or_else(|| usage_error(404, format!("no route named {route_name:?}")))?;
+    let plans = config.consumers.plans();
+    let plan = match query.plan {
+        Some(name) => Some(
+            plans
+                .find(&name)
+                .ok_or_else(|| usage_error(404, format!("no plan named {name:?}")))?,
+        ),
+        None => config.consumers.plan_of(&id),
+    };
+    let consumer = Consumer {
+        id: id.as_str().into(),
+        plan,
+        claims: SmallVec::new(),
+        via: Via::ApiKey,
+    };
+    let limits = peek(policy, route, &consumer).await?;
+    let usage = Usage {
+        consumer: &id,
+        plan: plan.map(|plan: PlanId| plans.name(plan)),
+        route: &route.name,
+        limits,
+    };
+    serde_json::to_string(&usage)
+        .map_err(|e| usage_error(500, format!("cannot write the answer: {e}")))
+}
+
+/// Reads the limits `consumer` meets on `route` from the backend.
+async fn peek<'a>(
+    policy: &Policy,
+    route: &'a Route,
+    consumer: &Consumer,
+) -> Result<Vec<LimitUsage<'a>>, UsageError> {
+    let tier = route.tiers.get(route.tiers.choose(Some(consumer)));
+    let headers = HeaderMap::new();
+    let facts = RequestFacts {
+        client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        method: "",
+        host: "",
+        path: "",
+        query: None,
+        headers: &headers,
+        route: &route.name,
+        consumer: Some(consumer),
+        claim_names: &[],
+    };
+    let readable: Vec<bool> = (0..tier.limits.len())
+        .map(|i| tier.keys.follows_from_caller(i))
+        .collect();
+    let decision = if readable.iter().any(|r| *r) {
+        let asks = tier
+            .asks(&facts)
+            .map_err(|undecidable| usage_error(400, undecidable.0))?;
+        Some(
+            policy
+                .peek(&tier.limits, &asks)
+                .await
+                .map_err(|e| usage_error(503, format!("the limiter cannot be read: {e}")))?,
+        )
+    } else {
+        None
+    };
+    let usage = tier.limits.limits().iter().enumerate().map(|(i, limit)| {
+        let status = decision
+            .as_ref()
+            .filter(|_| readable[i])
+            .and_then(|d| d.statuses.get(i));
+        LimitUsage {
+            name: &limit.name,
+            limit: limit.policy.map(|(quota, _)| quota),
+            window_seconds: limit.policy.map(|(_, window)| window),
+            remaining: status.map(|s| s.remaining),
+            reset_seconds: status.map(|s| s.reset_after_ms.div_ceil(1000)),
+            unavailable: (!readable[i])
+                .then_some("keyed on more than the consumer (client_ip, a header, the path...): no count belongs to the consumer alone"),
+        }
+    });
+    Ok(usage.collect())
+}

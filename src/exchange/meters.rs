@@ -1,0 +1,377 @@
+//! The handles the exchange counts through, resolved once per configuration (`Site::build`) so
+//! the request path only increments: per route (decisions, status classes, durations, each
+//! limit's outcome, upstream and client errors, callers by plan, response costs), for unrouted
+//! requests, and per rate limit service domain. The families are `crate::observe::metrics`'s.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use prometheus::{Histogram, IntCounter, IntGauge};
+use strum::EnumCount;
+
+use crate::caller::consumers::{AuthFailure, AuthMode, PlanId, Plans, NO_PLAN};
+use crate::exchange::answer::{ClientError, Decided, UpstreamError};
+use crate::limiter::{CostReport, Limit, Outcome, Verdict};
+use crate::observe::metrics::{
+    AUTH_FAILURES, CLIENT_ERRORS, LIMIT_DECISIONS, PLAN_REQUESTS, REQUESTS, REQUESTS_IN_FLIGHT,
+    REQUEST_DURATION, RESPONSE_COST_REPORTS, RESPONSE_COST_UNITS, RLS_LIMIT_DECISIONS,
+    RLS_REQUESTS, UPSTREAM_DURATION, UPSTREAM_ERRORS, UPSTREAM_HEALTHY, UPSTREAM_RESPONSES,
+};
+use crate::route::descriptors::Domains;
+use crate::route::table::RouteTable;
+use crate::route::tiers::Tier;
+
+/// Counter handles of one rate limit service domain: one per request decision, and per limit
+/// one per [`Outcome`].
+pub struct DomainMetrics {
+    requests: [IntCounter; Decided::COUNT],
+    limits: HashMap<String, [IntCounter; Outcome::ALL.len()]>,
+}
+
+impl DomainMetrics {
+    pub fn count(&self, outcome: Outcome) {
+        self.requests[Decided::Limiter(outcome).index()].inc();
+    }
+
+    /// What the limit named `limit` said about one descriptor.
+    pub fn count_limit(&self, limit: &str, outcome: Outcome) {
+        if let Some(counters) = self.limits.get(limit) {
+            counters[outcome as usize].inc();
+        }
+    }
+}
+
+/// Handles for every domain the rate limit service serves.
+pub fn rls_metrics(domains: &Domains) -> HashMap<String, DomainMetrics> {
+    domains
+        .iter()
+        .map(|domain| {
+            let name = domain.name.as_str();
+            let metrics = DomainMetrics {
+                requests: Decided::all()
+                    .map(|d| RLS_REQUESTS.with_label_values(&[name, d.label()])),
+                limits: domain
+                    .limit_names()
+                    .into_iter()
+                    .map(|limit| {
+                        let counters = Outcome::ALL.map(|o| {
+                            RLS_LIMIT_DECISIONS.with_label_values(&[name, limit, o.label()])
+                        });
+                        (limit.to_string(), counters)
+                    })
+                    .collect(),
+            };
+            (name.to_string(), metrics)
+        })
+        .collect()
+}
+
+/// Label name used for requests that matched no route.
+pub const UNMATCHED_ROUTE: &str = "_unmatched";
+
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// The index of `status`'s class in `STATUS_CLASSES`.
+fn status_class(status: u16) -> Option<usize> {
+    usize::from(status / 100)
+        .checked_sub(1)
+        .filter(|i| *i < STATUS_CLASSES.len())
+}
+
+/// Handles for one route.
+pub struct RouteMetrics {
+    decisions: [IntCounter; Decided::COUNT],
+    status_classes: [IntCounter; 5],
+    durations: [Histogram; 5],
+    upstream_duration: Histogram,
+    in_flight: IntGauge,
+    upstream_errors: [IntCounter; UpstreamError::COUNT],
+    client_errors: [IntCounter; ClientError::COUNT],
+    /// Per limit of the route, in its order: a counter per [`Outcome`].
+    limits: Vec<[IntCounter; Outcome::ALL.len()]>,
+    /// Per limit of the route, in its order: for those priced by the response, a counter per
+    /// [`CostReport`] label and one of units reported.
+    response_costs: Vec<Option<ResponseCostMeters>>,
+    /// Of a route that verifies callers: per plan slot (0: none, then each plan), a counter
+    /// per decision label; and a counter per reason a caller was refused.
+    callers: Option<CallerMeters>,
+}
+
+struct CallerMeters {
+    by_plan: Vec<[IntCounter; Decided::COUNT]>,
+    failures: [IntCounter; AuthFailure::COUNT],
+}
+
+/// What the responses of one limit priced by the response reported.
+struct ResponseCostMeters {
+    reports: [IntCounter; CostReport::LABELS.len()],
+    units: IntCounter,
+}
+
+impl RouteMetrics {
+    /// The handles of the route named `route`, with `limits`.
+    pub fn new(route: &str, limits: &[Limit]) -> RouteMetrics {
+        RouteMetrics {
+            decisions: Decided::all().map(|d| REQUESTS.with_label_values(&[route, d.label()])),
+            status_classes: STATUS_CLASSES
+                .map(|c| UPSTREAM_RESPONSES.with_label_values(&[route, c])),
+            durations: STATUS_CLASSES.map(|c| REQUEST_DURATION.with_label_values(&[route, c])),
+            upstream_duration: UPSTREAM_DURATION.with_label_values(&[route]),
+            in_flight: REQUESTS_IN_FLIGHT.with_label_values(&[route]),
+            upstream_errors: std::array::from_fn(|i| {
+                let kind = UpstreamError::ALL[i].label();
+                UPSTREAM_ERRORS.with_label_values(&[route, kind])
+            }),
+            client_errors: std::array::from_fn(|i| {
+                let kind = ClientError::ALL[i].label();
+                CLIENT_ERRORS.with_label_values(&[route, kind])
+            }),
+            limits: limits
+                .iter()
+                .map(|limit| {
+                    Outcome::ALL.map(|o| {
+                        LIMIT_DECISIONS.with_label_values(&[route, &limit.name, o.label()])
+                    })
+                })
+                .collect(),
+            response_costs: limits
+                .iter()
+                .map(|limit| {
+                    limit.priced_by_response.as_ref()?;
+                    Some(ResponseCostMeters {
+                        reports: CostReport::LABELS.map(|report| {
+                            RESPONSE_COST_REPORTS.with_label_values(&[route, &limit.name, report])
+                        }),
+                        units: RESPONSE_COST_UNITS.with_label_values(&[route, &limit.name]),
+                    })
+                })
+                .collect(),
+            callers: None,
+        }
+    }
+
+    /// Adds the per-plan and auth-failure handles of a route that verifies callers.
+    pub fn with_callers(mut self, route: &str, plans: &Plans) -> RouteMetrics {
+        let slots = std::iter::once(NO_PLAN).chain(plans.names().iter().map(|n| &**n));
+        self.callers = Some(CallerMeters {
+            by_plan: slots
+                .map(|plan| {
+                    Decided::all()
+                        .map(|d| PLAN_REQUESTS.with_label_values(&[route, plan, d.label()]))
+                })
+                .collect(),
+            failures: std::array::from_fn(|i| {
+                AUTH_FAILURES.with_label_values(&[route, AuthFailure::ALL[i].label()])
+            }),
+        });
+        self
+    }
+
+    /// A request of a caller on `plan` (`None`: anonymous or without a plan) was `decided`;
+    /// `failure`: why it was refused before any limit.
+    pub fn count_caller(
+        &self,
+        plan: Option<PlanId>,
+        decided: Decided,
+        failure: Option<AuthFailure>,
+    ) {
+        let Some(callers) = &self.callers else { return };
+        let slot = plan.map_or(0, |plan| usize::from(plan.0) + 1);
+        if let Some(counters) = callers.by_plan.get(slot) {
+            counters[decided.index()].inc();
+        }
+        if let Some(failure) = failure {
+            callers.failures[failure as usize].inc();
+        }
+    }
+
+    /// What the response of an admitted request reported for each limit priced by the
+    /// response (`reports`, one per limit; none when no response came).
+    pub fn count_response_costs(&self, tier: &Tier, reports: &[CostReport]) {
+        for (index, &position) in tier.positions.iter().enumerate() {
+            let Some(Some(meters)) = self.response_costs.get(usize::from(position)) else {
+                continue;
+            };
+            let report = reports.get(index).copied().unwrap_or(CostReport::Missing);
+            meters.reports[report.index()].inc();
+            if let Some(units) = report.units() {
+                meters.units.inc_by(units);
+            }
+        }
+    }
+
+    pub fn count(&self, decided: Decided) {
+        self.decisions[decided.index()].inc();
+    }
+
+    pub fn count_upstream_status(&self, status: u16) {
+        if let Some(counter) = status_class(status).and_then(|i| self.status_classes.get(i)) {
+            counter.inc();
+        }
+    }
+
+    /// A request answered with `status` after `duration`.
+    pub fn observe_duration(&self, status: u16, duration: Duration) {
+        if let Some(histogram) = status_class(status).and_then(|i| self.durations.get(i)) {
+            histogram.observe(duration.as_secs_f64());
+        }
+    }
+
+    pub fn observe_upstream(&self, duration: Duration) {
+        self.upstream_duration.observe(duration.as_secs_f64());
+    }
+
+    pub fn count_upstream_error(&self, kind: UpstreamError) {
+        self.upstream_errors[kind as usize].inc();
+    }
+
+    pub fn count_client_error(&self, kind: ClientError) {
+        self.client_errors[kind as usize].inc();
+    }
+
+    /// What each limit of the `tier` a request met said about it (nothing when no limiter was
+    /// asked: no limits, or the request was refused before).
+    pub fn count_limits(&self, tier: &Tier, verdict: &Verdict) {
+        for (index, outcome) in Outcome::per_limit(tier.limits.limits(), verdict) {
+            let position = tier.positions.get(index).map(|&p| usize::from(p));
+            if let Some(counters) = position.and_then(|p| self.limits.get(p)) {
+                counters[outcome as usize].inc();
+            }
+        }
+    }
+
+    /// Counts the request in flight until the returned guard drops.
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight.inc();
+        InFlight(self.in_flight.clone())
+    }
+}
+
+/// A request in flight: counted while this lives.
+pub struct InFlight(IntGauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// A configuration's series: the handles of requests no route matched, and the label values of
+/// every per-route series, to retire on reload. Each route's own handles live in its runtime
+/// (`snapshot::RouteRuntime`).
+pub struct Metrics {
+    unmatched: RouteMetrics,
+    /// Every labelled series this configuration exports, to retire those the next one drops.
+    series: Series,
+}
+
+/// The label values of a configuration's per-route series.
+#[derive(Default)]
+struct Series {
+    routes: Vec<String>,
+    /// (route, plan) of routes that verify callers, plan `none` included.
+    plans: Vec<(String, String)>,
+    limits: Vec<(String, String)>,
+    servers: Vec<(String, String)>,
+}
+
+impl Metrics {
+    /// The series of `routes`, whose callers may be on `plans`.
+    pub fn new(routes: &RouteTable, plans: &Plans) -> Metrics {
+        let mut series = Series::default();
+        for route in routes.in_file_order() {
+            let limits = route.tiers.default().limits.limits();
+            series.routes.push(route.name.to_string());
+            if route.auth.mode != AuthMode::Off {
+                for plan in std::iter::once(NO_PLAN).chain(plans.names().iter().map(|n| &**n)) {
+                    series
+                        .plans
+                        .push((route.name.to_string(), plan.to_string()));
+                }
+            }
+            for limit in limits {
+                series
+                    .limits
+                    .push((route.name.to_string(), limit.name.to_string()));
+            }
+            for server in &route.upstream.servers {
+                series
+                    .servers
+                    .push((route.name.to_string(), server.to_string()));
+            }
+        }
+        Metrics {
+            unmatched: RouteMetrics::new(UNMATCHED_ROUTE, &[]),
+            series,
+        }
+    }
+
+    /// The health gauge of `server` in `route`'s pool.
+    pub fn upstream_health(route: &str, server: SocketAddr) -> IntGauge {
+        UPSTREAM_HEALTHY.with_label_values(&[route, &server.to_string()])
+    }
+
+    /// Stops exporting the series this configuration has and `next` has not (a reload removed
+    /// a route, a limit or a server): a dashboard shows what is configured, not everything that
+    /// ever was.
+    pub fn retire_series_missing_from(&self, next: &Metrics) {
+        let next = &next.series;
+        for name in self
+            .series
+            .routes
+            .iter()
+            .filter(|n| !next.routes.contains(n))
+        {
+            for decided in Decided::all() {
+                let _ = REQUESTS.remove_label_values(&[name, decided.label()]);
+            }
+            for class in STATUS_CLASSES {
+                let _ = UPSTREAM_RESPONSES.remove_label_values(&[name, class]);
+                let _ = REQUEST_DURATION.remove_label_values(&[name, class]);
+            }
+            let _ = UPSTREAM_DURATION.remove_label_values(&[name]);
+            let _ = REQUESTS_IN_FLIGHT.remove_label_values(&[name]);
+            for kind in UpstreamError::ALL {
+                let _ = UPSTREAM_ERRORS.remove_label_values(&[name, kind.label()]);
+            }
+            for kind in ClientError::ALL {
+                let _ = CLIENT_ERRORS.remove_label_values(&[name, kind.label()]);
+            }
+            for failure in AuthFailure::ALL {
+                let _ = AUTH_FAILURES.remove_label_values(&[name, failure.label()]);
+            }
+        }
+        for (route, plan) in self.series.plans.iter().filter(|p| !next.plans.contains(p)) {
+            for decided in Decided::all() {
+                let _ = PLAN_REQUESTS.remove_label_values(&[route, plan, decided.label()]);
+            }
+        }
+        for (route, limit) in self
+            .series
+            .limits
+            .iter()
+            .filter(|l| !next.limits.contains(l))
+        {
+            for outcome in Outcome::ALL {
+                let _ = LIMIT_DECISIONS.remove_label_values(&[route, limit, outcome.label()]);
+            }
+            for report in CostReport::LABELS {
+                let _ = RESPONSE_COST_REPORTS.remove_label_values(&[route, limit, report]);
+            }
+            let _ = RESPONSE_COST_UNITS.remove_label_values(&[route, limit]);
+        }
+        for (route, server) in self
+            .series
+            .servers
+            .iter()
+            .filter(|s| !next.servers.contains(s))
+        {
+            let _ = UPSTREAM_HEALTHY.remove_label_values(&[route, server]);
+        }
+    }
+
+    pub fn unmatched(&self) -> &RouteMetrics {
+        &self.unmatched
+    }
+}

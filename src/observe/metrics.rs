@@ -1,0 +1,345 @@
+//! Metric families, registered once per process; the handles a request counts through are
+//! resolved from them once per configuration (`exchange::meters`), so the request path only
+//! increments counters (no label lookups, no formatting). Labels never carry a client address
+//! or a raw path: only route names, decisions, status classes and error kinds.
+
+use std::sync::LazyLock;
+
+use pingora_prometheus::prometheus::{
+    register_histogram, register_histogram_vec, register_int_counter, register_int_counter_vec,
+    register_int_gauge, register_int_gauge_vec, Histogram, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec,
+};
+
+use crate::limiter::guard::GuardMeters;
+use crate::limiter::leased::LeaseMeters;
+use crate::limiter::{Coalescing, ErrorKind, PolicyMeters};
+
+pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_requests_total",
+        "Requests by route and limiter decision (allowed, limited, error_allowed, error_denied, no_route, bad_request, shadow_limited, local_allowed, local_limited, forbidden, exempt).",
+        &["route", "decision"]
+    )
+    .expect("sluice_requests_total registers once")
+});
+
+pub static LIMITER_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "sluice_limiter_duration_seconds",
+        "Time spent deciding one request's limits, by what answered: the backend (redis: one round trip; local: in-process), the deny cache (deny_cache) or leases held (lease).",
+        &["backend"],
+        vec![0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25]
+    )
+    .expect("sluice_limiter_duration_seconds registers once")
+});
+
+pub static LIMITER_BATCH_SIZE: LazyLock<Histogram> = LazyLock::new(|| {
+    register_histogram!(
+        "sluice_limiter_batch_size",
+        "Decisions carried by one Redis script call: requests that arrived while the previous call was in flight go together (1 when nothing waited).",
+        vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 128.0, 256.0, 512.0, 1024.0]
+    )
+    .expect("sluice_limiter_batch_size registers once")
+});
+
+pub static LIMITER_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_limiter_errors_total",
+        "Limiter calls that could not decide, by kind (timeout, connection, noscript, readonly, loading, busy, oom, crossslot, reply, ...).",
+        &["kind"]
+    )
+    .expect("sluice_limiter_errors_total registers once")
+});
+
+pub static UPSTREAM_RESPONSES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_upstream_responses_total",
+        "Responses to proxied requests by route and status class (1xx..5xx).",
+        &["route", "status_class"]
+    )
+    .expect("sluice_upstream_responses_total registers once")
+});
+
+pub static DENY_CACHE_HITS: LazyLock<IntCounter> = LazyLock::new(|| {
+    register_int_counter!(
+        "sluice_deny_cache_hits_total",
+        "Requests denied by the local deny cache without calling the limiter backend."
+    )
+    .expect("sluice_deny_cache_hits_total registers once")
+});
+
+pub static LEASE_HELD_DECISIONS: LazyLock<IntCounter> = LazyLock::new(|| {
+    register_int_counter!(
+        "sluice_lease_held_decisions_total",
+        "Decisions of mode: leased limits paid from units this gateway holds, without a Redis call."
+    )
+    .expect("sluice_lease_held_decisions_total registers once")
+});
+
+pub static LEASE_TOP_UPS: LazyLock<IntCounter> = LazyLock::new(|| {
+    register_int_counter!(
+        "sluice_lease_top_ups_total",
+        "Leases taken: calls that took units of a mode: leased limit beyond the request's own cost."
+    )
+    .expect("sluice_lease_top_ups_total registers once")
+});
+
+pub static LEASE_UNITS_RETURNED: LazyLock<IntCounter> = LazyLock::new(|| {
+    register_int_counter!(
+        "sluice_lease_units_returned_total",
+        "Leased units given back to Redis unspent once their key went idle."
+    )
+    .expect("sluice_lease_units_returned_total registers once")
+});
+
+pub static LEASE_UNITS_HELD: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "sluice_lease_units_held",
+        "Leased units this gateway holds unspent, over all keys (at most lease_units per key)."
+    )
+    .expect("sluice_lease_units_held registers once")
+});
+
+pub static BREAKER_STATE: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "sluice_redis_breaker_state",
+        "Redis circuit breaker: 0 closed (calling Redis), 1 open (failing fast), 2 half-open (probing)."
+    )
+    .expect("sluice_redis_breaker_state registers once")
+});
+
+pub static BUILD_INFO: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "sluice_build_info",
+        "Always 1: the version of sluice serving.",
+        &["version"]
+    )
+    .expect("sluice_build_info registers once")
+});
+
+pub static CONFIG_RELOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_config_reloads_total",
+        "Configuration reloads (SIGHUP) by result: success, or error (the old configuration stays).",
+        &["result"]
+    )
+    .expect("sluice_config_reloads_total registers once")
+});
+
+pub static JWKS_FETCHES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_jwks_fetches_total",
+        "Fetches of the JWKS URL (identity.jwt.jwks_url) by outcome: updated, or why the last good key set stayed in force (unreachable, http_status, too_large, invalid).",
+        &["outcome"]
+    )
+    .expect("sluice_jwks_fetches_total registers once")
+});
+
+pub static REQUEST_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "sluice_request_duration_seconds",
+        "Requests from their head read to their last byte written, by route and status class (1xx..5xx).",
+        &["route", "status_class"],
+        vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+    )
+    .expect("sluice_request_duration_seconds registers once")
+});
+
+pub static UPSTREAM_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "sluice_upstream_duration_seconds",
+        "Proxied requests from the first upstream connection attempt to the upstream's response head (connect, retries and time to first byte), by route.",
+        &["route"],
+        vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+    )
+    .expect("sluice_upstream_duration_seconds registers once")
+});
+
+pub static LIMIT_DECISIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_limit_decisions_total",
+        "What each limit of a route said, per request: allowed, limited, shadow_limited (a shadow limit that would have denied), local_allowed / local_limited (the in-process fallback decided), error_allowed / error_denied (nothing could decide; the failure mode applied).",
+        &["route", "limit", "decision"]
+    )
+    .expect("sluice_limit_decisions_total registers once")
+});
+
+pub static PLAN_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_plan_requests_total",
+        "Requests of routes that verify callers, by the caller's plan (none: anonymous or without a plan) and decision (the labels of sluice_requests_total).",
+        &["route", "plan", "decision"]
+    )
+    .expect("sluice_plan_requests_total registers once")
+});
+
+pub static AUTH_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_auth_failures_total",
+        "Requests refused before any limit because the caller's credential was missing or did not verify (401), or the verified caller may not pass (403), by route and reason.",
+        &["route", "reason"]
+    )
+    .expect("sluice_auth_failures_total registers once")
+});
+
+pub static REQUESTS_IN_FLIGHT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "sluice_requests_in_flight",
+        "Requests of a route that have been routed and have not ended.",
+        &["route"]
+    )
+    .expect("sluice_requests_in_flight registers once")
+});
+
+pub static UPSTREAM_HEALTHY: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "sluice_upstream_healthy",
+        "1 when the route's upstream server passes its health checks (always 1 without checks), else 0.",
+        &["route", "server"]
+    )
+    .expect("sluice_upstream_healthy registers once")
+});
+
+pub static UPSTREAM_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_upstream_errors_total",
+        "Failed upstream attempts by route and kind: refused, timeout, reset (closed or broken mid-request), tls, unreachable (no healthy server, no route to host, other errors).",
+        &["route", "kind"]
+    )
+    .expect("sluice_upstream_errors_total registers once")
+});
+
+pub static CLIENT_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_client_errors_total",
+        "Requests their client failed, by route and kind: body_timeout (it stopped sending its request body for longer than the read timeout: 408), closed (it closed its connection or reset its stream before the response was complete: 499 in the access log when nothing had been sent).",
+        &["route", "kind"]
+    )
+    .expect("sluice_client_errors_total registers once")
+});
+
+pub static ACCESS_LOG_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
+    register_int_counter!(
+        "sluice_access_log_dropped_total",
+        "Access log lines dropped because the writer was too far behind (8 MiB of lines waiting)."
+    )
+    .expect("sluice_access_log_dropped_total registers once")
+});
+
+pub static RESPONSE_COST_REPORTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_response_cost_reports_total",
+        "What the responses of admitted requests said they cost, per limit priced by the response (cost_from_response): reported, capped (above max: charged max), missing or invalid (the estimate stands).",
+        &["route", "limit", "report"]
+    )
+    .expect("sluice_response_cost_reports_total registers once")
+});
+
+pub static RESPONSE_COST_UNITS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_response_cost_units_total",
+        "Units the responses of admitted requests reported (capped at max), per limit priced by the response.",
+        &["route", "limit"]
+    )
+    .expect("sluice_response_cost_units_total registers once")
+});
+
+pub static RLS_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_rls_requests_total",
+        "Envoy rate limit service requests by domain and decision (allowed, limited, error_allowed, error_denied, shadow_limited, local_allowed, local_limited), as sluice_requests_total for routes.",
+        &["domain", "decision"]
+    )
+    .expect("sluice_rls_requests_total registers once")
+});
+
+pub static RLS_LIMIT_DECISIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_rls_limit_decisions_total",
+        "What each limit of a rate limit service domain said, per descriptor that matched it: the decisions of sluice_limit_decisions_total. `limit` is the rate limit's name, or its descriptor path.",
+        &["domain", "limit", "decision"]
+    )
+    .expect("sluice_rls_limit_decisions_total registers once")
+});
+
+/// The policy's handles: the limiter duration of `backend`, and an error counter per kind.
+pub fn policy_meters(backend: &str) -> PolicyMeters {
+    PolicyMeters {
+        duration: LIMITER_DURATION.with_label_values(&[backend]),
+        deny_cache_duration: LIMITER_DURATION.with_label_values(&["deny_cache"]),
+        lease_duration: LIMITER_DURATION.with_label_values(&["lease"]),
+        errors: ErrorKind::ALL
+            .iter()
+            .map(|kind| LIMITER_ERRORS.with_label_values(&[kind.label()]))
+            .collect(),
+    }
+}
+
+/// The deny cache's and the breaker's handles.
+pub fn guard_meters() -> GuardMeters {
+    GuardMeters {
+        deny_cache_hits: DENY_CACHE_HITS.clone(),
+        breaker_state: BREAKER_STATE.clone(),
+    }
+}
+
+/// How the Redis backend batches decisions: at most `max_batch` per call, sizes counted.
+pub fn coalescing(max_batch: usize) -> Coalescing {
+    Coalescing {
+        max_batch,
+        sizes: LIMITER_BATCH_SIZE.clone(),
+    }
+}
+
+/// Leasing's handles.
+pub fn lease_meters() -> LeaseMeters {
+    LeaseMeters {
+        held_decisions: LEASE_HELD_DECISIONS.clone(),
+        top_ups: LEASE_TOP_UPS.clone(),
+        units_returned: LEASE_UNITS_RETURNED.clone(),
+        units_held: LEASE_UNITS_HELD.clone(),
+    }
+}
+
+/// Registers every family now, so `/metrics` lists them before the first request.
+pub fn init() {
+    LazyLock::force(&REQUESTS);
+    LazyLock::force(&LIMITER_DURATION);
+    LazyLock::force(&LIMITER_BATCH_SIZE);
+    for kind in ErrorKind::ALL {
+        LIMITER_ERRORS.with_label_values(&[kind.label()]);
+    }
+    LazyLock::force(&UPSTREAM_RESPONSES);
+    LazyLock::force(&REQUEST_DURATION);
+    LazyLock::force(&UPSTREAM_DURATION);
+    LazyLock::force(&LIMIT_DECISIONS);
+    LazyLock::force(&RESPONSE_COST_REPORTS);
+    LazyLock::force(&RESPONSE_COST_UNITS);
+    LazyLock::force(&REQUESTS_IN_FLIGHT);
+    LazyLock::force(&UPSTREAM_HEALTHY);
+    LazyLock::force(&UPSTREAM_ERRORS);
+    LazyLock::force(&CLIENT_ERRORS);
+    LazyLock::force(&ACCESS_LOG_DROPPED);
+    LazyLock::force(&RLS_REQUESTS);
+    LazyLock::force(&DENY_CACHE_HITS);
+    LazyLock::force(&LEASE_HELD_DECISIONS);
+    LazyLock::force(&LEASE_TOP_UPS);
+    LazyLock::force(&LEASE_UNITS_RETURNED);
+    LazyLock::force(&LEASE_UNITS_HELD);
+    LazyLock::force(&BREAKER_STATE);
+    for result in ["success", "error"] {
+        CONFIG_RELOADS.with_label_values(&[result]);
+    }
+    for outcome in crate::caller::jwt::FetchOutcome::LABELS {
+        JWKS_FETCHES.with_label_values(&[outcome]);
+    }
+    BUILD_INFO
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
+    // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
+    let process = pingora_prometheus::prometheus::process_collector::ProcessCollector::for_self();
+    if let Err(e) = pingora_prometheus::prometheus::register(Box::new(process)) {
+        log::debug!("process metrics: {e}");
+    }
+}

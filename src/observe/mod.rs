@@ -1,0 +1,8 @@
+//! What the gateway tells its operator: metric families (`metrics`; the handles a request counts
+//! through are the exchange's, `exchange::meters`), the access log (`access_log`: its buffer,
+//! writer thread and file), spans sent over OTLP (`traces`) and the process log (`logging`).
+
+pub mod access_log;
+pub mod logging;
+pub mod metrics;
+pub mod traces;

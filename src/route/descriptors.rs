@@ -1,0 +1,289 @@
+//! Envoy's rate limit service, the domain side: the descriptor tree of each domain that
+//! envoyproxy/ratelimit's configuration describes (read from its files by `config::rls_files`),
+//! and how a request's descriptors find their limits and keys.
+//!
+//! Matching is envoyproxy/ratelimit's: each entry of a descriptor descends one level, preferring
+//! a node with the same key and value, then one whose value ends in `*` and prefixes it, else a
+//! node with the key alone (any value; each value then counts apart); the node reached by the
+//! last entry holds the limit, if any. `requests_per_unit: 0` refuses every request (a block
+//! list); `unlimited: true` admits every one without counting.
+
+use std::collections::HashMap;
+
+use siphasher::sip128::{Hasher128, SipHasher13};
+use std::hash::Hasher;
+
+use crate::limiter::{push_hex, FailureMode, Key, Limit, LimitSet};
+
+/// The most descriptors one request may carry, and entries one descriptor may have.
+pub const MAX_DESCRIPTORS: usize = 64;
+pub const MAX_ENTRIES: usize = 16;
+/// The longest domain, entry key or entry value accepted.
+pub const MAX_TEXT: usize = 1024;
+
+/// The time unit of a limit, with its `RateLimitResponse.RateLimit.Unit` number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    /// The names a configuration accepts (in any case), for its messages.
+    pub const NAMES: &'static str = "second, minute, hour, day, week, month or year";
+
+    pub fn parse(text: &str) -> Option<Unit> {
+        Some(match text.to_ascii_lowercase().as_str() {
+            "second" => Unit::Second,
+            "minute" => Unit::Minute,
+            "hour" => Unit::Hour,
+            "day" => Unit::Day,
+            "week" => Unit::Week,
+            "month" => Unit::Month,
+            "year" => Unit::Year,
+            _ => return None,
+        })
+    }
+
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        }
+    }
+
+    /// The proto enum number (`envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit`).
+    pub fn proto(self) -> i32 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 2,
+            Unit::Hour => 3,
+            Unit::Day => 4,
+            Unit::Month => 5,
+            Unit::Year => 6,
+            Unit::Week => 7,
+        }
+    }
+}
+
+/// What a matched descriptor is held to.
+#[derive(Debug, Clone)]
+pub enum Rule {
+    /// `unlimited: true`: always OK, never counted.
+    Unlimited,
+    /// `requests_per_unit: 0`: always over the limit, never counted.
+    Blocked {
+        name: String,
+        unit: Unit,
+    },
+    Limited(Box<DescriptorLimit>),
+}
+
+/// A limit of the configuration, compiled for the limiter.
+#[derive(Debug, Clone)]
+pub struct DescriptorLimit {
+    /// `name` of the rate limit, or the descriptor path (`key_value.key...`).
+    pub name: String,
+    pub requests_per_unit: u64,
+    pub unit: Unit,
+    pub limit: Limit,
+    /// Names of the limits this one replaces when both match one request.
+    pub replaces: Vec<String>,
+    /// The limit as the policy takes it when it is the only one a call matches (the common
+    /// case): compiled once, not per call.
+    pub alone: LimitSet,
+    /// Where the node sits in its domain (part of every key it counts under).
+    id: u64,
+}
+
+impl DescriptorLimit {
+    /// `place` is where the limit's node sits: its domain and descriptor path; it is part of
+    /// every key the limit counts under.
+    pub fn new(
+        place: &str,
+        name: String,
+        requests_per_unit: u64,
+        unit: Unit,
+        limit: Limit,
+        replaces: Vec<String>,
+        (instances, failure_mode): (u64, FailureMode),
+    ) -> DescriptorLimit {
+        DescriptorLimit {
+            alone: LimitSet::new(vec![limit.clone()], instances, failure_mode, None),
+            id: xxhash_rust::xxh3::xxh3_64(place.as_bytes()),
+            name,
+            requests_per_unit,
+            unit,
+            limit,
+            replaces,
+        }
+    }
+}
+
+/// A level of a domain's descriptor tree: children by entry, and the rule of the descriptor
+/// that ends here.
+#[derive(Debug, Default)]
+pub struct Node {
+    /// `(key, value)` → child.
+    exact: HashMap<(String, String), Node>,
+    /// `(key, value prefix)` of values written `prefix*`, in file order.
+    wildcard: Vec<(String, String, Node)>,
+    /// `key` (any value) → child.
+    any: HashMap<String, Node>,
+    rule: Option<Rule>,
+}
+
+impl Node {
+    /// The child an entry `key` (with `value`, `prefix*` or any value when `None`) descends to,
+    /// made if new; a wildcard is always a new child (they are tried in file order).
+    pub fn child(&mut self, key: String, value: Option<String>) -> &mut Node {
+        let Some(value) = value else {
+            return self.any.entry(key).or_default();
+        };
+        match value.strip_suffix('*') {
+            Some(prefix) => {
+                let prefix = prefix.to_string();
+                self.wildcard.push((key, prefix, Node::default()));
+                let last = self.wildcard.len() - 1;
+                &mut self.wildcard[last].2
+            }
+            None => self.exact.entry((key, value)).or_default(),
+        }
+    }
+
+    pub fn has_rule(&self) -> bool {
+        self.rule.is_some()
+    }
+
+    pub fn set_rule(&mut self, rule: Option<Rule>) {
+        self.rule = rule;
+    }
+}
+
+/// One domain's descriptor tree.
+#[derive(Debug)]
+pub struct Domain {
+    pub name: String,
+    root: Node,
+}
+
+impl Domain {
+    pub fn new(name: String, root: Node) -> Domain {
+        Domain { name, root }
+    }
+
+    /// The names of its limits (`rate_limit.name`, or the descriptor path), each once: the
+    /// `limit` label of its metrics, bounded by the configuration (never a request's values).
+    pub fn limit_names(&self) -> Vec<&str> {
+        let mut names = Vec::new();
+        let mut nodes = vec![&self.root];
+        while let Some(node) = nodes.pop() {
+            match &node.rule {
+                Some(Rule::Limited(limit)) => names.push(limit.name.as_str()),
+                Some(Rule::Blocked { name, .. }) => names.push(name.as_str()),
+                Some(Rule::Unlimited) | None => {}
+            }
+            nodes.extend(node.exact.values());
+            nodes.extend(node.wildcard.iter().map(|(_, _, child)| child));
+            nodes.extend(node.any.values());
+        }
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+}
+
+/// Every domain of the configuration directory, by name.
+#[derive(Debug, Default)]
+pub struct Domains {
+    by_name: HashMap<String, Domain>,
+}
+
+/// One entry of a request descriptor.
+pub type Entry<'a> = (&'a str, &'a str);
+
+impl Domains {
+    /// Adds `domain`, in place of any of the same name.
+    pub fn insert(&mut self, domain: Domain) {
+        self.by_name.insert(domain.name.clone(), domain);
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Domain> {
+        self.by_name.get(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Domain> {
+        self.by_name.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+}
+
+impl Domain {
+    /// The rule of the node `entries` lead to, if any (envoyproxy/ratelimit's matching).
+    pub fn rule(&self, entries: &[Entry<'_>]) -> Option<&Rule> {
+        let mut node = &self.root;
+        for (key, value) in entries {
+            node = node
+                .exact
+                .get(&((*key).to_string(), (*value).to_string()))
+                .or_else(|| {
+                    node.wildcard
+                        .iter()
+                        .find(|(k, prefix, _)| k == key && value.starts_with(prefix.as_str()))
+                        .map(|(_, _, child)| child)
+                })
+                .or_else(|| node.any.get(*key))?;
+        }
+        node.rule.as_ref()
+    }
+}
+
+/// The counter key of `limit` for a descriptor with `entries` in `domain`: the key prefix, a
+/// hash tag per domain (so one request's keys share a Redis Cluster slot), and a keyed digest
+/// of the limit and the entries — never the client's bytes themselves.
+pub fn key(
+    prefix: &str,
+    secret: (u64, u64),
+    domain: &str,
+    limit: &DescriptorLimit,
+    entries: &[Entry<'_>],
+) -> Key {
+    let mut key = Key::new();
+    key.extend_from_slice(prefix.as_bytes());
+    key.extend_from_slice(b":{rls.");
+    push_hex(
+        &mut key,
+        &xxhash_rust::xxh3::xxh3_64(domain.as_bytes()).to_be_bytes()[..4],
+    );
+    key.extend_from_slice(b"}:");
+    push_hex(&mut key, &limit.id.to_be_bytes()[..4]);
+    key.push(b':');
+    let mut hasher = SipHasher13::new_with_keys(secret.0, secret.1);
+    hasher.write(domain.as_bytes());
+    hasher.write_u8(0xff);
+    for (k, v) in entries {
+        hasher.write_usize(k.len());
+        hasher.write(k.as_bytes());
+        hasher.write_usize(v.len());
+        hasher.write(v.as_bytes());
+    }
+    push_hex(&mut key, &hasher.finish128().as_bytes());
+    key
+}

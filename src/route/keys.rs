@@ -1,0 +1,749 @@
+//! Limiter keys: from the parts a limit names to bounded, hash-tagged Redis key bytes.
+//!
+//! Layout: `<prefix>:{<route>[.<tag>]}:<limit>:<digest>`.
+//! * prefix, route and limit names come from the config (checked charset, no braces), so keys
+//!   stay readable where that is safe;
+//! * `digest` is a 128-bit keyed SipHash-1-3 of the limit's key parts, each tagged and
+//!   length-prefixed, so no client byte reaches Redis, every key has the same bounded length, and
+//!   without the secret nobody can craft two clients that share a bucket;
+//! * the hash tag `{...}` holds the route and a 64-bit digest of the parts *every* limit of the
+//!   route shares, so all keys of one call land in one Redis Cluster slot while different
+//!   clients still spread across slots;
+//! * a route with a split limit (`split: N`, a hot key cut into N sub-keys) tags its keys
+//!   `{<route>.s<i>}` instead: `i` is the digest of the parts its other limits share, modulo N
+//!   (a client always lands on the same shard, with its own keys), or a per-gateway round robin
+//!   when the route has only split limits. Still one slot per call.
+
+use std::hash::Hasher;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::header::HeaderName;
+use http::HeaderMap;
+use siphasher::sip128::{Hash128, Hasher128, SipHasher13};
+use smallvec::SmallVec;
+
+use crate::caller::consumers::Consumer;
+use crate::limiter::{push_hex, Key, LIMITS_INLINE};
+
+/// The keys of one request, one per limit.
+pub type Keys = SmallVec<[Key; LIMITS_INLINE]>;
+
+/// One ingredient of a limit's key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPart {
+    ClientIp,
+    Path,
+    Route,
+    Method,
+    Host,
+    Header(HeaderName),
+    /// The first value of a query parameter, as sent (not decoded).
+    Query(Box<str>),
+    Const(Box<str>),
+    /// The verified consumer (an anonymous caller: its address).
+    Consumer,
+    /// A claim of the caller's verified token.
+    Claim(Box<str>),
+}
+
+/// Longest claim name a key part may name.
+const MAX_CLAIM_NAME: usize = 64;
+
+/// What a limit does when a header or query part is missing from a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnMissing {
+    /// A missing part counts as an empty one: all such requests share a bucket.
+    #[default]
+    UseEmpty,
+    /// The request is refused with `400`.
+    Deny,
+    /// The limit is left out for this request: it neither counts nor denies (its state is only
+    /// read, so the response headers still describe it).
+    Skip,
+}
+
+/// The keys of one request, and which limits it skips (bit i: limit i).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuiltKeys {
+    pub keys: Keys,
+    pub skipped: u32,
+}
+
+/// A request lacks a part its limit requires (`on_missing: deny`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MissingPart;
+
+impl KeyPart {
+    pub fn parse(text: &str) -> Result<KeyPart, String> {
+        let part = match text {
+            "client_ip" => KeyPart::ClientIp,
+            "path" => KeyPart::Path,
+            "route" => KeyPart::Route,
+            "method" => KeyPart::Method,
+            "host" => KeyPart::Host,
+            _ => {
+                if let Some(name) = text.strip_prefix("header:") {
+                    let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                        format!("invalid header name {name:?} in key part {text:?}")
+                    })?;
+                    KeyPart::Header(name)
+                } else if let Some(name) = text.strip_prefix("query:") {
+                    if name.is_empty() {
+                        return Err(format!("empty query parameter name in key part {text:?}"));
+                    }
+                    // Compared decoded, as requests' parameter names are.
+                    KeyPart::Query(String::from_utf8_lossy(&decode_component(name)).into())
+                } else if let Some(value) = text.strip_prefix("const:") {
+                    KeyPart::Const(value.into())
+                } else if text == "consumer" {
+                    KeyPart::Consumer
+                } else if let Some(name) = text.strip_prefix("claim:") {
+                    if name.is_empty()
+                        || name.len() > MAX_CLAIM_NAME
+                        || !name.bytes().all(|b| b.is_ascii_graphic())
+                    {
+                        return Err(format!(
+                            "invalid claim name in key part {text:?}: 1 to {MAX_CLAIM_NAME} printable characters"
+                        ));
+                    }
+                    KeyPart::Claim(name.into())
+                } else {
+                    return Err(format!(
+                        "unknown key part {text:?}: use client_ip, path, route, method, host, header:NAME, query:NAME, const:TEXT, consumer or claim:NAME"
+                    ));
+                }
+            }
+        };
+        Ok(part)
+    }
+
+    /// Whether the part is the verified caller's (`consumer`, `claim:NAME`).
+    pub fn is_caller(&self) -> bool {
+        matches!(self, KeyPart::Consumer | KeyPart::Claim(_))
+    }
+}
+
+impl std::fmt::Display for KeyPart {
+    /// As written in the config.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyPart::ClientIp => f.write_str("client_ip"),
+            KeyPart::Path => f.write_str("path"),
+            KeyPart::Route => f.write_str("route"),
+            KeyPart::Method => f.write_str("method"),
+            KeyPart::Host => f.write_str("host"),
+            KeyPart::Header(name) => write!(f, "header:{name}"),
+            KeyPart::Query(name) => write!(f, "query:{name}"),
+            KeyPart::Const(text) => write!(f, "const:{text}"),
+            KeyPart::Consumer => f.write_str("consumer"),
+            KeyPart::Claim(name) => write!(f, "claim:{name}"),
+        }
+    }
+}
+
+/// What a request offers to key parts. Borrowed from the request, never copied.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestFacts<'a> {
+    pub client_ip: IpAddr,
+    pub method: &'a str,
+    /// Lowercased, without port.
+    pub host: &'a str,
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    pub headers: &'a HeaderMap,
+    pub route: &'a str,
+    /// The verified caller; `None`: anonymous (or the route does not verify callers).
+    pub consumer: Option<&'a Consumer>,
+    /// The claim names of [`Consumer::claims`], in its order.
+    pub claim_names: &'a [Arc<str>],
+}
+
+impl RequestFacts<'_> {
+    /// The value of the caller's claim `name`, if its token had it.
+    fn claim(&self, name: &str) -> Option<&str> {
+        let index = self.claim_names.iter().position(|n| &**n == name)?;
+        self.consumer?.claims.get(index)?.as_deref()
+    }
+}
+
+/// Bytes of a decoded query name or value kept inline; longer ones spill to the heap.
+type Decoded = SmallVec<[u8; 64]>;
+
+/// A query component as its bytes mean them: `+` a space (form encoding), `%XX` decoded (so
+/// `%2B` stays a plus); a malformed escape is kept as written. Bytes, not text: values that are
+/// not UTF-8 stay apart.
+fn decode_component(text: &str) -> Decoded {
+    let mut out = Decoded::new();
+    for (i, piece) in text.split('+').enumerate() {
+        if i > 0 {
+            out.push(b' ');
+        }
+        out.extend(percent_encoding::percent_decode_str(piece));
+    }
+    out
+}
+
+/// The first value of the query parameter `name`, decoded, compared on decoded names: one value
+/// is one bucket however a client spells it (`tenant=a%62c` is `tenant=abc`).
+fn query_value(query: Option<&str>, name: &str) -> Option<Decoded> {
+    query?.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (decode_component(key).as_slice() == name.as_bytes()).then(|| decode_component(value))
+    })
+}
+
+/// Feeds one part; returns whether the request had it (header and query parts can be missing).
+fn feed(hasher: &mut impl Hasher, facts: &RequestFacts<'_>, part: &KeyPart) -> bool {
+    // The tag and the length go in as integers: the same bytes as slices (little-endian), through
+    // SipHash's short path.
+    let mut field = |tag: u8, bytes: &[u8]| {
+        hasher.write_u8(tag);
+        hasher.write_u64(bytes.len() as u64);
+        hasher.write(bytes);
+    };
+    match part {
+        KeyPart::ClientIp => match facts.client_ip {
+            IpAddr::V4(v4) => field(1, &v4.octets()),
+            IpAddr::V6(v6) => field(2, &v6.octets()),
+        },
+        KeyPart::Path => field(3, facts.path.as_bytes()),
+        KeyPart::Route => field(4, facts.route.as_bytes()),
+        KeyPart::Method => field(5, facts.method.as_bytes()),
+        KeyPart::Host => field(6, facts.host.as_bytes()),
+        KeyPart::Header(name) => {
+            let value = facts.headers.get(name);
+            field(7, value.map_or(&b""[..], |v| v.as_bytes()));
+            return value.is_some();
+        }
+        KeyPart::Query(name) => {
+            let value = query_value(facts.query, name);
+            field(8, value.as_deref().unwrap_or(b""));
+            return value.is_some();
+        }
+        KeyPart::Const(text) => field(9, text.as_bytes()),
+        KeyPart::Consumer => match facts.consumer {
+            Some(consumer) => field(10, consumer.id.as_bytes()),
+            // An anonymous caller counts as its address, never as anyone's consumer.
+            None => match facts.client_ip {
+                IpAddr::V4(v4) => field(11, &v4.octets()),
+                IpAddr::V6(v6) => field(12, &v6.octets()),
+            },
+        },
+        KeyPart::Claim(name) => {
+            let value = facts.claim(name);
+            field(13, value.map_or(&b""[..], str::as_bytes));
+            return value.is_some();
+        }
+    }
+    true
+}
+
+/// A 64-bit digest of `parts` for choosing an upstream server (consistent hashing).
+pub fn digest_parts(facts: &RequestFacts<'_>, parts: &[KeyPart]) -> u64 {
+    let mut hasher = SipHasher13::new();
+    for part in parts {
+        feed(&mut hasher, facts, part);
+    }
+    hasher.finish()
+}
+
+/// The SipHash key of every key digest: from the configured secret, shared by all gateways.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeySecret(u64, u64);
+
+impl KeySecret {
+    pub fn new(secret: &str) -> KeySecret {
+        let digest = xxhash_rust::xxh3::xxh3_128(secret.as_bytes());
+        KeySecret((digest >> 64) as u64, digest as u64)
+    }
+
+    /// The two SipHash keys, for other key builders (`rls`).
+    pub fn keys(&self) -> (u64, u64) {
+        (self.0, self.1)
+    }
+
+    fn hasher(&self) -> SipHasher13 {
+        SipHasher13::new_with_keys(self.0, self.1)
+    }
+}
+
+/// The fixed pieces of one limit's key, built at config load.
+#[derive(Debug, Clone)]
+struct LimitKey {
+    /// `:<limit>:`
+    middle: Box<[u8]>,
+    parts: Box<[KeyPart]>,
+    on_missing: OnMissing,
+}
+
+/// How one limit's key is made, as configured.
+#[derive(Debug, Clone)]
+pub struct KeySpec {
+    pub limit: String,
+    pub parts: Vec<KeyPart>,
+    pub on_missing: OnMissing,
+    /// Sub-keys (shards) of a split limit; 1 for an ordinary limit.
+    pub shards: u32,
+}
+
+/// The `.s<i>` suffix of each shard's hash tag, made at load.
+type ShardSuffixes = Box<[Box<[u8]>]>;
+
+fn shard_suffixes(shards: u32) -> ShardSuffixes {
+    (0..shards)
+        .map(|i| format!(".s{i}").into_bytes().into())
+        .collect()
+}
+
+/// How the hash tag of a route's call is chosen.
+#[derive(Debug)]
+enum TagChoice {
+    /// `{route[.digest of the shared parts]}`.
+    SharedParts,
+    /// `{route.s<i>}`, `i` = digest of the shared parts of the unsplit limits mod the shards.
+    ShardBySharedParts { suffixes: ShardSuffixes },
+    /// `{route.s<i>}`, `i` from a round robin over the shards (the route has only split limits).
+    ShardRoundRobin {
+        suffixes: ShardSuffixes,
+        next: std::sync::atomic::AtomicU32,
+    },
+}
+
+impl Clone for TagChoice {
+    /// A clone starts its own round robin (an atomic counter is not `Clone`).
+    fn clone(&self) -> TagChoice {
+        match self {
+            TagChoice::SharedParts => TagChoice::SharedParts,
+            TagChoice::ShardBySharedParts { suffixes } => TagChoice::ShardBySharedParts {
+                suffixes: suffixes.clone(),
+            },
+            TagChoice::ShardRoundRobin { suffixes, .. } => TagChoice::ShardRoundRobin {
+                suffixes: suffixes.clone(),
+                next: std::sync::atomic::AtomicU32::new(0),
+            },
+        }
+    }
+}
+
+fn limit_keys(specs: &[KeySpec]) -> Box<[LimitKey]> {
+    specs
+        .iter()
+        .map(|spec| LimitKey {
+            middle: format!(":{}:", spec.limit).into_bytes().into(),
+            parts: spec.parts.clone().into(),
+            on_missing: spec.on_missing,
+        })
+        .collect()
+}
+
+/// Builds the keys of every limit of one route.
+#[derive(Debug, Clone)]
+pub struct RouteKeys {
+    /// `<prefix>:{<route>`
+    head: Box<[u8]>,
+    secret: KeySecret,
+    tag_parts: Box<[KeyPart]>,
+    tag_choice: TagChoice,
+    limits: Box<[LimitKey]>,
+    /// A limit whose parts are the tag's: its digest's upper half is the tag's digest (SipHash's
+    /// 64-bit result is the upper half of its 128-bit one), so the parts are hashed once.
+    tag_from_limit: Option<usize>,
+}
+
+/// The first limit whose parts are exactly `tag_parts`, in order.
+fn limit_with_parts(limits: &[LimitKey], tag_parts: &[KeyPart]) -> Option<usize> {
+    limits.iter().position(|limit| *limit.parts == *tag_parts)
+}
+
+impl RouteKeys {
+    /// One key per spec; names are checked by the config compiler, and split limits of one
+    /// route have the same number of shards.
+    pub fn new(prefix: &str, route: &str, secret: KeySecret, specs: &[KeySpec]) -> RouteKeys {
+        let shards = specs.iter().map(|s| s.shards).max().unwrap_or(1);
+        // With split limits, the tag follows the parts the *unsplit* limits share.
+        let tagging: Vec<&KeySpec> = specs
+            .iter()
+            .filter(|spec| shards <= 1 || spec.shards <= 1)
+            .collect();
+        let tag_parts: Vec<KeyPart> = match tagging.split_first() {
+            Some((first, rest)) => first
+                .parts
+                .iter()
+                .filter(|part| rest.iter().all(|spec| spec.parts.contains(part)))
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        let tag_choice = match (shards, tagging.is_empty()) {
+            (0 | 1, _) => TagChoice::SharedParts,
+            (shards, false) => TagChoice::ShardBySharedParts {
+                suffixes: shard_suffixes(shards),
+            },
+            (shards, true) => TagChoice::ShardRoundRobin {
+                suffixes: shard_suffixes(shards),
+                next: std::sync::atomic::AtomicU32::new(0),
+            },
+        };
+        let limits = limit_keys(specs);
+        RouteKeys {
+            head: format!("{prefix}:{{{route}").into_bytes().into(),
+            secret,
+            tag_from_limit: limit_with_parts(&limits, &tag_parts),
+            tag_parts: tag_parts.into(),
+            tag_choice,
+            limits,
+        }
+    }
+
+    /// The keys of some of this route's limits (a plan's or a consumer's, `consumers::tiers`),
+    /// tagged as this route's: a limit keeps its slot, and its key where its spec is the same,
+    /// whichever of them a request meets.
+    pub fn for_tier(&self, specs: &[KeySpec]) -> RouteKeys {
+        let limits = limit_keys(specs);
+        RouteKeys {
+            head: self.head.clone(),
+            secret: self.secret,
+            tag_from_limit: limit_with_parts(&limits, &self.tag_parts),
+            tag_parts: self.tag_parts.clone(),
+            tag_choice: self.tag_choice.clone(),
+            limits,
+        }
+    }
+
+    /// Whether the key of the limit at `index` follows from the caller alone (its parts are
+    /// `consumer`, `route` or `const:`, and no round robin picks its shard): what the usage
+    /// API can read for a consumer without a request.
+    pub fn follows_from_caller(&self, index: usize) -> bool {
+        let caller_only =
+            |part: &KeyPart| matches!(part, KeyPart::Consumer | KeyPart::Route | KeyPart::Const(_));
+        !matches!(self.tag_choice, TagChoice::ShardRoundRobin { .. })
+            && self
+                .limits
+                .get(index)
+                .is_some_and(|limit| limit.parts.iter().all(caller_only))
+    }
+
+    /// One key per limit, in the route's order, and the limits skipped for lack of a part;
+    /// `Err` when a limit with `on_missing: deny` lacks a part.
+    pub fn build(&self, facts: &RequestFacts<'_>) -> Result<BuiltKeys, MissingPart> {
+        let mut skipped = 0u32;
+        let mut digests: SmallVec<[Hash128; LIMITS_INLINE]> = SmallVec::new();
+        for (i, limit) in self.limits.iter().enumerate() {
+            let mut hasher = self.secret.hasher();
+            let mut complete = true;
+            for part in limit.parts.iter() {
+                complete &= feed(&mut hasher, facts, part);
+            }
+            match (complete, limit.on_missing) {
+                (false, OnMissing::Deny) => return Err(MissingPart),
+                (false, OnMissing::Skip) => skipped |= 1 << i,
+                _ => {}
+            }
+            digests.push(hasher.finish128());
+        }
+        // The tag's variable end (`.<digest>` or a shard suffix) and the closing brace; every
+        // key of the route starts with head + tag. Built in place: no heap allocation for keys
+        // up to KEY_INLINE bytes.
+        let mut tag: SmallVec<[u8; 40]> = SmallVec::new();
+        let shared_digest = || match self.tag_from_limit.and_then(|i| digests.get(i)) {
+            Some(digest) => digest.h2,
+            None => {
+                let mut hasher = self.secret.hasher();
+                for part in self.tag_parts.iter() {
+                    feed(&mut hasher, facts, part);
+                }
+                hasher.finish()
+            }
+        };
+        match &self.tag_choice {
+            TagChoice::SharedParts if self.tag_parts.is_empty() => {}
+            TagChoice::SharedParts => {
+                tag.push(b'.');
+                push_hex(&mut tag, &shared_digest().to_be_bytes());
+            }
+            TagChoice::ShardBySharedParts { suffixes } => {
+                let shard = shared_digest() % suffixes.len() as u64;
+                tag.extend_from_slice(&suffixes[shard as usize]);
+            }
+            TagChoice::ShardRoundRobin { suffixes, next } => {
+                let turn = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tag.extend_from_slice(&suffixes[turn as usize % suffixes.len()]);
+            }
+        }
+        tag.push(b'}');
+        let mut keys = Keys::new();
+        for (limit, digest) in self.limits.iter().zip(&digests) {
+            let mut key = Key::new();
+            key.extend_from_slice(&self.head);
+            key.extend_from_slice(&tag);
+            key.extend_from_slice(&limit.middle);
+            push_hex(&mut key, &digest.as_u128().to_be_bytes());
+            keys.push(key);
+        }
+        Ok(BuiltKeys { keys, skipped })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts<'a>(ip: &str, path: &'a str, headers: &'a HeaderMap) -> RequestFacts<'a> {
+        RequestFacts {
+            client_ip: ip.parse().unwrap(),
+            method: "GET",
+            host: "example.com",
+            path,
+            query: Some("api_key=abc&flag"),
+            headers,
+            route: "api",
+            consumer: None,
+            claim_names: &[],
+        }
+    }
+
+    fn spec(limit: &str, list: &[&str]) -> KeySpec {
+        KeySpec {
+            limit: limit.to_string(),
+            parts: list.iter().map(|p| KeyPart::parse(p).unwrap()).collect(),
+            on_missing: OnMissing::UseEmpty,
+            shards: 1,
+        }
+    }
+
+    fn tag(key: &[u8]) -> String {
+        let text = String::from_utf8(key.to_vec()).unwrap();
+        text[..=text.find('}').unwrap()].to_string()
+    }
+
+    #[test]
+    fn a_split_limit_shards_the_tag_by_the_parts_the_other_limits_share() {
+        let keys = keys(&[
+            spec("per_client", &["client_ip"]),
+            KeySpec {
+                shards: 4,
+                ..spec("global", &[])
+            },
+        ]);
+        let h = HeaderMap::new();
+        let mut shards = std::collections::BTreeSet::new();
+        for i in 0..64 {
+            let ip = format!("10.0.0.{i}");
+            let built = keys.build(&facts(&ip, "/", &h)).unwrap().keys;
+            assert_eq!(tag(&built[0]), tag(&built[1]), "one slot per call");
+            assert_eq!(built, keys.build(&facts(&ip, "/", &h)).unwrap().keys);
+            shards.insert(tag(&built[0]));
+        }
+        let expected: std::collections::BTreeSet<String> =
+            (0..4).map(|i| format!("sluice:{{api.s{i}}}")).collect();
+        assert_eq!(shards, expected);
+    }
+
+    #[test]
+    fn a_route_of_split_limits_only_takes_the_shards_in_turn() {
+        let keys = keys(&[KeySpec {
+            shards: 12,
+            ..spec("global", &["route"])
+        }]);
+        let h = HeaderMap::new();
+        let tags: Vec<String> = (0..13)
+            .map(|_| tag(&keys.build(&facts("10.0.0.1", "/", &h)).unwrap().keys[0]))
+            .collect();
+        assert_eq!(tags[0], "sluice:{api.s0}");
+        assert_eq!(tags[10], "sluice:{api.s10}");
+        assert_eq!(tags[12], tags[0]);
+    }
+
+    fn keys(specs: &[KeySpec]) -> RouteKeys {
+        RouteKeys::new("sluice", "api", KeySecret::new("s3cret"), specs)
+    }
+
+    #[test]
+    fn keys_are_readable_bounded_and_share_a_hash_tag() {
+        let keys = keys(&[
+            spec("per_client", &["client_ip", "path"]),
+            spec("per_ip", &["client_ip"]),
+        ]);
+        let headers = HeaderMap::new();
+        let hostile = format!("/{}\r\n{{}}", "a".repeat(8192));
+        let built = keys
+            .build(&facts("10.0.0.1", &hostile, &headers))
+            .unwrap()
+            .keys;
+        let first = String::from_utf8(built[0].to_vec()).unwrap();
+        assert!(first.starts_with("sluice:{api."), "{first}");
+        assert!(first.contains("}:per_client:"), "{first}");
+        assert_eq!(built[0].len(), "sluice:{api.}:per_client:".len() + 16 + 32);
+        let tag = |k: &[u8]| k.split(|&b| b == b'}').next().unwrap().to_vec();
+        assert_eq!(tag(&built[0]), tag(&built[1]));
+    }
+
+    /// A key names a bucket every gateway of a fleet shares, across releases: a rolling upgrade
+    /// that changed a digest would split each bucket in two (and double every limit) until the
+    /// last old gateway left.
+    #[test]
+    fn keys_stay_the_same_across_releases() {
+        let by_client = keys(&[
+            spec("per_client", &["client_ip", "path"]),
+            spec("per_ip", &["client_ip"]),
+        ]);
+        let by_tenant = keys(&[spec(
+            "per_tenant",
+            &[
+                "header:x-tenant",
+                "query:api_key",
+                "method",
+                "host",
+                "route",
+                "const:v1",
+            ],
+        )]);
+        // No limit's parts are the tag's: the tag's digest is its own.
+        let by_client_and = keys(&[
+            spec("per_path", &["client_ip", "path"]),
+            spec("per_method", &["client_ip", "method"]),
+        ]);
+        let mut headers = HeaderMap::new();
+        headers.insert("x-tenant", "acme".parse().unwrap());
+        let long_path = format!("/v1/{}", "p".repeat(100));
+        let text = |keys: &RouteKeys, path: &str, ip: &str| -> Vec<String> {
+            let built = keys.build(&facts(ip, path, &headers)).unwrap().keys;
+            built
+                .iter()
+                .map(|k| String::from_utf8(k.to_vec()).unwrap())
+                .collect()
+        };
+        assert_eq!(
+            text(&by_client, "/v1/items", "10.0.0.1"),
+            [
+                "sluice:{api.51b2c513a9551dc4}:per_client:aa5b7a08515ecf28fb2e732b204bf8e9",
+                "sluice:{api.51b2c513a9551dc4}:per_ip:51b2c513a9551dc4530ee3e63e2c5852"
+            ]
+        );
+        assert_eq!(
+            text(&by_client, &long_path, "2001:db8::7"),
+            [
+                "sluice:{api.24166de461d664f8}:per_client:1d6bfb9ddc5531ee4d5a3553a00e2311",
+                "sluice:{api.24166de461d664f8}:per_ip:24166de461d664f8ed1b801623a414d9"
+            ]
+        );
+        assert_eq!(
+            text(&by_tenant, "/", "10.0.0.1"),
+            ["sluice:{api.931473480a5d560b}:per_tenant:931473480a5d560b77ad6376b4ae0914"]
+        );
+        assert_eq!(
+            text(&by_client_and, "/v1/items", "10.0.0.1"),
+            [
+                "sluice:{api.51b2c513a9551dc4}:per_path:aa5b7a08515ecf28fb2e732b204bf8e9",
+                "sluice:{api.51b2c513a9551dc4}:per_method:985d99dab14aa84e48df5ad503ac6e8a"
+            ]
+        );
+    }
+
+    #[test]
+    fn different_parts_give_different_keys_and_same_parts_the_same() {
+        let keys = keys(&[spec("l", &["client_ip", "path"])]);
+        let h = HeaderMap::new();
+        let a = keys.build(&facts("10.0.0.1", "/a", &h)).unwrap();
+        assert_eq!(a, keys.build(&facts("10.0.0.1", "/a", &h)).unwrap());
+        assert_ne!(a, keys.build(&facts("10.0.0.2", "/a", &h)).unwrap());
+        assert_ne!(a, keys.build(&facts("10.0.0.1", "/b", &h)).unwrap());
+    }
+
+    #[test]
+    fn the_secret_changes_every_digest() {
+        let h = HeaderMap::new();
+        let specs = [spec("l", &["client_ip"])];
+        let a = RouteKeys::new("p", "r", KeySecret::new("one"), &specs)
+            .build(&facts("10.0.0.1", "/", &h));
+        let b = RouteKeys::new("p", "r", KeySecret::new("two"), &specs)
+            .build(&facts("10.0.0.1", "/", &h));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn limits_without_common_parts_share_the_route_tag() {
+        let keys = keys(&[spec("a", &["client_ip"]), spec("b", &["route"])]);
+        let h = HeaderMap::new();
+        let built = keys.build(&facts("10.0.0.1", "/", &h)).unwrap().keys;
+        assert!(built.iter().all(|k| k.starts_with(b"sluice:{api}:")));
+    }
+
+    #[test]
+    fn missing_parts_are_empty_or_refused() {
+        let mut present = HeaderMap::new();
+        present.insert("x-api-key", "".parse().unwrap());
+        let missing = HeaderMap::new();
+        let lenient = keys(&[spec("l", &["header:x-api-key"])]);
+        assert_eq!(
+            lenient.build(&facts("10.0.0.1", "/", &missing)),
+            lenient.build(&facts("10.0.0.1", "/", &present))
+        );
+        let strict = keys(&[KeySpec {
+            on_missing: OnMissing::Deny,
+            ..spec("l", &["header:x-api-key", "query:api_key"])
+        }]);
+        assert_eq!(
+            strict.build(&facts("10.0.0.1", "/", &missing)),
+            Err(MissingPart)
+        );
+        assert!(strict.build(&facts("10.0.0.1", "/", &present)).is_ok());
+        let optional = keys(&[
+            spec("always", &["client_ip"]),
+            KeySpec {
+                on_missing: OnMissing::Skip,
+                ..spec("keyed", &["header:x-api-key"])
+            },
+        ]);
+        assert_eq!(
+            optional
+                .build(&facts("10.0.0.1", "/", &missing))
+                .unwrap()
+                .skipped,
+            0b10
+        );
+        assert_eq!(
+            optional
+                .build(&facts("10.0.0.1", "/", &present))
+                .unwrap()
+                .skipped,
+            0
+        );
+    }
+
+    #[test]
+    fn query_parts_read_the_first_value_decoded() {
+        let value = |query, name| query_value(Some(query), name).map(|v| v.to_vec());
+        assert_eq!(value("a=1&b=2&a=3", "a"), Some(b"1".to_vec()));
+        assert_eq!(value("flag&x=1", "flag"), Some(b"".to_vec()));
+        assert_eq!(value("ab=1", "a"), None);
+        assert_eq!(query_value(None, "a"), None);
+        for spelling in [
+            "tenant=acme+co",
+            "tenant=acme%20co",
+            "ten%61nt=acm%65%20co",
+            "%74enant=acme co",
+        ] {
+            assert_eq!(
+                value(spelling, "tenant"),
+                Some(b"acme co".to_vec()),
+                "{spelling}"
+            );
+        }
+        assert_eq!(
+            value("t=%zz%4", "t"),
+            Some(b"%zz%4".to_vec()),
+            "malformed escapes stay"
+        );
+    }
+
+    #[test]
+    fn unknown_key_parts_are_named() {
+        assert!(KeyPart::parse("cookie")
+            .unwrap_err()
+            .contains("unknown key part \"cookie\""));
+        assert!(KeyPart::parse("header:bad name").is_err());
+        assert!(KeyPart::parse("query:").is_err());
+    }
+}

@@ -1,0 +1,13 @@
+//! What a request meets, compiled at load: the route table (`table`: host, path, method → route),
+//! the one spelling of a path (`path`), each route's tiers of limits per kind of caller
+//! (`tiers`), the keys a request is counted under (`keys`), where priced limits read their cost
+//! (`pricing`), the route's upstream as configured (`upstream`), and, for the rate limit
+//! service, the descriptor rules of each domain (`descriptors`).
+
+pub mod descriptors;
+pub mod keys;
+pub mod path;
+pub mod pricing;
+pub mod table;
+pub mod tiers;
+pub mod upstream;

@@ -1,0 +1,231 @@
+//! The compiled route table: which route serves a request, by host, path prefix and method.
+//!
+//! Order (most specific first): an exact `path` before any prefix, then the longer
+//! `path_prefix`, then an exact `host` before a wildcard `*.example.com` (longer suffix first)
+//! before no host, then routes with `methods` before those without, then file order. The first
+//! route whose every condition holds wins.
+
+use std::sync::Arc;
+
+use http::Method;
+
+use crate::caller::address_lists::AddressLists;
+use crate::caller::consumers::RouteAuth;
+use crate::route::tiers::Tiers;
+use crate::route::upstream::UpstreamSettings;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathMatch {
+    Exact(String),
+    Prefix(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostMatch {
+    /// Lowercased, without port or trailing dot.
+    Exact(String),
+    /// `*.example.com` as `.example.com`: any subdomain, not the apex.
+    Suffix(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteMatch {
+    pub path: PathMatch,
+    /// `None` matches any host.
+    pub host: Option<HostMatch>,
+    /// `None` matches any method.
+    pub methods: Option<Vec<Method>>,
+}
+
+impl RouteMatch {
+    fn matches(&self, host: &str, path: &str, method: &Method) -> bool {
+        let path_ok = match &self.path {
+            PathMatch::Exact(exact) => path == exact,
+            PathMatch::Prefix(prefix) => path.starts_with(prefix.as_str()),
+        };
+        let host_ok = match &self.host {
+            None => true,
+            Some(HostMatch::Exact(exact)) => host == exact,
+            Some(HostMatch::Suffix(suffix)) => {
+                host.len() > suffix.len() && host.ends_with(suffix.as_str())
+            }
+        };
+        path_ok && host_ok && self.methods.as_ref().is_none_or(|m| m.contains(method))
+    }
+
+    /// Larger is more specific; routes are tried in descending order.
+    fn specificity(&self) -> (bool, usize, u8, usize, bool) {
+        let (exact, path_len) = match &self.path {
+            PathMatch::Exact(p) => (true, p.len()),
+            PathMatch::Prefix(p) => (false, p.len()),
+        };
+        let (host_rank, host_len) = match &self.host {
+            Some(HostMatch::Exact(h)) => (2, h.len()),
+            Some(HostMatch::Suffix(s)) => (1, s.len()),
+            None => (0, 0),
+        };
+        (exact, path_len, host_rank, host_len, self.methods.is_some())
+    }
+}
+
+/// One route, compiled: everything a request needs, built once at config load.
+#[derive(Debug)]
+pub struct Route {
+    /// Position in the configuration file; indexes per-route metric handles and pools.
+    pub index: usize,
+    pub name: Arc<str>,
+    pub matcher: RouteMatch,
+    pub upstream: UpstreamSettings,
+    /// Its limits per kind of caller (one tier when no plan or consumer differs).
+    pub tiers: Tiers,
+    /// What it asks of callers (`auth:`).
+    pub auth: RouteAuth,
+    /// Its own `addresses:` lists (the gateway's apply too).
+    pub addresses: AddressLists,
+    /// The largest request body accepted (`413` beyond); `None`: no limit.
+    pub max_body_bytes: Option<u64>,
+    /// How long a request may take from its arrival to the end of its response (`504`
+    /// beyond); `None`: only the upstream's per-read timeouts apply.
+    pub request_timeout: Option<std::time::Duration>,
+}
+
+#[derive(Debug, Default)]
+pub struct RouteTable {
+    /// Sorted most specific first.
+    routes: Vec<Arc<Route>>,
+}
+
+impl RouteTable {
+    pub fn new(mut routes: Vec<Route>) -> RouteTable {
+        routes.sort_by_key(|r| std::cmp::Reverse(r.matcher.specificity()));
+        RouteTable {
+            routes: routes.into_iter().map(Arc::new).collect(),
+        }
+    }
+
+    /// `host` lowercased, without port.
+    pub fn find(&self, host: &str, path: &str, method: &Method) -> Option<&Arc<Route>> {
+        self.routes
+            .iter()
+            .find(|r| r.matcher.matches(host, path, method))
+    }
+
+    /// Routes in file order.
+    pub fn in_file_order(&self) -> Vec<&Arc<Route>> {
+        let mut routes: Vec<_> = self.routes.iter().collect();
+        routes.sort_by_key(|r| r.index);
+        routes
+    }
+
+    pub fn len(&self) -> usize {
+        self.routes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(
+        index: usize,
+        prefix: &str,
+        host: Option<&str>,
+        methods: Option<Vec<Method>>,
+    ) -> Route {
+        let path = match prefix.strip_prefix('=') {
+            Some(exact) => PathMatch::Exact(exact.into()),
+            None => PathMatch::Prefix(prefix.into()),
+        };
+        let host = host.map(|h| match h.strip_prefix('*') {
+            Some(suffix) => HostMatch::Suffix(suffix.into()),
+            None => HostMatch::Exact(h.into()),
+        });
+        Route {
+            index,
+            name: format!("r{index}").into(),
+            matcher: RouteMatch {
+                path,
+                host,
+                methods,
+            },
+            upstream: UpstreamSettings::round_robin(vec!["127.0.0.1:1".parse().unwrap()]),
+            tiers: Tiers::unlimited(),
+            auth: RouteAuth::default(),
+            addresses: AddressLists::default(),
+            max_body_bytes: None,
+            request_timeout: None,
+        }
+    }
+
+    fn found(table: &RouteTable, host: &str, path: &str, method: Method) -> Option<usize> {
+        table.find(host, path, &method).map(|r| r.index)
+    }
+
+    #[test]
+    fn most_specific_route_wins() {
+        let table = RouteTable::new(vec![
+            route(0, "/", None, None),
+            route(1, "/api/", None, None),
+            route(2, "/api/", Some("api.example.com"), None),
+            route(
+                3,
+                "/api/",
+                Some("api.example.com"),
+                Some(vec![Method::POST]),
+            ),
+            route(4, "/api/v2/", None, None),
+        ]);
+        assert_eq!(found(&table, "x", "/index.html", Method::GET), Some(0));
+        assert_eq!(found(&table, "x", "/api/users", Method::GET), Some(1));
+        assert_eq!(
+            found(&table, "api.example.com", "/api/users", Method::GET),
+            Some(2)
+        );
+        assert_eq!(
+            found(&table, "api.example.com", "/api/users", Method::POST),
+            Some(3)
+        );
+        assert_eq!(
+            found(&table, "api.example.com", "/api/v2/x", Method::POST),
+            Some(4)
+        );
+    }
+
+    #[test]
+    fn exact_paths_and_wildcard_hosts() {
+        let table = RouteTable::new(vec![
+            route(0, "/", None, None),
+            route(1, "/", Some("*.example.com"), None),
+            route(2, "/", Some("*.eu.example.com"), None),
+            route(3, "=/health", None, None),
+            route(4, "/", Some("www.example.com"), None),
+        ]);
+        assert_eq!(found(&table, "a.example.com", "/x", Method::GET), Some(1));
+        assert_eq!(
+            found(&table, "a.eu.example.com", "/x", Method::GET),
+            Some(2)
+        );
+        assert_eq!(found(&table, "www.example.com", "/x", Method::GET), Some(4));
+        assert_eq!(
+            found(&table, "example.com", "/x", Method::GET),
+            Some(0),
+            "a wildcard is not the apex"
+        );
+        assert_eq!(
+            found(&table, "www.example.com", "/health", Method::GET),
+            Some(3)
+        );
+        assert_eq!(found(&table, "x", "/health/more", Method::GET), Some(0));
+    }
+
+    #[test]
+    fn no_match_is_none() {
+        let table = RouteTable::new(vec![route(0, "/api/", None, Some(vec![Method::GET]))]);
+        assert_eq!(found(&table, "x", "/other", Method::GET), None);
+        assert_eq!(found(&table, "x", "/api/x", Method::DELETE), None);
+    }
+}

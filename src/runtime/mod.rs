@@ -1,0 +1,7 @@
+//! What runs while a configuration is in force: the snapshot (a site, its health checks and JWKS
+//! refresh; `snapshot`), the configuration service that builds the next one on SIGHUP or when a
+//! file it read changes and swaps it in (`reload`), and `-d`'s launcher (`daemon`).
+
+pub mod daemon;
+pub mod reload;
+pub mod snapshot;

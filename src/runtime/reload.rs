@@ -1,0 +1,254 @@
+//! The configuration service: puts the first snapshot live (its upstreams probed) before the
+//! proxy starts serving, then on every SIGHUP reads and compiles the file again. On success the
+//! new snapshot — routes, limits, identity and path settings, pools and their health checks,
+//! the JWT verifier (keeping the keys of an unchanged JWKS URL) and its refresh — is started and
+//! swapped in atomically (requests in flight finish on the one they started with) and the old
+//! one's checks and refresh stop; on any error the running configuration stays and every
+//! problem is logged.
+//!
+//! What a running process cannot change in place — listeners (their addresses and protocols;
+//! their certificates do reload), the admin listener, the `server:`, `redis:` and `tracing:`
+//! sections — is logged as needing a graceful upgrade (`sluice -u`, `systemctl reload`), and
+//! keeps its old value until then.
+//!
+//! SIGUSR1 opens the access log file again by name (logrotate); a reload does too, since the new
+//! configuration opens its own.
+//!
+//! `watch: true` reloads without a signal: every [`WATCH_INTERVAL`] the files the configuration
+//! was built from (`sources.rs`: the file, the certificates, keys, CA and secret files it names,
+//! the RLS directory and its files) are read again; a difference that is still the same one
+//! interval later (debounced: an editor's several writes, a kubelet's symlink swap) reloads, with
+//! the same all-or-nothing checks as SIGHUP. After a rejected reload the broken contents are what
+//! is compared against: the next change (the fix) reloads again, the broken file does not retry.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use pingora::services::ServiceReadyNotifier;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::config::sources::Sources;
+use crate::config::{Config, ConfigError, RedisSettings, ServerSettings};
+use crate::observe::metrics;
+use crate::runtime::snapshot::{Live, Snapshot};
+
+/// How often `watch: true` reads the configuration's files again; a change reloads once it has
+/// held for one more interval, so within about two.
+pub const WATCH_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The settings a reload cannot change, as the process started with them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RestartOnly {
+    listen: Vec<(std::net::SocketAddr, bool, bool, bool)>,
+    admin_listen: Option<std::net::SocketAddr>,
+    redis: Option<RedisSettings>,
+    server: ServerSettings,
+    tracing: Option<crate::config::observe::TracingSettings>,
+    rls_listen: Option<std::net::SocketAddr>,
+}
+
+impl RestartOnly {
+    pub fn of(config: &Config) -> RestartOnly {
+        RestartOnly {
+            listen: config.listen.iter().map(|l| l.shape()).collect(),
+            admin_listen: config.admin_listen,
+            redis: config.redis.clone(),
+            server: config.server.clone(),
+            tracing: config.tracing.clone(),
+            rls_listen: config.rls.as_ref().map(|rls| rls.listen),
+        }
+    }
+}
+
+/// The listeners' certificates as a reload sees them (`edge::tls::TlsListeners` implements it): every certificate
+/// `config` names read and checked before anything changes; what `prepare` returns swaps them in.
+pub trait ListenerCertificates: Send + Sync {
+    fn prepare(&self, config: &Config) -> Result<Box<dyn FnOnce() + Send + '_>, ConfigError>;
+}
+
+/// Starts the first snapshot, then reloads `path` into `live` (and the certificates into the
+/// TLS listeners) on every SIGHUP.
+pub struct ConfigService {
+    path: PathBuf,
+    started_with: RestartOnly,
+    live: Live,
+    tls: Arc<dyn ListenerCertificates>,
+    /// The files the last reload (or start) read, with what it saw in them.
+    sources: Mutex<Sources>,
+}
+
+impl ConfigService {
+    pub fn new(
+        path: PathBuf,
+        started_with: RestartOnly,
+        live: Live,
+        tls: Arc<dyn ListenerCertificates>,
+    ) -> ConfigService {
+        ConfigService {
+            path,
+            started_with,
+            live,
+            tls,
+            // What start read: the file, then its certificates and the rest it names.
+            sources: Mutex::new(crate::config::sources::take()),
+        }
+    }
+
+    /// One reload attempt: swaps on success, keeps the old configuration on any error. What it
+    /// read becomes what `watch` compares against (after an error, on top of what the running
+    /// configuration was built from).
+    pub async fn reload(&self) -> Result<(), ConfigError> {
+        crate::config::sources::take();
+        let result = self.try_reload().await;
+        let read = crate::config::sources::take();
+        let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+        match result {
+            Ok(()) => *sources = read,
+            Err(_) => sources.merge(read),
+        }
+        result
+    }
+
+    async fn try_reload(&self) -> Result<(), ConfigError> {
+        let config = Config::load(&self.path)?;
+        let now = RestartOnly::of(&config);
+        let fixed = [
+            ("listen", now.listen != self.started_with.listen),
+            ("admin", now.admin_listen != self.started_with.admin_listen),
+            ("redis", now.redis != self.started_with.redis),
+            ("server", now.server != self.started_with.server),
+            ("tracing", now.tracing != self.started_with.tracing),
+            ("rls.listen", now.rls_listen != self.started_with.rls_listen),
+        ];
+        for (section, _) in fixed.iter().filter(|(_, changed)| *changed) {
+            log::warn!("reload: `{section}` changed; it takes effect with a graceful upgrade (sluice -u), not a reload");
+        }
+        let summary = config.summary();
+        // Every certificate is read and checked before anything changes.
+        let swap_certificates = self.tls.prepare(&config)?;
+        let snapshot = Arc::new(Snapshot::build(config)?);
+        snapshot.keep_keys_of(&self.live.load());
+        snapshot.start().await;
+        swap_certificates();
+        let retired = self.live.swap(Arc::clone(&snapshot));
+        retired.retire();
+        retired
+            .metrics
+            .retire_series_missing_from(&snapshot.metrics);
+        log::info!("reload: {summary}");
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl BackgroundService for ConfigService {
+    async fn start_with_ready_notifier(
+        &self,
+        mut shutdown: ShutdownWatch,
+        ready: ServiceReadyNotifier,
+    ) {
+        let mut hangups = signal(SignalKind::hangup());
+        let reopens = signal(SignalKind::user_defined1());
+        self.live.load().start().await;
+        ready.notify_ready();
+        let hangups = match &mut hangups {
+            Ok(hangups) => hangups,
+            Err(e) => {
+                log::error!("cannot listen for SIGHUP, hot reload is off: {e}");
+                let _ = shutdown.changed().await;
+                return;
+            }
+        };
+        let mut reopens = match reopens {
+            Ok(reopens) => Some(reopens),
+            Err(e) => {
+                log::error!(
+                    "cannot listen for SIGUSR1, the access log is reopened only on reload: {e}"
+                );
+                None
+            }
+        };
+        let mut watch = Watch::default();
+        let mut ticks = tokio::time::interval(WATCH_INTERVAL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = next_signal(&mut reopens) => {
+                    if let Some(access_log) = &self.live.load().access_log {
+                        access_log.reopen();
+                    }
+                }
+                _ = hangups.recv() => self.reload_counted("SIGHUP").await,
+                _ = ticks.tick() => self.look(&mut watch).await,
+                _ = shutdown.changed() => {
+                    self.live.load().retire();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl ConfigService {
+    /// A reload for `cause`, counted and logged either way.
+    async fn reload_counted(&self, cause: &str) {
+        log::info!("reload: {cause}");
+        match self.reload().await {
+            Ok(()) => metrics::CONFIG_RELOADS
+                .with_label_values(&["success"])
+                .inc(),
+            Err(error) => {
+                metrics::CONFIG_RELOADS.with_label_values(&["error"]).inc();
+                for line in error.to_string().lines() {
+                    log::error!("reload rejected, keeping the running configuration: {line}");
+                }
+            }
+        }
+    }
+
+    /// `watch: true`: compares the files with what the last reload read; reloads once a
+    /// difference has held for one interval.
+    async fn look(&self, watch: &mut Watch) {
+        if !self.live.load().config.watch {
+            watch.pending = None;
+            return;
+        }
+        let (now, changed) = {
+            let sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+            let now = sources.now();
+            let changed = sources.first_difference(&now).map(PathBuf::from);
+            (now, changed)
+        };
+        let Some(changed) = changed else {
+            watch.pending = None;
+            return;
+        };
+        if watch.pending.as_ref() == Some(&now) {
+            watch.pending = None;
+            let cause = format!("watch: {} changed", changed.display());
+            self.reload_counted(&cause).await;
+        } else {
+            watch.pending = Some(now);
+        }
+    }
+}
+
+/// What `watch` saw changed at the last look, waiting to hold for one more interval.
+#[derive(Default)]
+struct Watch {
+    pending: Option<Sources>,
+}
+
+/// The next signal of `signals`; never, when there is no stream to listen on.
+async fn next_signal(signals: &mut Option<tokio::signal::unix::Signal>) {
+    match signals {
+        Some(signals) => {
+            signals.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,132 @@
+//! What one configuration puts in force, swapped whole on reload: the compiled configuration,
+//! one runtime per route (the route, its upstream pool, its metric handles), the health checks
+//! of the pools and the refresh of the JWKS URL. A request keeps the snapshot it started with
+//! until it ends.
+//!
+//! A snapshot goes live only once its pools have been probed and, when it verifies JWTs with
+//! keys from a URL and has none yet, the URL fetched once (`start`): a server that is down is
+//! never chosen, and tokens are verifiable, from the first request after a start or a reload.
+//! Its checks and its JWKS refresh then run in the background until the snapshot is retired by
+//! the next one. A reload that keeps the JWKS URL keeps the keys fetched for it
+//! ([`Snapshot::keep_keys_of`]).
+
+use std::ops::Deref;
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+
+use crate::caller::consumers::AuthMode;
+use crate::caller::jwt::{refresh_once, start_refresh, FetchOutcome, JwksRefresh};
+use crate::config::{Config, ConfigError};
+use crate::exchange::site::Site;
+use crate::observe::metrics;
+use crate::upstream::pool::HealthChecks;
+
+/// A site and what keeps it current while it is in force: its pools' health checks and its
+/// JWKS refresh.
+pub struct Snapshot {
+    pub site: Arc<Site>,
+    checks: Mutex<Option<HealthChecks>>,
+    /// The JWKS URL's background refresh, stopped when the snapshot is retired.
+    jwks: Mutex<Option<JwksRefresh>>,
+}
+
+impl Deref for Snapshot {
+    type Target = Site;
+
+    fn deref(&self) -> &Site {
+        &self.site
+    }
+}
+
+/// The snapshot in force; `store` a new one to reload.
+pub type Live = Arc<ArcSwap<Snapshot>>;
+
+impl Snapshot {
+    /// Builds the site of `config` (pools, handles, access log); no check runs yet.
+    pub fn build(config: Config) -> Result<Snapshot, ConfigError> {
+        Ok(Snapshot {
+            site: Arc::new(Site::build(config)?),
+            checks: Mutex::new(None),
+            jwks: Mutex::new(None),
+        })
+    }
+
+    /// Starts the access log's writer, probes every health-checked server once and fetches a
+    /// JWKS URL that has no keys yet, then keeps checking and refreshing in the background (in
+    /// the current runtime) until [`Snapshot::retire`].
+    pub async fn start(&self) {
+        if let Some(access_log) = &self.access_log {
+            if let Err(e) = access_log.start() {
+                log::error!("access log: cannot start its writer: {e}");
+            }
+        }
+        tokio::join!(self.pools.check_once(), self.fetch_missing_keys());
+        let checks = self.pools.start_checks();
+        *self.checks.lock().unwrap_or_else(|p| p.into_inner()) = Some(checks);
+        let refresh = self
+            .config
+            .consumers
+            .jwt()
+            .map(|jwt| start_refresh(jwt, count_fetch));
+        *self.jwks.lock().unwrap_or_else(|p| p.into_inner()) = refresh;
+    }
+
+    /// Fetches the JWKS URL once when no key from it is in force (the first start, a new URL).
+    /// Keys kept across a reload are refreshed on the usual schedule instead.
+    async fn fetch_missing_keys(&self) {
+        let Some(jwt) = self.config.consumers.jwt() else {
+            return;
+        };
+        if jwt.keys().is_empty() {
+            if let Some(outcome) = refresh_once(jwt).await {
+                count_fetch(&outcome);
+            }
+        }
+    }
+
+    /// Takes over the keys `previous` fetched from the same JWKS URL (before [`Snapshot::start`]).
+    pub fn keep_keys_of(&self, previous: &Snapshot) {
+        let (Some(now), Some(before)) =
+            (self.config.consumers.jwt(), previous.config.consumers.jwt())
+        else {
+            return;
+        };
+        if now.keep_keys_of(before) {
+            log::info!(
+                "reload: the same JWKS URL: its {} keys stay in force until its next fetch",
+                now.keys().keys.len()
+            );
+        }
+    }
+
+    /// Whether routes verify callers while the JWT verifier has no key from its JWKS URL (it has
+    /// not answered yet): tokens would be refused, so the gateway is not ready.
+    pub fn awaits_jwt_keys(&self) -> bool {
+        let Some(jwt) = self.config.consumers.jwt() else {
+            return false;
+        };
+        jwt.awaits_keys()
+            && self
+                .routes
+                .iter()
+                .any(|runtime| runtime.route.auth.mode != AuthMode::Off)
+    }
+
+    /// Stops the background health checks and the JWKS refresh: a newer snapshot is in force.
+    pub fn retire(&self) {
+        if let Some(checks) = self.checks.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            checks.stop();
+        }
+        if let Some(refresh) = self.jwks.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            refresh.stop();
+        }
+    }
+}
+
+/// Counts one JWKS fetch by its outcome.
+fn count_fetch(outcome: &FetchOutcome) {
+    metrics::JWKS_FETCHES
+        .with_label_values(&[outcome.label()])
+        .inc();
+}

@@ -1,0 +1,81 @@
+//! What an HTTPS upstream needs, loaded once per configuration with its pool: the CA it is
+//! verified against, the client certificate sluice presents, the SNI, and a reuse group that
+//! keeps connections verified against different CAs apart.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use pingora::utils::tls::{CertKey, WrappedX509};
+
+use crate::route::upstream::UpstreamTls;
+
+/// What an HTTPS upstream needs per connection, loaded once per configuration.
+#[derive(Clone)]
+pub struct PeerTls {
+    pub sni: String,
+    pub verify: bool,
+    pub ca: Option<Arc<[WrappedX509]>>,
+    pub client: Option<Arc<CertKey>>,
+    /// Pingora's connection reuse key leaves the CA out: connections verified against one CA
+    /// are pooled apart from those verified against another (`HttpPeer::group_key`).
+    pub reuse_group: u64,
+}
+
+pub(crate) fn read_pem_certificates(path: &Path) -> Result<Vec<Vec<u8>>, String> {
+    let pem = crate::config::sources::read(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut reader = std::io::BufReader::new(pem.as_slice());
+    let mut out = Vec::new();
+    for item in rustls_pemfile::certs(&mut reader) {
+        let der = item.map_err(|e| format!("{}: {e}", path.display()))?;
+        // Checked here: Pingora parses it again later and panics on bad DER.
+        x509_parser::parse_x509_certificate(&der)
+            .map_err(|e| format!("{}: not an X.509 certificate: {e}", path.display()))?;
+        out.push(der.to_vec());
+    }
+    if out.is_empty() {
+        return Err(format!("no certificate in {}", path.display()));
+    }
+    Ok(out)
+}
+
+impl PeerTls {
+    pub fn load(tls: &UpstreamTls) -> Result<PeerTls, String> {
+        let mut ca_digest = xxhash_rust::xxh3::Xxh3::new();
+        let ca = match &tls.ca {
+            Some(path) => {
+                let mut certificates = Vec::new();
+                for der in read_pem_certificates(path)? {
+                    ca_digest.update(&der);
+                    certificates.push(WrappedX509::new(der, pingora::utils::tls::parse_x509));
+                }
+                Some(Arc::from(certificates.into_boxed_slice()))
+            }
+            None => None,
+        };
+        let client = match &tls.client {
+            Some(files) => {
+                let chain = read_pem_certificates(&files.cert)?;
+                let (_, key) = pingora::tls::load_certs_and_key_files(
+                    &files.cert.to_string_lossy(),
+                    &files.key.to_string_lossy(),
+                )
+                .map_err(|e| format!("cannot read {}: {e}", files.key.display()))?
+                .ok_or_else(|| format!("no private key in {}", files.key.display()))?;
+                Some(Arc::new(CertKey::new(chain, key.secret_der().to_vec())))
+            }
+            None => None,
+        };
+        Ok(PeerTls {
+            sni: tls.sni.clone(),
+            verify: tls.verify,
+            ca,
+            client,
+            reuse_group: if tls.ca.is_some() {
+                ca_digest.digest()
+            } else {
+                0
+            },
+        })
+    }
+}

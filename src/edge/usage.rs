@@ -40,13 +40,8 @@ struct Query {
 
 fn parse(query: Option<&str>) -> Result<Query, UsageError> {
     let mut parsed = Query::default();
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = percent_encoding::percent_decode_str(&value.replace('+', " "))
-            .decode_utf8()
-            .map_err(|_| usage_error(400, "query values must be UTF-8"))?
-            .into_owned();
-        let slot = match name {
+    for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        let slot = match &*name {
             "consumer" => &mut parsed.consumer,
             "route" => &mut parsed.route,
             "plan" => &mut parsed.plan,
@@ -57,7 +52,7 @@ fn parse(query: Option<&str>) -> Result<Query, UsageError> {
                 ))
             }
         };
-        *slot = Some(value);
+        *slot = Some(value.into_owned());
     }
     Ok(parsed)
 }

@@ -14,6 +14,7 @@
 //!   (a client always lands on the same shard, with its own keys), or a per-gateway round robin
 //!   when the route has only split limits. Still one slot per call.
 
+use std::borrow::Cow;
 use std::hash::Hasher;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -93,7 +94,10 @@ impl KeyPart {
                         return Err(format!("empty query parameter name in key part {text:?}"));
                     }
                     // Compared decoded, as requests' parameter names are.
-                    KeyPart::Query(String::from_utf8_lossy(&decode_component(name)).into())
+                    let (decoded, _) = form_urlencoded::parse(name.as_bytes())
+                        .next()
+                        .unwrap_or_default();
+                    KeyPart::Query(decoded.into())
                 } else if let Some(value) = text.strip_prefix("const:") {
                     KeyPart::Const(value.into())
                 } else if text == "consumer" {
@@ -167,30 +171,14 @@ impl RequestFacts<'_> {
     }
 }
 
-/// Bytes of a decoded query name or value kept inline; longer ones spill to the heap.
-type Decoded = SmallVec<[u8; 64]>;
-
-/// A query component as its bytes mean them: `+` a space (form encoding), `%XX` decoded (so
-/// `%2B` stays a plus); a malformed escape is kept as written. Bytes, not text: values that are
-/// not UTF-8 stay apart.
-fn decode_component(text: &str) -> Decoded {
-    let mut out = Decoded::new();
-    for (i, piece) in text.split('+').enumerate() {
-        if i > 0 {
-            out.push(b' ');
-        }
-        out.extend(percent_encoding::percent_decode_str(piece));
-    }
-    out
-}
-
-/// The first value of the query parameter `name`, decoded, compared on decoded names: one value
-/// is one bucket however a client spells it (`tenant=a%62c` is `tenant=abc`).
-fn query_value(query: Option<&str>, name: &str) -> Option<Decoded> {
-    query?.split('&').find_map(|pair| {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        (decode_component(key).as_slice() == name.as_bytes()).then(|| decode_component(value))
-    })
+/// The first value of the query parameter `name`, read as HTML forms are
+/// (`form_urlencoded`: `+` a space, `%XX` its byte, a malformed escape kept as written, bytes
+/// that are not UTF-8 as U+FFFD) and compared on decoded names: one value is one bucket however
+/// a client spells it (`tenant=a%62c` is `tenant=abc`). Borrowed from the query when nothing
+/// needed decoding.
+fn query_value<'q>(query: Option<&'q str>, name: &str) -> Option<Cow<'q, str>> {
+    form_urlencoded::parse(query?.as_bytes())
+        .find_map(|(key, value)| (key == name).then_some(value))
 }
 
 /// Feeds one part; returns whether the request had it (header and query parts can be missing).
@@ -218,7 +206,7 @@ fn feed(hasher: &mut impl Hasher, facts: &RequestFacts<'_>, part: &KeyPart) -> b
         }
         KeyPart::Query(name) => {
             let value = query_value(facts.query, name);
-            field(8, value.as_deref().unwrap_or(b""));
+            field(8, value.as_deref().map_or(&b""[..], str::as_bytes));
             return value.is_some();
         }
         KeyPart::Const(text) => field(9, text.as_bytes()),
@@ -714,9 +702,9 @@ mod tests {
 
     #[test]
     fn query_parts_read_the_first_value_decoded() {
-        let value = |query, name| query_value(Some(query), name).map(|v| v.to_vec());
-        assert_eq!(value("a=1&b=2&a=3", "a"), Some(b"1".to_vec()));
-        assert_eq!(value("flag&x=1", "flag"), Some(b"".to_vec()));
+        let value = |query, name| query_value(Some(query), name).map(|v| v.into_owned());
+        assert_eq!(value("a=1&b=2&a=3", "a"), Some("1".to_string()));
+        assert_eq!(value("flag&x=1", "flag"), Some(String::new()));
         assert_eq!(value("ab=1", "a"), None);
         assert_eq!(query_value(None, "a"), None);
         for spelling in [
@@ -727,14 +715,26 @@ mod tests {
         ] {
             assert_eq!(
                 value(spelling, "tenant"),
-                Some(b"acme co".to_vec()),
+                Some("acme co".to_string()),
                 "{spelling}"
             );
         }
         assert_eq!(
             value("t=%zz%4", "t"),
-            Some(b"%zz%4".to_vec()),
+            Some("%zz%4".to_string()),
             "malformed escapes stay"
+        );
+        assert_eq!(
+            value("t=%FFa", "t"),
+            Some("\u{FFFD}a".to_string()),
+            "a byte that is not UTF-8 reads as U+FFFD"
+        );
+        assert!(
+            matches!(
+                query_value(Some("a=plain&b=2"), "a"),
+                Some(Cow::Borrowed("plain"))
+            ),
+            "nothing to decode, nothing copied"
         );
     }
 

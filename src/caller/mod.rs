@@ -3,9 +3,9 @@
 //! (`api_keys`), a client certificate (`client_cert`) or a bearer token (`jwt`) — with its plan
 //! (`consumers`). An unverified header never names a consumer.
 
-pub mod address;
+pub(crate) mod address;
 pub mod address_lists;
 pub mod api_keys;
-pub mod client_cert;
-pub mod consumers;
+pub(crate) mod client_cert;
+pub(crate) mod consumers;
 pub mod jwt;

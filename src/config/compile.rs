@@ -20,12 +20,6 @@ use crate::route::keys::KeySecret;
 use crate::route::path::PathRules;
 use crate::route::table::RouteTable;
 
-/// Compiles `raw`; returns `None` or a config, and adds every problem found to `p`.
-pub fn compile(source: &Path, raw: RawConfig, p: &mut Problems) -> Option<Config> {
-    let config = compile_all(source, raw, p);
-    p.is_empty().then_some(config)
-}
-
 /// Compiles what of `raw` compiles, adding every problem found to `p`: what start would check
 /// next (certificates, users, directories) can be checked on it even when `p` is not empty.
 pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
@@ -233,7 +227,8 @@ mod tests {
 
     fn config(yaml: &str) -> (Option<Config>, Vec<String>) {
         problems_of(yaml, |raw: RawConfig, p: &mut Problems| {
-            compile(Path::new("t.yaml"), raw, p)
+            let config = compile_all(Path::new("t.yaml"), raw, p);
+            p.is_empty().then_some(config)
         })
     }
 

@@ -9,32 +9,32 @@
 //! file and the YAML path: when serde stops at a value of the wrong type, the file is read again
 //! without it (`misfits.rs`), and what reads is compiled.
 
-pub mod addresses;
+pub(crate) mod addresses;
 pub mod api_key_file;
-pub mod api_keys;
-pub mod choice;
-pub mod compile;
-pub mod identity;
-pub mod jwt;
-pub mod limits;
-pub mod listeners;
-pub mod misfits;
-pub mod model;
-pub mod observe;
+pub(crate) mod api_keys;
+pub(crate) mod choice;
+pub(crate) mod compile;
+pub(crate) mod identity;
+pub(crate) mod jwt;
+pub(crate) mod limits;
+pub(crate) mod listeners;
+pub(crate) mod misfits;
+pub(crate) mod model;
+pub(crate) mod observe;
 pub mod paths;
-pub mod problem;
-pub mod rate;
-pub mod raw;
-pub mod redis;
-pub mod rls;
-pub mod rls_files;
-pub mod routes;
-pub mod secrets;
-pub mod server;
-pub mod sources;
-pub mod tiers;
-pub mod upstreams;
-pub mod wording;
+pub(crate) mod problem;
+pub(crate) mod rate;
+pub(crate) mod raw;
+pub(crate) mod redis;
+pub(crate) mod rls;
+pub(crate) mod rls_files;
+pub(crate) mod routes;
+pub(crate) mod secrets;
+pub(crate) mod server;
+pub(crate) mod sources;
+pub(crate) mod tiers;
+pub(crate) mod upstreams;
+pub(crate) mod wording;
 
 use std::path::Path;
 

@@ -60,16 +60,9 @@ impl Sources {
         self.0.extend(newer.0);
     }
 
-    pub fn paths(&self) -> impl Iterator<Item = &Path> {
-        self.0.keys().map(PathBuf::as_path)
-    }
-
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.0.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 }
 

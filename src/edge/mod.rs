@@ -6,11 +6,11 @@
 //! client certificates; `drain` is SIGTERM's graceful shutdown; `admin` and `usage` answer the
 //! admin listener; `rls` is Envoy's rate limit service over gRPC.
 
-pub mod admin;
-pub mod drain;
-pub mod listening;
-pub mod proxy;
-pub mod rls;
+pub(crate) mod admin;
+pub(crate) mod drain;
+pub(crate) mod listening;
+pub(crate) mod proxy;
+pub(crate) mod rls;
 pub mod server;
-pub mod tls;
-pub mod usage;
+pub(crate) mod tls;
+pub(crate) mod usage;

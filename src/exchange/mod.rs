@@ -5,11 +5,11 @@
 //! the response said; [`Exchange::end`] counts the request and gives back or settles what it
 //! took. The proxy (`edge::proxy`) only converts Pingora's types in and renders [`Answer`]s out.
 
-pub mod answer;
-pub mod head;
-pub mod meters;
-pub mod rls;
-pub mod site;
+pub(crate) mod answer;
+pub(crate) mod head;
+pub(crate) mod meters;
+pub(crate) mod rls;
+pub(crate) mod site;
 mod upstream;
 
 use std::borrow::Cow;

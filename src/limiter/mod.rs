@@ -9,31 +9,31 @@
 //! other directly, never through here.
 
 pub mod algorithm;
-pub mod backend;
+pub(crate) mod backend;
 pub mod clock;
-pub mod coalesce;
-pub mod decision;
-pub mod direct;
-pub mod engine;
-pub mod error;
+pub(crate) mod coalesce;
+pub(crate) mod decision;
+pub(crate) mod direct;
+pub(crate) mod engine;
+pub(crate) mod error;
 pub mod guard;
-pub mod id;
-pub mod key;
+pub(crate) mod id;
+pub(crate) mod key;
 pub mod leased;
-pub mod limit;
-pub mod link;
+pub(crate) mod limit;
+pub(crate) mod link;
 pub mod local;
-pub mod policy;
-pub mod rate;
+pub(crate) mod policy;
+pub(crate) mod rate;
 pub mod redis;
-pub mod request;
+pub(crate) mod request;
 pub mod script;
-pub mod secret;
-pub mod status;
+pub(crate) mod secret;
+pub(crate) mod status;
 #[cfg(test)]
 pub(crate) mod testing;
-pub mod topology;
-pub mod verdict;
+pub(crate) mod topology;
+pub(crate) mod verdict;
 
 pub use algorithm::{Algorithm, Change};
 pub use backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};

@@ -2,7 +2,7 @@
 //! through are the exchange's, `exchange::meters`), the access log (`access_log`: its buffer,
 //! writer thread and file), spans sent over OTLP (`traces`) and the process log (`logging`).
 
-pub mod access_log;
+pub(crate) mod access_log;
 pub mod logging;
-pub mod metrics;
-pub mod traces;
+pub(crate) mod metrics;
+pub(crate) mod traces;

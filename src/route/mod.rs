@@ -4,10 +4,10 @@
 //! (`pricing`), the route's upstream as configured (`upstream`), and, for the rate limit
 //! service, the descriptor rules of each domain (`descriptors`).
 
-pub mod descriptors;
+pub(crate) mod descriptors;
 pub mod keys;
 pub mod path;
-pub mod pricing;
+pub(crate) mod pricing;
 pub mod table;
-pub mod tiers;
-pub mod upstream;
+pub(crate) mod tiers;
+pub(crate) mod upstream;

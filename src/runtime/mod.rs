@@ -3,5 +3,5 @@
 //! file it read changes and swaps it in (`reload`), and `-d`'s launcher (`daemon`).
 
 pub mod daemon;
-pub mod reload;
+pub(crate) mod reload;
 pub mod snapshot;

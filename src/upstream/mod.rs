@@ -3,5 +3,5 @@
 //! the TLS material of HTTPS upstreams (`tls`). Which server a request dials next, within its
 //! deadline, is the exchange's (`exchange/upstream.rs`).
 
-pub mod pool;
-pub mod tls;
+pub(crate) mod pool;
+pub(crate) mod tls;

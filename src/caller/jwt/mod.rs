@@ -3,16 +3,16 @@
 //! (`fetch`, `refresh`), the verifier itself (`verify`), its settings and its answers.
 //! Signatures are checked by the `jsonwebtoken` crate; no cryptography is written here.
 
-pub mod bearer;
-pub mod cache;
-pub mod fetch;
+pub(crate) mod bearer;
+pub(crate) mod cache;
+pub(crate) mod fetch;
 pub mod jwks;
-pub mod refresh;
-pub mod rejection;
-pub mod settings;
+pub(crate) mod refresh;
+pub(crate) mod rejection;
+pub(crate) mod settings;
 #[doc(hidden)]
 pub mod testing;
-pub mod verify;
+pub(crate) mod verify;
 
 pub use bearer::{bearer_token, BearerProblem};
 pub use refresh::{refresh_once, start_refresh, FetchOutcome, JwksRefresh};

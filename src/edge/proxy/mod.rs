@@ -5,12 +5,12 @@
 
 mod access;
 mod caller;
-pub mod forwarding;
-pub mod front;
-pub mod head_count;
-pub mod preface;
-pub mod request_id;
-pub mod respond;
+pub(crate) mod forwarding;
+pub(crate) mod front;
+pub(crate) mod head_count;
+pub(crate) mod preface;
+pub(crate) mod request_id;
+pub(crate) mod respond;
 mod stream;
 mod trace;
 

@@ -375,3 +375,104 @@ impl Metrics {
         &self.unmatched
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::Config;
+
+    /// A configuration of `routes`, each with one limit and one server; names are unique to
+    /// each test, as the registry is the process's.
+    fn config(routes: &[&str]) -> Config {
+        let mut yaml = String::from("listen: [127.0.0.1:1]\nroutes:\n");
+        for name in routes {
+            yaml += &format!(
+                "  - name: {name}\n    match: {{ path_prefix: /{name} }}\n    \
+                 upstream: {{ servers: [127.0.0.1:1] }}\n    \
+                 limits: [{{ name: per_client, algorithm: gcra, rate: 10/s }}]\n"
+            );
+        }
+        Config::from_yaml(Path::new("meters.yaml"), &yaml).expect("the fixture compiles")
+    }
+
+    /// The handles of every route of `config`, as a site resolves them.
+    fn handles(config: &Config) -> Vec<RouteMetrics> {
+        config
+            .routes
+            .in_file_order()
+            .into_iter()
+            .map(|route| RouteMetrics::new(&route.name, route.tiers.default().limits.limits()))
+            .collect()
+    }
+
+    /// How many series of `family` the registry exports for `route`.
+    fn series(family: &str, route: &str) -> usize {
+        prometheus::gather()
+            .iter()
+            .filter(|f| f.name() == family)
+            .flat_map(|f| f.get_metric())
+            .filter(|m| {
+                m.get_label()
+                    .iter()
+                    .any(|l| l.name() == "route" && l.value() == route)
+            })
+            .count()
+    }
+
+    #[test]
+    fn a_route_exports_every_series_at_zero_before_its_first_request() {
+        let config = config(&["meters_fresh"]);
+        let handles = handles(&config);
+        let _ = Metrics::new(&config.routes, config.consumers.plans());
+        assert_eq!(
+            series("sluice_requests_total", "meters_fresh"),
+            Decided::COUNT
+        );
+        assert_eq!(
+            series("sluice_limit_decisions_total", "meters_fresh"),
+            Outcome::ALL.len()
+        );
+        assert_eq!(
+            series("sluice_upstream_errors_total", "meters_fresh"),
+            UpstreamError::ALL.len()
+        );
+        handles[0].count(Decided::Limiter(Outcome::Allowed));
+        handles[0].count(Decided::Limiter(Outcome::Allowed));
+        let allowed = REQUESTS
+            .with_label_values(&["meters_fresh", Outcome::Allowed.label()])
+            .get();
+        assert_eq!(allowed, 2, "the handle counts into the labelled series");
+    }
+
+    #[test]
+    fn a_reload_retires_the_series_of_what_it_removed_and_keeps_the_rest() {
+        let before = config(&["meters_kept", "meters_removed"]);
+        let _handles = handles(&before);
+        let old = Metrics::new(&before.routes, before.consumers.plans());
+        let after = config(&["meters_kept"]);
+        let _next_handles = handles(&after);
+        let next = Metrics::new(&after.routes, after.consumers.plans());
+        for family in [
+            "sluice_requests_total",
+            "sluice_limit_decisions_total",
+            "sluice_upstream_errors_total",
+            "sluice_client_errors_total",
+            "sluice_requests_in_flight",
+        ] {
+            assert!(series(family, "meters_removed") > 0, "{family} before");
+        }
+        old.retire_series_missing_from(&next);
+        for family in [
+            "sluice_requests_total",
+            "sluice_limit_decisions_total",
+            "sluice_upstream_errors_total",
+            "sluice_client_errors_total",
+            "sluice_requests_in_flight",
+        ] {
+            assert_eq!(series(family, "meters_removed"), 0, "{family} retired");
+            assert!(series(family, "meters_kept") > 0, "{family} kept");
+        }
+    }
+}

@@ -5,6 +5,7 @@
 
 use std::sync::LazyLock;
 
+use pingora_prometheus::prometheus::core::Collector;
 use pingora_prometheus::prometheus::{
     register_histogram, register_histogram_vec, register_int_counter, register_int_counter_vec,
     register_int_gauge, register_int_gauge_vec, Histogram, HistogramVec, IntCounter, IntCounterVec,
@@ -302,32 +303,47 @@ pub fn lease_meters() -> LeaseMeters {
     }
 }
 
+/// Every family sluice exports (the process collector's besides).
+fn families() -> [&'static dyn Collector; 28] {
+    [
+        &*REQUESTS,
+        &*LIMITER_DURATION,
+        &*LIMITER_BATCH_SIZE,
+        &*LIMITER_ERRORS,
+        &*UPSTREAM_RESPONSES,
+        &*DENY_CACHE_HITS,
+        &*LEASE_HELD_DECISIONS,
+        &*LEASE_TOP_UPS,
+        &*LEASE_UNITS_RETURNED,
+        &*LEASE_UNITS_HELD,
+        &*BREAKER_STATE,
+        &*BUILD_INFO,
+        &*CONFIG_RELOADS,
+        &*JWKS_FETCHES,
+        &*REQUEST_DURATION,
+        &*UPSTREAM_DURATION,
+        &*LIMIT_DECISIONS,
+        &*PLAN_REQUESTS,
+        &*AUTH_FAILURES,
+        &*REQUESTS_IN_FLIGHT,
+        &*UPSTREAM_HEALTHY,
+        &*UPSTREAM_ERRORS,
+        &*CLIENT_ERRORS,
+        &*ACCESS_LOG_DROPPED,
+        &*RESPONSE_COST_REPORTS,
+        &*RESPONSE_COST_UNITS,
+        &*RLS_REQUESTS,
+        &*RLS_LIMIT_DECISIONS,
+    ]
+}
+
 /// Registers every family now, so `/metrics` lists them before the first request.
 pub fn init() {
-    LazyLock::force(&REQUESTS);
-    LazyLock::force(&LIMITER_DURATION);
-    LazyLock::force(&LIMITER_BATCH_SIZE);
+    // Dereferencing a family registers it.
+    let _ = families();
     for kind in ErrorKind::ALL {
         LIMITER_ERRORS.with_label_values(&[kind.label()]);
     }
-    LazyLock::force(&UPSTREAM_RESPONSES);
-    LazyLock::force(&REQUEST_DURATION);
-    LazyLock::force(&UPSTREAM_DURATION);
-    LazyLock::force(&LIMIT_DECISIONS);
-    LazyLock::force(&RESPONSE_COST_REPORTS);
-    LazyLock::force(&RESPONSE_COST_UNITS);
-    LazyLock::force(&REQUESTS_IN_FLIGHT);
-    LazyLock::force(&UPSTREAM_HEALTHY);
-    LazyLock::force(&UPSTREAM_ERRORS);
-    LazyLock::force(&CLIENT_ERRORS);
-    LazyLock::force(&ACCESS_LOG_DROPPED);
-    LazyLock::force(&RLS_REQUESTS);
-    LazyLock::force(&DENY_CACHE_HITS);
-    LazyLock::force(&LEASE_HELD_DECISIONS);
-    LazyLock::force(&LEASE_TOP_UPS);
-    LazyLock::force(&LEASE_UNITS_RETURNED);
-    LazyLock::force(&LEASE_UNITS_HELD);
-    LazyLock::force(&BREAKER_STATE);
     for result in ["success", "error"] {
         CONFIG_RELOADS.with_label_values(&[result]);
     }
@@ -341,5 +357,54 @@ pub fn init() {
     let process = pingora_prometheus::prometheus::process_collector::ProcessCollector::for_self();
     if let Err(e) = pingora_prometheus::prometheus::register(Box::new(process)) {
         log::debug!("process metrics: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The `sluice_*` names `text` mentions (a prefix such as `sluice_limiter_` included).
+    fn mentioned(text: &str) -> BTreeSet<&str> {
+        text.match_indices("sluice_")
+            .map(|(at, _)| {
+                let rest = &text[at..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+                    .unwrap_or(rest.len());
+                &rest[..end]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_family_is_documented_and_every_documented_family_exists() {
+        let names: BTreeSet<String> = families()
+            .iter()
+            .flat_map(|family| family.desc())
+            .map(|desc| desc.fq_name.clone())
+            .collect();
+        assert_eq!(names.len(), families().len(), "one name per family");
+        let docs = ["docs/operations.md", "docs/envoy-rls.md"].map(|doc| {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(doc);
+            std::fs::read_to_string(path).expect("read the docs")
+        });
+        let documented: BTreeSet<&str> = docs.iter().flat_map(|doc| mentioned(doc)).collect();
+        for name in &names {
+            assert!(
+                documented.contains(name.as_str()),
+                "{name} is not documented"
+            );
+        }
+        for name in documented.iter().filter(|n| !n.ends_with('_')) {
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .filter(|base| names.contains(*base))
+                .unwrap_or(name);
+            assert!(names.contains(family), "the docs name {name}, no family");
+        }
     }
 }

@@ -504,3 +504,158 @@ impl ListenerCertificates for TlsListeners {
         Ok(Box::new(move || self.swap(prepared)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    /// A self-signed certificate for `names`, expiring on `not_after` (year, month, day),
+    /// written into `dir` as `<file>.pem` and `<file>.key`.
+    fn issue(dir: &Path, file: &str, names: &[&str], not_after: (i32, u8, u8)) -> CertificateFiles {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = rcgen::CertificateParams::new(names).expect("names");
+        params.not_after = rcgen::date_time_ymd(not_after.0, not_after.1, not_after.2);
+        let key = rcgen::KeyPair::generate().expect("key");
+        let certificate = params.self_signed(&key).expect("certificate");
+        let files = CertificateFiles {
+            cert: dir.join(format!("{file}.pem")),
+            key: dir.join(format!("{file}.key")),
+        };
+        std::fs::write(&files.cert, certificate.pem()).expect("write the certificate");
+        std::fs::write(&files.key, key.serialize_pem()).expect("write the key");
+        files
+    }
+
+    const VALID: (i32, u8, u8) = (2100, 1, 1);
+
+    /// The leaf certificate of a chosen key, to tell certificates apart.
+    fn leaf(key: &CertifiedKey) -> Vec<u8> {
+        key.cert[0].to_vec()
+    }
+
+    fn leaf_of(files: &CertificateFiles) -> Vec<u8> {
+        let set = CertificateSet::load("t", std::slice::from_ref(files)).expect("loads");
+        leaf(&set.choose(None))
+    }
+
+    #[test]
+    fn sni_picks_the_exact_name_then_one_wildcard_level_then_the_first_certificate() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = issue(dir.path(), "a", &["a.test", "*.wild.test"], VALID);
+        let b = issue(dir.path(), "b", &["b.test", "a.test"], VALID);
+        let set = CertificateSet::load("listen[0]", &[a.clone(), b.clone()]).expect("loads");
+        let (a, b) = (leaf_of(&a), leaf_of(&b));
+        let chosen = |name: Option<&str>| leaf(&set.choose(name));
+        assert_eq!(chosen(Some("b.test")), b);
+        assert_eq!(
+            chosen(Some("a.test")),
+            a,
+            "the first certificate naming a host wins"
+        );
+        assert_eq!(
+            chosen(Some("B.Test.")),
+            b,
+            "case and a trailing dot do not matter"
+        );
+        assert_eq!(
+            chosen(Some("x.wild.test")),
+            a,
+            "a wildcard covers one level"
+        );
+        assert_eq!(chosen(Some("y.x.wild.test")), a, "deeper: the default");
+        assert_eq!(
+            chosen(Some("unknown.test")),
+            a,
+            "unknown: the default, the first"
+        );
+        assert_eq!(chosen(None), a, "no SNI: the default");
+    }
+
+    #[test]
+    fn a_listener_that_cannot_load_names_each_certificate_at_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = issue(dir.path(), "good", &["a.test"], VALID);
+        let missing = CertificateFiles {
+            cert: dir.path().join("missing.pem"),
+            key: good.key.clone(),
+        };
+        let mismatched = CertificateFiles {
+            cert: good.cert.clone(),
+            key: issue(dir.path(), "other", &["b.test"], VALID).key,
+        };
+        let problems = CertificateSet::load("listen[1]", &[good, missing, mismatched])
+            .err()
+            .expect("refused");
+        let shown: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(shown.len(), 2, "{shown:?}");
+        assert!(
+            shown[0].contains("listen[1].tls.certificates[1]"),
+            "{shown:?}"
+        );
+        assert!(
+            shown[0].contains("cannot read the certificate file"),
+            "{shown:?}"
+        );
+        assert!(
+            shown[1].contains("listen[1].tls.certificates[2]"),
+            "{shown:?}"
+        );
+        assert!(shown[1].contains("does not match"), "{shown:?}");
+    }
+
+    #[test]
+    fn an_expired_certificate_is_warned_of_and_a_distant_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let expired = issue(dir.path(), "expired", &["old.test"], (2020, 1, 1));
+        let fine = issue(dir.path(), "fine", &["new.test"], VALID);
+        let set = CertificateSet::load("t", &[expired, fine]).expect("an expired one loads");
+        let warnings = set.expiring(EXPIRY_WARNING);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("expired.pem has expired"),
+            "{warnings:?}"
+        );
+    }
+
+    /// A configuration with one TLS listener serving `files`.
+    fn config(dir: &Path, files: &CertificateFiles) -> Config {
+        let yaml = format!(
+            "listen: [{{ addr: 127.0.0.1:8443, tls: {{ certificates: [{{ cert: {}, key: {} }}] }} }}]\n\
+             routes: [{{ name: r, match: {{ path_prefix: / }}, upstream: {{ servers: [127.0.0.1:1] }} }}]\n",
+            files.cert.display(),
+            files.key.display()
+        );
+        Config::from_yaml(&dir.join("sluice.yaml"), &yaml).expect("the fixture compiles")
+    }
+
+    #[test]
+    fn a_reload_swaps_the_certificates_in_place_and_a_failed_one_keeps_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = issue(dir.path(), "first", &["a.test"], VALID);
+        let second = issue(dir.path(), "second", &["a.test"], VALID);
+        let listeners = TlsListeners::load(&config(dir.path(), &first)).expect("loads");
+        let served = |name| leaf(&listeners.served[0].resolver.set.load().choose(Some(name)));
+        assert_eq!(served("a.test"), leaf_of(&first));
+
+        let swap = ListenerCertificates::prepare(&listeners, &config(dir.path(), &second))
+            .expect("the next certificates load");
+        assert_eq!(
+            served("a.test"),
+            leaf_of(&first),
+            "nothing changes until the swap"
+        );
+        swap();
+        assert_eq!(served("a.test"), leaf_of(&second));
+
+        let broken = config(dir.path(), &first);
+        std::fs::remove_file(&first.cert).unwrap();
+        assert!(ListenerCertificates::prepare(&listeners, &broken).is_err());
+        assert_eq!(
+            served("a.test"),
+            leaf_of(&second),
+            "a failed reload keeps what serves"
+        );
+    }
+}

@@ -457,6 +457,27 @@ fn the_exchange_knows_no_pingora_and_the_limiter_no_http() {
 }
 
 #[test]
+fn the_exchange_reads_time_only_from_its_clock() {
+    let mut offenders = Vec::new();
+    for (module, file) in modules(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")) {
+        if module.first().is_none_or(|top| top != "exchange") {
+            continue;
+        }
+        let code = code_only(&std::fs::read_to_string(&file).expect("read source"));
+        for reading in ["Instant::now", "SystemTime::now", "thread::sleep"] {
+            if code.contains(reading) {
+                offenders.push(format!("{} reads {reading}", name(&module)));
+            }
+        }
+        // `Instant::elapsed` reads the system clock; the exchange's own `elapsed` reads its clock.
+        if code.matches(".elapsed()").count() > code.matches("self.elapsed()").count() {
+            offenders.push(format!("{} reads Instant::elapsed", name(&module)));
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
+
+#[test]
 fn the_reader_sees_grouped_uses_inline_paths_and_parents() {
     let code = code_only(
         "use crate::limiter::{decision::{Decision, LimitStatus}, key::Key as K, self};\n\

@@ -102,8 +102,7 @@ pub fn preflight(config: &Config) -> Result<Vec<String>, ConfigError> {
 
 /// The policy the configuration asks for: Redis (with the in-process fallback for
 /// `failure_mode: local`) or in-process only. Nothing connects yet.
-pub fn build_policy(config: &Config) -> Result<Policy, String> {
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+pub fn build_policy(config: &Config, clock: Arc<dyn Clock>) -> Result<Policy, String> {
     let local = || Arc::new(LocalLimiter::new(Arc::clone(&clock), DEFAULT_MAX_KEYS));
     let (engine, fallback) = match &config.redis {
         Some(redis) => {
@@ -197,30 +196,36 @@ struct Shared {
     drain: Arc<Drain>,
 }
 
-/// Starts serving and never returns.
-pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallible, String> {
-    metrics::init();
-    // One rustls provider for the process: listeners, HTTPS upstreams and `rediss://` use it.
-    pingora::tls::install_default_crypto_provider();
+/// The Pingora server `options` and the `server:` section ask for.
+fn new_server(config: &Config, options: &RunOptions) -> Server {
     let opt = Opt {
         upgrade: options.upgrade,
         daemon: options.daemon,
         ..Opt::default()
     };
-    let mut server =
-        Server::new_with_opt_and_conf(opt, server_conf(&config.server, options.daemon));
+    Server::new_with_opt_and_conf(opt, server_conf(&config.server, options.daemon))
+}
+
+/// Starts serving and never returns.
+pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallible, String> {
+    metrics::init();
+    // One rustls provider for the process: listeners, HTTPS upstreams and `rediss://` use it.
+    pingora::tls::install_default_crypto_provider();
+    let mut server = new_server(&config, &options);
     // Bootstrap (taking the listeners over from an old instance with -u) runs as a service,
     // after daemonizing, and the listeners wait for it: a new instance can be started first and
     // waits for the sockets until the old one is told to hand them over (SIGQUIT).
     let bootstrap = server.bootstrap_as_a_service();
-    let policy = Arc::new(build_policy(&config)?);
+    // One clock for the process: the limiter's and every request's.
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let policy = Arc::new(build_policy(&config, Arc::clone(&clock))?);
     log::info!("{}", config.summary());
     let wiring = Wiring::of(&config);
     let tls = Arc::new(TlsListeners::load(&config).map_err(|e| e.to_string())?);
-    let snapshot = Snapshot::build(config).map_err(|e| e.to_string())?;
+    let snapshot = Snapshot::build(config, Arc::clone(&clock)).map_err(|e| e.to_string())?;
     let live: Live = Arc::new(ArcSwap::from_pointee(snapshot));
     let drain = wiring.drain();
-    let configuration = add_configuration(&mut server, &wiring, &live, &tls, &drain);
+    let configuration = add_configuration(&mut server, &wiring, &live, &tls, &clock, &drain);
     let rls = wiring.rls_listen.map(|listen| {
         let service = RlsService::new(
             listen,
@@ -265,6 +270,7 @@ fn add_configuration(
     wiring: &Wiring,
     live: &Live,
     tls: &Arc<TlsListeners>,
+    clock: &Arc<dyn Clock>,
     drain: &Arc<Drain>,
 ) -> ServiceHandle {
     let reloads = ConfigService::new(
@@ -272,6 +278,7 @@ fn add_configuration(
         wiring.restart_only.clone(),
         Arc::clone(live),
         Arc::clone(tls) as Arc<dyn ListenerCertificates>,
+        Arc::clone(clock),
     );
     let relay = Relay(Arc::clone(drain));
     add_background(server, "sluice shutdown relay", relay, &[]);

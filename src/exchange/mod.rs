@@ -227,9 +227,7 @@ impl Exchange {
             headers: &head.parts.headers,
             client_certificate: head.client_certificate,
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs());
+        let now = self.site.clock.now_us().max(0) as u64 / 1_000_000;
         match self.site.config.consumers.identify(&credentials, now) {
             Ok(Some(consumer)) if route.auth.admits(&consumer) => Ok(Some(consumer)),
             Ok(Some(_)) => Err(Answer::AuthFailed(AuthFailure::PlanNotAllowed)),
@@ -275,7 +273,7 @@ impl Exchange {
             failure,
         );
         if let Some(shown) = self.status_shown(status) {
-            metrics.observe_duration(shown, self.started.elapsed());
+            metrics.observe_duration(shown, self.elapsed());
         }
         if let (Some(sent), true) = (status, self.admitted()) {
             metrics.count_upstream_status(sent);
@@ -343,9 +341,14 @@ impl Exchange {
         &self.site
     }
 
-    /// When the request's head arrived.
-    pub fn started(&self) -> Instant {
-        self.started
+    /// How long the request has taken so far, by the site's clock.
+    pub fn elapsed(&self) -> Duration {
+        self.since(self.started)
+    }
+
+    /// The time since `then`, by the site's clock.
+    fn since(&self, then: Instant) -> Duration {
+        self.site.clock.instant().saturating_duration_since(then)
     }
 
     pub fn route(&self) -> Option<&Route> {

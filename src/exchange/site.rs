@@ -11,6 +11,7 @@ use http::Method;
 use super::meters::{self, Metrics, RouteMetrics};
 use crate::caller::consumers::AuthMode;
 use crate::config::{Config, ConfigError};
+use crate::limiter::clock::Clock;
 use crate::observe::access_log::{self, AccessLog};
 use crate::observe::metrics::ACCESS_LOG_DROPPED;
 use crate::route::table::Route;
@@ -38,12 +39,14 @@ pub struct Site {
     pub access_log: Option<AccessLog>,
     /// The rate limit service's counters, by domain.
     pub rls_metrics: HashMap<String, meters::DomainMetrics>,
+    /// The process's clock, the only time a request reads (a manual one in tests).
+    pub(crate) clock: Arc<dyn Clock>,
 }
 
 impl Site {
     /// Builds the pools and metric handles of `config` and opens its access log; no check
     /// runs yet.
-    pub fn build(config: Config) -> Result<Site, ConfigError> {
+    pub fn build(config: Config, clock: Arc<dyn Clock>) -> Result<Site, ConfigError> {
         let mut pools = Pools::build(&config.routes).map_err(|problems| ConfigError {
             file: config.source.clone(),
             problems,
@@ -92,6 +95,7 @@ impl Site {
             metrics,
             access_log,
             rls_metrics,
+            clock,
         })
     }
 

@@ -57,10 +57,11 @@ impl Exchange {
             return Err(Answer::UpstreamUnreachable);
         };
         self.upstream.server = Some(server);
-        self.upstream.started.get_or_insert_with(Instant::now);
+        let now = self.site.clock.instant();
+        self.upstream.started.get_or_insert(now);
         let left = self
             .deadline
-            .map(|deadline| deadline.saturating_duration_since(Instant::now()));
+            .map(|deadline| deadline.saturating_duration_since(now));
         let bounded = |timeout: Duration| left.map_or(timeout, |left| timeout.min(left));
         let settings = &runtime.route.upstream;
         let read_timeout = bounded(settings.read_timeout);
@@ -119,7 +120,7 @@ impl Exchange {
         let Some(read_timeout) = self.upstream.read_timeout else {
             return false;
         };
-        self.body_at.unwrap_or(self.started).elapsed() >= read_timeout
+        self.since(self.body_at.unwrap_or(self.started)) >= read_timeout
     }
 
     /// The client failed the request (`kind`), counted here, once per request. What it is
@@ -148,7 +149,7 @@ impl Exchange {
     /// `504` once the route's `request_timeout` has run out.
     pub fn refuse_if_late(&mut self) -> Result<(), Answer> {
         match self.deadline {
-            Some(deadline) if Instant::now() >= deadline => {
+            Some(deadline) if self.site.clock.instant() >= deadline => {
                 Err(self.fail(Answer::UpstreamTimedOut))
             }
             _ => Ok(()),
@@ -159,7 +160,7 @@ impl Exchange {
     /// exceeded, `504` once its deadline has passed.
     pub fn body_received(&mut self, bytes: usize) -> Result<(), Answer> {
         if bytes > 0 {
-            self.body_at = Some(Instant::now());
+            self.body_at = Some(self.site.clock.instant());
         }
         self.body_bytes += bytes as u64;
         let max = self.route().and_then(|route| route.max_body_bytes);
@@ -190,7 +191,7 @@ impl Exchange {
     /// say what the response cost.
     pub fn response_head(&mut self, headers: &HeaderMap) {
         if self.upstream.time.is_none() {
-            self.upstream.time = self.upstream.started.map(|started| started.elapsed());
+            self.upstream.time = self.upstream.started.map(|started| self.since(started));
         }
         self.read_cost_reports(headers);
     }

@@ -33,6 +33,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::sources::Sources;
 use crate::config::{Config, ConfigError, RedisSettings, ServerSettings};
+use crate::limiter::clock::Clock;
 use crate::observe::metrics;
 use crate::runtime::snapshot::{Live, Snapshot};
 
@@ -77,6 +78,8 @@ pub struct ConfigService {
     started_with: RestartOnly,
     live: Live,
     tls: Arc<dyn ListenerCertificates>,
+    /// The clock every snapshot's requests read.
+    clock: Arc<dyn Clock>,
     /// The files the last reload (or start) read, with what it saw in them.
     sources: Mutex<Sources>,
 }
@@ -87,12 +90,14 @@ impl ConfigService {
         started_with: RestartOnly,
         live: Live,
         tls: Arc<dyn ListenerCertificates>,
+        clock: Arc<dyn Clock>,
     ) -> ConfigService {
         ConfigService {
             path,
             started_with,
             live,
             tls,
+            clock,
             // What start read: the file, then its certificates and the rest it names.
             sources: Mutex::new(crate::config::sources::take()),
         }
@@ -130,7 +135,7 @@ impl ConfigService {
         let summary = config.summary();
         // Every certificate is read and checked before anything changes.
         let swap_certificates = self.tls.prepare(&config)?;
-        let snapshot = Arc::new(Snapshot::build(config)?);
+        let snapshot = Arc::new(Snapshot::build(config, Arc::clone(&self.clock))?);
         snapshot.keep_keys_of(&self.live.load());
         snapshot.start().await;
         swap_certificates();

@@ -19,6 +19,7 @@ use crate::caller::consumers::AuthMode;
 use crate::caller::jwt::{refresh_once, start_refresh, FetchOutcome, JwksRefresh};
 use crate::config::{Config, ConfigError};
 use crate::exchange::site::Site;
+use crate::limiter::clock::Clock;
 use crate::observe::metrics;
 use crate::upstream::pool::HealthChecks;
 
@@ -43,10 +44,11 @@ impl Deref for Snapshot {
 pub type Live = Arc<ArcSwap<Snapshot>>;
 
 impl Snapshot {
-    /// Builds the site of `config` (pools, handles, access log); no check runs yet.
-    pub fn build(config: Config) -> Result<Snapshot, ConfigError> {
+    /// Builds the site of `config` (pools, handles, access log), whose requests read `clock`;
+    /// no check runs yet.
+    pub fn build(config: Config, clock: Arc<dyn Clock>) -> Result<Snapshot, ConfigError> {
         Ok(Snapshot {
-            site: Arc::new(Site::build(config)?),
+            site: Arc::new(Site::build(config, clock)?),
             checks: Mutex::new(None),
             jwks: Mutex::new(None),
         })

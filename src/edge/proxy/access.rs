@@ -48,7 +48,7 @@ pub fn log(
         status,
         bytes_in: exchange.body_bytes(),
         bytes_out: session.body_bytes_sent() as u64,
-        duration_ms: millis(exchange.started().elapsed()),
+        duration_ms: millis(exchange.elapsed()),
         upstream,
         upstream_ms: upstream_time.map(millis),
         decision: exchange.decided().label(),

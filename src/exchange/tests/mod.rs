@@ -1,8 +1,10 @@
 //! The exchange on the in-process limiter with a manual clock: no socket, no server.
 
+mod auth;
+
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request};
@@ -11,7 +13,7 @@ use super::site::Site;
 use super::{Admission, Exchange, Head, Seam};
 use crate::config::Config;
 use crate::exchange::answer::{Answer, Decided, Unasked, UpstreamError};
-use crate::limiter::clock::ManualClock;
+use crate::limiter::clock::{Clock, ManualClock};
 use crate::limiter::local::LocalLimiter;
 use crate::limiter::testing::Unavailable;
 use crate::limiter::LimiterError;
@@ -49,7 +51,7 @@ fn gateway_of(config: Config) -> Gateway {
     let local = Arc::new(LocalLimiter::new(clock.clone(), 1000));
     let meters = PolicyMeters::unregistered();
     Gateway {
-        snapshot: Arc::new(Site::build(config).expect("a site")),
+        snapshot: Arc::new(Site::build(config, clock.clone()).expect("a site")),
         policy: Policy::new(Engine::local(local), None, clock.clone(), meters),
         clock,
     }
@@ -63,7 +65,7 @@ fn gateway_down(config: Config) -> Gateway<Unavailable> {
     let meters = PolicyMeters::unregistered();
     let down = Unavailable(|| LimiterError::Timeout(25));
     Gateway {
-        snapshot: Arc::new(Site::build(config).expect("a site")),
+        snapshot: Arc::new(Site::build(config, clock.clone()).expect("a site")),
         policy: Policy::new(down, Some(fallback), clock.clone(), meters),
         clock,
     }
@@ -84,7 +86,7 @@ impl<E: Seam> Gateway<E> {
     }
 
     async fn admit_from(&self, parts: &Parts, peer: std::net::IpAddr) -> (Exchange, Admission) {
-        let mut exchange = Exchange::new(Arc::clone(&self.snapshot), Instant::now());
+        let mut exchange = Exchange::new(Arc::clone(&self.snapshot), self.clock.instant());
         let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let head = Head {
             parts,
@@ -276,8 +278,7 @@ async fn every_upstream_wait_ends_by_the_routes_deadline() {
     let route = "upstream: { servers: [127.0.0.1:1] }\n    request_timeout_ms: 1";
     let g = gateway_of(route_config("late", route, "[]"));
     let (mut exchange, _) = g.admit("/t").await;
-    // Sleeping never returns early: the 1 ms deadline has passed.
-    std::thread::sleep(Duration::from_millis(5));
+    g.clock.advance_by(Duration::from_millis(5));
     assert_eq!(exchange.dial().err(), Some(Answer::UpstreamTimedOut));
     assert_eq!(exchange.answered(), Some(Answer::UpstreamTimedOut));
 }

@@ -274,6 +274,9 @@ struct Series {
     plans: Vec<(String, String)>,
     limits: Vec<(String, String)>,
     servers: Vec<(String, String)>,
+    /// The rate limit service's domains, and (domain, limit) of their limits.
+    domains: Vec<String>,
+    domain_limits: Vec<(String, String)>,
 }
 
 impl Metrics {
@@ -305,6 +308,18 @@ impl Metrics {
             unmatched: RouteMetrics::new(UNMATCHED_ROUTE, &[]),
             series,
         }
+    }
+
+    /// With the series of the rate limit service's `domains`.
+    pub fn with_rls(mut self, domains: &Domains) -> Metrics {
+        for domain in domains.iter() {
+            self.series.domains.push(domain.name.clone());
+            for limit in domain.limit_names() {
+                let pair = (domain.name.clone(), limit.to_string());
+                self.series.domain_limits.push(pair);
+            }
+        }
+        self
     }
 
     /// The health gauge of `server` in `route`'s pool.
@@ -369,6 +384,23 @@ impl Metrics {
         {
             let _ = UPSTREAM_HEALTHY.remove_label_values(&[route, server]);
         }
+        self.retire_rls_series_missing_from(next);
+    }
+
+    /// The rate limit service's part of [`Metrics::retire_series_missing_from`].
+    fn retire_rls_series_missing_from(&self, next: &Series) {
+        let gone = |name: &&String| !next.domains.contains(name);
+        for domain in self.series.domains.iter().filter(gone) {
+            for decided in Decided::all() {
+                let _ = RLS_REQUESTS.remove_label_values(&[domain, decided.label()]);
+            }
+        }
+        let gone = |pair: &&(String, String)| !next.domain_limits.contains(pair);
+        for (domain, limit) in self.series.domain_limits.iter().filter(gone) {
+            for outcome in Outcome::ALL {
+                let _ = RLS_LIMIT_DECISIONS.remove_label_values(&[domain, limit, outcome.label()]);
+            }
+        }
     }
 
     pub fn unmatched(&self) -> &RouteMetrics {
@@ -409,6 +441,11 @@ mod tests {
 
     /// How many series of `family` the registry exports for `route`.
     fn series(family: &str, route: &str) -> usize {
+        labelled(family, "route", route)
+    }
+
+    /// How many series of `family` the registry exports whose label `label` is `value`.
+    fn labelled(family: &str, label: &str, value: &str) -> usize {
         prometheus::gather()
             .iter()
             .filter(|f| f.name() == family)
@@ -416,7 +453,7 @@ mod tests {
             .filter(|m| {
                 m.get_label()
                     .iter()
-                    .any(|l| l.name() == "route" && l.value() == route)
+                    .any(|l| l.name() == label && l.value() == value)
             })
             .count()
     }
@@ -473,6 +510,60 @@ mod tests {
         ] {
             assert_eq!(series(family, "meters_removed"), 0, "{family} retired");
             assert!(series(family, "meters_kept") > 0, "{family} kept");
+        }
+    }
+
+    /// A configuration serving the rate limit service's `domains`, each with one limit.
+    fn rls_config(dir: &Path, domains: &[&str]) -> Config {
+        let files = dir.join("rls");
+        std::fs::create_dir_all(&files).unwrap();
+        for domain in domains {
+            let text = format!(
+                "domain: {domain}\ndescriptors:\n  - key: k\n    \
+                 rate_limit: {{ unit: second, requests_per_unit: 1 }}\n"
+            );
+            std::fs::write(files.join(format!("{domain}.yaml")), text).unwrap();
+        }
+        let yaml = format!(
+            "rls: {{ listen: 127.0.0.1:1, config_dir: {} }}\n",
+            files.display()
+        );
+        Config::from_yaml(&dir.join("sluice.yaml"), &yaml).expect("the fixture compiles")
+    }
+
+    fn domains(config: &Config) -> &Domains {
+        &config.rls.as_ref().expect("rls").domains
+    }
+
+    #[test]
+    fn a_reload_retires_the_rate_limit_services_domains_it_removed() {
+        let (old_dir, new_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let before = rls_config(old_dir.path(), &["meters_rls_kept", "meters_rls_removed"]);
+        let after = rls_config(new_dir.path(), &["meters_rls_kept"]);
+        let _handles = (rls_metrics(domains(&before)), rls_metrics(domains(&after)));
+        let old = Metrics::new(&before.routes, before.consumers.plans()).with_rls(domains(&before));
+        let next = Metrics::new(&after.routes, after.consumers.plans()).with_rls(domains(&after));
+        let families = [
+            "sluice_rls_requests_total",
+            "sluice_rls_limit_decisions_total",
+        ];
+        for family in families {
+            assert!(
+                labelled(family, "domain", "meters_rls_removed") > 0,
+                "{family} before"
+            );
+        }
+        old.retire_series_missing_from(&next);
+        for family in families {
+            assert_eq!(
+                labelled(family, "domain", "meters_rls_removed"),
+                0,
+                "{family} retired"
+            );
+            assert!(
+                labelled(family, "domain", "meters_rls_kept") > 0,
+                "{family} kept"
+            );
         }
     }
 }

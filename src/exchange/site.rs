@@ -70,7 +70,10 @@ impl Site {
                 })
             })
             .collect();
-        let metrics = Metrics::new(&config.routes, config.consumers.plans());
+        let mut metrics = Metrics::new(&config.routes, config.consumers.plans());
+        if let Some(rls) = &config.rls {
+            metrics = metrics.with_rls(&rls.domains);
+        }
         let access_log = match &config.access_log {
             Some(settings) => Some(
                 AccessLog::open(settings, ACCESS_LOG_DROPPED.clone()).map_err(|e| {

@@ -5,8 +5,8 @@
 
 use std::sync::LazyLock;
 
-use pingora_prometheus::prometheus::core::Collector;
-use pingora_prometheus::prometheus::{
+use prometheus::core::Collector;
+use prometheus::{
     register_histogram, register_histogram_vec, register_int_counter, register_int_counter_vec,
     register_int_gauge, register_int_gauge_vec, Histogram, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec,
@@ -354,8 +354,8 @@ pub fn init() {
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1);
     // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
-    let process = pingora_prometheus::prometheus::process_collector::ProcessCollector::for_self();
-    if let Err(e) = pingora_prometheus::prometheus::register(Box::new(process)) {
+    let process = prometheus::process_collector::ProcessCollector::for_self();
+    if let Err(e) = prometheus::register(Box::new(process)) {
         log::debug!("process metrics: {e}");
     }
 }

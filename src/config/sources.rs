@@ -64,6 +64,11 @@ impl Sources {
     pub fn len(&self) -> usize {
         self.0.len()
     }
+
+    #[cfg(test)]
+    pub fn contains(&self, path: &Path) -> bool {
+        self.0.contains_key(path)
+    }
 }
 
 /// Everything read since the last [`take`].
@@ -131,21 +136,23 @@ fn names_digest(names: &[std::ffi::OsString]) -> u64 {
     digest(&joined)
 }
 
+/// What was read under `dir` since it was last taken: the notes are global and tests run in
+/// parallel, so each takes only its own paths.
+#[cfg(test)]
+pub(crate) fn take_under(dir: &Path) -> Sources {
+    let mut noted = NOTED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let (mine, others) = std::mem::take(&mut *noted)
+        .into_iter()
+        .partition(|(path, _)| path.starts_with(dir));
+    *noted = others;
+    Sources(mine)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The notes are global and tests run in parallel: each takes only its own paths.
-    fn take_under(dir: &Path) -> Sources {
-        let mut noted = NOTED
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (mine, others) = std::mem::take(&mut *noted)
-            .into_iter()
-            .partition(|(path, _)| path.starts_with(dir));
-        *noted = others;
-        Sources(mine)
-    }
 
     #[test]
     fn a_read_file_is_noted_and_a_change_of_its_contents_is_seen() {

@@ -56,12 +56,12 @@ impl PeerTls {
         let client = match &tls.client {
             Some(files) => {
                 let chain = read_pem_certificates(&files.cert)?;
-                let (_, key) = pingora::tls::load_certs_and_key_files(
-                    &files.cert.to_string_lossy(),
-                    &files.key.to_string_lossy(),
-                )
-                .map_err(|e| format!("cannot read {}: {e}", files.key.display()))?
-                .ok_or_else(|| format!("no private key in {}", files.key.display()))?;
+                // Read through `sources`, as the certificate is: `watch` follows the key too.
+                let key = crate::config::sources::read(&files.key)
+                    .map_err(|e| format!("cannot read {}: {e}", files.key.display()))?;
+                let key = rustls_pemfile::private_key(&mut key.as_slice())
+                    .map_err(|e| format!("{}: {e}", files.key.display()))?
+                    .ok_or_else(|| format!("no private key in {}", files.key.display()))?;
                 Some(Arc::new(CertKey::new(chain, key.secret_der().to_vec())))
             }
             None => None,
@@ -77,5 +77,42 @@ impl PeerTls {
                 0
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::sources::take_under;
+    use crate::route::upstream::CertificateFiles;
+
+    #[test]
+    fn what_an_upstream_is_reached_with_is_read_as_watch_follows_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["client.test".to_string()]).unwrap();
+        let certificate = params.self_signed(&key).unwrap();
+        let files = CertificateFiles {
+            cert: dir.path().join("client.pem"),
+            key: dir.path().join("client.key"),
+        };
+        std::fs::write(&files.cert, certificate.pem()).unwrap();
+        std::fs::write(&files.key, key.serialize_pem()).unwrap();
+        let tls = UpstreamTls {
+            sni: "backend.test".into(),
+            verify: true,
+            ca: Some(files.cert.clone()),
+            client: Some(files.clone()),
+        };
+        let loaded = PeerTls::load(&tls).expect("loads");
+        assert!(loaded.client.is_some() && loaded.ca.is_some());
+        let read = take_under(dir.path());
+        assert!(read.contains(&files.cert), "the certificate and CA");
+        assert!(read.contains(&files.key), "the client key");
+
+        std::fs::write(&files.key, "not a key").unwrap();
+        let refused = PeerTls::load(&tls).err().expect("refused");
+        assert!(refused.contains("no private key in"), "{refused}");
+        take_under(dir.path());
     }
 }

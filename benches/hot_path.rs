@@ -13,7 +13,7 @@ use sluice::config::Config;
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
 use sluice::limiter::{entries, script, Ask, Asks, Key, LimitRequest, RequestId};
-use sluice::route::keys::RequestFacts;
+use sluice::route::keys::{RequestFacts, Rotation};
 
 /// 40 routes (hosts, prefixes, methods) ahead of the one the benchmark asks for, so the lookup
 /// does real work; that route has three limits.
@@ -85,23 +85,30 @@ fn hot_path(c: &mut Criterion) {
                 consumer: None,
                 claim_names: &[],
             };
-            route.tiers.default().asks(&facts).expect("keys")
+            route
+                .tiers
+                .default()
+                .asks(&facts, &Rotation::default())
+                .expect("keys")
         })
     });
     let route_asks = route
         .tiers
         .default()
-        .asks(&RequestFacts {
-            client_ip: peer,
-            method: method.as_str(),
-            host: "example.com",
-            path,
-            query: None,
-            headers: &headers,
-            route: &route.name,
-            consumer: None,
-            claim_names: &[],
-        })
+        .asks(
+            &RequestFacts {
+                client_ip: peer,
+                method: method.as_str(),
+                host: "example.com",
+                path,
+                query: None,
+                headers: &headers,
+                route: &route.name,
+                consumer: None,
+                claim_names: &[],
+            },
+            &Rotation::default(),
+        )
         .expect("keys");
     let route_entries = entries(route.tiers.default().limits.limits(), &route_asks);
     let request = LimitRequest::new(&route_entries);

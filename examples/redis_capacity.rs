@@ -22,7 +22,7 @@ use sluice::config::Config;
 use sluice::limiter::redis::RedisLimiter;
 use sluice::limiter::script::{decision_script, Algorithms};
 use sluice::limiter::{entries, Coalescing, LimitRequest, Limiter, RequestId, Topology};
-use sluice::route::keys::RequestFacts;
+use sluice::route::keys::{RequestFacts, Rotation};
 
 /// One route per scenario; every limit generous enough that all calls are allowed.
 const SCENARIOS: &str = r#"
@@ -177,7 +177,11 @@ async fn main() {
                             consumer: None,
                             claim_names: &[],
                         };
-                        let asks = route.tiers.default().asks(&facts).expect("keys");
+                        let asks = route
+                            .tiers
+                            .default()
+                            .asks(&facts, &Rotation::default())
+                            .expect("keys");
                         let entries = entries(route.tiers.default().limits.limits(), &asks);
                         n += 1;
                         let request = LimitRequest {

@@ -20,7 +20,7 @@ use sluice::limiter::local::LocalLimiter;
 use sluice::limiter::{
     entries, script, Engine, LimitRequest, Limiter, Policy, PolicyMeters, RequestId,
 };
-use sluice::route::keys::RequestFacts;
+use sluice::route::keys::{RequestFacts, Rotation};
 use sluice::route::path::normalize;
 use sluice::route::table::Route;
 use support::config::route;
@@ -151,7 +151,15 @@ fn per_request_work_allocates_nothing() {
         (
             "keys and costs",
             allocations(1000, || {
-                assert_eq!(route.tiers.default().asks(&facts).expect("keys").len(), 3);
+                assert_eq!(
+                    route
+                        .tiers
+                        .default()
+                        .asks(&facts, &Rotation::default())
+                        .expect("keys")
+                        .len(),
+                    3
+                );
             }),
         ),
     ];
@@ -164,7 +172,11 @@ fn deciding(route: &Route, facts: &RequestFacts<'_>) -> [(&'static str, u64); 2]
         1, 49, 0, 20, 0, 1, 1, 4999, 0, 60_000, 0, 1, 1, 9_999, 0, 60_000, 0, 0,
     ];
     let limiter = LocalLimiter::new(Arc::new(ManualClock::new(1_000_000)), 1000);
-    let asks = route.tiers.default().asks(facts).expect("keys");
+    let asks = route
+        .tiers
+        .default()
+        .asks(facts, &Rotation::default())
+        .expect("keys");
     let entries = entries(route.tiers.default().limits.limits(), &asks);
     let request = LimitRequest {
         id: RequestId(7),
@@ -254,7 +266,11 @@ fn the_policys_decision_allocates_nothing_once_its_keys_are_known() {
             consumer: None,
             claim_names: &[],
         };
-        let asks = route.tiers.default().asks(&facts).expect("keys");
+        let asks = route
+            .tiers
+            .default()
+            .asks(&facts, &Rotation::default())
+            .expect("keys");
         // A key's first sighting stores its state: warm up before counting.
         assert!(ready(policy.decide(&route.tiers.default().limits, &asks)).admitted());
         let count = allocations(1000, || {

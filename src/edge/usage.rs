@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use crate::caller::consumers::{Consumer, PlanId, Via, MAX_CONSUMER_ID};
 use crate::limiter::Policy;
-use crate::route::keys::RequestFacts;
+use crate::route::keys::{RequestFacts, Rotation};
 use crate::route::table::Route;
 use crate::runtime::snapshot::Snapshot;
 
@@ -161,7 +161,7 @@ async fn peek<'a>(
         .collect();
     let decision = if readable.iter().any(|r| *r) {
         let asks = tier
-            .asks(&facts)
+            .asks(&facts, &Rotation::default())
             .map_err(|undecidable| usage_error(400, undecidable.0))?;
         Some(
             policy

@@ -210,8 +210,9 @@ impl Exchange {
         }
         let tier = route.tiers.get(self.tier);
         if !tier.limits.is_empty() && !self.exempt {
+            let runtime = self.route.as_deref().ok_or(Answer::Internal)?;
             self.asks = tier
-                .asks(&facts)
+                .asks(&facts, runtime.rotation(self.tier))
                 .map_err(|Undecidable(detail)| Answer::BadRequest(detail))?;
         }
         Ok(())

@@ -14,7 +14,9 @@ use crate::config::{Config, ConfigError};
 use crate::limiter::clock::Clock;
 use crate::observe::access_log::{self, AccessLog};
 use crate::observe::metrics::ACCESS_LOG_DROPPED;
+use crate::route::keys::Rotation;
 use crate::route::table::Route;
+use crate::route::tiers::TierId;
 use crate::upstream::pool::{Pool, Pools};
 
 /// One route as a request needs it, in one reference: the compiled route, the pool of its
@@ -23,6 +25,17 @@ pub struct RouteRuntime {
     pub route: Arc<Route>,
     pub pool: Pool,
     pub metrics: RouteMetrics,
+    /// Each tier's turn among the shards of its split limits (by tier id).
+    rotations: Box<[Rotation]>,
+}
+
+impl RouteRuntime {
+    /// The round robin of the route's tier `tier`.
+    pub fn rotation(&self, tier: TierId) -> &Rotation {
+        // An id the route does not have meets its default tier, as `Tiers::get` says.
+        let rotations = &self.rotations;
+        rotations.get(usize::from(tier.0)).unwrap_or(&rotations[0])
+    }
 }
 
 /// What one configuration puts in force for requests: a request reads its routes, pools and
@@ -67,6 +80,9 @@ impl Site {
                     route: Arc::clone(route),
                     pool: pool.clone(),
                     metrics,
+                    rotations: (0..route.tiers.count())
+                        .map(|_| Rotation::default())
+                        .collect(),
                 })
             })
             .collect();

@@ -17,6 +17,7 @@
 use std::borrow::Cow;
 use std::hash::Hasher;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use http::header::HeaderName;
@@ -284,34 +285,28 @@ fn shard_suffixes(shards: u32) -> ShardSuffixes {
         .collect()
 }
 
+/// Which shard the next request of a tier whose limits are all split takes: state of the
+/// running configuration, held by the route's runtime (`exchange::site::RouteRuntime`) and
+/// started at 0 with each configuration; the compiled keys hold none.
+#[derive(Debug, Default)]
+pub struct Rotation(AtomicU32);
+
+impl Rotation {
+    /// This request's turn.
+    fn next(&self) -> u32 {
+        self.0.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
 /// How the hash tag of a route's call is chosen.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum TagChoice {
     /// `{route[.digest of the shared parts]}`.
     SharedParts,
     /// `{route.s<i>}`, `i` = digest of the shared parts of the unsplit limits mod the shards.
     ShardBySharedParts { suffixes: ShardSuffixes },
     /// `{route.s<i>}`, `i` from a round robin over the shards (the route has only split limits).
-    ShardRoundRobin {
-        suffixes: ShardSuffixes,
-        next: std::sync::atomic::AtomicU32,
-    },
-}
-
-impl Clone for TagChoice {
-    /// A clone starts its own round robin (an atomic counter is not `Clone`).
-    fn clone(&self) -> TagChoice {
-        match self {
-            TagChoice::SharedParts => TagChoice::SharedParts,
-            TagChoice::ShardBySharedParts { suffixes } => TagChoice::ShardBySharedParts {
-                suffixes: suffixes.clone(),
-            },
-            TagChoice::ShardRoundRobin { suffixes, .. } => TagChoice::ShardRoundRobin {
-                suffixes: suffixes.clone(),
-                next: std::sync::atomic::AtomicU32::new(0),
-            },
-        }
-    }
+    ShardRoundRobin { suffixes: ShardSuffixes },
 }
 
 fn limit_keys(specs: &[KeySpec]) -> Box<[LimitKey]> {
@@ -370,7 +365,6 @@ impl RouteKeys {
             },
             (shards, true) => TagChoice::ShardRoundRobin {
                 suffixes: shard_suffixes(shards),
-                next: std::sync::atomic::AtomicU32::new(0),
             },
         };
         let limits = limit_keys(specs);
@@ -413,8 +407,13 @@ impl RouteKeys {
     }
 
     /// One key per limit, in the route's order, and the limits skipped for lack of a part;
-    /// `Err` when a limit with `on_missing: deny` lacks a part.
-    pub fn build(&self, facts: &RequestFacts<'_>) -> Result<BuiltKeys, MissingPart> {
+    /// `Err` when a limit with `on_missing: deny` lacks a part. A round robin over shards takes
+    /// its turn from `rotation`.
+    pub fn build(
+        &self,
+        facts: &RequestFacts<'_>,
+        rotation: &Rotation,
+    ) -> Result<BuiltKeys, MissingPart> {
         let mut skipped = 0u32;
         let mut digests: SmallVec<[Hash128; LIMITS_INLINE]> = SmallVec::new();
         for (i, limit) in self.limits.iter().enumerate() {
@@ -454,8 +453,8 @@ impl RouteKeys {
                 let shard = shared_digest() % suffixes.len() as u64;
                 tag.extend_from_slice(&suffixes[shard as usize]);
             }
-            TagChoice::ShardRoundRobin { suffixes, next } => {
-                let turn = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            TagChoice::ShardRoundRobin { suffixes } => {
+                let turn = rotation.next();
                 tag.extend_from_slice(&suffixes[turn as usize % suffixes.len()]);
             }
         }
@@ -518,9 +517,17 @@ mod tests {
         let mut shards = std::collections::BTreeSet::new();
         for i in 0..64 {
             let ip = format!("10.0.0.{i}");
-            let built = keys.build(&facts(&ip, "/", &h)).unwrap().keys;
+            let built = keys
+                .build(&facts(&ip, "/", &h), &Rotation::default())
+                .unwrap()
+                .keys;
             assert_eq!(tag(&built[0]), tag(&built[1]), "one slot per call");
-            assert_eq!(built, keys.build(&facts(&ip, "/", &h)).unwrap().keys);
+            assert_eq!(
+                built,
+                keys.build(&facts(&ip, "/", &h), &Rotation::default())
+                    .unwrap()
+                    .keys
+            );
             shards.insert(tag(&built[0]));
         }
         let expected: std::collections::BTreeSet<String> =
@@ -535,12 +542,42 @@ mod tests {
             ..spec("global", &["route"])
         }]);
         let h = HeaderMap::new();
+        let rotation = Rotation::default();
         let tags: Vec<String> = (0..13)
-            .map(|_| tag(&keys.build(&facts("10.0.0.1", "/", &h)).unwrap().keys[0]))
+            .map(|_| {
+                tag(&keys
+                    .build(&facts("10.0.0.1", "/", &h), &rotation)
+                    .unwrap()
+                    .keys[0])
+            })
             .collect();
         assert_eq!(tags[0], "sluice:{api.s0}");
         assert_eq!(tags[10], "sluice:{api.s10}");
         assert_eq!(tags[12], tags[0]);
+    }
+
+    #[test]
+    fn two_rotations_of_one_route_take_their_turns_apart() {
+        let keys = keys(&[KeySpec {
+            shards: 4,
+            ..spec("global", &["route"])
+        }]);
+        let h = HeaderMap::new();
+        let (old, new) = (Rotation::default(), Rotation::default());
+        let turn = |rotation| {
+            tag(&keys
+                .build(&facts("10.0.0.1", "/", &h), rotation)
+                .unwrap()
+                .keys[0])
+        };
+        assert_eq!(turn(&old), "sluice:{api.s0}");
+        assert_eq!(turn(&old), "sluice:{api.s1}");
+        assert_eq!(
+            turn(&new),
+            "sluice:{api.s0}",
+            "a new configuration starts its own turn"
+        );
+        assert_eq!(turn(&old), "sluice:{api.s2}");
     }
 
     fn keys(specs: &[KeySpec]) -> RouteKeys {
@@ -556,7 +593,7 @@ mod tests {
         let headers = HeaderMap::new();
         let hostile = format!("/{}\r\n{{}}", "a".repeat(8192));
         let built = keys
-            .build(&facts("10.0.0.1", &hostile, &headers))
+            .build(&facts("10.0.0.1", &hostile, &headers), &Rotation::default())
             .unwrap()
             .keys;
         let first = String::from_utf8(built[0].to_vec()).unwrap();
@@ -596,7 +633,10 @@ mod tests {
         headers.insert("x-tenant", "acme".parse().unwrap());
         let long_path = format!("/v1/{}", "p".repeat(100));
         let text = |keys: &RouteKeys, path: &str, ip: &str| -> Vec<String> {
-            let built = keys.build(&facts(ip, path, &headers)).unwrap().keys;
+            let built = keys
+                .build(&facts(ip, path, &headers), &Rotation::default())
+                .unwrap()
+                .keys;
             built
                 .iter()
                 .map(|k| String::from_utf8(k.to_vec()).unwrap())
@@ -633,10 +673,24 @@ mod tests {
     fn different_parts_give_different_keys_and_same_parts_the_same() {
         let keys = keys(&[spec("l", &["client_ip", "path"])]);
         let h = HeaderMap::new();
-        let a = keys.build(&facts("10.0.0.1", "/a", &h)).unwrap();
-        assert_eq!(a, keys.build(&facts("10.0.0.1", "/a", &h)).unwrap());
-        assert_ne!(a, keys.build(&facts("10.0.0.2", "/a", &h)).unwrap());
-        assert_ne!(a, keys.build(&facts("10.0.0.1", "/b", &h)).unwrap());
+        let a = keys
+            .build(&facts("10.0.0.1", "/a", &h), &Rotation::default())
+            .unwrap();
+        assert_eq!(
+            a,
+            keys.build(&facts("10.0.0.1", "/a", &h), &Rotation::default())
+                .unwrap()
+        );
+        assert_ne!(
+            a,
+            keys.build(&facts("10.0.0.2", "/a", &h), &Rotation::default())
+                .unwrap()
+        );
+        assert_ne!(
+            a,
+            keys.build(&facts("10.0.0.1", "/b", &h), &Rotation::default())
+                .unwrap()
+        );
     }
 
     #[test]
@@ -644,9 +698,9 @@ mod tests {
         let h = HeaderMap::new();
         let specs = [spec("l", &["client_ip"])];
         let a = RouteKeys::new("p", "r", KeySecret::new("one"), &specs)
-            .build(&facts("10.0.0.1", "/", &h));
+            .build(&facts("10.0.0.1", "/", &h), &Rotation::default());
         let b = RouteKeys::new("p", "r", KeySecret::new("two"), &specs)
-            .build(&facts("10.0.0.1", "/", &h));
+            .build(&facts("10.0.0.1", "/", &h), &Rotation::default());
         assert_ne!(a, b);
     }
 
@@ -654,7 +708,10 @@ mod tests {
     fn limits_without_common_parts_share_the_route_tag() {
         let keys = keys(&[spec("a", &["client_ip"]), spec("b", &["route"])]);
         let h = HeaderMap::new();
-        let built = keys.build(&facts("10.0.0.1", "/", &h)).unwrap().keys;
+        let built = keys
+            .build(&facts("10.0.0.1", "/", &h), &Rotation::default())
+            .unwrap()
+            .keys;
         assert!(built.iter().all(|k| k.starts_with(b"sluice:{api}:")));
     }
 
@@ -665,18 +722,20 @@ mod tests {
         let missing = HeaderMap::new();
         let lenient = keys(&[spec("l", &["header:x-api-key"])]);
         assert_eq!(
-            lenient.build(&facts("10.0.0.1", "/", &missing)),
-            lenient.build(&facts("10.0.0.1", "/", &present))
+            lenient.build(&facts("10.0.0.1", "/", &missing), &Rotation::default()),
+            lenient.build(&facts("10.0.0.1", "/", &present), &Rotation::default())
         );
         let strict = keys(&[KeySpec {
             on_missing: OnMissing::Deny,
             ..spec("l", &["header:x-api-key", "query:api_key"])
         }]);
         assert_eq!(
-            strict.build(&facts("10.0.0.1", "/", &missing)),
+            strict.build(&facts("10.0.0.1", "/", &missing), &Rotation::default()),
             Err(MissingPart)
         );
-        assert!(strict.build(&facts("10.0.0.1", "/", &present)).is_ok());
+        assert!(strict
+            .build(&facts("10.0.0.1", "/", &present), &Rotation::default())
+            .is_ok());
         let optional = keys(&[
             spec("always", &["client_ip"]),
             KeySpec {
@@ -686,14 +745,14 @@ mod tests {
         ]);
         assert_eq!(
             optional
-                .build(&facts("10.0.0.1", "/", &missing))
+                .build(&facts("10.0.0.1", "/", &missing), &Rotation::default())
                 .unwrap()
                 .skipped,
             0b10
         );
         assert_eq!(
             optional
-                .build(&facts("10.0.0.1", "/", &present))
+                .build(&facts("10.0.0.1", "/", &present), &Rotation::default())
                 .unwrap()
                 .skipped,
             0

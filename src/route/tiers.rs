@@ -10,7 +10,7 @@ use http::header::HeaderValue;
 
 use crate::caller::consumers::Consumer;
 use crate::limiter::{Ask, Asks, Limit, LimitSet};
-use crate::route::keys::{MissingPart, RequestFacts, RouteKeys};
+use crate::route::keys::{MissingPart, RequestFacts, Rotation, RouteKeys};
 use crate::route::pricing::RoutePricing;
 
 /// Detail of the `400` for a request that lacks a part a limit is keyed on.
@@ -42,10 +42,10 @@ impl Tier {
     /// What the request asks of each limit of this tier: its key and its cost (0 for a limit
     /// skipped for lack of a key part, which is then only read). `Err` when the request cannot
     /// be decided as sent, with the detail of its `400`.
-    pub fn asks(&self, facts: &RequestFacts<'_>) -> Result<Asks, Undecidable> {
+    pub fn asks(&self, facts: &RequestFacts<'_>, rotation: &Rotation) -> Result<Asks, Undecidable> {
         let built = self
             .keys
-            .build(facts)
+            .build(facts, rotation)
             .map_err(|MissingPart| Undecidable(MISSING_PART))?;
         let mut asks = Asks::new();
         for (i, (limit, key)) in self.limits.limits().iter().zip(built.keys).enumerate() {
@@ -141,6 +141,11 @@ impl Tiers {
     /// The route's limits as written: every limit, in its order.
     pub fn default(&self) -> &Tier {
         &self.tiers[0]
+    }
+
+    /// How many tiers the route has (each runs its own [`Rotation`]).
+    pub fn count(&self) -> usize {
+        self.tiers.len()
     }
 
     /// Whether the route has any limit for any caller.

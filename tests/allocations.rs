@@ -326,7 +326,12 @@ fn a_request_through_the_exchange_allocates_nothing() {
 
     let config = Config::from_yaml(Path::new("inline.yaml"), &config()).expect("config");
     let snapshot = Arc::new(
-        Snapshot::build(config, Arc::new(sluice::limiter::clock::SystemClock)).expect("snapshot"),
+        Snapshot::build(
+            config,
+            Arc::new(sluice::limiter::clock::SystemClock),
+            Default::default(),
+        )
+        .expect("snapshot"),
     );
     let (clock, policy) = in_process_policy();
     let (head, ()) = http::Request::get("/api/v1/items/42")

@@ -14,7 +14,7 @@ use crate::caller::consumers::{
     AuthMode, CertificateCheck, CertificateField, KeyCheck, PlanId, Plans, RouteAuth, Verifiers,
     NO_PLAN,
 };
-use crate::caller::jwt::JwtVerifier;
+use crate::caller::jwt::JwtSettings;
 
 /// Plans fit the bit mask of a route's allowed plans.
 const MAX_PLANS: usize = 64;
@@ -47,7 +47,7 @@ pub fn compile(
     let jwt = raw
         .jwt
         .take()
-        .and_then(|jwt| compile_jwt_verifier(jwt, &claim_names, api_keys.as_ref(), p));
+        .and_then(|jwt| compile_jwt_settings(jwt, api_keys.as_ref(), p));
     Verifiers::new(plans, claim_names)
         .with_api_keys(api_keys)
         .with_certificates(certificates)
@@ -55,24 +55,21 @@ pub fn compile(
         .written(written)
 }
 
-/// `identity.jwt`: a verifier of bearer tokens keeping the claims `claim:NAME` key parts name
-/// (its keys: a JWKS file's, read now; a JWKS URL's, fetched when the snapshot starts). API
-/// keys, if any, must come in another header than `Authorization`.
-fn compile_jwt_verifier(
+/// `identity.jwt`: how bearer tokens are verified (a JWKS file's keys are read now; a JWKS
+/// URL's are fetched by the running site's verifier). API keys, if any, must come in another
+/// header than `Authorization`.
+fn compile_jwt_settings(
     raw: RawJwt,
-    claim_names: &[Arc<str>],
     api_keys: Option<&KeyCheck>,
     p: &mut Problems,
-) -> Option<JwtVerifier> {
+) -> Option<JwtSettings> {
     if api_keys.is_some_and(|keys| keys.header == http::header::AUTHORIZATION) {
         p.add(
             "identity.api_keys.header",
             "authorization carries the bearer tokens of identity.jwt: present API keys in another header",
         );
     }
-    let settings = compile_jwt(raw, "identity.jwt", p)?;
-    let names: Vec<&str> = claim_names.iter().map(|name| &**name).collect();
-    Some(JwtVerifier::new(settings, &names, None))
+    compile_jwt(raw, "identity.jwt", p)
 }
 
 /// `identity.mtls`: the certificate field (default `subject_cn`) and consumers' plans.

@@ -24,6 +24,7 @@ use crate::edge::proxy::preface::Greeting;
 use crate::edge::proxy::Gateway;
 use crate::edge::rls::RlsService;
 use crate::edge::tls::TlsListeners;
+use crate::exchange::site::Handover;
 use crate::limiter::clock::{Clock, SystemClock};
 use crate::limiter::local::{LocalLimiter, DEFAULT_MAX_KEYS};
 use crate::limiter::{Engine, Policy};
@@ -222,7 +223,8 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
     log::info!("{}", config.summary());
     let wiring = Wiring::of(&config);
     let tls = Arc::new(TlsListeners::load(&config).map_err(|e| e.to_string())?);
-    let snapshot = Snapshot::build(config, Arc::clone(&clock)).map_err(|e| e.to_string())?;
+    let snapshot = Snapshot::build(config, Arc::clone(&clock), Handover::default())
+        .map_err(|e| e.to_string())?;
     let live: Live = Arc::new(ArcSwap::from_pointee(snapshot));
     let drain = wiring.drain();
     let configuration = add_configuration(&mut server, &wiring, &live, &tls, &clock, &drain);

@@ -182,9 +182,7 @@ impl Exchange {
         if route.max_body_bytes.is_some_and(|max| declared > Some(max)) {
             return Err(Answer::BodyTooLarge);
         }
-        if let Cow::Owned(normalized) = &path {
-            self.normalized_path = Some(normalized.clone());
-        }
+        self.normalized_path = matches!(path, Cow::Owned(_)).then(|| path.to_string());
         let client = config.trusted_proxies.client(head.peer, &req.headers);
         self.client = Some(client);
         match AddressLists::standing(&config.addresses, &route.addresses, client) {
@@ -229,7 +227,12 @@ impl Exchange {
             client_certificate: head.client_certificate,
         };
         let now = self.site.clock.now_us().max(0) as u64 / 1_000_000;
-        match self.site.config.consumers.identify(&credentials, now) {
+        match self
+            .site
+            .config
+            .consumers
+            .identify(&credentials, now, self.site.jwt.as_deref())
+        {
             Ok(Some(consumer)) if route.auth.admits(&consumer) => Ok(Some(consumer)),
             Ok(Some(_)) => Err(Answer::AuthFailed(AuthFailure::PlanNotAllowed)),
             Ok(None) if route.auth.mode == AuthMode::Required => {

@@ -10,6 +10,7 @@ use http::Method;
 
 use super::meters::{self, Metrics, RouteMetrics};
 use crate::caller::consumers::AuthMode;
+use crate::caller::jwt::JwtVerifier;
 use crate::config::{Config, ConfigError};
 use crate::limiter::clock::Clock;
 use crate::observe::access_log::{self, AccessLog};
@@ -30,6 +31,22 @@ pub struct RouteRuntime {
 }
 
 impl RouteRuntime {
+    /// The runtime of `route` of `config`, whose servers are `pool`'s.
+    fn new(route: &Arc<Route>, pool: &Pool, config: &Config) -> RouteRuntime {
+        let mut metrics = RouteMetrics::new(&route.name, route.tiers.default().limits.limits());
+        if route.auth.mode != AuthMode::Off {
+            metrics = metrics.with_callers(&route.name, config.consumers.plans());
+        }
+        RouteRuntime {
+            route: Arc::clone(route),
+            pool: pool.clone(),
+            metrics,
+            rotations: (0..route.tiers.count())
+                .map(|_| Rotation::default())
+                .collect(),
+        }
+    }
+
     /// The round robin of the route's tier `tier`.
     pub fn rotation(&self, tier: TierId) -> &Rotation {
         // An id the route does not have meets its default tier, as `Tiers::get` says.
@@ -54,12 +71,67 @@ pub struct Site {
     pub rls_metrics: HashMap<String, meters::DomainMetrics>,
     /// The process's clock, the only time a request reads (a manual one in tests).
     pub(crate) clock: Arc<dyn Clock>,
+    /// The verifier of bearer tokens (`identity.jwt`): the keys in force and the tokens it
+    /// verified, state of this site alone but for what a [`Handover`] passes on.
+    pub(crate) jwt: Option<Arc<JwtVerifier>>,
+}
+
+/// What a new site takes over from the one in force, said in one place: the keys its JWT
+/// verifier fetched from a JWKS URL, when the new configuration names the same URL (they stay
+/// in force until its next fetch). Nothing else crosses a reload: pools are built and probed
+/// again, rotations and the verified-token cache start anew.
+#[derive(Clone, Copy, Default)]
+pub struct Handover<'a> {
+    jwt: Option<&'a JwtVerifier>,
+}
+
+impl<'a> Handover<'a> {
+    /// What `previous`, the site in force, hands over.
+    pub fn of(previous: &'a Site) -> Handover<'a> {
+        Handover {
+            jwt: previous.jwt.as_deref(),
+        }
+    }
+}
+
+/// The access log `config` asks for, opened (its writer starts with the snapshot).
+fn open_access_log(config: &Config) -> Result<Option<AccessLog>, ConfigError> {
+    let Some(settings) = &config.access_log else {
+        return Ok(None);
+    };
+    AccessLog::open(settings, ACCESS_LOG_DROPPED.clone())
+        .map(Some)
+        .map_err(|e| {
+            ConfigError::single(
+                &config.source,
+                "access_log.path",
+                access_log::cannot_open(e),
+            )
+        })
+}
+
+/// The JWT verifier of `config`, with the keys `handover` passes on.
+fn jwt_verifier(config: &Config, handover: Handover<'_>) -> Option<Arc<JwtVerifier>> {
+    let verifier = config.consumers.jwt_verifier()?;
+    if let Some(previous) = handover.jwt {
+        if verifier.keep_keys_of(previous) {
+            log::info!(
+                "reload: the same JWKS URL: its {} keys stay in force until its next fetch",
+                verifier.keys().keys.len()
+            );
+        }
+    }
+    Some(Arc::new(verifier))
 }
 
 impl Site {
     /// Builds the pools and metric handles of `config` and opens its access log; no check
     /// runs yet.
-    pub fn build(config: Config, clock: Arc<dyn Clock>) -> Result<Site, ConfigError> {
+    pub fn build(
+        config: Config,
+        clock: Arc<dyn Clock>,
+        handover: Handover<'_>,
+    ) -> Result<Site, ConfigError> {
         let mut pools = Pools::build(&config.routes).map_err(|problems| ConfigError {
             file: config.source.clone(),
             problems,
@@ -70,51 +142,27 @@ impl Site {
             .in_file_order()
             .into_iter()
             .zip(pools.iter())
-            .map(|(route, pool)| {
-                let mut metrics =
-                    RouteMetrics::new(&route.name, route.tiers.default().limits.limits());
-                if route.auth.mode != AuthMode::Off {
-                    metrics = metrics.with_callers(&route.name, config.consumers.plans());
-                }
-                Arc::new(RouteRuntime {
-                    route: Arc::clone(route),
-                    pool: pool.clone(),
-                    metrics,
-                    rotations: (0..route.tiers.count())
-                        .map(|_| Rotation::default())
-                        .collect(),
-                })
-            })
+            .map(|(route, pool)| Arc::new(RouteRuntime::new(route, pool, &config)))
             .collect();
         let mut metrics = Metrics::new(&config.routes, config.consumers.plans());
         if let Some(rls) = &config.rls {
             metrics = metrics.with_rls(&rls.domains);
         }
-        let access_log = match &config.access_log {
-            Some(settings) => Some(
-                AccessLog::open(settings, ACCESS_LOG_DROPPED.clone()).map_err(|e| {
-                    ConfigError::single(
-                        &config.source,
-                        "access_log.path",
-                        access_log::cannot_open(e),
-                    )
-                })?,
-            ),
-            None => None,
-        };
+        let access_log = open_access_log(&config)?;
         let rls_metrics = config
             .rls
             .as_ref()
             .map(|rls| meters::rls_metrics(&rls.domains))
             .unwrap_or_default();
         Ok(Site {
-            config,
             routes,
             pools,
             metrics,
             access_log,
             rls_metrics,
             clock,
+            jwt: jwt_verifier(&config, handover),
+            config,
         })
     }
 
@@ -127,5 +175,56 @@ impl Site {
     /// The runtime of the route at `index` (file order).
     pub fn route(&self, index: usize) -> Option<&Arc<RouteRuntime>> {
         self.routes.get(index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::caller::jwt::testing::{self, Family, TestKey};
+    use crate::caller::jwt::{jwks, Algorithm};
+    use crate::limiter::clock::ManualClock;
+
+    /// A site verifying ES256 tokens with the keys of `url`.
+    fn site(url: &str, handover: Handover<'_>) -> Site {
+        let yaml = format!(
+            "listen: [127.0.0.1:1]\n\
+             identity: {{ jwt: {{ jwks_url: \"{url}\", algorithms: [ES256] }} }}\n\
+             routes: [{{ name: r, match: {{ path_prefix: / }}, upstream: {{ servers: [127.0.0.1:1] }}, auth: required }}]\n"
+        );
+        let config = Config::from_yaml(Path::new("site.yaml"), &yaml).expect("a valid config");
+        Site::build(config, Arc::new(ManualClock::default()), handover).expect("a site")
+    }
+
+    fn verifier(site: &Site) -> &JwtVerifier {
+        site.jwt.as_deref().expect("a JWT verifier")
+    }
+
+    #[test]
+    fn a_site_takes_over_the_keys_of_the_same_jwks_url_and_nothing_else() {
+        let first = site("http://127.0.0.1:9/keys", Handover::default());
+        assert!(
+            verifier(&first).awaits_keys(),
+            "a URL's keys are fetched, not read"
+        );
+        let key = TestKey::generate(Family::P256, Algorithm::ES256, Some("k1"));
+        let fetched = jwks::parse(testing::jwks(&[&key]).as_bytes()).expect("a JWKS");
+        verifier(&first).install(fetched.set);
+
+        let same = site("http://127.0.0.1:9/keys", Handover::of(&first));
+        assert_eq!(verifier(&same).keys().keys.len(), 1, "the same URL: kept");
+        assert!(!verifier(&same).awaits_keys());
+        assert_eq!(
+            verifier(&same).verified_tokens(),
+            0,
+            "the token cache starts anew"
+        );
+
+        let other = site("http://127.0.0.1:9/other", Handover::of(&first));
+        assert!(verifier(&other).awaits_keys(), "another URL: nothing kept");
+        let fresh = site("http://127.0.0.1:9/keys", Handover::default());
+        assert!(verifier(&fresh).awaits_keys(), "no handover: nothing kept");
     }
 }

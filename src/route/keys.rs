@@ -429,9 +429,8 @@ impl RouteKeys {
             }
             digests.push(hasher.finish128());
         }
-        // The tag's variable end (`.<digest>` or a shard suffix) and the closing brace; every
-        // key of the route starts with head + tag. Built in place: no heap allocation for keys
-        // up to KEY_INLINE bytes.
+        // The tag's variable end (`.<digest>` or a shard suffix) and `}`: every key of the route
+        // starts with head + tag. Built in place, on the heap only past KEY_INLINE bytes.
         let mut tag: SmallVec<[u8; 40]> = SmallVec::new();
         let shared_digest = || match self.tag_from_limit.and_then(|i| digests.get(i)) {
             Some(digest) => digest.h2,

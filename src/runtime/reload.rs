@@ -33,6 +33,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::sources::Sources;
 use crate::config::{Config, ConfigError, RedisSettings, ServerSettings};
+use crate::exchange::site::Handover;
 use crate::limiter::clock::Clock;
 use crate::observe::metrics;
 use crate::runtime::snapshot::{Live, Snapshot};
@@ -135,8 +136,9 @@ impl ConfigService {
         let summary = config.summary();
         // Every certificate is read and checked before anything changes.
         let swap_certificates = self.tls.prepare(&config)?;
-        let snapshot = Arc::new(Snapshot::build(config, Arc::clone(&self.clock))?);
-        snapshot.keep_keys_of(&self.live.load());
+        let previous = self.live.load();
+        let handover = Handover::of(&previous.site);
+        let snapshot = Arc::new(Snapshot::build(config, Arc::clone(&self.clock), handover)?);
         snapshot.start().await;
         swap_certificates();
         let retired = self.live.swap(Arc::clone(&snapshot));

@@ -7,8 +7,8 @@
 //! keys from a URL and has none yet, the URL fetched once (`start`): a server that is down is
 //! never chosen, and tokens are verifiable, from the first request after a start or a reload.
 //! Its checks and its JWKS refresh then run in the background until the snapshot is retired by
-//! the next one. A reload that keeps the JWKS URL keeps the keys fetched for it
-//! ([`Snapshot::keep_keys_of`]).
+//! the next one. A reload that keeps the JWKS URL keeps the keys fetched for it: the site in
+//! force hands them over (`exchange::site::Handover`).
 
 use std::ops::Deref;
 use std::sync::{Arc, Mutex};
@@ -18,7 +18,7 @@ use arc_swap::ArcSwap;
 use crate::caller::consumers::AuthMode;
 use crate::caller::jwt::{refresh_once, start_refresh, FetchOutcome, JwksRefresh};
 use crate::config::{Config, ConfigError};
-use crate::exchange::site::Site;
+use crate::exchange::site::{Handover, Site};
 use crate::limiter::clock::Clock;
 use crate::observe::metrics;
 use crate::upstream::pool::HealthChecks;
@@ -46,9 +46,13 @@ pub type Live = Arc<ArcSwap<Snapshot>>;
 impl Snapshot {
     /// Builds the site of `config` (pools, handles, access log), whose requests read `clock`;
     /// no check runs yet.
-    pub fn build(config: Config, clock: Arc<dyn Clock>) -> Result<Snapshot, ConfigError> {
+    pub fn build(
+        config: Config,
+        clock: Arc<dyn Clock>,
+        handover: Handover<'_>,
+    ) -> Result<Snapshot, ConfigError> {
         Ok(Snapshot {
-            site: Arc::new(Site::build(config, clock)?),
+            site: Arc::new(Site::build(config, clock, handover)?),
             checks: Mutex::new(None),
             jwks: Mutex::new(None),
         })
@@ -66,18 +70,14 @@ impl Snapshot {
         tokio::join!(self.pools.check_once(), self.fetch_missing_keys());
         let checks = self.pools.start_checks();
         *self.checks.lock().unwrap_or_else(|p| p.into_inner()) = Some(checks);
-        let refresh = self
-            .config
-            .consumers
-            .jwt()
-            .map(|jwt| start_refresh(jwt, count_fetch));
+        let refresh = self.jwt.as_ref().map(|jwt| start_refresh(jwt, count_fetch));
         *self.jwks.lock().unwrap_or_else(|p| p.into_inner()) = refresh;
     }
 
     /// Fetches the JWKS URL once when no key from it is in force (the first start, a new URL).
     /// Keys kept across a reload are refreshed on the usual schedule instead.
     async fn fetch_missing_keys(&self) {
-        let Some(jwt) = self.config.consumers.jwt() else {
+        let Some(jwt) = &self.jwt else {
             return;
         };
         if jwt.keys().is_empty() {
@@ -87,25 +87,10 @@ impl Snapshot {
         }
     }
 
-    /// Takes over the keys `previous` fetched from the same JWKS URL (before [`Snapshot::start`]).
-    pub fn keep_keys_of(&self, previous: &Snapshot) {
-        let (Some(now), Some(before)) =
-            (self.config.consumers.jwt(), previous.config.consumers.jwt())
-        else {
-            return;
-        };
-        if now.keep_keys_of(before) {
-            log::info!(
-                "reload: the same JWKS URL: its {} keys stay in force until its next fetch",
-                now.keys().keys.len()
-            );
-        }
-    }
-
     /// Whether routes verify callers while the JWT verifier has no key from its JWKS URL (it has
     /// not answered yet): tokens would be refused, so the gateway is not ready.
     pub fn awaits_jwt_keys(&self) -> bool {
-        let Some(jwt) = self.config.consumers.jwt() else {
+        let Some(jwt) = &self.jwt else {
             return false;
         };
         jwt.awaits_keys()

@@ -16,7 +16,7 @@ use super::token::by_token;
 use super::{AuthFailure, Consumer, PlanId, Plans, Via, MAX_CONSUMER_ID};
 use crate::caller::api_keys::{presented_key, ApiKeys};
 use crate::caller::client_cert::ClientCertificate;
-use crate::caller::jwt::JwtVerifier;
+use crate::caller::jwt::{JwtSettings, JwtVerifier};
 
 /// What a request offers to verifiers.
 #[derive(Clone, Copy)]
@@ -78,8 +78,9 @@ pub struct Verifiers {
     claim_names: Box<[Arc<str>]>,
     api_keys: Option<KeyCheck>,
     certificates: Option<CertificateCheck>,
-    /// Bearer tokens, verified with the keys this configuration loaded or fetches.
-    jwt: Option<Arc<JwtVerifier>>,
+    /// How bearer tokens are verified (`identity.jwt`); the verifier holding the keys and the
+    /// tokens it verified is the running site's (`exchange::site`), handed to `identify`.
+    jwt: Option<Arc<JwtSettings>>,
     /// The configuration names a verifier, even one that did not compile (its problems are
     /// reported where it is written, not again at each route asking for credentials).
     written: bool,
@@ -108,8 +109,8 @@ impl Verifiers {
         self
     }
 
-    /// With bearer tokens verified by `jwt`.
-    pub fn with_jwt(mut self, jwt: Option<JwtVerifier>) -> Verifiers {
+    /// With bearer tokens verified as `jwt` says.
+    pub fn with_jwt(mut self, jwt: Option<JwtSettings>) -> Verifiers {
         self.jwt = jwt.map(Arc::new);
         self.challenges = self.build_challenges();
         self
@@ -146,9 +147,17 @@ impl Verifiers {
         self.written || self.verify_anything()
     }
 
-    /// The JWT verifier, when bearer tokens are verified.
-    pub fn jwt(&self) -> Option<&Arc<JwtVerifier>> {
-        self.jwt.as_ref()
+    /// How bearer tokens are verified, when they are.
+    pub fn jwt(&self) -> Option<&JwtSettings> {
+        self.jwt.as_deref()
+    }
+
+    /// A verifier of bearer tokens as `identity.jwt` says, keeping the claims key parts name;
+    /// its keys are a JWKS file's, or none yet for a JWKS URL.
+    pub fn jwt_verifier(&self) -> Option<JwtVerifier> {
+        let settings = self.jwt.as_deref()?;
+        let names: Vec<&str> = self.claim_names.iter().map(|name| &**name).collect();
+        Some(JwtVerifier::new(settings.clone(), &names, None))
     }
 
     /// Whether any verifier is configured: routes may ask for credentials.
@@ -173,11 +182,13 @@ impl Verifiers {
         self.challenges.get(failure as usize)?.as_ref()
     }
 
-    /// The consumer the request's credential names; `Ok(None)` when it presents none.
+    /// The consumer the request's credential names; `Ok(None)` when it presents none. Bearer
+    /// tokens are verified by `jwt`, the running site's verifier.
     pub fn identify(
         &self,
         credentials: &Credentials<'_>,
         now_unix_secs: u64,
+        jwt: Option<&JwtVerifier>,
     ) -> Result<Option<Consumer>, AuthFailure> {
         if let (Some(check), Some(certificate)) =
             (&self.certificates, credentials.client_certificate)
@@ -191,9 +202,11 @@ impl Verifiers {
                 Err(_) => return Err(AuthFailure::Malformed),
             }
         }
-        match &self.jwt {
-            Some(jwt) => by_token(jwt, &self.plans, credentials.headers, now_unix_secs),
-            None => Ok(None),
+        match (&self.jwt, jwt) {
+            (Some(_), Some(jwt)) => by_token(jwt, &self.plans, credentials.headers, now_unix_secs),
+            // Tokens are verified, but by no verifier here: refuse rather than read as anonymous.
+            (Some(_), None) => Err(AuthFailure::NoKeys),
+            (None, _) => Ok(None),
         }
     }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request};
 
-use super::site::Site;
+use super::site::{Handover, Site};
 use super::{Admission, Exchange, Head, Seam};
 use crate::config::Config;
 use crate::exchange::answer::{Answer, Decided, Unasked, UpstreamError};
@@ -51,7 +51,9 @@ fn gateway_of(config: Config) -> Gateway {
     let local = Arc::new(LocalLimiter::new(clock.clone(), 1000));
     let meters = PolicyMeters::unregistered();
     Gateway {
-        snapshot: Arc::new(Site::build(config, clock.clone()).expect("a site")),
+        snapshot: Arc::new(
+            Site::build(config, clock.clone(), Handover::default()).expect("a site"),
+        ),
         policy: Policy::new(Engine::local(local), None, clock.clone(), meters),
         clock,
     }
@@ -65,7 +67,9 @@ fn gateway_down(config: Config) -> Gateway<Unavailable> {
     let meters = PolicyMeters::unregistered();
     let down = Unavailable(|| LimiterError::Timeout(25));
     Gateway {
-        snapshot: Arc::new(Site::build(config, clock.clone()).expect("a site")),
+        snapshot: Arc::new(
+            Site::build(config, clock.clone(), Handover::default()).expect("a site"),
+        ),
         policy: Policy::new(down, Some(fallback), clock.clone(), meters),
         clock,
     }

@@ -477,6 +477,66 @@ fn the_exchange_reads_time_only_from_its_clock() {
     assert!(offenders.is_empty(), "{}", offenders.join("\n"));
 }
 
+/// What a compiled configuration may not hold: state that changes while it runs.
+const LIVE_STATE: &[&str] = &[
+    "Mutex", "RwLock", "Atomic", "ArcSwap", "DashMap", "OnceLock", "OnceCell", "Cell<", "Notify",
+];
+
+/// The modules of config/, route/ and caller/ that hold live state, and why it is not the
+/// compiled configuration's.
+const LIVE_STATE_HOMES: &[(&str, &str)] = &[
+    (
+        "caller::jwt::verify",
+        "the verifier's keys: each site builds its own (exchange::site), compiling never does",
+    ),
+    (
+        "caller::jwt::cache",
+        "the tokens a site's verifier verified",
+    ),
+    ("caller::jwt::testing", "test support"),
+    (
+        "route::keys",
+        "Rotation: held by the route's runtime (exchange::site), never by the compiled keys",
+    ),
+    (
+        "config::paths",
+        "the start directory: fixed once per process, before anything is read",
+    ),
+    (
+        "config::sources",
+        "what was read, for watch: still noted process-wide while compiling, to be returned by it",
+    ),
+];
+
+#[test]
+fn the_compiled_configuration_holds_no_live_state() {
+    let mut offenders = Vec::new();
+    let modules = modules(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    for (home, _) in LIVE_STATE_HOMES {
+        if !modules.keys().any(|module| name(module) == *home) {
+            offenders.push(format!("{home} is allowed live state but is no module"));
+        }
+    }
+    for (module, file) in modules {
+        let folder = module.first().map(String::as_str);
+        let home = LIVE_STATE_HOMES.iter().any(|(m, _)| *m == name(&module));
+        if !matches!(folder, Some("config" | "route" | "caller")) || home {
+            continue;
+        }
+        let source = std::fs::read_to_string(&file).expect("read source");
+        // Test code may hold what it likes.
+        let tests_from = source.find("#[cfg(test)]").unwrap_or(source.len());
+        if file.file_name().is_some_and(|f| f == "tests.rs") {
+            continue;
+        }
+        let code = code_only(&source[..tests_from]);
+        for state in LIVE_STATE.iter().filter(|state| code.contains(*state)) {
+            offenders.push(format!("{} holds {state}", name(&module)));
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
+
 #[test]
 fn the_reader_sees_grouped_uses_inline_paths_and_parents() {
     let code = code_only(

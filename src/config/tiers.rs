@@ -15,7 +15,7 @@ use super::identity::known_plans;
 use super::problem::Problems;
 use super::raw::{RawLimit, RawOverride, RawParams};
 use crate::caller::consumers::Plans;
-use crate::limiter::{Limit, LimitSet};
+use crate::limiter::{fields, Limit, LimitSet};
 use crate::route::keys::{KeySpec, RouteKeys};
 use crate::route::pricing::{CostHeaders, RoutePricing};
 use crate::route::tiers::{Tier, TierId, Tiers};
@@ -292,16 +292,17 @@ fn pick_entry(v: &Variants, pick: Pick) -> Option<&Compiled> {
 /// `"a";q=10;w=1, "b";q=100;w=60`: the IETF httpapi RateLimit-Policy list, built once.
 /// Limits that are not rates (concurrency) are not listed.
 pub fn policy_header(limits: &[Limit]) -> Option<HeaderValue> {
-    let items: Vec<String> = limits
-        .iter()
-        .filter(|l| !l.shadow)
-        .filter_map(|l| l.policy.map(|(q, w)| format!("\"{}\";q={q};w={w}", l.name)))
-        .collect();
-    if items.is_empty() {
+    let mut value = Vec::new();
+    for limit in limits.iter().filter(|l| !l.shadow) {
+        if let Some((quota, window)) = limit.policy {
+            fields::push_policy_item(&mut value, &limit.name, quota, window);
+        }
+    }
+    if value.is_empty() {
         return None;
     }
     // Names are checked to be a safe ASCII subset, so this cannot fail.
-    HeaderValue::from_str(&items.join(", ")).ok()
+    HeaderValue::from_bytes(&value).ok()
 }
 
 #[cfg(test)]

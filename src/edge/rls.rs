@@ -25,7 +25,7 @@ use tonic::{Request, Response, Status};
 
 use crate::config::rls::RlsSettings;
 use crate::exchange::rls;
-use crate::limiter::Policy;
+use crate::limiter::{fields, Policy};
 use crate::route::descriptors::{MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT};
 use crate::runtime::snapshot::Live;
 
@@ -91,31 +91,19 @@ fn headers(statuses: &[rls::Status<'_>]) -> Vec<HeaderValue> {
     if enforced.is_empty() {
         return Vec::new();
     }
-    let policy = enforced
-        .iter()
-        .map(|(limit, _)| {
-            format!(
-                "\"{}\";q={};w={}",
-                limit.name,
-                limit.requests_per_unit,
-                limit.unit.seconds()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    let state = enforced
-        .iter()
-        .map(|(limit, status)| {
-            let reset = status.reset_after_ms.map_or(0, |ms| ms.div_ceil(1000));
-            format!("\"{}\";r={};t={reset}", limit.name, remaining(status))
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
+    let (mut policy, mut state) = (Vec::new(), Vec::new());
+    for (limit, status) in &enforced {
+        let (name, quota) = (limit.name, limit.requests_per_unit);
+        fields::push_policy_item(&mut policy, name, quota, limit.unit.seconds());
+        let reset_after_ms = status.reset_after_ms.unwrap_or(0);
+        fields::push_state_item(&mut state, name, remaining(status).into(), reset_after_ms);
+    }
     [("RateLimit-Policy", policy), ("RateLimit", state)]
         .into_iter()
         .map(|(key, value)| HeaderValue {
             key: key.to_string(),
-            value,
+            // Limit names are a safe ASCII subset (checked at load).
+            value: String::from_utf8_lossy(&value).into_owned(),
             ..HeaderValue::default()
         })
         .collect()

@@ -16,6 +16,7 @@ pub(crate) mod decision;
 pub(crate) mod direct;
 pub(crate) mod engine;
 pub(crate) mod error;
+pub(crate) mod fields;
 pub mod guard;
 pub(crate) mod id;
 pub(crate) mod key;

@@ -16,19 +16,25 @@ use pingora::proxy::Session;
 use crate::caller::consumers::AuthFailure;
 use crate::exchange::answer::{Answer, GrpcStatus};
 use crate::exchange::{Exchange, LimitsSaid};
+use crate::limiter::fields;
 use crate::limiter::Decision;
 use crate::route::tiers::Tier;
 
 pub const RATELIMIT: &str = "ratelimit";
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
 
-/// Whole seconds, rounded up: what `Retry-After` and the `t` parameter carry.
+/// Whole seconds, rounded up: what `Retry-After` carries.
 fn ceil_seconds(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
-/// `"per_client";r=0;t=1, ...`: the IETF httpapi `RateLimit` field for every limit of a route.
-/// Written byte by byte (no formatting machinery): it goes on every response of a limited route.
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+/// `"per_client";r=0;t=1, ...`: the IETF httpapi `RateLimit` field for every limit of a route
+/// that is a rate (`limiter::fields` writes it).
 pub fn ratelimit_value(tier: &Tier, decision: &Decision) -> Option<HeaderValue> {
     let mut value = Vec::with_capacity(32 * tier.limits.len());
     let rates = tier
@@ -37,24 +43,16 @@ pub fn ratelimit_value(tier: &Tier, decision: &Decision) -> Option<HeaderValue> 
         .iter()
         .zip(&decision.statuses)
         .filter(|(limit, _)| limit.policy.is_some() && !limit.shadow);
-    for (i, (limit, status)) in rates.enumerate() {
-        if i > 0 {
-            value.extend_from_slice(b", ");
-        }
-        value.push(b'"');
-        value.extend_from_slice(limit.name.as_bytes());
-        value.extend_from_slice(b"\";r=");
-        push_decimal(&mut value, status.remaining);
-        value.extend_from_slice(b";t=");
-        push_decimal(&mut value, ceil_seconds(status.reset_after_ms));
+    for (limit, status) in rates {
+        fields::push_state_item(
+            &mut value,
+            &limit.name,
+            status.remaining,
+            status.reset_after_ms,
+        );
     }
     // The buffer becomes the header's bytes: no second copy.
     HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
-}
-
-/// Appends `n` in decimal.
-fn push_decimal(out: &mut Vec<u8>, n: u64) {
-    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// Adds `RateLimit-Policy` and `RateLimit` when the route sends them: those of the limits the

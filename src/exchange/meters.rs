@@ -491,23 +491,18 @@ mod tests {
         let after = config(&["meters_kept"]);
         let _next_handles = handles(&after);
         let next = Metrics::new(&after.routes, after.consumers.plans());
-        for family in [
+        let families = [
             "sluice_requests_total",
             "sluice_limit_decisions_total",
             "sluice_upstream_errors_total",
             "sluice_client_errors_total",
             "sluice_requests_in_flight",
-        ] {
+        ];
+        for family in families {
             assert!(series(family, "meters_removed") > 0, "{family} before");
         }
         old.retire_series_missing_from(&next);
-        for family in [
-            "sluice_requests_total",
-            "sluice_limit_decisions_total",
-            "sluice_upstream_errors_total",
-            "sluice_client_errors_total",
-            "sluice_requests_in_flight",
-        ] {
+        for family in families {
             assert_eq!(series(family, "meters_removed"), 0, "{family} retired");
             assert!(series(family, "meters_kept") > 0, "{family} kept");
         }

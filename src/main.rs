@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use mimalloc::MiMalloc;
-use sluice::config::{self, Config, ConfigError};
+use sluice::config::{self, Config, ConfigError, Sources};
 use sluice::edge::server::{self, RunOptions};
 use sluice::runtime::daemon;
 
@@ -97,12 +97,12 @@ fn main() -> ExitCode {
     }
     sluice::observe::logging::init();
 
-    let config = match checked(&cli.conf) {
-        Ok((config, warnings)) => {
+    let (config, read) = match checked(&cli.conf) {
+        Ok((config, read, warnings)) => {
             for warning in warnings {
                 eprintln!("sluice: warning: {warning}");
             }
-            config
+            (config, read)
         }
         Err(error) => {
             eprintln!("{error}");
@@ -125,6 +125,7 @@ fn main() -> ExitCode {
     daemon::connect_to_launcher();
     match server::run(
         config,
+        read,
         RunOptions {
             daemon: daemonize,
             upgrade: cli.upgrade,
@@ -141,9 +142,13 @@ fn main() -> ExitCode {
 /// The file compiled, and what start will need checked with it (certificates, users,
 /// directories): `-t` passes only what can start. Those checks run on whatever compiled even
 /// when the file has other problems, so that one run reports every problem.
-fn checked(conf: &Path) -> Result<(Config, Vec<String>), ConfigError> {
-    let (config, mut problems) = Config::load_all(conf);
-    let warnings = match config.as_ref().map(server::preflight) {
+fn checked(conf: &Path) -> Result<(Config, Sources, Vec<String>), ConfigError> {
+    let mut read = Sources::default();
+    let (config, mut problems) = Config::load_all(conf, &mut read);
+    let warnings = match config
+        .as_ref()
+        .map(|config| server::preflight(config, &mut read))
+    {
         Some(Ok(warnings)) => warnings,
         Some(Err(mut error)) => {
             problems.append(&mut error.problems);
@@ -151,7 +156,7 @@ fn checked(conf: &Path) -> Result<(Config, Vec<String>), ConfigError> {
         }
         None => Vec::new(),
     };
-    config::all_or_error(conf, (config, problems)).map(|config| (config, warnings))
+    config::all_or_error(conf, (config, problems)).map(|config| (config, read, warnings))
 }
 
 /// The longest input `sluice hash-key` reads: a key and its newline fit many times over.

@@ -330,6 +330,7 @@ fn a_request_through_the_exchange_allocates_nothing() {
             config,
             Arc::new(sluice::limiter::clock::SystemClock),
             Default::default(),
+            &mut Default::default(),
         )
         .expect("snapshot"),
     );

@@ -113,7 +113,8 @@ fn an_issued_key_is_verified_by_the_file_its_hash_is_listed_in() {
         ),
     )
     .unwrap();
-    let keys = sluice::config::api_key_file::read(&file).expect("the file reads");
+    let keys = sluice::config::api_key_file::read(&file, &mut sluice::config::Sources::default())
+        .expect("the file reads");
     let found = keys
         .verify(key.as_bytes())
         .expect("the issued key verifies");

@@ -502,10 +502,6 @@ const LIVE_STATE_HOMES: &[(&str, &str)] = &[
         "config::paths",
         "the start directory: fixed once per process, before anything is read",
     ),
-    (
-        "config::sources",
-        "what was read, for watch: still noted process-wide while compiling, to be returned by it",
-    ),
 ];
 
 #[test]
@@ -532,6 +528,33 @@ fn the_compiled_configuration_holds_no_live_state() {
         let code = code_only(&source[..tests_from]);
         for state in LIVE_STATE.iter().filter(|state| code.contains(*state)) {
             offenders.push(format!("{} holds {state}", name(&module)));
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
+
+#[test]
+fn files_are_read_only_through_sources() {
+    // A file read any other way is not followed by `watch` (config/sources.rs). Writing
+    // (the access log) and test code are not reading a configuration.
+    let mut offenders = Vec::new();
+    for (module, file) in modules(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")) {
+        if name(&module) == "config::sources" || file.file_name().is_some_and(|f| f == "tests.rs") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&file).expect("read source");
+        let tests_from = source.find("#[cfg(test)]").unwrap_or(source.len());
+        let code = code_only(&source[..tests_from]);
+        for reading in [
+            "fs::read(",
+            "fs::read_to_string(",
+            "fs::read_dir(",
+            "File::open(",
+            "load_certs_and_key_files",
+        ] {
+            if code.contains(reading) {
+                offenders.push(format!("{} reads with {reading}", name(&module)));
+            }
         }
     }
     assert!(offenders.is_empty(), "{}", offenders.join("\n"));

@@ -16,6 +16,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::problem::{ignored_path, Problem, Problems};
+use super::sources::Sources;
 use crate::caller::api_keys::{check_consumer, ApiKey, ApiKeys, KeyHash};
 
 #[derive(Debug, Deserialize)]
@@ -33,8 +34,9 @@ struct RawKey {
 }
 
 /// The keys of the file at `path`, or every problem of it (each with its path in the file).
-pub fn read(path: &Path) -> Result<ApiKeys, Vec<Problem>> {
-    let text = crate::config::sources::read_to_string(path)
+pub fn read(path: &Path, sources: &mut Sources) -> Result<ApiKeys, Vec<Problem>> {
+    let text = sources
+        .read_to_string(path)
         .map_err(|e| vec![Problem::new("", format!("cannot read the file: {e}"))])?;
     from_yaml(&text)
 }
@@ -123,8 +125,8 @@ fn compile_key(raw: RawKey, at: &str, p: &mut Problems) -> Option<(KeyHash, ApiK
 
 /// Reads the file at `file` into `p`: each of its problems reported at `at` (the configuration
 /// key that names the file), as `FILE: PATH: MESSAGE`.
-pub fn compile(file: &Path, at: &str, p: &mut Problems) -> Option<ApiKeys> {
-    match read(file) {
+pub fn compile(file: &Path, at: &str, p: &mut Problems, sources: &mut Sources) -> Option<ApiKeys> {
+    match read(file, sources) {
         Ok(keys) => Some(keys),
         Err(problems) => {
             for problem in problems {
@@ -274,7 +276,13 @@ mod tests {
         let file = dir.path().join("keys.yaml");
         std::fs::write(&file, "keys:\n- { hash: abc, consumer: acme }\n").unwrap();
         let mut p = Problems::default();
-        assert!(compile(&file, "identity.api_keys.file", &mut p).is_none());
+        assert!(compile(
+            &file,
+            "identity.api_keys.file",
+            &mut p,
+            &mut Sources::default()
+        )
+        .is_none());
         assert_eq!(
             p.lines(),
             [format!(
@@ -284,7 +292,13 @@ mod tests {
         );
         let missing = dir.path().join("absent.yaml");
         let mut p = Problems::default();
-        assert!(compile(&missing, "identity.api_keys.file", &mut p).is_none());
+        assert!(compile(
+            &missing,
+            "identity.api_keys.file",
+            &mut p,
+            &mut Sources::default()
+        )
+        .is_none());
         assert_eq!(
             p.lines(),
             [format!(

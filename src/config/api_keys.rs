@@ -9,6 +9,7 @@ use http::header::HeaderName;
 use serde::Deserialize;
 
 use super::problem::Problems;
+use super::sources::Sources;
 use crate::caller::api_keys::{ApiKeys, DEFAULT_HEADER};
 
 /// The section as written.
@@ -31,7 +32,12 @@ pub struct ApiKeySettings {
 
 /// Compiles `raw` found at `at` (e.g. `identity.api_keys`), reading the key file; every
 /// problem is added to `p`, those of the file under `AT.file`.
-pub fn compile_api_keys(raw: RawApiKeys, at: &str, p: &mut Problems) -> Option<ApiKeySettings> {
+pub fn compile_api_keys(
+    raw: RawApiKeys,
+    at: &str,
+    p: &mut Problems,
+    read: &mut Sources,
+) -> Option<ApiKeySettings> {
     let header = match raw.header.as_deref().map(str::trim) {
         None => Some(HeaderName::from_static(DEFAULT_HEADER)),
         Some(text) => HeaderName::from_bytes(text.as_bytes())
@@ -49,7 +55,7 @@ pub fn compile_api_keys(raw: RawApiKeys, at: &str, p: &mut Problems) -> Option<A
         return None;
     };
     let file = super::paths::absolute(file);
-    let keys = super::api_key_file::compile(&file, &file_at, p);
+    let keys = super::api_key_file::compile(&file, &file_at, p, read);
     Some(ApiKeySettings {
         file,
         header: header?,
@@ -66,7 +72,7 @@ mod tests {
 
     fn compiled(yaml: &str) -> (Option<ApiKeySettings>, Vec<String>) {
         problems_of(yaml, |raw: RawApiKeys, p: &mut Problems| {
-            compile_api_keys(raw, "identity.api_keys", p)
+            compile_api_keys(raw, "identity.api_keys", p, &mut Sources::default())
         })
     }
 

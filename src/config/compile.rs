@@ -13,6 +13,7 @@ use super::problem::Problems;
 use super::raw::{RawAdmin, RawConfig, RawPath, RawRoute, RawSecret};
 use super::redis::{RedisSettings, DEFAULT_KEY_PREFIX};
 use super::routes::{self, RouteDefaults};
+use super::sources::Sources;
 use crate::caller::address::{TrustedProxies, DEFAULT_IPV6_PREFIX};
 use crate::limiter::FailureMode;
 use crate::limiter::Secret;
@@ -22,21 +23,21 @@ use crate::route::table::RouteTable;
 
 /// Compiles what of `raw` compiles, adding every problem found to `p`: what start would check
 /// next (certificates, users, directories) can be checked on it even when `p` is not empty.
-pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
+pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems, read: &mut Sources) -> Config {
     let serves_rls = raw.rls.is_some();
     let server = super::server::check(raw.server, p);
     let listen = super::listeners::compile(raw.listen, !serves_rls, p);
-    let (admin_listen, admin_token) = compile_admin(raw.admin, p);
-    let redis = raw.redis.map(|redis| super::redis::compile(redis, p));
+    let (admin_listen, admin_token) = compile_admin(raw.admin, p, read);
+    let redis = raw.redis.map(|redis| super::redis::compile(redis, p, read));
     let failure_mode = raw
         .failure_mode
         .and_then(|mode| mode.known("failure_mode", p))
         .unwrap_or(FailureMode::Allow);
-    let (key_prefix, secret) = compile_keys(redis.as_ref(), raw.key_secret, p);
+    let (key_prefix, secret) = compile_keys(redis.as_ref(), raw.key_secret, p, read);
     let trusted_proxies = compile_trusted_proxies(&raw.trusted_proxies, raw.ipv6_prefix, p);
     let addresses = super::addresses::compile("addresses", raw.addresses, p);
     let claim_names = super::identity::claim_names(&raw.routes);
-    let consumers = super::identity::compile(raw.identity, claim_names, p);
+    let consumers = super::identity::compile(raw.identity, claim_names, p, read);
     let paths = compile_paths(raw.path, p);
     let instances = compile_instances(raw.instances, p);
     let access_log = compile_access_log(raw.access_log, p);
@@ -52,6 +53,7 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems) -> Config {
             base: &directory_of(source),
         },
         p,
+        read,
     );
     let defaults = RouteDefaults {
         key_prefix: &key_prefix,
@@ -96,9 +98,10 @@ fn compile_keys(
     redis: Option<&RedisSettings>,
     raw: Option<RawSecret>,
     p: &mut Problems,
+    read: &mut Sources,
 ) -> (String, KeySecret) {
     let key_prefix = redis.map_or(DEFAULT_KEY_PREFIX, |r| r.key_prefix.as_str());
-    let key_secret = raw.and_then(|secret| super::secrets::compile(secret, "key_secret", p));
+    let key_secret = raw.and_then(|secret| super::secrets::compile(secret, "key_secret", p, read));
     let secret = KeySecret::new(key_secret.as_ref().map_or(key_prefix, |s| s.expose()));
     (key_prefix.to_string(), secret)
 }
@@ -107,7 +110,11 @@ fn compile_keys(
 const MIN_ADMIN_TOKEN: usize = 16;
 
 /// `admin:`: the listener, and the token its usage API asks for.
-fn compile_admin(raw: Option<RawAdmin>, p: &mut Problems) -> (Option<SocketAddr>, Option<Secret>) {
+fn compile_admin(
+    raw: Option<RawAdmin>,
+    p: &mut Problems,
+    read: &mut Sources,
+) -> (Option<SocketAddr>, Option<Secret>) {
     let Some(raw) = raw else {
         return (None, None);
     };
@@ -116,7 +123,7 @@ fn compile_admin(raw: Option<RawAdmin>, p: &mut Problems) -> (Option<SocketAddr>
         .and_then(|text| socket_addr(&text, "admin.listen", p));
     let token = raw
         .token
-        .and_then(|token| super::secrets::compile(token, "admin.token", p))
+        .and_then(|token| super::secrets::compile(token, "admin.token", p, read))
         .filter(|token| {
             let long_enough = token.expose().len() >= MIN_ADMIN_TOKEN;
             if !long_enough {
@@ -227,7 +234,7 @@ mod tests {
 
     fn config(yaml: &str) -> (Option<Config>, Vec<String>) {
         problems_of(yaml, |raw: RawConfig, p: &mut Problems| {
-            let config = compile_all(Path::new("t.yaml"), raw, p);
+            let config = compile_all(Path::new("t.yaml"), raw, p, &mut Sources::default());
             p.is_empty().then_some(config)
         })
     }

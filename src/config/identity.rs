@@ -10,6 +10,7 @@ use super::choice::chosen;
 use super::jwt::compile_jwt;
 use super::problem::{check_name, Problems};
 use super::raw::{RawAuth, RawAuthTable, RawIdentity, RawJwt, RawMtls};
+use super::sources::Sources;
 use crate::caller::consumers::{
     AuthMode, CertificateCheck, CertificateField, KeyCheck, PlanId, Plans, RouteAuth, Verifiers,
     NO_PLAN,
@@ -25,6 +26,7 @@ pub fn compile(
     raw: Option<RawIdentity>,
     claim_names: Vec<Arc<str>>,
     p: &mut Problems,
+    read: &mut Sources,
 ) -> Verifiers {
     let mut raw = raw.unwrap_or_default();
     let written = raw.api_keys.is_some() || raw.jwt.is_some() || raw.mtls.is_some();
@@ -32,7 +34,7 @@ pub fn compile(
     let api_keys = raw
         .api_keys
         .take()
-        .and_then(|keys| compile_api_keys(keys, "identity.api_keys", p));
+        .and_then(|keys| compile_api_keys(keys, "identity.api_keys", p, read));
     if let Some(keys) = &api_keys {
         check_key_plans(keys, &plans, p);
     }
@@ -47,7 +49,7 @@ pub fn compile(
     let jwt = raw
         .jwt
         .take()
-        .and_then(|jwt| compile_jwt_settings(jwt, api_keys.as_ref(), p));
+        .and_then(|jwt| compile_jwt_settings(jwt, api_keys.as_ref(), p, read));
     Verifiers::new(plans, claim_names)
         .with_api_keys(api_keys)
         .with_certificates(certificates)
@@ -62,6 +64,7 @@ fn compile_jwt_settings(
     raw: RawJwt,
     api_keys: Option<&KeyCheck>,
     p: &mut Problems,
+    read: &mut Sources,
 ) -> Option<JwtSettings> {
     if api_keys.is_some_and(|keys| keys.header == http::header::AUTHORIZATION) {
         p.add(
@@ -69,7 +72,7 @@ fn compile_jwt_settings(
             "authorization carries the bearer tokens of identity.jwt: present API keys in another header",
         );
     }
-    compile_jwt(raw, "identity.jwt", p)
+    compile_jwt(raw, "identity.jwt", p, read)
 }
 
 /// `identity.mtls`: the certificate field (default `subject_cn`) and consumers' plans.
@@ -242,7 +245,7 @@ mod tests {
 
     fn identity(yaml: &str) -> (Option<Verifiers>, Vec<String>) {
         problems_of(yaml, |raw: RawIdentity, p: &mut Problems| {
-            Some(compile(Some(raw), Vec::new(), p))
+            Some(compile(Some(raw), Vec::new(), p, &mut Sources::default()))
         })
     }
 

@@ -6,6 +6,7 @@
 
 use super::problem::Problems;
 use super::raw::{OneOrMany, RawJwt, RawSecret};
+use super::sources::Sources;
 use crate::caller::jwt::jwks::{self, KeySet};
 use crate::caller::jwt::settings::{
     early_refresh_gap, JwtSettings, KeySource, UrlSource, ALGORITHM_NAMES, DEFAULT_ALGORITHMS,
@@ -21,13 +22,18 @@ const MAX_JWKS_BYTES_LIMIT: u64 = 16 * 1024 * 1024;
 const MAX_LEEWAY_SECONDS: u64 = 3600;
 
 /// Compiles `raw`, found at the YAML path `at` (such as `identity.jwt`).
-pub fn compile_jwt(raw: RawJwt, at: &str, p: &mut Problems) -> Option<JwtSettings> {
+pub fn compile_jwt(
+    raw: RawJwt,
+    at: &str,
+    p: &mut Problems,
+    read: &mut Sources,
+) -> Option<JwtSettings> {
     let before = p.0.len();
     let algorithms = algorithms(raw.algorithms.as_deref(), at, p);
     let hmac_given = raw.hmac_secret.is_some();
     let hmac = raw
         .hmac_secret
-        .and_then(|secret| hmac_key(secret, &algorithms, &format!("{at}.hmac_secret"), p));
+        .and_then(|secret| hmac_key(secret, &algorithms, &format!("{at}.hmac_secret"), p, read));
     let fetch = FetchKeys {
         refresh_seconds: raw.refresh_seconds,
         fetch_timeout_ms: raw.fetch_timeout_ms,
@@ -40,7 +46,7 @@ pub fn compile_jwt(raw: RawJwt, at: &str, p: &mut Problems) -> Option<JwtSetting
         }
         (Some(file), None) => {
             fetch.only_with_a_url(at, p);
-            file_source(&file, &format!("{at}.jwks_file"), p)
+            file_source(&file, &format!("{at}.jwks_file"), p, read)
         }
         (None, Some(url)) => url_source(&url, fetch, at, p).map(KeySource::Url),
         (None, None) => {
@@ -135,8 +141,9 @@ fn hmac_key(
     algorithms: &[Algorithm],
     at: &str,
     p: &mut Problems,
+    read: &mut Sources,
 ) -> Option<jwks::VerifyKey> {
-    let secret = super::secrets::compile(secret, at, p)?;
+    let secret = super::secrets::compile(secret, at, p, read)?;
     if !algorithms
         .iter()
         .any(|alg| jwks::family_of(*alg) == AlgorithmFamily::Hmac)
@@ -155,9 +162,10 @@ fn hmac_key(
 }
 
 /// The keys of a JWKS file, read now (at start and at each reload).
-fn file_source(file: &str, at: &str, p: &mut Problems) -> Option<KeySource> {
+fn file_source(file: &str, at: &str, p: &mut Problems, read: &mut Sources) -> Option<KeySource> {
     let path = super::paths::absolute(file);
-    let text = crate::config::sources::read(&path)
+    let text = read
+        .read(&path)
         .map_err(|e| p.add(at, format!("cannot read {}: {e}", path.display())))
         .ok()?;
     let parsed = jwks::parse(&text)
@@ -280,7 +288,7 @@ mod tests {
 
     fn jwt(yaml: &str) -> (Option<JwtSettings>, Vec<String>) {
         problems_of(yaml, |raw: RawJwt, p: &mut Problems| {
-            compile_jwt(raw, "identity.jwt", p)
+            compile_jwt(raw, "identity.jwt", p, &mut Sources::default())
         })
     }
 

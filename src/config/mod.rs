@@ -42,18 +42,20 @@ pub use model::Config;
 pub use problem::{ConfigError, Problem, Problems};
 pub use redis::RedisSettings;
 pub use server::ServerSettings;
+pub use sources::Sources;
 
 impl Config {
-    /// Reads and compiles `path`.
-    pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        all_or_error(path, Config::load_all(path))
+    /// Reads and compiles `path`, noting in `sources` every file read (the file and those it
+    /// names): what `watch` follows.
+    pub fn load(path: &Path, sources: &mut Sources) -> Result<Config, ConfigError> {
+        all_or_error(path, Config::load_all(path, sources))
     }
 
     /// Reads and compiles what of `path` compiles, with every problem found: what `sluice -t`
     /// checks further. No config when the file cannot be read or is not YAML.
-    pub fn load_all(path: &Path) -> (Option<Config>, Vec<Problem>) {
-        match crate::config::sources::read_to_string(path) {
-            Ok(text) => Config::compile_text(path, &text),
+    pub fn load_all(path: &Path, sources: &mut Sources) -> (Option<Config>, Vec<Problem>) {
+        match sources.read_to_string(path) {
+            Ok(text) => Config::compile_text(path, &text, sources),
             Err(e) => (
                 None,
                 vec![Problem::new("", format!("cannot read the file: {e}"))],
@@ -61,19 +63,27 @@ impl Config {
         }
     }
 
-    /// Compiles `text`; `path` names the source in errors.
+    /// Compiles `text`; `path` names the source in errors. What the files it names held is
+    /// read, but not kept.
     pub fn from_yaml(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        all_or_error(path, Config::compile_text(path, text))
+        all_or_error(
+            path,
+            Config::compile_text(path, text, &mut Sources::default()),
+        )
     }
 
     /// What of `text` compiles, and every problem found.
-    fn compile_text(path: &Path, text: &str) -> (Option<Config>, Vec<Problem>) {
+    fn compile_text(
+        path: &Path,
+        text: &str,
+        sources: &mut Sources,
+    ) -> (Option<Config>, Vec<Problem>) {
         let mut problems = Problems::default();
         let Some(read) = misfits::read(text, &mut problems) else {
             return (None, problems.0);
         };
         let before = problems.0.len();
-        let config = compile::compile_all(path, read.raw, &mut problems);
+        let config = compile::compile_all(path, read.raw, &mut problems, sources);
         // What compile says of a value read as not written (`rate: required`) follows from
         // its misfit, which is the problem.
         let compiled = problems.0.split_off(before);

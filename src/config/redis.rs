@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::choice::{chosen, RedisMode, Spelled};
 use super::problem::{check_name, millis_within, Problems};
 use super::raw::RawRedis;
+use super::sources::Sources;
 use crate::limiter::Secret;
 use crate::limiter::{RedisAuth, RedisTls, Topology};
 
@@ -26,9 +27,9 @@ pub struct RedisSettings {
     pub max_batch: usize,
 }
 
-pub fn compile(raw: RawRedis, p: &mut Problems) -> RedisSettings {
+pub fn compile(raw: RawRedis, p: &mut Problems, read: &mut Sources) -> RedisSettings {
     let topology = compile_topology(&raw, p);
-    let auth = compile_auth(&raw, p);
+    let auth = compile_auth(&raw, p, read);
     let timeout = millis_within(
         raw.timeout_ms.unwrap_or(DEFAULT_REDIS_TIMEOUT_MS),
         1..=10_000,
@@ -59,7 +60,7 @@ pub fn compile(raw: RawRedis, p: &mut Problems) -> RedisSettings {
 
 /// `username` and `password` (in sentinel mode also spelled `master_username` and
 /// `master_password`): who sluice is to the servers holding the limits.
-fn compile_auth(raw: &RawRedis, p: &mut Problems) -> RedisAuth {
+fn compile_auth(raw: &RawRedis, p: &mut Problems, read: &mut Sources) -> RedisAuth {
     let pick = |plain: &str, sentinel: &str, both: bool, p: &mut Problems| {
         if both {
             p.add(
@@ -81,25 +82,25 @@ fn compile_auth(raw: &RawRedis, p: &mut Problems) -> RedisAuth {
         p,
     );
     let password = match (&raw.password, &raw.master_password) {
-        (Some(password), _) => super::secrets::compile(password.clone(), "redis.password", p),
+        (Some(password), _) => super::secrets::compile(password.clone(), "redis.password", p, read),
         (None, Some(password)) => {
-            super::secrets::compile(password.clone(), "redis.master_password", p)
+            super::secrets::compile(password.clone(), "redis.master_password", p, read)
         }
         (None, None) => None,
     };
     RedisAuth {
         username: raw.username.clone().or_else(|| raw.master_username.clone()),
         password,
-        tls: compile_tls(raw, p),
+        tls: compile_tls(raw, p, read),
     }
 }
 
 /// `redis.tls`: PEM files read now, for `rediss://` connections.
-fn compile_tls(raw: &RawRedis, p: &mut Problems) -> Option<RedisTls> {
+fn compile_tls(raw: &RawRedis, p: &mut Problems, sources: &mut Sources) -> Option<RedisTls> {
     let tls = raw.tls.as_ref()?;
-    let read = |path: &str, at: &str, p: &mut Problems| match crate::config::sources::read(
-        &super::paths::absolute(path),
-    ) {
+    let mut read = |path: &str, at: &str, p: &mut Problems| match sources
+        .read(&super::paths::absolute(path))
+    {
         Ok(bytes) if !bytes.is_empty() => Some(bytes),
         Ok(_) => {
             p.add(at, format!("{path} is empty"));
@@ -225,6 +226,10 @@ fn check_urls(
 mod tests {
     use super::*;
     use crate::config::problem::problems_of;
+
+    fn compile(raw: RawRedis, p: &mut Problems) -> RedisSettings {
+        super::compile(raw, p, &mut Sources::default())
+    }
 
     #[test]
     fn each_mode_takes_its_own_keys() {

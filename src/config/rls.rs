@@ -9,6 +9,7 @@ use super::listeners::socket_addr;
 use super::problem::Problems;
 use super::raw::RawRls;
 use super::rls_files::Sharing;
+use super::sources::Sources;
 use crate::limiter::FailureMode;
 use crate::route::descriptors::Domains;
 
@@ -38,6 +39,7 @@ pub fn compile(
     raw: Option<RawRls>,
     defaults: RlsDefaults,
     p: &mut Problems,
+    read: &mut Sources,
 ) -> Option<RlsSettings> {
     let raw = raw?;
     let listen = match raw.listen {
@@ -59,7 +61,7 @@ pub fn compile(
         failure_mode: failure_mode.unwrap_or(defaults.failure_mode),
     };
     let domains = match raw.config_dir {
-        Some(dir) => super::rls_files::load(&defaults.base.join(dir), &algorithm, sharing, p),
+        Some(dir) => super::rls_files::load(&defaults.base.join(dir), &algorithm, sharing, p, read),
         None => {
             p.add(
                 "rls.config_dir",

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use super::choice::{impl_choice, AlgorithmName, Spelled};
 use super::limits::{gcra, window, MAX_SLIDING_LOG_LIMIT};
 use super::problem::Problems;
+use super::sources::Sources;
 use crate::limiter::algorithm::Period;
 use crate::limiter::{Algorithm, FailureMode, Limit, Rate};
 use crate::route::descriptors::{DescriptorLimit, Domain, Domains, Node, Rule, Unit};
@@ -87,11 +88,13 @@ pub fn load(
     algorithm: &Spelled<AlgorithmName>,
     sharing: Sharing,
     p: &mut Problems,
+    read: &mut Sources,
 ) -> Domains {
     let mut domains = Domains::default();
-    for file in yaml_files(dir, p) {
+    for file in yaml_files(dir, p, read) {
         let shown = file.display().to_string();
-        let raw: RawDomain = match crate::config::sources::read_to_string(&file)
+        let raw: RawDomain = match read
+            .read_to_string(&file)
             .map_err(|e| e.to_string())
             .and_then(|text| read_domain(&text))
         {
@@ -135,8 +138,8 @@ pub fn load(
 }
 
 /// The `.yaml` and `.yml` files of `dir`, sorted.
-fn yaml_files(dir: &Path, p: &mut Problems) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = match crate::config::sources::read_dir(dir) {
+fn yaml_files(dir: &Path, p: &mut Problems, read: &mut Sources) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = match read.read_dir(dir) {
         Ok(entries) => entries
             .into_iter()
             .filter(|path| {
@@ -300,7 +303,13 @@ mod tests {
             instances: 1,
             failure_mode: FailureMode::Allow,
         };
-        let domains = load(dir.path(), &fixed_window, sharing, &mut p);
+        let domains = load(
+            dir.path(),
+            &fixed_window,
+            sharing,
+            &mut p,
+            &mut Sources::default(),
+        );
         (domains, p.lines())
     }
 

@@ -6,10 +6,11 @@ use super::problem::Problems;
 use super::raw::{RawSecret, RawSecretFrom};
 use std::path::{Path, PathBuf};
 
+use super::sources::Sources;
 use crate::limiter::Secret;
 
 /// The secret at `at`, read now.
-pub fn compile(raw: RawSecret, at: &str, p: &mut Problems) -> Option<Secret> {
+pub fn compile(raw: RawSecret, at: &str, p: &mut Problems, read: &mut Sources) -> Option<Secret> {
     let source = match raw {
         RawSecret::Plain(value) if value.is_empty() => {
             p.add(at, "empty: remove it, or give a value");
@@ -33,7 +34,7 @@ pub fn compile(raw: RawSecret, at: &str, p: &mut Problems) -> Option<Secret> {
             }
         },
     };
-    source.read().map_err(|reason| p.add(at, reason)).ok()
+    source.read(read).map_err(|reason| p.add(at, reason)).ok()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,10 +51,10 @@ pub enum SecretSource {
 
 impl SecretSource {
     /// Reads the secret; `Err` says why it cannot be had, never what it is.
-    pub fn read(&self) -> Result<Secret, String> {
+    pub fn read(&self, read: &mut Sources) -> Result<Secret, String> {
         match self {
             SecretSource::Inline(secret) => Ok(secret.clone()),
-            SecretSource::File(path) => read_file(path),
+            SecretSource::File(path) => read_file(path, read),
             SecretSource::Env(name) => std::env::var(name)
                 .map(Secret::new)
                 .map_err(|e| format!("environment variable {name}: {e}")),
@@ -66,14 +67,15 @@ impl SecretSource {
                 let directory = std::env::var_os("CREDENTIALS_DIRECTORY").ok_or_else(|| {
                     format!("credential {name:?}: $CREDENTIALS_DIRECTORY is not set (systemd sets it with LoadCredential=)")
                 })?;
-                read_file(&Path::new(&directory).join(name))
+                read_file(&Path::new(&directory).join(name), read)
             }
         }
     }
 }
 
-fn read_file(path: &Path) -> Result<Secret, String> {
-    let mut text = crate::config::sources::read_to_string(path)
+fn read_file(path: &Path, read: &mut Sources) -> Result<Secret, String> {
+    let mut text = read
+        .read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if text.ends_with('\n') {
         text.pop();
@@ -94,7 +96,7 @@ mod tests {
 
     fn secret(yaml: &str) -> (Option<Secret>, Vec<String>) {
         problems_of(yaml, |raw: RawSecret, p: &mut Problems| {
-            compile(raw, "redis.password", p)
+            compile(raw, "redis.password", p, &mut Sources::default())
         })
     }
 
@@ -112,19 +114,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pw");
         std::fs::write(&path, "s3cret\n").unwrap();
-        let read = SecretSource::File(path.clone()).read().unwrap();
+        let read = SecretSource::File(path.clone())
+            .read(&mut Sources::default())
+            .unwrap();
         assert_eq!(read.expose(), "s3cret");
         std::fs::write(&path, "").unwrap();
         assert!(SecretSource::File(path)
-            .read()
+            .read(&mut Sources::default())
             .unwrap_err()
             .ends_with("is empty"));
         let missing = SecretSource::Env("SLUICE_TEST_NO_SUCH_VARIABLE".into())
-            .read()
+            .read(&mut Sources::default())
             .unwrap_err();
         assert!(missing.starts_with("environment variable SLUICE_TEST_NO_SUCH_VARIABLE"));
         assert!(SecretSource::Credential("../x".into())
-            .read()
+            .read(&mut Sources::default())
             .unwrap_err()
             .starts_with("invalid credential name"));
     }

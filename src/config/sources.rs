@@ -1,9 +1,10 @@
 //! The files a configuration is built from. Every read of the configuration file and of the
 //! files it names (listener certificates and keys, upstream and Redis CA bundles and client
-//! certificates, secret files, the RLS directory and its files) goes through here, which notes
-//! the path and a digest of what was read — or that it could not be read. `watch: true`
-//! (`reload.rs`) compares these notes with the files as they are now: a difference is a reason
-//! to reload.
+//! certificates, secret files, the RLS directory and its files) goes through a [`Sources`] the
+//! caller hands down, which notes the path and a digest of what was read — or that it could not
+//! be read — and is what the caller gets back: no registry anyone could forget to take from.
+//! `watch: true` (`runtime/reload.rs`) compares these notes with the files as they are now: a
+//! difference is a reason to reload.
 //!
 //! Contents, not modification times, are compared: a Kubernetes ConfigMap or Secret volume
 //! swaps its `..data` symlink to a new timestamped directory, and a file read through that link
@@ -12,7 +13,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 /// What was seen at one path: the digest of a file's bytes, or of a directory's sorted entry
 /// names; `None` when it could not be read (a file that appears later is a change too).
@@ -37,6 +37,33 @@ impl Seen {
 pub struct Sources(BTreeMap<PathBuf, Seen>);
 
 impl Sources {
+    /// Reads a file the configuration is built from, noting what was read.
+    pub fn read(&mut self, path: &Path) -> std::io::Result<Vec<u8>> {
+        let read = std::fs::read(path);
+        self.note(path, Seen::File(read.as_ref().ok().map(|b| digest(b))));
+        read
+    }
+
+    /// [`Sources::read`], as UTF-8 text.
+    pub fn read_to_string(&mut self, path: &Path) -> std::io::Result<String> {
+        let bytes = self.read(path)?;
+        String::from_utf8(bytes)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()))
+    }
+
+    /// The entries of a directory the configuration is built from, sorted, noting their names
+    /// (a file added or removed is a change; each file read is noted by [`Sources::read`]).
+    pub fn read_dir(&mut self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+        let names = entry_names(dir);
+        let seen = Seen::Directory(names.as_ref().ok().map(|n| names_digest(n)));
+        self.note(dir, seen);
+        Ok(names?.into_iter().map(|name| dir.join(name)).collect())
+    }
+
+    fn note(&mut self, path: &Path, seen: Seen) {
+        self.0.insert(path.to_path_buf(), seen);
+    }
+
     /// The same paths as they are now.
     pub fn now(&self) -> Sources {
         Sources(
@@ -61,58 +88,14 @@ impl Sources {
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.0.len()
     }
 
     #[cfg(test)]
-    pub fn contains(&self, path: &Path) -> bool {
+    pub(crate) fn contains(&self, path: &Path) -> bool {
         self.0.contains_key(path)
     }
-}
-
-/// Everything read since the last [`take`].
-static NOTED: Mutex<BTreeMap<PathBuf, Seen>> = Mutex::new(BTreeMap::new());
-
-fn note(path: &Path, seen: Seen) {
-    NOTED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .insert(path.to_path_buf(), seen);
-}
-
-/// What was read since the last call: the sources of the configuration just loaded.
-pub fn take() -> Sources {
-    Sources(std::mem::take(
-        &mut *NOTED
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()),
-    ))
-}
-
-/// Reads a file the configuration is built from, noting what was read.
-pub fn read(path: &Path) -> std::io::Result<Vec<u8>> {
-    let read = std::fs::read(path);
-    note(path, Seen::File(read.as_ref().ok().map(|b| digest(b))));
-    read
-}
-
-/// [`read`], as UTF-8 text.
-pub fn read_to_string(path: &Path) -> std::io::Result<String> {
-    let bytes = read(path)?;
-    String::from_utf8(bytes)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()))
-}
-
-/// The entries of a directory the configuration is built from, sorted, noting their names (a
-/// file added or removed is a change; each file read is noted by [`read`]).
-pub fn read_dir(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let names = entry_names(dir);
-    note(
-        dir,
-        Seen::Directory(names.as_ref().ok().map(|n| names_digest(n))),
-    );
-    Ok(names?.into_iter().map(|name| dir.join(name)).collect())
 }
 
 fn entry_names(dir: &Path) -> std::io::Result<Vec<std::ffi::OsString>> {
@@ -136,20 +119,6 @@ fn names_digest(names: &[std::ffi::OsString]) -> u64 {
     digest(&joined)
 }
 
-/// What was read under `dir` since it was last taken: the notes are global and tests run in
-/// parallel, so each takes only its own paths.
-#[cfg(test)]
-pub(crate) fn take_under(dir: &Path) -> Sources {
-    let mut noted = NOTED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let (mine, others) = std::mem::take(&mut *noted)
-        .into_iter()
-        .partition(|(path, _)| path.starts_with(dir));
-    *noted = others;
-    Sources(mine)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,8 +128,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("a.yaml");
         std::fs::write(&file, "one").unwrap();
-        assert_eq!(read_to_string(&file).unwrap(), "one");
-        let seen = take_under(dir.path());
+        let mut seen = Sources::default();
+        assert_eq!(seen.read_to_string(&file).unwrap(), "one");
         assert_eq!(seen.len(), 1);
         assert_eq!(seen.first_difference(&seen.now()), None);
         std::fs::write(&file, "two").unwrap();
@@ -171,8 +140,8 @@ mod tests {
     fn a_file_that_could_not_be_read_is_a_change_once_it_appears() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("later.pem");
-        assert!(read(&file).is_err());
-        let seen = take_under(dir.path());
+        let mut seen = Sources::default();
+        assert!(seen.read(&file).is_err());
         assert_eq!(seen.first_difference(&seen.now()), None);
         std::fs::write(&file, "pem").unwrap();
         assert_eq!(seen.first_difference(&seen.now()), Some(file.as_path()));
@@ -188,8 +157,8 @@ mod tests {
         }
         std::os::unix::fs::symlink("..v1", at("..data")).unwrap();
         std::os::unix::fs::symlink("..data/sluice.yaml", at("sluice.yaml")).unwrap();
-        read(&at("sluice.yaml")).unwrap();
-        let seen = take_under(dir.path());
+        let mut seen = Sources::default();
+        seen.read(&at("sluice.yaml")).unwrap();
         std::os::unix::fs::symlink("..v2", at("..data_tmp")).unwrap();
         std::fs::rename(at("..data_tmp"), at("..data")).unwrap();
         assert_eq!(
@@ -202,9 +171,9 @@ mod tests {
     fn a_directory_is_noted_by_its_entries() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a.yaml"), "a").unwrap();
-        let listed = read_dir(dir.path()).unwrap();
+        let mut seen = Sources::default();
+        let listed = seen.read_dir(dir.path()).unwrap();
         assert_eq!(listed, vec![dir.path().join("a.yaml")]);
-        let seen = take_under(dir.path());
         assert_eq!(seen.first_difference(&seen.now()), None);
         std::fs::write(dir.path().join("b.yaml"), "b").unwrap();
         assert_eq!(seen.first_difference(&seen.now()), Some(dir.path()));

@@ -15,7 +15,7 @@ use pingora::services::ServiceHandle;
 use pingora::services::ServiceWithDependents;
 
 use crate::config::listeners::Listener;
-use crate::config::{Config, ConfigError, ServerSettings};
+use crate::config::{Config, ConfigError, ServerSettings, Sources};
 use crate::edge::admin::AdminApp;
 use crate::edge::drain::{Drain, Relay, Signals, StoppedBy};
 use crate::edge::listening::{BoundFirst, ReadyReport};
@@ -70,17 +70,17 @@ pub fn server_conf(settings: &ServerSettings, daemon: bool) -> ServerConf {
 
 /// What start needs beyond a valid file, checked by `sluice -t` too: certificates whose keys
 /// match (with warnings for those that expire soon) and the files of HTTPS upstreams.
-pub fn preflight(config: &Config) -> Result<Vec<String>, ConfigError> {
+pub fn preflight(config: &Config, read: &mut Sources) -> Result<Vec<String>, ConfigError> {
     pingora::tls::install_default_crypto_provider();
     let mut problems = config.server.check_environment();
-    let warnings = match crate::edge::tls::check(config) {
+    let warnings = match crate::edge::tls::check(config, read) {
         Ok(warnings) => warnings,
         Err(mut error) => {
             problems.append(&mut error.problems);
             Vec::new()
         }
     };
-    if let Err(mut found) = crate::upstream::pool::Pools::build(&config.routes) {
+    if let Err(mut found) = crate::upstream::pool::Pools::build(&config.routes, read) {
         problems.append(&mut found);
     }
     if let Some(access_log) = &config.access_log {
@@ -207,27 +207,32 @@ fn new_server(config: &Config, options: &RunOptions) -> Server {
     Server::new_with_opt_and_conf(opt, server_conf(&config.server, options.daemon))
 }
 
-/// Starts serving and never returns.
-pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallible, String> {
+/// Starts serving and never returns; `read` is what loading `config` read (what `watch`
+/// follows, with what starting reads).
+pub fn run(
+    config: Config,
+    mut read: Sources,
+    options: RunOptions,
+) -> Result<std::convert::Infallible, String> {
     metrics::init();
     // One rustls provider for the process: listeners, HTTPS upstreams and `rediss://` use it.
     pingora::tls::install_default_crypto_provider();
     let mut server = new_server(&config, &options);
-    // Bootstrap (taking the listeners over from an old instance with -u) runs as a service,
-    // after daemonizing, and the listeners wait for it: a new instance can be started first and
-    // waits for the sockets until the old one is told to hand them over (SIGQUIT).
+    // Bootstrap (taking the listeners over with -u) runs as a service after daemonizing; the
+    // listeners wait for it, so a new instance waits for the sockets until SIGQUIT to the old.
     let bootstrap = server.bootstrap_as_a_service();
     // One clock for the process: the limiter's and every request's.
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let policy = Arc::new(build_policy(&config, Arc::clone(&clock))?);
     log::info!("{}", config.summary());
     let wiring = Wiring::of(&config);
-    let tls = Arc::new(TlsListeners::load(&config).map_err(|e| e.to_string())?);
-    let snapshot = Snapshot::build(config, Arc::clone(&clock), Handover::default())
+    let tls = Arc::new(TlsListeners::load(&config, &mut read).map_err(|e| e.to_string())?);
+    let snapshot = Snapshot::build(config, Arc::clone(&clock), Handover::default(), &mut read)
         .map_err(|e| e.to_string())?;
     let live: Live = Arc::new(ArcSwap::from_pointee(snapshot));
     let drain = wiring.drain();
-    let configuration = add_configuration(&mut server, &wiring, &live, &tls, &clock, &drain);
+    let reloads = config_service(&wiring, &live, &tls, &clock, read);
+    let configuration = add_configuration(&mut server, reloads, &drain);
     let rls = wiring.rls_listen.map(|listen| {
         let service = RlsService::new(
             listen,
@@ -265,23 +270,32 @@ pub fn run(config: Config, options: RunOptions) -> Result<std::convert::Infallib
     std::process::exit(0)
 }
 
-/// The configuration service (reloads on SIGHUP and on changed files; the proxy serves only
-/// once it has probed the upstreams), and the relay that tells the services a drain began.
-fn add_configuration(
-    server: &mut Server,
+/// The configuration service: it reloads on SIGHUP and when a file `read` noted changes (with
+/// `watch`), through the same clock and listeners as the start.
+fn config_service(
     wiring: &Wiring,
     live: &Live,
     tls: &Arc<TlsListeners>,
     clock: &Arc<dyn Clock>,
-    drain: &Arc<Drain>,
-) -> ServiceHandle {
-    let reloads = ConfigService::new(
+    read: Sources,
+) -> ConfigService {
+    ConfigService::new(
         wiring.source.clone(),
         wiring.restart_only.clone(),
         Arc::clone(live),
         Arc::clone(tls) as Arc<dyn ListenerCertificates>,
         Arc::clone(clock),
-    );
+        read,
+    )
+}
+
+/// The configuration service (the proxy serves only once it has probed the upstreams), and
+/// the relay that tells the services a drain began.
+fn add_configuration(
+    server: &mut Server,
+    reloads: ConfigService,
+    drain: &Arc<Drain>,
+) -> ServiceHandle {
     let relay = Relay(Arc::clone(drain));
     add_background(server, "sluice shutdown relay", relay, &[]);
     let reloads = StoppedBy::new(reloads, drain.finishing(), || None);

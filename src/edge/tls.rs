@@ -32,7 +32,7 @@ use rustls::DistinguishedName;
 use crate::caller::client_cert::ClientCertificate;
 use crate::config::choice::ClientAuthMode;
 use crate::config::listeners::{CertificateFiles, ClientAuth, Listener};
-use crate::config::{Config, ConfigError, Problem};
+use crate::config::{Config, ConfigError, Problem, Sources};
 use crate::runtime::reload::ListenerCertificates;
 use crate::upstream::tls::read_pem_certificates;
 
@@ -104,24 +104,22 @@ fn io_reason(e: &std::io::Error) -> String {
     }
 }
 
-fn load_one(files: &CertificateFiles) -> Result<Loaded, String> {
+fn load_one(files: &CertificateFiles, read: &mut Sources) -> Result<Loaded, String> {
     let (cert, key) = (files.cert.display(), files.key.display());
-    // Pingora's own error does not say which file, nor why: read each first.
-    // Read through `sources` too: `watch: true` follows certificate files.
-    crate::config::sources::read(&files.cert)
+    // Read once, through `sources` (`watch: true` follows certificate files), and parsed from
+    // those bytes: what is noted is what serves.
+    let chain_pem = read
+        .read(&files.cert)
         .map_err(|e| format!("cannot read the certificate file {cert}: {}", io_reason(&e)))?;
-    crate::config::sources::read(&files.key)
+    let key_pem = read
+        .read(&files.key)
         .map_err(|e| format!("cannot read the private key file {key}: {}", io_reason(&e)))?;
-    let (chain, private) = pingora::tls::load_certs_and_key_files(
-        &files.cert.to_string_lossy(),
-        &files.key.to_string_lossy(),
-    )
-    .map_err(|_| {
-        format!(
-            "{cert} or {key} is not PEM: expected a PEM certificate chain and a PEM private key"
-        )
-    })?
-    .ok_or_else(|| format!("no certificate in {cert}, or no private key in {key}"))?;
+    let chain = rustls_pemfile::certs(&mut chain_pem.as_slice())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| format!("{cert} is not PEM: expected a PEM certificate chain"))?;
+    let private = rustls_pemfile::private_key(&mut key_pem.as_slice())
+        .map_err(|_| format!("{key} is not PEM: expected a PEM private key"))?
+        .ok_or_else(|| format!("no private key in {key}"))?;
     let first = chain
         .first()
         .ok_or_else(|| format!("no certificate in {cert}"))?;
@@ -144,11 +142,15 @@ fn load_one(files: &CertificateFiles) -> Result<Loaded, String> {
 
 impl CertificateSet {
     /// Loads every certificate of a listener (`at` names it in problems).
-    pub fn load(at: &str, files: &[CertificateFiles]) -> Result<CertificateSet, Vec<Problem>> {
+    pub fn load(
+        at: &str,
+        files: &[CertificateFiles],
+        read: &mut Sources,
+    ) -> Result<CertificateSet, Vec<Problem>> {
         let mut problems = Vec::new();
         let mut loaded = Vec::new();
         for (i, pair) in files.iter().enumerate() {
-            match load_one(pair) {
+            match load_one(pair, read) {
                 Ok(one) => loaded.push(one),
                 Err(reason) => {
                     problems.push(Problem::new(format!("{at}.tls.certificates[{i}]"), reason))
@@ -253,13 +255,17 @@ pub enum ClientCheck {
 }
 
 /// Loads a listener's client CA (`at` names the listener in problems).
-fn client_check(at: &str, auth: Option<&ClientAuth>) -> Result<ClientCheck, Problem> {
+fn client_check(
+    at: &str,
+    auth: Option<&ClientAuth>,
+    read: &mut Sources,
+) -> Result<ClientCheck, Problem> {
     let Some(auth) = auth else {
         return Ok(ClientCheck::Off);
     };
     let problem = |reason: String| Problem::new(format!("{at}.tls.client_auth.ca"), reason);
     let mut roots = RootCertStore::empty();
-    for der in read_pem_certificates(&auth.ca).map_err(problem)? {
+    for der in read_pem_certificates(&auth.ca, read).map_err(problem)? {
         roots.add(CertificateDer::from(der)).map_err(|e| {
             problem(format!(
                 "{}: not usable as a certificate authority: {e}",
@@ -398,14 +404,17 @@ pub struct TlsListeners {
 }
 
 /// Loads the certificates and client CAs of every TLS listener of `config`.
-fn load_all(config: &Config) -> Result<Vec<(SocketAddr, ListenerTlsState)>, ConfigError> {
+fn load_all(
+    config: &Config,
+    read: &mut Sources,
+) -> Result<Vec<(SocketAddr, ListenerTlsState)>, ConfigError> {
     let mut problems = Vec::new();
     let mut loaded = Vec::new();
     for (i, listener) in config.listen.iter().enumerate() {
         let Some(tls) = &listener.tls else { continue };
         let at = format!("listen[{i}]");
-        let certificates = CertificateSet::load(&at, &tls.certificates);
-        let clients = client_check(&at, tls.client_auth.as_ref());
+        let certificates = CertificateSet::load(&at, &tls.certificates, read);
+        let clients = client_check(&at, tls.client_auth.as_ref(), read);
         match (certificates, clients) {
             (Ok(certificates), Ok(clients)) => loaded.push((
                 listener.addr,
@@ -431,8 +440,8 @@ fn load_all(config: &Config) -> Result<Vec<(SocketAddr, ListenerTlsState)>, Conf
 }
 
 /// What `sluice -t` says of the certificates: problems, and warnings about expiry.
-pub fn check(config: &Config) -> Result<Vec<String>, ConfigError> {
-    Ok(load_all(config)?
+pub fn check(config: &Config, read: &mut Sources) -> Result<Vec<String>, ConfigError> {
+    Ok(load_all(config, read)?
         .iter()
         .flat_map(|(_, state)| state.certificates.expiring(EXPIRY_WARNING))
         .collect())
@@ -440,14 +449,14 @@ pub fn check(config: &Config) -> Result<Vec<String>, ConfigError> {
 
 impl TlsListeners {
     /// Loads the certificates and client CAs of `config`'s TLS listeners.
-    pub fn load(config: &Config) -> Result<TlsListeners, ConfigError> {
+    pub fn load(config: &Config, read: &mut Sources) -> Result<TlsListeners, ConfigError> {
         let algorithms = crypto_provider()
             .map_err(|reason| ConfigError {
                 file: config.source.clone(),
                 problems: vec![Problem::new("listen", reason)],
             })?
             .signature_verification_algorithms;
-        let served = load_all(config)?
+        let served = load_all(config, read)?
             .into_iter()
             .map(|(addr, state)| Served {
                 addr,
@@ -482,8 +491,9 @@ impl TlsListeners {
     pub fn prepare(
         &self,
         config: &Config,
+        read: &mut Sources,
     ) -> Result<Vec<(SocketAddr, ListenerTlsState)>, ConfigError> {
-        load_all(config)
+        load_all(config, read)
     }
 
     /// Serves the prepared certificates and client policies from now on; listeners not served
@@ -499,8 +509,12 @@ impl TlsListeners {
 }
 
 impl ListenerCertificates for TlsListeners {
-    fn prepare(&self, config: &Config) -> Result<Box<dyn FnOnce() + Send + '_>, ConfigError> {
-        let prepared = TlsListeners::prepare(self, config)?;
+    fn prepare(
+        &self,
+        config: &Config,
+        read: &mut Sources,
+    ) -> Result<Box<dyn FnOnce() + Send + '_>, ConfigError> {
+        let prepared = TlsListeners::prepare(self, config, read)?;
         Ok(Box::new(move || self.swap(prepared)))
     }
 }
@@ -536,7 +550,8 @@ mod tests {
     }
 
     fn leaf_of(files: &CertificateFiles) -> Vec<u8> {
-        let set = CertificateSet::load("t", std::slice::from_ref(files)).expect("loads");
+        let set = CertificateSet::load("t", std::slice::from_ref(files), &mut Sources::default())
+            .expect("loads");
         leaf(&set.choose(None))
     }
 
@@ -545,7 +560,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = issue(dir.path(), "a", &["a.test", "*.wild.test"], VALID);
         let b = issue(dir.path(), "b", &["b.test", "a.test"], VALID);
-        let set = CertificateSet::load("listen[0]", &[a.clone(), b.clone()]).expect("loads");
+        let set = CertificateSet::load(
+            "listen[0]",
+            &[a.clone(), b.clone()],
+            &mut Sources::default(),
+        )
+        .expect("loads");
         let (a, b) = (leaf_of(&a), leaf_of(&b));
         let chosen = |name: Option<&str>| leaf(&set.choose(name));
         assert_eq!(chosen(Some("b.test")), b);
@@ -585,9 +605,13 @@ mod tests {
             cert: good.cert.clone(),
             key: issue(dir.path(), "other", &["b.test"], VALID).key,
         };
-        let problems = CertificateSet::load("listen[1]", &[good, missing, mismatched])
-            .err()
-            .expect("refused");
+        let problems = CertificateSet::load(
+            "listen[1]",
+            &[good, missing, mismatched],
+            &mut Sources::default(),
+        )
+        .err()
+        .expect("refused");
         let shown: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
         assert_eq!(shown.len(), 2, "{shown:?}");
         assert!(
@@ -610,7 +634,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let expired = issue(dir.path(), "expired", &["old.test"], (2020, 1, 1));
         let fine = issue(dir.path(), "fine", &["new.test"], VALID);
-        let set = CertificateSet::load("t", &[expired, fine]).expect("an expired one loads");
+        let set = CertificateSet::load("t", &[expired, fine], &mut Sources::default())
+            .expect("an expired one loads");
         let warnings = set.expiring(EXPIRY_WARNING);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(
@@ -635,12 +660,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let first = issue(dir.path(), "first", &["a.test"], VALID);
         let second = issue(dir.path(), "second", &["a.test"], VALID);
-        let listeners = TlsListeners::load(&config(dir.path(), &first)).expect("loads");
+        let listeners = TlsListeners::load(&config(dir.path(), &first), &mut Sources::default())
+            .expect("loads");
         let served = |name| leaf(&listeners.served[0].resolver.set.load().choose(Some(name)));
         assert_eq!(served("a.test"), leaf_of(&first));
 
-        let swap = ListenerCertificates::prepare(&listeners, &config(dir.path(), &second))
-            .expect("the next certificates load");
+        let swap = ListenerCertificates::prepare(
+            &listeners,
+            &config(dir.path(), &second),
+            &mut Sources::default(),
+        )
+        .expect("the next certificates load");
         assert_eq!(
             served("a.test"),
             leaf_of(&first),
@@ -651,7 +681,9 @@ mod tests {
 
         let broken = config(dir.path(), &first);
         std::fs::remove_file(&first.cert).unwrap();
-        assert!(ListenerCertificates::prepare(&listeners, &broken).is_err());
+        assert!(
+            ListenerCertificates::prepare(&listeners, &broken, &mut Sources::default()).is_err()
+        );
         assert_eq!(
             served("a.test"),
             leaf_of(&second),

@@ -11,7 +11,7 @@ use http::Method;
 use super::meters::{self, Metrics, RouteMetrics};
 use crate::caller::consumers::AuthMode;
 use crate::caller::jwt::JwtVerifier;
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Sources};
 use crate::limiter::clock::Clock;
 use crate::observe::access_log::{self, AccessLog};
 use crate::observe::metrics::ACCESS_LOG_DROPPED;
@@ -131,8 +131,9 @@ impl Site {
         config: Config,
         clock: Arc<dyn Clock>,
         handover: Handover<'_>,
+        read: &mut Sources,
     ) -> Result<Site, ConfigError> {
-        let mut pools = Pools::build(&config.routes).map_err(|problems| ConfigError {
+        let mut pools = Pools::build(&config.routes, read).map_err(|problems| ConfigError {
             file: config.source.clone(),
             problems,
         })?;
@@ -195,7 +196,8 @@ mod tests {
              routes: [{{ name: r, match: {{ path_prefix: / }}, upstream: {{ servers: [127.0.0.1:1] }}, auth: required }}]\n"
         );
         let config = Config::from_yaml(Path::new("site.yaml"), &yaml).expect("a valid config");
-        Site::build(config, Arc::new(ManualClock::default()), handover).expect("a site")
+        let clock = Arc::new(ManualClock::default());
+        Site::build(config, clock, handover, &mut Sources::default()).expect("a site")
     }
 
     fn verifier(site: &Site) -> &JwtVerifier {

@@ -69,7 +69,11 @@ impl RestartOnly {
 /// The listeners' certificates as a reload sees them (`edge::tls::TlsListeners` implements it): every certificate
 /// `config` names read and checked before anything changes; what `prepare` returns swaps them in.
 pub trait ListenerCertificates: Send + Sync {
-    fn prepare(&self, config: &Config) -> Result<Box<dyn FnOnce() + Send + '_>, ConfigError>;
+    fn prepare(
+        &self,
+        config: &Config,
+        read: &mut Sources,
+    ) -> Result<Box<dyn FnOnce() + Send + '_>, ConfigError>;
 }
 
 /// Starts the first snapshot, then reloads `path` into `live` (and the certificates into the
@@ -92,6 +96,7 @@ impl ConfigService {
         live: Live,
         tls: Arc<dyn ListenerCertificates>,
         clock: Arc<dyn Clock>,
+        read_at_start: Sources,
     ) -> ConfigService {
         ConfigService {
             path,
@@ -99,8 +104,7 @@ impl ConfigService {
             live,
             tls,
             clock,
-            // What start read: the file, then its certificates and the rest it names.
-            sources: Mutex::new(crate::config::sources::take()),
+            sources: Mutex::new(read_at_start),
         }
     }
 
@@ -108,9 +112,8 @@ impl ConfigService {
     /// read becomes what `watch` compares against (after an error, on top of what the running
     /// configuration was built from).
     pub async fn reload(&self) -> Result<(), ConfigError> {
-        crate::config::sources::take();
-        let result = self.try_reload().await;
-        let read = crate::config::sources::take();
+        let mut read = Sources::default();
+        let result = self.try_reload(&mut read).await;
         let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
         match result {
             Ok(()) => *sources = read,
@@ -119,8 +122,8 @@ impl ConfigService {
         result
     }
 
-    async fn try_reload(&self) -> Result<(), ConfigError> {
-        let config = Config::load(&self.path)?;
+    async fn try_reload(&self, read: &mut Sources) -> Result<(), ConfigError> {
+        let config = Config::load(&self.path, read)?;
         let now = RestartOnly::of(&config);
         let fixed = [
             ("listen", now.listen != self.started_with.listen),
@@ -135,10 +138,11 @@ impl ConfigService {
         }
         let summary = config.summary();
         // Every certificate is read and checked before anything changes.
-        let swap_certificates = self.tls.prepare(&config)?;
+        let swap_certificates = self.tls.prepare(&config, read)?;
         let previous = self.live.load();
         let handover = Handover::of(&previous.site);
-        let snapshot = Arc::new(Snapshot::build(config, Arc::clone(&self.clock), handover)?);
+        let clock = Arc::clone(&self.clock);
+        let snapshot = Arc::new(Snapshot::build(config, clock, handover, read)?);
         snapshot.start().await;
         swap_certificates();
         let retired = self.live.swap(Arc::clone(&snapshot));

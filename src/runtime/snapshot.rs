@@ -17,7 +17,7 @@ use arc_swap::ArcSwap;
 
 use crate::caller::consumers::AuthMode;
 use crate::caller::jwt::{refresh_once, start_refresh, FetchOutcome, JwksRefresh};
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Sources};
 use crate::exchange::site::{Handover, Site};
 use crate::limiter::clock::Clock;
 use crate::observe::metrics;
@@ -50,9 +50,10 @@ impl Snapshot {
         config: Config,
         clock: Arc<dyn Clock>,
         handover: Handover<'_>,
+        read: &mut Sources,
     ) -> Result<Snapshot, ConfigError> {
         Ok(Snapshot {
-            site: Arc::new(Site::build(config, clock, handover)?),
+            site: Arc::new(Site::build(config, clock, handover, read)?),
             checks: Mutex::new(None),
             jwks: Mutex::new(None),
         })

@@ -13,7 +13,7 @@ use pingora::lb::{Backend, LoadBalancer};
 use prometheus::IntGauge;
 use tokio::sync::watch;
 
-use crate::config::Problem;
+use crate::config::{Problem, Sources};
 use crate::route::table::RouteTable;
 use crate::route::upstream::{Balance, UpstreamSettings};
 use crate::upstream::tls::PeerTls;
@@ -109,13 +109,16 @@ async fn check_until_stopped<S>(
 impl Pool {
     /// `settings.servers` must not be empty; the config compiler guarantees it. `Err` says
     /// what is wrong (a bad CA or client certificate file, a server list Pingora refuses).
-    pub fn new(settings: &UpstreamSettings) -> Result<Pool, String> {
+    pub fn new(settings: &UpstreamSettings, read: &mut Sources) -> Result<Pool, String> {
         let built = |e: std::io::Error| format!("cannot build the pool: {e}");
         let balancer = match settings.balance {
             Balance::RoundRobin => Balancer::RoundRobin(balancer(settings).map_err(built)?),
             Balance::Consistent(_) => Balancer::Consistent(balancer(settings).map_err(built)?),
         };
-        let tls = settings.tls.as_ref().map(PeerTls::load).transpose()?;
+        let tls = match &settings.tls {
+            Some(tls) => Some(PeerTls::load(tls, read)?),
+            None => None,
+        };
         Ok(Pool {
             balancer,
             tls,
@@ -194,11 +197,11 @@ impl Drop for HealthChecks {
 
 impl Pools {
     /// One pool per route of `routes`, by route index; `Err` lists what is wrong, by route.
-    pub fn build(routes: &RouteTable) -> Result<Pools, Vec<Problem>> {
+    pub fn build(routes: &RouteTable, read: &mut Sources) -> Result<Pools, Vec<Problem>> {
         let mut problems = Vec::new();
         let mut by_route = Vec::new();
         for route in routes.in_file_order() {
-            match Pool::new(&route.upstream) {
+            match Pool::new(&route.upstream, read) {
                 Ok(pool) => by_route.push(pool),
                 Err(reason) => problems.push(Problem::new(
                     format!("routes[{}].upstream", route.index),
@@ -275,7 +278,11 @@ mod tests {
 
     #[test]
     fn round_robin_visits_every_server_and_avoids_failed_ones() {
-        let pool = Pool::new(&UpstreamSettings::round_robin(vec![addr(1), addr(2)])).unwrap();
+        let pool = Pool::new(
+            &UpstreamSettings::round_robin(vec![addr(1), addr(2)]),
+            &mut Sources::default(),
+        )
+        .unwrap();
         let mut picks: Vec<_> = (0..4).map(|_| pool.pick(b"", &[]).unwrap()).collect();
         picks.sort();
         assert_eq!(picks, vec![addr(1), addr(1), addr(2), addr(2)]);
@@ -287,7 +294,7 @@ mod tests {
     fn consistent_hashing_sticks_to_a_server() {
         let mut settings = UpstreamSettings::round_robin(vec![addr(1), addr(2), addr(3)]);
         settings.balance = Balance::Consistent(vec![crate::route::keys::KeyPart::ClientIp]);
-        let pool = Pool::new(&settings).unwrap();
+        let pool = Pool::new(&settings, &mut Sources::default()).unwrap();
         for key in [&b"alice"[..], b"bob", b"carol"] {
             let first = pool.pick(key, &[]);
             assert!((0..10).all(|_| pool.pick(key, &[]) == first));

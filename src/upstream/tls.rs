@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use pingora::utils::tls::{CertKey, WrappedX509};
 
+use crate::config::Sources;
 use crate::route::upstream::UpstreamTls;
 
 /// What an HTTPS upstream needs per connection, loaded once per configuration.
@@ -21,8 +22,12 @@ pub struct PeerTls {
     pub reuse_group: u64,
 }
 
-pub(crate) fn read_pem_certificates(path: &Path) -> Result<Vec<Vec<u8>>, String> {
-    let pem = crate::config::sources::read(path)
+pub(crate) fn read_pem_certificates(
+    path: &Path,
+    read: &mut Sources,
+) -> Result<Vec<Vec<u8>>, String> {
+    let pem = read
+        .read(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut reader = std::io::BufReader::new(pem.as_slice());
     let mut out = Vec::new();
@@ -40,12 +45,12 @@ pub(crate) fn read_pem_certificates(path: &Path) -> Result<Vec<Vec<u8>>, String>
 }
 
 impl PeerTls {
-    pub fn load(tls: &UpstreamTls) -> Result<PeerTls, String> {
+    pub fn load(tls: &UpstreamTls, read: &mut Sources) -> Result<PeerTls, String> {
         let mut ca_digest = xxhash_rust::xxh3::Xxh3::new();
         let ca = match &tls.ca {
             Some(path) => {
                 let mut certificates = Vec::new();
-                for der in read_pem_certificates(path)? {
+                for der in read_pem_certificates(path, read)? {
                     ca_digest.update(&der);
                     certificates.push(WrappedX509::new(der, pingora::utils::tls::parse_x509));
                 }
@@ -55,9 +60,10 @@ impl PeerTls {
         };
         let client = match &tls.client {
             Some(files) => {
-                let chain = read_pem_certificates(&files.cert)?;
+                let chain = read_pem_certificates(&files.cert, read)?;
                 // Read through `sources`, as the certificate is: `watch` follows the key too.
-                let key = crate::config::sources::read(&files.key)
+                let key = read
+                    .read(&files.key)
                     .map_err(|e| format!("cannot read {}: {e}", files.key.display()))?;
                 let key = rustls_pemfile::private_key(&mut key.as_slice())
                     .map_err(|e| format!("{}: {e}", files.key.display()))?
@@ -83,7 +89,6 @@ impl PeerTls {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::sources::take_under;
     use crate::route::upstream::CertificateFiles;
 
     #[test]
@@ -104,15 +109,14 @@ mod tests {
             ca: Some(files.cert.clone()),
             client: Some(files.clone()),
         };
-        let loaded = PeerTls::load(&tls).expect("loads");
+        let mut read = Sources::default();
+        let loaded = PeerTls::load(&tls, &mut read).expect("loads");
         assert!(loaded.client.is_some() && loaded.ca.is_some());
-        let read = take_under(dir.path());
         assert!(read.contains(&files.cert), "the certificate and CA");
         assert!(read.contains(&files.key), "the client key");
 
         std::fs::write(&files.key, "not a key").unwrap();
-        let refused = PeerTls::load(&tls).err().expect("refused");
+        let refused = PeerTls::load(&tls, &mut read).err().expect("refused");
         assert!(refused.contains("no private key in"), "{refused}");
-        take_under(dir.path());
     }
 }

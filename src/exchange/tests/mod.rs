@@ -52,7 +52,13 @@ fn gateway_of(config: Config) -> Gateway {
     let meters = PolicyMeters::unregistered();
     Gateway {
         snapshot: Arc::new(
-            Site::build(config, clock.clone(), Handover::default()).expect("a site"),
+            Site::build(
+                config,
+                clock.clone(),
+                Handover::default(),
+                &mut Default::default(),
+            )
+            .expect("a site"),
         ),
         policy: Policy::new(Engine::local(local), None, clock.clone(), meters),
         clock,
@@ -68,7 +74,13 @@ fn gateway_down(config: Config) -> Gateway<Unavailable> {
     let down = Unavailable(|| LimiterError::Timeout(25));
     Gateway {
         snapshot: Arc::new(
-            Site::build(config, clock.clone(), Handover::default()).expect("a site"),
+            Site::build(
+                config,
+                clock.clone(),
+                Handover::default(),
+                &mut Default::default(),
+            )
+            .expect("a site"),
         ),
         policy: Policy::new(down, Some(fallback), clock.clone(), meters),
         clock,

@@ -344,11 +344,8 @@ impl SentinelLink {
         let discovered = async {
             // Asks the Sentinels for the master's address and checks that it says it is master.
             let client = sentinel.async_get_client().await?;
-            let config = AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                .set_response_timeout(Some(self.response_timeout));
             let connection = client
-                .get_multiplexed_async_connection_with_config(&config)
+                .get_multiplexed_async_connection_with_config(&self.connection_config())
                 .await?;
             // A primary paused through its own failover, resumed while this was connecting,
             // still answers ROLE as a master: the Sentinels decide who the master is now.
@@ -380,17 +377,21 @@ impl SentinelLink {
         Ok(connection)
     }
 
+    /// How the master and the Sentinels are connected to: within the connect and call bounds.
+    fn connection_config(&self) -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(self.response_timeout))
+    }
+
     /// The address the Sentinels name for the master now (the first that answers).
     async fn named_master(
         &self,
         sentinel: &mut SentinelClient,
     ) -> Result<(String, u16), redis::RedisError> {
         let client = sentinel.async_get_sentinel_client().await?;
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(self.response_timeout));
         let mut connection = client
-            .get_multiplexed_async_connection_with_config(&config)
+            .get_multiplexed_async_connection_with_config(&self.connection_config())
             .await?;
         redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")

@@ -66,8 +66,9 @@ impl RestartOnly {
     }
 }
 
-/// The listeners' certificates as a reload sees them (`edge::tls::TlsListeners` implements it): every certificate
-/// `config` names read and checked before anything changes; what `prepare` returns swaps them in.
+/// The listeners' certificates as a reload sees them (`edge::tls::TlsListeners` implements
+/// it): every certificate `config` names read (noted in `read`) and checked before anything
+/// changes; what `prepare` returns swaps them in.
 pub trait ListenerCertificates: Send + Sync {
     fn prepare(
         &self,
@@ -139,10 +140,14 @@ impl ConfigService {
         let summary = config.summary();
         // Every certificate is read and checked before anything changes.
         let swap_certificates = self.tls.prepare(&config, read)?;
-        let previous = self.live.load();
-        let handover = Handover::of(&previous.site);
-        let clock = Arc::clone(&self.clock);
-        let snapshot = Arc::new(Snapshot::build(config, clock, handover, read)?);
+        let snapshot = {
+            // The site in force hands over only while the next one is built: its guard is not
+            // held across the start below.
+            let previous = self.live.load();
+            let handover = Handover::of(&previous.site);
+            let clock = Arc::clone(&self.clock);
+            Arc::new(Snapshot::build(config, clock, handover, read)?)
+        };
         snapshot.start().await;
         swap_certificates();
         let retired = self.live.swap(Arc::clone(&snapshot));

@@ -46,20 +46,19 @@ fn gateway(limits: &str) -> Gateway {
     gateway_of(config(limits))
 }
 
+/// The site of `config`, on `clock`.
+fn site(config: Config, clock: &Arc<ManualClock>) -> Arc<Site> {
+    let clock = clock.clone();
+    let site = Site::build(config, clock, Handover::default(), &mut Default::default());
+    Arc::new(site.expect("a site"))
+}
+
 fn gateway_of(config: Config) -> Gateway {
     let clock = Arc::new(ManualClock::new(1_000_000_000));
     let local = Arc::new(LocalLimiter::new(clock.clone(), 1000));
     let meters = PolicyMeters::unregistered();
     Gateway {
-        snapshot: Arc::new(
-            Site::build(
-                config,
-                clock.clone(),
-                Handover::default(),
-                &mut Default::default(),
-            )
-            .expect("a site"),
-        ),
+        snapshot: site(config, &clock),
         policy: Policy::new(Engine::local(local), None, clock.clone(), meters),
         clock,
     }
@@ -73,15 +72,7 @@ fn gateway_down(config: Config) -> Gateway<Unavailable> {
     let meters = PolicyMeters::unregistered();
     let down = Unavailable(|| LimiterError::Timeout(25));
     Gateway {
-        snapshot: Arc::new(
-            Site::build(
-                config,
-                clock.clone(),
-                Handover::default(),
-                &mut Default::default(),
-            )
-            .expect("a site"),
-        ),
+        snapshot: site(config, &clock),
         policy: Policy::new(down, Some(fallback), clock.clone(), meters),
         clock,
     }

@@ -11,6 +11,7 @@ use serde::Serialize;
 use smallvec::SmallVec;
 
 use crate::caller::consumers::{Consumer, PlanId, Via, MAX_CONSUMER_ID};
+use crate::limiter::fields::whole_seconds;
 use crate::limiter::Policy;
 use crate::route::keys::{RequestFacts, Rotation};
 use crate::route::table::Route;
@@ -182,7 +183,7 @@ async fn peek<'a>(
             limit: limit.policy.map(|(quota, _)| quota),
             window_seconds: limit.policy.map(|(_, window)| window),
             remaining: status.map(|s| s.remaining),
-            reset_seconds: status.map(|s| s.reset_after_ms.div_ceil(1000)),
+            reset_seconds: status.map(|s| whole_seconds(s.reset_after_ms)),
             unavailable: (!readable[i])
                 .then_some("keyed on more than the consumer (client_ip, a header, the path...): no count belongs to the consumer alone"),
         }

@@ -21,7 +21,13 @@ pub fn push_state_item(out: &mut Vec<u8>, name: &str, remaining: u64, reset_afte
     out.extend_from_slice(b";r=");
     push_decimal(out, remaining);
     out.extend_from_slice(b";t=");
-    push_decimal(out, reset_after_ms.div_ceil(1000));
+    push_decimal(out, whole_seconds(reset_after_ms));
+}
+
+/// `ms` in whole seconds, rounded up: what `t`, `Retry-After` and the usage API show a client,
+/// so a client that waits that long finds the window reset.
+pub(crate) fn whole_seconds(ms: u64) -> u64 {
+    ms.div_ceil(1000)
 }
 
 /// The item's name, after the separator of the item before it.
@@ -34,8 +40,8 @@ fn push_name(out: &mut Vec<u8>, name: &str) {
     out.push(b'"');
 }
 
-/// Appends `n` in decimal.
-fn push_decimal(out: &mut Vec<u8>, n: u64) {
+/// Appends `n` in decimal, without the formatting machinery.
+pub(crate) fn push_decimal(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 

@@ -16,22 +16,12 @@ use pingora::proxy::Session;
 use crate::caller::consumers::AuthFailure;
 use crate::exchange::answer::{Answer, GrpcStatus};
 use crate::exchange::{Exchange, LimitsSaid};
-use crate::limiter::fields;
+use crate::limiter::fields::{self, push_decimal, whole_seconds};
 use crate::limiter::Decision;
 use crate::route::tiers::Tier;
 
 pub const RATELIMIT: &str = "ratelimit";
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
-
-/// Whole seconds, rounded up: what `Retry-After` carries.
-fn ceil_seconds(ms: u64) -> u64 {
-    ms.div_ceil(1000)
-}
-
-/// Appends `n` in decimal.
-fn push_decimal(out: &mut Vec<u8>, n: u64) {
-    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-}
 
 /// `"per_client";r=0;t=1, ...`: the IETF httpapi `RateLimit` field for every limit of a route
 /// that is a rate (`limiter::fields` writes it).
@@ -179,7 +169,7 @@ async fn respond_grpc(
                 .map_or("", |l| &*l.name);
             if let Some(ms) = decision.retry().after_ms() {
                 header.insert_header("grpc-retry-pushback-ms", ms)?;
-                header.insert_header(RETRY_AFTER, ceil_seconds(ms).max(1))?;
+                header.insert_header(RETRY_AFTER, whole_seconds(ms).max(1))?;
             }
             add_ratelimit_headers(&mut header, said)?;
             format!(
@@ -293,7 +283,7 @@ fn limited_body(
     body.extend_from_slice(b"\",\"retry_after_seconds\":");
     match retry {
         Some(ms) => {
-            let seconds = ceil_seconds(ms).max(1);
+            let seconds = whole_seconds(ms).max(1);
             header.insert_header(RETRY_AFTER, seconds)?;
             push_decimal(&mut body, seconds);
         }

@@ -12,7 +12,7 @@ use http::{HeaderMap, HeaderValue, Method};
 use sluice::config::Config;
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
-use sluice::limiter::{entries, script, Ask, Asks, Key, LimitRequest, RequestId};
+use sluice::limiter::{entries, script, Ask, Asks, Key, Limit, LimitRequest, RequestId, Scale};
 use sluice::route::keys::{RequestFacts, Rotation};
 
 /// 40 routes (hosts, prefixes, methods) ahead of the one the benchmark asks for, so the lookup
@@ -88,14 +88,13 @@ fn hot_path(c: &mut Criterion) {
             route
                 .tiers
                 .default()
-                .asks(&facts, &Rotation::default())
+                .records(&facts, &Rotation::default())
                 .expect("keys")
         })
     });
-    let route_asks = route
-        .tiers
-        .default()
-        .asks(
+    let tier = route.tiers.default();
+    let mut route_records = tier
+        .records(
             &RequestFacts {
                 client_ip: peer,
                 method: method.as_str(),
@@ -110,7 +109,8 @@ fn hot_path(c: &mut Criterion) {
             &Rotation::default(),
         )
         .expect("keys");
-    let route_entries = entries(route.tiers.default().limits.limits(), &route_asks);
+    let route_asked = tier.asked(&mut route_records).expect("the tier's records");
+    let route_entries = route_asked.entries(Scale::Exact);
     let request = LimitRequest::new(&route_entries);
     let reply: Vec<i64> = vec![
         1, 49, 0, 20, 0, 1, 1, 999, 0, 60_000, 0, 1, 1, 9_999, 0, 60_000, 0, 0,
@@ -131,7 +131,8 @@ fn hot_path(c: &mut Criterion) {
                 cost: 1,
             })
             .collect();
-        let entries = entries(&route.tiers.default().limits.limits()[..n], &asks);
+        let limits: Vec<Limit> = route.tiers.written().take(n).cloned().collect();
+        let entries = entries(&limits, &asks);
         let request = LimitRequest {
             id: RequestId(1),
             ..LimitRequest::new(&entries)

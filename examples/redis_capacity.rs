@@ -21,7 +21,7 @@ use http::HeaderMap;
 use sluice::config::Config;
 use sluice::limiter::redis::RedisLimiter;
 use sluice::limiter::script::{decision_script, Algorithms};
-use sluice::limiter::{entries, Coalescing, LimitRequest, Limiter, RequestId, Topology};
+use sluice::limiter::{Coalescing, LimitRequest, Limiter, RequestId, Scale, Topology};
 use sluice::route::keys::{RequestFacts, Rotation};
 
 /// One route per scenario; every limit generous enough that all calls are allowed.
@@ -138,7 +138,7 @@ async fn main() {
         let _: () = redis::cmd("FLUSHALL").query(&mut admin).expect("FLUSHALL");
         // The route's library (of exactly its algorithms) is loaded up front, so the first
         // call's refusal does not count as an extra FCALL.
-        let algorithms = Algorithms::of_limits(route.tiers.default().limits.limits());
+        let algorithms = Algorithms::of_limits(route.tiers.written());
         let _: () = redis::cmd("FUNCTION")
             .arg("LOAD")
             .arg("REPLACE")
@@ -177,12 +177,10 @@ async fn main() {
                             consumer: None,
                             claim_names: &[],
                         };
-                        let asks = route
-                            .tiers
-                            .default()
-                            .asks(&facts, &Rotation::default())
-                            .expect("keys");
-                        let entries = entries(route.tiers.default().limits.limits(), &asks);
+                        let tier = route.tiers.default();
+                        let mut records = tier.records(&facts, &Rotation::default()).expect("keys");
+                        let asked = tier.asked(&mut records).expect("the tier's records");
+                        let entries = asked.entries(Scale::Exact);
                         n += 1;
                         let request = LimitRequest {
                             id: RequestId(u128::from(state) << 32 | u128::from(n)),

@@ -18,7 +18,7 @@ use sluice::limiter::guard::{GuardMeters, Guarded};
 use sluice::limiter::leased::{LeaseMeters, Leased};
 use sluice::limiter::local::LocalLimiter;
 use sluice::limiter::{
-    entries, script, Engine, LimitRequest, Limiter, Policy, PolicyMeters, RequestId,
+    entries, script, Engine, LimitRequest, Limiter, Policy, PolicyMeters, RequestId, Scale,
 };
 use sluice::route::keys::{RequestFacts, Rotation};
 use sluice::route::path::normalize;
@@ -155,7 +155,7 @@ fn per_request_work_allocates_nothing() {
                     route
                         .tiers
                         .default()
-                        .asks(&facts, &Rotation::default())
+                        .records(&facts, &Rotation::default())
                         .expect("keys")
                         .len(),
                     3
@@ -172,12 +172,10 @@ fn deciding(route: &Route, facts: &RequestFacts<'_>) -> [(&'static str, u64); 2]
         1, 49, 0, 20, 0, 1, 1, 4999, 0, 60_000, 0, 1, 1, 9_999, 0, 60_000, 0, 0,
     ];
     let limiter = LocalLimiter::new(Arc::new(ManualClock::new(1_000_000)), 1000);
-    let asks = route
-        .tiers
-        .default()
-        .asks(facts, &Rotation::default())
-        .expect("keys");
-    let entries = entries(route.tiers.default().limits.limits(), &asks);
+    let tier = route.tiers.default();
+    let mut records = tier.records(facts, &Rotation::default()).expect("keys");
+    let asked = tier.asked(&mut records).expect("the tier's records");
+    let entries = asked.entries(Scale::Exact);
     let request = LimitRequest {
         id: RequestId(7),
         ..LimitRequest::new(&entries)
@@ -266,17 +264,19 @@ fn the_policys_decision_allocates_nothing_once_its_keys_are_known() {
             consumer: None,
             claim_names: &[],
         };
-        let asks = route
-            .tiers
-            .default()
-            .asks(&facts, &Rotation::default())
-            .expect("keys");
+        let tier = route.tiers.default();
+        let records = tier.records(&facts, &Rotation::default()).expect("keys");
+        let decide = || {
+            let mut records = records.clone();
+            let mut asked = tier.asked(&mut records).expect("the tier's records");
+            ready(policy.decide(&mut asked))
+        };
         // A key's first sighting stores its state: warm up before counting.
-        assert!(ready(policy.decide(&route.tiers.default().limits, &asks)).admitted());
+        assert!(decide().admitted());
         let count = allocations(1000, || {
             // 20 ms apart: within every limit.
             clock.advance(20_000);
-            let verdict = ready(policy.decide(&route.tiers.default().limits, &asks));
+            let verdict = decide();
             assert!(verdict.admitted());
         });
         println!("policy decision, {limits} limits: {count} allocations in 1000 requests");
@@ -361,7 +361,7 @@ fn a_request_through_the_exchange_allocates_nothing() {
         assert_eq!(
             exchange
                 .limits_said()
-                .map(|said| said.decision.statuses.len()),
+                .map(|said| said.iter().filter(|(_, r)| r.status.is_some()).count()),
             Some(3)
         );
         ready(exchange.end(&policy, Some(200)));

@@ -3,12 +3,49 @@
 //! `ProxyHttp` impl, where policy must not grow back) is over 40. Lines are counted
 //! from the `fn` line to the closing brace of rustfmt-formatted code (`cargo fmt --check` runs
 //! in CI), so the closing brace sits at the indentation of the `fn` line.
+//!
+//! And per-limit data is never joined by position with `zip` (which stops at the shorter side,
+//! so a length slip would silently drop a limit): outside test code, `.zip(` appears only in
+//! the files listed in [`ZIPS`], each for a reason that is not two per-limit sequences.
 
 use std::path::{Path, PathBuf};
 
 const MAX_LINES: usize = 60;
 const MAX_TEST_LINES: usize = 80;
 const MAX_HOOK_LINES: usize = 40;
+
+/// The files whose non-test code may call `.zip(`, and why.
+const ZIPS: [(&str, &str); 8] = [
+    (
+        "limiter/pairs.rs",
+        "the one join of per-limit sequences, which refuses unequal lengths",
+    ),
+    (
+        "limiter/record.rs",
+        "a reply's statuses into the records, once their lengths are checked equal",
+    ),
+    ("limiter/key.rs", "hex digits and the bytes they spell"),
+    (
+        "caller/api_keys.rs",
+        "bytes and the hex digits that spell them",
+    ),
+    (
+        "config/redis.rs",
+        "Option::zip of a certificate and its key",
+    ),
+    (
+        "edge/proxy/forwarding.rs",
+        "a fixed table of header spellings and their values",
+    ),
+    (
+        "upstream/pool.rs",
+        "per route (pools built from the routes in file order), not per limit",
+    ),
+    (
+        "exchange/site.rs",
+        "per route (each route with its pool, both in file order), not per limit",
+    ),
+];
 
 /// One function of the source tree.
 #[derive(Debug)]
@@ -114,6 +151,24 @@ fn functions(file: &Path) -> Vec<Function> {
     found
 }
 
+/// Where the non-test code of `file` calls `.zip(`: line numbers.
+fn zips(file: &Path) -> Vec<usize> {
+    let source = std::fs::read_to_string(file).expect("read a source file");
+    if file
+        .components()
+        .any(|part| part.as_os_str() == "tests" || part.as_os_str() == "tests.rs")
+    {
+        return Vec::new();
+    }
+    source
+        .lines()
+        .take_while(|line| *line != "#[cfg(test)]")
+        .enumerate()
+        .filter(|(_, line)| line.contains(".zip(") && !line.trim_start().starts_with("//"))
+        .map(|(at, _)| at + 1)
+        .collect()
+}
+
 fn all_functions() -> Vec<Function> {
     let mut files = Vec::new();
     rust_files(
@@ -157,6 +212,40 @@ fn no_function_is_over_60_lines() {
         .filter(|f| f.test && f.lines > MAX_TEST_LINES)
         .collect();
     assert!(long.is_empty(), "\n{}", describe(&long, MAX_TEST_LINES));
+}
+
+#[test]
+fn per_limit_sequences_are_never_zipped() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut unexplained = Vec::new();
+    let mut explained = Vec::new();
+    for file in &files {
+        let relative = file.strip_prefix(&src).expect("under src/");
+        let lines = zips(file);
+        let allowed = ZIPS.iter().any(|(path, _)| relative == Path::new(path));
+        match (lines.is_empty(), allowed) {
+            (false, false) => unexplained.extend(
+                lines
+                    .iter()
+                    .map(|line| format!("src/{}:{line}", relative.display())),
+            ),
+            (false, true) => explained.push(relative.to_path_buf()),
+            (true, _) => {}
+        }
+    }
+    assert!(
+        unexplained.is_empty(),
+        "zip outside the files that may (use limiter::pairs, or one record per limit):\n{}",
+        unexplained.join("\n")
+    );
+    for (path, why) in ZIPS {
+        assert!(
+            explained.iter().any(|p| p == Path::new(path)),
+            "src/{path} is allowed a zip ({why}) but has none: take it off the list"
+        );
+    }
 }
 
 #[test]

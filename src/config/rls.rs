@@ -58,7 +58,6 @@ pub fn compile(
     };
     let sharing = Sharing {
         instances: defaults.instances,
-        failure_mode: failure_mode.unwrap_or(defaults.failure_mode),
     };
     let domains = match raw.config_dir {
         Some(dir) => super::rls_files::load(&defaults.base.join(dir), &algorithm, sharing, p, read),

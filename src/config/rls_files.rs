@@ -15,7 +15,7 @@ use super::limits::{gcra, window, MAX_SLIDING_LOG_LIMIT};
 use super::problem::Problems;
 use super::sources::Sources;
 use crate::limiter::algorithm::Period;
-use crate::limiter::{Algorithm, FailureMode, Limit, Rate};
+use crate::limiter::{Algorithm, Limit, Rate};
 use crate::route::descriptors::{DescriptorLimit, Domain, Domains, Node, Rule, Unit};
 
 /// Where every problem of the directory is reported.
@@ -164,12 +164,11 @@ struct Context<'a> {
     sharing: Sharing,
 }
 
-/// How the rate limit service's limits are shared: by how many gateways, and what applies when
-/// the limiter cannot decide (each rule's limit set is compiled with them).
+/// How the rate limit service's limits are shared: by how many gateways (each rule's limit is
+/// compiled with its share).
 #[derive(Debug, Clone, Copy)]
 pub struct Sharing {
     pub instances: u64,
-    pub failure_mode: FailureMode,
 }
 
 impl Context<'_> {
@@ -249,7 +248,11 @@ fn compile_rule(
     let place = format!("{}{id_path}", cx.domain);
     let name = raw.name.unwrap_or_else(|| place.clone());
     let Some(rate) = Rate::new(count, Duration::from_secs(unit.seconds())) else {
-        return Some(Rule::Blocked { name, unit });
+        return Some(Rule::Blocked {
+            name,
+            unit,
+            series: 0,
+        });
     };
     let chosen = raw.algorithm.as_ref().unwrap_or(cx.algorithm);
     let Some(algorithm) = algorithm(chosen, rate) else {
@@ -264,8 +267,8 @@ fn compile_rule(
     let mut limit = Limit::new(&name, algorithm, 1, rate);
     limit.shadow = shadow;
     let replaces = raw.replaces.into_iter().map(|r| r.name).collect();
-    let sharing = (cx.sharing.instances, cx.sharing.failure_mode);
-    let limit = DescriptorLimit::new(&place, name, count, unit, limit, replaces, sharing);
+    let instances = cx.sharing.instances;
+    let limit = DescriptorLimit::new(&place, name, count, unit, limit, replaces, instances);
     Some(Rule::Limited(Box::new(limit)))
 }
 
@@ -299,10 +302,7 @@ mod tests {
         }
         let mut p = Problems::default();
         let fixed_window = Spelled::Known(AlgorithmName::FixedWindow);
-        let sharing = Sharing {
-            instances: 1,
-            failure_mode: FailureMode::Allow,
-        };
+        let sharing = Sharing { instances: 1 };
         let domains = load(
             dir.path(),
             &fixed_window,

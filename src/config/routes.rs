@@ -291,7 +291,7 @@ mod tests {
         assert!(problems.is_empty(), "{problems:?}");
         let compiled = compiled.unwrap();
         let tier = compiled.tiers.default();
-        assert_eq!(tier.limits.failure_mode(), FailureMode::Deny);
+        assert_eq!(tier.rules.failure_mode(), FailureMode::Deny);
         assert_eq!(tier.limits.len(), 2);
         assert_eq!(
             tier.policy_header.clone().unwrap(),

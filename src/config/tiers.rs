@@ -15,10 +15,10 @@ use super::identity::known_plans;
 use super::problem::Problems;
 use super::raw::{RawLimit, RawOverride, RawParams};
 use crate::caller::consumers::Plans;
-use crate::limiter::{fields, Limit, LimitSet};
+use crate::limiter::{fields, Limit, LimitRules, PolicyLimit};
 use crate::route::keys::{KeySpec, RouteKeys};
-use crate::route::pricing::{CostHeaders, RoutePricing};
-use crate::route::tiers::{Tier, TierId, Tiers};
+use crate::route::pricing::CostHeaders;
+use crate::route::tiers::{Position, Tier, TierId, TierLimit, Tiers};
 
 /// Longest consumer id an override may name (ids from credentials are bounded the same).
 const MAX_CONSUMER_ID: usize = crate::caller::consumers::MAX_CONSUMER_ID;
@@ -251,7 +251,10 @@ impl Builder<'_> {
 
     fn compile(&self, picks: &[Pick]) -> Tier {
         let mut chosen: Vec<(u8, Compiled)> = Vec::new();
-        for (position, (LimitVariants(v), pick)) in self.limits.iter().zip(picks).enumerate() {
+        for (position, pick) in picks.iter().enumerate() {
+            let Some(LimitVariants(v)) = self.limits.get(position) else {
+                continue;
+            };
             let compiled = match (pick, pick_entry(v, *pick)) {
                 (Pick::Off, _) => continue,
                 (_, Some(compiled)) => compiled,
@@ -260,20 +263,28 @@ impl Builder<'_> {
             chosen.push((position as u8, compiled.clone()));
         }
         let s = self.settings;
-        let mut limits: Vec<Limit> = chosen.iter().map(|(_, c)| c.limit.clone()).collect();
-        if s.shadow {
-            limits.iter_mut().for_each(|limit| limit.shadow = true);
-        }
-        let specs: Vec<KeySpec> = chosen.iter().map(|(_, c)| c.spec.clone()).collect();
+        let limits: Box<[TierLimit]> = chosen
+            .into_iter()
+            .map(|(position, compiled)| {
+                let mut limit = compiled.limit;
+                limit.shadow |= s.shadow;
+                TierLimit {
+                    limit: PolicyLimit::new(limit, s.instances),
+                    key: s.keys.limit_key(&compiled.spec),
+                    costs: compiled.headers,
+                    position: Position(position),
+                }
+            })
+            .collect();
+        let exact = || limits.iter().map(|l| &l.limit.exact);
         Tier {
             policy_header: s
                 .rate_limit_headers
-                .then(|| policy_header(&limits))
+                .then(|| policy_header(exact()))
                 .flatten(),
-            keys: s.keys.for_tier(&specs),
-            pricing: RoutePricing::new(chosen.iter().map(|(_, c)| c.headers.clone()).collect()),
-            positions: chosen.iter().map(|(position, _)| *position).collect(),
-            limits: LimitSet::new(limits, s.instances, s.failure_mode, s.deadline),
+            rules: LimitRules::new(exact(), s.failure_mode, s.deadline),
+            keys: s.keys.clone(),
+            limits,
         }
     }
 }
@@ -291,9 +302,9 @@ fn pick_entry(v: &Variants, pick: Pick) -> Option<&Compiled> {
 
 /// `"a";q=10;w=1, "b";q=100;w=60`: the IETF httpapi RateLimit-Policy list, built once.
 /// Limits that are not rates (concurrency) are not listed.
-pub fn policy_header(limits: &[Limit]) -> Option<HeaderValue> {
+pub fn policy_header<'a>(limits: impl IntoIterator<Item = &'a Limit>) -> Option<HeaderValue> {
     let mut value = Vec::new();
-    for limit in limits.iter().filter(|l| !l.shadow) {
+    for limit in limits.into_iter().filter(|l| !l.shadow) {
         if let Some((quota, window)) = limit.policy {
             fields::push_policy_item(&mut value, &limit.name, quota, window);
         }
@@ -397,7 +408,8 @@ mod tests {
             "\"per_ip\";q=50;w=1"
         );
         let pro_tier = tiers.get(tiers.choose(Some(&pro)));
-        assert_eq!(&*pro_tier.positions, &[0], "positions in the route's list");
+        let series: Vec<u8> = pro_tier.limits.iter().map(|l| l.position.0).collect();
+        assert_eq!(series, [0], "places in the route's list");
     }
 
     #[test]

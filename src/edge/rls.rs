@@ -153,7 +153,7 @@ impl RateLimitService for RlsHandler {
                 request.domain
             )));
         };
-        let descriptors: Vec<rls::Descriptor<'_>> = request
+        let descriptors: rls::PerDescriptor<rls::Descriptor<'_>> = request
             .descriptors
             .iter()
             .map(|descriptor| rls::Descriptor {
@@ -166,13 +166,9 @@ impl RateLimitService for RlsHandler {
             })
             .collect();
         let hits = u64::from(request.hits_addend.max(1));
-        let decided = rls::decide(domain, scope(settings), &self.policy, &descriptors, hits).await;
-        if let Some(metrics) = snapshot.rls_metrics.get(&request.domain) {
-            metrics.count(decided.outcome);
-            for (limit, outcome) in &decided.limit_outcomes {
-                metrics.count_limit(limit, *outcome);
-            }
-        }
+        let meters = snapshot.rls_metrics.get(&request.domain);
+        let deciders = (&*self.policy, meters);
+        let decided = rls::decide(domain, scope(settings), deciders, &descriptors, hits).await;
         let code = if decided.over {
             Code::OverLimit
         } else {
@@ -192,7 +188,6 @@ fn scope(settings: &RlsSettings) -> rls::Scope<'_> {
     rls::Scope {
         key_prefix: &settings.key_prefix,
         secret: settings.secret,
-        instances: settings.instances,
         failure_mode: settings.failure_mode,
     }
 }

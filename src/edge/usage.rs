@@ -12,9 +12,10 @@ use smallvec::SmallVec;
 
 use crate::caller::consumers::{Consumer, PlanId, Via, MAX_CONSUMER_ID};
 use crate::limiter::fields::whole_seconds;
-use crate::limiter::Policy;
+use crate::limiter::{LimitRecords, LimitStatus, Policy};
 use crate::route::keys::{RequestFacts, Rotation};
 use crate::route::table::Route;
+use crate::route::tiers::TierLimit;
 use crate::runtime::snapshot::Snapshot;
 
 /// Why a usage query gets no usage: its status and a plain-word reason.
@@ -157,34 +158,36 @@ async fn peek<'a>(
         consumer: Some(consumer),
         claim_names: &[],
     };
-    let readable: Vec<bool> = (0..tier.limits.len())
-        .map(|i| tier.keys.follows_from_caller(i))
-        .collect();
-    let decision = if readable.iter().any(|r| *r) {
-        let asks = tier
-            .asks(&facts, &Rotation::default())
+    let readable = |limit: &TierLimit| tier.keys.follows_from_caller(&limit.key);
+    let mut records = LimitRecords::new();
+    if tier.limits.iter().any(readable) {
+        records = tier
+            .records(&facts, &Rotation::default())
             .map_err(|undecidable| usage_error(400, undecidable.0))?;
-        Some(
-            policy
-                .peek(&tier.limits, &asks)
-                .await
-                .map_err(|e| usage_error(503, format!("the limiter cannot be read: {e}")))?,
-        )
-    } else {
-        None
+        let mut asked = tier
+            .asked(&mut records)
+            .ok_or_else(|| usage_error(500, "the limits changed while read".to_string()))?;
+        policy
+            .peek(&mut asked)
+            .await
+            .map_err(|e| usage_error(503, format!("the limiter cannot be read: {e}")))?;
+    }
+    // Nothing read: no record, and no status for any limit.
+    let statuses: Vec<(&TierLimit, Option<&LimitStatus>)> = match tier.said(&records) {
+        Some(said) => said
+            .map(|(limit, record)| (limit, record.status.as_ref().filter(|_| readable(limit))))
+            .collect(),
+        None => tier.limits.iter().map(|limit| (limit, None)).collect(),
     };
-    let usage = tier.limits.limits().iter().enumerate().map(|(i, limit)| {
-        let status = decision
-            .as_ref()
-            .filter(|_| readable[i])
-            .and_then(|d| d.statuses.get(i));
+    let usage = statuses.into_iter().map(|(limit, status)| {
+        let (readable, limit) = (readable(limit), &limit.limit.exact);
         LimitUsage {
             name: &limit.name,
             limit: limit.policy.map(|(quota, _)| quota),
             window_seconds: limit.policy.map(|(_, window)| window),
             remaining: status.map(|s| s.remaining),
             reset_seconds: status.map(|s| whole_seconds(s.reset_after_ms)),
-            unavailable: (!readable[i])
+            unavailable: (!readable)
                 .then_some("keyed on more than the consumer (client_ip, a header, the path...): no count belongs to the consumer alone"),
         }
     });

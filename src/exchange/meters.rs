@@ -12,7 +12,7 @@ use strum::EnumCount;
 
 use crate::caller::consumers::{AuthFailure, AuthMode, PlanId, Plans, NO_PLAN};
 use crate::exchange::answer::{ClientError, Decided, UpstreamError};
-use crate::limiter::{CostReport, Limit, Outcome, Verdict};
+use crate::limiter::{CostReport, Limit, Outcome};
 use crate::observe::metrics::{
     AUTH_FAILURES, CLIENT_ERRORS, LIMIT_DECISIONS, PLAN_REQUESTS, REQUESTS, REQUESTS_IN_FLIGHT,
     REQUEST_DURATION, RESPONSE_COST_REPORTS, RESPONSE_COST_UNITS, RLS_LIMIT_DECISIONS,
@@ -20,13 +20,14 @@ use crate::observe::metrics::{
 };
 use crate::route::descriptors::Domains;
 use crate::route::table::RouteTable;
-use crate::route::tiers::Tier;
+use crate::route::tiers::Position;
 
 /// Counter handles of one rate limit service domain: one per request decision, and per limit
 /// one per [`Outcome`].
 pub struct DomainMetrics {
     requests: [IntCounter; Decided::COUNT],
-    limits: HashMap<String, [IntCounter; Outcome::ALL.len()]>,
+    /// By a limit's series: its place among the domain's limit names.
+    limits: Box<[[IntCounter; Outcome::ALL.len()]]>,
 }
 
 impl DomainMetrics {
@@ -34,9 +35,10 @@ impl DomainMetrics {
         self.requests[Decided::Limiter(outcome).index()].inc();
     }
 
-    /// What the limit named `limit` said about one descriptor.
-    pub fn count_limit(&self, limit: &str, outcome: Outcome) {
-        if let Some(counters) = self.limits.get(limit) {
+    /// What the limit of series `series` (its place among the domain's limit names) said
+    /// about one descriptor.
+    pub fn count_limit(&self, series: usize, outcome: Outcome) {
+        if let Some(counters) = self.limits.get(series) {
             counters[outcome as usize].inc();
         }
     }
@@ -53,12 +55,10 @@ pub fn rls_metrics(domains: &Domains) -> HashMap<String, DomainMetrics> {
                     .map(|d| RLS_REQUESTS.with_label_values(&[name, d.label()])),
                 limits: domain
                     .limit_names()
-                    .into_iter()
                     .map(|limit| {
-                        let counters = Outcome::ALL.map(|o| {
+                        Outcome::ALL.map(|o| {
                             RLS_LIMIT_DECISIONS.with_label_values(&[name, limit, o.label()])
-                        });
-                        (limit.to_string(), counters)
+                        })
                     })
                     .collect(),
             };
@@ -88,11 +88,8 @@ pub struct RouteMetrics {
     in_flight: IntGauge,
     upstream_errors: [IntCounter; UpstreamError::COUNT],
     client_errors: [IntCounter; ClientError::COUNT],
-    /// Per limit of the route, in its order: a counter per [`Outcome`].
-    limits: Vec<[IntCounter; Outcome::ALL.len()]>,
-    /// Per limit of the route, in its order: for those priced by the response, a counter per
-    /// [`CostReport`] label and one of units reported.
-    response_costs: Vec<Option<ResponseCostMeters>>,
+    /// Per limit of the route, by its [`Position`] in the route's list.
+    limits: Box<[LimitMeters]>,
     /// Of a route that verifies callers: per plan slot (0: none, then each plan), a counter
     /// per decision label; and a counter per reason a caller was refused.
     callers: Option<CallerMeters>,
@@ -103,6 +100,47 @@ struct CallerMeters {
     failures: [IntCounter; AuthFailure::COUNT],
 }
 
+/// The handles of one `(route, limit)` series: a counter per [`Outcome`] and, for a limit
+/// priced by the response, what its responses reported.
+pub struct LimitMeters {
+    outcomes: [IntCounter; Outcome::ALL.len()],
+    costs: Option<ResponseCostMeters>,
+}
+
+impl LimitMeters {
+    fn new(route: &str, limit: &Limit) -> LimitMeters {
+        let name = &*limit.name;
+        LimitMeters {
+            outcomes: Outcome::ALL
+                .map(|o| LIMIT_DECISIONS.with_label_values(&[route, name, o.label()])),
+            costs: limit
+                .priced_by_response
+                .as_ref()
+                .map(|_| ResponseCostMeters {
+                    reports: CostReport::LABELS.map(|report| {
+                        RESPONSE_COST_REPORTS.with_label_values(&[route, name, report])
+                    }),
+                    units: RESPONSE_COST_UNITS.with_label_values(&[route, name]),
+                }),
+        }
+    }
+
+    /// What the limit said about a request.
+    pub fn count(&self, outcome: Outcome) {
+        self.outcomes[outcome as usize].inc();
+    }
+
+    /// What an admitted request's response reported it cost (nothing for a limit not priced
+    /// by the response).
+    pub fn count_report(&self, report: CostReport) {
+        let Some(costs) = &self.costs else { return };
+        costs.reports[report.index()].inc();
+        if let Some(units) = report.units() {
+            costs.units.inc_by(units);
+        }
+    }
+}
+
 /// What the responses of one limit priced by the response reported.
 struct ResponseCostMeters {
     reports: [IntCounter; CostReport::LABELS.len()],
@@ -110,8 +148,8 @@ struct ResponseCostMeters {
 }
 
 impl RouteMetrics {
-    /// The handles of the route named `route`, with `limits`.
-    pub fn new(route: &str, limits: &[Limit]) -> RouteMetrics {
+    /// The handles of the route named `route`, with `limits` (as written, in order).
+    pub fn new<'a>(route: &str, limits: impl IntoIterator<Item = &'a Limit>) -> RouteMetrics {
         RouteMetrics {
             decisions: Decided::all().map(|d| REQUESTS.with_label_values(&[route, d.label()])),
             status_classes: STATUS_CLASSES
@@ -128,24 +166,8 @@ impl RouteMetrics {
                 CLIENT_ERRORS.with_label_values(&[route, kind])
             }),
             limits: limits
-                .iter()
-                .map(|limit| {
-                    Outcome::ALL.map(|o| {
-                        LIMIT_DECISIONS.with_label_values(&[route, &limit.name, o.label()])
-                    })
-                })
-                .collect(),
-            response_costs: limits
-                .iter()
-                .map(|limit| {
-                    limit.priced_by_response.as_ref()?;
-                    Some(ResponseCostMeters {
-                        reports: CostReport::LABELS.map(|report| {
-                            RESPONSE_COST_REPORTS.with_label_values(&[route, &limit.name, report])
-                        }),
-                        units: RESPONSE_COST_UNITS.with_label_values(&[route, &limit.name]),
-                    })
-                })
+                .into_iter()
+                .map(|limit| LimitMeters::new(route, limit))
                 .collect(),
             callers: None,
         }
@@ -186,19 +208,9 @@ impl RouteMetrics {
         }
     }
 
-    /// What the response of an admitted request reported for each limit priced by the
-    /// response (`reports`, one per limit; none when no response came).
-    pub fn count_response_costs(&self, tier: &Tier, reports: &[CostReport]) {
-        for (index, &position) in tier.positions.iter().enumerate() {
-            let Some(Some(meters)) = self.response_costs.get(usize::from(position)) else {
-                continue;
-            };
-            let report = reports.get(index).copied().unwrap_or(CostReport::Missing);
-            meters.reports[report.index()].inc();
-            if let Some(units) = report.units() {
-                meters.units.inc_by(units);
-            }
-        }
+    /// The handles of the limit at `position` in the route's list.
+    pub fn limit(&self, position: Position) -> Option<&LimitMeters> {
+        self.limits.get(usize::from(position.0))
     }
 
     pub fn count(&self, decided: Decided) {
@@ -228,17 +240,6 @@ impl RouteMetrics {
 
     pub fn count_client_error(&self, kind: ClientError) {
         self.client_errors[kind as usize].inc();
-    }
-
-    /// What each limit of the `tier` a request met said about it (nothing when no limiter was
-    /// asked: no limits, or the request was refused before).
-    pub fn count_limits(&self, tier: &Tier, verdict: &Verdict) {
-        for (index, outcome) in Outcome::per_limit(tier.limits.limits(), verdict) {
-            let position = tier.positions.get(index).map(|&p| usize::from(p));
-            if let Some(counters) = position.and_then(|p| self.limits.get(p)) {
-                counters[outcome as usize].inc();
-            }
-        }
     }
 
     /// Counts the request in flight until the returned guard drops.
@@ -284,7 +285,7 @@ impl Metrics {
     pub fn new(routes: &RouteTable, plans: &Plans) -> Metrics {
         let mut series = Series::default();
         for route in routes.in_file_order() {
-            let limits = route.tiers.default().limits.limits();
+            let limits = route.tiers.written();
             series.routes.push(route.name.to_string());
             if route.auth.mode != AuthMode::Off {
                 for plan in std::iter::once(NO_PLAN).chain(plans.names().iter().map(|n| &**n)) {
@@ -305,7 +306,7 @@ impl Metrics {
             }
         }
         Metrics {
-            unmatched: RouteMetrics::new(UNMATCHED_ROUTE, &[]),
+            unmatched: RouteMetrics::new(UNMATCHED_ROUTE, []),
             series,
         }
     }
@@ -435,7 +436,7 @@ mod tests {
             .routes
             .in_file_order()
             .into_iter()
-            .map(|route| RouteMetrics::new(&route.name, route.tiers.default().limits.limits()))
+            .map(|route| RouteMetrics::new(&route.name, route.tiers.written()))
             .collect()
     }
 

@@ -7,6 +7,7 @@
 
 pub(crate) mod answer;
 pub(crate) mod head;
+pub(crate) mod limits;
 pub(crate) mod meters;
 pub(crate) mod rls;
 pub(crate) mod site;
@@ -17,24 +18,21 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use smallvec::SmallVec;
-
 use crate::caller::address_lists::{AddressLists, Standing};
 use crate::caller::consumers::{AuthFailure, AuthMode, Consumer, Credentials};
 use crate::exchange::answer::{
     Answer, ClientError, Decided, Unasked, UpstreamError, CLIENT_CLOSED,
 };
-use crate::limiter::{
-    Asks, Backend, CostReport, Decision, Limiter, Policy, ReleaseSlots, SettleUnits, Verdict,
-    LIMITS_INLINE,
-};
+use crate::limiter::{Backend, Limiter, Policy, ReleaseSlots, SettleUnits, Verdict};
 use crate::route::keys::{self, RequestFacts};
 use crate::route::path;
 use crate::route::table::Route;
-use crate::route::tiers::{Tier, TierId, Undecidable};
+use crate::route::tiers::Undecidable;
+use limits::RequestLimits;
 use meters::{InFlight, RouteMetrics};
 
 pub use head::{Head, Target};
+pub use limits::LimitsSaid;
 pub use site::{RouteRuntime, Site};
 pub use upstream::Dial;
 
@@ -43,14 +41,6 @@ pub use upstream::Dial;
 pub trait Seam: Limiter + ReleaseSlots + SettleUnits + Backend {}
 
 impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Seam for E {}
-
-/// What a request's limits said: its route, the limits it met, their decision.
-#[derive(Clone, Copy)]
-pub struct LimitsSaid<'a> {
-    pub route: &'a Route,
-    pub tier: &'a Tier,
-    pub decision: &'a Decision,
-}
 
 /// What admission says of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,20 +63,14 @@ pub struct Exchange {
     client: Option<IpAddr>,
     /// Consistent-hashing key for the upstream pool.
     balance_key: [u8; 8],
-    /// What the request asked of each limit of its route, kept to settle it when it ends.
-    asks: Asks,
-    /// The policy's verdict; `None` when the request was answered before any limit.
-    verdict: Option<Verdict>,
+    /// Its limits: the tier it meets, a record per limit, the verdict on them.
+    limits: RequestLimits,
     /// What the gateway answers (or answered) instead of the upstream, once it knows.
     answer: Option<Answer>,
     /// The verified caller (`None`: anonymous, or the route does not verify callers).
     consumer: Option<Consumer>,
-    /// Which of its route's tiers of limits the request meets (by its consumer and plan).
-    tier: TierId,
     /// The client's address is in an `allow` range: proxied without asking the limits.
     exempt: bool,
-    /// The request was held for shaping and its client left: its units went back.
-    abandoned: bool,
     /// When the route's `request_timeout` runs out.
     deadline: Option<Instant>,
     /// Request body bytes received so far, and when the last of them arrived.
@@ -95,8 +79,6 @@ pub struct Exchange {
     /// Why the client failed the request, if it did.
     client_error: Option<ClientError>,
     upstream: upstream::Attempts,
-    /// What the response said it cost, per limit of the route (`cost_from_response`).
-    cost_reports: SmallVec<[CostReport; LIMITS_INLINE]>,
     /// Counts the routed request in flight until it ends.
     in_flight: Option<InFlight>,
 }
@@ -112,19 +94,15 @@ impl Exchange {
             normalized_path: None,
             client: None,
             balance_key: [0; 8],
-            asks: Asks::new(),
-            verdict: None,
+            limits: RequestLimits::default(),
             answer: None,
             consumer: None,
-            tier: TierId::default(),
             exempt: false,
-            abandoned: false,
             deadline: None,
             body_bytes: 0,
             body_at: None,
             client_error: None,
             upstream: upstream::Attempts::default(),
-            cost_reports: SmallVec::new(),
             in_flight: None,
         }
     }
@@ -143,11 +121,9 @@ impl Exchange {
                 delay: Duration::ZERO,
             };
         }
-        let tier = route.route.tiers.get(self.tier);
-        let verdict = policy.decide(&tier.limits, &self.asks).await;
+        let verdict = self.limits.decide(&route.route, policy).await;
         let refusal = Answer::refusing(verdict.outcome);
         let delay = verdict.delay;
-        self.verdict = Some(verdict);
         match refusal {
             Some(answer) => self.answer(answer),
             None => Admission::Admitted { delay },
@@ -191,7 +167,7 @@ impl Exchange {
             Standing::Limited => {}
         }
         self.consumer = self.caller(&route, head)?;
-        self.tier = route.tiers.choose(self.consumer.as_ref());
+        self.limits.meet(route.tiers.choose(self.consumer.as_ref()));
         let facts = RequestFacts {
             client_ip: client,
             method: req.method.as_str(),
@@ -206,11 +182,10 @@ impl Exchange {
         if let Some(parts) = route.upstream.hash_parts() {
             self.balance_key = keys::digest_parts(&facts, parts).to_be_bytes();
         }
-        let tier = route.tiers.get(self.tier);
-        if !tier.limits.is_empty() && !self.exempt {
+        if self.limits.limited(&route) && !self.exempt {
             let runtime = self.route.as_deref().ok_or(Answer::Internal)?;
-            self.asks = tier
-                .asks(&facts, runtime.rotation(self.tier))
+            self.limits
+                .ask(runtime, &facts)
                 .map_err(|Undecidable(detail)| Answer::BadRequest(detail))?;
         }
         Ok(())
@@ -252,20 +227,16 @@ impl Exchange {
     /// The admitted request will not go upstream (its client left while it was held for
     /// shaping): the units it reserved go back.
     pub async fn abandon<E: Seam>(&mut self, policy: &Policy<E>) {
-        if let (Some(route), Some(verdict)) = (&self.route, &self.verdict) {
-            let tier = route.route.tiers.get(self.tier);
-            policy
-                .give_back_abandoned(&tier.limits, &self.asks, verdict)
-                .await;
+        if let Some(runtime) = &self.route {
+            self.limits.abandon(&runtime.route, policy).await;
         }
-        self.abandoned = true;
     }
 
     /// The request has ended with `status` (`None`: nothing was answered): counts it, gives
     /// back its concurrency slots, and settles what its response said it cost.
     pub async fn end<E: Seam>(&mut self, policy: &Policy<E>, status: Option<u16>) {
-        let metrics = self.metrics();
         let decided = self.decided();
+        let metrics = self.metrics();
         metrics.count(decided);
         let failure = match self.answer {
             Some(Answer::AuthFailed(failure)) => Some(failure),
@@ -285,19 +256,9 @@ impl Exchange {
         if let Some(upstream_time) = self.upstream.time {
             metrics.observe_upstream(upstream_time);
         }
-        if let (Some(runtime), Some(verdict)) = (&self.route, &self.verdict) {
-            let tier = runtime.route.tiers.get(self.tier);
-            let limits = &tier.limits;
-            metrics.count_limits(tier, verdict);
-            policy.finish(limits, &self.asks, verdict).await;
-            // What a response reported: its units went back already if it was abandoned.
-            if verdict.admitted() && !self.abandoned {
-                metrics.count_response_costs(tier, &self.cost_reports);
-                let reports = &self.cost_reports;
-                policy
-                    .settle_response(limits, &self.asks, verdict, reports)
-                    .await;
-            }
+        if let Some(runtime) = &self.route {
+            let route = &runtime.route;
+            self.limits.end(route, &runtime.metrics, policy).await;
         }
         self.in_flight = None;
     }
@@ -316,12 +277,12 @@ impl Exchange {
 
     /// The request went (or goes) upstream.
     fn admitted(&self) -> bool {
-        self.exempt || self.verdict.as_ref().is_some_and(Verdict::admitted)
+        self.exempt || self.limits.verdict().is_some_and(Verdict::admitted)
     }
 
     /// The request's `decision` label.
     pub fn decided(&self) -> Decided {
-        match (&self.verdict, self.answer) {
+        match (self.limits.verdict(), self.answer) {
             _ if self.exempt => Decided::Unasked(Unasked::Exempt),
             (Some(verdict), _) => Decided::Limiter(verdict.outcome),
             (None, answer) => Decided::Unasked(
@@ -360,7 +321,7 @@ impl Exchange {
     }
 
     pub fn verdict(&self) -> Option<&Verdict> {
-        self.verdict.as_ref()
+        self.limits.verdict()
     }
 
     /// What the gateway answers (or answered) instead of the upstream, if it does.
@@ -368,38 +329,21 @@ impl Exchange {
         self.answer
     }
 
-    /// The route, the limits the request met and their decision, for a request its limits
+    /// The route, the limits the request met and what they said, for a request its limits
     /// refused or admitted: what the `RateLimit` headers and a `429`'s body are written from.
     pub fn limits_said(&self) -> Option<LimitsSaid<'_>> {
-        let decision = self.verdict.as_ref()?.decision.as_ref()?;
-        let route = self.route()?;
-        Some(LimitsSaid {
-            route,
-            tier: route.tiers.get(self.tier),
-            decision,
-        })
-    }
-
-    /// The limits the request met (its route's tier for its consumer and plan).
-    pub fn tier(&self) -> Option<&Tier> {
-        Some(self.route()?.tiers.get(self.tier))
+        self.limits.said(self.route()?)
     }
 
     /// The name of the limit that decided: the one that denied, or the shadow limit that
     /// would have.
     pub fn deciding_limit(&self) -> Option<&str> {
-        let index = self.verdict.as_ref()?.deciding_limit()?;
-        self.tier()?.limit(index).map(|l| &*l.name)
+        self.limits.deciding_limit(self.route()?)
     }
 
     /// The failure mode that applied, when the limiter could not decide.
     pub fn failure_mode(&self) -> Option<&'static str> {
-        let verdict = self.verdict.as_ref()?;
-        let tier = self.tier()?;
-        verdict
-            .outcome
-            .by_failure_mode()
-            .then(|| tier.limits.failure_mode().label())
+        self.limits.failure_mode(self.route()?)
     }
 
     /// The `WWW-Authenticate` challenge of `answer`, when it is a `401`.
@@ -452,8 +396,8 @@ impl Exchange {
 
     /// How long the limiter took.
     pub fn limiter_time(&self) -> Duration {
-        self.verdict
-            .as_ref()
+        self.limits
+            .verdict()
             .map_or(Duration::ZERO, |verdict| verdict.limiter_time)
     }
 

@@ -3,27 +3,33 @@
 //! `replaces` drops out, and every remaining limit is decided in one policy call, all or
 //! nothing. What comes out is plain Rust; `edge::rls` maps it to and from protobuf.
 
-use std::borrow::Cow;
-use std::collections::HashSet;
+use smallvec::SmallVec;
 
-use crate::limiter::{Ask, Asks, FailureMode, LimitSet, LimitStatus, Outcome, Policy, Verdict};
+use crate::exchange::meters::DomainMetrics;
+use crate::limiter::{
+    Asked, AskedLimit, FailureMode, LimitRecord, LimitRules, Outcome, Policy, Verdict,
+    LIMITS_INLINE,
+};
 use crate::route::descriptors::{key, DescriptorLimit, Domain, Entry, Rule, Unit};
 
-/// What the `rls:` section says of every domain: where its counters live and how this gateway
-/// shares them.
+/// What the `rls:` section says of every domain: where its counters live and what applies
+/// when the limiter cannot decide.
 #[derive(Debug, Clone, Copy)]
 pub struct Scope<'a> {
     pub key_prefix: &'a str,
     pub secret: (u64, u64),
-    pub instances: u64,
     pub failure_mode: FailureMode,
 }
 
-/// One descriptor of a call: its entries, and the hits it adds when it says (`hits_addend`).
+/// One descriptor of a call: its entries (inline up to 4), and the hits it adds when it says
+/// (`hits_addend`).
 pub struct Descriptor<'a> {
-    pub entries: Vec<Entry<'a>>,
+    pub entries: SmallVec<[Entry<'a>; 4]>,
     pub hits: Option<u64>,
 }
+
+/// A call's descriptors (or one status per descriptor), inline up to 4.
+pub type PerDescriptor<T> = SmallVec<[T; 4]>;
 
 /// The limit a descriptor is held to, as the answer shows it (`current_limit`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,37 +51,35 @@ pub struct Status<'a> {
     pub enforced: bool,
 }
 
-/// The call's answer: whether it is over the limit, each descriptor's status, and what each
-/// limit said (for `sluice_rls_*` metrics).
+/// The call's answer: whether it is over the limit, and each descriptor's status.
 pub struct RlsReply<'a> {
     pub over: bool,
-    /// The call's `decision` label.
-    pub outcome: Outcome,
-    pub statuses: Vec<Status<'a>>,
-    pub limit_outcomes: Vec<(&'a str, Outcome)>,
+    pub statuses: PerDescriptor<Status<'a>>,
 }
 
-/// One descriptor that matched a limit: its place in the call, the limit, its key and cost.
+/// One descriptor that matched a limit: its place in the call, the limit, and the call's
+/// record of it (key and cost, then what the limiter said).
 struct Matched<'a> {
     descriptor: usize,
     limit: &'a DescriptorLimit,
-    ask: Ask,
+    record: LimitRecord,
 }
 
 /// The descriptors' rules: the limits to decide, and the statuses rules fix by themselves
 /// (unlimited, blocked).
 struct Matches<'a> {
-    matched: Vec<Matched<'a>>,
-    statuses: Vec<Status<'a>>,
-    /// Names of the blocked rules that matched: each refused the call.
-    blocked: Vec<&'a str>,
+    matched: PerDescriptor<Matched<'a>>,
+    statuses: PerDescriptor<Status<'a>>,
+    /// The series of the blocked rules that matched: each refused the call.
+    blocked: PerDescriptor<usize>,
 }
 
-/// Decides a call of `descriptors` against `domain`; `hits` is the call's `hits_addend`.
+/// Decides a call of `descriptors` against `domain`; `hits` is the call's `hits_addend`. What
+/// the call and each limit said is counted on `meters`, the domain's handles.
 pub async fn decide<'a>(
     domain: &'a Domain,
     scope: Scope<'_>,
-    policy: &Policy,
+    (policy, meters): (&Policy, Option<&DomainMetrics>),
     descriptors: &[Descriptor<'_>],
     hits: u64,
 ) -> RlsReply<'a> {
@@ -85,29 +89,30 @@ pub async fn decide<'a>(
     // consumed, as with any denied call.
     if blocked {
         for m in &mut matches.matched {
-            m.ask.cost = 0;
+            m.record.ask.cost = 0;
         }
     }
     drop_replaced(&mut matches.matched);
-    let (set, verdict) = decide_limits(&matches.matched, scope, policy).await;
-    let mut limit_outcomes: Vec<(&str, Outcome)> = matches
-        .blocked
-        .iter()
-        .map(|name| (*name, Outcome::Limited))
-        .collect();
-    for (index, outcome) in Outcome::per_limit(set.limits(), &verdict) {
-        limit_outcomes.push((matches.matched[index].limit.name.as_str(), outcome));
+    let verdict = decide_limits(&mut matches.matched, scope, policy).await;
+    let outcome = if blocked {
+        Outcome::Limited
+    } else {
+        verdict.outcome
+    };
+    if let Some(meters) = meters {
+        meters.count(outcome);
+        for &series in &matches.blocked {
+            meters.count_limit(series, Outcome::Limited);
+        }
+        for m in &matches.matched {
+            if let Some(said) = m.record.outcome(&m.limit.limit.exact, &verdict) {
+                meters.count_limit(m.limit.series, said);
+            }
+        }
     }
-    let statuses = statuses(matches, &verdict);
     RlsReply {
         over: blocked || !verdict.admitted(),
-        outcome: if blocked {
-            Outcome::Limited
-        } else {
-            verdict.outcome
-        },
-        statuses,
-        limit_outcomes,
+        statuses: statuses(matches, &verdict),
     }
 }
 
@@ -120,11 +125,14 @@ fn match_rules<'a>(
     hits: u64,
 ) -> Matches<'a> {
     let mut matches = Matches {
-        matched: Vec::new(),
-        statuses: vec![Status::default(); descriptors.len()],
-        blocked: Vec::new(),
+        matched: PerDescriptor::new(),
+        statuses: descriptors.iter().map(|_| Status::default()).collect(),
+        blocked: PerDescriptor::new(),
     };
     for (i, descriptor) in descriptors.iter().enumerate() {
+        let Some(shown) = matches.statuses.get_mut(i) else {
+            continue;
+        };
         match domain.rule(&descriptor.entries) {
             Some(Rule::Limited(limit)) => {
                 let key = key(
@@ -138,13 +146,13 @@ fn match_rules<'a>(
                 matches.matched.push(Matched {
                     descriptor: i,
                     limit,
-                    ask: Ask { key, cost },
+                    record: LimitRecord::new(key, cost),
                 });
             }
-            Some(Rule::Unlimited) => matches.statuses[i].remaining = u64::from(u32::MAX),
-            Some(Rule::Blocked { name, unit }) => {
-                matches.blocked.push(name);
-                matches.statuses[i] = Status {
+            Some(Rule::Unlimited) => shown.remaining = u64::from(u32::MAX),
+            Some(Rule::Blocked { name, unit, series }) => {
+                matches.blocked.push(*series);
+                *shown = Status {
                     over: true,
                     limit: Some(Shown {
                         name,
@@ -161,56 +169,58 @@ fn match_rules<'a>(
 }
 
 /// A limit named in another matched limit's `replaces` does not apply.
-fn drop_replaced(matched: &mut Vec<Matched<'_>>) {
-    let replaced: HashSet<&str> = matched
-        .iter()
-        .flat_map(|m| m.limit.replaces.iter().map(String::as_str))
-        .collect();
-    if !replaced.is_empty() {
-        matched.retain(|m| !replaced.contains(m.limit.name.as_str()));
+fn drop_replaced(matched: &mut PerDescriptor<Matched<'_>>) {
+    let replaced = |name: &str| {
+        let names = |m: &Matched<'_>| m.limit.replaces.iter().any(|r| r == name);
+        matched.iter().any(names)
+    };
+    let dropped: PerDescriptor<bool> = matched.iter().map(|m| replaced(&m.limit.name)).collect();
+    if dropped.contains(&true) {
+        let mut kept = dropped.iter().map(|drop| !drop);
+        matched.retain(|_| kept.next().unwrap_or(true));
     }
 }
 
-/// Every matched limit decided in one policy call, all or nothing. A call that matched one
-/// limit takes that rule's own precompiled set; several are composed for the call.
-async fn decide_limits<'a>(
-    matched: &[Matched<'a>],
-    scope: Scope<'_>,
-    policy: &Policy,
-) -> (Cow<'a, LimitSet>, Verdict) {
-    let set = match matched {
-        [one] => Cow::Borrowed(&one.limit.alone),
-        _ => Cow::Owned(LimitSet::new(
-            matched.iter().map(|m| m.limit.limit.clone()).collect(),
-            scope.instances,
-            scope.failure_mode,
-            None,
-        )),
+/// Every matched limit decided in one policy call, all or nothing: the same decision entry as
+/// a route's request, each limit compiled at load paired with the call's record of it.
+async fn decide_limits(matched: &mut [Matched<'_>], scope: Scope<'_>, policy: &Policy) -> Verdict {
+    let exact = matched.iter().map(|m| &m.limit.limit.exact);
+    let rules = LimitRules::new(exact, scope.failure_mode, None);
+    let limits: SmallVec<[AskedLimit<'_>; LIMITS_INLINE]> = matched
+        .iter_mut()
+        .map(|m| AskedLimit {
+            limit: &m.limit.limit,
+            record: &mut m.record,
+        })
+        .collect();
+    let asked = &mut Asked {
+        rules: &rules,
+        limits,
     };
-    let asks: Asks = matched.iter().map(|m| m.ask.clone()).collect();
-    let verdict = policy.decide(&set, &asks).await;
-    policy.finish(&set, &asks, &verdict).await;
-    (set, verdict)
+    let verdict = policy.decide(asked).await;
+    policy.finish(asked, &verdict).await;
+    verdict
 }
 
 /// Each descriptor's status: what the rules fixed, then what each decided limit said.
-fn statuses<'a>(matches: Matches<'a>, verdict: &Verdict) -> Vec<Status<'a>> {
+fn statuses<'a>(matches: Matches<'a>, verdict: &Verdict) -> PerDescriptor<Status<'a>> {
     let mut statuses = matches.statuses;
-    let decided = verdict.decision.as_ref().map(|d| &d.statuses);
-    for (j, m) in matches.matched.iter().enumerate() {
-        let status: Option<&LimitStatus> = decided.and_then(|s| s.get(j));
-        let Some(status) = status else {
+    for m in &matches.matched {
+        let Some(shown) = statuses.get_mut(m.descriptor) else {
+            continue;
+        };
+        let Some(status) = &m.record.status else {
             // Nothing decided this limit (the limiter could not; the failure mode answered):
             // no limit, remaining or reset is claimed, so neither Envoy's rate limit headers
             // nor the RateLimit fields invent one ("nothing left" when nothing was counted).
-            statuses[m.descriptor] = Status {
+            *shown = Status {
                 over: verdict.outcome == Outcome::ErrorDenied,
                 ..Status::default()
             };
             continue;
         };
-        statuses[m.descriptor] = Status {
-            over: !status.allowed && !m.limit.limit.shadow,
+        *shown = Status {
+            over: !status.allowed && !m.limit.limit.exact.shadow,
             limit: Some(Shown {
                 name: &m.limit.name,
                 requests_per_unit: m.limit.requests_per_unit,
@@ -218,7 +228,7 @@ fn statuses<'a>(matches: Matches<'a>, verdict: &Verdict) -> Vec<Status<'a>> {
             }),
             remaining: status.remaining,
             reset_after_ms: Some(status.reset_after_ms),
-            enforced: !m.limit.limit.shadow,
+            enforced: !m.limit.limit.exact.shadow,
         };
     }
     statuses

@@ -33,7 +33,7 @@ pub struct RouteRuntime {
 impl RouteRuntime {
     /// The runtime of `route` of `config`, whose servers are `pool`'s.
     fn new(route: &Arc<Route>, pool: &Pool, config: &Config) -> RouteRuntime {
-        let mut metrics = RouteMetrics::new(&route.name, route.tiers.default().limits.limits());
+        let mut metrics = RouteMetrics::new(&route.name, route.tiers.written());
         if route.auth.mode != AuthMode::Off {
             metrics = metrics.with_callers(&route.name, config.consumers.plans());
         }

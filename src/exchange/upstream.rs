@@ -206,12 +206,7 @@ impl Exchange {
     /// response.
     fn read_cost_reports(&mut self, headers: &HeaderMap) {
         if let Some(runtime) = self.route.as_ref() {
-            let tier = runtime.route.tiers.get(self.tier);
-            if tier.limits.priced_by_response() {
-                let limits = tier.limits.limits();
-                tier.pricing
-                    .read_reports(limits, headers, &mut self.cost_reports);
-            }
+            self.limits.read_reports(&runtime.route, headers);
         }
     }
 }

@@ -62,9 +62,6 @@ impl LeaseMeters {
     }
 }
 
-/// Per-request vectors of a leased call, inline for routes of ordinary size.
-type Costs = SmallVec<[u64; LIMITS_INLINE]>;
-
 /// Shards of the holdings' map: bounds what counting it (`len`, on a key's first sighting) locks.
 const SHARDS: usize = 16;
 /// Keys a gateway holds leases for at most (give or take one per request seeing a new key at
@@ -370,17 +367,26 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
         });
     }
 
-    /// One backend call for the entries in `asked`, at the given costs.
+    /// One backend call for the limits `plans` ask about: at what each wants (a top-up
+    /// included), or `exactly` at its own cost.
     async fn ask(
         &self,
         request: &LimitRequest<'_>,
-        asked: &[usize],
-        costs: &[u64],
+        plans: &Plans<'_, '_>,
+        exactly: bool,
     ) -> Result<Decision, LimiterError> {
-        let entries: Entries = asked
+        let entries: Entries = plans
             .iter()
-            .zip(costs)
-            .filter_map(|(&i, &cost)| request.entries.get(i).map(|entry| Entry { cost, ..*entry }))
+            .filter_map(|plan| {
+                let Step::Ask { want, .. } = plan.step else {
+                    return None;
+                };
+                let cost = if exactly { plan.entry.cost } else { want };
+                Some(Entry {
+                    cost,
+                    ..*plan.entry
+                })
+            })
             .collect();
         self.inner
             .check(&LimitRequest {
@@ -390,10 +396,10 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
             .await
     }
 
-    /// Undoes what `steps` did to the holdings when the request is not admitted.
-    fn unwind(&self, request: &LimitRequest<'_>, steps: &[Step]) {
-        for (entry, step) in request.entries.iter().zip(steps) {
-            match *step {
+    /// Undoes what `plans` did to the holdings when the request is not admitted.
+    fn unwind(&self, plans: &Plans<'_, '_>) {
+        for &Plan { entry, step } in plans {
+            match step {
                 Step::Held(_) => self.holdings.put_back(entry.key, entry.cost),
                 Step::Ask {
                     topping_up: true, ..
@@ -456,49 +462,29 @@ impl<L: Limiter, S: SettleUnits + 'static> Limiter for Leased<L, S> {
         }
         self.start_sweeper();
         let now = self.clock.instant();
-        let steps = self.steps(request, now);
-        let asked = Asked::of(request, &steps);
-        if asked.indexes.is_empty() {
-            return Ok(held_decision(request, &steps));
+        let plans = self.plans(request, now);
+        if plans.iter().all(|plan| matches!(plan.step, Step::Held(_))) {
+            return Ok(held_decision(request, &plans));
         }
-        let (answer, leasing) = self.ask_backend(request, &steps, &asked).await?;
-        let statuses = self.merge(request, &steps, &answer, &asked.wants, leasing, now);
+        let (answer, leasing) = self.ask_backend(request, &plans).await?;
+        let statuses = self.merge(&plans, &answer, leasing, now);
         Ok(request.decision(statuses))
     }
 }
 
+/// One limit of a request and what the leases do for it.
+#[derive(Clone, Copy)]
+struct Plan<'r, 'e> {
+    entry: &'r Entry<'e>,
+    step: Step,
+}
+
 /// What each limit of a request does, in the request's order.
-type Steps = SmallVec<[Step; LIMITS_INLINE]>;
-
-/// The limits a leased call asks the backend about: their indexes in the request, the units
-/// asked of each (a top-up included) and their own costs.
-struct Asked {
-    indexes: SmallVec<[usize; LIMITS_INLINE]>,
-    wants: Costs,
-    costs: Costs,
-}
-
-impl Asked {
-    fn of(request: &LimitRequest<'_>, steps: &[Step]) -> Asked {
-        let mut asked = Asked {
-            indexes: SmallVec::new(),
-            wants: Costs::new(),
-            costs: Costs::new(),
-        };
-        for (index, (step, entry)) in steps.iter().zip(request.entries).enumerate() {
-            if let Step::Ask { want, .. } = *step {
-                asked.indexes.push(index);
-                asked.wants.push(want);
-                asked.costs.push(entry.cost);
-            }
-        }
-        asked
-    }
-}
+type Plans<'r, 'e> = SmallVec<[Plan<'r, 'e>; LIMITS_INLINE]>;
 
 /// The decision of a request paid entirely from units held.
-fn held_decision(request: &LimitRequest<'_>, steps: &[Step]) -> Decision {
-    let statuses = steps.iter().map(|step| match *step {
+fn held_decision(request: &LimitRequest<'_>, plans: &Plans<'_, '_>) -> Decision {
+    let statuses = plans.iter().map(|plan| match plan.step {
         Step::Held(status) => status,
         Step::Ask { .. } => unreachable_status(),
     });
@@ -511,16 +497,22 @@ fn held_decision(request: &LimitRequest<'_>, steps: &[Step]) -> Decision {
 
 impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
     /// Pays each leased limit from the units held, or says what to ask for it.
-    fn steps(&self, request: &LimitRequest<'_>, now: Instant) -> Steps {
+    fn plans<'r, 'e>(&self, request: &LimitRequest<'e>, now: Instant) -> Plans<'r, 'e>
+    where
+        'e: 'r,
+    {
         request
             .entries
             .iter()
-            .map(|entry| match entry.limit.leased {
-                Some(leasing) => {
-                    self.holdings
-                        .take(entry.limit, leasing, entry.key, entry.cost, now)
-                }
-                None => Step::exact(entry.cost),
+            .map(|entry| Plan {
+                entry,
+                step: match entry.limit.leased {
+                    Some(leasing) => {
+                        self.holdings
+                            .take(entry.limit, leasing, entry.key, entry.cost, now)
+                    }
+                    None => Step::exact(entry.cost),
+                },
             })
             .collect()
     }
@@ -531,28 +523,32 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
     async fn ask_backend(
         &self,
         request: &LimitRequest<'_>,
-        steps: &[Step],
-        asked: &Asked,
+        plans: &Plans<'_, '_>,
     ) -> Result<(Decision, bool), LimiterError> {
-        let mut answer = self.ask(request, &asked.indexes, &asked.wants).await;
+        let mut answer = self.ask(request, plans, false).await;
         // The larger ask stands only if it was allowed; otherwise ask once more, exactly.
-        let mut leasing = asked.wants != asked.costs;
+        let mut leasing = plans
+            .iter()
+            .any(|plan| matches!(plan.step, Step::Ask { want, .. } if want != plan.entry.cost));
         if leasing && matches!(&answer, Ok(d) if !d.allowed()) {
-            answer = self.ask(request, &asked.indexes, &asked.costs).await;
+            answer = self.ask(request, plans, true).await;
             leasing = false;
         }
+        let asked = plans
+            .iter()
+            .filter(|plan| matches!(plan.step, Step::Ask { .. }))
+            .count();
         let answer = answer.and_then(|answer| {
-            if answer.statuses.len() == asked.indexes.len() {
+            if answer.statuses.len() == asked {
                 return Ok(answer);
             }
             Err(LimiterError::Reply(format!(
-                "{} statuses for {} limits",
+                "{} statuses for {asked} limits",
                 answer.statuses.len(),
-                asked.indexes.len()
             )))
         });
         if answer.is_err() {
-            self.unwind(request, steps);
+            self.unwind(plans);
         }
         answer.map(|answer| (answer, leasing))
     }
@@ -561,26 +557,25 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
     /// after all), asked ones as the backend answered, with the units a top-up kept.
     fn merge(
         &self,
-        request: &LimitRequest<'_>,
-        steps: &[Step],
+        plans: &Plans<'_, '_>,
         answer: &Decision,
-        wants: &[u64],
         leasing: bool,
         now: Instant,
     ) -> Statuses {
         let allowed = answer.allowed();
-        let mut answered = answer.statuses.iter().zip(wants);
+        // The asked limits' statuses, in order (one per asked limit: checked by ask_backend).
+        let mut answered = answer.statuses.iter();
         let mut statuses = Statuses::new();
-        for (entry, step) in request.entries.iter().zip(steps) {
-            let status = match *step {
+        for &Plan { entry, step } in plans {
+            let status = match step {
                 Step::Held(status) => {
                     if !allowed {
                         self.holdings.put_back(entry.key, entry.cost);
                     }
                     status
                 }
-                Step::Ask { topping_up, .. } => match answered.next() {
-                    Some((status, &want)) => {
+                Step::Ask { want, topping_up } => match answered.next() {
+                    Some(status) => {
                         // A shadow limit that denied consumed nothing, even in an allowed request.
                         let kept = if allowed && leasing && status.allowed {
                             want - entry.cost

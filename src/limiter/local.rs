@@ -25,6 +25,7 @@ use super::clock::Clock;
 use super::decision::{Decision, Statuses};
 use super::error::LimiterError;
 use super::limit::LIMITS_INLINE;
+use super::pairs::paired_mut;
 use super::request::{Entry, LimitRequest};
 use super::status::LimitStatus;
 
@@ -42,9 +43,17 @@ struct Record {
 type Shard = HashMap<Box<[u8]>, Record>;
 /// The locked shards of one request, and per key the index of its shard's guard.
 type Guards<'a> = SmallVec<[MutexGuard<'a, Shard>; LIMITS_INLINE]>;
-type Slots = SmallVec<[usize; LIMITS_INLINE]>;
-/// What each limit of a request would write if every limit allows.
-type Writes = SmallVec<[Option<Write>; LIMITS_INLINE]>;
+/// Each entry of a call with the guard its key's shard is under, and what it would write.
+type Steps<'r, 'e> = SmallVec<[Step<'r, 'e>; LIMITS_INLINE]>;
+
+/// One entry of a call, as the in-process limiter works it.
+struct Step<'r, 'e> {
+    entry: &'r Entry<'e>,
+    /// Which of the call's guards holds the entry's shard.
+    slot: usize,
+    /// What the entry's limit writes if every limit allows.
+    write: Option<Write>,
+}
 
 pub struct LocalLimiter {
     shards: Box<[Mutex<Shard>]>,
@@ -70,9 +79,17 @@ impl LocalLimiter {
 
     /// Locks the shards of the entries' keys in ascending order; returns the guards and, per
     /// entry, the index of its guard.
-    fn lock<'a>(&'a self, entries: &[Entry<'_>]) -> (Guards<'a>, Slots) {
-        let shard_ids: Slots = entries.iter().map(|e| Self::shard_of(e.key)).collect();
-        let mut order = shard_ids.clone();
+    fn lock<'a, 'r, 'e>(&'a self, entries: &'r [Entry<'e>]) -> (Guards<'a>, Steps<'r, 'e>) {
+        // Each step's slot is first its shard, then the index of that shard's guard.
+        let mut steps: Steps<'r, 'e> = entries
+            .iter()
+            .map(|entry| Step {
+                entry,
+                slot: Self::shard_of(entry.key),
+                write: None,
+            })
+            .collect();
+        let mut order: SmallVec<[usize; LIMITS_INLINE]> = steps.iter().map(|s| s.slot).collect();
         order.sort_unstable();
         order.dedup();
         let guards = order
@@ -83,11 +100,10 @@ impl LocalLimiter {
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
             })
             .collect();
-        let slots = shard_ids
-            .iter()
-            .map(|id| order.binary_search(id).unwrap_or(0))
-            .collect();
-        (guards, slots)
+        for step in &mut steps {
+            step.slot = order.binary_search(&step.slot).unwrap_or(0);
+        }
+        (guards, steps)
     }
 
     /// Decides at an explicit time; `check` uses the injected clock.
@@ -96,35 +112,28 @@ impl LocalLimiter {
         request: &LimitRequest<'_>,
         now_us: i64,
     ) -> Result<Decision, LimiterError> {
-        let (mut guards, slots) = self.lock(request.entries);
-        let (statuses, writes) = decide_each(request, &guards, &slots, now_us);
+        let (mut guards, mut steps) = self.lock(request.entries);
+        let statuses = decide_each(request, &guards, &mut steps, now_us);
         let decision = request.decision(statuses);
         if !decision.allowed() {
-            return Ok(request.decision(peeked(request, &guards, &slots, decision, now_us)));
+            let statuses = peeked(request, &guards, &steps, decision, now_us);
+            return Ok(request.decision(statuses));
         }
         // Make room for new keys before writing anything, so a full map fails atomically.
-        self.make_room(request.entries, &mut guards, &slots, now_us)?;
-        Ok(write_each(
-            request.entries,
-            &mut guards,
-            &slots,
-            writes,
-            decision,
-            now_us,
-        ))
+        self.make_room(&mut guards, &steps, now_us)?;
+        Ok(write_each(&mut guards, steps, decision, now_us))
     }
 
     /// Sweeps the expired state of each full shard a new key goes to; fails if one stays full.
     fn make_room(
         &self,
-        entries: &[Entry<'_>],
         guards: &mut Guards<'_>,
-        slots: &Slots,
+        steps: &Steps<'_, '_>,
         now_us: i64,
     ) -> Result<(), LimiterError> {
-        for (entry, &slot) in entries.iter().zip(slots) {
-            let map = &mut guards[slot];
-            if map.len() >= self.shard_capacity && !map.contains_key(entry.key) {
+        for step in steps {
+            let map = &mut guards[step.slot];
+            if map.len() >= self.shard_capacity && !map.contains_key(step.entry.key) {
                 map.retain(|_, e| e.expires_at_us > now_us);
                 if map.len() >= self.shard_capacity {
                     return Err(LimiterError::LocalCapacity(self.max_keys));
@@ -136,8 +145,8 @@ impl LocalLimiter {
 
     /// Frees the slots `request.id` holds in the concurrency limits of `request`.
     pub fn release_now(&self, request: &LimitRequest<'_>) {
-        let (mut guards, slots) = self.lock(request.entries);
-        for (entry, &slot) in request.entries.iter().zip(&slots) {
+        let (mut guards, steps) = self.lock(request.entries);
+        for Step { entry, slot, .. } in steps {
             if let Algorithm::Concurrency { .. } = entry.limit.algorithm {
                 if let Some(record) = guards[slot].get_mut(entry.key) {
                     algorithm::release(&mut record.state, request.id);
@@ -181,25 +190,24 @@ fn live<'m>(map: &'m Shard, key: &[u8], now_us: i64) -> Option<&'m State> {
         .map(|e| &e.state)
 }
 
-/// What each limit says of the request, and what it would write if all allow.
+/// What each limit says of the request; what it would write if all allow goes into its step.
 fn decide_each(
     request: &LimitRequest<'_>,
     guards: &Guards<'_>,
-    slots: &Slots,
+    steps: &mut Steps<'_, '_>,
     now_us: i64,
-) -> (Statuses, Writes) {
+) -> Statuses {
     let mut statuses = Statuses::new();
-    let mut writes = Writes::new();
-    for (entry, &slot) in request.entries.iter().zip(slots) {
-        let state = live(&guards[slot], entry.key, now_us);
+    for step in steps.iter_mut() {
+        let (entry, state) = (step.entry, live(&guards[step.slot], step.entry.key, now_us));
         let (status, write) = entry
             .limit
             .algorithm
             .decide(state, now_us, entry.cost, request.id);
         statuses.push(status);
-        writes.push(write);
+        step.write = write;
     }
-    (statuses, writes)
+    statuses
 }
 
 /// A denied request consumes nothing: limits that would have allowed report their state as it
@@ -207,15 +215,21 @@ fn decide_each(
 fn peeked(
     request: &LimitRequest<'_>,
     guards: &Guards<'_>,
-    slots: &Slots,
+    steps: &Steps<'_, '_>,
     decision: Decision,
     now_us: i64,
 ) -> Statuses {
     let mut statuses = decision.statuses;
-    for ((status, entry), &slot) in statuses.iter_mut().zip(request.entries).zip(slots) {
+    // One status per step: `decide_each` made them so.
+    for (step, status) in paired_mut(steps, &mut statuses).into_iter().flatten() {
         if status.allowed {
-            let state = live(&guards[slot], entry.key, now_us);
-            let peek = entry.limit.algorithm.decide(state, now_us, 0, request.id).0;
+            let state = live(&guards[step.slot], step.entry.key, now_us);
+            let peek = step
+                .entry
+                .limit
+                .algorithm
+                .decide(state, now_us, 0, request.id)
+                .0;
             *status = LimitStatus {
                 delay_ms: 0,
                 mark_us: 0,
@@ -228,22 +242,23 @@ fn peeked(
 
 /// Stores what every limit of an allowed request writes; each status gets its key's mark.
 fn write_each(
-    entries: &[Entry<'_>],
     guards: &mut Guards<'_>,
-    slots: &Slots,
-    writes: Writes,
+    steps: Steps<'_, '_>,
     mut decision: Decision,
     now_us: i64,
 ) -> Decision {
-    for (((entry, &slot), write), status) in entries
-        .iter()
-        .zip(slots)
-        .zip(writes)
-        .zip(decision.statuses.iter_mut())
+    // One status per step: `decide_each` made them so.
+    for (step, status) in paired_mut(&steps, &mut decision.statuses)
+        .into_iter()
+        .flatten()
     {
-        if let Some(write) = write {
+        if let Some(write) = &step.write {
             status.mark_us = write.state.mark_us();
-            store(&mut guards[slot], entry.key, write, now_us);
+        }
+    }
+    for step in steps {
+        if let Some(write) = step.write {
+            store(&mut guards[step.slot], step.entry.key, write, now_us);
         }
     }
     decision

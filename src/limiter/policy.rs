@@ -1,8 +1,9 @@
-//! The verdict's one home. Given a route's limits ([`LimitSet`]) and what the request asks of
-//! each ([`Ask`]), the policy calls the limiter, applies the route's failure mode when the
-//! limiter cannot decide (allow, deny, or this gateway's share in-process), and returns one
-//! [`Verdict`]: the decision and the metric outcome (which says whether it goes upstream). When the request
-//! ends, it gives back the concurrency slots to whoever took them.
+//! The verdict's one home. Given a request's limits, each compiled limit paired with the
+//! request's record of it ([`Asked`]), the policy calls the limiter, writes what each limit
+//! said into its record, applies the failure mode when the limiter cannot decide (allow, deny,
+//! or this gateway's share in-process), and returns one [`Verdict`]: the metric outcome (which
+//! says whether it goes upstream) and what answered. When the request ends, it gives back the
+//! concurrency slots to whoever took them and settles what the response said it cost.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,108 +20,12 @@ use super::decision::{Decision, Source};
 use super::engine::Engine;
 use super::error::{ErrorKind, LimiterError};
 use super::id::{RequestId, RequestIds};
-use super::limit::{CostReport, Limit, LIMITS_INLINE};
+use super::limit::{Limit, LIMITS_INLINE};
 use super::local::LocalLimiter;
-use super::request::{entries, Ask, LimitRequest};
+use super::record::{Asked, LimitRecord, Scale};
+use super::request::{Entries, Entry, LimitRequest};
+use super::rules::FailureMode;
 use super::verdict::{Decider, Outcome, Verdict};
-
-/// What a request gets when the limiter cannot decide (Redis error or deadline missed). Its
-/// snake_case name (`allow`, `deny`, `local`) is what the configuration says (`FromStr`, the
-/// names listed by `VariantNames`) and what logs and labels show (`label()`, `Display`).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    strum::EnumString,
-    strum::VariantNames,
-    strum::IntoStaticStr,
-    strum::Display,
-)]
-#[strum(serialize_all = "snake_case")]
-pub enum FailureMode {
-    Allow,
-    Deny,
-    /// Enforce the limits in-process at `limit / instances` while Redis is unavailable.
-    Local,
-}
-
-impl FailureMode {
-    /// The name, as the configuration spells it.
-    pub fn label(self) -> &'static str {
-        self.into()
-    }
-
-    /// Whether requests are refused while the limiter is unreachable.
-    pub fn refuses(self) -> bool {
-        self == FailureMode::Deny
-    }
-}
-
-/// Every limit of one route as the policy applies them, compiled once at config load.
-#[derive(Debug, Clone)]
-pub struct LimitSet {
-    limits: Box<[Limit]>,
-    /// The limits scaled to one gateway's share (`limit / instances`), for `failure_mode: local`.
-    local_shares: Box<[Limit]>,
-    failure_mode: FailureMode,
-    /// Overrides the backend's deadline for this route's calls.
-    deadline: Option<Duration>,
-    /// Some limit stores per-request entries (sliding log, concurrency): calls need an id.
-    needs_request_id: bool,
-    /// Some limit is a concurrency limit: admitted requests give their slot back when done.
-    holds_slots: bool,
-    /// Some limit is priced by the response: admitted requests are settled when it ends.
-    priced_by_response: bool,
-}
-
-impl LimitSet {
-    pub fn new(
-        limits: Vec<Limit>,
-        instances: u64,
-        failure_mode: FailureMode,
-        deadline: Option<Duration>,
-    ) -> LimitSet {
-        LimitSet {
-            local_shares: limits.iter().map(|l| l.share(instances)).collect(),
-            needs_request_id: limits.iter().any(|l| l.algorithm.needs_request_id()),
-            holds_slots: limits
-                .iter()
-                .any(|l| matches!(l.algorithm, Algorithm::Concurrency { .. })),
-            priced_by_response: limits.iter().any(|l| l.priced_by_response.is_some()),
-            limits: limits.into(),
-            failure_mode,
-            deadline,
-        }
-    }
-
-    /// A set without limits: every request is admitted without asking a limiter.
-    pub fn none() -> LimitSet {
-        LimitSet::new(Vec::new(), 1, FailureMode::Allow, None)
-    }
-
-    pub fn limits(&self) -> &[Limit] {
-        &self.limits
-    }
-
-    pub fn failure_mode(&self) -> FailureMode {
-        self.failure_mode
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.limits.is_empty()
-    }
-
-    pub fn len(&self) -> usize {
-        self.limits.len()
-    }
-
-    /// Some limit is priced by the response (`cost_from_response`).
-    pub fn priced_by_response(&self) -> bool {
-        self.priced_by_response
-    }
-}
 
 /// What the policy counts: how long deciding takes (by what answered), and why it failed.
 #[derive(Clone)]
@@ -213,24 +118,27 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         self.engine.keep().await;
     }
 
-    /// The verdict on a request asking `asks` (one per limit of `set`, in order).
-    pub async fn decide(&self, set: &LimitSet, asks: &[Ask]) -> Verdict {
-        if set.is_empty() {
+    /// The verdict on a request's `asked` limits: what each limit said goes into its record.
+    pub async fn decide(&self, asked: &mut Asked<'_>) -> Verdict {
+        if asked.limits.is_empty() {
             return Verdict::unlimited();
         }
-        let id = if set.needs_request_id {
+        let rules = *asked.rules;
+        let id = if rules.needs_request_id {
             self.ids.next()
         } else {
             RequestId::default()
         };
-        let entries = entries(&set.limits, asks);
-        let request = LimitRequest {
-            entries: &entries,
-            id,
-            deadline: set.deadline,
-        };
         let started = self.clock.instant();
-        let result = self.engine.check(&request).await;
+        let result = {
+            let entries = asked.entries(Scale::Exact);
+            let request = LimitRequest {
+                entries: &entries,
+                id,
+                deadline: rules.deadline(),
+            };
+            self.engine.check(&request).await
+        };
         let limiter_time = self.clock.instant().saturating_duration_since(started);
         let histogram = match result.as_ref().map(|d| d.source) {
             Ok(Source::DenyCache) => &self.meters.deny_cache_duration,
@@ -239,8 +147,11 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         };
         histogram.observe(limiter_time.as_secs_f64());
         let verdict = match result {
-            Ok(decision) => judged(decision, Decider::Backend),
-            Err(error) => self.unavailable(set, asks, id, error).await,
+            Ok(decision) => match judged(asked, decision, Decider::Backend) {
+                Ok(verdict) => verdict,
+                Err(error) => self.unavailable(asked, id, error).await,
+            },
+            Err(error) => self.unavailable(asked, id, error).await,
         };
         Verdict {
             limiter_time,
@@ -249,30 +160,41 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         }
     }
 
-    /// What the backend holds for each of `set`'s limits at `asks`' keys, consuming nothing:
+    /// What the backend holds for each of `asked`'s limits at their keys, consuming nothing:
     /// every ask costs 0 and leased limits are read where their units are counted (the
-    /// backend), so units leased out to gateways count as used. The usage API's read.
-    pub async fn peek(&self, set: &LimitSet, asks: &[Ask]) -> Result<Decision, LimiterError> {
-        let limits: Vec<Limit> = set
+    /// backend), so units leased out to gateways count as used. The usage API's read: the
+    /// statuses go into the records.
+    pub async fn peek(&self, asked: &mut Asked<'_>) -> Result<(), LimiterError> {
+        let decision = self.read(asked).await?;
+        asked.take(decision).map(drop)
+    }
+
+    /// [`Policy::peek`]'s call: every limit read at no cost, unleased.
+    async fn read(&self, asked: &Asked<'_>) -> Result<Decision, LimiterError> {
+        let limits: SmallVec<[Limit; LIMITS_INLINE]> = asked
             .limits
             .iter()
-            .map(|limit| Limit {
+            .map(|asked| Limit {
                 leased: None,
-                ..limit.clone()
+                ..asked.limit.exact.clone()
             })
             .collect();
-        let peeks: Vec<Ask> = asks
+        let entries: Entries<'_> = asked
+            .limits
             .iter()
-            .map(|ask| Ask {
-                key: ask.key.clone(),
-                cost: 0,
+            .enumerate()
+            .filter_map(|(index, asked)| {
+                Some(Entry {
+                    limit: limits.get(index)?,
+                    key: &asked.record.ask.key,
+                    cost: 0,
+                })
             })
             .collect();
-        let entries = entries(&limits, &peeks);
         let request = LimitRequest {
             entries: &entries,
             id: self.ids.next(),
-            deadline: set.deadline,
+            deadline: asked.rules.deadline(),
         };
         self.engine.check(&request).await
     }
@@ -280,30 +202,33 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     /// The limiter could not decide: the route's failure mode does.
     async fn unavailable(
         &self,
-        set: &LimitSet,
-        asks: &[Ask],
+        asked: &mut Asked<'_>,
         id: RequestId,
         error: LimiterError,
     ) -> Verdict {
-        self.report(&error, set.failure_mode);
+        let rules = *asked.rules;
+        self.report(&error, rules.failure_mode());
         let refused = Verdict::undecided(Outcome::ErrorDenied);
         if error.always_denies() {
             return refused;
         }
-        match (set.failure_mode, &self.fallback) {
+        match (rules.failure_mode(), &self.fallback) {
             (FailureMode::Allow, _) => Verdict::undecided(Outcome::ErrorAllowed),
             (FailureMode::Deny, _) | (FailureMode::Local, None) => refused,
             (FailureMode::Local, Some(fallback)) => {
-                let entries = entries(&set.local_shares, asks);
-                let shares = LimitRequest {
-                    entries: &entries,
-                    id,
-                    deadline: set.deadline,
+                let result = {
+                    let entries = asked.entries(Scale::Share);
+                    let shares = LimitRequest {
+                        entries: &entries,
+                        id,
+                        deadline: rules.deadline(),
+                    };
+                    fallback.check(&shares).await
                 };
-                match fallback.check(&shares).await {
-                    Ok(decision) => judged(decision, Decider::Fallback),
+                match result.and_then(|decision| judged(asked, decision, Decider::Fallback)) {
+                    Ok(verdict) => verdict,
                     Err(error) => {
-                        self.report(&error, set.failure_mode);
+                        self.report(&error, rules.failure_mode());
                         refused
                     }
                 }
@@ -311,41 +236,45 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         }
     }
 
+    /// The request has ended: gives back the concurrency slots it took (to whoever decided
+    /// it), then, unless it was `abandoned` (its units went back already), settles what its
+    /// response said it cost.
+    pub async fn end(&self, asked: &Asked<'_>, verdict: &Verdict, abandoned: bool) {
+        self.finish(asked, verdict).await;
+        if !abandoned {
+            self.settle_response(asked, verdict).await;
+        }
+    }
+
     /// The request has ended (response finished or client gone): gives back the concurrency
     /// slots it took, to whoever decided it.
-    pub async fn finish(&self, set: &LimitSet, asks: &[Ask], verdict: &Verdict) {
-        if !set.holds_slots || !verdict.admitted() {
+    pub async fn finish(&self, asked: &Asked<'_>, verdict: &Verdict) {
+        if !asked.rules.holds_slots || !verdict.admitted() {
             return;
         }
-        let Some((limits, taker)) = self.taker(set, verdict.decider) else {
+        let Some((scale, taker)) = self.taker(verdict.decider) else {
             return;
         };
-        let entries = entries(limits, asks);
+        let entries = asked.entries(scale);
         let request = LimitRequest {
             entries: &entries,
             id: verdict.id,
-            deadline: set.deadline,
+            deadline: asked.rules.deadline(),
         };
         let released = match taker {
             Taker::Engine => self.engine.release(&request).await,
             Taker::Fallback(fallback) => fallback.release(&request).await,
         };
         if let Err(error) = released {
-            self.report(&error, set.failure_mode);
+            self.report(&error, asked.rules.failure_mode());
         }
     }
 
-    /// Who decided by `decider`, and the limits it decided by.
-    fn taker<'a>(
-        &'a self,
-        set: &'a LimitSet,
-        decider: Decider,
-    ) -> Option<(&'a [Limit], Taker<'a>)> {
+    /// Who decided by `decider`, and under which form of the limits.
+    fn taker(&self, decider: Decider) -> Option<(Scale, Taker<'_>)> {
         match (decider, &self.fallback) {
-            (Decider::Backend, _) => Some((&set.limits, Taker::Engine)),
-            (Decider::Fallback, Some(fallback)) => {
-                Some((&set.local_shares, Taker::Fallback(fallback)))
-            }
+            (Decider::Backend, _) => Some((Scale::Exact, Taker::Engine)),
+            (Decider::Fallback, Some(fallback)) => Some((Scale::Share, Taker::Fallback(fallback))),
             (Decider::Nobody, _) | (Decider::Fallback, None) => None,
         }
     }
@@ -355,10 +284,10 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     /// the call's marks so nothing another request consumed since is given back. Other limits
     /// keep what they counted (a sliding window or log cannot give back exactly; a leased limit's
     /// units go back with its lease); concurrency slots go back with [`Policy::finish`].
-    pub async fn give_back_abandoned(&self, set: &LimitSet, asks: &[Ask], verdict: &Verdict) {
-        self.settle(set, asks, verdict, |_, limit, ask, mark_us| {
-            (limit.leased.is_none() && ask.cost > 0).then_some(Change::GiveBack {
-                units: ask.cost,
+    pub async fn give_back_abandoned(&self, asked: &Asked<'_>, verdict: &Verdict) {
+        self.settle(asked, verdict, |limit, record, mark_us| {
+            (limit.leased.is_none() && record.ask.cost > 0).then_some(Change::GiveBack {
+                units: record.ask.cost,
                 mark_us,
             })
         })
@@ -366,23 +295,17 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     }
 
     /// An admitted request's response has ended: each limit priced by the response
-    /// (`cost_from_response`) whose cost it reported (`reports`, one per limit of `set`) is
-    /// settled against the estimate its call took: the difference is charged, or given back.
-    /// A limit whose cost was not reported keeps the estimate.
-    pub async fn settle_response(
-        &self,
-        set: &LimitSet,
-        asks: &[Ask],
-        verdict: &Verdict,
-        reports: &[CostReport],
-    ) {
-        if !set.priced_by_response {
+    /// (`cost_from_response`) whose cost it reported (its record's report) is settled against
+    /// the estimate its call took: the difference is charged, or given back. A limit whose
+    /// cost was not reported keeps the estimate.
+    pub async fn settle_response(&self, asked: &Asked<'_>, verdict: &Verdict) {
+        if !asked.rules.priced_by_response {
             return;
         }
-        self.settle(set, asks, verdict, |index, limit, ask, mark_us| {
+        self.settle(asked, verdict, |limit, record, mark_us| {
             limit.priced_by_response.as_ref()?;
-            let spent = reports.get(index)?.units()?;
-            let taken = ask.cost;
+            let spent = record.report.units()?;
+            let taken = record.ask.cost;
             match spent.cmp(&taken) {
                 std::cmp::Ordering::Greater => Some(Change::Charge {
                     units: spent - taken,
@@ -398,39 +321,42 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     }
 
     /// Settles, in one call to whoever decided the admitted request, the change `change` says
-    /// for each limit (by index, with what the request asked and the mark its call replied).
-    /// Only GCRA and fixed-window limits whose call wrote their key (a mark) are settled: a
-    /// shadow limit that denied took nothing.
+    /// for each limit (with its record and the mark its call replied). Only GCRA and
+    /// fixed-window limits whose call wrote their key (a mark) are settled: a shadow limit that
+    /// denied took nothing.
     async fn settle(
         &self,
-        set: &LimitSet,
-        asks: &[Ask],
+        asked: &Asked<'_>,
         verdict: &Verdict,
-        change: impl Fn(usize, &Limit, &Ask, i64) -> Option<Change>,
+        change: impl Fn(&Limit, &LimitRecord, i64) -> Option<Change>,
     ) {
-        let Some(decision) = verdict.decision.as_ref().filter(|_| verdict.admitted()) else {
+        if verdict.answered.is_none() || !verdict.admitted() {
+            return;
+        }
+        let Some((scale, taker)) = self.taker(verdict.decider) else {
             return;
         };
-        let Some((limits, taker)) = self.taker(set, verdict.decider) else {
-            return;
-        };
-        let settlements: SmallVec<[Settlement<'_>; LIMITS_INLINE]> = limits
+        let settlements: SmallVec<[Settlement<'_>; LIMITS_INLINE]> = asked
+            .limits
             .iter()
-            .zip(asks)
-            .zip(&decision.statuses)
-            .enumerate()
-            .filter(|(_, ((limit, _), status))| {
-                status.mark_us > 0
-                    && matches!(
-                        limit.algorithm,
-                        Algorithm::Gcra { .. } | Algorithm::FixedWindow { .. }
-                    )
-            })
-            .filter_map(|(index, ((limit, ask), status))| {
+            .filter_map(|asked| {
+                let limit = match scale {
+                    Scale::Exact => &asked.limit.exact,
+                    Scale::Share => &asked.limit.share,
+                };
+                let record = &*asked.record;
+                let mark_us = record.status.as_ref()?.mark_us;
+                let settled = matches!(
+                    limit.algorithm,
+                    Algorithm::Gcra { .. } | Algorithm::FixedWindow { .. }
+                );
+                if mark_us <= 0 || !settled {
+                    return None;
+                }
                 Some(Settlement {
                     algorithm: &limit.algorithm,
-                    key: &ask.key,
-                    change: change(index, limit, ask, status.mark_us)?,
+                    key: &record.ask.key,
+                    change: change(limit, record, mark_us)?,
                 })
             })
             .collect();
@@ -442,7 +368,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
             Taker::Fallback(fallback) => fallback.settle(&settlements).await,
         };
         if let Err(error) = settled {
-            self.report(&error, set.failure_mode);
+            self.report(&error, asked.rules.failure_mode());
         }
     }
 
@@ -461,39 +387,43 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     }
 }
 
-/// What a decision means for the request.
-fn judged(decision: Decision, decider: Decider) -> Verdict {
+/// What a decision means for the request; what each limit said goes into its record.
+fn judged(
+    asked: &mut Asked<'_>,
+    decision: Decision,
+    decider: Decider,
+) -> Result<Verdict, LimiterError> {
     let locally = decider == Decider::Fallback;
-    if !decision.allowed() {
-        return Verdict {
-            decision: Some(decision),
-            decider,
-            ..Verdict::undecided(if locally {
-                Outcome::LocalLimited
-            } else {
-                Outcome::Limited
-            })
-        };
-    }
-    let outcome = match (locally, decision.shadow_denied_by.is_some()) {
-        (true, _) => Outcome::LocalAllowed,
-        (false, true) => Outcome::ShadowLimited,
-        (false, false) => Outcome::Allowed,
+    let outcome = match (
+        decision.allowed(),
+        locally,
+        decision.shadow_denied_by.is_some(),
+    ) {
+        (false, true, _) => Outcome::LocalLimited,
+        (false, false, _) => Outcome::Limited,
+        (true, true, _) => Outcome::LocalAllowed,
+        (true, false, true) => Outcome::ShadowLimited,
+        (true, false, false) => Outcome::Allowed,
     };
-    Verdict {
+    let delay = Duration::from_millis(decision.delay_ms());
+    let answered = asked.take(decision)?;
+    Ok(Verdict {
         outcome,
-        delay: Duration::from_millis(decision.delay_ms()),
-        decision: Some(decision),
+        delay,
+        answered: Some(answered),
         decider,
         ..Verdict::unlimited()
-    }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::limiter::clock::ManualClock;
-    use crate::limiter::testing::{asks, concurrency, gcra, limit, Unavailable};
+    use crate::limiter::limit::CostReport;
+    use crate::limiter::record::PolicyLimit;
+    use crate::limiter::rules::LimitRules;
+    use crate::limiter::testing::{self, concurrency, gcra, limit, Unavailable};
 
     fn timeout() -> LimiterError {
         LimiterError::Timeout(25)
@@ -541,8 +471,84 @@ mod tests {
         shaped
     }
 
-    fn set(limits: Vec<Limit>, mode: FailureMode) -> LimitSet {
-        LimitSet::new(limits, 2, mode, None)
+    /// Limits as a route compiles them, shared by 2 gateways.
+    struct Set {
+        rules: LimitRules,
+        limits: Vec<PolicyLimit>,
+    }
+
+    fn set(limits: Vec<Limit>, mode: FailureMode) -> Set {
+        Set {
+            rules: LimitRules::new(&limits, mode, None),
+            limits: limits.into_iter().map(|l| PolicyLimit::new(l, 2)).collect(),
+        }
+    }
+
+    /// A request's records: one per key, at the matching cost.
+    fn asks(keys: &[&[u8]], costs: &[u64]) -> Vec<LimitRecord> {
+        testing::asks(keys, costs)
+            .into_iter()
+            .map(|ask| LimitRecord::new(ask.key, ask.cost))
+            .collect()
+    }
+
+    /// A request decided: its verdict, and its records as the policy left them.
+    struct Decided {
+        verdict: Verdict,
+        records: Vec<LimitRecord>,
+    }
+
+    impl std::ops::Deref for Decided {
+        type Target = Verdict;
+        fn deref(&self) -> &Verdict {
+            &self.verdict
+        }
+    }
+
+    impl Set {
+        fn asked<'a>(&'a self, records: &'a mut [LimitRecord]) -> Asked<'a> {
+            Asked::pair(&self.rules, &self.limits, records).expect("one record per limit")
+        }
+
+        async fn decide<E: Limiter + ReleaseSlots + SettleUnits + Backend>(
+            &self,
+            policy: &Policy<E>,
+            ask: &[LimitRecord],
+        ) -> Decided {
+            let mut records = ask.to_vec();
+            let verdict = policy.decide(&mut self.asked(&mut records)).await;
+            Decided { verdict, records }
+        }
+
+        async fn finish<E: Limiter + ReleaseSlots + SettleUnits + Backend>(
+            &self,
+            policy: &Policy<E>,
+            decided: &mut Decided,
+        ) {
+            let verdict = decided.verdict.clone();
+            policy
+                .finish(&self.asked(&mut decided.records), &verdict)
+                .await;
+        }
+
+        /// Settles `decided` as if its response reported `reports`, one per limit.
+        async fn settle<E: Limiter + ReleaseSlots + SettleUnits + Backend>(
+            &self,
+            policy: &Policy<E>,
+            decided: &mut Decided,
+            reports: &[CostReport],
+        ) {
+            for (record, report) in decided.records.iter_mut().zip(reports) {
+                record.report = *report;
+            }
+            let verdict = decided.verdict.clone();
+            let asked = self.asked(&mut decided.records);
+            policy.settle_response(&asked, &verdict).await;
+        }
+    }
+
+    fn remaining(decided: &Decided, index: usize) -> u64 {
+        decided.records[index].status.as_ref().unwrap().remaining
     }
 
     fn errors(meters: &PolicyMeters, kind: &str) -> u64 {
@@ -554,9 +560,9 @@ mod tests {
     async fn allow_admits_what_the_limiter_cannot_decide_and_counts_why() {
         let f = unavailable(timeout);
         let routes = set(vec![limit("l", gcra(1, 0))], FailureMode::Allow);
-        let verdict = f.policy.decide(&routes, &asks(&[b"k"], &[1])).await;
+        let verdict = routes.decide(&f.policy, &asks(&[b"k"], &[1])).await;
         assert_eq!(
-            (verdict.outcome, verdict.decision.clone()),
+            (verdict.outcome, verdict.answered),
             (Outcome::ErrorAllowed, None)
         );
         assert!(verdict.admitted());
@@ -567,7 +573,7 @@ mod tests {
     async fn deny_refuses_what_the_limiter_cannot_decide() {
         let f = unavailable(timeout);
         let routes = set(vec![limit("l", gcra(1, 0))], FailureMode::Deny);
-        let verdict = f.policy.decide(&routes, &asks(&[b"k"], &[1])).await;
+        let verdict = routes.decide(&f.policy, &asks(&[b"k"], &[1])).await;
         assert_eq!(verdict.outcome, Outcome::ErrorDenied);
         assert!(!verdict.admitted());
         assert_eq!(errors(&f.meters, "timeout"), 1);
@@ -581,19 +587,22 @@ mod tests {
         let ask = asks(&[b"k"], &[1]);
         let mut outcomes = Vec::new();
         for _ in 0..6 {
-            outcomes.push(f.policy.decide(&routes, &ask).await.outcome);
+            outcomes.push(routes.decide(&f.policy, &ask).await.outcome);
         }
         assert_eq!(outcomes[..5], [Outcome::LocalAllowed; 5]);
-        let denied = f.policy.decide(&routes, &ask).await;
+        let denied = routes.decide(&f.policy, &ask).await;
         assert_eq!(
             (denied.outcome, denied.decider),
             (Outcome::LocalLimited, Decider::Fallback)
         );
-        assert!(denied.decision.is_some_and(|d| !d.allowed()));
+        assert!(denied.records[0]
+            .status
+            .as_ref()
+            .is_some_and(|s| !s.allowed));
         // The share refills at 5 per second: one unit every 200 ms of the manual clock.
         f.clock.advance_by(Duration::from_millis(200));
         assert_eq!(
-            f.policy.decide(&routes, &ask).await.outcome,
+            routes.decide(&f.policy, &ask).await.outcome,
             Outcome::LocalAllowed
         );
     }
@@ -602,7 +611,7 @@ mod tests {
     async fn an_untrackable_request_is_refused_whatever_the_failure_mode() {
         let f = unavailable(|| LimiterError::LocalCapacity(1));
         let routes = set(vec![limit("l", gcra(1, 0))], FailureMode::Allow);
-        let verdict = f.policy.decide(&routes, &asks(&[b"k"], &[1])).await;
+        let verdict = routes.decide(&f.policy, &asks(&[b"k"], &[1])).await;
         assert_eq!(verdict.outcome, Outcome::ErrorDenied);
         assert_eq!(errors(&f.meters, "local_capacity"), 1);
     }
@@ -617,12 +626,12 @@ mod tests {
         // One in flight per key (the share of 2 gateways keeps at least one slot).
         let routes = set(vec![limit("c", concurrency(1))], FailureMode::Local);
         let ask = asks(&[b"k"], &[1]);
-        let first = f.policy.decide(&routes, &ask).await;
+        let mut first = routes.decide(&f.policy, &ask).await;
         assert!(first.admitted());
         assert_ne!(first.decider, Decider::Nobody);
-        assert!(!f.policy.decide(&routes, &ask).await.admitted(), "full");
-        f.policy.finish(&routes, &ask, &first).await;
-        assert!(f.policy.decide(&routes, &ask).await.admitted(), "freed");
+        assert!(!routes.decide(&f.policy, &ask).await.admitted(), "full");
+        routes.finish(&f.policy, &mut first).await;
+        assert!(routes.decide(&f.policy, &ask).await.admitted(), "freed");
     }
 
     #[tokio::test]
@@ -633,18 +642,18 @@ mod tests {
         let routes = set(vec![limit("l", gcra(10, 9)), shadow], FailureMode::Deny);
         let ask = asks(&[b"a", b"b"], &[1, 1]);
         assert_eq!(
-            f.policy.decide(&routes, &ask).await.outcome,
+            routes.decide(&f.policy, &ask).await.outcome,
             Outcome::Allowed
         );
-        let shadowed = f.policy.decide(&routes, &ask).await;
+        let shadowed = routes.decide(&f.policy, &ask).await;
         assert_eq!(shadowed.outcome, Outcome::ShadowLimited);
         assert!(shadowed.admitted());
 
         let routes = set(vec![shaped()], FailureMode::Deny);
         let ask = asks(&[b"s"], &[1]);
-        assert!(f.policy.decide(&routes, &ask).await.delay.is_zero());
+        assert!(routes.decide(&f.policy, &ask).await.delay.is_zero());
         assert_eq!(
-            f.policy.decide(&routes, &ask).await.delay,
+            routes.decide(&f.policy, &ask).await.delay,
             Duration::from_millis(100),
             "the second request waits for its slot"
         );
@@ -656,14 +665,17 @@ mod tests {
         let f = in_process();
         let routes = set(vec![shaped()], FailureMode::Deny);
         let ask = asks(&[b"s"], &[1]);
-        assert!(f.policy.decide(&routes, &ask).await.delay.is_zero());
-        let held = f.policy.decide(&routes, &ask).await;
+        assert!(routes.decide(&f.policy, &ask).await.delay.is_zero());
+        let mut held = routes.decide(&f.policy, &ask).await;
         assert_eq!(held.delay, Duration::from_millis(100));
         // Its client leaves before its turn: the slot it reserved goes back, and the next
         // request gets the same turn instead of the one after.
-        f.policy.give_back_abandoned(&routes, &ask, &held).await;
+        let verdict = held.verdict.clone();
+        f.policy
+            .give_back_abandoned(&routes.asked(&mut held.records), &verdict)
+            .await;
         assert_eq!(
-            f.policy.decide(&routes, &ask).await.delay,
+            routes.decide(&f.policy, &ask).await.delay,
             Duration::from_millis(100)
         );
     }
@@ -671,7 +683,10 @@ mod tests {
     #[tokio::test]
     async fn a_route_without_limits_asks_nobody() {
         let f = unavailable(timeout);
-        let verdict = f.policy.decide(&LimitSet::none(), &[]).await;
+        let verdict = set(Vec::new(), FailureMode::Allow)
+            .decide(&f.policy, &[])
+            .await
+            .verdict;
         assert_eq!(verdict, Verdict::unlimited());
         assert_eq!(errors(&f.meters, "timeout"), 0);
     }
@@ -694,46 +709,46 @@ mod tests {
             FailureMode::Deny,
         );
         let ask = asks(&[b"k", b"p"], &[10, 1]);
-        let remaining =
-            |verdict: &Verdict| verdict.decision.as_ref().unwrap().statuses[0].remaining;
 
-        let first = f.policy.decide(&routes, &ask).await;
-        assert_eq!(remaining(&first), 90, "the estimate is reserved");
+        let mut first = routes.decide(&f.policy, &ask).await;
+        assert_eq!(remaining(&first, 0), 90, "the estimate is reserved");
         let reports = [CostReport::Reported(45), CostReport::Missing];
-        f.policy
-            .settle_response(&routes, &ask, &first, &reports)
+        routes.settle(&f.policy, &mut first, &reports).await;
+        let mut second = routes.decide(&f.policy, &ask).await;
+        assert_eq!(
+            remaining(&second, 0),
+            45,
+            "charged 35 more, then 10 reserved"
+        );
+        routes
+            .settle(&f.policy, &mut second, &[CostReport::Reported(2)])
             .await;
-        let second = f.policy.decide(&routes, &ask).await;
-        assert_eq!(remaining(&second), 45, "charged 35 more, then 10 reserved");
-        f.policy
-            .settle_response(&routes, &ask, &second, &[CostReport::Reported(2)])
+        let mut third = routes.decide(&f.policy, &ask).await;
+        assert_eq!(remaining(&third, 0), 43, "8 given back, then 10 reserved");
+        routes
+            .settle(&f.policy, &mut third, &[CostReport::Missing])
             .await;
-        let third = f.policy.decide(&routes, &ask).await;
-        assert_eq!(remaining(&third), 43, "8 given back, then 10 reserved");
-        f.policy
-            .settle_response(&routes, &ask, &third, &[CostReport::Missing])
+        routes
+            .settle(&f.policy, &mut third, &[CostReport::Invalid])
             .await;
-        f.policy
-            .settle_response(&routes, &ask, &third, &[CostReport::Invalid])
-            .await;
-        let fourth = f.policy.decide(&routes, &ask).await;
-        assert_eq!(remaining(&fourth), 33, "no report: the estimate stands");
+        let mut fourth = routes.decide(&f.policy, &ask).await;
+        assert_eq!(remaining(&fourth, 0), 33, "no report: the estimate stands");
         // The plain limit is never settled: it took one unit per request.
-        let plain = fourth.decision.as_ref().unwrap().statuses[1].remaining;
+        let plain = remaining(&fourth, 1);
         assert_eq!(plain, 996);
 
         // A charge lands past the limit: the key is in debt and refuses until the window ends.
-        f.policy
-            .settle_response(&routes, &ask, &fourth, &[CostReport::Capped(100)])
+        routes
+            .settle(&f.policy, &mut fourth, &[CostReport::Capped(100)])
             .await;
-        let refused = f.policy.decide(&routes, &ask).await;
+        let mut refused = routes.decide(&f.policy, &ask).await;
         assert_eq!(refused.outcome, Outcome::Limited);
         // A refused request settles nothing.
-        f.policy
-            .settle_response(&routes, &ask, &refused, &[CostReport::Reported(0)])
+        routes
+            .settle(&f.policy, &mut refused, &[CostReport::Reported(0)])
             .await;
         f.clock.advance_by(Duration::from_secs(3600));
-        assert_eq!(remaining(&f.policy.decide(&routes, &ask).await), 90);
+        assert_eq!(remaining(&routes.decide(&f.policy, &ask).await, 0), 90);
     }
 
     #[tokio::test]
@@ -741,18 +756,16 @@ mod tests {
         let f = unavailable(timeout);
         let routes = set(vec![priced(5)], FailureMode::Local);
         let ask = asks(&[b"k"], &[5]);
-        let verdict = f.policy.decide(&routes, &ask).await;
+        let mut verdict = routes.decide(&f.policy, &ask).await;
         assert_eq!(verdict.decider, Decider::Fallback);
-        let remaining =
-            |verdict: &Verdict| verdict.decision.as_ref().unwrap().statuses[0].remaining;
         assert_eq!(
-            remaining(&verdict),
+            remaining(&verdict, 0),
             45,
             "half of 100 for each of 2 instances, 5 reserved"
         );
-        f.policy
-            .settle_response(&routes, &ask, &verdict, &[CostReport::Reported(25)])
+        routes
+            .settle(&f.policy, &mut verdict, &[CostReport::Reported(25)])
             .await;
-        assert_eq!(remaining(&f.policy.decide(&routes, &ask).await), 20);
+        assert_eq!(remaining(&routes.decide(&f.policy, &ask).await, 0), 20);
     }
 }

@@ -8,6 +8,7 @@ use super::decision::{Decision, Statuses};
 use super::id::RequestId;
 use super::key::Key;
 use super::limit::{Limit, LIMITS_INLINE};
+use super::pairs::paired;
 
 /// What one request asks of one limit: the key it is counted under and the units it costs
 /// (0: the limit is only read, e.g. skipped for lack of a key part).
@@ -21,10 +22,10 @@ pub struct Ask {
 pub type Asks = SmallVec<[Ask; LIMITS_INLINE]>;
 
 /// One ask per key, at the matching cost (tools and tests; requests get theirs from their
-/// route, `Route::asks`).
+/// route's tier, `Tier::records`). Panics when there are not as many costs as keys.
 pub fn asks(keys: &[&[u8]], costs: &[u64]) -> Asks {
-    keys.iter()
-        .zip(costs)
+    paired(keys, costs)
+        .expect("one cost per key")
         .map(|(key, &cost)| Ask {
             key: Key::from_slice(key),
             cost,
@@ -43,11 +44,11 @@ pub struct Entry<'a> {
 /// The entries of one call, inline for routes of ordinary size.
 pub type Entries<'a> = SmallVec<[Entry<'a>; LIMITS_INLINE]>;
 
-/// Pairs each limit with the request's ask for it.
+/// Pairs each limit with an ask for it (tools and tests; requests pair theirs in
+/// `Asked::entries`). Panics when there are not as many asks as limits.
 pub fn entries<'a>(limits: &'a [Limit], asks: &'a [Ask]) -> Entries<'a> {
-    limits
-        .iter()
-        .zip(asks)
+    paired(limits, asks)
+        .expect("one ask per limit")
         .map(|(limit, ask)| Entry {
             limit,
             key: &ask.key,

@@ -278,10 +278,12 @@ impl Call {
 
     /// Its keys, in limit order.
     pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
-        let starts = std::iter::once(0).chain(self.key_ends.iter().copied());
-        starts
-            .zip(self.key_ends.iter().copied())
-            .map(|(start, end)| &self.keys[start..end])
+        // Each key runs from where the one before it ended.
+        self.key_ends.iter().scan(0, |start, &end| {
+            let key = self.keys.get(*start..end);
+            *start = end;
+            key
+        })
     }
 
     /// Its first key (which names the Cluster slot of all of them).

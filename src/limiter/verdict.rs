@@ -4,9 +4,8 @@
 
 use std::time::Duration;
 
-use super::decision::{Decision, Source};
+use super::decision::{Retry, Source};
 use super::id::RequestId;
-use super::limit::Limit;
 
 /// What the limiter said about a request, or about one of its limits: the `decision` label of
 /// `sluice_requests_total` and `sluice_limit_decisions_total`. The discriminant indexes metric
@@ -65,43 +64,9 @@ impl Outcome {
         )
     }
 
-    /// What each of `limits` said about a request, by index (nothing when no limiter was asked:
-    /// no limits, or the request was refused before). A deny-cache answer counts only the
-    /// limit whose cached denial answered it: the route's other limits were not asked.
-    pub fn per_limit<'a>(
-        limits: &'a [Limit],
-        verdict: &'a Verdict,
-    ) -> impl Iterator<Item = (usize, Outcome)> + 'a {
-        let local = verdict.decider == Decider::Fallback;
-        let decided = verdict.decision.iter().flat_map(move |decision| {
-            // The deny cache knows only that its key's limit denies: the others were not asked.
-            let asked = move |index: usize| {
-                decision.source != Source::DenyCache || decision.denied_by == Some(index)
-            };
-            decision
-                .statuses
-                .iter()
-                .zip(limits)
-                .enumerate()
-                .filter(move |(index, _)| asked(*index))
-                .map(move |(index, (status, limit))| {
-                    (index, Outcome::of(status.allowed, limit.shadow, local))
-                })
-        });
-        let failed = match (&verdict.decision, verdict.outcome) {
-            (None, Outcome::ErrorAllowed) => Some(Outcome::ErrorAllowed),
-            (None, Outcome::ErrorDenied) => Some(Outcome::ErrorDenied),
-            _ => None,
-        };
-        let undecided = failed
-            .into_iter()
-            .flat_map(move |outcome| (0..limits.len()).map(move |index| (index, outcome)));
-        decided.chain(undecided)
-    }
-
     /// One limit's answer: whether it allowed, whether it is a shadow limit, and whether the
     /// in-process fallback gave it.
-    fn of(allowed: bool, shadow: bool, local: bool) -> Outcome {
+    pub(crate) fn of(allowed: bool, shadow: bool, local: bool) -> Outcome {
         match (allowed, shadow, local) {
             (true, _, false) => Outcome::Allowed,
             (true, _, true) => Outcome::LocalAllowed,
@@ -110,6 +75,16 @@ impl Outcome {
             (false, false, true) => Outcome::LocalLimited,
         }
     }
+}
+
+/// What answered a decided request, besides the statuses (which went into its records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answered {
+    pub source: Source,
+    /// How many requests' decisions the backend call carried (see `Decision::batch`).
+    pub batch: usize,
+    /// When the request could pass, as the deciding limit says.
+    pub retry: Retry,
 }
 
 /// Who decided a request: whom to give back what it took (concurrency slots when it ends,
@@ -129,8 +104,8 @@ pub enum Decider {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
     pub outcome: Outcome,
-    /// What the limits said, when a limiter decided.
-    pub decision: Option<Decision>,
+    /// What answered, when a limiter decided (what each limit said is in its record).
+    pub answered: Option<Answered>,
     /// Shaping (`max_delay`): hold the admitted request this long before it goes upstream.
     pub delay: Duration,
     /// How long the limiter took to decide (zero when no limiter was asked).
@@ -152,7 +127,7 @@ impl Verdict {
     pub fn undecided(outcome: Outcome) -> Verdict {
         Verdict {
             outcome,
-            decision: None,
+            answered: None,
             delay: Duration::ZERO,
             limiter_time: Duration::ZERO,
             id: RequestId::default(),
@@ -163,13 +138,6 @@ impl Verdict {
     /// The request goes upstream.
     pub fn admitted(&self) -> bool {
         self.outcome.admitted()
-    }
-
-    /// The limit that decided the request: the one that denied it, or the shadow limit that
-    /// would have (an index into the route's limits).
-    pub fn deciding_limit(&self) -> Option<usize> {
-        let decision = self.decision.as_ref()?;
-        decision.denied_by.or(decision.shadow_denied_by)
     }
 }
 

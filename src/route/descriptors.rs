@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::hash::Hasher;
 
-use crate::limiter::{push_hex, FailureMode, Key, Limit, LimitSet};
+use crate::limiter::{push_hex, Key, Limit, PolicyLimit};
 
 /// The most descriptors one request may carry, and entries one descriptor may have.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -85,6 +85,8 @@ pub enum Rule {
     Blocked {
         name: String,
         unit: Unit,
+        /// Its place among its domain's limit names (set by [`Domain::new`]).
+        series: usize,
     },
     Limited(Box<DescriptorLimit>),
 }
@@ -96,12 +98,13 @@ pub struct DescriptorLimit {
     pub name: String,
     pub requests_per_unit: u64,
     pub unit: Unit,
-    pub limit: Limit,
+    /// The limit, and this gateway's share of it: compiled once, not per call.
+    pub limit: PolicyLimit,
     /// Names of the limits this one replaces when both match one request.
     pub replaces: Vec<String>,
-    /// The limit as the policy takes it when it is the only one a call matches (the common
-    /// case): compiled once, not per call.
-    pub alone: LimitSet,
+    /// Its place among its domain's limit names: which `limit` series counts it (set by
+    /// [`Domain::new`]).
+    pub series: usize,
     /// Where the node sits in its domain (part of every key it counts under).
     id: u64,
 }
@@ -116,16 +119,16 @@ impl DescriptorLimit {
         unit: Unit,
         limit: Limit,
         replaces: Vec<String>,
-        (instances, failure_mode): (u64, FailureMode),
+        instances: u64,
     ) -> DescriptorLimit {
         DescriptorLimit {
-            alone: LimitSet::new(vec![limit.clone()], instances, failure_mode, None),
+            limit: PolicyLimit::new(limit, instances),
             id: xxhash_rust::xxh3::xxh3_64(place.as_bytes()),
             name,
             requests_per_unit,
             unit,
-            limit,
             replaces,
+            series: 0,
         }
     }
 }
@@ -135,7 +138,8 @@ impl DescriptorLimit {
 #[derive(Debug, Default)]
 pub struct Node {
     /// `(key, value)` → child.
-    exact: HashMap<(String, String), Node>,
+    /// `key` → `value` → child (two levels, so a request's entry is found without a copy).
+    exact: HashMap<String, HashMap<String, Node>>,
     /// `(key, value prefix)` of values written `prefix*`, in file order.
     wildcard: Vec<(String, String, Node)>,
     /// `key` (any value) → child.
@@ -157,7 +161,7 @@ impl Node {
                 let last = self.wildcard.len() - 1;
                 &mut self.wildcard[last].2
             }
-            None => self.exact.entry((key, value)).or_default(),
+            None => self.exact.entry(key).or_default().entry(value).or_default(),
         }
     }
 
@@ -175,31 +179,56 @@ impl Node {
 pub struct Domain {
     pub name: String,
     root: Node,
+    /// The names of its limits, each once, sorted: a rule's `series` indexes them.
+    names: Box<[String]>,
+}
+
+impl Node {
+    /// This node and every node below it.
+    fn walk_mut(&mut self, visit: &mut impl FnMut(&mut Node)) {
+        visit(self);
+        let exact = self.exact.values_mut().flat_map(HashMap::values_mut);
+        let wildcard = self.wildcard.iter_mut().map(|(_, _, child)| child);
+        for child in exact.chain(wildcard).chain(self.any.values_mut()) {
+            child.walk_mut(visit);
+        }
+    }
 }
 
 impl Domain {
-    pub fn new(name: String, root: Node) -> Domain {
-        Domain { name, root }
-    }
-
-    /// The names of its limits (`rate_limit.name`, or the descriptor path), each once: the
-    /// `limit` label of its metrics, bounded by the configuration (never a request's values).
-    pub fn limit_names(&self) -> Vec<&str> {
+    /// The domain `name` of the tree under `root`; each rule learns its place among the
+    /// domain's limit names.
+    pub fn new(name: String, mut root: Node) -> Domain {
         let mut names = Vec::new();
-        let mut nodes = vec![&self.root];
-        while let Some(node) = nodes.pop() {
-            match &node.rule {
-                Some(Rule::Limited(limit)) => names.push(limit.name.as_str()),
-                Some(Rule::Blocked { name, .. }) => names.push(name.as_str()),
-                Some(Rule::Unlimited) | None => {}
-            }
-            nodes.extend(node.exact.values());
-            nodes.extend(node.wildcard.iter().map(|(_, _, child)| child));
-            nodes.extend(node.any.values());
-        }
+        root.walk_mut(&mut |node| match &node.rule {
+            Some(Rule::Limited(limit)) => names.push(limit.name.clone()),
+            Some(Rule::Blocked { name, .. }) => names.push(name.clone()),
+            Some(Rule::Unlimited) | None => {}
+        });
         names.sort_unstable();
         names.dedup();
-        names
+        let place = |name: &str| {
+            names
+                .binary_search_by(|n| n.as_str().cmp(name))
+                .unwrap_or(0)
+        };
+        root.walk_mut(&mut |node| match &mut node.rule {
+            Some(Rule::Limited(limit)) => limit.series = place(&limit.name),
+            Some(Rule::Blocked { name, series, .. }) => *series = place(name),
+            Some(Rule::Unlimited) | None => {}
+        });
+        Domain {
+            name,
+            root,
+            names: names.into(),
+        }
+    }
+
+    /// The names of its limits (`rate_limit.name`, or the descriptor path), each once, sorted:
+    /// the `limit` label of its metrics, bounded by the configuration (never a request's
+    /// values). A rule's `series` is its place here.
+    pub fn limit_names(&self) -> impl Iterator<Item = &str> {
+        self.names.iter().map(String::as_str)
     }
 }
 
@@ -242,7 +271,8 @@ impl Domain {
         for (key, value) in entries {
             node = node
                 .exact
-                .get(&((*key).to_string(), (*value).to_string()))
+                .get(*key)
+                .and_then(|values| values.get(*value))
                 .or_else(|| {
                     node.wildcard
                         .iter()

@@ -26,10 +26,7 @@ use siphasher::sip128::{Hash128, Hasher128, SipHasher13};
 use smallvec::SmallVec;
 
 use crate::caller::consumers::Consumer;
-use crate::limiter::{push_hex, Key, LIMITS_INLINE};
-
-/// The keys of one request, one per limit.
-pub type Keys = SmallVec<[Key; LIMITS_INLINE]>;
+use crate::limiter::{push_hex, Key};
 
 /// One ingredient of a limit's key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,13 +60,6 @@ pub enum OnMissing {
     /// The limit is left out for this request: it neither counts nor denies (its state is only
     /// read, so the response headers still describe it).
     Skip,
-}
-
-/// The keys of one request, and which limits it skips (bit i: limit i).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BuiltKeys {
-    pub keys: Keys,
-    pub skipped: u32,
 }
 
 /// A request lacks a part its limit requires (`on_missing: deny`).
@@ -257,14 +247,30 @@ impl KeySecret {
     }
 }
 
-/// The fixed pieces of one limit's key, built at config load.
+/// How one limit's key is made: its name between the tag and the digest, the parts it is
+/// keyed on, what a missing part does, and whether its digest is the route's tag's.
 #[derive(Debug, Clone)]
-struct LimitKey {
-    /// `:<limit>:`
+pub struct LimitKey {
     middle: Box<[u8]>,
     parts: Box<[KeyPart]>,
     on_missing: OnMissing,
+    /// Its parts are exactly the tag's: its digest's upper half is the tag's digest (SipHash's
+    /// 64-bit result is the upper half of its 128-bit one), so the parts are hashed once.
+    gives_tag: bool,
 }
+
+/// One limit's digest of one request, and whether the limit is skipped (a part is missing and
+/// it says `on_missing: skip`).
+#[derive(Debug, Clone, Copy)]
+pub struct Digest {
+    hash: Hash128,
+    pub skipped: bool,
+}
+
+/// The variable end of a request's hash tag (`.<digest>` or a shard suffix) and its `}`:
+/// every key of the call starts with the route's head and this. Inline up to 40 bytes.
+#[derive(Debug, Clone, Default)]
+pub struct Tag(SmallVec<[u8; 40]>);
 
 /// How one limit's key is made, as configured.
 #[derive(Debug, Clone)]
@@ -309,17 +315,6 @@ enum TagChoice {
     ShardRoundRobin { suffixes: ShardSuffixes },
 }
 
-fn limit_keys(specs: &[KeySpec]) -> Box<[LimitKey]> {
-    specs
-        .iter()
-        .map(|spec| LimitKey {
-            middle: format!(":{}:", spec.limit).into_bytes().into(),
-            parts: spec.parts.clone().into(),
-            on_missing: spec.on_missing,
-        })
-        .collect()
-}
-
 /// Builds the keys of every limit of one route.
 #[derive(Debug, Clone)]
 pub struct RouteKeys {
@@ -328,15 +323,6 @@ pub struct RouteKeys {
     secret: KeySecret,
     tag_parts: Box<[KeyPart]>,
     tag_choice: TagChoice,
-    limits: Box<[LimitKey]>,
-    /// A limit whose parts are the tag's: its digest's upper half is the tag's digest (SipHash's
-    /// 64-bit result is the upper half of its 128-bit one), so the parts are hashed once.
-    tag_from_limit: Option<usize>,
-}
-
-/// The first limit whose parts are exactly `tag_parts`, in order.
-fn limit_with_parts(limits: &[LimitKey], tag_parts: &[KeyPart]) -> Option<usize> {
-    limits.iter().position(|limit| *limit.parts == *tag_parts)
 }
 
 impl RouteKeys {
@@ -367,73 +353,64 @@ impl RouteKeys {
                 suffixes: shard_suffixes(shards),
             },
         };
-        let limits = limit_keys(specs);
         RouteKeys {
             head: format!("{prefix}:{{{route}").into_bytes().into(),
             secret,
-            tag_from_limit: limit_with_parts(&limits, &tag_parts),
             tag_parts: tag_parts.into(),
             tag_choice,
-            limits,
         }
     }
 
-    /// The keys of some of this route's limits (a plan's or a consumer's, `consumers::tiers`),
-    /// tagged as this route's: a limit keeps its slot, and its key where its spec is the same,
-    /// whichever of them a request meets.
-    pub fn for_tier(&self, specs: &[KeySpec]) -> RouteKeys {
-        let limits = limit_keys(specs);
-        RouteKeys {
-            head: self.head.clone(),
-            secret: self.secret,
-            tag_from_limit: limit_with_parts(&limits, &self.tag_parts),
-            tag_parts: self.tag_parts.clone(),
-            tag_choice: self.tag_choice.clone(),
-            limits,
+    /// How the key of the limit `spec` describes is made on this route.
+    pub fn limit_key(&self, spec: &KeySpec) -> LimitKey {
+        LimitKey {
+            middle: format!(":{}:", spec.limit).into_bytes().into(),
+            gives_tag: *spec.parts == *self.tag_parts,
+            parts: spec.parts.clone().into(),
+            on_missing: spec.on_missing,
         }
     }
 
-    /// Whether the key of the limit at `index` follows from the caller alone (its parts are
-    /// `consumer`, `route` or `const:`, and no round robin picks its shard): what the usage
-    /// API can read for a consumer without a request.
-    pub fn follows_from_caller(&self, index: usize) -> bool {
+    /// Whether the key of `limit` follows from the caller alone (its parts are `consumer`,
+    /// `route` or `const:`, and no round robin picks its shard): what the usage API can read
+    /// for a consumer without a request.
+    pub fn follows_from_caller(&self, limit: &LimitKey) -> bool {
         let caller_only =
             |part: &KeyPart| matches!(part, KeyPart::Consumer | KeyPart::Route | KeyPart::Const(_));
         !matches!(self.tag_choice, TagChoice::ShardRoundRobin { .. })
-            && self
-                .limits
-                .get(index)
-                .is_some_and(|limit| limit.parts.iter().all(caller_only))
+            && limit.parts.iter().all(caller_only)
     }
 
-    /// One key per limit, in the route's order, and the limits skipped for lack of a part;
-    /// `Err` when a limit with `on_missing: deny` lacks a part. A round robin over shards takes
-    /// its turn from `rotation`.
-    pub fn build(
+    /// `limit`'s digest of the request; `Err` when a part is missing and the limit says
+    /// `on_missing: deny`.
+    pub fn digest(
         &self,
+        limit: &LimitKey,
         facts: &RequestFacts<'_>,
-        rotation: &Rotation,
-    ) -> Result<BuiltKeys, MissingPart> {
-        let mut skipped = 0u32;
-        let mut digests: SmallVec<[Hash128; LIMITS_INLINE]> = SmallVec::new();
-        for (i, limit) in self.limits.iter().enumerate() {
-            let mut hasher = self.secret.hasher();
-            let mut complete = true;
-            for part in limit.parts.iter() {
-                complete &= feed(&mut hasher, facts, part);
-            }
-            match (complete, limit.on_missing) {
-                (false, OnMissing::Deny) => return Err(MissingPart),
-                (false, OnMissing::Skip) => skipped |= 1 << i,
-                _ => {}
-            }
-            digests.push(hasher.finish128());
+    ) -> Result<Digest, MissingPart> {
+        let mut hasher = self.secret.hasher();
+        let mut complete = true;
+        for part in limit.parts.iter() {
+            complete &= feed(&mut hasher, facts, part);
         }
-        // The tag's variable end (`.<digest>` or a shard suffix) and `}`: every key of the route
-        // starts with head + tag. Built in place, on the heap only past KEY_INLINE bytes.
-        let mut tag: SmallVec<[u8; 40]> = SmallVec::new();
-        let shared_digest = || match self.tag_from_limit.and_then(|i| digests.get(i)) {
-            Some(digest) => digest.h2,
+        let skipped = match (complete, limit.on_missing) {
+            (false, OnMissing::Deny) => return Err(MissingPart),
+            (false, OnMissing::Skip) => true,
+            _ => false,
+        };
+        Ok(Digest {
+            hash: hasher.finish128(),
+            skipped,
+        })
+    }
+
+    /// The request's hash tag. `from`: the digest of a limit that gives the tag
+    /// ([`LimitKey::gives_tag`]), if the request has one (its parts are not hashed again). A
+    /// round robin over shards takes its turn from `rotation`.
+    pub fn tag(&self, facts: &RequestFacts<'_>, from: Option<&Digest>, rotation: &Rotation) -> Tag {
+        let mut tag = Tag::default();
+        let shared_digest = || match from {
+            Some(digest) => digest.hash.h2,
             None => {
                 let mut hasher = self.secret.hasher();
                 for part in self.tag_parts.iter() {
@@ -445,29 +422,39 @@ impl RouteKeys {
         match &self.tag_choice {
             TagChoice::SharedParts if self.tag_parts.is_empty() => {}
             TagChoice::SharedParts => {
-                tag.push(b'.');
-                push_hex(&mut tag, &shared_digest().to_be_bytes());
+                tag.0.push(b'.');
+                push_hex(&mut tag.0, &shared_digest().to_be_bytes());
             }
             TagChoice::ShardBySharedParts { suffixes } => {
                 let shard = shared_digest() % suffixes.len() as u64;
-                tag.extend_from_slice(&suffixes[shard as usize]);
+                tag.0.extend_from_slice(&suffixes[shard as usize]);
             }
             TagChoice::ShardRoundRobin { suffixes } => {
                 let turn = rotation.next();
-                tag.extend_from_slice(&suffixes[turn as usize % suffixes.len()]);
+                tag.0
+                    .extend_from_slice(&suffixes[turn as usize % suffixes.len()]);
             }
         }
-        tag.push(b'}');
-        let mut keys = Keys::new();
-        for (limit, digest) in self.limits.iter().zip(&digests) {
-            let mut key = Key::new();
-            key.extend_from_slice(&self.head);
-            key.extend_from_slice(&tag);
-            key.extend_from_slice(&limit.middle);
-            push_hex(&mut key, &digest.as_u128().to_be_bytes());
-            keys.push(key);
-        }
-        Ok(BuiltKeys { keys, skipped })
+        tag.0.push(b'}');
+        tag
+    }
+
+    /// `limit`'s key: the route's head, the request's `tag`, the limit's name and its `digest`.
+    /// Built in place, on the heap only past `KEY_INLINE` bytes.
+    pub fn key(&self, tag: &Tag, limit: &LimitKey, digest: &Digest) -> Key {
+        let mut key = Key::new();
+        key.extend_from_slice(&self.head);
+        key.extend_from_slice(&tag.0);
+        key.extend_from_slice(&limit.middle);
+        push_hex(&mut key, &digest.hash.as_u128().to_be_bytes());
+        key
+    }
+}
+
+impl LimitKey {
+    /// Its digest is the route's tag's (see [`RouteKeys::tag`]).
+    pub fn gives_tag(&self) -> bool {
+        self.gives_tag
     }
 }
 
@@ -579,8 +566,55 @@ mod tests {
         assert_eq!(turn(&old), "sluice:{api.s2}");
     }
 
-    fn keys(specs: &[KeySpec]) -> RouteKeys {
-        RouteKeys::new("sluice", "api", KeySecret::new("s3cret"), specs)
+    /// A route's keys with its limits' keys, as a tier holds them.
+    struct TestKeys {
+        route: RouteKeys,
+        limits: Vec<LimitKey>,
+    }
+
+    /// One request's keys, and which limits it skips (bit i: limit i).
+    #[derive(Debug, PartialEq, Eq)]
+    struct BuiltKeys {
+        keys: Vec<Key>,
+        skipped: u32,
+    }
+
+    impl TestKeys {
+        fn new(route: RouteKeys, specs: &[KeySpec]) -> TestKeys {
+            let limits = specs.iter().map(|spec| route.limit_key(spec)).collect();
+            TestKeys { route, limits }
+        }
+
+        /// Every limit's key, as `Tier::records` builds them: digests, the tag, then keys.
+        fn build(
+            &self,
+            facts: &RequestFacts<'_>,
+            rotation: &Rotation,
+        ) -> Result<BuiltKeys, MissingPart> {
+            let digests = self
+                .limits
+                .iter()
+                .map(|limit| self.route.digest(limit, facts))
+                .collect::<Result<Vec<_>, _>>()?;
+            let giver = self.limits.iter().position(LimitKey::gives_tag);
+            let tag = self.route.tag(facts, giver.map(|i| &digests[i]), rotation);
+            let mut built = BuiltKeys {
+                keys: Vec::new(),
+                skipped: 0,
+            };
+            for (i, limit) in self.limits.iter().enumerate() {
+                built.keys.push(self.route.key(&tag, limit, &digests[i]));
+                built.skipped |= u32::from(digests[i].skipped) << i;
+            }
+            Ok(built)
+        }
+    }
+
+    fn keys(specs: &[KeySpec]) -> TestKeys {
+        TestKeys::new(
+            RouteKeys::new("sluice", "api", KeySecret::new("s3cret"), specs),
+            specs,
+        )
     }
 
     #[test]
@@ -631,7 +665,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("x-tenant", "acme".parse().unwrap());
         let long_path = format!("/v1/{}", "p".repeat(100));
-        let text = |keys: &RouteKeys, path: &str, ip: &str| -> Vec<String> {
+        let text = |keys: &TestKeys, path: &str, ip: &str| -> Vec<String> {
             let built = keys
                 .build(&facts(ip, path, &headers), &Rotation::default())
                 .unwrap()
@@ -696,10 +730,14 @@ mod tests {
     fn the_secret_changes_every_digest() {
         let h = HeaderMap::new();
         let specs = [spec("l", &["client_ip"])];
-        let a = RouteKeys::new("p", "r", KeySecret::new("one"), &specs)
-            .build(&facts("10.0.0.1", "/", &h), &Rotation::default());
-        let b = RouteKeys::new("p", "r", KeySecret::new("two"), &specs)
-            .build(&facts("10.0.0.1", "/", &h), &Rotation::default());
+        let with = |secret| {
+            TestKeys::new(
+                RouteKeys::new("p", "r", KeySecret::new(secret), &specs),
+                &specs,
+            )
+        };
+        let a = with("one").build(&facts("10.0.0.1", "/", &h), &Rotation::default());
+        let b = with("two").build(&facts("10.0.0.1", "/", &h), &Rotation::default());
         assert_ne!(a, b);
     }
 

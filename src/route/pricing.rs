@@ -4,8 +4,7 @@
 
 use http::header::{HeaderMap, HeaderName};
 
-use crate::limiter::{CostReport, Limit, Sent, LIMITS_INLINE};
-use smallvec::SmallVec;
+use crate::limiter::{CostReport, Limit, Sent};
 
 /// The headers one limit reads its cost from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -16,45 +15,24 @@ pub struct CostHeaders {
     pub response: Option<HeaderName>,
 }
 
-/// The cost headers of a route's limits, in the route's order of limits.
-#[derive(Debug, Clone, Default)]
-pub struct RoutePricing {
-    by_limit: Box<[CostHeaders]>,
-}
-
-impl RoutePricing {
-    /// `by_limit`: one entry per limit of the route, in its order.
-    pub fn new(by_limit: Vec<CostHeaders>) -> RoutePricing {
-        RoutePricing {
-            by_limit: by_limit.into(),
-        }
-    }
-
-    /// What the request `headers` say the limit at `index` costs.
-    pub fn request(&self, index: usize, headers: &HeaderMap) -> Sent {
-        match self.by_limit.get(index).and_then(|h| h.request.as_ref()) {
+impl CostHeaders {
+    /// What the request `headers` say this limit costs.
+    pub fn request(&self, headers: &HeaderMap) -> Sent {
+        match &self.request {
             Some(name) => whole_number(headers, name),
             None => Sent::Nothing,
         }
     }
 
-    /// Reads what `headers` (a response head, or its trailers) say the response cost, for
-    /// each of `limits` priced by the response; a report found replaces one held in `reports`.
-    pub fn read_reports(
-        &self,
-        limits: &[Limit],
-        headers: &HeaderMap,
-        reports: &mut SmallVec<[CostReport; LIMITS_INLINE]>,
-    ) {
-        reports.resize(limits.len(), CostReport::Missing);
-        for ((report, limit), names) in reports.iter_mut().zip(limits).zip(self.by_limit.iter()) {
-            let (Some(price), Some(name)) = (&limit.priced_by_response, &names.response) else {
-                continue;
-            };
-            match price.report(whole_number(headers, name)) {
-                CostReport::Missing => {}
-                found => *report = found,
-            }
+    /// Reads what `headers` (a response head, or its trailers) say the response cost, when
+    /// `limit` is priced by the response: a report found replaces the one held in `report`.
+    pub fn read_report(&self, limit: &Limit, headers: &HeaderMap, report: &mut CostReport) {
+        let (Some(price), Some(name)) = (&limit.priced_by_response, &self.response) else {
+            return;
+        };
+        match price.report(whole_number(headers, name)) {
+            CostReport::Missing => {}
+            found => *report = found,
         }
     }
 }

@@ -9,9 +9,14 @@ use std::sync::Arc;
 use http::header::HeaderValue;
 
 use crate::caller::consumers::Consumer;
-use crate::limiter::{Ask, Asks, Limit, LimitSet};
-use crate::route::keys::{MissingPart, RequestFacts, Rotation, RouteKeys};
-use crate::route::pricing::RoutePricing;
+use smallvec::SmallVec;
+
+use crate::limiter::{
+    paired, paired_mut, Asked, AskedLimit, Limit, LimitRecord, LimitRecords, LimitRules,
+    PolicyLimit, LIMITS_INLINE,
+};
+use crate::route::keys::{Digest, LimitKey, MissingPart, RequestFacts, Rotation, RouteKeys};
+use crate::route::pricing::CostHeaders;
 
 /// Detail of the `400` for a request that lacks a part a limit is keyed on.
 const MISSING_PART: &str =
@@ -24,47 +29,114 @@ const BAD_COST: &str = "The cost header must be a whole number within the limit'
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Undecidable(pub &'static str);
 
+/// One limit of a tier, with everything a request needs of it.
+#[derive(Debug)]
+pub struct TierLimit {
+    /// The tier's parameters of the limit (a plan's or a consumer's override, the route's
+    /// shadow), and one gateway's share of it.
+    pub limit: PolicyLimit,
+    /// How its key is made.
+    pub key: LimitKey,
+    /// Where its costs are read.
+    pub costs: CostHeaders,
+    /// Its place in the route's list as written: the series it is counted under.
+    pub position: Position,
+}
+
+/// A limit's place in its route's list as written: the `(route, limit)` series it is counted
+/// under, whichever tier's parameters a request met it with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position(pub u8);
+
 /// The limits one kind of caller meets on a route, with everything a request needs of them.
 #[derive(Debug)]
 pub struct Tier {
-    pub limits: LimitSet,
+    /// Its limits, in the route's order: the only per-limit sequence of a tier.
+    pub limits: Box<[TierLimit]>,
+    pub rules: LimitRules,
+    /// The route's hash tag and key head (each tier runs its own round robin).
     pub keys: RouteKeys,
-    /// Where its priced limits read their costs.
-    pub pricing: RoutePricing,
     /// `RateLimit-Policy` value, or `None` when the route sends no rate-limit headers: a caller
     /// sees its own tier's limits.
     pub policy_header: Option<HeaderValue>,
-    /// Where each of its limits stands in the route's list (a plan may leave limits out).
-    pub positions: Box<[u8]>,
+}
+
+/// One limit's digest of a request, before the tag is known.
+struct Pending<'a> {
+    limit: &'a TierLimit,
+    digest: Digest,
 }
 
 impl Tier {
-    /// What the request asks of each limit of this tier: its key and its cost (0 for a limit
-    /// skipped for lack of a key part, which is then only read). `Err` when the request cannot
-    /// be decided as sent, with the detail of its `400`.
-    pub fn asks(&self, facts: &RequestFacts<'_>, rotation: &Rotation) -> Result<Asks, Undecidable> {
-        let built = self
-            .keys
-            .build(facts, rotation)
-            .map_err(|MissingPart| Undecidable(MISSING_PART))?;
-        let mut asks = Asks::new();
-        for (i, (limit, key)) in self.limits.limits().iter().zip(built.keys).enumerate() {
-            let cost = limit
-                .cost
-                .of(self.pricing.request(i, facts.headers))
-                .map_err(|_| Undecidable(BAD_COST))?;
-            let skipped = built.skipped & (1 << i) != 0;
-            asks.push(Ask {
-                key,
-                cost: if skipped { 0 } else { cost },
-            });
+    /// A tier of no limits.
+    pub fn none(keys: RouteKeys) -> Tier {
+        Tier {
+            limits: Box::new([]),
+            rules: LimitRules::none(),
+            keys,
+            policy_header: None,
         }
-        Ok(asks)
     }
 
-    /// The limit at `index` of this tier.
-    pub fn limit(&self, index: usize) -> Option<&Limit> {
-        self.limits.limits().get(index)
+    /// One record per limit of this tier: the request's key and cost for it (cost 0 for a
+    /// limit skipped for lack of a key part, which is then only read). `Err` when the request
+    /// cannot be decided as sent, with the detail of its `400`: a missing part first, then a
+    /// bad cost.
+    pub fn records(
+        &self,
+        facts: &RequestFacts<'_>,
+        rotation: &Rotation,
+    ) -> Result<LimitRecords, Undecidable> {
+        let pending = self
+            .limits
+            .iter()
+            .map(|limit| {
+                let digest = self.keys.digest(&limit.key, facts)?;
+                Ok(Pending { limit, digest })
+            })
+            .collect::<Result<SmallVec<[Pending<'_>; LIMITS_INLINE]>, MissingPart>>()
+            .map_err(|MissingPart| Undecidable(MISSING_PART))?;
+        let giver = pending.iter().find(|p| p.limit.key.gives_tag());
+        let tag = self.keys.tag(facts, giver.map(|p| &p.digest), rotation);
+        let mut records = LimitRecords::new();
+        for Pending { limit, digest } in &pending {
+            let cost = limit
+                .limit
+                .exact
+                .cost
+                .of(limit.costs.request(facts.headers))
+                .map_err(|_| Undecidable(BAD_COST))?;
+            let key = self.keys.key(&tag, &limit.key, digest);
+            records.push(LimitRecord::new(key, if digest.skipped { 0 } else { cost }));
+        }
+        Ok(records)
+    }
+
+    /// The policy's view of `records` (this tier's, one per limit): `None` when they are not.
+    pub fn asked<'a>(&'a self, records: &'a mut [LimitRecord]) -> Option<Asked<'a>> {
+        let limits = paired_mut(&self.limits, records)?
+            .map(|(limit, record)| AskedLimit {
+                limit: &limit.limit,
+                record,
+            })
+            .collect();
+        Some(Asked {
+            rules: &self.rules,
+            limits,
+        })
+    }
+
+    /// This tier's limits, each with the record of it among `records`: `None` when they are
+    /// not this tier's.
+    pub fn said<'a, 'r>(
+        &'a self,
+        records: &'r [LimitRecord],
+    ) -> Option<impl Iterator<Item = (&'a TierLimit, &'r LimitRecord)>> {
+        paired(&self.limits, records)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.limits.is_empty()
     }
 }
 
@@ -86,13 +158,12 @@ pub struct Tiers {
 impl Tiers {
     /// No limits for anyone.
     pub fn unlimited() -> Tiers {
-        Tiers::single(Tier {
-            limits: LimitSet::none(),
-            keys: RouteKeys::new("", "", crate::route::keys::KeySecret::new(""), &[]),
-            pricing: RoutePricing::default(),
-            policy_header: None,
-            positions: Box::new([]),
-        })
+        Tiers::single(Tier::none(RouteKeys::new(
+            "",
+            "",
+            crate::route::keys::KeySecret::new(""),
+            &[],
+        )))
     }
 
     /// One tier for everyone.
@@ -143,6 +214,12 @@ impl Tiers {
         &self.tiers[0]
     }
 
+    /// The route's limits as written, in order: its default tier's (a plan's or a consumer's
+    /// parameters aside, the `(route, limit)` series are these).
+    pub fn written(&self) -> impl Iterator<Item = &Limit> {
+        self.default().limits.iter().map(|l| &l.limit.exact)
+    }
+
     /// How many tiers the route has (each runs its own [`Rotation`]).
     pub fn count(&self) -> usize {
         self.tiers.len()
@@ -150,7 +227,7 @@ impl Tiers {
 
     /// Whether the route has any limit for any caller.
     pub fn limit_anything(&self) -> bool {
-        self.tiers.iter().any(|tier| !tier.limits.is_empty())
+        self.tiers.iter().any(|tier| !tier.is_empty())
     }
 }
 
@@ -162,13 +239,7 @@ mod tests {
     use crate::route::keys::KeySecret;
 
     fn tier() -> Tier {
-        Tier {
-            limits: LimitSet::none(),
-            keys: RouteKeys::new("t", "r", KeySecret::new("s"), &[]),
-            pricing: RoutePricing::new(Vec::new()),
-            policy_header: None,
-            positions: Box::new([]),
-        }
+        Tier::none(RouteKeys::new("t", "r", KeySecret::new("s"), &[]))
     }
 
     #[test]

@@ -101,7 +101,8 @@ impl Limit {
         let config = sluice::config::Config::from_yaml(Path::new("limit.yaml"), &yaml)
             .unwrap_or_else(|e| panic!("{self} does not compile: {e}"));
         let route = config.routes.in_file_order()[0].clone();
-        route.tiers.default().limits.limits()[0].clone()
+        let limit = route.tiers.written().next().expect("a limit").clone();
+        limit
     }
 }
 

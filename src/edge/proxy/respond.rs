@@ -17,29 +17,26 @@ use crate::caller::consumers::AuthFailure;
 use crate::exchange::answer::{Answer, GrpcStatus};
 use crate::exchange::{Exchange, LimitsSaid};
 use crate::limiter::fields::{self, push_decimal, whole_seconds};
-use crate::limiter::Decision;
-use crate::route::tiers::Tier;
 
 pub const RATELIMIT: &str = "ratelimit";
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
 
-/// `"per_client";r=0;t=1, ...`: the IETF httpapi `RateLimit` field for every limit of a route
-/// that is a rate (`limiter::fields` writes it).
-pub fn ratelimit_value(tier: &Tier, decision: &Decision) -> Option<HeaderValue> {
-    let mut value = Vec::with_capacity(32 * tier.limits.len());
-    let rates = tier
-        .limits
-        .limits()
-        .iter()
-        .zip(&decision.statuses)
-        .filter(|(limit, _)| limit.policy.is_some() && !limit.shadow);
-    for (limit, status) in rates {
-        fields::push_state_item(
-            &mut value,
-            &limit.name,
-            status.remaining,
-            status.reset_after_ms,
-        );
+/// `"per_client";r=0;t=1, ...`: the IETF httpapi `RateLimit` field for every limit the request
+/// met that is a rate (`limiter::fields` writes it).
+pub fn ratelimit_value(said: &LimitsSaid<'_>) -> Option<HeaderValue> {
+    let mut value = Vec::with_capacity(64);
+    for (limit, record) in said.iter() {
+        let (limit, Some(status)) = (&limit.limit.exact, &record.status) else {
+            continue;
+        };
+        if limit.policy.is_some() && !limit.shadow {
+            fields::push_state_item(
+                &mut value,
+                &limit.name,
+                status.remaining,
+                status.reset_after_ms,
+            );
+        }
     }
     // The buffer becomes the header's bytes: no second copy.
     HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
@@ -51,9 +48,9 @@ pub fn add_ratelimit_headers(
     header: &mut ResponseHeader,
     said: LimitsSaid<'_>,
 ) -> pingora::Result<()> {
-    if let Some(policy) = &said.tier.policy_header {
+    if let Some(policy) = said.policy_header() {
         header.insert_header(RATELIMIT_POLICY, policy.clone())?;
-        if let Some(value) = ratelimit_value(said.tier, said.decision) {
+        if let Some(value) = ratelimit_value(&said) {
             header.insert_header(RATELIMIT, value)?;
         }
     }
@@ -162,12 +159,8 @@ async fn respond_grpc(
     let mut header = ResponseHeader::build(200, Some(8))?;
     let message = match (answer, limited) {
         (Answer::Limited { .. }, Some(said)) => {
-            let decision = said.decision;
-            let limit = decision
-                .denied_by
-                .and_then(|i| said.tier.limit(i))
-                .map_or("", |l| &*l.name);
-            if let Some(ms) = decision.retry().after_ms() {
+            let limit = denied_name(&said);
+            if let Some(ms) = said.retry().after_ms() {
                 header.insert_header("grpc-retry-pushback-ms", ms)?;
                 header.insert_header(RETRY_AFTER, whole_seconds(ms).max(1))?;
             }
@@ -249,10 +242,9 @@ fn limited_body(
     said: LimitsSaid<'_>,
     id: Option<RequestIdHeader<'_>>,
 ) -> pingora::Result<Bytes> {
-    let (route, decision) = (said.route, said.decision);
-    let denied = decision.denied_by.unwrap_or(0);
-    let limit = said.tier.limit(denied).map_or("", |l| &*l.name);
-    let retry = decision.retry().after_ms();
+    let route = said.route;
+    let limit = denied_name(&said);
+    let retry = said.retry().after_ms();
     let mut body = problem_start(
         429,
         "Too Many Requests",
@@ -291,6 +283,11 @@ fn limited_body(
     }
     add_ratelimit_headers(header, said)?;
     Ok(problem_end(body, id))
+}
+
+/// The name of the limit that denied the request, as its answer names it.
+fn denied_name<'a>(said: &LimitsSaid<'a>) -> &'a str {
+    said.denied().map_or("", |l| &*l.limit.exact.name)
 }
 
 fn request_has_body(session: &Session) -> bool {

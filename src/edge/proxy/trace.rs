@@ -74,7 +74,7 @@ impl RequestTrace {
         }
         let ended = SystemTime::now();
         let mut attributes = vec![KeyValue::new("sluice.decision", verdict.outcome.label())];
-        if let Some(decision) = &verdict.decision {
+        if let Some(decision) = &verdict.answered {
             let source = match decision.source {
                 Source::Backend => "backend",
                 Source::DenyCache => "deny_cache",

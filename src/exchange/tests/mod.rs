@@ -1,6 +1,7 @@
 //! The exchange on the in-process limiter with a manual clock: no socket, no server.
 
 mod auth;
+mod rls;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -131,7 +132,8 @@ async fn a_limit_admits_then_answers_429_with_what_it_said() {
     );
     assert_eq!(exchange.decided(), Decided::Limiter(Outcome::Limited));
     let said = exchange.limits_said().expect("a decision");
-    assert_eq!((&*said.route.name, said.decision.denied_by), ("t", Some(0)));
+    let denied = said.denied().map(|l| &*l.limit.exact.name);
+    assert_eq!((&*said.route.name, denied), ("t", Some("w")));
     assert_eq!(exchange.deciding_limit(), Some("w"));
     // The window turns: the limit admits again.
     g.clock.advance_by(Duration::from_secs(3600));

@@ -402,6 +402,61 @@ fn every_import_points_down_the_layers() {
     assert!(offenders.is_empty(), "{}", offenders.join("\n"));
 }
 
+/// The folder graph as docs/architecture.md writes it: per folder, each folder it imports (in
+/// layer order) with the number of file-to-file imports behind the arrow.
+fn folder_graph_text() -> String {
+    let folders: Vec<&str> = LAYERS
+        .iter()
+        .flat_map(|line| line.iter().copied())
+        .collect();
+    let mut counts: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+    for (from, targets) in import_graph() {
+        let folder = |m: &ModulePath| {
+            let top = m.first()?;
+            folders.iter().position(|f| f == top)
+        };
+        let Some(at) = folder(&from) else { continue };
+        for target in &targets {
+            match folder(target) {
+                Some(to) if to != at => *counts.entry((at, to)).or_default() += 1,
+                _ => {}
+            }
+        }
+    }
+    let width = folders.iter().map(|f| f.len()).max().unwrap_or(0);
+    let mut text = String::new();
+    for (at, folder) in folders.iter().enumerate() {
+        let arrows: Vec<String> = counts
+            .iter()
+            .filter(|((from, _), _)| *from == at)
+            .map(|((_, to), n)| format!("{}({n})", folders[*to]))
+            .collect();
+        let arrows = if arrows.is_empty() {
+            "(nothing)".to_string()
+        } else {
+            arrows.join(" ")
+        };
+        text.push_str(&format!("{folder:width$} -> {arrows}\n"));
+    }
+    let (edges, imports) = (counts.len(), counts.values().sum::<usize>());
+    text.push_str(&format!(
+        "{edges} folder-to-folder edges, {imports} file-to-file imports\n"
+    ));
+    text
+}
+
+#[test]
+fn the_documented_folder_graph_is_the_code_s() {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md"))
+            .expect("read docs/architecture.md");
+    let graph = folder_graph_text();
+    assert!(
+        doc.contains(&graph),
+        "docs/architecture.md's folder graph (\"The same as text\") is not the code's; it is:\n{graph}"
+    );
+}
+
 #[test]
 fn src_has_at_most_twelve_entries() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -454,6 +509,76 @@ fn the_exchange_knows_no_pingora_and_the_limiter_no_http() {
         }
     }
     assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
+
+/// The crates of the glue: what only the edge, the runtime and the upstream pools may reach.
+const GLUE_CRATES: &[&str] = &[
+    "pingora",
+    "pingora_core",
+    "pingora_proxy",
+    "pingora_load_balancing",
+    "pingora_prometheus",
+    "tonic",
+    "envoy_types",
+];
+
+#[test]
+fn the_exchange_reaches_no_pingora_through_what_it_imports() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files = modules(&src);
+    let graph = import_graph();
+    // Every module the exchange's files (tests included) reach, with the chain that reaches it.
+    let mut reached: BTreeMap<ModulePath, Vec<String>> = BTreeMap::new();
+    let mut stack: Vec<ModulePath> = graph
+        .keys()
+        .filter(|m| m.first().is_some_and(|top| top == "exchange"))
+        .cloned()
+        .collect();
+    for module in &stack {
+        reached.insert(module.clone(), vec![name(module)]);
+    }
+    while let Some(module) = stack.pop() {
+        let chain = reached[&module].clone();
+        let code = code_only(&std::fs::read_to_string(&files[&module]).expect("read source"));
+        // A folder's file re-exports its children (`pub use child::Item;`): those count too.
+        let reexported = files.keys().filter(|child| {
+            child.len() == module.len() + 1
+                && child.starts_with(&module)
+                && code.contains(&format!("use {}::", child[module.len()]))
+        });
+        let targets: Vec<ModulePath> = graph
+            .get(&module)
+            .into_iter()
+            .flatten()
+            .chain(reexported)
+            .cloned()
+            .collect();
+        for target in targets {
+            if !reached.contains_key(&target) {
+                let mut longer = chain.clone();
+                longer.push(name(&target));
+                reached.insert(target.clone(), longer);
+                stack.push(target);
+            }
+        }
+    }
+    let names: Vec<String> = reached.keys().map(name).collect();
+    for expected in ["limiter::policy", "upstream::servers", "route::tiers"] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "the closure follows imports and re-exports to {expected}: {names:?}"
+        );
+    }
+    let mut offenders = Vec::new();
+    for (module, chain) in &reached {
+        let code = code_only(&std::fs::read_to_string(&files[module]).expect("read source"));
+        for krate in GLUE_CRATES {
+            if names_crate(&code, krate) {
+                offenders.push(format!("{} names {krate}", chain.join(" -> ")));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "\n{}", offenders.join("\n"));
 }
 
 #[test]

@@ -84,9 +84,9 @@ impl RequestLimits {
     }
 
     /// What the request asks of each limit of its tier. `Err`: the detail of its `400`.
-    pub fn ask(
+    pub fn ask<S>(
         &mut self,
-        runtime: &RouteRuntime,
+        runtime: &RouteRuntime<S>,
         facts: &RequestFacts<'_>,
     ) -> Result<(), Undecidable> {
         let tier = self.tier(&runtime.route);

@@ -28,6 +28,7 @@ use crate::route::keys::{self, RequestFacts};
 use crate::route::path;
 use crate::route::table::Route;
 use crate::route::tiers::Undecidable;
+use crate::upstream::servers::Servers;
 use limits::RequestLimits;
 use meters::{InFlight, RouteMetrics};
 
@@ -51,11 +52,12 @@ pub enum Admission {
     Answered(Answer),
 }
 
-/// One request, from its head to its end, under the configuration it started with.
-pub struct Exchange {
-    site: Arc<Site>,
+/// One request, from its head to its end, under the configuration it started with; `S` is
+/// what its routes' servers are (`upstream::servers::Servers`: Pingora's pools at the edge).
+pub struct Exchange<S> {
+    site: Arc<Site<S>>,
     started: Instant,
-    route: Option<Arc<RouteRuntime>>,
+    route: Option<Arc<RouteRuntime<S>>>,
     target: Target,
     /// The normalized path when it differs from the one received: the upstream gets this one.
     normalized_path: Option<String>,
@@ -83,9 +85,9 @@ pub struct Exchange {
     in_flight: Option<InFlight>,
 }
 
-impl Exchange {
+impl<S: Servers> Exchange<S> {
     /// A request that arrived at `started`, under `site`.
-    pub fn new(site: Arc<Site>, started: Instant) -> Exchange {
+    pub fn new(site: Arc<Site<S>>, started: Instant) -> Exchange<S> {
         Exchange {
             site,
             started,
@@ -302,7 +304,7 @@ impl Exchange {
     }
 
     /// The configuration the request started with.
-    pub fn site(&self) -> &Arc<Site> {
+    pub fn site(&self) -> &Arc<Site<S>> {
         &self.site
     }
 

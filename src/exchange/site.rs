@@ -1,7 +1,9 @@
 //! What one configuration puts in force for requests: the compiled configuration, one runtime
-//! per route (the route, its upstream pool, its metric handles), the handles of unrouted
+//! per route (the route, its upstream servers, its metric handles), the handles of unrouted
 //! requests, the access log and the rate limit service's counters. A request holds the site it
-//! started with until it ends; `runtime::snapshot` starts, swaps and retires it.
+//! started with until it ends; `runtime::snapshot` builds the servers (Pingora's pools, with
+//! their health checks), starts, swaps and retires it. A site is generic over what its routes'
+//! servers are (`upstream::servers::Servers`), so nothing here names Pingora.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,42 +13,45 @@ use http::Method;
 use super::meters::{self, Metrics, RouteMetrics};
 use crate::caller::consumers::AuthMode;
 use crate::caller::jwt::JwtVerifier;
-use crate::config::{Config, ConfigError, Sources};
+use crate::config::{Config, ConfigError};
 use crate::limiter::clock::Clock;
+use crate::limiter::paired;
 use crate::observe::access_log::{self, AccessLog};
 use crate::observe::metrics::ACCESS_LOG_DROPPED;
 use crate::route::keys::Rotation;
 use crate::route::table::Route;
 use crate::route::tiers::TierId;
-use crate::upstream::pool::{Pool, Pools};
+use crate::upstream::servers::Servers;
 
-/// One route as a request needs it, in one reference: the compiled route, the pool of its
-/// upstream servers and its metric handles.
-pub struct RouteRuntime {
+/// One route as a request needs it, in one reference: the compiled route, its upstream
+/// servers and its metric handles.
+pub struct RouteRuntime<S> {
     pub route: Arc<Route>,
-    pub pool: Pool,
+    pub servers: S,
     pub metrics: RouteMetrics,
     /// Each tier's turn among the shards of its split limits (by tier id).
     rotations: Box<[Rotation]>,
 }
 
-impl RouteRuntime {
-    /// The runtime of `route` of `config`, whose servers are `pool`'s.
-    fn new(route: &Arc<Route>, pool: &Pool, config: &Config) -> RouteRuntime {
+impl<S: Servers> RouteRuntime<S> {
+    /// The runtime of `route` of `config`, whose servers are `servers`.
+    fn new(route: &Arc<Route>, servers: &S, config: &Config) -> RouteRuntime<S> {
         let mut metrics = RouteMetrics::new(&route.name, route.tiers.written());
         if route.auth.mode != AuthMode::Off {
             metrics = metrics.with_callers(&route.name, config.consumers.plans());
         }
         RouteRuntime {
             route: Arc::clone(route),
-            pool: pool.clone(),
+            servers: servers.clone(),
             metrics,
             rotations: (0..route.tiers.count())
                 .map(|_| Rotation::default())
                 .collect(),
         }
     }
+}
 
+impl<S> RouteRuntime<S> {
     /// The round robin of the route's tier `tier`.
     pub fn rotation(&self, tier: TierId) -> &Rotation {
         // An id the route does not have meets its default tier, as `Tiers::get` says.
@@ -55,14 +60,12 @@ impl RouteRuntime {
     }
 }
 
-/// What one configuration puts in force for requests: a request reads its routes, pools and
+/// What one configuration puts in force for requests: a request reads its routes, servers and
 /// handles from the site it started with.
-pub struct Site {
+pub struct Site<S> {
     pub config: Config,
     /// Every route's runtime, by `Route::index`.
-    pub(crate) routes: Box<[Arc<RouteRuntime>]>,
-    /// The pools' health checks run from here.
-    pub(crate) pools: Pools,
+    pub(crate) routes: Box<[Arc<RouteRuntime<S>>]>,
     /// The handles of unrouted requests, and the series a reload may retire.
     pub metrics: Metrics,
     /// Open while this configuration is in force (and its last request logs).
@@ -87,7 +90,7 @@ pub struct Handover<'a> {
 
 impl<'a> Handover<'a> {
     /// What `previous`, the site in force, hands over.
-    pub fn of(previous: &'a Site) -> Handover<'a> {
+    pub fn of<S>(previous: &'a Site<S>) -> Handover<'a> {
         Handover {
             jwt: previous.jwt.as_deref(),
         }
@@ -124,26 +127,22 @@ fn jwt_verifier(config: &Config, handover: Handover<'_>) -> Option<Arc<JwtVerifi
     Some(Arc::new(verifier))
 }
 
-impl Site {
-    /// Builds the pools and metric handles of `config` and opens its access log; no check
-    /// runs yet.
+impl<S: Servers> Site<S> {
+    /// Builds the metric handles of `config` with `servers` (one per route, in file order) and
+    /// opens its access log.
     pub fn build(
         config: Config,
+        servers: &[S],
         clock: Arc<dyn Clock>,
         handover: Handover<'_>,
-        read: &mut Sources,
-    ) -> Result<Site, ConfigError> {
-        let mut pools = Pools::build(&config.routes, read).map_err(|problems| ConfigError {
-            file: config.source.clone(),
-            problems,
-        })?;
-        pools.report_health(&config.routes, Metrics::upstream_health);
-        let routes = config
-            .routes
-            .in_file_order()
-            .into_iter()
-            .zip(pools.iter())
-            .map(|(route, pool)| Arc::new(RouteRuntime::new(route, pool, &config)))
+    ) -> Result<Site<S>, ConfigError> {
+        let routes = config.routes.in_file_order();
+        let Some(pairs) = paired(&routes, servers) else {
+            let detail = format!("{} upstreams for {} routes", servers.len(), routes.len());
+            return Err(ConfigError::single(&config.source, "routes", detail));
+        };
+        let routes = pairs
+            .map(|(&route, servers)| Arc::new(RouteRuntime::new(route, servers, &config)))
             .collect();
         let mut metrics = Metrics::new(&config.routes, config.consumers.plans());
         if let Some(rls) = &config.rls {
@@ -157,7 +156,6 @@ impl Site {
             .unwrap_or_default();
         Ok(Site {
             routes,
-            pools,
             metrics,
             access_log,
             rls_metrics,
@@ -168,13 +166,13 @@ impl Site {
     }
 
     /// The route that serves a request for `host`, `path` and `method`, if one does.
-    pub fn find(&self, host: &str, path: &str, method: &Method) -> Option<&Arc<RouteRuntime>> {
+    pub fn find(&self, host: &str, path: &str, method: &Method) -> Option<&Arc<RouteRuntime<S>>> {
         let route = self.config.routes.find(host, path, method)?;
         self.routes.get(route.index)
     }
 
     /// The runtime of the route at `index` (file order).
-    pub fn route(&self, index: usize) -> Option<&Arc<RouteRuntime>> {
+    pub fn route(&self, index: usize) -> Option<&Arc<RouteRuntime<S>>> {
         self.routes.get(index)
     }
 }
@@ -187,9 +185,10 @@ mod tests {
     use crate::caller::jwt::testing::{self, Family, TestKey};
     use crate::caller::jwt::{jwks, Algorithm};
     use crate::limiter::clock::ManualClock;
+    use crate::upstream::servers::InOrder;
 
     /// A site verifying ES256 tokens with the keys of `url`.
-    fn site(url: &str, handover: Handover<'_>) -> Site {
+    fn site(url: &str, handover: Handover<'_>) -> Site<InOrder> {
         let yaml = format!(
             "listen: [127.0.0.1:1]\n\
              identity: {{ jwt: {{ jwks_url: \"{url}\", algorithms: [ES256] }} }}\n\
@@ -197,10 +196,11 @@ mod tests {
         );
         let config = Config::from_yaml(Path::new("site.yaml"), &yaml).expect("a valid config");
         let clock = Arc::new(ManualClock::default());
-        Site::build(config, clock, handover, &mut Sources::default()).expect("a site")
+        let servers = InOrder::of(&config.routes);
+        Site::build(config, &servers, clock, handover).expect("a site")
     }
 
-    fn verifier(site: &Site) -> &JwtVerifier {
+    fn verifier(site: &Site<InOrder>) -> &JwtVerifier {
         site.jwt.as_deref().expect("a JWT verifier")
     }
 

@@ -10,7 +10,7 @@ use http::Uri;
 
 use super::{Exchange, Target};
 use crate::exchange::answer::{Answer, ClientError, UpstreamError};
-use crate::upstream::tls::PeerTls;
+use crate::upstream::servers::Servers;
 
 /// What the attempts to reach the upstream have found so far.
 #[derive(Default)]
@@ -29,10 +29,11 @@ pub(super) struct Attempts {
     pub(super) read_timeout: Option<Duration>,
 }
 
-/// How to reach the server chosen for the next attempt.
-pub struct Dial<'a> {
+/// How to reach the server chosen for the next attempt, in the exchange's terms: the TLS
+/// material of the route's servers (`T`, the edge's) travels through it unread.
+pub struct Dial<'a, T> {
     pub server: SocketAddr,
-    pub tls: Option<&'a PeerTls>,
+    pub tls: Option<&'a T>,
     /// HTTP/2 to the upstream (ALPN over TLS, prior knowledge in the clear).
     pub http2: bool,
     pub connect_timeout: Duration,
@@ -41,10 +42,10 @@ pub struct Dial<'a> {
     pub write_timeout: Option<Duration>,
 }
 
-impl Exchange {
+impl<S: Servers> Exchange<S> {
     /// The next server to try and how long each wait on it may last: every wait ends by the
     /// route's deadline. `Err` when none is left or the deadline has passed.
-    pub fn dial(&mut self) -> Result<Dial<'_>, Answer> {
+    pub fn dial(&mut self) -> Result<Dial<'_, S::Tls>, Answer> {
         self.refuse_if_late()?;
         if self.route.is_none() {
             return Err(self.fail(Answer::Internal));
@@ -52,7 +53,10 @@ impl Exchange {
         let Some(runtime) = &self.route else {
             return Err(Answer::Internal);
         };
-        let Some(server) = runtime.pool.pick(&self.balance_key, &self.upstream.failed) else {
+        let Some(server) = runtime
+            .servers
+            .pick(&self.balance_key, &self.upstream.failed)
+        else {
             self.answer = Some(Answer::UpstreamUnreachable);
             return Err(Answer::UpstreamUnreachable);
         };
@@ -68,7 +72,7 @@ impl Exchange {
         self.upstream.read_timeout = Some(read_timeout);
         Ok(Dial {
             server,
-            tls: runtime.pool.tls.as_ref(),
+            tls: runtime.servers.tls(),
             http2: settings.http2,
             connect_timeout: bounded(settings.connect_timeout),
             read_timeout,

@@ -18,24 +18,27 @@ use arc_swap::ArcSwap;
 use crate::caller::consumers::AuthMode;
 use crate::caller::jwt::{refresh_once, start_refresh, FetchOutcome, JwksRefresh};
 use crate::config::{Config, ConfigError, Sources};
+use crate::exchange::meters::Metrics;
 use crate::exchange::site::{Handover, Site};
 use crate::limiter::clock::Clock;
 use crate::observe::metrics;
-use crate::upstream::pool::HealthChecks;
+use crate::upstream::pool::{HealthChecks, Pool, Pools};
 
-/// A site and what keeps it current while it is in force: its pools' health checks and its
-/// JWKS refresh.
+/// A site and what keeps it current while it is in force: its routes' pools (Pingora's load
+/// balancers) with their health checks, and its JWKS refresh.
 pub struct Snapshot {
-    pub site: Arc<Site>,
+    pub site: Arc<Site<Pool>>,
+    /// The pools the site's routes dial, whose health checks run from here.
+    pools: Pools,
     checks: Mutex<Option<HealthChecks>>,
     /// The JWKS URL's background refresh, stopped when the snapshot is retired.
     jwks: Mutex<Option<JwksRefresh>>,
 }
 
 impl Deref for Snapshot {
-    type Target = Site;
+    type Target = Site<Pool>;
 
-    fn deref(&self) -> &Site {
+    fn deref(&self) -> &Site<Pool> {
         &self.site
     }
 }
@@ -44,16 +47,23 @@ impl Deref for Snapshot {
 pub type Live = Arc<ArcSwap<Snapshot>>;
 
 impl Snapshot {
-    /// Builds the site of `config` (pools, handles, access log), whose requests read `clock`;
-    /// no check runs yet.
+    /// Builds the pools of `config` (reading their TLS files through `read`) and its site
+    /// (handles, access log), whose requests read `clock`; no check runs yet.
     pub fn build(
         config: Config,
         clock: Arc<dyn Clock>,
         handover: Handover<'_>,
         read: &mut Sources,
     ) -> Result<Snapshot, ConfigError> {
+        let mut pools = Pools::build(&config.routes, read).map_err(|problems| ConfigError {
+            file: config.source.clone(),
+            problems,
+        })?;
+        pools.report_health(&config.routes, Metrics::upstream_health);
+        let servers: Vec<Pool> = pools.iter().cloned().collect();
         Ok(Snapshot {
-            site: Arc::new(Site::build(config, clock, handover, read)?),
+            site: Arc::new(Site::build(config, &servers, clock, handover)?),
+            pools,
             checks: Mutex::new(None),
             jwks: Mutex::new(None),
         })

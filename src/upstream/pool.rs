@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use crate::config::{Problem, Sources};
 use crate::route::table::RouteTable;
 use crate::route::upstream::{Balance, UpstreamSettings};
+use crate::upstream::servers::Servers;
 use crate::upstream::tls::PeerTls;
 
 /// One route's servers, chosen by its balance.
@@ -32,7 +33,7 @@ type HealthGauges = Arc<[(SocketAddr, IntGauge)]>;
 #[derive(Clone)]
 pub struct Pool {
     balancer: Balancer,
-    pub tls: Option<PeerTls>,
+    tls: Option<PeerTls>,
     health: HealthGauges,
 }
 
@@ -126,14 +127,6 @@ impl Pool {
         })
     }
 
-    /// A healthy server not in `avoid`; `key` drives consistent hashing.
-    pub fn pick(&self, key: &[u8], avoid: &[SocketAddr]) -> Option<SocketAddr> {
-        match &self.balancer {
-            Balancer::RoundRobin(lb) => pick(lb, key, avoid),
-            Balancer::Consistent(lb) => pick(lb, key, avoid),
-        }
-    }
-
     fn interval(&self) -> Option<Duration> {
         match &self.balancer {
             Balancer::RoundRobin(lb) => lb.health_check_frequency,
@@ -170,6 +163,22 @@ impl Pool {
                 tokio::spawn(check_until_stopped(Arc::clone(lb), interval, health, stop));
             }
         }
+    }
+}
+
+impl Servers for Pool {
+    type Tls = PeerTls;
+
+    /// A healthy server not in `avoid`; `key` drives consistent hashing.
+    fn pick(&self, key: &[u8], avoid: &[SocketAddr]) -> Option<SocketAddr> {
+        match &self.balancer {
+            Balancer::RoundRobin(lb) => pick(lb, key, avoid),
+            Balancer::Consistent(lb) => pick(lb, key, avoid),
+        }
+    }
+
+    fn tls(&self) -> Option<&PeerTls> {
+        self.tls.as_ref()
     }
 }
 

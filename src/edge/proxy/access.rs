@@ -10,6 +10,7 @@ use crate::exchange::{head, Exchange};
 use crate::observe::access_log::{
     bounded, millis, AccessLog, Headers, Line, MAX_FIELD_BYTES, MAX_HEADER_BYTES,
 };
+use crate::upstream::pool::Pool;
 
 /// The longest method logged (Pingora bounds the request line, not the method alone).
 const MAX_METHOD_BYTES: usize = 32;
@@ -21,7 +22,7 @@ pub fn log(
     access_log: &AccessLog,
     session: &Session,
     request_id: Option<&HeaderValue>,
-    exchange: &Exchange,
+    exchange: &Exchange<Pool>,
 ) {
     let sent = session.response_written().map(|r| r.status.as_u16());
     let status = exchange.status_shown(sent).unwrap_or(0);

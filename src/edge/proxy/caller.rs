@@ -8,12 +8,13 @@ use pingora::http::RequestHeader;
 
 use crate::caller::consumers::AuthMode;
 use crate::exchange::Exchange;
+use crate::upstream::pool::Pool;
 
 static X_CONSUMER_ID: HeaderName = HeaderName::from_static("x-consumer-id");
 static X_CONSUMER_PLAN: HeaderName = HeaderName::from_static("x-consumer-plan");
 
 /// Sets the caller headers of `request` for the request of `exchange`.
-pub fn set_headers(request: &mut RequestHeader, exchange: &Exchange) -> pingora::Result<()> {
+pub fn set_headers(request: &mut RequestHeader, exchange: &Exchange<Pool>) -> pingora::Result<()> {
     let Some(route) = exchange.route() else {
         return Ok(());
     };

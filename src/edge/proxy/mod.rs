@@ -35,6 +35,8 @@ use crate::exchange::{Admission, Dial, Exchange, Head};
 use crate::limiter::{Policy, RequestIds};
 use crate::observe::traces::TracerSlot;
 use crate::runtime::snapshot::{Live, Snapshot};
+use crate::upstream::pool::Pool;
+use crate::upstream::tls::PeerTls;
 use opentelemetry_sdk::trace::SdkTracer;
 use respond::{respond, RequestIdHeader};
 
@@ -55,12 +57,12 @@ pub struct RequestCtx {
     /// The request's spans, when tracing is on.
     trace: Option<trace::RequestTrace>,
     /// The request's lifecycle, from `request_filter` on.
-    exchange: Option<Exchange>,
+    exchange: Option<Exchange<Pool>>,
 }
 
 /// The request id and the header that carries it, when requests have ids.
 fn id_header<'a>(
-    exchange: Option<&'a Exchange>,
+    exchange: Option<&'a Exchange<Pool>>,
     id: Option<&'a HeaderValue>,
 ) -> Option<RequestIdHeader<'a>> {
     let settings = exchange?.site().config.request_id.as_ref()?;
@@ -129,7 +131,7 @@ impl Gateway {
     async fn proceed(
         &self,
         session: &mut Session,
-        exchange: &mut Exchange,
+        exchange: &mut Exchange<Pool>,
         delay: Duration,
     ) -> pingora::Result<bool> {
         if session.is_upgrade_req() {
@@ -168,7 +170,7 @@ fn peer_ip(session: &Session) -> Option<IpAddr> {
 }
 
 /// The request's exchange; every hook after `request_filter` has one.
-fn exchange(ctx: &mut RequestCtx) -> pingora::Result<&mut Exchange> {
+fn exchange(ctx: &mut RequestCtx) -> pingora::Result<&mut Exchange<Pool>> {
     ctx.exchange
         .as_mut()
         .ok_or_else(|| Error::explain(ErrorType::InternalError, "the request was not admitted"))
@@ -240,7 +242,7 @@ struct ClientSide {
 }
 
 impl ClientSide {
-    fn of(session: &mut Session, exchange: Option<&Exchange>) -> ClientSide {
+    fn of(session: &mut Session, exchange: Option<&Exchange<Pool>>) -> ClientSide {
         let answered = session.response_written().is_some();
         let owes_body = !session.is_body_done();
         ClientSide {
@@ -303,7 +305,7 @@ fn upstream_failure(etype: &ErrorType, upstream: bool) -> Option<UpstreamError> 
 }
 
 /// How Pingora reaches the server `dial` chose.
-fn peer(dial: &Dial<'_>) -> Box<HttpPeer> {
+fn peer(dial: &Dial<'_, PeerTls>) -> Box<HttpPeer> {
     let tls = dial.tls;
     let sni = tls.map_or_else(String::new, |tls| tls.sni.clone());
     let mut peer = Box::new(HttpPeer::new(dial.server, tls.is_some(), sni));

@@ -17,6 +17,7 @@ use crate::caller::consumers::AuthFailure;
 use crate::exchange::answer::{Answer, GrpcStatus};
 use crate::exchange::{Exchange, LimitsSaid};
 use crate::limiter::fields::{self, push_decimal, whole_seconds};
+use crate::upstream::pool::Pool;
 
 pub const RATELIMIT: &str = "ratelimit";
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
@@ -108,7 +109,7 @@ fn problem_end(mut body: Vec<u8>, id: Option<RequestIdHeader<'_>>) -> Bytes {
 pub async fn respond(
     session: &mut Session,
     answer: Answer,
-    exchange: Option<&Exchange>,
+    exchange: Option<&Exchange<Pool>>,
     id: Option<RequestIdHeader<'_>>,
 ) -> pingora::Result<()> {
     let limited = exchange.and_then(Exchange::limits_said);

@@ -17,6 +17,7 @@ use pingora::proxy::Session;
 
 use crate::exchange::Exchange;
 use crate::limiter::{Source, Verdict};
+use crate::upstream::pool::Pool;
 
 /// Reads `traceparent` / `tracestate` from request headers.
 struct Extract<'a>(&'a HeaderMap);
@@ -196,7 +197,7 @@ impl<'a> Ended<'a> {
     pub fn of(
         session: &'a Session,
         request_id: Option<&'a HeaderValue>,
-        exchange: &'a Exchange,
+        exchange: &'a Exchange<Pool>,
         status: Option<u16>,
     ) -> Ended<'a> {
         let req = session.req_header();

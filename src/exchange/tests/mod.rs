@@ -19,6 +19,7 @@ use crate::limiter::local::LocalLimiter;
 use crate::limiter::testing::Unavailable;
 use crate::limiter::LimiterError;
 use crate::limiter::{Engine, Outcome, Policy, PolicyMeters};
+use crate::upstream::servers::InOrder;
 
 /// A gateway's configuration with one route, `/t`, whose limits are `limits` (YAML flow list).
 fn config(limits: &str) -> Config {
@@ -37,7 +38,7 @@ fn route_config(name: &str, route: &str, limits: &str) -> Config {
 }
 
 struct Gateway<E = Engine> {
-    snapshot: Arc<Site>,
+    snapshot: Arc<Site<InOrder>>,
     policy: Policy<E>,
     clock: Arc<ManualClock>,
 }
@@ -48,9 +49,10 @@ fn gateway(limits: &str) -> Gateway {
 }
 
 /// The site of `config`, on `clock`.
-fn site(config: Config, clock: &Arc<ManualClock>) -> Arc<Site> {
+fn site(config: Config, clock: &Arc<ManualClock>) -> Arc<Site<InOrder>> {
     let clock = clock.clone();
-    let site = Site::build(config, clock, Handover::default(), &mut Default::default());
+    let servers = InOrder::of(&config.routes);
+    let site = Site::build(config, &servers, clock, Handover::default());
     Arc::new(site.expect("a site"))
 }
 
@@ -89,11 +91,15 @@ fn head(path: &str) -> Parts {
 }
 
 impl<E: Seam> Gateway<E> {
-    async fn admit_parts(&self, parts: &Parts) -> (Exchange, Admission) {
+    async fn admit_parts(&self, parts: &Parts) -> (Exchange<InOrder>, Admission) {
         self.admit_from(parts, [192, 0, 2, 1].into()).await
     }
 
-    async fn admit_from(&self, parts: &Parts, peer: std::net::IpAddr) -> (Exchange, Admission) {
+    async fn admit_from(
+        &self,
+        parts: &Parts,
+        peer: std::net::IpAddr,
+    ) -> (Exchange<InOrder>, Admission) {
         let mut exchange = Exchange::new(Arc::clone(&self.snapshot), self.clock.instant());
         let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let head = Head {
@@ -107,7 +113,7 @@ impl<E: Seam> Gateway<E> {
         (exchange, admission)
     }
 
-    async fn admit(&self, path: &str) -> (Exchange, Admission) {
+    async fn admit(&self, path: &str) -> (Exchange<InOrder>, Admission) {
         self.admit_parts(&head(path)).await
     }
 }

@@ -1,0 +1,82 @@
+//! What the exchange asks of a route's upstream, without the machinery that answers: a server
+//! to dial (healthy, not one to avoid), and what securing the connection needs, carried to the
+//! edge unread. [`crate::upstream::pool::Pool`] answers on Pingora's load balancer; [`InOrder`]
+//! answers from the list as written, for the exchange's tests. Nothing here names Pingora, so the
+//! exchange, which is generic over [`Servers`], reaches no Pingora type through it.
+
+use std::net::SocketAddr;
+#[cfg(test)]
+use std::sync::Arc;
+
+#[cfg(test)]
+use crate::route::table::RouteTable;
+
+/// A route's upstream servers as the exchange uses them.
+pub trait Servers: Clone + Send + Sync + 'static {
+    /// What a connection to these servers needs to be secured (TLS material the edge turns into
+    /// its peer); opaque to the exchange.
+    type Tls: Send + Sync;
+
+    /// A server to dial, not one of `avoid`; `key` drives consistent hashing. `None` when none
+    /// is left.
+    fn pick(&self, key: &[u8], avoid: &[SocketAddr]) -> Option<SocketAddr>;
+
+    /// How connections to these servers are secured; `None`: plain TCP.
+    fn tls(&self) -> Option<&Self::Tls>;
+}
+
+/// Servers in the order written: the first one not avoided. No health checks, no TLS (the
+/// exchange's tests).
+#[cfg(test)]
+#[derive(Debug, Clone)]
+pub struct InOrder(Arc<[SocketAddr]>);
+
+#[cfg(test)]
+impl InOrder {
+    pub fn new(servers: &[SocketAddr]) -> InOrder {
+        InOrder(servers.into())
+    }
+
+    /// Each route's servers as written, in file order.
+    pub fn of(routes: &RouteTable) -> Vec<InOrder> {
+        let routes = routes.in_file_order();
+        routes
+            .iter()
+            .map(|route| InOrder::new(&route.upstream.servers))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+impl Servers for InOrder {
+    type Tls = ();
+
+    fn pick(&self, _key: &[u8], avoid: &[SocketAddr]) -> Option<SocketAddr> {
+        self.0
+            .iter()
+            .copied()
+            .find(|server| !avoid.contains(server))
+    }
+
+    fn tls(&self) -> Option<&()> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_order_takes_the_first_server_not_avoided() {
+        let (a, b): (SocketAddr, SocketAddr) = (
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.1:2".parse().unwrap(),
+        );
+        let servers = InOrder::new(&[a, b]);
+        assert_eq!(servers.pick(b"k", &[]), Some(a));
+        assert_eq!(servers.pick(b"k", &[a]), Some(b));
+        assert_eq!(servers.pick(b"k", &[a, b]), None);
+        assert!(servers.tls().is_none());
+    }
+}

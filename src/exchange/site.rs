@@ -145,15 +145,12 @@ impl<S: Servers> Site<S> {
             .map(|(&route, servers)| Arc::new(RouteRuntime::new(route, servers, &config)))
             .collect();
         let mut metrics = Metrics::new(&config.routes, config.consumers.plans());
+        let mut rls_metrics = HashMap::new();
         if let Some(rls) = &config.rls {
             metrics = metrics.with_rls(&rls.domains);
+            rls_metrics = meters::rls_metrics(&rls.domains);
         }
         let access_log = open_access_log(&config)?;
-        let rls_metrics = config
-            .rls
-            .as_ref()
-            .map(|rls| meters::rls_metrics(&rls.domains))
-            .unwrap_or_default();
         Ok(Site {
             routes,
             metrics,

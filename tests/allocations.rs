@@ -1,7 +1,8 @@
 //! The per-request work sluice does itself — route lookup, path normalization, client identity,
 //! key building, decision parsing, and an in-process decision on known keys — makes no heap
 //! allocation, and neither does the policy's asynchronous decision through the limiter's layers.
-//! A counting global allocator counts this thread's allocations around each step.
+//! Nor does the rate limit service's decision of a call, descriptors included. A counting global
+//! allocator counts this thread's allocations around each step.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -409,4 +410,70 @@ fn verifying_an_api_key_allocates_nothing() {
         ]
         .into_iter(),
     );
+}
+
+/// A domain of the rate limit service: a limit, a nested limit and an unlimited descriptor.
+const RLS_DOMAIN: &str = "domain: d
+descriptors:
+  - key: a
+    rate_limit: { unit: second, requests_per_unit: 1000000 }
+  - key: b
+    descriptors:
+      - key: c
+        rate_limit: { name: nested, unit: minute, requests_per_unit: 1000000 }
+  - key: u
+    rate_limit: { unlimited: true }
+";
+
+#[test]
+fn the_rate_limit_services_decision_allocates_nothing_per_descriptor() {
+    use sluice::exchange::rls::{decide, Descriptor, PerDescriptor, Scope};
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    std::fs::write(dir.path().join("d.yaml"), RLS_DOMAIN).expect("write the domain");
+    let yaml = format!(
+        "listen: [127.0.0.1:1]\nrls: {{ listen: 127.0.0.1:1, config_dir: {} }}\n\
+         routes: [{{ name: r, match: {{ path_prefix: / }}, upstream: {{ servers: [127.0.0.1:1] }} }}]\n",
+        dir.path().display()
+    );
+    let config = Config::from_yaml(Path::new("rls.yaml"), &yaml).expect("config");
+    let rls = config.rls.as_ref().expect("an rls section");
+    let domain = rls.domains.get("d").expect("the domain");
+    let scope = Scope {
+        key_prefix: &rls.key_prefix,
+        secret: rls.secret,
+        failure_mode: rls.failure_mode,
+    };
+    let (clock, policy) = in_process_policy();
+    // What the edge hands over per call: three descriptors, built from the protobuf's strings.
+    let call = || -> PerDescriptor<Descriptor<'static>> {
+        [
+            &[("a", "1")][..],
+            &[("b", "x"), ("c", "y")][..],
+            &[("u", "z")][..],
+        ]
+        .into_iter()
+        .map(|entries| Descriptor {
+            entries: entries.iter().copied().collect(),
+            hits: None,
+        })
+        .collect()
+    };
+    let decided = |policy: &Policy| {
+        let descriptors = call();
+        let reply = ready(decide(domain, scope, (policy, None), &descriptors, 1));
+        assert!(!reply.over);
+        let decided = [0, 1, 2].map(|i| reply.statuses[i].limit.is_some());
+        assert_eq!(
+            decided,
+            [true, true, false],
+            "two limits decided, one unlimited"
+        );
+    };
+    decided(&policy); // the keys' first sighting stores their state
+    let count = allocations(1000, || {
+        clock.advance(20_000);
+        decided(&policy);
+    });
+    println!("a rate limit service call of 3 descriptors: {count} allocations in 1000 calls");
+    assert_eq!(count, 0, "{count} allocations in 1000 calls");
 }

@@ -9,7 +9,7 @@ pub(crate) mod answer;
 pub(crate) mod head;
 pub(crate) mod limits;
 pub(crate) mod meters;
-pub(crate) mod rls;
+pub mod rls;
 pub(crate) mod site;
 mod upstream;
 

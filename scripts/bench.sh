@@ -6,6 +6,7 @@
 # requests/s, p50/p99/p99.9 latency, non-2xx, CPU per request of the serving processes and of
 # Redis (/proc/<pid>/stat utime+stime), decision calls (FCALL or EVALSHA) and Redis commands per request (INFO).
 # Targets, all in one run so the ratios are meaningful on a noisy machine:
+#   0 bare Pingora proxy (examples/bare_proxy.rs: Pingora's own cost, the floor under target 5)
 #   1 upstream direct              2 nginx proxy, 1 worker          3 nginx proxy, 2 workers
 #   4 nginx + ngx_lua token bucket in Redis (benches/peers/)        5 sluice, no limits
 #   6 sluice, no limits, 1 thread  7 sluice, 1 GCRA limit [client_ip, path] (all pass)
@@ -30,7 +31,7 @@ install_missing cc:build-essential cmake:cmake redis-server:redis-server wrk:wrk
   /usr/lib/nginx/modules/ngx_http_lua_module.so:libnginx-mod-http-lua openssl:openssl h2load:nghttp2-client
 seconds=${1:-5}
 rounds=${2:-3}
-cargo build --release --bins --example fixed_rate
+cargo build --release --bins --example fixed_rate --example bare_proxy
 results=target/bench/results.tsv
 mkdir -p target/bench
 : > "$results"
@@ -132,6 +133,10 @@ hot_exact="      - { name: global, key: [route], algorithm: gcra, rate: 1000000/
 hot_leased="      - { name: global, key: [route], algorithm: gcra, rate: 1000000/s, burst: 1000000, mode: leased }"
 
 label[1]="upstream direct"; url[1]="http://127.0.0.1:$upstream_port/x"; cpu_pids[1]=$upstream_pid
+bare_port=$(port)
+./target/release/examples/bare_proxy "127.0.0.1:$bare_port" "127.0.0.1:$upstream_port" >/dev/null 2>&1 & pids+=($!)
+label[0]="bare Pingora proxy"; url[0]="http://127.0.0.1:$bare_port/x"; cpu_pids[0]=$!
+wait_port "$bare_port"
 nginx_target 2 "nginx proxy, 1 worker" 1 0
 nginx_target 3 "nginx proxy, 2 workers" 2 0
 nginx_target 4 "nginx + ngx_lua token bucket in Redis" 2 1
@@ -166,7 +171,7 @@ sluice 15 "sluice, tracing, every request" redis "" "" "tracing: { enabled: true
 sluice 16 "sluice, tracing, 1 in 100" redis "" "" "tracing: { enabled: true, endpoint: \"http://127.0.0.1:$otlp_port/v1/traces\", sample: 0.01 }"
 # ONLY="5 13 14" runs those targets alone (medians only: no target table, open loop or TLS).
 # shellcheck disable=SC2206 # one target per word
-targets=(${ONLY:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16})
+targets=(${ONLY:-0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16})
 
 cat > "$work/report.lua" <<'LUA'
 done = function(summary, latency, requests)
@@ -246,6 +251,7 @@ echo "| a 429 flood costs the gateway ≤ an allowed request (9 against 7) | ${c
 echo "| cached denials call Redis 0 times (9) | ${calls_per_req[9]} decision calls per request |"
 echo "| Redis CPU per decision, 1 limit (7), 3 limits (8) | ${redis_cpu[7]} µs, ${redis_cpu[8]} µs |"
 echo "| sluice CPU per proxied request ≤ 1.5 × nginx's, one thread / one worker (6 / 2) | ${cpu[6]} / ${cpu[2]} µs = $(ratio "${cpu[6]}" "${cpu[2]}") × |"
+echo "| sluice without limits ≤ 1.10 × the bare Pingora proxy's CPU per request (5 / 0, issue 37) | ${cpu[5]} / ${cpu[0]} µs = $(ratio "${cpu[5]}" "${cpu[0]}") × |"
 
 # Open loop at half of target 5's peak: latency the limiter adds at a rate the gateway can hold,
 # beside what the ngx_lua peer's Redis call adds to the plain nginx proxy (2 workers) at the

@@ -4,7 +4,8 @@
 # OpenResty pattern under Kong and APISIX) and one sluice per scenario, then drives every target
 # with `wrk -t2 -c64` for a bounded time, ROUNDS times, alternating targets, and prints medians:
 # requests/s, p50/p99/p99.9 latency, non-2xx, CPU per request of the serving processes and of
-# Redis (/proc/<pid>/stat utime+stime), decision calls (FCALL or EVALSHA) and Redis commands per request (INFO).
+# Redis (/proc/<pid>/stat utime+stime), decision calls (FCALL or EVALSHA) and Redis commands per request (INFO),
+# and beside throughput and CPU their spread over the rounds, (max - min) / median.
 # Targets, all in one run so the ratios are meaningful on a noisy machine:
 #   0 bare Pingora proxy (examples/bare_proxy.rs: Pingora's own cost, the floor under target 5)
 #   1 upstream direct              2 nginx proxy, 1 worker          3 nginx proxy, 2 workers
@@ -218,15 +219,21 @@ done
 # median_in FILE N COLUMN: the median of COLUMN over the rows of target N in a results file.
 median_in() { awk -F'\t' -v n="$2" -v c="$3" '$1 == n {print $c}' "$1" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 median() { median_in "$work/runs.tsv" "$@"; }
+# spread N COLUMN: (max - min) / median of COLUMN over target N's rounds, in percent: how far one
+# round's figure can be trusted; a ratio between two targets means little below the spreads.
+spread() {
+  awk -F'\t' -v n="$1" -v c="$2" '$1 == n {print $c}' "$work/runs.tsv" | sort -g |
+    awk '{v[NR]=$1} END {m=v[int((NR+1)/2)]; printf "%.0f %%", (m > 0 ? (v[NR] - v[1]) / m * 100 : 0)}'
+}
 printf 'Medians of %d rounds, wrk -t2 -c64 -d%ss each, targets alternating:\n\n' "$rounds" "$seconds"
-printf '| # | target | req/s | p50 ms | p99 ms | p99.9 ms | non-2xx | serving CPU µs/req | Redis CPU µs/req | decision calls/req | Redis cmds/req |\n'
-printf '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
+printf '| # | target | req/s | spread | p50 ms | p99 ms | p99.9 ms | non-2xx | serving CPU µs/req | spread | Redis CPU µs/req | decision calls/req | Redis cmds/req |\n'
+printf '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
 declare -A rps cpu redis_cpu p99
 for n in "${targets[@]}"; do
   rps[$n]=$(median "$n" 2); p99[$n]=$(median "$n" 4); cpu[$n]=$(median "$n" 7); redis_cpu[$n]=$(median "$n" 8)
-  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$n" "${label[$n]}" "${rps[$n]}" \
-    "$(median "$n" 3)" "${p99[$n]}" "$(median "$n" 5)" "$(median "$n" 6)" "${cpu[$n]}" "${redis_cpu[$n]}" \
-    "$(median "$n" 9)" "$(median "$n" 10)"
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$n" "${label[$n]}" "${rps[$n]}" \
+    "$(spread "$n" 2)" "$(median "$n" 3)" "${p99[$n]}" "$(median "$n" 5)" "$(median "$n" 6)" "${cpu[$n]}" \
+    "$(spread "$n" 7)" "${redis_cpu[$n]}" "$(median "$n" 9)" "$(median "$n" 10)"
   printf '%s\t%s\t%s\t%s\t%s\n' "$n" "${label[$n]}" "${rps[$n]}" "${p99[$n]}" "$(median "$n" 5)" >> "$results"
 done
 

@@ -6,10 +6,7 @@
 use smallvec::SmallVec;
 
 use crate::exchange::meters::DomainMetrics;
-use crate::limiter::{
-    Asked, AskedLimit, FailureMode, LimitRecord, LimitRules, Outcome, Policy, Verdict,
-    LIMITS_INLINE,
-};
+use crate::limiter::{Asked, FailureMode, LimitRecord, LimitRules, Outcome, Policy, Verdict};
 use crate::route::descriptors::{key, DescriptorLimit, Domain, Entry, Rule, Unit};
 
 /// What the `rls:` section says of every domain: where its counters live and what applies
@@ -186,17 +183,8 @@ fn drop_replaced(matched: &mut PerDescriptor<Matched<'_>>) {
 async fn decide_limits(matched: &mut [Matched<'_>], scope: Scope<'_>, policy: &Policy) -> Verdict {
     let exact = matched.iter().map(|m| &m.limit.limit.exact);
     let rules = LimitRules::new(exact, scope.failure_mode, None);
-    let limits: SmallVec<[AskedLimit<'_>; LIMITS_INLINE]> = matched
-        .iter_mut()
-        .map(|m| AskedLimit {
-            limit: &m.limit.limit,
-            record: &mut m.record,
-        })
-        .collect();
-    let asked = &mut Asked {
-        rules: &rules,
-        limits,
-    };
+    let pairs = matched.iter_mut().map(|m| (&m.limit.limit, &mut m.record));
+    let asked = &mut Asked::new(&rules, pairs);
     let verdict = policy.decide(asked).await;
     policy.finish(asked, &verdict).await;
     verdict

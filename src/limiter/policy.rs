@@ -507,7 +507,8 @@ mod tests {
 
     impl Set {
         fn asked<'a>(&'a self, records: &'a mut [LimitRecord]) -> Asked<'a> {
-            Asked::pair(&self.rules, &self.limits, records).expect("one record per limit")
+            let pairs = crate::limiter::pairs::paired_mut(&self.limits, records);
+            Asked::new(&self.rules, pairs.expect("one record per limit"))
         }
 
         async fn decide<E: Limiter + ReleaseSlots + SettleUnits + Backend>(

@@ -12,7 +12,6 @@ use super::decision::{Decision, Source};
 use super::error::LimiterError;
 use super::key::Key;
 use super::limit::{CostReport, Limit, LIMITS_INLINE};
-use super::pairs::paired_mut;
 use super::request::{Ask, Entries, Entry};
 use super::rules::LimitRules;
 use super::status::LimitStatus;
@@ -118,16 +117,15 @@ pub struct Asked<'a> {
 }
 
 impl<'a> Asked<'a> {
-    /// `limits` with `records`, one per limit in order; `None` when their lengths differ.
-    pub fn pair(
+    /// Each compiled limit of `pairs` with the request's record of it, under `rules`.
+    pub fn new(
         rules: &'a LimitRules,
-        limits: &'a [PolicyLimit],
-        records: &'a mut [LimitRecord],
-    ) -> Option<Asked<'a>> {
-        let limits = paired_mut(limits, records)?
+        pairs: impl Iterator<Item = (&'a PolicyLimit, &'a mut LimitRecord)>,
+    ) -> Asked<'a> {
+        let limits = pairs
             .map(|(limit, record)| AskedLimit { limit, record })
             .collect();
-        Some(Asked { rules, limits })
+        Asked { rules, limits }
     }
 
     /// The seam's entries: each record's key and cost under its limit's `scale`d form.

@@ -12,8 +12,8 @@ use crate::caller::consumers::Consumer;
 use smallvec::SmallVec;
 
 use crate::limiter::{
-    paired, paired_mut, Asked, AskedLimit, Limit, LimitRecord, LimitRecords, LimitRules,
-    PolicyLimit, LIMITS_INLINE,
+    paired, paired_mut, Asked, Limit, LimitRecord, LimitRecords, LimitRules, PolicyLimit,
+    LIMITS_INLINE,
 };
 use crate::route::keys::{Digest, LimitKey, MissingPart, RequestFacts, Rotation, RouteKeys};
 use crate::route::pricing::CostHeaders;
@@ -114,16 +114,8 @@ impl Tier {
 
     /// The policy's view of `records` (this tier's, one per limit): `None` when they are not.
     pub fn asked<'a>(&'a self, records: &'a mut [LimitRecord]) -> Option<Asked<'a>> {
-        let limits = paired_mut(&self.limits, records)?
-            .map(|(limit, record)| AskedLimit {
-                limit: &limit.limit,
-                record,
-            })
-            .collect();
-        Some(Asked {
-            rules: &self.rules,
-            limits,
-        })
+        let pairs = paired_mut(&self.limits, records)?;
+        Some(Asked::new(&self.rules, pairs.map(|(l, r)| (&l.limit, r))))
     }
 
     /// This tier's limits, each with the record of it among `records`: `None` when they are

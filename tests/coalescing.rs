@@ -465,12 +465,19 @@ fn function_flush_in_the_middle_of_batched_traffic_costs_no_decision() {
     assert_eq!(support::command_calls(&info, &["evalsha"]), 0, "{info}");
 }
 
-/// A server without functions (here `FCALL` is renamed away, as before Redis 7): decisions are
-/// `EVALSHA`s, and a `SCRIPT FLUSH` makes them meet `NOSCRIPT`.
+/// A server without functions (here `FUNCTION` and `FCALL` are renamed away, as before Redis
+/// 7): decisions are `EVALSHA`s, and a `SCRIPT FLUSH` makes them meet `NOSCRIPT`.
 #[test]
 fn without_functions_decisions_are_scripts_and_a_script_flush_costs_no_decision() {
     let _alone = alone();
-    let redis = RedisServer::start_with_args(&["--rename-command", "FCALL", ""]);
+    let redis = RedisServer::start_with_args(&[
+        "--rename-command",
+        "FCALL",
+        "",
+        "--rename-command",
+        "FUNCTION",
+        "",
+    ]);
     a_flush_in_the_middle_of_batched_traffic_costs_no_decision(
         &redis,
         ["SCRIPT", "FLUSH"],

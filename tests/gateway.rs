@@ -979,3 +979,118 @@ fn denied_ranges_get_403_and_allowed_ranges_pass_an_exhausted_limit() {
         (2.0, 3.0, 2.0, 1.0)
     );
 }
+
+/// The calls of `command` that failed, in an `INFO commandstats` reply.
+fn failed_calls(info: &str, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:");
+    info.lines()
+        .filter_map(|line| line.strip_prefix(&prefix))
+        .flat_map(|stats| stats.split(','))
+        .filter_map(|field| field.strip_prefix("failed_calls="))
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum()
+}
+
+/// The decision libraries Redis holds (`FUNCTION LIST`), by name.
+fn libraries(redis: &RedisServer) -> Vec<String> {
+    let listed: Vec<redis::Value> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query(&mut redis.connection())
+        .expect("FUNCTION LIST");
+    let mut names: Vec<String> = listed
+        .iter()
+        .filter_map(|library| match library {
+            redis::Value::Array(fields) => fields.chunks(2).find_map(|pair| match pair {
+                [redis::Value::BulkString(k), redis::Value::BulkString(v)]
+                    if k == b"library_name" =>
+                {
+                    Some(String::from_utf8_lossy(v).into_owned())
+                }
+                _ => None,
+            }),
+            redis::Value::Map(fields) => fields.iter().find_map(|pair| match pair {
+                (redis::Value::BulkString(k), redis::Value::BulkString(v))
+                    if k == b"library_name" =>
+                {
+                    Some(String::from_utf8_lossy(v).into_owned())
+                }
+                _ => None,
+            }),
+            _ => None,
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// Warm decisions: the decision scripts a configuration may call are in Redis before `/readyz`
+/// says ready and before a reload takes effect. So the first decision after either loads
+/// nothing and makes a 2 ms deadline (`failure_mode: deny`: a missed one would answer 503).
+#[test]
+fn the_first_decision_after_start_and_after_a_reload_is_warm() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let warm = |routes: &[Route]| {
+        let mut config = Config::new()
+            .redis("REDIS_URL")
+            .redis_key("timeout_ms", 2)
+            .failure_mode("deny");
+        for route in routes {
+            config = config.route(route.clone());
+        }
+        config.yaml()
+    };
+    let api = route("api")
+        .prefix("/api/")
+        .limit(gcra("per_client", "100/s").key(&["client_ip"]));
+    let gateway = Gateway::start(&warm(std::slice::from_ref(&api)), &upstream, Some(&redis));
+    gateway.wait_ready();
+    // One algorithm: one library, loaded before the gateway said it was ready.
+    assert_eq!(libraries(&redis).len(), 1, "{:?}", libraries(&redis));
+    let decided_warm = |path: &str, what: &str| {
+        let before = redis.commandstats();
+        let answer = gateway.get(path);
+        let after = redis.commandstats();
+        assert_eq!(
+            answer.status, 200,
+            "{what}: the first decision made its 2 ms deadline"
+        );
+        assert_eq!(
+            support::command_calls(&after, &["function|load"]),
+            support::command_calls(&before, &["function|load"]),
+            "{what}: the first decision loaded a library"
+        );
+        assert_eq!(failed_calls(&after, "fcall"), 0, "{what}: {after}");
+        assert!(
+            support::command_calls(&after, &["fcall"])
+                > support::command_calls(&before, &["fcall"]),
+            "{what}: the decision was made in Redis"
+        );
+    };
+    decided_warm("/api/a", "after start");
+
+    // A reload adds a route with a second algorithm: the libraries of {gcra}, {fixed_window}
+    // and of both (a batch may hold requests of both routes) are there before it takes effect.
+    let orders = route("orders")
+        .prefix("/orders/")
+        .limit(fixed_window("per_route", "100/s").key(&["route"]));
+    assert!(gateway.reload(&warm(&[api, orders])));
+    assert_eq!(libraries(&redis).len(), 3, "{:?}", libraries(&redis));
+    decided_warm("/orders/a", "after a reload");
+    let metrics = gateway.metrics();
+    assert_eq!(metric(&metrics, "sluice_limiter_errors_total", &[]), 0.0);
+
+    // A server that lost its libraries (flushed; restarted without persistence): the decision
+    // that meets the loss loads its own, and the keeper loads the others again.
+    let _: () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query(&mut redis.connection())
+        .expect("FUNCTION FLUSH");
+    // (Its load may take longer than the 2 ms deadline: its answer is not the point here.)
+    gateway.get("/api/b");
+    support::eventually(
+        Duration::from_secs(10),
+        "the libraries loaded again",
+        || libraries(&redis).len() == 3,
+    );
+}

@@ -11,6 +11,7 @@ use super::rls::RlsSettings;
 use super::server::ServerSettings;
 use crate::caller::address::TrustedProxies;
 use crate::caller::consumers::Verifiers;
+use crate::limiter::script::Algorithms;
 use crate::limiter::FailureMode;
 use crate::limiter::Secret;
 use crate::route::path::PathRules;
@@ -49,6 +50,17 @@ pub struct Config {
 }
 
 impl Config {
+    /// Every algorithm its limits use, on routes and in rate limit service domains: the
+    /// decision scripts its requests may call are those of their sets (`limiter::warm`).
+    pub fn algorithms(&self) -> Algorithms {
+        let routes = self.routes.in_file_order().into_iter();
+        let domains = self.rls.iter().flat_map(|rls| rls.domains.iter());
+        routes
+            .map(|route| route.tiers.algorithms())
+            .chain(domains.map(|domain| domain.algorithms()))
+            .fold(Algorithms::default(), Algorithms::with)
+    }
+
     /// One line for `sluice -t` and the log.
     pub fn summary(&self) -> String {
         let limits: usize = self

@@ -231,7 +231,7 @@ pub fn run(
         .map_err(|e| e.to_string())?;
     let live: Live = Arc::new(ArcSwap::from_pointee(snapshot));
     let drain = wiring.drain();
-    let reloads = config_service(&wiring, &live, &tls, &clock, read);
+    let reloads = config_service(&wiring, &live, &policy, &tls, &clock, read);
     let configuration = add_configuration(&mut server, reloads, &drain);
     let rls = wiring.rls_listen.map(|listen| {
         let service = RlsService::new(
@@ -275,6 +275,7 @@ pub fn run(
 fn config_service(
     wiring: &Wiring,
     live: &Live,
+    policy: &Arc<Policy>,
     tls: &Arc<TlsListeners>,
     clock: &Arc<dyn Clock>,
     read: Sources,
@@ -283,6 +284,7 @@ fn config_service(
         wiring.source.clone(),
         wiring.restart_only.clone(),
         Arc::clone(live),
+        Arc::clone(policy),
         Arc::clone(tls) as Arc<dyn ListenerCertificates>,
         Arc::clone(clock),
         read,

@@ -131,6 +131,11 @@ impl<E: Execute> Coalescer<E> {
         }
     }
 
+    /// What executes its batches.
+    pub fn executor(&self) -> &E {
+        &self.executor
+    }
+
     /// Decides `call` in the next batch of its lane; waits at most `deadline`. On an idle lane
     /// the call goes at once, from the caller's own task (no hand-off, no extra wake-up); the
     /// requests that arrive meanwhile wait and go together when it is answered.

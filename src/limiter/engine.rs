@@ -23,6 +23,7 @@ use super::leased::{LeaseMeters, Leased};
 use super::local::LocalLimiter;
 use super::redis::RedisLimiter;
 use super::request::LimitRequest;
+use super::script::Algorithms;
 use super::topology::{RedisAuth, Topology};
 
 /// What decides in Redis: the backend behind its deny cache and breaker, then its leases (whose
@@ -77,6 +78,22 @@ impl Engine {
             ends,
             backend,
         })))
+    }
+
+    /// The configuration in force uses `algorithms`: Redis loads their decision scripts
+    /// before readiness says ready (`warm.rs`); the in-process backend runs none.
+    pub fn want_scripts(&self, algorithms: Algorithms) {
+        if let Engine::Redis(redis) = self {
+            redis.backend.want_scripts(algorithms);
+        }
+    }
+
+    /// Waits, at most `bound`, until every decision script wanted is loaded: whether it is.
+    pub async fn scripts_loaded_within(&self, bound: Duration) -> bool {
+        match self {
+            Engine::Local(_) => true,
+            Engine::Redis(redis) => redis.backend.scripts_loaded_within(bound).await,
+        }
     }
 
     /// The backend's name (`redis`, `local`), for logs, metrics and `/readyz`.

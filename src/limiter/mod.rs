@@ -38,6 +38,7 @@ pub(crate) mod status;
 pub(crate) mod testing;
 pub(crate) mod topology;
 pub(crate) mod verdict;
+pub(crate) mod warm;
 
 pub use algorithm::{Algorithm, Change};
 pub use backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};

@@ -25,6 +25,7 @@ use super::local::LocalLimiter;
 use super::record::{Asked, LimitRecord, Scale};
 use super::request::{Entries, Entry, LimitRequest};
 use super::rules::FailureMode;
+use super::script::Algorithms;
 use super::verdict::{Decider, Outcome, Verdict};
 
 /// What the policy counts: how long deciding takes (by what answered), and why it failed.
@@ -414,6 +415,20 @@ fn judged(
         decider,
         ..Verdict::unlimited()
     })
+}
+
+/// What only the configured engine does.
+impl Policy<Engine> {
+    /// The configuration in force uses `algorithms` (at start, and on each reload before it
+    /// takes effect): their decision scripts are loaded before readiness says ready.
+    pub fn want_scripts(&self, algorithms: Algorithms) {
+        self.engine.want_scripts(algorithms);
+    }
+
+    /// Waits, at most `bound`, until every decision script wanted is loaded: whether it is.
+    pub async fn scripts_loaded_within(&self, bound: Duration) -> bool {
+        self.engine.scripts_loaded_within(bound).await
+    }
 }
 
 #[cfg(test)]

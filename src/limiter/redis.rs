@@ -13,7 +13,9 @@
 //!
 //! Connections that break while the gateway is idle (a Redis restart, `timeout`, a proxy or
 //! firewall dropping quiet connections) are found by [`RedisLimiter::keep_connections`], which
-//! checks them every second in the background, not by the next request.
+//! checks them every second in the background, not by the next request. The same keeper loads
+//! the decision scripts the configuration may call before readiness says ready and before a
+//! reload takes effect (`warm.rs`), so the first decision does not pay their load.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,6 +23,10 @@ use std::time::Duration;
 
 /// How often idle connections are checked (`keep_connections`).
 const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// How long the keeper may spend loading the decision scripts in one go (loading is not a
+/// decision: the decision deadline does not bound it).
+const LOAD_BOUND: Duration = Duration::from_secs(2);
 
 use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
@@ -30,8 +36,9 @@ use super::direct::{DirectLink, Loan, Resp};
 use super::error::{ErrorKind, LimiterError};
 use super::link::{Connection, Link};
 use super::request::LimitRequest;
-use super::script::{self, Call, DecisionScript, Invoke};
+use super::script::{self, Algorithms, Call, DecisionScript, Invoke};
 use super::topology::{RedisAuth, Topology};
+use super::warm::{Scripts, Warmth};
 
 /// Times a batch is sent while Redis answers that it does not know the script or function.
 const NOSCRIPT_ATTEMPTS: u32 = 3;
@@ -44,6 +51,8 @@ pub struct RedisLimiter {
     keeping: AtomicBool,
     /// Where the server is (`redis at 127.0.0.1:6379`), for messages.
     target: String,
+    /// The decision scripts the configuration may call, and those the server holds.
+    warmth: Arc<Warmth>,
     decisions: Coalescer<Dispatch>,
     release: redis::Script,
     settle: redis::Script,
@@ -57,6 +66,8 @@ struct Dispatch {
     link: Arc<Link>,
     direct: Option<Arc<DirectLink>>,
     functions: AtomicBool,
+    /// Told when a call finds its script missing: the server lost what it held.
+    warmth: Arc<Warmth>,
 }
 
 impl Execute for Dispatch {
@@ -88,18 +99,15 @@ impl Execute for Dispatch {
                 }
                 let mut connection = self.link.connection().await?;
                 match (invoke, refusal) {
-                    (Invoke::Function, Some(NotLoaded::FunctionMissing)) => {
-                        self.load_library(&mut connection, decision).await?;
+                    (Invoke::Function, Some(NotLoaded::FunctionMissing))
+                    | (Invoke::Script, Some(NotLoaded::ScriptMissing)) => {
+                        // A restarted or flushed server: the keeper loads the others again.
+                        self.warmth.forget();
+                        self.load(&mut connection, decision).await?;
                     }
                     (Invoke::Function, Some(NotLoaded::FunctionsUnknown)) => {
                         self.use_scripts("the server has no functions (Redis before 7.0)");
                     }
-                    (Invoke::Script, Some(NotLoaded::ScriptMissing)) => decision
-                        .script
-                        .load_async(&mut connection)
-                        .await
-                        .map(|_| ())
-                        .map_err(classify)?,
                     _ => return Err(classify(error)),
                 }
             }
@@ -169,6 +177,27 @@ impl NotLoaded {
 }
 
 impl Dispatch {
+    /// Loads `decision` the way calls run it: its library, or its script once the server has
+    /// refused functions (then the library's refusal switches every call to scripts).
+    async fn load(
+        &self,
+        connection: &mut Connection,
+        decision: &DecisionScript,
+    ) -> Result<(), LimiterError> {
+        if self.functions.load(Ordering::Relaxed) {
+            self.load_library(connection, decision).await?;
+            if self.functions.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+        }
+        decision
+            .script
+            .load_async(connection)
+            .await
+            .map(|_| ())
+            .map_err(classify)
+    }
+
     /// Loads the decision library; a server that refuses it (an ACL without `FUNCTION`, a
     /// proxy that does not pass it) gets scripts from then on.
     async fn load_library(
@@ -195,6 +224,8 @@ impl Dispatch {
     fn use_scripts(&self, why: &str) {
         if self.functions.swap(false, Ordering::Relaxed) {
             log::warn!("redis: decisions use EVALSHA scripts instead of functions: {why}");
+            // What the server held were libraries; its scripts are still to load.
+            self.warmth.forget();
         }
     }
 }
@@ -228,10 +259,12 @@ impl RedisLimiter {
     ) -> Result<RedisLimiter, redis::RedisError> {
         let link = Arc::new(Link::new(topology, auth, deadline)?);
         let direct = link.standalone_server().and_then(DirectLink::to);
+        let warmth = Arc::new(Warmth::default());
         let dispatch = Dispatch {
             direct: direct.clone(),
             link: Arc::clone(&link),
             functions: AtomicBool::new(true),
+            warmth: Arc::clone(&warmth),
         };
         let by_slot = matches!(topology, Topology::Cluster { .. });
         Ok(RedisLimiter {
@@ -239,6 +272,7 @@ impl RedisLimiter {
             direct,
             keeping: AtomicBool::new(false),
             target: topology.describe(),
+            warmth,
             decisions: Coalescer::new(dispatch, by_slot, coalescing),
             release: redis::Script::new(script::RELEASE_SOURCE),
             settle: redis::Script::new(script::SETTLE_SOURCE),
@@ -255,8 +289,10 @@ impl RedisLimiter {
     /// a Sentinel master, connects again in the background), the decision lane's idle
     /// connection (dropped if the server closed it, made again when absent), and that the
     /// Sentinels still name the master connected to (`Link::verify`). So a connection
-    /// that broke while no request used it is replaced before one needs it. One task per
-    /// backend: later calls return at once.
+    /// that broke while no request used it is replaced before one needs it. After each
+    /// answered `PING` it loads the decision scripts wanted that the server does not hold,
+    /// woken at once when a reload wants more (`warm.rs`). One task per backend: later calls
+    /// return at once.
     pub async fn keep_connections(&self) {
         if self.keeping.swap(true, Ordering::AcqRel) {
             return;
@@ -264,13 +300,73 @@ impl RedisLimiter {
         let mut every = tokio::time::interval(IDLE_CHECK);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            every.tick().await;
+            tokio::select! {
+                _ = every.tick() => {}
+                () = self.warmth.woken() => {}
+            }
             if let Some(direct) = &self.direct {
                 direct.check_idle();
             }
-            let _ = self.within_deadline(None, self.ping()).await;
+            let pinged = self.within_deadline(None, self.ping()).await;
+            self.warmth.answering(pinged.is_ok());
+            match pinged {
+                Ok(_) => {
+                    let _ = self.load_missing_scripts().await;
+                }
+                // A new connection may reach a restarted server that lost the scripts.
+                Err(LimiterError::Connection(_)) => self.warmth.forget(),
+                Err(_) => {}
+            }
             self.link.verify().await;
         }
+    }
+
+    /// The configuration in force uses `algorithms`: the scripts of every set of them are
+    /// loaded before readiness says ready, by the keeper (which this wakes) or readiness itself.
+    pub fn want_scripts(&self, algorithms: Algorithms) {
+        self.warmth.want(Scripts::of_every_subset(algorithms));
+    }
+
+    /// Waits, at most `bound`, until the server holds every script wanted: whether it does.
+    pub async fn scripts_loaded_within(&self, bound: Duration) -> bool {
+        self.warmth.held_within(bound).await
+    }
+
+    /// Loads the scripts wanted that the server is not known to hold, within [`LOAD_BOUND`];
+    /// the keeper and readiness both may (a script loaded twice is replaced by itself).
+    async fn load_missing_scripts(&self) -> Result<(), String> {
+        let missing = self.warmth.missing();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let dispatch = self.decisions.executor();
+        let loading = async {
+            let mut connection = self.link.connection().await?;
+            for algorithms in missing.iter() {
+                dispatch
+                    .load(&mut connection, script::decision_script(algorithms))
+                    .await?;
+                self.warmth.loaded(Scripts::one(algorithms));
+            }
+            Ok::<(), LimiterError>(())
+        };
+        let failed = match tokio::time::timeout(LOAD_BOUND, loading).await {
+            Ok(Ok(())) => {
+                log::info!(
+                    "redis: {} decision script(s) loaded into {}",
+                    missing.len(),
+                    self.target
+                );
+                return Ok(());
+            }
+            Ok(Err(e)) => format!("cannot load its decision scripts: {e}"),
+            Err(_) => format!(
+                "loading its decision scripts took over {} ms",
+                LOAD_BOUND.as_millis()
+            ),
+        };
+        log::warn!("redis: {}: {failed}", self.target);
+        Err(failed)
     }
 
     async fn ping(&self) -> Result<String, LimiterError> {
@@ -406,7 +502,11 @@ impl SettleUnits for RedisLimiter {
 impl Backend for RedisLimiter {
     async fn readiness(&self) -> Readiness {
         match tokio::time::timeout(self.deadline, self.ping()).await {
-            Ok(Ok(_)) => Readiness::Ready,
+            // Ready once the scripts its decisions may call are loaded, too.
+            Ok(Ok(_)) => match self.load_missing_scripts().await {
+                Ok(()) => Readiness::Ready,
+                Err(why) => Readiness::Unavailable(format!("{}: {why}", self.target)),
+            },
             Ok(Err(e)) => Readiness::Unavailable(format!("{}: {e}", self.target)),
             Err(_) => Readiness::Unavailable(format!(
                 "{}: PING exceeded the {} ms deadline",

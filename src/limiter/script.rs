@@ -85,6 +85,29 @@ impl Algorithms {
     fn holds(self, bit: usize) -> bool {
         self.0 & (1 << bit) != 0
     }
+
+    /// Whether it holds no algorithm.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Every set of some of its algorithms, itself included, the empty set not: each is the
+    /// script of a batch whose requests use only those.
+    pub fn subsets(self) -> impl Iterator<Item = Algorithms> {
+        // Counting down through the bit patterns inside `self.0`, each once.
+        let mut next = Some(self.0).filter(|bits| *bits != 0);
+        std::iter::from_fn(move || {
+            let bits = next?;
+            let smaller = (bits - 1) & self.0;
+            next = Some(smaller).filter(|bits| *bits != 0);
+            Some(Algorithms(bits))
+        })
+    }
+
+    /// Its place among all sets (each set's script has its own place; see [`decision_script`]).
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
 }
 
 /// The decision script of `algorithms`: the prelude, their files, the tables the driver
@@ -158,7 +181,7 @@ impl DecisionScript {
 pub fn decision_script(algorithms: Algorithms) -> &'static DecisionScript {
     static SCRIPTS: [OnceLock<DecisionScript>; 1 << ALGORITHM_FILES.len()] =
         [const { OnceLock::new() }; 1 << ALGORITHM_FILES.len()];
-    SCRIPTS[usize::from(algorithms.0)].get_or_init(|| DecisionScript::of(algorithms))
+    SCRIPTS[algorithms.index()].get_or_init(|| DecisionScript::of(algorithms))
 }
 
 /// How a decision script is called.

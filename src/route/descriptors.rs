@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::hash::Hasher;
 
+use crate::limiter::script::Algorithms;
 use crate::limiter::{push_hex, Key, Limit, PolicyLimit};
 
 /// The most descriptors one request may carry, and entries one descriptor may have.
@@ -181,6 +182,8 @@ pub struct Domain {
     root: Node,
     /// The names of its limits, each once, sorted: a rule's `series` indexes them.
     names: Box<[String]>,
+    /// The algorithms of its limits.
+    algorithms: Algorithms,
 }
 
 impl Node {
@@ -200,8 +203,12 @@ impl Domain {
     /// domain's limit names.
     pub fn new(name: String, mut root: Node) -> Domain {
         let mut names = Vec::new();
+        let mut algorithms = Algorithms::default();
         root.walk_mut(&mut |node| match &node.rule {
-            Some(Rule::Limited(limit)) => names.push(limit.name.clone()),
+            Some(Rule::Limited(limit)) => {
+                names.push(limit.name.clone());
+                algorithms = algorithms.with(Algorithms::of(&limit.limit.exact.algorithm));
+            }
             Some(Rule::Blocked { name, .. }) => names.push(name.clone()),
             Some(Rule::Unlimited) | None => {}
         });
@@ -221,7 +228,13 @@ impl Domain {
             name,
             root,
             names: names.into(),
+            algorithms,
         }
+    }
+
+    /// The algorithms of its limits: those a call may use, in any combination.
+    pub fn algorithms(&self) -> Algorithms {
+        self.algorithms
     }
 
     /// The names of its limits (`rate_limit.name`, or the descriptor path), each once, sorted:

@@ -11,6 +11,7 @@ use http::header::HeaderValue;
 use crate::caller::consumers::Consumer;
 use smallvec::SmallVec;
 
+use crate::limiter::script::Algorithms;
 use crate::limiter::{
     paired, paired_mut, Asked, Limit, LimitRecord, LimitRecords, LimitRules, PolicyLimit,
     LIMITS_INLINE,
@@ -210,6 +211,12 @@ impl Tiers {
     /// parameters aside, the `(route, limit)` series are these).
     pub fn written(&self) -> impl Iterator<Item = &Limit> {
         self.default().limits.iter().map(|l| &l.limit.exact)
+    }
+
+    /// The algorithms of its limits, in every tier: those its decisions may call.
+    pub fn algorithms(&self) -> Algorithms {
+        let limits = self.tiers.iter().flat_map(|tier| tier.limits.iter());
+        Algorithms::of_limits(limits.map(|l| &l.limit.exact))
     }
 
     /// How many tiers the route has (each runs its own [`Rotation`]).

@@ -35,12 +35,16 @@ use crate::config::sources::Sources;
 use crate::config::{Config, ConfigError, RedisSettings, ServerSettings};
 use crate::exchange::site::Handover;
 use crate::limiter::clock::Clock;
+use crate::limiter::Policy;
 use crate::observe::metrics;
 use crate::runtime::snapshot::{Live, Snapshot};
 
 /// How often `watch: true` reads the configuration's files again; a change reloads once it has
 /// held for one more interval, so within about two.
 pub const WATCH_INTERVAL: Duration = Duration::from_millis(500);
+
+/// How long a reload waits for its decision scripts to be loaded into Redis.
+pub const WARM_BOUND: Duration = Duration::from_secs(2);
 
 /// The settings a reload cannot change, as the process started with them.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,6 +87,8 @@ pub struct ConfigService {
     path: PathBuf,
     started_with: RestartOnly,
     live: Live,
+    /// The limiter: a new configuration's decision scripts are loaded before it takes effect.
+    policy: Arc<Policy>,
     tls: Arc<dyn ListenerCertificates>,
     /// The clock every snapshot's requests read.
     clock: Arc<dyn Clock>,
@@ -91,18 +97,24 @@ pub struct ConfigService {
 }
 
 impl ConfigService {
+    /// The service reloading `path` into `live`, whose configuration is the first; it asks
+    /// `policy` to load that configuration's decision scripts.
     pub fn new(
         path: PathBuf,
         started_with: RestartOnly,
         live: Live,
+        policy: Arc<Policy>,
         tls: Arc<dyn ListenerCertificates>,
         clock: Arc<dyn Clock>,
         read_at_start: Sources,
     ) -> ConfigService {
+        // The first configuration's decision scripts are loaded before readiness says ready.
+        policy.want_scripts(live.load().config.algorithms());
         ConfigService {
             path,
             started_with,
             live,
+            policy,
             tls,
             clock,
             sources: Mutex::new(read_at_start),
@@ -149,6 +161,7 @@ impl ConfigService {
             Arc::new(Snapshot::build(config, clock, handover, read)?)
         };
         snapshot.start().await;
+        self.warm_decisions(&snapshot).await;
         swap_certificates();
         let retired = self.live.swap(Arc::clone(&snapshot));
         retired.retire();
@@ -157,6 +170,23 @@ impl ConfigService {
             .retire_series_missing_from(&snapshot.metrics);
         log::info!("reload: {summary}");
         Ok(())
+    }
+}
+
+impl ConfigService {
+    /// Loads the decision scripts `snapshot`'s limits may call before it takes effect, so its
+    /// first decisions do not pay their load. A Redis that does not answer (or not within
+    /// [`WARM_BOUND`]) does not hold the reload back: its failure mode applies meanwhile, and
+    /// the connection keeper loads them once Redis answers.
+    async fn warm_decisions(&self, snapshot: &Snapshot) {
+        self.policy.want_scripts(snapshot.config.algorithms());
+        if !self.policy.scripts_loaded_within(WARM_BOUND).await {
+            log::warn!(
+                "reload: the new limits' decision scripts are not loaded yet (the {} limiter does not answer, or not within {} ms); the reload takes effect now, and they load once it answers",
+                self.policy.backend(),
+                WARM_BOUND.as_millis()
+            );
+        }
     }
 }
 

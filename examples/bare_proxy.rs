@@ -5,7 +5,8 @@
 //! configuration without a `server:` section gets (threads: the machine's cores, work
 //! stealing, Pingora's upstream keep-alive pool).
 //!
-//! Usage: bare_proxy LISTEN_ADDR UPSTREAM_ADDR
+//! Usage: bare_proxy LISTEN_ADDR UPSTREAM_ADDR [THREADS]   (threads: the cores by default;
+//! `scripts/instructions.sh` runs it on 1, as it runs sluice)
 
 use std::net::SocketAddr;
 
@@ -42,14 +43,21 @@ impl ProxyHttp for Bare {
 fn main() {
     let mut args = std::env::args().skip(1);
     let (Some(listen), Some(upstream)) = (args.next(), args.next()) else {
-        eprintln!("usage: bare_proxy LISTEN_ADDR UPSTREAM_ADDR");
+        eprintln!("usage: bare_proxy LISTEN_ADDR UPSTREAM_ADDR [THREADS]");
         std::process::exit(2);
     };
     let upstream: SocketAddr = upstream.parse().unwrap_or_else(|e| {
         eprintln!("bare_proxy: upstream {upstream:?}: {e}");
         std::process::exit(2);
     });
-    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let threads = match args.next() {
+        None => cores,
+        Some(threads) => threads.parse().unwrap_or_else(|e| {
+            eprintln!("bare_proxy: threads {threads:?}: {e}");
+            std::process::exit(2);
+        }),
+    };
     let conf = ServerConf {
         threads,
         work_stealing: true,

@@ -3,7 +3,9 @@
 # gateway's own work that a noisy machine does not blur. Runs the release sluice (1 thread) under
 # valgrind's callgrind, serves N/4 and then N keep-alive requests (h2load --h1, 8 connections)
 # after a warm-up, and prints (Ir(N) - Ir(N/4)) / (3N/4): user-space instructions per request,
-# start-up and shutdown cancelled out. Once without limits, once with one GCRA limit in Redis.
+# start-up and shutdown cancelled out. Once for the bare Pingora proxy (examples/bare_proxy.rs:
+# Pingora's own work, the floor under sluice without limits), once for sluice without limits,
+# once with one GCRA limit in Redis.
 # Optional: CALLGRIND_KEEP=DIR keeps each run's profile there for callgrind_annotate.
 # Usage: scripts/instructions.sh [N]   (default 4000; about 2 minutes)
 set -euo pipefail
@@ -13,7 +15,7 @@ require_cargo
 install_missing cc:build-essential cmake:cmake redis-server:redis-server valgrind:valgrind \
   callgrind_annotate:valgrind h2load:nghttp2-client
 n=${1:-4000}
-cargo build --release --bins
+cargo build --release --bins --example bare_proxy
 
 source scripts/loopback.sh
 
@@ -43,8 +45,9 @@ config() {
 instructions() {
   local name=$1 proxy=$2 requests=$3 vp
   local out="$work/$name.$requests.callgrind"
-  valgrind --tool=callgrind --callgrind-out-file="$out" ./target/release/sluice -c "$work/$name.yaml" \
-    >"$work/$name.log" 2>&1 &
+  local command=(./target/release/sluice -c "$work/$name.yaml")
+  [ "$name" != bare ] || command=(./target/release/examples/bare_proxy "127.0.0.1:$proxy" "127.0.0.1:$upstream_port" 1)
+  valgrind --tool=callgrind --callgrind-out-file="$out" "${command[@]}" >"$work/$name.log" 2>&1 &
   vp=$!; pids+=($vp)
   wait_port "$proxy" 60
   h2load --h1 -n 200 -c 8 "http://127.0.0.1:$proxy/x" >/dev/null 2>&1
@@ -57,13 +60,17 @@ instructions() {
 echo "command: scripts/instructions.sh $n"
 echo "| configuration | instructions per request |"
 echo "| --- | --- |"
-for scenario in none gcra; do
+for scenario in bare none gcra; do
   limits=""
-  [ "$scenario" = none ] || limits="      - { name: l, key: [client_ip, path], algorithm: gcra, rate: 1000000/s, burst: 1000000 }"
-  proxy=$(config "$scenario" "$limits")
+  [ "$scenario" != gcra ] || limits="      - { name: l, key: [client_ip, path], algorithm: gcra, rate: 1000000/s, burst: 1000000 }"
+  if [ "$scenario" = bare ]; then proxy=$(port); else proxy=$(config "$scenario" "$limits"); fi
   small=$(instructions "$scenario" "$proxy" $((n / 4)))
   large=$(instructions "$scenario" "$proxy" "$n")
-  label="no limits"; [ "$scenario" = none ] || label="one GCRA limit in Redis"
+  case $scenario in
+    bare) label="bare Pingora proxy (examples/bare_proxy.rs)" ;;
+    none) label="sluice, no limits" ;;
+    *) label="sluice, one GCRA limit in Redis" ;;
+  esac
   awk -v a="$small" -v b="$large" -v n="$n" -v l="$label" \
     'BEGIN {printf "| %s | %.0f |\n", l, (b - a) / (n - n / 4)}'
 done

@@ -24,6 +24,9 @@ use crate::upstream::tls::PeerTls;
 enum Balancer {
     RoundRobin(Arc<LoadBalancer<RoundRobin>>),
     Consistent(Arc<LoadBalancer<Consistent>>),
+    /// One server and no health check (a Kubernetes Service, a local backend): every balance
+    /// chooses it, so no balancer is asked (one saves hashing the server on every pick).
+    Single(SocketAddr),
 }
 
 /// Where a pool says which of its servers pass their checks: a gauge per server, 1 or 0.
@@ -112,9 +115,10 @@ impl Pool {
     /// what is wrong (a bad CA or client certificate file, a server list Pingora refuses).
     pub fn new(settings: &UpstreamSettings, read: &mut Sources) -> Result<Pool, String> {
         let built = |e: std::io::Error| format!("cannot build the pool: {e}");
-        let balancer = match settings.balance {
-            Balance::RoundRobin => Balancer::RoundRobin(balancer(settings).map_err(built)?),
-            Balance::Consistent(_) => Balancer::Consistent(balancer(settings).map_err(built)?),
+        let balancer = match (&settings.balance, &settings.servers[..]) {
+            (_, &[server]) if settings.health_check.is_none() => Balancer::Single(server),
+            (Balance::RoundRobin, _) => Balancer::RoundRobin(balancer(settings).map_err(built)?),
+            (Balance::Consistent(_), _) => Balancer::Consistent(balancer(settings).map_err(built)?),
         };
         let tls = match &settings.tls {
             Some(tls) => Some(PeerTls::load(tls, read)?),
@@ -131,6 +135,7 @@ impl Pool {
         match &self.balancer {
             Balancer::RoundRobin(lb) => lb.health_check_frequency,
             Balancer::Consistent(lb) => lb.health_check_frequency,
+            Balancer::Single(_) => None,
         }
     }
 
@@ -162,6 +167,7 @@ impl Pool {
                 let health = Arc::clone(&self.health);
                 tokio::spawn(check_until_stopped(Arc::clone(lb), interval, health, stop));
             }
+            Balancer::Single(_) => {}
         }
     }
 }
@@ -174,6 +180,7 @@ impl Servers for Pool {
         match &self.balancer {
             Balancer::RoundRobin(lb) => pick(lb, key, avoid),
             Balancer::Consistent(lb) => pick(lb, key, avoid),
+            Balancer::Single(server) => Some(*server).filter(|server| !avoid.contains(server)),
         }
     }
 

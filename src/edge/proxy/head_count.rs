@@ -100,14 +100,50 @@ impl Scan {
 
     /// Keeps the bytes of `bytes` to keep, in place, and says how many.
     fn keep(&mut self, bytes: &mut [u8], cut: &AtomicBool) -> usize {
-        let mut kept = 0;
-        for i in 0..bytes.len() {
+        let passed = self.pass_whole_lines(bytes);
+        let mut kept = passed;
+        for i in passed..bytes.len() {
+            if *self == Scan::Off {
+                // What follows the head passes as it is.
+                bytes.copy_within(i.., kept);
+                return kept + (bytes.len() - i);
+            }
             if let Some(b) = self.step(bytes[i], cut) {
                 bytes[kept] = b;
                 kept += 1;
             }
         }
         kept
+    }
+
+    /// Passes the lines of a head that cannot reach the cut a line at a time (`memchr` finds
+    /// each end), as [`Scan::step`] would byte by byte; says where it stopped: at the end of
+    /// `bytes`, at the head's end (then it is `Off`), or where the count nears the cut (the
+    /// bytes from there are stepped one by one). Nothing it passes is dropped.
+    fn pass_whole_lines(&mut self, bytes: &[u8]) -> usize {
+        let mut at = 0;
+        while let Scan::Head { ended, blank } = self {
+            // A line starting with `ended` below the count cannot be cut (step cuts a line's
+            // first byte only when `ended` is over it).
+            if *ended >= MAX_HEADER_FIELDS {
+                break;
+            }
+            let rest = &bytes[at..];
+            let Some(end) = memchr::memchr(b'\n', rest) else {
+                *blank = *blank && rest.iter().all(|&b| b == b'\r');
+                return bytes.len();
+            };
+            let line_is_blank = *blank && rest[..end].iter().all(|&b| b == b'\r');
+            match (line_is_blank, *ended) {
+                // An empty line before the request line: skipped, as httparse does.
+                (true, 0) => {}
+                // The empty line ending the head.
+                (true, _) => *self = Scan::Off,
+                (false, _) => (*ended, *blank) = (*ended + 1, true),
+            }
+            at += end + 1;
+        }
+        at
     }
 }
 
@@ -220,6 +256,43 @@ mod tests {
                 (expected.clone(), true),
                 "split at {at}"
             );
+        }
+    }
+
+    /// What stepping every byte keeps of `parts` read one after another, and whether it cut:
+    /// the definition the line-at-a-time pass must agree with.
+    fn stepped(parts: &[&[u8]]) -> (Vec<u8>, bool) {
+        let (cut, mut scan, mut out) = (AtomicBool::new(false), Scan::START, Vec::new());
+        for part in parts {
+            out.extend(part.iter().filter_map(|&b| scan.step(b, &cut)));
+        }
+        (out, cut.load(Relaxed))
+    }
+
+    proptest::proptest! {
+        /// Heads of line feeds, carriage returns and text, after empty lines or not, read in
+        /// three parts, near the count and past it: the line-at-a-time pass keeps what stepping each byte keeps.
+        #[test]
+        fn passing_whole_lines_keeps_what_stepping_each_byte_keeps(
+            before in "(\r|\n){0,4}",
+            lines in proptest::collection::vec("(\r?\n|\r|a\r?\n|ab: c\r\n|\r\n\r\n)", 0..300),
+            extra in 0..=MAX_HEADER_FIELDS + 8,
+            splits in (0usize..100_000, 0usize..100_000),
+        ) {
+            let mut bytes = before.into_bytes();
+            bytes.extend(head(extra, ""));
+            bytes.truncate(bytes.len() - 2);
+            bytes.extend(lines.concat().into_bytes());
+            let (a, b) = (splits.0 % (bytes.len() + 1), splits.1 % (bytes.len() + 1));
+            let (a, b) = (a.min(b), a.max(b));
+            let parts = [&bytes[..a], &bytes[a..b], &bytes[b..]];
+            let (cut, mut scan, mut out) = (AtomicBool::new(false), Scan::START, Vec::new());
+            for part in parts {
+                let mut part = part.to_vec();
+                let kept = scan.keep(&mut part, &cut);
+                out.extend_from_slice(&part[..kept]);
+            }
+            proptest::prop_assert_eq!((out, cut.load(Relaxed)), stepped(&parts));
         }
     }
 

@@ -56,8 +56,10 @@ pub struct RequestCtx {
     request_id: Option<HeaderValue>,
     /// The request's spans, when tracing is on.
     trace: Option<trace::RequestTrace>,
-    /// The request's lifecycle, from `request_filter` on.
-    exchange: Option<Exchange<Pool>>,
+    /// The request's lifecycle, from `request_filter` on. Boxed: the context lives inside
+    /// Pingora's per-request future, which is moved whole more than once per request, and the
+    /// exchange is most of the context's size.
+    exchange: Option<Box<Exchange<Pool>>>,
 }
 
 /// The request id and the header that carries it, when requests have ids.
@@ -74,7 +76,7 @@ fn id_header<'a>(
 
 impl RequestCtx {
     fn request_id_header(&self) -> Option<RequestIdHeader<'_>> {
-        id_header(self.exchange.as_ref(), self.request_id.as_ref())
+        id_header(self.exchange.as_deref(), self.request_id.as_ref())
     }
 }
 
@@ -172,7 +174,7 @@ fn peer_ip(session: &Session) -> Option<IpAddr> {
 /// The request's exchange; every hook after `request_filter` has one.
 fn exchange(ctx: &mut RequestCtx) -> pingora::Result<&mut Exchange<Pool>> {
     ctx.exchange
-        .as_mut()
+        .as_deref_mut()
         .ok_or_else(|| Error::explain(ErrorType::InternalError, "the request was not admitted"))
 }
 
@@ -334,7 +336,7 @@ fn hop<'a>(session: &'a Session, ctx: &RequestCtx) -> forwarding::Hop<'a> {
     forwarding::Hop {
         peer: peer_ip(session).map(address::canonical),
         trusted: ctx.trusted_peer,
-        client: ctx.exchange.as_ref().and_then(Exchange::client),
+        client: ctx.exchange.as_deref().and_then(Exchange::client),
         proto: if tls { "https" } else { "http" },
         host: host.and_then(|h| h.to_str().ok()),
         port: session
@@ -402,7 +404,7 @@ impl ProxyHttp for Gateway {
         let snapshot = self.live.load_full();
         let started = *ctx.started.get_or_insert_with(Instant::now);
         self.begin(session, ctx, &snapshot);
-        let mut exchange = Exchange::new(Arc::clone(&snapshot.site), started);
+        let mut exchange = Box::new(Exchange::new(Arc::clone(&snapshot.site), started));
         let fields_cut = fields_cut(session);
         let req = session.req_header();
         let head = Head {
@@ -436,7 +438,7 @@ impl ProxyHttp for Gateway {
     ) -> pingora::Result<Box<HttpPeer>> {
         let dial = ctx
             .exchange
-            .as_mut()
+            .as_deref_mut()
             .ok_or(Answer::Internal)
             .and_then(Exchange::dial);
         let (server, peer) = match dial {
@@ -486,11 +488,11 @@ impl ProxyHttp for Gateway {
         error: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
-        let (fault, classified) = classify(error, ClientSide::of(session, ctx.exchange.as_ref()));
+        let (fault, classified) = classify(error, ClientSide::of(session, ctx.exchange.as_deref()));
         if let (Some(Fault::Upstream(kind)), Some(trace)) = (fault, &mut ctx.trace) {
             trace.upstream_failed(kind.label());
         }
-        let answer = match (ctx.exchange.as_mut(), fault, classified) {
+        let answer = match (ctx.exchange.as_deref_mut(), fault, classified) {
             (Some(exchange), Some(Fault::Client(kind)), _) => exchange.fail_client(kind),
             (Some(exchange), fault, Some(fallback)) => {
                 Some(exchange.fail_upstream(fault.and_then(Fault::upstream), fallback))
@@ -498,7 +500,7 @@ impl ProxyHttp for Gateway {
             (_, _, answer) => answer,
         };
         if let (Some(answer), None) = (answer, session.response_written()) {
-            let exchange = ctx.exchange.as_ref();
+            let exchange = ctx.exchange.as_deref();
             let id = id_header(exchange, ctx.request_id.as_ref());
             if let Err(e) = respond(session, answer, exchange, id).await {
                 log::debug!("could not answer a failed request: {e}");
@@ -514,7 +516,7 @@ impl ProxyHttp for Gateway {
     /// (`sluice_client_errors_total`) and logged here below ERROR, in sluice's words, instead
     /// of Pingora's "Fail to proxy" (nginx logs these at `info`).
     fn suppress_error_log(&self, session: &Session, ctx: &RequestCtx, error: &Error) -> bool {
-        let Some(exchange) = ctx.exchange.as_ref() else {
+        let Some(exchange) = ctx.exchange.as_deref() else {
             return false;
         };
         let Some(kind) = exchange.client_error() else {
@@ -551,7 +553,7 @@ impl ProxyHttp for Gateway {
         if let (Some(kind), Some(trace)) = (kind, &mut ctx.trace) {
             trace.upstream_failed(kind.label());
         }
-        if let Some(exchange) = ctx.exchange.as_mut() {
+        if let Some(exchange) = ctx.exchange.as_deref_mut() {
             let server = peer._address.as_inet().copied();
             if exchange.connect_failed(server, kind, error.retry()) {
                 error.set_retry(true);
@@ -618,7 +620,7 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        if let Some(said) = ctx.exchange.as_ref().and_then(Exchange::limits_said) {
+        if let Some(said) = ctx.exchange.as_deref().and_then(Exchange::limits_said) {
             respond::add_ratelimit_headers(upstream_response, said)?;
         }
         respond::add_request_id(upstream_response, ctx.request_id_header())
@@ -629,11 +631,11 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, session: &mut Session, _error: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map(|r| r.status.as_u16());
         // A request that failed before it was admitted (e.g. malformed) has none.
-        let Some(exchange) = ctx.exchange.as_mut() else {
+        let Some(exchange) = ctx.exchange.as_deref_mut() else {
             return;
         };
         exchange.end(&self.policy, status).await;
-        let Some(exchange) = ctx.exchange.as_ref() else {
+        let Some(exchange) = ctx.exchange.as_deref() else {
             return;
         };
         let id = ctx.request_id.as_ref();

@@ -61,6 +61,9 @@ fn main() {
     let conf = ServerConf {
         threads,
         work_stealing: true,
+        // Stops at once when the bench ends it, as the bench's sluice configurations do.
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(0),
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);

@@ -258,7 +258,8 @@ judgments() {
 }
 if [ -z "${ONLY:-}" ]; then
   extra=0
-  while (( extra < ${SETTLE:-0} )) && judgments | grep -q unsettled; do
+  # (Not `judgments | grep -q`: grep leaving early fails the pipeline under pipefail.)
+  while (( extra < ${SETTLE:-0} )) && [[ $(judgments) == *unsettled* ]]; do
     extra=$((extra + 1)); rounds=$((rounds + 1))
     echo "round $rounds (a target is unsettled; $extra of at most ${SETTLE} more)..." >&2
     for n in "${targets[@]}"; do measure "$n"; done

@@ -24,8 +24,8 @@
 # from them.
 # The targets table judges each target on its rounds' own figures (the ratio or difference per
 # round, the targets alternating, so both sides of it saw the same machine): met or missed only
-# when the spread of those per-round figures is below the distance between their median and the
-# limit, "unsettled" otherwise. SETTLE=N runs up to N more rounds of every target while one
+# when the median of those figures is farther from the limit than its own uncertainty (see
+# settle), "unsettled" otherwise. SETTLE=N runs up to N more rounds of every target while one
 # is unsettled.
 # Usage: scripts/bench.sh [SECONDS_PER_RUN] [ROUNDS]   (defaults 5 3: about 7 minutes)
 #        ONLY="5 13 14" scripts/bench.sh ...   runs only those targets (medians, nothing after)
@@ -224,18 +224,25 @@ done
 # per_round N COLUMN: COLUMN of target N, one line per round, in round order.
 per_round() { awk -F'\t' -v n="$1" -v c="$2" '$1 == n {print $c}' "$work/runs.tsv"; }
 # settle OP LIMIT UNIT: judges the per-round figures on standard input (one per line) against
-# "OP LIMIT" (<= or >=): their median, their spread ((max - min) / |median|), and the verdict:
-# met or missed when the spread is below the distance between the median and the limit (as a
-# share of the limit), unsettled otherwise.
+# "OP LIMIT" (<= or >=): their median, their range, and how far the median itself can be
+# trusted, u: the half-width of its 95 % interval estimated from the rounds' median absolute
+# deviation, 1.96 x 1.253 x 1.4826 x MAD / sqrt(rounds) (printed as a share of the median).
+# Unlike the range, u narrows as rounds are added. The verdict is met or missed when the limit
+# lies outside the median's interval, unsettled otherwise.
 settle() {
   sort -g | awk -v op="$1" -v limit="$2" -v unit="$3" '{v[NR] = $1} END {
-    m = v[int((NR + 1) / 2)]; a = (m < 0 ? -m : m)
-    spread = (a > 0 ? (v[NR] - v[1]) / a * 100 : 0)
-    distance = (m > limit ? m - limit : limit - m) / (limit < 0 ? -limit : limit) * 100
+    n = NR; m = (n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2); a = (m < 0 ? -m : m)
+    for (i = 1; i <= n; i++) {
+      x = (v[i] > m ? v[i] - m : m - v[i])
+      for (j = i - 1; j >= 1 && d[j] > x; j--) d[j + 1] = d[j]
+      d[j + 1] = x
+    }
+    mad = (n % 2 ? d[(n + 1) / 2] : (d[n / 2] + d[n / 2 + 1]) / 2)
+    half = 3.64 * mad / sqrt(n); u = (a > 0 ? half / a * 100 : 0)
     met = (op == "<=" ? m <= limit : m >= limit)
-    if (spread < distance) verdict = (met ? "**met**" : "**missed**")
-    else verdict = sprintf("unsettled (spread %.0f %% ≥ distance %.0f %%): more rounds", spread, distance)
-    printf "%.2f%s (rounds %.2f to %.2f, spread %.0f %%): %s", m, unit, v[1], v[NR], spread, verdict }'
+    if ((m > limit ? m - limit : limit - m) > half) verdict = (met ? "**met**" : "**missed**")
+    else verdict = sprintf("unsettled (the limit is within the median'"'"'s ±%.0f %%): more rounds", u)
+    printf "%.2f%s (rounds %.2f to %.2f; median ±%.0f %%): %s", m, unit, v[1], v[n], u, verdict }'
 }
 # per_round_ratio A B COLUMN / per_round_difference A B COLUMN: each round's A over (minus) B.
 per_round_ratio() { paste <(per_round "$1" "$3") <(per_round "$2" "$3") | awk '{print ($2 > 0 ? $1 / $2 : 0)}'; }
@@ -304,7 +311,7 @@ echo "Targets (issues 17 and 26), from the medians above:"
 echo
 declare -A calls_per_req
 for n in "${targets[@]}"; do calls_per_req[$n]=$(median "$n" 9); done
-echo "| target | measured: the median of the rounds' own figures, their range and spread, the verdict |"
+echo "| target | measured: the median of the rounds' own figures, their range, the median's uncertainty, the verdict |"
 echo "| --- | --- |"
 judgments
 echo "| a 429 flood costs the gateway ≤ an allowed request (9 against 7) | ${cpu[9]} against ${cpu[7]} µs |"

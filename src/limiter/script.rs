@@ -86,11 +86,6 @@ impl Algorithms {
         self.0 & (1 << bit) != 0
     }
 
-    /// Whether it holds no algorithm.
-    pub fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-
     /// Every set of some of its algorithms, itself included, the empty set not: each is the
     /// script of a batch whose requests use only those.
     pub fn subsets(self) -> impl Iterator<Item = Algorithms> {

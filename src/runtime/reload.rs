@@ -171,9 +171,7 @@ impl ConfigService {
         log::info!("reload: {summary}");
         Ok(())
     }
-}
 
-impl ConfigService {
     /// Loads the decision scripts `snapshot`'s limits may call before it takes effect, so its
     /// first decisions do not pay their load. A Redis that does not answer (or not within
     /// [`WARM_BOUND`]) does not hold the reload back: its failure mode applies meanwhile, and

@@ -14,6 +14,9 @@
 -- decide(key, now, p1, p2, p3, cost, id) -> allowed (1|0), remaining, retry_after_ms (-1: never),
 --                                           reset_after_ms, delay_ms (always 0), write
 -- commit(key, write, id)                 -> HSET s e n + PEXPIRE <ms to the period's end>.
+--                                           Returns the mark: the period's end (us; 0 while
+--                                           it is not known), which giving back a lease's
+--                                           unspent units quotes (settle.lua).
 -- A denied request writes nothing. A counter of a later period than the one holding now (the
 -- clock went back across a boundary) is kept and counted in. A count above the limit (written under a higher limit)
 -- denies until the period ends. cost = 0 peeks: never denied, writes nothing.
@@ -60,4 +63,5 @@ end
 local function calendar_commit(key, write)
   redis.call('HSET', key, 's', fmt(write[1]), 'e', fmt(write[2]), 'n', fmt(write[3]))
   redis.call('PEXPIRE', key, ceil_ms(write[4]))
+  return write[2]
 end

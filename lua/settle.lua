@@ -9,12 +9,14 @@
 --           Cluster slot)
 -- ARGV[1] : now in microseconds, or "" to read the clock from Redis TIME (production)
 -- then 4 per key, in KEYS order:
---           algorithm: gcra or fixed_window
---           param: gcra, the emission interval in us; fixed_window, the window length in us
+--           algorithm: gcra, fixed_window or calendar (giving back only); gcra_lease to give
+--                      back a lease's unspent GCRA units (giving back only, see below)
+--           param: gcra, the emission interval in us; fixed_window, the window length in us;
+--                  calendar, unused (1)
 --           change: units; < 0 gives them back, > 0 charges them
 --           mark: giving back, the mark the call that took the units replied (check.lua): gcra,
---                 the TAT it wrote; fixed_window, the end of the window it counted them in.
---                 Unused when charging.
+--                 the TAT it wrote; fixed_window and calendar, the end of the window or period
+--                 it counted them in. Unused when charging.
 -- Reply   : how many keys changed
 --
 -- Giving back never gives back units another gateway consumed meanwhile:
@@ -23,18 +25,22 @@
 --               min(units * emission, mark - now), never more. Whatever others consumed since
 --               stays ahead of now. A TAT no longer ahead of now is a full bucket, the same as
 --               no key, so the key is deleted.
--- fixed_window: the count drops by units (never below 0) while the window the units were
---               counted in is still the key's window (its end equals the mark); any other
---               window has nothing of them to give back.
+-- gcra_lease  : as gcra, but only while the TAT is still the mark: nothing was taken after
+--               the lease. Another gateway's leased units may sit after them on the timeline,
+--               spendable until their own slots begin; moving the TAT back under them would
+--               let new requests take those slots a second time.
+-- fixed_window, calendar: the count drops by units (never below 0) while the window (period)
+--               the units were counted in is still the key's (its end equals the mark); any
+--               other window has nothing of them to give back. Both keep it in fields e and n.
 -- Charging always lands, past the limit if need be (the units were spent): the key is in debt
 -- and refuses requests until time pays it off.
 -- gcra        : TAT = max(TAT, now) + units * emission; the key lives until the TAT is past.
 -- fixed_window: the units count in the window open now, or in a new one opened now.
 
-local function give_back_gcra(key, now, emission, units, mark)
+local function give_back_gcra(key, now, emission, units, mark, only_last)
   local tat = tonumber(redis.call('GET', key))
   local credit = math.min(emission * units, mark - now)
-  if not tat or credit <= 0 then
+  if not tat or credit <= 0 or (only_last and tat ~= mark) then
     return 0
   end
   tat = tat - credit
@@ -46,7 +52,7 @@ local function give_back_gcra(key, now, emission, units, mark)
   return 1
 end
 
-local function give_back_fixed_window(key, now, units, mark)
+local function give_back_count(key, now, units, mark)
   local stored = redis.call('HMGET', key, 'e', 'n')
   local e, n = tonumber(stored[1]), tonumber(stored[2])
   if not e or not n or now >= e or e ~= mark then
@@ -80,12 +86,16 @@ end
 for i = 1, #KEYS do
   local at = 2 + 4 * (i - 1)
   local algorithm = ARGV[at]
-  if algorithm ~= 'gcra' and algorithm ~= 'fixed_window' then
+  local gives_back_only = algorithm == 'calendar' or algorithm == 'gcra_lease'
+  if algorithm ~= 'gcra' and algorithm ~= 'fixed_window' and not gives_back_only then
     return redis.error_reply('ERR sluice: settling does not apply to ' .. tostring(algorithm))
   end
   local param, change, mark = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
   if not param or param < 1 or not change or not mark then
     return redis.error_reply('ERR sluice: settling key ' .. i .. ' expects a parameter, a change and a mark')
+  end
+  if gives_back_only and change > 0 then
+    return redis.error_reply('ERR sluice: ' .. algorithm .. ' only gives back')
   end
 end
 
@@ -95,10 +105,10 @@ for i = 1, #KEYS do
   local at = 2 + 4 * (i - 1)
   local algorithm, param = ARGV[at], tonumber(ARGV[at + 1])
   local change, mark = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
-  if change < 0 and algorithm == 'gcra' then
-    changed = changed + give_back_gcra(KEYS[i], now, param, -change, mark)
+  if change < 0 and (algorithm == 'gcra' or algorithm == 'gcra_lease') then
+    changed = changed + give_back_gcra(KEYS[i], now, param, -change, mark, algorithm == 'gcra_lease')
   elseif change < 0 then
-    changed = changed + give_back_fixed_window(KEYS[i], now, -change, mark)
+    changed = changed + give_back_count(KEYS[i], now, -change, mark)
   elseif change > 0 and algorithm == 'gcra' then
     changed = changed + charge_gcra(KEYS[i], now, param, change)
   elseif change > 0 then

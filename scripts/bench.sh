@@ -12,7 +12,14 @@
 #   4 nginx + ngx_lua token bucket in Redis (benches/peers/)        5 sluice, no limits
 #   6 sluice, no limits, 1 thread  7 sluice, 1 GCRA limit [client_ip, path] (all pass)
 #   8 sluice, 3 limits (all pass)  9 sluice, one client over its limit (denials)
-#   10 sluice, in-process backend  11 hot global limit (key: [route]), exact   12 the same, leased
+#   10 sluice, in-process backend
+#   11 hot global GCRA limit (key: [route]), no mode (auto: leased while hot), 2 gateways
+#   12 the same, mode: exact, 2 gateways                   17 sluice, no limits, 2 gateways
+#   18 cold per-client limit (key: [client_ip]), no mode: every request its own client
+#   (X-Forwarded-For from wrk), so auto leases nothing and each request is one exact call
+#   (7 and 8 set mode: exact: they are the limiter's per-request cost)
+# A target of 2 gateways runs two sluice processes on the same Redis, each driven by its own
+# wrk -t1 -c32 at the same time: req/s is their sum, CPU both processes'.
 # Then open-loop load (examples/fixed_rate.rs) at half of target 5's peak against 5 and 7: the
 # p99 latency the limiter adds. Then TLS, sluice beside nginx with the same certificate (ECDSA
 # P-256) and the same upstream, no limits, 2 threads / 2 workers each:
@@ -57,12 +64,34 @@ cpu_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' 
 ticks_per_s=$(getconf CLK_TCK)
 
 # Targets: number, label, URL, CPU PIDs (space-separated), in arrays indexed by number.
-declare -A label url cpu_pids
+declare -A label url cpu_pids script
 
 # sluice N LABEL BACKEND SERVER_EXTRA LIMITS [TOP_LEVEL]: starts a gateway for target N.
 sluice() {
   local n=$1 name=$2 backend=$3 extra=$4 limits=$5 top=${6:-} proxy
   proxy=$(port)
+  sluice_config "$n" "$proxy" "$backend" "$extra" "$limits" "$top"
+  RUST_LOG=error ./target/release/sluice -c "$work/s$n.yaml" >/dev/null 2>&1 & pids+=($!)
+  label[$n]=$name; url[$n]="http://127.0.0.1:$proxy/x"; cpu_pids[$n]=$!
+  wait_port "$proxy"
+}
+
+# sluice_pair N LABEL LIMITS: two gateways for target N, on the same Redis.
+sluice_pair() {
+  local n=$1 name=$2 limits=$3 side proxy
+  label[$n]="$name"; url[$n]=""; cpu_pids[$n]=""
+  for side in a b; do
+    proxy=$(port)
+    sluice_config "$n$side" "$proxy" redis "" "$limits" "trusted_proxies: [127.0.0.1]"
+    RUST_LOG=error ./target/release/sluice -c "$work/s$n$side.yaml" >/dev/null 2>&1 & pids+=($!)
+    url[$n]+="http://127.0.0.1:$proxy/x "; cpu_pids[$n]+="$! "
+    wait_port "$proxy"
+  done
+}
+
+# sluice_config NAME PORT BACKEND SERVER_EXTRA LIMITS [TOP_LEVEL]: writes $work/sNAME.yaml.
+sluice_config() {
+  local n=$1 proxy=$2 backend=$3 extra=$4 limits=$5 top=${6:-}
   {
     echo "server: { pid_file: $work/s$n.pid, upgrade_sock: $work/s$n.sock, grace_period_seconds: 0, graceful_shutdown_timeout_seconds: 0$extra }"
     echo "listen: [127.0.0.1:$proxy]"
@@ -74,9 +103,6 @@ sluice() {
     echo "    upstream: { servers: [127.0.0.1:$upstream_port] }"
     if [ -n "$limits" ]; then printf '    limits:\n%s\n' "$limits"; fi
   } > "$work/s$n.yaml"
-  RUST_LOG=error ./target/release/sluice -c "$work/s$n.yaml" >/dev/null 2>&1 & pids+=($!)
-  label[$n]=$name; url[$n]="http://127.0.0.1:$proxy/x"; cpu_pids[$n]=$!
-  wait_port "$proxy"
 }
 
 # nginx_preamble WORKERS: the start of every nginx.conf here, up to the open http block: no
@@ -130,14 +156,15 @@ nginx_target() {
   cpu_pids[$n]=$(pgrep -P "$master" | tr '\n' ' ')
 }
 
-huge='{ name: per_client, key: [client_ip, path], algorithm: gcra, rate: 1000000/s, burst: 1000000 }'
+huge='{ name: per_client, key: [client_ip, path], algorithm: gcra, rate: 1000000/s, burst: 1000000, mode: exact }'
 one="      - $huge"
 three="      - $huge
-      - { name: per_client_all, key: [client_ip], algorithm: gcra, rate: 1000000/s, burst: 1000000 }
-      - { name: per_route, key: [route], algorithm: fixed_window, rate: 1000000/s }"
+      - { name: per_client_all, key: [client_ip], algorithm: gcra, rate: 1000000/s, burst: 1000000, mode: exact }
+      - { name: per_route, key: [route], algorithm: fixed_window, rate: 1000000/s, mode: exact }"
 tiny="      - { name: per_client, key: [client_ip], algorithm: gcra, rate: 1/h }"
-hot_exact="      - { name: global, key: [route], algorithm: gcra, rate: 1000000/s, burst: 1000000 }"
-hot_leased="      - { name: global, key: [route], algorithm: gcra, rate: 1000000/s, burst: 1000000, mode: leased }"
+hot="      - { name: global, key: [route], algorithm: gcra, rate: 1000000/s, burst: 1000000 }"
+hot_exact="      - { name: global, key: [route], algorithm: gcra, rate: 1000000/s, burst: 1000000, mode: exact }"
+cold="      - { name: per_client, key: [client_ip], algorithm: gcra, rate: 1000/s, burst: 999 }"
 
 label[1]="upstream direct"; url[1]="http://127.0.0.1:$upstream_port/x"; cpu_pids[1]=$upstream_pid
 bare_port=$(port)
@@ -153,8 +180,11 @@ sluice 7 "sluice, 1 GCRA limit" redis "" "$one"
 sluice 8 "sluice, 3 limits" redis "" "$three"
 sluice 9 "sluice, client over its limit" redis "" "$tiny"
 sluice 10 "sluice, in-process backend" local "" "$one"
-sluice 11 "hot global limit, exact" redis "" "$hot_exact"
-sluice 12 "hot global limit, mode: leased" redis "" "$hot_leased"
+sluice_pair 11 "hot global limit, no mode (auto), 2 gateways" "$hot"
+sluice_pair 12 "hot global limit, mode: exact, 2 gateways" "$hot_exact"
+sluice_pair 17 "sluice, no limits, 2 gateways" ""
+sluice 18 "cold per-client limit, no mode (a new client per request)" redis "" "$cold" "trusted_proxies: [127.0.0.1]"
+script[18]="$work/cold.lua"
 sluice 13 "sluice, access log, every request" redis "" "" "access_log: { enabled: true, path: $work/access13.log }"
 sluice 14 "sluice, access log, 1 in 100" redis "" "" "access_log: { enabled: true, path: $work/access14.log, sample: 100 }"
 # A local OTLP/HTTP sink for the tracing targets: answers every export with 200.
@@ -178,7 +208,7 @@ sluice 15 "sluice, tracing, every request" redis "" "" "tracing: { enabled: true
 sluice 16 "sluice, tracing, 1 in 100" redis "" "" "tracing: { enabled: true, endpoint: \"http://127.0.0.1:$otlp_port/v1/traces\", sample: 0.01 }"
 # ONLY="5 13 14" runs those targets alone (medians only: no target table, open loop or TLS).
 # shellcheck disable=SC2206 # one target per word
-targets=(${ONLY:-0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16})
+targets=(${ONLY:-0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18})
 
 cat > "$work/report.lua" <<'LUA'
 done = function(summary, latency, requests)
@@ -186,6 +216,16 @@ done = function(summary, latency, requests)
     latency:percentile(50), latency:percentile(99), latency:percentile(99.9), summary.duration))
 end
 LUA
+# Every request from its own client: a random X-Forwarded-For (trusted from 127.0.0.1).
+{
+  cat "$work/report.lua"
+  cat <<'LUA'
+request = function()
+  local client = string.format("10.%d.%d.%d", math.random(0, 255), math.random(0, 255), math.random(1, 254))
+  return wrk.format(nil, nil, { ["X-Forwarded-For"] = client })
+end
+LUA
+} > "$work/cold.lua"
 
 info_field() { awk -v name="$2" 'index($0, name) == 1 { print substr($0, length(name) + 1); exit }' <<<"$1"; }
 # decision_calls INFO FIELD: FIELD of the decision calls, FCALL (functions) and EVALSHA (scripts) summed.
@@ -197,16 +237,37 @@ decision_calls() {
   echo "$total"
 }
 
+# drive N: wrk against target N for the run's length; its REPORT line(s). Two gateways: a wrk
+# -t1 -c32 each, at the same time.
+drive() {
+  local n=$1 target
+  local -a urls
+  read -r -a urls <<<"${url[$n]}"
+  if (( ${#urls[@]} == 1 )); then
+    wrk -t2 -c64 -d"${seconds}s" -s "${script[$n]:-$work/report.lua}" "${urls[0]}" 2>&1
+    return
+  fi
+  for target in "${urls[@]}"; do
+    wrk -t1 -c32 -d"${seconds}s" -s "${script[$n]:-$work/report.lua}" "$target" 2>&1 &
+  done
+  wait
+}
+
 # One closed-loop wrk run of target N: appends "N req/s p50 p99 p99.9 non2xx cpu_us redis_us
-# decision calls/req commands/req" to runs.tsv.
+# decision calls/req commands/req" to runs.tsv. Two gateways: their requests and durations
+# summed (req/s is the sum of both rates), the larger of their latencies.
 measure() {
   local n=$1 before after cpu0 cpu1 r0 r1 out requests non2xx p50 p99 p999 duration
   # shellcheck disable=SC2086 # one PID per word
   before=$(redis_stat); cpu0=$(cpu_ticks ${cpu_pids[$n]}); r0=$(cpu_ticks "$redis_pid")
-  out=$(wrk -t2 -c64 -d"${seconds}s" -s "$work/report.lua" "${url[$n]}" 2>&1)
+  out=$(drive "$n")
   # shellcheck disable=SC2086
   cpu1=$(cpu_ticks ${cpu_pids[$n]}); r1=$(cpu_ticks "$redis_pid"); after=$(redis_stat)
-  read -r requests non2xx p50 p99 p999 duration < <(awk '/^REPORT/ {print $2, $3, $4, $5, $6, $7}' <<<"$out")
+  # Several REPORT lines: requests and errors summed, latencies the largest, the duration
+  # scaled so requests / duration is the sum of the rates.
+  read -r requests non2xx p50 p99 p999 duration < <(awk '/^REPORT/ {
+      r += $2; e += $3; rate += $2 / $7; if ($4 > a) a = $4; if ($5 > b) b = $5; if ($6 > c) c = $6 }
+    END { printf "%d %d %d %d %d %d\n", r, e, a, b, c, (rate > 0 ? r / rate : 0) }' <<<"$out")
   local calls=$(( $(decision_calls "$after" calls) - $(decision_calls "$before" calls) ))
   local commands=$(( $(info_field "$after" total_commands_processed:) - $(info_field "$before" total_commands_processed:) - 1 ))
   awk -v n="$n" -v r="$requests" -v bad="$non2xx" -v p50="$p50" -v p99="$p99" -v p999="$p999" \
@@ -262,6 +323,12 @@ judgments() {
   echo "| sluice CPU per proxied request ≤ 1.5 × nginx's, one thread / one worker (6 / 2) | $(per_round_ratio 6 2 7 | settle "<=" 1.5 " ×") |"
   echo "| sluice without limits ≤ 1.10 × the bare Pingora proxy's CPU per request (5 / 0, issue 37) | $(per_round_ratio 5 0 7 | settle "<=" 1.10 " ×") |"
   echo "| sluice's limiter ≤ 0.4 × the peer's Redis call, both processes counted ((7 − 5 + Redis of 7) / (4 − 3 + Redis of 4), issue 37) | $(limiter_against_peer | settle "<=" 0.4 " ×") |"
+  leases_judged
+}
+# leases_judged: issue 37's rows on leases by default (targets 11, 17, 18).
+leases_judged() {
+  echo "| a hot shared GCRA limit with no mode ≥ 0.95 × no limits, 2 gateways each (11 / 17, issue 37) | $(per_round_ratio 11 17 2 | settle ">=" 0.95 " ×") |"
+  echo "| a cold per-client limit with no mode keeps exact calls: ≥ 0.95 decision calls per request (18, issue 37) | $(per_round 18 9 | settle ">=" 0.95 "") |"
 }
 if [ -z "${ONLY:-}" ]; then
   extra=0
@@ -300,6 +367,10 @@ if [ -n "${ONLY:-}" ]; then
   if [[ " ${targets[*]} " == *" 0 "* && " ${targets[*]} " == *" 5 "* ]]; then
     echo
     echo "sluice without limits ≤ 1.10 × the bare Pingora proxy's CPU per request (5 / 0, issue 37): $(per_round_ratio 5 0 7 | settle "<=" 1.10 " ×")"
+  fi
+  if [[ " ${targets[*]} " == *" 11 "* && " ${targets[*]} " == *" 17 "* && " ${targets[*]} " == *" 18 "* ]]; then
+    echo
+    leases_judged
   fi
   exit 0
 fi

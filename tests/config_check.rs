@@ -230,11 +230,11 @@ fn redis_topology_and_split_settings_are_checked() {
     assert_problems(
         "leased.yaml",
         &[
-            "routes[0].limits[2].mode: unknown mode \"lazy\": use exact or leased",
-            "routes[0].limits[3].mode: leased applies to gcra, token_bucket, leaky_bucket (without max_delay) and fixed_window",
-            "routes[0].limits[4].mode: leased applies to gcra, token_bucket, leaky_bucket (without max_delay) and fixed_window",
+            "routes[0].limits[2].mode: unknown mode \"lazy\": use auto, exact or leased",
+            "routes[0].limits[3].mode: leased applies to gcra, token_bucket, leaky_bucket (without max_delay), fixed_window and calendar",
+            "routes[0].limits[4].mode: leased applies to gcra, token_bucket, leaky_bucket (without max_delay), fixed_window and calendar",
             "routes[0].limits[5].lease_units: must be between 1 and the limit's capacity (10), got 11",
-            "routes[0].limits[6].lease_units: applies only with mode: leased",
+            "routes[0].limits[6].lease_units: applies only with mode: leased or auto",
         ],
     );
     assert_problems(

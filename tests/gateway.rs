@@ -493,7 +493,10 @@ fn a_flood_from_a_denied_client_is_answered_by_the_deny_cache() {
 fn a_deny_cache_answer_counts_only_the_denying_limit() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let global = fixed_window("global", "1000/60s").key(&["route"]);
+    // Exact: a leased global would be paid from units held, not judged by Redis on each call.
+    let global = fixed_window("global", "1000/60s")
+        .key(&["route"])
+        .set("mode", "exact");
     let body = with_redis("allow")
         .route(burst_route().limit(global))
         .yaml();

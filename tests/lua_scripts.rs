@@ -1293,6 +1293,109 @@ fn a_late_refund_never_gives_back_what_another_gateway_consumed() {
     assert_eq!(con.hget::<_, _, u64>("w", "n").unwrap(), 4);
 }
 
+/// A lease's unspent units (`Change::Return`) go back only where nothing can have been built on
+/// them: a GCRA key takes them back while they are still the last units it took (another
+/// gateway's leased units after them stay spendable until their own slots begin, so the TAT
+/// must not move back under them); a calendar period takes them back while it is open, as a
+/// fixed window does. The in-process twin agrees.
+#[test]
+fn a_lease_returns_its_units_only_while_nothing_came_after_them() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let returned = |units, mark_us| Change::Return { units, mark_us };
+    // GCRA 10/s, burst 9: A leases 5 at T0 (TAT T0 + 500 ms) and returns 2: nothing came after.
+    let lease = gcra("10/s", 9, 5);
+    let (_, mark) = take(&mut con, "g", &lease, T0);
+    assert_eq!(settle(&mut con, "g", &lease, returned(2, mark), T0), 1);
+    assert_eq!(con.get::<_, u64>("g").unwrap(), T0 + 300 * MS);
+    // A leases 5 more (TAT T0 + 800 ms); B takes 1 after them (T0 + 900 ms): A's return waits
+    // for nothing and changes nothing.
+    let (_, mark) = take(&mut con, "g", &lease, T0);
+    take(&mut con, "g", &gcra("10/s", 9, 1), T0);
+    assert_eq!(settle(&mut con, "g", &lease, returned(5, mark), T0), 0);
+    assert_eq!(con.get::<_, u64>("g").unwrap(), T0 + 900 * MS);
+    let after = State::Gcra {
+        tat_us: (T0 + 900 * MS) as i64,
+    };
+    assert_eq!(
+        lease
+            .algorithm
+            .settle(Some(&after), T0 as i64, returned(5, mark)),
+        Settled::Unchanged
+    );
+    assert_eq!(
+        lease.algorithm.settle(
+            Some(&State::Gcra { tat_us: mark }),
+            T0 as i64,
+            returned(5, mark)
+        ),
+        Settled::Store(Write {
+            state: State::Gcra {
+                tat_us: (T0 + 300 * MS) as i64
+            },
+            ttl_us: (300 * MS) as i64
+        }),
+        "the twin gives back as the script does while nothing came after"
+    );
+    // A plain give-back (a response cheaper than its estimate) still gives back what time has
+    // not drained, whatever came after: its keys are never leased.
+    assert_eq!(refund(&mut con, "g", &lease, 5, mark, T0), 1);
+
+    // Calendar 100/day: the mark of a call is its period's end; a return lands while the
+    // period is open and is the key's, and never below zero.
+    let quota = calendar("100/day", "UTC", 5);
+    let (allowed, end) = take(&mut con, "q", &quota, T0);
+    assert_eq!(allowed, 1);
+    assert!(
+        end > T0 as i64 && end <= (T0 + 86_400 * SEC) as i64,
+        "{end}"
+    );
+    assert_eq!(settle(&mut con, "q", &quota, returned(3, end), T0 + SEC), 1);
+    assert_eq!(con.hget::<_, _, u64>("q", "n").unwrap(), 2);
+    assert_eq!(
+        settle(&mut con, "q", &quota, returned(3, end - 1), T0 + SEC),
+        0
+    );
+    assert_eq!(
+        settle(&mut con, "q", &quota, returned(3, end), end as u64),
+        0,
+        "a closed period has nothing to take back"
+    );
+    assert_eq!(con.hget::<_, _, u64>("q", "n").unwrap(), 2);
+    let start = con.hget::<_, _, i64>("q", "s").unwrap();
+    let period = State::Period {
+        start_us: start,
+        end_us: end,
+        count: 2,
+    };
+    assert_eq!(
+        quota
+            .algorithm
+            .settle(Some(&period), (T0 + SEC) as i64, returned(5, end)),
+        Settled::Store(Write {
+            state: State::Period {
+                start_us: start,
+                end_us: end,
+                count: 0
+            },
+            ttl_us: end - (T0 + SEC) as i64
+        })
+    );
+    let err = redis::Script::new(SETTLE_SOURCE)
+        .key("q")
+        .arg(T0)
+        .arg("calendar")
+        .arg(1)
+        .arg(3)
+        .arg(end)
+        .invoke::<i64>(&mut con)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("calendar only gives back"),
+        "{err}"
+    );
+}
+
 /// A calendar quota (`rate: N/<unit>` in `zone`) at `cost`.
 fn calendar(rate: &str, zone: &str, cost: u64) -> Limit {
     limits::calendar("q", rate, zone).cost(cost).compile()

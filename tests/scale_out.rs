@@ -258,7 +258,14 @@ fn two_gateways_lease_a_hot_global_limit_and_give_back_what_they_did_not_spend()
     let upstream = Upstream::start();
     let limit = |name: &str, leased: bool| {
         let limit = fixed_window(name, &format!("{LIMIT}/h")).key(&["route"]);
-        on_path(name, vec![if leased { limit.leased(L) } else { limit }])
+        on_path(
+            name,
+            vec![if leased {
+                limit.leased(L)
+            } else {
+                limit.set("mode", "exact")
+            }],
+        )
     };
     let body = redis_config("standalone", &[redis.url()], 200)
         .route(limit("exact", false))
@@ -360,5 +367,86 @@ fn two_gateways_lease_a_hot_global_limit_and_give_back_what_they_did_not_spend()
     assert!(
         held > (LIMIT as u64 + 200) / 2,
         "most leased decisions made no Redis call"
+    );
+}
+
+/// Issue 37: with no mode set (`auto`), a hot shared GCRA limit (key `[route]`) across two
+/// gateways is paid mostly from leases and admits no more than its allowance (burst + rate ×
+/// the load's length), while a cold per-client limit on the same gateways keeps one exact call
+/// per request. The exactness of every interval is judged by the lease simulation
+/// (`limiter::leased::tests`); here, the real binary and a real Redis over a whole run.
+#[test]
+fn with_no_mode_a_hot_shared_limit_leases_and_a_cold_per_client_limit_stays_exact() {
+    let _alone = alone();
+    const RATE: f64 = 400.0;
+    const CAPACITY: f64 = 400.0;
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let hot = gcra("hot", "400/s").set("burst", 399).key(&["route"]);
+    let cold = gcra("cold", "400/s").set("burst", 399).key(&["client_ip"]);
+    let body = redis_config("standalone", &[redis.url()], 200)
+        .set("trusted_proxies", "[127.0.0.1]")
+        .route(on_path("hot", vec![hot]))
+        .route(on_path("cold", vec![cold]))
+        .yaml();
+    let gateways = [
+        Gateway::start(&body, &upstream, None),
+        Gateway::start(&body, &upstream, None),
+    ];
+    for gateway in &gateways {
+        gateway.wait_ready();
+    }
+    let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
+
+    // Cold: 300 clients, one request each, one gateway after the other.
+    reset_stats(&redis);
+    for i in 0..300 {
+        let client = format!("203.0.{}.{}", i / 200, i % 200 + 1);
+        let response = support::http_get(
+            addresses[i % 2],
+            "/cold/x",
+            None,
+            &[("X-Forwarded-For", &client)],
+        );
+        assert_eq!(response.status, 200);
+    }
+    let cold_calls = redis.decision_calls();
+    println!(
+        "cold per-client limit: 300 requests, {cold_calls} decision calls ({:.2} per request)",
+        cold_calls as f64 / 300.0
+    );
+    assert_eq!(
+        cold_calls, 300,
+        "a cold key is decided exactly, one call each"
+    );
+
+    // Hot: 8 clients flood the shared key through both gateways.
+    reset_stats(&redis);
+    let started = std::time::Instant::now();
+    let samples = support::load_for(&addresses, 8, Duration::from_millis(1500), "/hot/x");
+    let length = started.elapsed().as_secs_f64();
+    let admitted = samples.iter().filter(|s| s.status == 200).count();
+    let hot_calls = redis.decision_calls();
+    let allowance = CAPACITY + RATE * length;
+    let held: f64 = gateways
+        .iter()
+        .map(|g| metric(&g.metrics(), "sluice_lease_held_decisions_total", &[]))
+        .sum();
+    println!(
+        "hot shared limit: {} requests in {length:.2} s, admitted {admitted} (allowance {allowance:.0}), {held} paid from leases, {hot_calls} decision calls ({:.3} per request)",
+        samples.len(),
+        hot_calls as f64 / samples.len() as f64
+    );
+    assert!(
+        admitted as f64 <= allowance,
+        "admitted {admitted}, allowance {allowance:.0}"
+    );
+    assert!(
+        admitted as f64 >= 0.8 * RATE * length.min(1.5),
+        "leases lapse little: admitted {admitted} in {length:.2} s"
+    );
+    assert!(
+        held * 4.0 >= admitted as f64,
+        "the hot key was leased: {held} of {admitted} admissions paid from leases"
     );
 }

@@ -130,10 +130,11 @@ pub enum AlgorithmName {
 }
 impl_choice!(AlgorithmName, "algorithm");
 
-/// `mode:` of a limit.
+/// `mode:` of a limit: `auto` (the default) leases a key while its traffic makes leases pay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, EnumString, VariantNames)]
 #[strum(serialize_all = "snake_case")]
 pub enum LimitMode {
+    Auto,
     Exact,
     Leased,
 }

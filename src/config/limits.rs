@@ -10,7 +10,7 @@ use super::problem::{required_name, Problems};
 use super::rate::{parse_calendar_rate, parse_duration, parse_rate};
 use super::raw::{RawLimit, RawResponseCost};
 use crate::limiter::algorithm::{CalendarPeriods, Period};
-use crate::limiter::{Algorithm, Cost, Leasing, Limit, Rate, ResponsePrice};
+use crate::limiter::{Algorithm, Cost, Leasing, Limit, Rate, ResponsePrice, AUTO_MIN_UNITS};
 use crate::route::keys::{KeyPart, KeySpec, OnMissing};
 use crate::route::pricing::CostHeaders;
 
@@ -238,39 +238,40 @@ fn compile_split(at: &str, raw: &RawLimit, algorithm: Option<&Algorithm>, p: &mu
 /// A lease is this share of the limit's capacity unless `lease_units` says otherwise.
 const DEFAULT_LEASE_DIVISOR: u64 = 10;
 
-/// `mode: exact | leased` and `lease_units`: leases apply to limits whose unused units can be
-/// given back exactly (GCRA and its buckets without shaping, the fixed window).
+/// `mode: auto | exact | leased` and `lease_units`: leases apply to limits whose units lapse
+/// exactly and whose unspent units can be given back (GCRA and its buckets without shaping, the
+/// fixed window, the calendar), not to limits priced by the response (a lease is spent before
+/// any response). `auto`, the default, leases where they apply and says nothing where they do
+/// not; `leased` says so.
 fn compile_leasing(
     at: &str,
     raw: &RawLimit,
     algorithm: Option<&Algorithm>,
     p: &mut Problems,
 ) -> Option<Leasing> {
-    let mode = chosen(
-        raw.mode.as_ref(),
-        LimitMode::Exact,
-        &format!("{at}.mode"),
-        p,
-    )?;
+    let mode = chosen(raw.mode.as_ref(), LimitMode::Auto, &format!("{at}.mode"), p)?;
     if mode == LimitMode::Exact {
         if raw.lease_units.is_some() {
             p.add(
                 format!("{at}.lease_units"),
-                "applies only with mode: leased",
+                "applies only with mode: leased or auto",
             );
         }
         return None;
     }
     let algorithm = algorithm?;
-    let refundable = match *algorithm {
+    let leasable = match *algorithm {
         Algorithm::Gcra { max_delay_us, .. } => max_delay_us == 0,
-        Algorithm::FixedWindow { .. } => true,
+        Algorithm::FixedWindow { .. } | Algorithm::Calendar { .. } => true,
         _ => false,
     };
-    if !refundable {
+    if mode == LimitMode::Auto && (!leasable || raw.cost_from_response.is_some()) {
+        return None;
+    }
+    if !leasable {
         p.add(
             format!("{at}.mode"),
-            "leased applies to gcra, token_bucket, leaky_bucket (without max_delay) and fixed_window",
+            "leased applies to gcra, token_bucket, leaky_bucket (without max_delay), fixed_window and calendar",
         );
         return None;
     }
@@ -285,7 +286,15 @@ fn compile_leasing(
         );
         return None;
     }
-    Some(Leasing { max_units })
+    let min_units = match mode {
+        LimitMode::Auto => AUTO_MIN_UNITS,
+        _ => 1,
+    };
+    // A lease too small to pay is never taken: the key is decided exactly, without holdings.
+    (max_units >= min_units).then_some(Leasing {
+        max_units,
+        min_units,
+    })
 }
 
 /// The algorithm of `kind` with the limit's parameters; every problem reported.
@@ -685,8 +694,8 @@ mod tests {
                 "routes[0].limits[0].time_zone: does not apply to algorithm gcra",
             ),
             (
-                "{ name: q, algorithm: calendar, rate: 5/day, mode: leased }",
-                "routes[0].limits[0].mode: leased applies to gcra, token_bucket, leaky_bucket (without max_delay) and fixed_window",
+                "{ name: q, algorithm: sliding_log, rate: 5/s, mode: leased }",
+                "routes[0].limits[0].mode: leased applies to gcra, token_bucket, leaky_bucket (without max_delay), fixed_window and calendar",
             ),
         ] {
             assert_eq!(limit(yaml).1, [problem], "{yaml}");
@@ -781,7 +790,7 @@ mod tests {
             limit("{ name: s, algorithm: sliding_window, rate: 10/s, mode: leased }");
         assert_eq!(
             problems,
-            ["routes[0].limits[0].mode: leased applies to gcra, token_bucket, leaky_bucket (without max_delay) and fixed_window"]
+            ["routes[0].limits[0].mode: leased applies to gcra, token_bucket, leaky_bucket (without max_delay), fixed_window and calendar"]
         );
         let (compiled, problems) =
             limit("{ name: h, algorithm: fixed_window, rate: 100/m, mode: leased, split: 4 }");
@@ -789,8 +798,56 @@ mod tests {
         let leased = compiled.unwrap();
         assert_eq!(
             leased.leased,
-            Some(Leasing { max_units: 2 }),
+            Some(Leasing {
+                max_units: 2,
+                min_units: 1
+            }),
             "a tenth of the shard's 25"
+        );
+    }
+
+    #[test]
+    fn with_no_mode_a_limit_leases_where_leases_apply_and_pay() {
+        let leasing = |text: &str| {
+            let (compiled, problems) = limit(text);
+            assert!(problems.is_empty(), "{text}: {problems:?}");
+            compiled.unwrap().leased
+        };
+        let auto = |max_units| {
+            Some(Leasing {
+                max_units,
+                min_units: AUTO_MIN_UNITS,
+            })
+        };
+        assert_eq!(leasing("{ name: g, rate: 1000/s, burst: 499 }"), auto(50));
+        assert_eq!(
+            leasing("{ name: w, algorithm: fixed_window, rate: 400/m }"),
+            auto(40)
+        );
+        assert_eq!(
+            leasing("{ name: q, algorithm: calendar, rate: 100000/month }"),
+            auto(10_000)
+        );
+        assert_eq!(
+            leasing("{ name: l, rate: 1000/s, burst: 99, mode: auto, lease_units: 7 }"),
+            auto(7)
+        );
+        // Exact where a lease could not pay (L below AUTO_MIN_UNITS), could not lapse or be
+        // given back exactly, or is spent before the response that prices it.
+        for exact in [
+            "{ name: small, rate: 30/m }",
+            "{ name: shaped, rate: 100/s, max_delay: 1s }",
+            "{ name: s, algorithm: sliding_window, rate: 1000/s }",
+            "{ name: c, algorithm: concurrency, max: 100 }",
+            "{ name: t, rate: 1000/m, cost_from_response: { header: x-usage-tokens } }",
+            "{ name: e, rate: 1000/s, mode: exact }",
+        ] {
+            assert_eq!(leasing(exact), None, "{exact}");
+        }
+        let (_, problems) = limit("{ name: e, rate: 1000/s, mode: exact, lease_units: 5 }");
+        assert_eq!(
+            problems,
+            ["routes[0].limits[0].lease_units: applies only with mode: leased or auto"]
         );
     }
 

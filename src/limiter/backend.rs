@@ -23,6 +23,12 @@ pub trait Limiter: Send + Sync {
         &self,
         request: &LimitRequest<'_>,
     ) -> impl Future<Output = Result<Decision, LimiterError>> + Send;
+
+    /// Units of `key` this gateway holds unspent (leases, `leased.rs`): counted as used where
+    /// the limit is counted, still this gateway's to admit. None for a limiter that holds none.
+    fn held_units(&self, _key: &[u8]) -> u64 {
+        0
+    }
 }
 
 /// Gives back the concurrency slots a request took (once its response is finished or its
@@ -82,5 +88,9 @@ impl<L: Limiter> Limiter for Arc<L> {
         request: &LimitRequest<'_>,
     ) -> impl Future<Output = Result<Decision, LimiterError>> + Send {
         L::check(self, request)
+    }
+
+    fn held_units(&self, key: &[u8]) -> u64 {
+        L::held_units(self, key)
     }
 }

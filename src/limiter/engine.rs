@@ -112,6 +112,13 @@ impl Limiter for Engine {
             Engine::Redis(redis) => redis.decide.check(request).await,
         }
     }
+
+    fn held_units(&self, key: &[u8]) -> u64 {
+        match self {
+            Engine::Local(_) => 0,
+            Engine::Redis(redis) => redis.decide.held_units(key),
+        }
+    }
 }
 
 impl ReleaseSlots for Engine {

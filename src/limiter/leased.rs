@@ -1,18 +1,25 @@
-//! Leased quotas (`mode: leased`): a gateway takes up to L units of a hot limit from the backend
-//! in one call, spends them locally, and gives back what it did not spend once the key is idle.
+//! Leased quotas (`mode: auto`, the default where leases apply, and `mode: leased`): a gateway
+//! takes up to L units of a hot key from the backend in one call, spends them locally, and gives
+//! back what it did not spend once the key is idle; no interval sees more admitted, across all
+//! gateways, than the limit's allowance (burst + rate × length), as if every request had been
+//! decided in Redis.
 //!
-//! * A lease is taken by asking for `cost + extra` units in the same atomic check as the route's
-//!   other limits. `extra` is sized from this gateway's observed rate on the key (enough for
-//!   `HORIZON` of its traffic), never more than L minus what it already holds, and never more than
-//!   the limit had left at the last answer, so near exhaustion leasing turns exact.
-//! * Units held are spent without calling the backend. While one request tops a key up, others
-//!   that find it empty ask for their own cost only, so a gateway never holds more than L unspent
-//!   units of a key: N gateways admit at most `limit + N × L` in any window.
-//! * Unspent units are given back (`SettleUnits::settle`) once a key has been idle for `IDLE`,
-//!   quoting the mark of the oldest top-up whose units are still held: the script then gives
-//!   back only what time has not drained of them (GCRA), and nothing once their window has been
-//!   replaced (fixed window), so a refund never undoes what another gateway consumed meanwhile.
-//!   A fixed window's units are worthless once their window has closed: they are dropped.
+//! * A lease is taken by asking for more than the request's cost in the same atomic check as
+//!   the route's other limits. Its size ([`Holding::lease_size`]) is this gateway's traffic on
+//!   the key over `HORIZON`, within L minus what it holds, what the limit had left at the last
+//!   answer (near exhaustion leasing turns exact), and what it can spend before the units lapse.
+//!   `mode: auto` takes a lease only when it would hold at least `AUTO_MIN_UNITS`, so a cold key
+//!   (a per-client limit) is decided exactly; `mode: leased` takes any.
+//! * Units held are spent without calling the backend, each before its deadline ([`Lapse`]):
+//!   a GCRA unit before its emission slot begins, a window's or calendar period's before it
+//!   closes. Units past their deadline lapse unspent: that is the price of exactness, an
+//!   under-admission of at most what the gateways hold (≤ N × L), plus a GCRA lease's gap.
+//! * While one request tops a key up, others that find it empty ask for their own cost only,
+//!   so a gateway never holds more than L unspent units of a key.
+//! * Unspent units are given back (`SettleUnits::settle`, `Change::Return`) once a key has been
+//!   idle for `IDLE`, quoting the mark of the top-up that took them: a GCRA key takes them back
+//!   only while they are still the last units it took, a window or period only while it is
+//!   still open. A refund never undoes what another gateway consumed or holds.
 //! * What a gateway holds of each key is its **holding**; all of them, its `Holdings` (not to be
 //!   confused with upstream `pool::Pool`). A top-up's answer is credited to the holding
 //!   (`credit_top_up`); a settlement is only what goes to the backend.
@@ -45,6 +52,8 @@ pub struct LeaseMeters {
     pub top_ups: IntCounter,
     /// Units given back unspent.
     pub units_returned: IntCounter,
+    /// Units that lapsed unspent: their slot began, or their window closed.
+    pub units_lapsed: IntCounter,
     /// Units held unspent, over all keys.
     pub units_held: IntGauge,
 }
@@ -57,6 +66,7 @@ impl LeaseMeters {
             held_decisions: counter("held_decisions"),
             top_ups: counter("top_ups"),
             units_returned: counter("units_returned"),
+            units_lapsed: counter("units_lapsed"),
             units_held: IntGauge::new("units_held", "unregistered").expect("a valid gauge"),
         }
     }
@@ -69,6 +79,12 @@ const SHARDS: usize = 16;
 pub const HOLDINGS_CAPACITY: usize = 10_000;
 /// A lease is sized to last this long at the rate this gateway has seen on the key.
 const HORIZON: Duration = Duration::from_millis(100);
+/// A GCRA lease leaves at most this share of the limit's tolerance (1 / GAP_SHARE) as a gap
+/// before its units (see [`Holding::lease_size`]).
+const GAP_SHARE: u64 = 10;
+/// Replies round times up to whole milliseconds: a deadline read from one is taken this much
+/// earlier, so it is never later than the deciding clock's.
+const REPLY_ROUNDING_US: u64 = 999;
 /// Unspent units of a key nobody has asked for in this long are given back.
 pub const IDLE: Duration = Duration::from_millis(250);
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
@@ -76,18 +92,66 @@ const SWEEP_EVERY: Duration = Duration::from_millis(100);
 /// a top-up this old was dropped with its request.
 const TOP_UP_STALE: Duration = Duration::from_secs(30);
 
+/// How long each unit held stays spendable.
+///
+/// Spending a unit later than the deciding clock could have admitted it would let the gateways
+/// together exceed the limit's allowance (burst + rate × length) over some interval:
+/// * GCRA (and its buckets): a unit taken in a lease occupies one emission slot on the key's
+///   timeline (the TAT). Spent no later than its slot begins, every unit admitted anywhere sits
+///   in its own slot within the tolerance of its admission, exactly as if Redis had decided it
+///   then; spent later, it would add to the requests the slots after it admit. So units lapse
+///   one by one as their slots begin: the first held unit at `lapse_at`, the next one emission
+///   later, and so on.
+/// * Fixed window, calendar: a unit counts in the window (period) it was taken in; all lapse
+///   when it closes.
+#[derive(Debug, Clone, Copy)]
+enum Lapse {
+    Slots { emission_us: u64, tolerance_us: u64 },
+    Close,
+}
+
+impl Lapse {
+    fn of(algorithm: &Algorithm) -> Lapse {
+        match *algorithm {
+            Algorithm::Gcra {
+                emission_us,
+                tolerance_us,
+                ..
+            } => Lapse::Slots {
+                emission_us: emission_us.max(1),
+                tolerance_us,
+            },
+            _ => Lapse::Close,
+        }
+    }
+
+    /// The time between two held units' deadlines.
+    fn spacing_us(self) -> u64 {
+        match self {
+            Lapse::Slots { emission_us, .. } => emission_us,
+            Lapse::Close => 0,
+        }
+    }
+}
+
 /// The units a gateway holds of one key.
 struct Holding {
     algorithm: Algorithm,
+    lapse: Lapse,
+    /// Units held, spent first to last; unit `i` is spendable while `now < lapse_at + i ×
+    /// spacing` ([`Lapse`]).
     units: u64,
+    lapse_at: Instant,
+    /// How many of the last units held the latest top-up took: those sit just before its mark,
+    /// and only they are given back (a return quotes that mark).
+    returnable: u64,
+    /// The mark (`LimitStatus::mark_us`) of the latest top-up.
+    mark_us: i64,
     /// What the limit had left at the backend's last answer.
     remaining: u64,
-    reset_at: Instant,
-    /// Fixed window: when the window the units were taken in closes.
-    closes_at: Option<Instant>,
-    /// The mark (`LimitStatus::mark_us`) of the oldest top-up whose units are still held: what
-    /// a refund of them quotes.
-    mark_us: i64,
+    /// Until when the key stood ahead at the last answer, on this gateway's clock and never later
+    /// than the deciding clock's: GCRA, its TAT; fixed window and calendar, their end.
+    until: Instant,
     topped_up_at: Instant,
     spent_since_top_up: u64,
     last_used: Instant,
@@ -97,14 +161,37 @@ struct Holding {
     topping_up: Option<Instant>,
 }
 
+/// What a top-up asks for beyond its request's cost: `gap` units it skips (GCRA) and `held`
+/// units it keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LeaseSize {
+    gap: u64,
+    held: u64,
+}
+
+impl LeaseSize {
+    const NONE: LeaseSize = LeaseSize { gap: 0, held: 0 };
+}
+
+/// Microseconds as a duration, and back (saturating).
+fn micros(us: u64) -> Duration {
+    Duration::from_micros(us)
+}
+
+fn as_micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
 impl Holding {
     fn new(algorithm: Algorithm, now: Instant) -> Holding {
         Holding {
             algorithm,
+            lapse: Lapse::of(&algorithm),
             units: 0,
+            lapse_at: now,
+            returnable: 0,
             remaining: 0,
-            reset_at: now,
-            closes_at: None,
+            until: now,
             mark_us: 0,
             topped_up_at: now,
             spent_since_top_up: 0,
@@ -118,17 +205,82 @@ impl Holding {
             .is_some_and(|since| now.duration_since(since) < TOP_UP_STALE)
     }
 
-    /// Units to take beyond `cost`: the rate seen since the last top-up over `HORIZON`.
-    fn extra(&self, now: Instant, max_units: u64, cost: u64) -> u64 {
-        let elapsed = now
-            .duration_since(self.topped_up_at)
-            .max(Duration::from_millis(1));
-        let spent = u128::from(self.spent_since_top_up + cost);
-        let wanted = spent * HORIZON.as_micros() / elapsed.as_micros();
-        u64::try_from(wanted)
-            .unwrap_or(u64::MAX)
-            .min(max_units.saturating_sub(self.units))
-            .min(self.remaining.saturating_sub(cost))
+    /// Takes `count` units off the front (spent, or lapsed).
+    fn take_front(&mut self, count: u64) {
+        let count = count.min(self.units);
+        self.units -= count;
+        self.lapse_at += micros(self.lapse.spacing_us().saturating_mul(count));
+        self.returnable = self.returnable.min(self.units);
+    }
+
+    /// Drops the units whose deadline has passed at `now`; returns how many.
+    fn lapse(&mut self, now: Instant) -> u64 {
+        if self.units == 0 || now < self.lapse_at {
+            return 0;
+        }
+        let lapsed = match self.lapse.spacing_us() {
+            0 => self.units,
+            spacing => (as_micros(now - self.lapse_at) / spacing).saturating_add(1),
+        };
+        let lapsed = lapsed.min(self.units);
+        self.take_front(lapsed);
+        lapsed
+    }
+
+    /// Puts `cost` units back at the front: spent for a request denied after all.
+    fn put_back(&mut self, cost: u64) {
+        let back = micros(self.lapse.spacing_us().saturating_mul(cost));
+        if let Some(lapse_at) = self.lapse_at.checked_sub(back) {
+            self.lapse_at = lapse_at;
+            self.units += cost;
+        }
+    }
+
+    /// Units to take beyond `cost`, or none (the request is asked exactly).
+    ///
+    /// * As many as this gateway spends in `HORIZON` at the rate it has seen on the key since
+    ///   its last top-up, within L minus what it holds, and within what the limit had left.
+    /// * No more than it can spend before they lapse. A fixed window's or calendar's units
+    ///   lapse when it closes. A GCRA unit lapses when its slot begins, `emission` after the one
+    ///   before; a gateway spending slower than the limit's rate falls behind its slots, so the
+    ///   units are placed after a `gap` of slots it skips, far enough ahead that the last one is
+    ///   spent in time. The gap is at most a tenth of the tolerance (burst): it is capacity no
+    ///   request uses until time reaches it, and what bounds a lease's size when the key is not
+    ///   already ahead of now.
+    /// * None at all below `leasing.min_units`.
+    fn lease_size(&self, now: Instant, leasing: Leasing, cost: u64) -> LeaseSize {
+        let elapsed = as_micros(now.duration_since(self.topped_up_at)).max(1_000);
+        let rate = (self.spent_since_top_up + cost) as f64 / elapsed as f64; // units per us
+        let ahead = as_micros(self.until.saturating_duration_since(now));
+        let left = self.remaining.saturating_sub(cost);
+        let mut held = ((rate * as_micros(HORIZON) as f64) as u64)
+            .min(leasing.max_units.saturating_sub(self.units))
+            .min(left);
+        let mut gap = 0;
+        match self.lapse {
+            Lapse::Close => held = held.min((rate * ahead as f64) as u64),
+            Lapse::Slots {
+                emission_us,
+                tolerance_us,
+            } => {
+                // The j-th unit held is spent about j / rate from now, and its slot begins
+                // about ahead + (cost + gap + j - 1) x emission from now, less the reply's rounding.
+                let behind_per_unit = (1.0 / rate - emission_us as f64).max(0.0);
+                let head_start = (ahead + (cost - 1) * emission_us) as f64;
+                let budget = (tolerance_us / GAP_SHARE) as f64;
+                if behind_per_unit > 0.0 {
+                    held = held.min(((head_start + budget) / behind_per_unit) as u64);
+                }
+                let needed = held as f64 * behind_per_unit - head_start + REPLY_ROUNDING_US as f64;
+                gap = (needed.max(0.0) / emission_us as f64).ceil() as u64;
+                gap = gap.min((budget / emission_us as f64) as u64);
+                held = held.min(left.saturating_sub(gap));
+            }
+        }
+        if held < leasing.min_units.max(1) {
+            return LeaseSize::NONE;
+        }
+        LeaseSize { gap, held }
     }
 
     fn status(&self, now: Instant) -> LimitStatus {
@@ -136,14 +288,67 @@ impl Holding {
             allowed: true,
             remaining: self.remaining + self.units,
             retry_after_ms: Some(0),
-            reset_after_ms: self.reset_at.saturating_duration_since(now).as_millis() as u64,
+            reset_after_ms: self.until.saturating_duration_since(now).as_millis() as u64,
             delay_ms: 0,
             mark_us: 0,
         }
     }
 
-    fn closed(&self, now: Instant) -> bool {
-        self.closes_at.is_some_and(|at| now >= at)
+    /// Records the backend's answer to a top-up asked at `now`: `kept` units more are held, the
+    /// last ones it took.
+    fn credit(&mut self, kept: u64, cost: u64, status: &LimitStatus, now: Instant) {
+        self.topping_up = None;
+        self.remaining = status.remaining;
+        if !status.allowed {
+            return;
+        }
+        // The deciding clock answered after `now`: a time ahead of it, read on this gateway's
+        // clock from `now`, is never later than it really is.
+        let ahead_us = status
+            .reset_after_ms
+            .saturating_mul(1000)
+            .saturating_sub(REPLY_ROUNDING_US);
+        self.until = now + micros(ahead_us);
+        self.topped_up_at = now;
+        self.spent_since_top_up = cost;
+        self.last_used = now;
+        if kept == 0 {
+            return;
+        }
+        let (kept, first_deadline) = match self.lapse {
+            Lapse::Close => (kept, self.until),
+            Lapse::Slots { emission_us, .. } => {
+                // The kept units are the last `kept` the call took, just before the TAT: the
+                // first one's slot begins kept x emission before it. Units whose slot had begun
+                // by `now` are worth nothing.
+                let span = kept.saturating_mul(emission_us);
+                let late = span.saturating_sub(ahead_us).div_ceil(emission_us);
+                let kept = kept.saturating_sub(late);
+                let first = (ahead_us + late * emission_us).saturating_sub(span);
+                (kept, now + micros(first))
+            }
+        };
+        if kept == 0 {
+            return;
+        }
+        self.lapse_at = match self.units {
+            0 => first_deadline,
+            // Units still held from before sit earlier on the timeline: the deadlines of all,
+            // read from the front, never pass any unit's own.
+            held => {
+                let before = micros(self.lapse.spacing_us().saturating_mul(held));
+                match first_deadline.checked_sub(before) {
+                    Some(at) => self.lapse_at.min(at),
+                    None => {
+                        self.units = 0;
+                        first_deadline
+                    }
+                }
+            }
+        };
+        self.units += kept;
+        self.returnable = kept;
+        self.mark_us = status.mark_us;
     }
 }
 
@@ -152,15 +357,16 @@ impl Holding {
 enum Step {
     /// Paid from units held: the status to report.
     Held(LimitStatus),
-    /// Asked of the backend: `want` units, of which `want - cost` are kept if allowed.
-    Ask { want: u64, topping_up: bool },
+    /// Asked of the backend: `cost + size.gap + size.held` units, of which `size.held` are kept
+    /// if allowed.
+    Ask { size: LeaseSize, topping_up: bool },
 }
 
 impl Step {
     /// Asked of the backend for its own cost only, no top-up.
-    fn exact(cost: u64) -> Step {
+    fn exact() -> Step {
         Step::Ask {
-            want: cost,
+            size: LeaseSize::NONE,
             topping_up: false,
         }
     }
@@ -189,7 +395,7 @@ impl Holdings {
             return self.take_held(&mut holding, leasing, cost, now);
         }
         if self.holdings.len() >= self.capacity {
-            return Step::exact(cost);
+            return Step::exact();
         }
         match self.holdings.entry(key.into()) {
             // Another request saw the key first, meanwhile.
@@ -200,7 +406,7 @@ impl Holdings {
                 // No rate seen yet: the first request asks for its own cost and starts the clock.
                 vacant.insert(Holding::new(limit.algorithm, now));
                 Step::Ask {
-                    want: cost,
+                    size: LeaseSize::NONE,
                     topping_up: true,
                 }
             }
@@ -210,56 +416,41 @@ impl Holdings {
     /// Pays `cost` from `holding`, or says what to ask the backend for: a top-up, unless another
     /// request is topping the key up already (then its own cost only).
     fn take_held(&self, holding: &mut Holding, leasing: Leasing, cost: u64, now: Instant) -> Step {
-        if holding.closed(now) {
-            holding.units = 0;
+        let lapsed = holding.lapse(now);
+        if lapsed > 0 {
+            self.meters.units_lapsed.inc_by(lapsed);
         }
         if holding.units >= cost {
-            holding.units -= cost;
+            holding.take_front(cost);
             holding.spent_since_top_up += cost;
             holding.last_used = now;
             self.meters.held_decisions.inc();
             return Step::Held(holding.status(now));
         }
         if holding.topping_up(now) {
-            return Step::exact(cost);
+            return Step::exact();
         }
         holding.topping_up = Some(now);
         Step::Ask {
-            want: cost + holding.extra(now, leasing.max_units, cost),
+            size: holding.lease_size(now, leasing, cost),
             topping_up: true,
         }
     }
 
-    /// Records the backend's answer to a top-up: `kept` units more are held.
+    /// Records the backend's answer to a top-up asked at `now`: `kept` units more are held.
     fn credit_top_up(&self, key: &[u8], kept: u64, cost: u64, status: &LimitStatus, now: Instant) {
-        let Some(mut holding) = self.holdings.get_mut(key) else {
-            return;
-        };
-        holding.topping_up = None;
-        holding.remaining = status.remaining;
-        if !status.allowed {
-            return;
-        }
-        let reset = Duration::from_millis(status.reset_after_ms);
-        if kept > 0 {
-            self.meters.top_ups.inc();
-            if holding.units == 0 {
-                holding.mark_us = status.mark_us;
+        if let Some(mut holding) = self.holdings.get_mut(key) {
+            if kept > 0 && status.allowed {
+                self.meters.top_ups.inc();
             }
+            holding.credit(kept, cost, status, now);
         }
-        holding.units += kept;
-        holding.reset_at = now + reset;
-        holding.closes_at =
-            matches!(holding.algorithm, Algorithm::FixedWindow { .. }).then(|| now + reset);
-        holding.topped_up_at = now;
-        holding.spent_since_top_up = cost;
-        holding.last_used = now;
     }
 
     /// Puts back units paid from the holding for a request that was denied after all.
     fn put_back(&self, key: &[u8], cost: u64) {
         if let Some(mut holding) = self.holdings.get_mut(key) {
-            holding.units += cost;
+            holding.put_back(cost);
             holding.spent_since_top_up = holding.spent_since_top_up.saturating_sub(cost);
         }
     }
@@ -271,26 +462,31 @@ impl Holdings {
         }
     }
 
-    /// Drops the holdings of idle keys and closed windows; returns what to give back.
+    /// Drops lapsed units, and the holdings of idle keys; returns what to give back.
     fn sweep(&self, now: Instant) -> Vec<Unspent> {
         let mut refunds = Vec::new();
+        let mut lapsed = 0;
         self.holdings.retain(|key, holding| {
-            let closed = holding.closed(now);
+            lapsed += holding.lapse(now);
             let idle = now.duration_since(holding.last_used) >= IDLE;
-            if holding.topping_up(now) || !(closed || idle) {
+            if holding.topping_up(now) || !idle {
                 return true;
             }
-            // A closed window's units are worth nothing (the script would refuse them too).
-            if holding.units > 0 && !closed {
+            // Only the latest top-up's units sit just before its mark; any held from before it
+            // lapse where they are.
+            let returned = holding.returnable.min(holding.units);
+            if returned > 0 {
                 refunds.push(Unspent {
                     algorithm: holding.algorithm,
                     key: key.clone(),
-                    units: holding.units,
+                    units: returned,
                     mark_us: holding.mark_us,
                 });
             }
+            lapsed += holding.units - returned;
             false
         });
+        self.meters.units_lapsed.inc_by(lapsed);
         refunds
     }
 
@@ -378,10 +574,14 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
         let entries: Entries = plans
             .iter()
             .filter_map(|plan| {
-                let Step::Ask { want, .. } = plan.step else {
+                let Step::Ask { size, .. } = plan.step else {
                     return None;
                 };
-                let cost = if exactly { plan.entry.cost } else { want };
+                let cost = if exactly {
+                    plan.entry.cost
+                } else {
+                    plan.entry.cost + size.gap + size.held
+                };
                 Some(Entry {
                     cost,
                     ..*plan.entry
@@ -442,7 +642,7 @@ async fn return_unspent(holdings: &Holdings, refunds: &impl SettleUnits, now: In
         let settlement = Settlement {
             algorithm: &algorithm,
             key: &key,
-            change: Change::GiveBack { units, mark_us },
+            change: Change::Return { units, mark_us },
         };
         match refunds.settle(&[settlement]).await {
             Ok(()) => holdings.meters.units_returned.inc_by(units),
@@ -469,6 +669,17 @@ impl<L: Limiter, S: SettleUnits + 'static> Limiter for Leased<L, S> {
         let (answer, leasing) = self.ask_backend(request, &plans).await?;
         let statuses = self.merge(&plans, &answer, leasing, now);
         Ok(request.decision(statuses))
+    }
+
+    fn held_units(&self, key: &[u8]) -> u64 {
+        let now = self.clock.instant();
+        self.holdings
+            .holdings
+            .get_mut(key)
+            .map_or(0, |mut holding| {
+                holding.lapse(now);
+                holding.units
+            })
     }
 }
 
@@ -511,7 +722,7 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
                         self.holdings
                             .take(entry.limit, leasing, entry.key, entry.cost, now)
                     }
-                    None => Step::exact(entry.cost),
+                    None => Step::exact(),
                 },
             })
             .collect()
@@ -529,7 +740,7 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
         // The larger ask stands only if it was allowed; otherwise ask once more, exactly.
         let mut leasing = plans
             .iter()
-            .any(|plan| matches!(plan.step, Step::Ask { want, .. } if want != plan.entry.cost));
+            .any(|plan| matches!(plan.step, Step::Ask { size, .. } if size != LeaseSize::NONE));
         if leasing && matches!(&answer, Ok(d) if !d.allowed()) {
             answer = self.ask(request, plans, true).await;
             leasing = false;
@@ -574,11 +785,11 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
                     }
                     status
                 }
-                Step::Ask { want, topping_up } => match answered.next() {
+                Step::Ask { size, topping_up } => match answered.next() {
                     Some(status) => {
                         // A shadow limit that denied consumed nothing, even in an allowed request.
                         let kept = if allowed && leasing && status.allowed {
-                            want - entry.cost
+                            size.held
                         } else {
                             0
                         };
@@ -606,6 +817,7 @@ mod tests {
 
     use super::*;
     use crate::limiter::clock::ManualClock;
+    use crate::limiter::limit::AUTO_MIN_UNITS;
     use crate::limiter::local::LocalLimiter;
     use crate::limiter::request::entries;
     use crate::limiter::testing::{asks, limit, window};
@@ -647,8 +859,16 @@ mod tests {
     }
 
     fn leased(algorithm: Algorithm, max_units: u64) -> [Limit; 1] {
+        leased_at_least(algorithm, max_units, 1)
+    }
+
+    /// A limit leased in leases of at most `max_units` and at least `min_units`.
+    fn leased_at_least(algorithm: Algorithm, max_units: u64, min_units: u64) -> [Limit; 1] {
         let mut limit = limit("hot", algorithm);
-        limit.leased = Some(Leasing { max_units });
+        limit.leased = Some(Leasing {
+            max_units,
+            min_units,
+        });
         [limit]
     }
 
@@ -798,7 +1018,7 @@ mod tests {
     fn a_top_up_dropped_with_its_request_is_abandoned_after_a_while() {
         let holdings = Holdings::new(10, LeaseMeters::unregistered());
         let [limit] = leased(window(100), 10);
-        let leasing = Leasing { max_units: 10 };
+        let leasing = limit.leased.expect("leased");
         let t0 = ManualClock::new(0).instant();
         let asks = |at: Instant| match holdings.take(&limit, leasing, KEY, 1, at) {
             Step::Ask { topping_up, .. } => topping_up,
@@ -879,5 +1099,291 @@ mod tests {
             window(10).refund(Some(&later), 2500, 5, 2000),
             Settled::Unchanged
         );
+    }
+
+    /// A small deterministic generator (xorshift64*), so a failing traffic pattern replays.
+    struct Dice(u64);
+
+    impl Dice {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n.max(1)
+        }
+    }
+
+    /// The backend, remembering when each check reached it.
+    struct Recording {
+        backend: Arc<LocalLimiter>,
+        clock: Arc<ManualClock>,
+        checks: std::sync::Mutex<Vec<i64>>,
+    }
+
+    impl Limiter for Recording {
+        async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
+            self.checks
+                .lock()
+                .expect("not poisoned")
+                .push(self.clock.now_us());
+            self.backend.check(request).await
+        }
+    }
+
+    /// What a run of traffic did: when each request was admitted (us), when each backend
+    /// check was made, and the lease meters.
+    struct Run {
+        admitted: Vec<i64>,
+        checks: Vec<i64>,
+        requests: usize,
+        meters: LeaseMeters,
+    }
+
+    /// Sends `seconds` of traffic through `gateways` gateways leasing `limits` from one
+    /// backend, all on one clock: phases alternate between flooding the key (four times `rate`
+    /// requests per second), a trickle, silence (idle keys give their units back) and steady
+    /// traffic, each request at a random gateway, cost 1 (sometimes 2).
+    /// Idle units are swept every 100 ms, as the sweeper does.
+    async fn run(limits: &[Limit], rate: u64, gateways: usize, seconds: u64, seed: u64) -> Run {
+        let clock = Arc::new(ManualClock::new(1_000_000_000_000));
+        let backend = Arc::new(Recording {
+            backend: Arc::new(LocalLimiter::new(clock.clone(), 1000)),
+            clock: clock.clone(),
+            checks: std::sync::Mutex::new(Vec::new()),
+        });
+        let meters = LeaseMeters::unregistered();
+        let fleet: Vec<_> = (0..gateways)
+            .map(|_| {
+                Leased::new(
+                    backend.clone(),
+                    backend.backend.clone(),
+                    clock.clone(),
+                    meters.clone(),
+                )
+                .swept_by_hand()
+            })
+            .collect();
+        let mut dice = Dice(seed);
+        let (start, end) = (clock.now_us(), clock.now_us() + seconds as i64 * 1_000_000);
+        let mut next_sweep = start + 100_000;
+        let (mut admitted, mut requests) = (Vec::new(), 0);
+        // (length, requests per second): a flood, a trickle, silence, then steady traffic.
+        let phases = [
+            (250_000, rate * 4),
+            (250_000, rate / 3),
+            (500_000, 0),
+            (250_000, rate * 3 / 2),
+        ];
+        let cycle: i64 = phases.iter().map(|&(length, _)| length).sum();
+        while clock.now_us() < end {
+            let mut into = (clock.now_us() - start) % cycle;
+            let (mut length, mut per_second) = phases[0];
+            for &(phase_length, phase_rate) in &phases {
+                (length, per_second) = (phase_length, phase_rate);
+                if into < phase_length {
+                    break;
+                }
+                into -= phase_length;
+            }
+            match 2_000_000_u64.checked_div(per_second) {
+                // Gaps spread evenly between 0 and twice the mean.
+                Some(twice_the_mean) => clock.advance(dice.below(twice_the_mean) as i64 + 1),
+                None => clock.advance(length - into),
+            }
+            while clock.now_us() >= next_sweep {
+                for gateway in &fleet {
+                    gateway.return_idle_units(clock.instant()).await;
+                }
+                next_sweep += 100_000;
+            }
+            if per_second == 0 || clock.now_us() >= end {
+                continue;
+            }
+            let gateway = &fleet[dice.below(gateways as u64) as usize];
+            let cost = if dice.below(8) == 0 { 2 } else { 1 };
+            requests += 1;
+            if call(gateway, limits, cost).await.allowed() {
+                admitted.extend([clock.now_us()].repeat(cost as usize));
+            }
+        }
+        let checks = backend.checks.lock().expect("not poisoned").clone();
+        Run {
+            admitted,
+            checks,
+            requests,
+            meters,
+        }
+    }
+
+    /// GCRA's allowance: over any interval of `len`, at most `floor(len / emission) +
+    /// tolerance / emission` units (the burst plus the rate times the length). Returns the
+    /// first interval that admitted more.
+    fn gcra_excess(admitted: &[i64], emission_us: u64, tolerance_us: u64) -> Option<(i64, i64)> {
+        let (e, capacity) = (emission_us as i64, (tolerance_us / emission_us) as i64);
+        for (i, &from) in admitted.iter().enumerate() {
+            for (j, &to) in admitted.iter().enumerate().skip(i) {
+                if (j - i + 1) as i64 > (to - from) / e + capacity {
+                    return Some((from, to));
+                }
+            }
+        }
+        None
+    }
+
+    /// A counter's allowance: at most `limit` units in each of its windows, and none outside
+    /// one. `windows` are their `[start, start + len)`.
+    fn window_excess(admitted: &[i64], windows: &[i64], len: i64, limit: usize) -> Option<i64> {
+        for &at in admitted {
+            if !windows.iter().any(|&w| (w..w + len).contains(&at)) {
+                return Some(at);
+            }
+        }
+        windows
+            .iter()
+            .find(|&&w| {
+                admitted
+                    .iter()
+                    .filter(|&&at| (w..w + len).contains(&at))
+                    .count()
+                    > limit
+            })
+            .copied()
+    }
+
+    /// A fixed window opens at the first check at or after the previous one's end.
+    fn fixed_windows(checks: &[i64], len: i64) -> Vec<i64> {
+        let mut windows: Vec<i64> = Vec::new();
+        for &at in checks {
+            if windows.last().is_none_or(|&w| at >= w + len) {
+                windows.push(at);
+            }
+        }
+        windows
+    }
+
+    /// The algorithms leases apply to, named as a configuration would, with a traffic rate
+    /// around their own: GCRA and the token and leaky buckets (GCRA with tolerance = emission ×
+    /// capacity), a fixed window, an epoch-aligned calendar period.
+    fn leasing_algorithms() -> Vec<(&'static str, Algorithm, u64)> {
+        let second = 1_000_000;
+        let gcra = |emission_us, tolerance_us| Algorithm::Gcra {
+            emission_us,
+            tolerance_us,
+            max_delay_us: 0,
+        };
+        let period = crate::limiter::algorithm::Period::Aligned {
+            length_us: second / 2,
+        };
+        vec![
+            ("gcra 1000/s burst 99", gcra(1_000, 100_000), 1_000),
+            (
+                "token_bucket 1000/s capacity 50",
+                gcra(1_000, 50_000),
+                1_000,
+            ),
+            ("leaky_bucket 500/s capacity 20", gcra(2_000, 40_000), 500),
+            (
+                "fixed_window 400/s",
+                Algorithm::FixedWindow {
+                    limit: 400,
+                    window_us: second,
+                },
+                600,
+            ),
+            (
+                "calendar 300 per aligned 500 ms",
+                Algorithm::Calendar { limit: 300, period },
+                600,
+            ),
+        ]
+    }
+
+    /// Where a run admitted more than `algorithm`'s allowance, if anywhere.
+    fn beyond_allowance(algorithm: Algorithm, run: &Run) -> Option<String> {
+        match algorithm {
+            Algorithm::Gcra {
+                emission_us,
+                tolerance_us,
+                ..
+            } => gcra_excess(&run.admitted, emission_us, tolerance_us)
+                .map(|(from, to)| format!("{from}..={to}")),
+            Algorithm::FixedWindow { limit, window_us } => {
+                let len = window_us as i64;
+                let windows = fixed_windows(&run.checks, len);
+                window_excess(&run.admitted, &windows, len, limit as usize)
+                    .map(|at| format!("at {at}"))
+            }
+            Algorithm::Calendar { limit, period } => {
+                let (first, step) = period.bounds(run.checks[0]);
+                let step = step - first;
+                let last = period.bounds(*run.checks.last()?).1;
+                let windows: Vec<i64> = (first..last).step_by(step as usize).collect();
+                window_excess(&run.admitted, &windows, step, limit as usize)
+                    .map(|at| format!("at {at}"))
+            }
+            _ => Some("not a leasing algorithm".into()),
+        }
+    }
+
+    /// Every leasing algorithm, with leases (`mode: leased`, and `auto`), across 2 and 4
+    /// gateways under floods, lulls and silences: no interval admits more than the limit's
+    /// allowance (the leases are exact), leases were taken and spent (the test exercises
+    /// them), and the gateways admit nearly what exact decisions would have.
+    #[tokio::test]
+    async fn leases_never_admit_more_than_the_allowance_across_gateways() {
+        for (name, algorithm, rate) in leasing_algorithms() {
+            // Traffic around the limit's rate (floods deny), and a quarter of it (units are
+            // still held when the silence comes, and go back).
+            for (load, gateways, min_units) in [rate, rate / 4]
+                .into_iter()
+                .flat_map(|load| [(load, 2), (load, 4)])
+                .flat_map(|(load, gateways)| {
+                    [(load, gateways, 1), (load, gateways, AUTO_MIN_UNITS)]
+                })
+            {
+                {
+                    let seed = 0x5eed + gateways as u64 * 7 + min_units + load;
+                    let max_units = (algorithm.capacity() / 10).max(min_units);
+                    let limits = leased_at_least(algorithm, max_units, min_units);
+                    let leased = run(&limits, load, gateways, 3, seed).await;
+                    let case = format!(
+                        "{name}, load {load}/s, {gateways} gateways, min_units {min_units}"
+                    );
+                    let excess = beyond_allowance(algorithm, &leased);
+                    assert_eq!(excess, None, "{case}: more than the allowance");
+                    let (top_ups, held) = (
+                        leased.meters.top_ups.get(),
+                        leased.meters.held_decisions.get(),
+                    );
+                    assert!(
+                        top_ups > 0 && held > 0,
+                        "{case}: {top_ups} top-ups, {held} held"
+                    );
+                    let mut exact_limits = limits.clone();
+                    exact_limits[0].leased = None;
+                    let exact = run(&exact_limits, load, gateways, 3, seed).await;
+                    eprintln!(
+                        "{case}: {} requests, leased admitted {} in {} checks, exact {} in {}; {} units lapsed, {} returned",
+                        leased.requests,
+                        leased.admitted.len(),
+                        leased.checks.len(),
+                        exact.admitted.len(),
+                        exact.checks.len(),
+                        leased.meters.units_lapsed.get(),
+                        leased.meters.units_returned.get(),
+                    );
+                    assert!(
+                        leased.admitted.len() * 10 >= exact.admitted.len() * 9,
+                        "{case}: leases admitted {} where exact decisions admitted {}",
+                        leased.admitted.len(),
+                        exact.admitted.len()
+                    );
+                }
+            }
+        }
     }
 }

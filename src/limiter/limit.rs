@@ -122,19 +122,27 @@ pub struct Limit {
     /// Decided and counted, never enforced: a denial lets the request through (and consumes
     /// nothing from this limit), for rolling out new limits safely.
     pub shadow: bool,
-    /// `mode: leased`: taken from Redis in leases and spent locally (`leased.rs`); `None`:
-    /// exact, one decision in Redis per request.
+    /// `mode: leased` or `auto` (the default where leases apply): taken from Redis in leases
+    /// and spent locally (`leased.rs`); `None`: exact, one decision in Redis per request.
     pub leased: Option<Leasing>,
     /// `cost_from_response`: the cost is the estimate at admission, settled by the response.
     pub priced_by_response: Option<ResponsePrice>,
 }
 
-/// How a leased limit is leased: at most `max_units` (L) held unspent per gateway and key, so
-/// `instances × L` bounds what leasing can admit beyond the limit.
+/// How a leased limit is leased: at most `max_units` (L) held unspent per gateway and key, and
+/// a top-up takes at least `min_units` beyond its request's cost or none (the request is then
+/// decided exactly): 1 for `mode: leased`, [`AUTO_MIN_UNITS`] for `mode: auto`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Leasing {
     pub max_units: u64,
+    pub min_units: u64,
 }
+
+/// `mode: auto` leases a key only while a top-up would take at least this many units beyond
+/// its request's cost (this gateway's traffic on the key over the lease horizon, what it can
+/// spend before they lapse, within L and what the limit has left): each lease then saves at
+/// least this many Redis calls. Below it, the key is decided exactly.
+pub const AUTO_MIN_UNITS: u64 = 4;
 
 impl Limit {
     /// A limit with a fixed cost and the policy implied by `rate` (tests and tools).

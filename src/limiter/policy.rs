@@ -163,10 +163,17 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
 
     /// What the backend holds for each of `asked`'s limits at their keys, consuming nothing:
     /// every ask costs 0 and leased limits are read where their units are counted (the
-    /// backend), so units leased out to gateways count as used. The usage API's read: the
-    /// statuses go into the records.
+    /// backend), plus the units this gateway holds of them: units other gateways hold count as
+    /// used. The usage API's read: the statuses go into the records.
     pub async fn peek(&self, asked: &mut Asked<'_>) -> Result<(), LimiterError> {
-        let decision = self.read(asked).await?;
+        let mut decision = self.read(asked).await?;
+        // Statuses the limits do not match one for one are refused by `take`.
+        let pairs = super::pairs::paired_mut(&asked.limits, &mut decision.statuses);
+        for (asked, status) in pairs.into_iter().flatten() {
+            if asked.limit.exact.leased.is_some() {
+                status.remaining += self.engine.held_units(&asked.record.ask.key);
+            }
+        }
         asked.take(decision).map(drop)
     }
 

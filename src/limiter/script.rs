@@ -200,21 +200,28 @@ pub const SETTLE_SOURCE: &str = concat!(
     include_str!("../../lua/settle.lua"),
 );
 
-/// The four arguments of one key's change in a settle call (`lua/settle.lua`): algorithm, its
-/// parameter (GCRA: the emission interval; fixed window: the window length), the signed change
-/// in units, and the mark of the call that took them (giving back).
+/// The four arguments of one key's change in a settle call (`lua/settle.lua`): what it settles
+/// (the algorithm's name; `gcra_lease` for a lease's unspent GCRA units), its parameter (GCRA:
+/// the emission interval; fixed window: the window length; calendar: unused, 1), the signed
+/// change in units, and the mark of the call that took them (giving back).
 pub fn settle_args(algorithm: &Algorithm, change: Change) -> (&'static str, u64, i64, i64) {
     let param = match *algorithm {
         Algorithm::Gcra { emission_us, .. } => emission_us,
         Algorithm::FixedWindow { window_us, .. } => window_us,
-        _ => 0,
+        _ => 1,
+    };
+    let name = match (algorithm, change) {
+        (Algorithm::Gcra { .. }, Change::Return { .. }) => "gcra_lease",
+        _ => algorithm.script_name(),
     };
     let units = |units: u64| i64::try_from(units).unwrap_or(i64::MAX);
     let (change, mark) = match change {
-        Change::GiveBack { units: u, mark_us } => (-units(u), mark_us),
+        Change::GiveBack { units: u, mark_us } | Change::Return { units: u, mark_us } => {
+            (-units(u), mark_us)
+        }
         Change::Charge { units: u } => (units(u), 0),
     };
-    (algorithm.script_name(), param, change, mark)
+    (name, param, change, mark)
 }
 
 /// Returns a request's concurrency leases.

@@ -73,7 +73,7 @@ pub static DENY_CACHE_HITS: LazyLock<IntCounter> = LazyLock::new(|| {
 pub static LEASE_HELD_DECISIONS: LazyLock<IntCounter> = LazyLock::new(|| {
     register_int_counter!(
         "sluice_lease_held_decisions_total",
-        "Decisions of mode: leased limits paid from units this gateway holds, without a Redis call."
+        "Decisions of leased limits (mode: auto or leased) paid from units this gateway holds, without a Redis call."
     )
     .expect("sluice_lease_held_decisions_total registers once")
 });
@@ -81,7 +81,7 @@ pub static LEASE_HELD_DECISIONS: LazyLock<IntCounter> = LazyLock::new(|| {
 pub static LEASE_TOP_UPS: LazyLock<IntCounter> = LazyLock::new(|| {
     register_int_counter!(
         "sluice_lease_top_ups_total",
-        "Leases taken: calls that took units of a mode: leased limit beyond the request's own cost."
+        "Leases taken: calls that took units of a leased limit (mode: auto or leased) beyond the request's own cost."
     )
     .expect("sluice_lease_top_ups_total registers once")
 });
@@ -92,6 +92,14 @@ pub static LEASE_UNITS_RETURNED: LazyLock<IntCounter> = LazyLock::new(|| {
         "Leased units given back to Redis unspent once their key went idle."
     )
     .expect("sluice_lease_units_returned_total registers once")
+});
+
+pub static LEASE_UNITS_LAPSED: LazyLock<IntCounter> = LazyLock::new(|| {
+    register_int_counter!(
+        "sluice_lease_units_lapsed_total",
+        "Leased units that lapsed unspent: their GCRA slot began, or their window or calendar period closed, before this gateway spent them."
+    )
+    .expect("sluice_lease_units_lapsed_total registers once")
 });
 
 pub static LEASE_UNITS_HELD: LazyLock<IntGauge> = LazyLock::new(|| {
@@ -299,12 +307,13 @@ pub fn lease_meters() -> LeaseMeters {
         held_decisions: LEASE_HELD_DECISIONS.clone(),
         top_ups: LEASE_TOP_UPS.clone(),
         units_returned: LEASE_UNITS_RETURNED.clone(),
+        units_lapsed: LEASE_UNITS_LAPSED.clone(),
         units_held: LEASE_UNITS_HELD.clone(),
     }
 }
 
 /// Every family sluice exports (the process collector's besides).
-fn families() -> [&'static dyn Collector; 28] {
+fn families() -> [&'static dyn Collector; 29] {
     [
         &*REQUESTS,
         &*LIMITER_DURATION,
@@ -315,6 +324,7 @@ fn families() -> [&'static dyn Collector; 28] {
         &*LEASE_HELD_DECISIONS,
         &*LEASE_TOP_UPS,
         &*LEASE_UNITS_RETURNED,
+        &*LEASE_UNITS_LAPSED,
         &*LEASE_UNITS_HELD,
         &*BREAKER_STATE,
         &*BUILD_INFO,

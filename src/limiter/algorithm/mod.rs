@@ -22,6 +22,12 @@ pub use state::{Settled, State, Write};
 pub enum Change {
     /// Units taken and not spent go back, quoting the mark the taking call replied.
     GiveBack { units: u64, mark_us: i64 },
+    /// A lease's unspent units go back (`limiter/leased.rs`), quoting the mark of the top-up
+    /// that took them: as [`Change::GiveBack`], except that a GCRA key gives them back only
+    /// while they are still the last units it took (its TAT is the mark). Another gateway's
+    /// leased units may sit after them on the TAT's timeline, spendable until their own slots
+    /// begin; moving the TAT back under them would let new requests take those slots twice.
+    Return { units: u64, mark_us: i64 },
     /// Units spent beyond what was taken are charged, past the limit if need be.
     Charge { units: u64 },
 }
@@ -311,11 +317,17 @@ fn decide_sliding_window(
 }
 
 impl Algorithm {
-    /// Applies `change` to a key's `state` at `now_us`; mirrors `lua/settle.lua`. Only GCRA and
-    /// the fixed window are settled (checked at config load).
+    /// Applies `change` to a key's `state` at `now_us`; mirrors `lua/settle.lua`. Only GCRA,
+    /// the fixed window and (giving back) the calendar are settled (checked at config load).
     pub fn settle(&self, state: Option<&State>, now_us: i64, change: Change) -> Settled {
         match change {
             Change::GiveBack { units, mark_us } => self.refund(state, now_us, units, mark_us),
+            Change::Return { units, mark_us } => match (self, state) {
+                (Algorithm::Gcra { .. }, Some(State::Gcra { tat_us })) if *tat_us != mark_us => {
+                    Settled::Unchanged
+                }
+                _ => self.refund(state, now_us, units, mark_us),
+            },
             Change::Charge { units } => self.charge(state, now_us, units),
         }
     }
@@ -354,13 +366,22 @@ impl Algorithm {
     }
 
     /// Gives back `units` that were taken earlier and not spent (leased quotas); mirrors
-    /// `lua/settle.lua`. Only GCRA and the fixed window take refunds (checked at config load).
+    /// `lua/settle.lua`. Only GCRA, the fixed window and the calendar take refunds (checked at
+    /// config load).
     ///
     /// `mark_us` is what the call that took the units replied (`LimitStatus::mark_us`): a refund
     /// never gives back more than the part of those units time has not drained (GCRA), nor
-    /// anything once their window has been replaced (fixed window), so it cannot undo what other
-    /// gateways consumed since.
+    /// anything once their window or period has been replaced (fixed window, calendar), so it
+    /// cannot undo what other gateways consumed since.
     pub fn refund(&self, state: Option<&State>, now_us: i64, units: u64, mark_us: i64) -> Settled {
+        // A counter's units go back only to the window (period) they were counted in, open.
+        let open = |end_us: i64| now_us < end_us && end_us == mark_us;
+        let until = |state: State, end_us: i64| {
+            Settled::Store(Write {
+                state,
+                ttl_us: end_us - now_us,
+            })
+        };
         match (*self, state) {
             (Algorithm::Gcra { emission_us, .. }, Some(State::Gcra { tat_us })) => {
                 let credit = i64::try_from(emission_us.saturating_mul(units))
@@ -373,21 +394,29 @@ impl Algorithm {
                 if tat_us <= now_us {
                     return Settled::Clear;
                 }
-                Settled::Store(Write {
-                    state: State::Gcra { tat_us },
-                    ttl_us: tat_us - now_us,
-                })
+                until(State::Gcra { tat_us }, tat_us)
             }
             (Algorithm::FixedWindow { .. }, Some(&State::Window { end_us, count }))
-                if now_us < end_us && end_us == mark_us =>
+                if open(end_us) =>
             {
-                Settled::Store(Write {
-                    state: State::Window {
-                        end_us,
-                        count: count.saturating_sub(units),
-                    },
-                    ttl_us: end_us - now_us,
-                })
+                let count = count.saturating_sub(units);
+                until(State::Window { end_us, count }, end_us)
+            }
+            (
+                Algorithm::Calendar { .. },
+                Some(&State::Period {
+                    start_us,
+                    end_us,
+                    count,
+                }),
+            ) if open(end_us) => {
+                let count = count.saturating_sub(units);
+                let period = State::Period {
+                    start_us,
+                    end_us,
+                    count,
+                };
+                until(period, end_us)
             }
             _ => Settled::Unchanged,
         }

@@ -31,12 +31,12 @@ pub enum State {
 }
 
 impl State {
-    /// Where this state stands, as the scripts reply it: a GCRA's TAT, a fixed window's end;
-    /// 0 for the others.
+    /// Where this state stands, as the scripts reply it: a GCRA's TAT, a fixed window's or a
+    /// calendar period's end (0 while the period's end is not known); 0 for the others.
     pub fn mark_us(&self) -> i64 {
         match *self {
             State::Gcra { tat_us } => tat_us,
-            State::Window { end_us, .. } => end_us,
+            State::Window { end_us, .. } | State::Period { end_us, .. } => end_us,
             _ => 0,
         }
     }

@@ -5,10 +5,11 @@
 # after a warm-up, and prints (Ir(N) - Ir(N/4)) / (3N/4): user-space instructions per request,
 # start-up and shutdown cancelled out. Once for the bare Pingora proxy (examples/bare_proxy.rs:
 # Pingora's own work, the floor under sluice without limits), once for sluice without limits,
-# once with one GCRA limit in Redis.
+# once with one GCRA limit decided in Redis for every request (mode: exact), once with a hot
+# GCRA limit (key: [route]) and no mode: leased, paid from units held.
 # Optional: CALLGRIND_KEEP=DIR keeps each run's profile there for callgrind_annotate.
 # Usage: scripts/instructions.sh [N]   (default 4000; about 2 minutes)
-#        SCENARIOS="none" scripts/instructions.sh   counts only those of bare, none and gcra
+#        SCENARIOS="none" scripts/instructions.sh   counts only those of bare, none, gcra and hot
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -62,17 +63,21 @@ echo "command: scripts/instructions.sh $n"
 echo "| configuration | instructions per request |"
 echo "| --- | --- |"
 # shellcheck disable=SC2206 # one scenario per word
-scenarios=(${SCENARIOS:-bare none gcra})
+scenarios=(${SCENARIOS:-bare none gcra hot})
 for scenario in "${scenarios[@]}"; do
-  limits=""
-  [ "$scenario" != gcra ] || limits="      - { name: l, key: [client_ip, path], algorithm: gcra, rate: 1000000/s, burst: 1000000 }"
+  case $scenario in
+    gcra) limits="      - { name: l, key: [client_ip, path], algorithm: gcra, rate: 1000000/s, burst: 1000000, mode: exact }" ;;
+    hot) limits="      - { name: l, key: [route], algorithm: gcra, rate: 1000000/s, burst: 1000000 }" ;;
+    *) limits="" ;;
+  esac
   if [ "$scenario" = bare ]; then proxy=$(port); else proxy=$(config "$scenario" "$limits"); fi
   small=$(instructions "$scenario" "$proxy" $((n / 4)))
   large=$(instructions "$scenario" "$proxy" "$n")
   case $scenario in
     bare) label="bare Pingora proxy (examples/bare_proxy.rs)" ;;
     none) label="sluice, no limits" ;;
-    *) label="sluice, one GCRA limit in Redis" ;;
+    gcra) label="sluice, one GCRA limit in Redis" ;;
+    *) label="sluice, a hot GCRA limit, no mode (leased)" ;;
   esac
   awk -v a="$small" -v b="$large" -v n="$n" -v l="$label" \
     'BEGIN {printf "| %s | %.0f |\n", l, (b - a) / (n - n / 4)}'

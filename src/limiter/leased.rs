@@ -266,7 +266,8 @@ impl Holding {
                 // The j-th unit held is spent about j / rate from now, and its slot begins
                 // about ahead + (cost + gap + j - 1) x emission from now, less the reply's rounding.
                 let behind_per_unit = (1.0 / rate - emission_us as f64).max(0.0);
-                let head_start = (ahead + (cost - 1) * emission_us) as f64;
+                let head_start =
+                    ahead.saturating_add(cost.saturating_sub(1).saturating_mul(emission_us)) as f64;
                 let budget = (tolerance_us / GAP_SHARE) as f64;
                 if behind_per_unit > 0.0 {
                     held = held.min(((head_start + budget) / behind_per_unit) as u64);

@@ -257,6 +257,9 @@ pub struct LimitKey {
     /// Its parts are exactly the tag's: its digest's upper half is the tag's digest (SipHash's
     /// 64-bit result is the upper half of its 128-bit one), so the parts are hashed once.
     gives_tag: bool,
+    /// The whole key, when nothing in it depends on the request: its parts and the route's tag
+    /// are the route's name and constants (a per-route limit). Made once, at load.
+    fixed: Option<Key>,
 }
 
 /// One limit's digest of one request, and whether the limit is skipped (a part is missing and
@@ -320,6 +323,8 @@ enum TagChoice {
 pub struct RouteKeys {
     /// `<prefix>:{<route>`
     head: Box<[u8]>,
+    /// The route's name, what its requests' `route` part is.
+    route: Box<str>,
     secret: KeySecret,
     tag_parts: Box<[KeyPart]>,
     tag_choice: TagChoice,
@@ -355,6 +360,7 @@ impl RouteKeys {
         };
         RouteKeys {
             head: format!("{prefix}:{{{route}").into_bytes().into(),
+            route: route.into(),
             secret,
             tag_parts: tag_parts.into(),
             tag_choice,
@@ -363,12 +369,44 @@ impl RouteKeys {
 
     /// How the key of the limit `spec` describes is made on this route.
     pub fn limit_key(&self, spec: &KeySpec) -> LimitKey {
-        LimitKey {
+        let mut limit = LimitKey {
             middle: format!(":{}:", spec.limit).into_bytes().into(),
             gives_tag: *spec.parts == *self.tag_parts,
             parts: spec.parts.clone().into(),
             on_missing: spec.on_missing,
+            fixed: None,
+        };
+        limit.fixed = self.fixed_key(&limit);
+        limit
+    }
+
+    /// `limit`'s whole key, when no request changes it: its parts and the tag's are the route's
+    /// name and constants, and no round robin picks the shard. Made as a request's would be.
+    fn fixed_key(&self, limit: &LimitKey) -> Option<Key> {
+        let constant = |parts: &[KeyPart]| {
+            parts
+                .iter()
+                .all(|part| matches!(part, KeyPart::Route | KeyPart::Const(_)))
+        };
+        let rotating = matches!(self.tag_choice, TagChoice::ShardRoundRobin { .. });
+        if rotating || !constant(&limit.parts) || !constant(&self.tag_parts) {
+            return None;
         }
+        let headers = HeaderMap::new();
+        let facts = RequestFacts {
+            client_ip: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            method: "",
+            host: "",
+            path: "",
+            query: None,
+            headers: &headers,
+            route: &self.route,
+            consumer: None,
+            claim_names: &[],
+        };
+        let digest = self.digest(limit, &facts).ok()?;
+        let tag = self.tag(&facts, None, &Rotation::default());
+        Some(self.key(&tag, limit, &digest))
     }
 
     /// Whether the key of `limit` follows from the caller alone (its parts are `consumer`,
@@ -455,6 +493,11 @@ impl LimitKey {
     /// Its digest is the route's tag's (see [`RouteKeys::tag`]).
     pub fn gives_tag(&self) -> bool {
         self.gives_tag
+    }
+
+    /// Its whole key, when no request changes it (see [`RouteKeys::limit_key`]).
+    pub fn fixed(&self) -> Option<&Key> {
+        self.fixed.as_ref()
     }
 }
 
@@ -564,6 +607,58 @@ mod tests {
             "a new configuration starts its own turn"
         );
         assert_eq!(turn(&old), "sluice:{api.s2}");
+    }
+
+    #[test]
+    fn a_key_no_request_changes_is_made_once_and_is_the_key_a_request_would_make() {
+        let h = HeaderMap::new();
+        let request = facts("10.0.0.1", "/x", &h);
+        let per_route = [
+            spec("global", &["route"]),
+            spec("tenant", &["const:a", "route"]),
+        ];
+        let route = keys(&per_route);
+        let built = route.build(&request, &Rotation::default()).unwrap().keys;
+        let fixed: Vec<Key> = route
+            .limits
+            .iter()
+            .map(|limit| limit.fixed().cloned().expect("fixed"))
+            .collect();
+        assert_eq!(fixed, built);
+        // A request's part in a key, or in the route's tag, or a shard taken in turn: made per
+        // request.
+        for specs in [
+            vec![spec("per_client", &["client_ip"])],
+            vec![
+                spec("global", &["route"]),
+                spec("per_client", &["client_ip"]),
+            ],
+            vec![KeySpec {
+                shards: 4,
+                ..spec("global", &["route"])
+            }],
+        ] {
+            let route = keys(&specs);
+            assert!(
+                route.limits.iter().any(|l| l.fixed().is_none()),
+                "{specs:?}"
+            );
+        }
+        // Split by the shared parts of constant limits: one shard, always the same, made once.
+        let split = keys(&[
+            spec("tenant", &["route"]),
+            KeySpec {
+                shards: 4,
+                ..spec("global", &["route"])
+            },
+        ]);
+        let built = split.build(&request, &Rotation::default()).unwrap().keys;
+        let fixed: Vec<Key> = split
+            .limits
+            .iter()
+            .filter_map(|l| l.fixed().cloned())
+            .collect();
+        assert_eq!(fixed, built);
     }
 
     /// A route's keys with its limits' keys, as a tier holds them.

@@ -88,6 +88,9 @@ impl Tier {
         facts: &RequestFacts<'_>,
         rotation: &Rotation,
     ) -> Result<LimitRecords, Undecidable> {
+        if self.limits.iter().all(|limit| limit.key.fixed().is_some()) {
+            return self.fixed_records(facts);
+        }
         let pending = self
             .limits
             .iter()
@@ -101,14 +104,21 @@ impl Tier {
         let tag = self.keys.tag(facts, giver.map(|p| &p.digest), rotation);
         let mut records = LimitRecords::new();
         for Pending { limit, digest } in &pending {
-            let cost = limit
-                .limit
-                .exact
-                .cost
-                .of(limit.costs.request(facts.headers))
-                .map_err(|_| Undecidable(BAD_COST))?;
+            let cost = cost_of(limit, facts)?;
             let key = self.keys.key(&tag, &limit.key, digest);
             records.push(LimitRecord::new(key, if digest.skipped { 0 } else { cost }));
+        }
+        Ok(records)
+    }
+
+    /// [`Tier::records`] of a tier whose every key was made at load (per-route limits): only
+    /// the costs are the request's.
+    fn fixed_records(&self, facts: &RequestFacts<'_>) -> Result<LimitRecords, Undecidable> {
+        let mut records = LimitRecords::new();
+        for limit in self.limits.iter() {
+            let cost = cost_of(limit, facts)?;
+            let key = limit.key.fixed().cloned().unwrap_or_default();
+            records.push(LimitRecord::new(key, cost));
         }
         Ok(records)
     }
@@ -131,6 +141,17 @@ impl Tier {
     pub fn is_empty(&self) -> bool {
         self.limits.is_empty()
     }
+}
+
+/// What `facts` costs `limit`: `Err` for a cost header that is not a whole number within the
+/// limit's cap.
+fn cost_of(limit: &TierLimit, facts: &RequestFacts<'_>) -> Result<u64, Undecidable> {
+    limit
+        .limit
+        .exact
+        .cost
+        .of(limit.costs.request(facts.headers))
+        .map_err(|_| Undecidable(BAD_COST))
 }
 
 /// Which tier of its route a request meets.

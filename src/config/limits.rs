@@ -266,6 +266,12 @@ fn compile_leasing(
         _ => false,
     };
     if mode == LimitMode::Auto && (!leasable || raw.cost_from_response.is_some()) {
+        if raw.lease_units.is_some() {
+            p.add(
+                format!("{at}.lease_units"),
+                "applies only to a limit that can be leased: gcra, token_bucket, leaky_bucket (without max_delay), fixed_window or calendar, not priced by the response",
+            );
+        }
         return None;
     }
     if !leasable {
@@ -848,6 +854,12 @@ mod tests {
         assert_eq!(
             problems,
             ["routes[0].limits[0].lease_units: applies only with mode: leased or auto"]
+        );
+        let (_, problems) =
+            limit("{ name: s, algorithm: sliding_window, rate: 1000/s, lease_units: 5 }");
+        assert_eq!(
+            problems,
+            ["routes[0].limits[0].lease_units: applies only to a limit that can be leased: gcra, token_bucket, leaky_bucket (without max_delay), fixed_window or calendar, not priced by the response"]
         );
     }
 

@@ -135,12 +135,42 @@ fn compile_variants(
             entries.push(compile_entry(&entry_at, &raw, entry, p));
         }
     }
-    Some(LimitVariants(Variants {
+    let mut variants = Variants {
         written: written?,
         entries,
         by_plan,
         by_consumer,
-    }))
+    };
+    lease_all_or_none(&mut variants);
+    Some(LimitVariants(variants))
+}
+
+/// Leased in every tier or in none: every tier of a limit counts on the same key, and a tier
+/// that gives units back mid-timeline (a shaped request whose client left, a response cheaper
+/// than its estimate) must not move a GCRA key's TAT back under units another gateway holds.
+/// So a limit some tier shapes or prices by the response is decided exactly in all of them.
+fn lease_all_or_none(variants: &mut Variants) {
+    let gives_back = |limit: &Limit| {
+        limit.priced_by_response.is_some()
+            || matches!(
+                limit.algorithm,
+                crate::limiter::Algorithm::Gcra { max_delay_us, .. } if max_delay_us > 0
+            )
+    };
+    let exact = gives_back(&variants.written.limit)
+        || variants.entries.iter().any(|entry| match entry {
+            Entry::Params(compiled) => gives_back(&compiled.limit),
+            Entry::Off | Entry::Broken => false,
+        });
+    if !exact {
+        return;
+    }
+    variants.written.limit.leased = None;
+    for entry in &mut variants.entries {
+        if let Entry::Params(compiled) = entry {
+            compiled.limit.leased = None;
+        }
+    }
 }
 
 fn compiled((limit, spec, headers): (Limit, KeySpec, CostHeaders)) -> Compiled {
@@ -410,6 +440,44 @@ mod tests {
         let pro_tier = tiers.get(tiers.choose(Some(&pro)));
         let series: Vec<u8> = pro_tier.limits.iter().map(|l| l.position.0).collect();
         assert_eq!(series, [0], "places in the route's list");
+    }
+
+    #[test]
+    fn a_limit_some_tier_shapes_or_prices_by_the_response_is_leased_in_no_tier() {
+        let leased = |limits: &str| {
+            let (tiers, problems) = tiers(limits);
+            assert!(problems.is_empty(), "{problems:?}");
+            let tiers = tiers.unwrap();
+            [None, Some(consumer("dave", Some(1)))]
+                .iter()
+                .map(|caller| {
+                    let tier = tiers.get(tiers.choose(caller.as_ref()));
+                    tier.limits[0].limit.exact.leased.is_some()
+                })
+                .collect::<Vec<bool>>()
+        };
+        let plain = "
+- name: global
+  key: [route]
+  rate: 1000/s
+  burst: 999
+  plans:
+    pro: { rate: 2000/s }
+";
+        assert_eq!(leased(plain), [true, true], "no mode: both tiers lease");
+        let shaped = "
+- name: global
+  key: [route]
+  rate: 1000/s
+  burst: 999
+  plans:
+    pro: { rate: 2000/s, max_delay: 1s }
+";
+        assert_eq!(
+            leased(shaped),
+            [false, false],
+            "pro shapes: the key is exact"
+        );
     }
 
     #[test]

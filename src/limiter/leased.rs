@@ -26,6 +26,7 @@
 //! * A denied top-up is asked again once with the exact costs: a request is never denied for
 //!   units it did not need.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
@@ -72,7 +73,7 @@ impl LeaseMeters {
     }
 }
 
-/// Shards of the holdings' map: bounds what counting it (`len`, on a key's first sighting) locks.
+/// Shards of the holdings' map.
 const SHARDS: usize = 16;
 /// Keys a gateway holds leases for at most (give or take one per request seeing a new key at
 /// the same time); beyond it, further keys are decided exactly.
@@ -173,6 +174,14 @@ impl LeaseSize {
     const NONE: LeaseSize = LeaseSize { gap: 0, held: 0 };
 }
 
+/// A holding's front before a request took units from it: the first unit's deadline and the
+/// top-up it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Front {
+    lapse_at: Instant,
+    mark_us: i64,
+}
+
 /// Microseconds as a duration, and back (saturating).
 fn micros(us: u64) -> Duration {
     Duration::from_micros(us)
@@ -227,13 +236,28 @@ impl Holding {
         lapsed
     }
 
-    /// Puts `cost` units back at the front: spent for a request denied after all.
-    fn put_back(&mut self, cost: u64) {
+    /// Where the front stands before `cost` units are taken from it: what putting them back
+    /// checks.
+    fn front(&self) -> Front {
+        Front {
+            lapse_at: self.lapse_at,
+            mark_us: self.mark_us,
+        }
+    }
+
+    /// Puts back `cost` units taken from the front at `taken` (spent for a request denied after
+    /// all), if the front is still where they left it: same top-up, nothing else taken or
+    /// lapsed since. Otherwise their place on the timeline (or their window) is another's now,
+    /// and they lapse. Returns whether they went back.
+    fn put_back(&mut self, cost: u64, taken: Front) -> bool {
         let back = micros(self.lapse.spacing_us().saturating_mul(cost));
-        if let Some(lapse_at) = self.lapse_at.checked_sub(back) {
-            self.lapse_at = lapse_at;
+        let unmoved = self.mark_us == taken.mark_us
+            && taken.lapse_at.checked_add(back) == Some(self.lapse_at);
+        if unmoved {
+            self.lapse_at = taken.lapse_at;
             self.units += cost;
         }
+        unmoved
     }
 
     /// Units to take beyond `cost`, or none (the request is asked exactly).
@@ -295,13 +319,33 @@ impl Holding {
         }
     }
 
+    /// Of `kept` units a top-up asked at `now` took, with the key `ahead_us` ahead and `mark_us`
+    /// its mark: how many can still be spent, and the first one's deadline.
+    fn usable(&self, kept: u64, ahead_us: u64, mark_us: i64, now: Instant) -> (u64, Instant) {
+        match self.lapse {
+            // A period whose end the reply does not know (a calendar on a gateway behind
+            // Redis's clock) gives no deadline: nothing is kept.
+            Lapse::Close if mark_us == 0 => (0, self.until),
+            Lapse::Close => (kept, self.until),
+            Lapse::Slots { emission_us, .. } => {
+                // The kept units are the last `kept` the call took, just before the TAT: the
+                // first one's slot begins kept x emission before it. Units whose slot had begun
+                // by `now` are worth nothing.
+                let span = kept.saturating_mul(emission_us);
+                let late = span.saturating_sub(ahead_us).div_ceil(emission_us);
+                let first = (ahead_us + late * emission_us).saturating_sub(span);
+                (kept.saturating_sub(late), now + micros(first))
+            }
+        }
+    }
+
     /// Records the backend's answer to a top-up asked at `now`: `kept` units more are held, the
-    /// last ones it took.
-    fn credit(&mut self, kept: u64, cost: u64, status: &LimitStatus, now: Instant) {
+    /// last ones it took. Returns how many units it could not keep (they lapse).
+    fn credit(&mut self, kept: u64, cost: u64, status: &LimitStatus, now: Instant) -> u64 {
         self.topping_up = None;
         self.remaining = status.remaining;
         if !status.allowed {
-            return;
+            return 0;
         }
         // The deciding clock answered after `now`: a time ahead of it, read on this gateway's
         // clock from `now`, is never later than it really is.
@@ -313,51 +357,44 @@ impl Holding {
         self.topped_up_at = now;
         self.spent_since_top_up = cost;
         self.last_used = now;
-        if kept == 0 {
-            return;
+        let (usable, first_deadline) = self.usable(kept, ahead_us, status.mark_us, now);
+        let mut lapsed = kept - usable;
+        if usable == 0 {
+            return lapsed;
         }
-        let (kept, first_deadline) = match self.lapse {
-            Lapse::Close => (kept, self.until),
-            Lapse::Slots { emission_us, .. } => {
-                // The kept units are the last `kept` the call took, just before the TAT: the
-                // first one's slot begins kept x emission before it. Units whose slot had begun
-                // by `now` are worth nothing.
-                let span = kept.saturating_mul(emission_us);
-                let late = span.saturating_sub(ahead_us).div_ceil(emission_us);
-                let kept = kept.saturating_sub(late);
-                let first = (ahead_us + late * emission_us).saturating_sub(span);
-                (kept, now + micros(first))
-            }
-        };
-        if kept == 0 {
-            return;
+        // Units still held from another window (period) are worth nothing in this one.
+        if matches!(self.lapse, Lapse::Close) && self.mark_us != status.mark_us {
+            lapsed += self.units;
+            self.units = 0;
         }
         self.lapse_at = match self.units {
             0 => first_deadline,
-            // Units still held from before sit earlier on the timeline: the deadlines of all,
-            // read from the front, never pass any unit's own.
+            // Units still held from before sit earlier on the timeline (or in the same
+            // window): the deadlines of all, read from the front, never pass any unit's own.
             held => {
                 let before = micros(self.lapse.spacing_us().saturating_mul(held));
                 match first_deadline.checked_sub(before) {
                     Some(at) => self.lapse_at.min(at),
                     None => {
+                        lapsed += held;
                         self.units = 0;
                         first_deadline
                     }
                 }
             }
         };
-        self.units += kept;
-        self.returnable = kept;
+        self.units += usable;
+        self.returnable = usable;
         self.mark_us = status.mark_us;
+        lapsed
     }
 }
 
 /// What one leased limit of a request does.
 #[derive(Debug, Clone, Copy)]
 enum Step {
-    /// Paid from units held: the status to report.
-    Held(LimitStatus),
+    /// Paid from units held: the status to report, and where they were taken from.
+    Held { status: LimitStatus, taken: Front },
     /// Asked of the backend: `cost + size.gap + size.held` units, of which `size.held` are kept
     /// if allowed.
     Ask { size: LeaseSize, topping_up: bool },
@@ -377,6 +414,9 @@ impl Step {
 /// lock; idle holdings are swept by the injected clock.
 struct Holdings {
     holdings: KeyMap<Holding>,
+    /// How many keys `holdings` has, kept beside it: counting the map would lock every shard
+    /// on each new key (under `mode: auto`, every cold key is one).
+    count: AtomicUsize,
     capacity: usize,
     meters: LeaseMeters,
 }
@@ -385,6 +425,7 @@ impl Holdings {
     fn new(capacity: usize, meters: LeaseMeters) -> Holdings {
         Holdings {
             holdings: key_map(SHARDS),
+            count: AtomicUsize::new(0),
             capacity: capacity.max(1),
             meters,
         }
@@ -395,7 +436,7 @@ impl Holdings {
         if let Some(mut holding) = self.holdings.get_mut(key) {
             return self.take_held(&mut holding, leasing, cost, now);
         }
-        if self.holdings.len() >= self.capacity {
+        if self.count.load(Ordering::Relaxed) >= self.capacity {
             return Step::exact();
         }
         match self.holdings.entry(key.into()) {
@@ -406,6 +447,7 @@ impl Holdings {
             HoldingEntry::Vacant(vacant) => {
                 // No rate seen yet: the first request asks for its own cost and starts the clock.
                 vacant.insert(Holding::new(limit.algorithm, now));
+                self.count.fetch_add(1, Ordering::Relaxed);
                 Step::Ask {
                     size: LeaseSize::NONE,
                     topping_up: true,
@@ -422,11 +464,15 @@ impl Holdings {
             self.meters.units_lapsed.inc_by(lapsed);
         }
         if holding.units >= cost {
+            let taken = holding.front();
             holding.take_front(cost);
             holding.spent_since_top_up += cost;
             holding.last_used = now;
             self.meters.held_decisions.inc();
-            return Step::Held(holding.status(now));
+            return Step::Held {
+                status: holding.status(now),
+                taken,
+            };
         }
         if holding.topping_up(now) {
             return Step::exact();
@@ -444,15 +490,20 @@ impl Holdings {
             if kept > 0 && status.allowed {
                 self.meters.top_ups.inc();
             }
-            holding.credit(kept, cost, status, now);
+            let lapsed = holding.credit(kept, cost, status, now);
+            self.meters.units_lapsed.inc_by(lapsed);
         }
     }
 
-    /// Puts back units paid from the holding for a request that was denied after all.
-    fn put_back(&self, key: &[u8], cost: u64) {
-        if let Some(mut holding) = self.holdings.get_mut(key) {
-            holding.put_back(cost);
+    /// Puts back units paid from the holding for a request that was denied after all, where
+    /// they can still be spent in time ([`Holding::put_back`]); else they lapse.
+    fn put_back(&self, key: &[u8], cost: u64, taken: Front) {
+        let back = self.holdings.get_mut(key).is_some_and(|mut holding| {
             holding.spent_since_top_up = holding.spent_since_top_up.saturating_sub(cost);
+            holding.put_back(cost, taken)
+        });
+        if !back {
+            self.meters.units_lapsed.inc_by(cost);
         }
     }
 
@@ -466,7 +517,7 @@ impl Holdings {
     /// Drops lapsed units, and the holdings of idle keys; returns what to give back.
     fn sweep(&self, now: Instant) -> Vec<Unspent> {
         let mut refunds = Vec::new();
-        let mut lapsed = 0;
+        let (mut lapsed, mut removed) = (0, 0);
         self.holdings.retain(|key, holding| {
             lapsed += holding.lapse(now);
             let idle = now.duration_since(holding.last_used) >= IDLE;
@@ -485,8 +536,10 @@ impl Holdings {
                 });
             }
             lapsed += holding.units - returned;
+            removed += 1;
             false
         });
+        self.count.fetch_sub(removed, Ordering::Relaxed);
         self.meters.units_lapsed.inc_by(lapsed);
         refunds
     }
@@ -601,7 +654,7 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
     fn unwind(&self, plans: &Plans<'_, '_>) {
         for &Plan { entry, step } in plans {
             match step {
-                Step::Held(_) => self.holdings.put_back(entry.key, entry.cost),
+                Step::Held { taken, .. } => self.holdings.put_back(entry.key, entry.cost, taken),
                 Step::Ask {
                     topping_up: true, ..
                 } => self.holdings.abandon(entry.key),
@@ -609,6 +662,18 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
             }
         }
     }
+}
+
+/// Whether `answer` denied a lease one of `plans` asked for (its statuses are the asked plans',
+/// in order).
+fn lease_denied(plans: &Plans<'_, '_>, answer: &Decision) -> bool {
+    let mut statuses = answer.statuses.iter();
+    plans.iter().any(|plan| match plan.step {
+        Step::Ask { size, .. } => {
+            statuses.next().is_some_and(|status| !status.allowed) && size != LeaseSize::NONE
+        }
+        Step::Held { .. } => false,
+    })
 }
 
 /// A status for a step the code above never produces (the answer's length is checked first):
@@ -664,7 +729,10 @@ impl<L: Limiter, S: SettleUnits + 'static> Limiter for Leased<L, S> {
         self.start_sweeper();
         let now = self.clock.instant();
         let plans = self.plans(request, now);
-        if plans.iter().all(|plan| matches!(plan.step, Step::Held(_))) {
+        if plans
+            .iter()
+            .all(|plan| matches!(plan.step, Step::Held { .. }))
+        {
             return Ok(held_decision(request, &plans));
         }
         let (answer, leasing) = self.ask_backend(request, &plans).await?;
@@ -697,7 +765,7 @@ type Plans<'r, 'e> = SmallVec<[Plan<'r, 'e>; LIMITS_INLINE]>;
 /// The decision of a request paid entirely from units held.
 fn held_decision(request: &LimitRequest<'_>, plans: &Plans<'_, '_>) -> Decision {
     let statuses = plans.iter().map(|plan| match plan.step {
-        Step::Held(status) => status,
+        Step::Held { status, .. } => status,
         Step::Ask { .. } => unreachable_status(),
     });
     Decision {
@@ -738,11 +806,12 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
         plans: &Plans<'_, '_>,
     ) -> Result<(Decision, bool), LimiterError> {
         let mut answer = self.ask(request, plans, false).await;
-        // The larger ask stands only if it was allowed; otherwise ask once more, exactly.
+        // The larger ask stands only if it was allowed, and every lease in it too (a shadow
+        // limit's denial does not deny the request); otherwise ask once more, exactly.
         let mut leasing = plans
             .iter()
             .any(|plan| matches!(plan.step, Step::Ask { size, .. } if size != LeaseSize::NONE));
-        if leasing && matches!(&answer, Ok(d) if !d.allowed()) {
+        if leasing && matches!(&answer, Ok(d) if !d.allowed() || lease_denied(plans, d)) {
             answer = self.ask(request, plans, true).await;
             leasing = false;
         }
@@ -780,9 +849,9 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
         let mut statuses = Statuses::new();
         for &Plan { entry, step } in plans {
             let status = match step {
-                Step::Held(status) => {
+                Step::Held { status, taken } => {
                     if !allowed {
-                        self.holdings.put_back(entry.key, entry.cost);
+                        self.holdings.put_back(entry.key, entry.cost, taken);
                     }
                     status
                 }
@@ -821,7 +890,7 @@ mod tests {
     use crate::limiter::limit::AUTO_MIN_UNITS;
     use crate::limiter::local::LocalLimiter;
     use crate::limiter::request::entries;
-    use crate::limiter::testing::{asks, limit, window};
+    use crate::limiter::testing::{asks, gcra, limit, window};
 
     /// The in-process backend, counting the checks that reach it.
     struct Counting {
@@ -1015,6 +1084,29 @@ mod tests {
         assert_eq!(left(&backend, &limits).await, 0);
     }
 
+    #[tokio::test]
+    async fn a_shadow_limit_that_denies_a_top_up_decides_the_request_exactly() {
+        let backend = backend();
+        let clock = Arc::new(ManualClock::new(0));
+        let gateway = gateway(&backend, &clock);
+        let mut limits = leased(window(20), 5);
+        limits[0].shadow = true;
+        for _ in 0..7 {
+            assert!(call(&gateway, &limits, 1).await.allowed());
+        }
+        // Another gateway takes all but one unit; this one's next top-up asks for more than
+        // that, is denied, and its request is asked again at its own cost: allowed.
+        let left_now = left(&backend, &limits).await;
+        assert!(call(backend.as_ref(), &limits[..], left_now - 1)
+            .await
+            .allowed());
+        let checks = backend.checks.load(Ordering::Relaxed);
+        let decided = call(&gateway, &limits, 1).await;
+        assert_eq!(backend.checks.load(Ordering::Relaxed), checks + 2);
+        assert_eq!(decided.shadow_denied_by, None, "the exact cost fitted");
+        assert_eq!(left(&backend, &limits).await, 0);
+    }
+
     #[test]
     fn a_top_up_dropped_with_its_request_is_abandoned_after_a_while() {
         let holdings = Holdings::new(10, LeaseMeters::unregistered());
@@ -1023,7 +1115,7 @@ mod tests {
         let t0 = ManualClock::new(0).instant();
         let asks = |at: Instant| match holdings.take(&limit, leasing, KEY, 1, at) {
             Step::Ask { topping_up, .. } => topping_up,
-            Step::Held(_) => panic!("nothing is held"),
+            Step::Held { .. } => panic!("nothing is held"),
         };
         assert!(asks(t0), "the first request starts a top-up");
         // Its request is dropped before the answer: nobody credits it.
@@ -1032,6 +1124,66 @@ mod tests {
             "meanwhile others ask exactly"
         );
         assert!(asks(t0 + TOP_UP_STALE), "then the key tops up again");
+    }
+
+    /// A top-up's answer, allowed: `left` remaining, the key ahead for `ahead_ms`, `mark`.
+    fn answer(left: u64, ahead_ms: u64, mark_us: i64) -> LimitStatus {
+        LimitStatus {
+            allowed: true,
+            remaining: left,
+            retry_after_ms: Some(0),
+            reset_after_ms: ahead_ms,
+            delay_ms: 0,
+            mark_us,
+        }
+    }
+
+    fn taken(step: Step) -> Front {
+        match step {
+            Step::Held { taken, .. } => taken,
+            Step::Ask { .. } => panic!("paid from the holding"),
+        }
+    }
+
+    #[test]
+    fn a_unit_put_back_where_its_place_is_taken_lapses_instead() {
+        let t0 = ManualClock::new(0).instant();
+        let ms = |n| t0 + Duration::from_millis(n);
+        // A window: A's unit is taken in one window; it closes and B tops up in the next
+        // before A's request is denied. A's unit counted in the old window: it lapses.
+        let holdings = Holdings::new(10, LeaseMeters::unregistered());
+        let [limit] = leased(window(100), 10);
+        let leasing = limit.leased.expect("leased");
+        holdings.take(&limit, leasing, KEY, 1, t0);
+        holdings.credit_top_up(KEY, 3, 1, &answer(90, 1000, 1_000_000), t0);
+        let a = taken(holdings.take(&limit, leasing, KEY, 1, ms(1)));
+        assert!(matches!(
+            holdings.take(&limit, leasing, KEY, 1, ms(1500)),
+            Step::Ask { .. }
+        ));
+        holdings.credit_top_up(KEY, 3, 1, &answer(90, 1000, 2_500_000), ms(1500));
+        holdings.put_back(KEY, 1, a);
+        assert_eq!(holdings.held(), 3, "the next window's 3, not A's");
+        // In the same window, with nothing else taken, it goes back.
+        let b = taken(holdings.take(&limit, leasing, KEY, 1, ms(1600)));
+        holdings.put_back(KEY, 1, b);
+        assert_eq!(holdings.held(), 3);
+        assert_eq!(
+            holdings.meters.units_lapsed.get(),
+            1 + 2,
+            "A's, and the old window's 2"
+        );
+
+        // GCRA: A takes the first unit, B the second; A's slot is behind B's now.
+        let holdings = Holdings::new(10, LeaseMeters::unregistered());
+        let [limit] = leased(gcra(1000, 99), 10);
+        let leasing = limit.leased.expect("leased");
+        holdings.take(&limit, leasing, KEY, 1, t0);
+        holdings.credit_top_up(KEY, 5, 1, &answer(90, 50, 1_050_000), t0);
+        let a = taken(holdings.take(&limit, leasing, KEY, 1, t0));
+        taken(holdings.take(&limit, leasing, KEY, 1, t0));
+        holdings.put_back(KEY, 1, a);
+        assert_eq!(holdings.held(), 3, "A's unit is not put back before B's");
     }
 
     #[test]

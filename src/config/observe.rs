@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use bytes::Bytes;
 use http::HeaderName;
 use serde::Deserialize;
 use strum::{EnumString, VariantNames};
@@ -83,7 +84,11 @@ impl_choice!(AcceptRequestId, "value");
 /// `request_id:` when enabled (the default).
 #[derive(Debug, Clone)]
 pub struct RequestIdSettings {
+    /// The header, for reading a request's.
     pub header: HeaderName,
+    /// The header's name as written (`X-Request-Id` by default), as it is sent: Pingora keeps a
+    /// `Bytes` name as it is, where it would copy and re-case a `HeaderName` on every insert.
+    pub spelling: Bytes,
     pub accept: AcceptRequestId,
 }
 
@@ -161,9 +166,15 @@ pub fn compile_request_id(
         Some(raw) => (raw.enabled, raw.header, raw.accept),
         None => (None, None, None),
     };
-    let header = match header {
-        Some(text) => header_name(&text, "request_id.header", p)?,
-        None => HeaderName::from_static("x-request-id"),
+    let (header, spelling) = match header {
+        Some(text) => (
+            header_name(&text, "request_id.header", p)?,
+            Bytes::from(text.trim().to_string()),
+        ),
+        None => (
+            HeaderName::from_static("x-request-id"),
+            Bytes::from_static(b"X-Request-Id"),
+        ),
     };
     let accept = chosen(
         accept.as_ref(),
@@ -172,9 +183,11 @@ pub fn compile_request_id(
         p,
     )
     .unwrap_or(AcceptRequestId::Trusted);
-    enabled
-        .unwrap_or(true)
-        .then_some(RequestIdSettings { header, accept })
+    enabled.unwrap_or(true).then_some(RequestIdSettings {
+        header,
+        spelling,
+        accept,
+    })
 }
 
 pub fn compile_tracing(raw: Option<RawTracing>, p: &mut Problems) -> Option<TracingSettings> {

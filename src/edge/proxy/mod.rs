@@ -69,7 +69,7 @@ fn id_header<'a>(
 ) -> Option<RequestIdHeader<'a>> {
     let settings = exchange?.site().config.request_id.as_ref()?;
     Some(RequestIdHeader {
-        name: &settings.header,
+        name: &settings.spelling,
         value: id?,
     })
 }

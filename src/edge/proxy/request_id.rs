@@ -49,6 +49,7 @@ mod tests {
     fn settings(accept: AcceptRequestId) -> RequestIdSettings {
         RequestIdSettings {
             header: HeaderName::from_static("x-request-id"),
+            spelling: bytes::Bytes::from_static(b"X-Request-Id"),
             accept,
         }
     }

@@ -6,8 +6,7 @@
 
 use bytes::Bytes;
 use http::header::{
-    HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER,
-    WWW_AUTHENTICATE,
+    HeaderValue, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
 };
 use pingora::http::ResponseHeader;
 use pingora::protocols::http::HttpTask;
@@ -61,7 +60,8 @@ pub fn add_ratelimit_headers(
 /// The request's id, as the header that carries it: the gateway's own answers return it too.
 #[derive(Clone, Copy)]
 pub struct RequestIdHeader<'a> {
-    pub name: &'a HeaderName,
+    /// The header's name as it is sent (`RequestIdSettings::spelling`).
+    pub name: &'a Bytes,
     pub value: &'a HeaderValue,
 }
 

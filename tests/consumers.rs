@@ -280,8 +280,11 @@ fn the_usage_api_peeks_without_consuming_and_needs_the_token() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
     let file = KeyFile::write(&keys());
-    let config = identity(&file)
-        .route(plan_route().limit(fixed_window("per_address", "50/h").key(&["client_ip"])));
+    let config = identity(&file).route(
+        plan_route()
+            .limit(fixed_window("per_address", "50/h").key(&["client_ip"]))
+            .limit(fixed_window("guard", "1000/h").set("headers", "hide")),
+    );
     let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
     gateway.wait_ready();
     for _ in 0..3 {
@@ -304,6 +307,8 @@ fn the_usage_api_peeks_without_consuming_and_needs_the_token() {
     assert_eq!(usage["limits"][0]["limit"], 100);
     assert_eq!(usage["limits"][0]["remaining"], 97);
     assert!(usage["limits"][1]["unavailable"].is_string(), "{usage}");
+    let listed = usage["limits"].as_array().map(Vec::len);
+    assert_eq!(listed, Some(2), "a hidden limit is not listed: {usage}");
     let again = quota("consumer=bob&route=api", Some(TOKEN));
     assert_eq!(again.body, read.body, "a peek consumes nothing");
     let next = get_with_key(&gateway, "/api/x", KEY_B);

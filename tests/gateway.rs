@@ -11,6 +11,8 @@ use support::config::{route, Config, Route};
 use support::limits::{concurrency, fixed_window, gcra};
 use support::{http_get, metric, Gateway, RedisServer, Upstream};
 
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
 /// Limits in the test Redis (50 ms deadline), with this failure mode.
 fn with_redis(failure_mode: &str) -> Config {
     Config::new()
@@ -66,7 +68,7 @@ fn a_burst_admits_exactly_the_limit_then_429s_with_headers_then_passes_again() {
     assert_eq!(
         denied.body,
         format!(
-            "{{\"type\":\"about:blank\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"Rate limit 'per_client' of route 'api' exceeded.\",\"limit\":\"per_client\",\"retry_after_seconds\":2{id}}}\n"
+            "{{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\"title\":\"Request cannot be satisfied as assigned quota has been exceeded\",\"status\":429,\"detail\":\"Rate limit 'per_client' of route 'api' exceeded.\",\"violated-policies\":[\"per_client\"],\"limit\":\"per_client\",\"retry_after_seconds\":2{id}}}\n"
         )
     );
 
@@ -194,6 +196,76 @@ fn a_denying_limit_leaves_the_other_limits_unconsumed() {
         "generous was not consumed"
     );
     assert_eq!(upstream.served(), 1);
+}
+
+/// What a `429` says as JSON.
+fn problem(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+#[test]
+fn a_hidden_limit_enforces_unseen_and_a_429_lists_the_shown_limits_it_violated() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let hidden = |rate: &str| fixed_window("guard", rate).set("headers", "hide");
+    let config = with_redis("deny")
+        .route(
+            route("guarded")
+                .prefix("/g/")
+                .limit(fixed_window("quota", "5/h"))
+                .limit(hidden("2/h")),
+        )
+        .route(
+            route("both")
+                .prefix("/b/")
+                .limit(fixed_window("quota", "1/h"))
+                .limit(hidden("1/m")),
+        );
+    let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
+
+    // Only the shown quota is advertised; the hidden guard still counts.
+    let first = gateway.get("/g/x");
+    assert_eq!(first.status, 200);
+    assert_eq!(
+        first.header("ratelimit-policy"),
+        Some("\"quota\";q=5;w=3600")
+    );
+    assert!(first
+        .header("ratelimit")
+        .unwrap()
+        .starts_with("\"quota\";r=4;"));
+    assert_eq!(gateway.get("/g/x").status, 200);
+    // The guard denies: a 429 that names no limit and lists no violated policy, with the
+    // shown quota's state and a Retry-After.
+    let guarded = gateway.get("/g/x");
+    assert_eq!(guarded.status, 429);
+    assert!(guarded.header("retry-after").is_some());
+    assert!(guarded
+        .header("ratelimit")
+        .unwrap()
+        .starts_with("\"quota\";r=3;"));
+    let body = problem(&guarded.body);
+    assert_eq!(body["type"], QUOTA_EXCEEDED);
+    assert_eq!(body["violated-policies"], serde_json::json!([]), "{body}");
+    assert_eq!(body["detail"], "Rate limit of route 'guarded' exceeded.");
+    assert!(body.get("limit").is_none(), "{body}");
+    assert!(!guarded.body.contains("guard\""), "{}", guarded.body);
+
+    // Both deny: only the shown one is named (it waits longest, and decides).
+    assert_eq!(gateway.get("/b/x").status, 200);
+    let both = gateway.get("/b/x");
+    assert_eq!(both.status, 429);
+    let body = problem(&both.body);
+    assert_eq!(
+        body["violated-policies"],
+        serde_json::json!(["quota"]),
+        "{body}"
+    );
+    assert_eq!(body["limit"], "quota");
+    assert_eq!(
+        both.header("ratelimit-policy"),
+        Some("\"quota\";q=1;w=3600")
+    );
 }
 
 #[test]

@@ -140,6 +140,16 @@ pub enum LimitMode {
 }
 impl_choice!(LimitMode, "mode");
 
+/// `headers:` of a limit: whether the `RateLimit` fields, a `429`'s body and the usage API show
+/// it (`hide` a guard whose numbers are not the client's business; `show` a quota).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumString, VariantNames)]
+#[strum(serialize_all = "snake_case")]
+pub enum HeaderVisibility {
+    Show,
+    Hide,
+}
+impl_choice!(HeaderVisibility, "value");
+
 /// `on_missing:` of a limit: what a request without one of the key's parts gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, EnumString, VariantNames)]
 #[strum(serialize_all = "snake_case")]

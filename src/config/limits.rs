@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 
-use super::choice::{chosen, AlgorithmName, LimitMode, OnMissingName, Spelled};
+use super::choice::{chosen, AlgorithmName, HeaderVisibility, LimitMode, OnMissingName, Spelled};
 use super::problem::{required_name, Problems};
 use super::rate::{parse_calendar_rate, parse_duration, parse_rate};
 use super::raw::{RawLimit, RawResponseCost};
@@ -81,6 +81,12 @@ pub(crate) fn compile_limit(
     let leased = compile_leasing(at, &raw, algorithm.as_ref(), p);
     let (cost, priced_by_response, headers) =
         compile_pricing(at, kind, &raw, algorithm.as_ref(), p);
+    let visibility = chosen(
+        raw.headers.as_ref(),
+        HeaderVisibility::Show,
+        &format!("{at}.headers"),
+        p,
+    );
     let (name, algorithm, cost, parts) = (name?, algorithm?, cost?, parts?);
     let spec = KeySpec {
         limit: fingerprinted(&name, &algorithm),
@@ -94,6 +100,7 @@ pub(crate) fn compile_limit(
         cost,
         policy: rate.map(|rate| rate.policy()),
         shadow: raw.shadow.unwrap_or(false),
+        hidden: visibility? == HeaderVisibility::Hide,
         leased,
         priced_by_response,
     };
@@ -666,6 +673,20 @@ mod tests {
         assert_eq!(
             (compiled.policy, compiled.cost),
             (Some((10, 1)), Cost::Fixed(1))
+        );
+    }
+
+    #[test]
+    fn a_limit_is_shown_unless_it_says_hide_and_anything_else_is_refused_at_its_path() {
+        let shown = |yaml: &str| limit(yaml).0.map(|l| l.shown());
+        assert_eq!(shown("{ name: a, rate: 1/s }"), Some(true));
+        assert_eq!(shown("{ name: a, rate: 1/s, headers: show }"), Some(true));
+        assert_eq!(shown("{ name: a, rate: 1/s, headers: hide }"), Some(false));
+        let (compiled, problems) = limit("{ name: a, rate: 1/s, headers: secret }");
+        assert!(compiled.is_none());
+        assert_eq!(
+            problems,
+            ["routes[0].limits[0].headers: unknown value \"secret\": use show or hide"]
         );
     }
 

@@ -17,8 +17,8 @@ use crate::limiter::FailureMode;
 use super::addresses::RawAddresses;
 use super::api_keys::RawApiKeys;
 use super::choice::{
-    AlgorithmName, BalanceName, ClientAuthMode, EncodedSlash, LimitMode, OnMissingName, RedisMode,
-    Spelled,
+    AlgorithmName, BalanceName, ClientAuthMode, EncodedSlash, HeaderVisibility, LimitMode,
+    OnMissingName, RedisMode, Spelled,
 };
 use super::observe::{RawAccessLog, RawRequestId, RawTracing};
 use super::server::ServerSettings;
@@ -154,6 +154,7 @@ pub struct RawLimit {
     pub cost_header: Option<String>,
     pub cost_max: Option<u64>,
     pub shadow: Option<bool>,
+    pub headers: Option<Spelled<HeaderVisibility>>,
     pub split: Option<u64>,
     pub mode: Option<Spelled<LimitMode>>,
     pub lease_units: Option<u64>,

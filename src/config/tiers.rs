@@ -331,10 +331,10 @@ fn pick_entry(v: &Variants, pick: Pick) -> Option<&Compiled> {
 }
 
 /// `"a";q=10;w=1, "b";q=100;w=60`: the IETF httpapi RateLimit-Policy list, built once.
-/// Limits that are not rates (concurrency) are not listed.
+/// Limits that are not rates (concurrency), shadow limits and hidden ones are not listed.
 pub fn policy_header<'a>(limits: impl IntoIterator<Item = &'a Limit>) -> Option<HeaderValue> {
     let mut value = Vec::new();
-    for limit in limits.into_iter().filter(|l| !l.shadow) {
+    for limit in limits.into_iter().filter(|l| l.shown()) {
         if let Some((quota, window)) = limit.policy {
             fields::push_policy_item(&mut value, &limit.name, quota, window);
         }

@@ -179,7 +179,10 @@ async fn peek<'a>(
             .collect(),
         None => tier.limits.iter().map(|limit| (limit, None)).collect(),
     };
-    let usage = statuses.into_iter().map(|(limit, status)| {
+    let shown = statuses
+        .into_iter()
+        .filter(|(limit, _)| !limit.limit.exact.hidden);
+    let usage = shown.map(|(limit, status)| {
         let (readable, limit) = (readable(limit), &limit.limit.exact);
         LimitUsage {
             name: &limit.name,

@@ -122,6 +122,9 @@ pub struct Limit {
     /// Decided and counted, never enforced: a denial lets the request through (and consumes
     /// nothing from this limit), for rolling out new limits safely.
     pub shadow: bool,
+    /// `headers: hide`: enforced as any other, but left out of the `RateLimit` fields, a `429`'s
+    /// body and the usage API (a guard whose numbers are not the client's business).
+    pub hidden: bool,
     /// `mode: leased` or `auto` (the default where leases apply): taken from Redis in leases
     /// and spent locally (`leased.rs`); `None`: exact, one decision in Redis per request.
     pub leased: Option<Leasing>,
@@ -153,9 +156,16 @@ impl Limit {
             cost: Cost::Fixed(cost),
             policy: Some(rate.policy()),
             shadow: false,
+            hidden: false,
             leased: None,
             priced_by_response: None,
         }
+    }
+
+    /// Whether clients see this limit (the `RateLimit` fields, a `429`'s body, the usage API):
+    /// enforced (not shadow) and not hidden (`headers: hide`).
+    pub fn shown(&self) -> bool {
+        !self.shadow && !self.hidden
     }
 
     /// This limit as one of `instances` gateways' equal share, for enforcing in-process while

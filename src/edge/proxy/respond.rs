@@ -29,7 +29,7 @@ pub fn ratelimit_value(said: &LimitsSaid<'_>) -> Option<HeaderValue> {
         let (limit, Some(status)) = (&limit.limit.exact, &record.status) else {
             continue;
         };
-        if limit.policy.is_some() && !limit.shadow {
+        if limit.policy.is_some() && limit.shown() {
             fields::push_state_item(
                 &mut value,
                 &limit.name,
@@ -74,7 +74,7 @@ fn problem(
     extra: &str,
     id: Option<RequestIdHeader<'_>>,
 ) -> Bytes {
-    let mut body = problem_start(status, title, detail.len() + extra.len());
+    let mut body = problem_start(status, "about:blank", title, detail.len() + extra.len());
     body.extend_from_slice(detail.as_bytes());
     body.push(b'"');
     body.extend_from_slice(extra.as_bytes());
@@ -83,9 +83,11 @@ fn problem(
 
 /// A problem body up to its open `detail` string, in a buffer with `room` more bytes (and
 /// enough for the request id and the end): each answer is written into one allocation.
-fn problem_start(status: u16, title: &str, room: usize) -> Vec<u8> {
-    let mut body = Vec::with_capacity(160 + title.len() + room);
-    body.extend_from_slice(b"{\"type\":\"about:blank\",\"title\":\"");
+fn problem_start(status: u16, kind: &str, title: &str, room: usize) -> Vec<u8> {
+    let mut body = Vec::with_capacity(160 + kind.len() + title.len() + room);
+    body.extend_from_slice(b"{\"type\":\"");
+    body.extend_from_slice(kind.as_bytes());
+    body.extend_from_slice(b"\",\"title\":\"");
     body.extend_from_slice(title.as_bytes());
     body.extend_from_slice(b"\",\"status\":");
     push_decimal(&mut body, u64::from(status));
@@ -160,14 +162,15 @@ async fn respond_grpc(
     let mut header = ResponseHeader::build(200, Some(8))?;
     let message = match (answer, limited) {
         (Answer::Limited { .. }, Some(said)) => {
-            let limit = denied_name(&said);
+            let limit = denied_name(&said).map(|name| format!("'{name}' "));
             if let Some(ms) = said.retry().after_ms() {
                 header.insert_header("grpc-retry-pushback-ms", ms)?;
                 header.insert_header(RETRY_AFTER, whole_seconds(ms).max(1))?;
             }
             add_ratelimit_headers(&mut header, said)?;
             format!(
-                "rate limit '{limit}' of route '{}' exceeded",
+                "rate limit {}of route '{}' exceeded",
+                limit.unwrap_or_default(),
                 said.route.name
             )
         }
@@ -236,8 +239,13 @@ async fn send(
     session.write_response_body(Some(body), true).await
 }
 
+/// The problem type of a `429` (draft-ietf-httpapi-ratelimit-headers-11, section 7.1).
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
 /// The `429` body, `Retry-After` and rate-limit headers of a denied request, written into one
-/// buffer without `format!`.
+/// buffer without `format!`: the draft's `quota-exceeded` problem, its `violated-policies`
+/// (every shown limit that denied the request), and the denying limit by name unless it is
+/// hidden (`headers: hide`).
 fn limited_body(
     header: &mut ResponseHeader,
     said: LimitsSaid<'_>,
@@ -246,34 +254,44 @@ fn limited_body(
     let route = said.route;
     let limit = denied_name(&said);
     let retry = said.retry().after_ms();
-    let mut body = problem_start(
-        429,
-        "Too Many Requests",
-        96 + 2 * limit.len() + route.name.len(),
-    );
-    let detail: [&str; 5] = match retry {
-        Some(_) => [
-            "Rate limit '",
-            limit,
-            "' of route '",
-            &route.name,
-            "' exceeded.",
-        ],
+    let title = "Request cannot be satisfied as assigned quota has been exceeded";
+    let room = 128 + 3 * limit.map_or(0, str::len) + route.name.len();
+    let mut body = problem_start(429, QUOTA_EXCEEDED, title, room);
+    let (opening, closing) = match retry {
+        Some(_) => ("Rate limit ", " exceeded."),
         // The request costs more than the limit can ever admit: retrying cannot help.
-        None => [
-            "The request's cost exceeds what limit '",
-            limit,
-            "' of route '",
-            &route.name,
-            "' can ever admit.",
-        ],
+        None => (
+            "The request's cost exceeds what rate limit ",
+            " can ever admit.",
+        ),
     };
-    for part in detail {
+    body.extend_from_slice(opening.as_bytes());
+    if let Some(limit) = limit {
+        for part in ["'", limit, "' "] {
+            body.extend_from_slice(part.as_bytes());
+        }
+    }
+    for part in [
+        "of route '",
+        &route.name,
+        "'",
+        closing,
+        "\",\"violated-policies\":[",
+    ] {
         body.extend_from_slice(part.as_bytes());
     }
-    body.extend_from_slice(b"\",\"limit\":\"");
-    body.extend_from_slice(limit.as_bytes());
-    body.extend_from_slice(b"\",\"retry_after_seconds\":");
+    for (i, violated) in said.violated().enumerate() {
+        body.extend_from_slice(if i == 0 { b"\"" } else { b",\"" });
+        body.extend_from_slice(violated.limit.exact.name.as_bytes());
+        body.push(b'"');
+    }
+    body.push(b']');
+    if let Some(limit) = limit {
+        body.extend_from_slice(b",\"limit\":\"");
+        body.extend_from_slice(limit.as_bytes());
+        body.push(b'"');
+    }
+    body.extend_from_slice(b",\"retry_after_seconds\":");
     match retry {
         Some(ms) => {
             let seconds = whole_seconds(ms).max(1);
@@ -286,9 +304,10 @@ fn limited_body(
     Ok(problem_end(body, id))
 }
 
-/// The name of the limit that denied the request, as its answer names it.
-fn denied_name<'a>(said: &LimitsSaid<'a>) -> &'a str {
-    said.denied().map_or("", |l| &*l.limit.exact.name)
+/// The name of the limit that denied the request, unless it is hidden (`headers: hide`).
+fn denied_name<'a>(said: &LimitsSaid<'a>) -> Option<&'a str> {
+    let denied = &said.denied()?.limit.exact;
+    (!denied.hidden).then_some(&*denied.name)
 }
 
 fn request_has_body(session: &Session) -> bool {

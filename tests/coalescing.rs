@@ -42,12 +42,19 @@ fn batches(metrics: &str) -> (f64, f64) {
     (calls, calls - alone)
 }
 
-/// A gateway config with one route under one fixed window shared by every client, failing closed.
+/// A gateway config with one route under one fixed window shared by every client, failing closed,
+/// decided exactly (`mode: exact`): what these tests are about is how exact decisions coalesce.
 fn one_shared_limit(redis: &RedisServer, rate: &str) -> String {
     Config::new()
         .redis(redis.url())
         .failure_mode("deny")
-        .route(route("api").limit(fixed_window("shared", rate).key(&["route"])))
+        .route(
+            route("api").limit(
+                fixed_window("shared", rate)
+                    .key(&["route"])
+                    .set("mode", "exact"),
+            ),
+        )
         .yaml()
 }
 

@@ -50,14 +50,16 @@ fn a_burst_admits_exactly_the_limit_then_429s_with_headers_then_passes_again() {
         first.header("ratelimit-policy"),
         Some("\"per_client\";q=5;w=10")
     );
-    assert_eq!(first.header("ratelimit"), Some("\"per_client\";r=4;t=2"));
+    let state = first.header("ratelimit").unwrap();
+    assert!(state.starts_with("\"per_client\";r=4;t=2;pk=:"), "{state}");
     let denied = &responses[5];
     assert_eq!(denied.header("retry-after"), Some("2"));
     assert_eq!(
         denied.header("ratelimit-policy"),
         Some("\"per_client\";q=5;w=10")
     );
-    assert_eq!(denied.header("ratelimit"), Some("\"per_client\";r=0;t=10"));
+    let state = denied.header("ratelimit").unwrap();
+    assert!(state.starts_with("\"per_client\";r=0;t=10;pk=:"), "{state}");
     assert_eq!(
         denied.header("content-type"),
         Some("application/problem+json")
@@ -168,8 +170,8 @@ fn a_denying_limit_leaves_the_other_limits_unconsumed() {
     let allowed = gateway.get("/x");
     assert_eq!(allowed.status, 200);
     assert_eq!(
-        allowed.header("ratelimit"),
-        Some("\"generous\";r=9;t=6, \"strict\";r=0;t=60")
+        without_partitions(allowed.header("ratelimit").unwrap()),
+        "\"generous\";r=9;t=6, \"strict\";r=0;t=60"
     );
     let generous_key: String = redis
         .connection()
@@ -265,6 +267,63 @@ fn a_hidden_limit_enforces_unseen_and_a_429_lists_the_shown_limits_it_violated()
     assert_eq!(
         both.header("ratelimit-policy"),
         Some("\"quota\";q=1;w=3600")
+    );
+}
+
+/// A `RateLimit` value without its items' partition keys (`;pk=:...:`).
+fn without_partitions(value: &str) -> String {
+    value
+        .split(", ")
+        .map(|item| item.split(";pk=").next().unwrap_or(item))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The `RateLimit` item of `limit` in `value`.
+fn item<'a>(value: &'a str, limit: &str) -> &'a str {
+    let name = format!("\"{limit}\";");
+    value
+        .split(", ")
+        .find(|item| item.starts_with(&name))
+        .unwrap_or_else(|| panic!("no {limit} in {value}"))
+}
+
+#[test]
+fn a_per_client_limit_names_its_bucket_and_a_per_route_limit_does_not() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let config = with_redis("deny").route(
+        route("api")
+            .limit(fixed_window("per_client", "100/h"))
+            .limit(fixed_window("per_route", "1000/h").key(&["route"])),
+    );
+    let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
+    let ratelimit = |source: &str| {
+        let response = gateway.get_from(source, "/x");
+        assert_eq!(response.status, 200);
+        response.header("ratelimit").unwrap().to_string()
+    };
+    let partition = |value: &str| {
+        let item = item(value, "per_client");
+        let (_, pk) = item.split_once(";pk=").unwrap_or_else(|| panic!("{item}"));
+        pk.to_string()
+    };
+    let first = ratelimit("127.0.0.1");
+    let pk = partition(&first);
+    // A structured-field byte sequence of 9 bytes: `:` twelve base64 characters `:`.
+    assert_eq!(pk.len(), 14, "{pk}");
+    assert!(pk.starts_with(':') && pk.ends_with(':'), "{pk}");
+    assert!(pk[1..13]
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/'));
+    assert!(!item(&first, "per_route").contains("pk="), "{first}");
+    assert_eq!(partition(&ratelimit("127.0.0.1")), pk, "the same bucket");
+    assert_ne!(partition(&ratelimit("127.0.0.2")), pk, "another client's");
+    let keys: Vec<String> = redis.connection().keys("*").unwrap();
+    let text = &pk[1..13];
+    assert!(
+        keys.iter().all(|key| !key.contains(text)),
+        "not the stored key: {keys:?}"
     );
 }
 

@@ -24,6 +24,25 @@ pub fn push_state_item(out: &mut Vec<u8>, name: &str, remaining: u64, reset_afte
     push_decimal(out, whole_seconds(reset_after_ms));
 }
 
+/// Bytes of a partition key: 72 bits, twelve base64 characters.
+const PARTITION_KEY_BYTES: usize = 9;
+
+/// Appends `;pk=:...:`, the item's partition key: which of the limit's buckets the request
+/// counted in, as a structured-field byte sequence. Derived from the stored `key` by one more
+/// hash, so it never holds a client's bytes (the key's digest is keyed with the gateway's
+/// secret) and is not the stored key either; the same bucket always gives the same value.
+pub fn push_partition_key(out: &mut Vec<u8>, key: &[u8]) {
+    use base64::Engine;
+    let digest = xxhash_rust::xxh3::xxh3_128(key).to_be_bytes();
+    let mut text = [0u8; 4 * PARTITION_KEY_BYTES / 3];
+    let written = base64::engine::general_purpose::STANDARD
+        .encode_slice(&digest[..PARTITION_KEY_BYTES], &mut text)
+        .unwrap_or(0);
+    out.extend_from_slice(b";pk=:");
+    out.extend_from_slice(&text[..written]);
+    out.push(b':');
+}
+
 /// `ms` in whole seconds, rounded up: what `t`, `Retry-After` and the usage API show a client,
 /// so a client that waits that long finds the window reset.
 pub(crate) fn whole_seconds(ms: u64) -> u64 {

@@ -21,12 +21,14 @@ use crate::upstream::pool::Pool;
 pub const RATELIMIT: &str = "ratelimit";
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
 
-/// `"per_client";r=0;t=1, ...`: the IETF httpapi `RateLimit` field for every limit the request
-/// met that is a rate (`limiter::fields` writes it).
+/// `"per_client";r=0;t=1;pk=:...:, ...`: the IETF httpapi `RateLimit` field for every shown
+/// limit the request met that is a rate (`limiter::fields` writes it). A limit whose key depends
+/// on the request (per client, consumer, path...) names the bucket it counted in (`pk`); a
+/// per-route limit has one bucket and no `pk`.
 pub fn ratelimit_value(said: &LimitsSaid<'_>) -> Option<HeaderValue> {
     let mut value = Vec::with_capacity(64);
-    for (limit, record) in said.iter() {
-        let (limit, Some(status)) = (&limit.limit.exact, &record.status) else {
+    for (tier_limit, record) in said.iter() {
+        let (limit, Some(status)) = (&tier_limit.limit.exact, &record.status) else {
             continue;
         };
         if limit.policy.is_some() && limit.shown() {
@@ -36,6 +38,9 @@ pub fn ratelimit_value(said: &LimitsSaid<'_>) -> Option<HeaderValue> {
                 status.remaining,
                 status.reset_after_ms,
             );
+            if tier_limit.key.fixed().is_none() {
+                fields::push_partition_key(&mut value, &record.ask.key);
+            }
         }
     }
     // The buffer becomes the header's bytes: no second copy.

@@ -14,6 +14,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use support::config::{route, Config};
 use support::{free_port, metric, Gateway, RedisServer, Upstream};
@@ -32,6 +33,16 @@ struct Rls {
 
 impl Rls {
     fn start(files: &[(&str, &str)], redis: Option<&RedisServer>, failure_mode: &str) -> Rls {
+        Rls::start_with(files, redis, failure_mode, "")
+    }
+
+    /// As [`Rls::start`], with `extra` more members of `rls:` (each after a comma).
+    fn start_with(
+        files: &[(&str, &str)],
+        redis: Option<&RedisServer>,
+        failure_mode: &str,
+        extra: &str,
+    ) -> Rls {
         let dir = tempfile::tempdir().unwrap();
         for (name, text) in files {
             std::fs::write(dir.path().join(name), text).unwrap();
@@ -40,7 +51,7 @@ impl Rls {
         let mut config = Config::new().set(
             "rls",
             format!(
-                "{{ listen: 127.0.0.1:{port}, config_dir: {}, failure_mode: {failure_mode} }}",
+                "{{ listen: 127.0.0.1:{port}, config_dir: {}, failure_mode: {failure_mode}{extra} }}",
                 dir.path().display()
             ),
         );
@@ -356,6 +367,233 @@ fn with_redis_down_each_failure_mode_applies() {
             }
             assert_eq!(rls.check("edge", &[&[("client", "z")]]).overall_code, OVER);
         }
+    }
+}
+
+/// A file of envoyproxy/ratelimit's test suite (`tests/fixtures/envoy-ratelimit-suite`).
+fn suite_file(path: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/envoy-ratelimit-suite")
+        .join(path);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `sluice -t` with `files` (paths in the suite) as its `rls.config_dir`: success and stderr.
+fn check_suite_files(files: &[&str]) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("rls")).unwrap();
+    for file in files {
+        let name = file.replace('/', "_");
+        std::fs::write(dir.path().join("rls").join(name), suite_file(file)).unwrap();
+    }
+    let yaml = "rls: { listen: 127.0.0.1:1, config_dir: rls }\n";
+    support::check_config(dir.path(), yaml)
+}
+
+#[test]
+fn envoyproxy_ratelimit_test_suite_configs_are_accepted_or_refused_as_upstream_does() {
+    let accepted = [
+        "examples/ratelimit/config/config.yaml",
+        "examples/ratelimit/config/example.yaml",
+        "test/config/basic_config.yaml",
+        "test/config/duplicate_domain.yaml",
+        "test/config/merge_domain_key1.yaml",
+        "test/config/merge_domain_key2.yaml",
+        "test/config/metadata.yaml",
+        "test/config/shadowmode_config.yaml",
+        "test/config/share_threshold.yaml",
+        "test/config/wildcard.yaml",
+        "test/integration/runtime/current/ratelimit/config/another.yaml",
+        "test/integration/runtime/current/ratelimit/config/basic.yaml",
+        "test/integration/runtime/current/ratelimit/config/share_threshold.yaml",
+        "test/integration/runtime/current/ratelimit/reload.yaml",
+    ];
+    for file in accepted {
+        let (ok, said) = check_suite_files(&[file]);
+        assert!(ok, "{file}: {said}");
+    }
+    // Upstream's test/config/config_test.go refuses these; sluice names the file and the path.
+    let refused = [
+        ("test/config/bad_limit_unit.yaml", "descriptors[0].rate_limit: unit \"foo\""),
+        ("test/config/bad_yaml.yaml", "found unexpected end of stream"),
+        (
+            "test/config/duplicate_key.yaml",
+            "descriptors[1]: duplicate descriptor composite key 'test-domain.key1_value1'",
+        ),
+        ("test/config/empty_domain.yaml", "domain: required"),
+        ("test/config/empty_key.yaml", "descriptors[0].key: required"),
+        ("test/config/misspelled_key.yaml", "descriptors[0].ratelimit: "),
+        (
+            "test/config/misspelled_key2.yaml",
+            "descriptors[0].rate_limit.requestsperunit: ",
+        ),
+        ("test/config/non_map_list.yaml", "descriptors[0]: expected a table"),
+        ("test/config/non_string_key.yaml", "0.25: unknown key"),
+        (
+            "test/config/replaces_empty.yaml",
+            "descriptors[0].descriptors[0].rate_limit.replaces[0].name: must not be empty",
+        ),
+        (
+            "test/config/replaces_self.yaml",
+            "descriptors[0].descriptors[0].rate_limit.replaces[0].name: must not name the limit itself",
+        ),
+        (
+            "test/config/unlimited_with_unit.yaml",
+            "descriptors[0].rate_limit: unit: not with unlimited: true",
+        ),
+    ];
+    for (file, problem) in refused {
+        let (ok, said) = check_suite_files(&[file]);
+        assert!(!ok, "{file} is refused");
+        let named = file.replace('/', "_");
+        assert!(
+            said.contains(&format!("{named}: {problem}")),
+            "{file}: {said}"
+        );
+    }
+    // Two files of one domain are refused (upstream merges them only when told to).
+    let (ok, said) = check_suite_files(&[
+        "test/config/basic_config.yaml",
+        "test/config/duplicate_domain.yaml",
+    ]);
+    assert!(
+        !ok && said.contains("domain \"test-domain\" is defined twice"),
+        "{said}"
+    );
+}
+
+/// Waits, if needed, until a fixed window of a minute has at least 3 s left: a test that fills
+/// one and then checks it is refused never straddles two.
+fn clear_of_a_minute_boundary() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let into = now.as_millis() % 60_000;
+    if into > 57_000 {
+        std::thread::sleep(Duration::from_millis((60_000 - into + 50) as u64));
+    }
+}
+
+#[test]
+fn share_threshold_counts_every_value_a_wildcard_matches_in_one_bucket() {
+    let redis = RedisServer::start();
+    let file = suite_file("test/config/share_threshold.yaml");
+    let mut rls = Rls::start(&[("share.yaml", &file)], Some(&redis), "deny");
+    clear_of_a_minute_boundary();
+    let ask = |rls: &mut Rls, entries: &[(&str, &str)], hits: u32| {
+        let answer = rls.ask(request("test-domain", &[entries], hits));
+        answer.expect("an answer").overall_code
+    };
+    // files/* (100/min, shared): one value takes all 100, another value finds none left.
+    assert_eq!(ask(&mut rls, &[("files", "files/a.pdf")], 100), OK);
+    assert_eq!(ask(&mut rls, &[("files", "files/b.csv")], 1), OVER);
+    // A star in the middle (/api*v1, 100/min, shared).
+    assert_eq!(ask(&mut rls, &[("midpath", "/api/users/v1")], 100), OK);
+    assert_eq!(ask(&mut rls, &[("midpath", "/api/orders/v1")], 1), OVER);
+    assert_eq!(
+        rls.check("test-domain", &[&[("midpath", "/api/users/v2")]])
+            .statuses[0]
+            .current_limit,
+        None,
+        "/api*v1 does not match a value ending in v2"
+    );
+    // An exact value beats the wildcard: test1 (50/min) apart from test* (100/min, shared).
+    assert_eq!(ask(&mut rls, &[("file", "test1")], 50), OK);
+    assert_eq!(ask(&mut rls, &[("file", "test1")], 1), OVER);
+    assert_eq!(ask(&mut rls, &[("file", "test2")], 100), OK);
+    assert_eq!(ask(&mut rls, &[("file", "test3")], 1), OVER);
+    // path/* shared, then file/* not shared (120/min): each file value counts apart.
+    let path = |p: &'static str, f: &'static str| [("path", p), ("file", f), ("type", "pdf")];
+    assert_eq!(ask(&mut rls, &path("path/a", "file/x"), 120), OK);
+    assert_eq!(
+        ask(&mut rls, &path("path/b", "file/y"), 120),
+        OK,
+        "another file"
+    );
+    assert_eq!(
+        ask(&mut rls, &path("path/c", "file/x"), 1),
+        OVER,
+        "the same file"
+    );
+}
+
+#[test]
+fn quota_mode_refuses_only_when_every_quota_descriptor_is_over() {
+    let file = suite_file("examples/ratelimit/config/example.yaml");
+    let mut rls = Rls::start(&[("example.yaml", &file)], None, "deny");
+    clear_of_a_minute_boundary();
+    let one: &[(&str, &str)] = &[("service", "service_1")];
+    let two: &[(&str, &str)] = &[("service", "service_2")];
+    // service_1: a quota of 1 a minute.
+    assert_eq!(codes(&rls.check("rl", &[one])), (OK, vec![OK]));
+    assert_eq!(
+        codes(&rls.check("rl", &[one])),
+        (OVER, vec![OVER]),
+        "its only quota is over"
+    );
+    // Beside service_2 (2 a minute), which passes: the call passes, service_1 still says over.
+    assert_eq!(codes(&rls.check("rl", &[one, two])), (OK, vec![OVER, OK]));
+    assert_eq!(codes(&rls.check("rl", &[one, two])), (OK, vec![OVER, OK]));
+    assert_eq!(
+        codes(&rls.check("rl", &[one, two])),
+        (OVER, vec![OVER, OVER]),
+        "every quota is over"
+    );
+    // A limit that is not a quota still refuses: unspec (2 a minute) over, with no quota.
+    let unspec: &[(&str, &str)] = &[("unspec", "x")];
+    for _ in 0..2 {
+        assert_eq!(rls.check("rl", &[unspec]).overall_code, OK);
+    }
+    assert_eq!(codes(&rls.check("rl", &[unspec])), (OVER, vec![OVER]));
+}
+
+#[test]
+fn metadata_of_the_descriptors_that_passed_reaches_envoy_when_asked_for() {
+    let file = suite_file("examples/ratelimit/config/example.yaml");
+    let files = [("example.yaml", file.as_str())];
+    let metadata_of = |rls: &mut Rls, descriptors: &[&[(&str, &str)]]| {
+        let answer = rls.check("rl", descriptors);
+        answer
+            .dynamic_metadata
+            .map(|table| json(Some(&Kind::StructValue(table))))
+    };
+    let mut plain = Rls::start(&files, None, "deny");
+    let one: &[(&str, &str)] = &[("service", "service_1")];
+    let two: &[(&str, &str)] = &[("service", "service_2")];
+    assert_eq!(metadata_of(&mut plain, &[two]), None, "off by default");
+
+    let mut rls = Rls::start_with(&files, None, "deny", ", response_dynamic_metadata: true");
+    clear_of_a_minute_boundary();
+    let first = metadata_of(&mut rls, &[one, two]).expect("metadata");
+    assert_eq!(first["domain"], "rl");
+    assert_eq!(
+        first["descriptors"],
+        serde_json::json!([{"entries": ["service=service_1"]}, {"entries": ["service=service_2"]}])
+    );
+    // Both passed: their tables merge, the first value of a field kept.
+    assert_eq!(first["metadata"]["service_with_quota"]["name"], "service_1");
+    // service_1 is over now: only service_2's metadata.
+    let next = metadata_of(&mut rls, &[one, two]).expect("metadata");
+    assert_eq!(next["metadata"]["service_with_quota"]["name"], "service_2");
+    // Nothing passed: no metadata member.
+    let none = metadata_of(&mut rls, &[one]).expect("metadata");
+    assert!(none.get("metadata").is_none(), "{none}");
+}
+
+/// A protobuf value as JSON, for comparing.
+fn json(kind: Option<&Kind>) -> serde_json::Value {
+    match kind {
+        Some(Kind::StringValue(s)) => serde_json::json!(s),
+        Some(Kind::NumberValue(n)) => serde_json::json!(n),
+        Some(Kind::BoolValue(b)) => serde_json::json!(b),
+        Some(Kind::ListValue(list)) => list.values.iter().map(|v| json(v.kind.as_ref())).collect(),
+        Some(Kind::StructValue(table)) => table
+            .fields
+            .iter()
+            .map(|(name, v)| (name.clone(), json(v.kind.as_ref())))
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+        Some(Kind::NullValue(_)) | None => serde_json::Value::Null,
     }
 }
 

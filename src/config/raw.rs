@@ -56,6 +56,7 @@ pub struct RawRls {
     pub config_dir: Option<String>,
     pub algorithm: Option<Spelled<AlgorithmName>>,
     pub failure_mode: Option<Spelled<FailureMode>>,
+    pub response_dynamic_metadata: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -24,6 +24,9 @@ pub struct RlsSettings {
     pub secret: (u64, u64),
     /// Gateways sharing the limits, for `failure_mode: local`.
     pub instances: u64,
+    /// Answers carry `dynamic_metadata` as envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA`:
+    /// the call's domain, descriptors and hits, and the `metadata` of its passing descriptors.
+    pub response_dynamic_metadata: bool,
 }
 
 pub struct RlsDefaults<'a> {
@@ -76,5 +79,6 @@ pub fn compile(
         key_prefix: defaults.key_prefix.to_string(),
         secret: defaults.secret,
         instances: defaults.instances,
+        response_dynamic_metadata: raw.response_dynamic_metadata.unwrap_or(false),
     })
 }

@@ -5,6 +5,7 @@
 //! `rls.config_dir`, naming its file and the path in it; algorithms are named and built as the
 //! routes' are (`choice::AlgorithmName`, `limits::gcra`, `limits::window`).
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -54,7 +55,14 @@ struct RawDescriptor {
     #[serde(default)]
     shadow_mode: bool,
     #[serde(default)]
+    quota_mode: bool,
+    #[serde(default)]
+    share_threshold: bool,
+    #[serde(default)]
     detailed_metric: bool,
+    #[serde(default)]
+    value_to_metric: bool,
+    metadata: Option<serde_yaml::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -75,7 +83,7 @@ struct RawRateLimit {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawReplace {
-    name: String,
+    name: Option<String>,
 }
 
 // The units' names are the domain's own table (any case).
@@ -122,15 +130,13 @@ pub fn load(
             sharing,
         };
         let mut root = Node::default();
+        let mut declared = HashSet::new();
         for (i, raw) in raw.descriptors.into_iter().enumerate() {
-            add(
-                &mut root,
-                raw,
-                &format!("descriptors[{i}]"),
-                "",
-                &context,
-                p,
-            );
+            let at = Place {
+                path: &format!("descriptors[{i}]"),
+                id_path: "",
+            };
+            add(&mut root, raw, at, &mut declared, &context, p);
         }
         domains.insert(Domain::new(raw.domain, root));
     }
@@ -178,16 +184,25 @@ impl Context<'_> {
     }
 }
 
-/// Adds the descriptor at `path` (and its own descriptors) under `parent`; `id_path` is the
-/// parent's place in the domain (`.key_value.key...`).
+/// Where a descriptor is: its path in the file, and its parent's place in the domain
+/// (`.key_value.key...`).
+#[derive(Clone, Copy)]
+struct Place<'a> {
+    path: &'a str,
+    id_path: &'a str,
+}
+
+/// Adds the descriptor at `at` (and its own descriptors) under `parent`; `declared` holds the
+/// places of the file's descriptors so far, each declared once.
 fn add(
     parent: &mut Node,
     raw: RawDescriptor,
-    path: &str,
-    id_path: &str,
+    at: Place<'_>,
+    declared: &mut HashSet<String>,
     cx: &Context,
     p: &mut Problems,
 ) {
+    let Place { path, id_path } = at;
     if raw.key.is_empty() {
         cx.problem(p, path, "key: must not be empty");
         return;
@@ -196,40 +211,104 @@ fn add(
         Some(value) => format!("{id_path}.{}_{value}", raw.key),
         None => format!("{id_path}.{}", raw.key),
     };
-    let node = parent.child(raw.key, raw.value);
-    if node.has_rule() {
-        cx.problem(p, path, "the same key and value appear twice");
+    if !declared.insert(id_path.clone()) {
+        let composite = format!("{}{id_path}", cx.domain);
+        let message = format!("duplicate descriptor composite key '{composite}'");
+        cx.problem(p, path, message);
         return;
     }
+    let wildcard = raw.value.as_ref().is_some_and(|v| v.contains('*'));
+    if raw.share_threshold && !wildcard {
+        let message = "share_threshold: only with a wildcard value (one with *)";
+        cx.problem(p, path, message);
+    }
+    let metadata = raw
+        .metadata
+        .and_then(|yaml| compile_metadata(yaml, &format!("{path}.metadata"), cx, p));
+    let node = parent.child(raw.key, raw.value, raw.share_threshold);
     if let Some(rate) = raw.rate_limit {
-        let rule = compile_rule(
-            rate,
-            raw.shadow_mode,
-            &id_path,
-            &format!("{path}.rate_limit"),
-            cx,
-            p,
-        );
-        node.set_rule(rule);
+        let modes = Modes {
+            shadow: raw.shadow_mode,
+            quota: raw.quota_mode,
+            metadata,
+        };
+        let at = format!("{path}.rate_limit");
+        node.set_rule(compile_rule(rate, modes, &id_path, &at, cx, p));
     }
     // Every limit has its own series already (sluice_rls_limit_decisions_total); the
-    // descriptor values detailed_metric would add are a request's bytes: never a label.
-    let _ = raw.detailed_metric;
+    // descriptor values detailed_metric or value_to_metric would add are a request's bytes:
+    // never a label.
+    let _ = (raw.detailed_metric, raw.value_to_metric);
     for (i, child) in raw.descriptors.into_iter().enumerate() {
-        let child_path = format!("{path}.descriptors[{i}]");
-        add(node, child, &child_path, &id_path, cx, p);
+        let child_at = Place {
+            path: &format!("{path}.descriptors[{i}]"),
+            id_path: &id_path,
+        };
+        add(node, child, child_at, declared, cx, p);
     }
+}
+
+/// `metadata:` at `path`: a table of anything, as JSON (`rls.response_dynamic_metadata`).
+fn compile_metadata(
+    yaml: serde_yaml::Value,
+    path: &str,
+    cx: &Context,
+    p: &mut Problems,
+) -> Option<serde_json::Value> {
+    match serde_json::to_value(yaml) {
+        Ok(json) if json.is_object() => Some(json),
+        Ok(_) => {
+            cx.problem(p, path, "must be a table (key: value)");
+            None
+        }
+        Err(e) => {
+            cx.problem(p, path, e);
+            None
+        }
+    }
+}
+
+/// How a descriptor's limit applies: `shadow_mode`, `quota_mode`, and its `metadata`.
+struct Modes {
+    shadow: bool,
+    quota: bool,
+    metadata: Option<serde_json::Value>,
+}
+
+/// Refuses, as envoyproxy/ratelimit does, an `unlimited` limit with a unit, and `replaces`
+/// entries that are empty or name the limit itself.
+fn check_rate_limit(raw: &RawRateLimit, path: &str, cx: &Context, p: &mut Problems) -> bool {
+    let mut fine = true;
+    if raw.unlimited && raw.unit.is_some() {
+        cx.problem(p, path, "unit: not with unlimited: true");
+        fine = false;
+    }
+    for (i, replaced) in raw.replaces.iter().enumerate() {
+        let at = format!("{path}.replaces[{i}].name");
+        match replaced.name.as_deref() {
+            None | Some("") => cx.problem(p, &at, "must not be empty"),
+            Some(name) if raw.name.as_deref() == Some(name) => {
+                cx.problem(p, &at, "must not name the limit itself")
+            }
+            Some(_) => continue,
+        }
+        fine = false;
+    }
+    fine
 }
 
 /// `rate_limit:` at `path`: unlimited, blocked (`requests_per_unit: 0`), or a limit.
 fn compile_rule(
     raw: RawRateLimit,
-    shadow: bool,
+    modes: Modes,
     id_path: &str,
     path: &str,
     cx: &Context,
     p: &mut Problems,
 ) -> Option<Rule> {
+    if !check_rate_limit(&raw, path, cx, p) {
+        return None;
+    }
     if raw.unlimited {
         return Some(Rule::Unlimited);
     }
@@ -265,10 +344,14 @@ fn compile_rule(
         return None;
     };
     let mut limit = Limit::new(&name, algorithm, 1, rate);
-    limit.shadow = shadow;
-    let replaces = raw.replaces.into_iter().map(|r| r.name).collect();
+    // A quota-mode limit never stops the call's other limits: decided as a shadow one.
+    limit.shadow = modes.shadow || modes.quota;
+    let replaces = raw.replaces.into_iter().filter_map(|r| r.name).collect();
     let instances = cx.sharing.instances;
-    let limit = DescriptorLimit::new(&place, name, count, unit, limit, replaces, instances);
+    let mut limit = DescriptorLimit::new(&place, name, count, unit, limit, replaces, instances);
+    // A shadow limit stays one: over or not, it refuses nothing.
+    limit.quota_mode = modes.quota && !modes.shadow;
+    limit.metadata = modes.metadata;
     Some(Rule::Limited(Box::new(limit)))
 }
 
@@ -293,7 +376,7 @@ fn algorithm(chosen: &Spelled<AlgorithmName>, rate: Rate) -> Option<Algorithm> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::descriptors::{key, Entry};
+    use crate::route::descriptors::{key, Entry, Shared};
 
     fn domains(files: &[(&str, &str)]) -> (Domains, Vec<String>) {
         let dir = tempfile::tempdir().unwrap();
@@ -359,6 +442,47 @@ mod tests {
     }
 
     #[test]
+    fn values_a_shared_wildcard_matches_count_under_one_key_and_others_apart() {
+        let (domains, problems) = domains(&[(
+            "a.yaml",
+            "domain: d\ndescriptors:\n  - key: s\n    value: a*z\n    share_threshold: true\n    rate_limit: { unit: second, requests_per_unit: 1 }\n  - key: p\n    value: a*z\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
+        )]);
+        assert!(problems.is_empty(), "{problems:?}");
+        let d = domains.get("d").unwrap();
+        let key_of = |entry: (&str, &str)| {
+            let entries = [entry];
+            let Some((Rule::Limited(limit), shared)) = d.find(&entries) else {
+                panic!("{entry:?} matches");
+            };
+            key("sluice", (1, 2), "d", limit, &entries, &shared)
+        };
+        assert_eq!(key_of(("s", "abz")), key_of(("s", "a-long-z")));
+        assert_ne!(key_of(("p", "abz")), key_of(("p", "a-long-z")));
+        for unmatched in ["az-", "za", "a"] {
+            assert!(d.find(&[("s", unmatched)]).is_none(), "{unmatched}");
+        }
+        assert!(
+            d.find(&[("s", "az")]).is_some(),
+            "a star matches nothing too"
+        );
+    }
+
+    #[test]
+    fn share_threshold_needs_a_wildcard_and_metadata_a_table() {
+        let (_, problems) = domains(&[(
+            "a.yaml",
+            "domain: d\ndescriptors:\n  - key: s\n    value: plain\n    share_threshold: true\n    rate_limit: { unit: second, requests_per_unit: 1 }\n  - key: m\n    metadata: [1]\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
+        )]);
+        let text = problems.join("\n");
+        for expected in [
+            "a.yaml: descriptors[0]: share_threshold: only with a wildcard value (one with *)",
+            "a.yaml: descriptors[1].metadata: must be a table (key: value)",
+        ] {
+            assert!(text.contains(expected), "{expected} in {text}");
+        }
+    }
+
+    #[test]
     fn keys_are_bounded_and_differ_per_value_and_limit() {
         let (domains, _) = domains(&[(
             "a.yaml",
@@ -368,8 +492,9 @@ mod tests {
             panic!("a limit");
         };
         let long = "x".repeat(1000);
-        let a = key("sluice", (1, 2), "d", limit, &[("k", "v")]);
-        let b = key("sluice", (1, 2), "d", limit, &[("k", &long)]);
+        let none = Shared::new();
+        let a = key("sluice", (1, 2), "d", limit, &[("k", "v")], &none);
+        let b = key("sluice", (1, 2), "d", limit, &[("k", &long)], &none);
         assert_ne!(a, b);
         assert_eq!(a.len(), b.len(), "the value's length does not show");
         assert!(a.starts_with(b"sluice:{rls."));

@@ -11,6 +11,7 @@ pub(crate) mod drain;
 pub(crate) mod listening;
 pub(crate) mod proxy;
 pub(crate) mod rls;
+mod rls_metadata;
 pub mod server;
 pub(crate) mod tls;
 pub(crate) mod usage;

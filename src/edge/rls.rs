@@ -23,6 +23,7 @@ use pingora::services::background::BackgroundService;
 use pingora::services::ServiceReadyNotifier;
 use tonic::{Request, Response, Status};
 
+use super::rls_metadata;
 use crate::config::rls::RlsSettings;
 use crate::exchange::rls;
 use crate::limiter::{fields, Policy};
@@ -174,10 +175,14 @@ impl RateLimitService for RlsHandler {
         } else {
             Code::Ok
         };
+        let dynamic_metadata = settings
+            .response_dynamic_metadata
+            .then(|| rls_metadata::of(&request, &decided.statuses));
         Ok(Response::new(RateLimitResponse {
             overall_code: code as i32,
             statuses: decided.statuses.iter().map(descriptor_status).collect(),
             response_headers_to_add: headers(&decided.statuses),
+            dynamic_metadata,
             ..RateLimitResponse::default()
         }))
     }

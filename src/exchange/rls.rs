@@ -44,8 +44,11 @@ pub struct Status<'a> {
     /// Units left (`u32::MAX` for an unlimited descriptor).
     pub remaining: u64,
     pub reset_after_ms: Option<u64>,
-    /// Its limit was decided and enforced (not shadow): it goes into the `RateLimit` headers.
+    /// Its limit was decided and enforced (not shadow, not quota mode): it goes into the
+    /// `RateLimit` headers.
     pub enforced: bool,
+    /// Its limit's `metadata` (`rls.response_dynamic_metadata`).
+    pub metadata: Option<&'a serde_json::Value>,
 }
 
 /// The call's answer: whether it is over the limit, and each descriptor's status.
@@ -107,10 +110,20 @@ pub async fn decide<'a>(
             }
         }
     }
+    let quotas_over = every_quota_over(&matches.matched);
     RlsReply {
-        over: blocked || !verdict.admitted(),
+        over: blocked || !verdict.admitted() || quotas_over,
         statuses: statuses(matches, &verdict),
     }
+}
+
+/// envoyproxy/ratelimit's `quota_mode`: a call with quota-mode limits is refused for them only
+/// when every one of them is over (their denials never stop the call's other limits: they are
+/// decided as shadow limits are).
+fn every_quota_over(matched: &[Matched<'_>]) -> bool {
+    let quotas = matched.iter().filter(|m| m.limit.quota_mode);
+    let mut decided = quotas.filter_map(|m| m.record.status.as_ref()).peekable();
+    decided.peek().is_some() && decided.all(|status| !status.allowed)
 }
 
 /// Each descriptor's rule: limits to decide (with their keys and costs), or a status the rule
@@ -130,14 +143,18 @@ fn match_rules<'a>(
         let Some(shown) = matches.statuses.get_mut(i) else {
             continue;
         };
-        match domain.rule(&descriptor.entries) {
-            Some(Rule::Limited(limit)) => {
+        let Some((rule, shared)) = domain.find(&descriptor.entries) else {
+            continue;
+        };
+        match rule {
+            Rule::Limited(limit) => {
                 let key = key(
                     scope.key_prefix,
                     scope.secret,
                     &domain.name,
                     limit,
                     &descriptor.entries,
+                    &shared,
                 );
                 let cost = descriptor.hits.unwrap_or(hits);
                 matches.matched.push(Matched {
@@ -146,8 +163,8 @@ fn match_rules<'a>(
                     record: LimitRecord::new(key, cost),
                 });
             }
-            Some(Rule::Unlimited) => shown.remaining = u64::from(u32::MAX),
-            Some(Rule::Blocked { name, unit, series }) => {
+            Rule::Unlimited => shown.remaining = u64::from(u32::MAX),
+            Rule::Blocked { name, unit, series } => {
                 matches.blocked.push(*series);
                 *shown = Status {
                     over: true,
@@ -159,7 +176,6 @@ fn match_rules<'a>(
                     ..Status::default()
                 };
             }
-            None => {}
         }
     }
     matches
@@ -207,8 +223,10 @@ fn statuses<'a>(matches: Matches<'a>, verdict: &Verdict) -> PerDescriptor<Status
             };
             continue;
         };
+        // A quota-mode limit is decided as a shadow one, but its descriptor says it is over.
+        let shadow = m.limit.limit.exact.shadow;
         *shown = Status {
-            over: !status.allowed && !m.limit.limit.exact.shadow,
+            over: !status.allowed && (!shadow || m.limit.quota_mode),
             limit: Some(Shown {
                 name: &m.limit.name,
                 requests_per_unit: m.limit.requests_per_unit,
@@ -216,7 +234,8 @@ fn statuses<'a>(matches: Matches<'a>, verdict: &Verdict) -> PerDescriptor<Status
             }),
             remaining: status.remaining,
             reset_after_ms: Some(status.reset_after_ms),
-            enforced: !m.limit.limit.exact.shadow,
+            enforced: !shadow,
+            metadata: m.limit.metadata.as_ref(),
         };
     }
     statuses

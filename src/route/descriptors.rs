@@ -3,14 +3,17 @@
 //! and how a request's descriptors find their limits and keys.
 //!
 //! Matching is envoyproxy/ratelimit's: each entry of a descriptor descends one level, preferring
-//! a node with the same key and value, then one whose value ends in `*` and prefixes it, else a
-//! node with the key alone (any value; each value then counts apart); the node reached by the
-//! last entry holds the limit, if any. `requests_per_unit: 0` refuses every request (a block
-//! list); `unlimited: true` admits every one without counting.
+//! a node with the same key and value, then the first (in file order) whose value has `*`s and
+//! matches it (each `*` any run of characters, none included), else a node with the key alone
+//! (any value; each value then counts apart); the node reached by the last entry holds the
+//! limit, if any. Values a wildcard with `share_threshold: true` matches count in one bucket.
+//! `requests_per_unit: 0` refuses every request (a block list); `unlimited: true` admits every
+//! one without counting.
 
 use std::collections::HashMap;
 
 use siphasher::sip128::{Hasher128, SipHasher13};
+use smallvec::SmallVec;
 use std::hash::Hasher;
 
 use crate::limiter::script::Algorithms;
@@ -103,6 +106,12 @@ pub struct DescriptorLimit {
     pub limit: PolicyLimit,
     /// Names of the limits this one replaces when both match one request.
     pub replaces: Vec<String>,
+    /// `quota_mode: true`: over its limit, its descriptor says so, but the request is refused
+    /// for it only when every quota-mode descriptor of the request is over (and it never stops
+    /// the request's other limits from counting).
+    pub quota_mode: bool,
+    /// The descriptor's `metadata`, for `rls.response_dynamic_metadata`.
+    pub metadata: Option<serde_json::Value>,
     /// Its place among its domain's limit names: which `limit` series counts it (set by
     /// [`Domain::new`]).
     pub series: usize,
@@ -129,6 +138,8 @@ impl DescriptorLimit {
             requests_per_unit,
             unit,
             replaces,
+            quota_mode: false,
+            metadata: None,
             series: 0,
         }
     }
@@ -141,29 +152,68 @@ pub struct Node {
     /// `(key, value)` → child.
     /// `key` → `value` → child (two levels, so a request's entry is found without a copy).
     exact: HashMap<String, HashMap<String, Node>>,
-    /// `(key, value prefix)` of values written `prefix*`, in file order.
-    wildcard: Vec<(String, String, Node)>,
+    /// Values written with `*`, in file order.
+    wildcard: Vec<Wildcard>,
     /// `key` (any value) → child.
     any: HashMap<String, Node>,
     rule: Option<Rule>,
 }
 
+/// A descriptor whose value has `*`s: each matches any run of characters, none included
+/// (`files/*`, `/api*v1`, `svc*ep*rpc`).
+#[derive(Debug)]
+struct Wildcard {
+    key: String,
+    /// The value as written: what the values it matches count under when shared.
+    written: String,
+    /// The text between the stars, in order (the first a prefix, the last a suffix).
+    parts: Vec<String>,
+    /// `share_threshold: true`: every value it matches counts in one bucket.
+    shared: bool,
+    node: Node,
+}
+
+impl Wildcard {
+    fn matches(&self, value: &str) -> bool {
+        let Some((first, rest)) = self.parts.split_first() else {
+            return true;
+        };
+        let Some(mut remainder) = value.strip_prefix(first.as_str()) else {
+            return false;
+        };
+        let Some((last, middle)) = rest.split_last() else {
+            return remainder.is_empty();
+        };
+        for part in middle {
+            let Some(at) = remainder.find(part.as_str()) else {
+                return false;
+            };
+            remainder = &remainder[at + part.len()..];
+        }
+        remainder.ends_with(last.as_str())
+    }
+}
+
 impl Node {
-    /// The child an entry `key` (with `value`, `prefix*` or any value when `None`) descends to,
-    /// made if new; a wildcard is always a new child (they are tried in file order).
-    pub fn child(&mut self, key: String, value: Option<String>) -> &mut Node {
+    /// The child an entry `key` (with `value`, a value with `*`s, or any value when `None`)
+    /// descends to, made if new; a wildcard is always a new child (they are tried in file
+    /// order), its values counted in one bucket when `shared`.
+    pub fn child(&mut self, key: String, value: Option<String>, shared: bool) -> &mut Node {
         let Some(value) = value else {
             return self.any.entry(key).or_default();
         };
-        match value.strip_suffix('*') {
-            Some(prefix) => {
-                let prefix = prefix.to_string();
-                self.wildcard.push((key, prefix, Node::default()));
-                let last = self.wildcard.len() - 1;
-                &mut self.wildcard[last].2
-            }
-            None => self.exact.entry(key).or_default().entry(value).or_default(),
+        if !value.contains('*') {
+            return self.exact.entry(key).or_default().entry(value).or_default();
         }
+        self.wildcard.push(Wildcard {
+            key,
+            parts: value.split('*').map(str::to_string).collect(),
+            written: value,
+            shared,
+            node: Node::default(),
+        });
+        let last = self.wildcard.len() - 1;
+        &mut self.wildcard[last].node
     }
 
     pub fn has_rule(&self) -> bool {
@@ -191,7 +241,7 @@ impl Node {
     fn walk_mut(&mut self, visit: &mut impl FnMut(&mut Node)) {
         visit(self);
         let exact = self.exact.values_mut().flat_map(HashMap::values_mut);
-        let wildcard = self.wildcard.iter_mut().map(|(_, _, child)| child);
+        let wildcard = self.wildcard.iter_mut().map(|w| &mut w.node);
         for child in exact.chain(wildcard).chain(self.any.values_mut()) {
             child.walk_mut(visit);
         }
@@ -277,36 +327,54 @@ impl Domains {
     }
 }
 
+/// Which entries of a descriptor count under a shared wildcard's written value instead of their
+/// own (`share_threshold`): by their place among the entries.
+pub type Shared<'d> = SmallVec<[(usize, &'d str); 2]>;
+
 impl Domain {
     /// The rule of the node `entries` lead to, if any (envoyproxy/ratelimit's matching).
     pub fn rule(&self, entries: &[Entry<'_>]) -> Option<&Rule> {
+        self.find(entries).map(|(rule, _)| rule)
+    }
+
+    /// The rule of the node `entries` lead to, with the entries that shared wildcards matched.
+    pub fn find(&self, entries: &[Entry<'_>]) -> Option<(&Rule, Shared<'_>)> {
         let mut node = &self.root;
-        for (key, value) in entries {
-            node = node
-                .exact
-                .get(*key)
-                .and_then(|values| values.get(*value))
-                .or_else(|| {
-                    node.wildcard
-                        .iter()
-                        .find(|(k, prefix, _)| k == key && value.starts_with(prefix.as_str()))
-                        .map(|(_, _, child)| child)
-                })
-                .or_else(|| node.any.get(*key))?;
+        let mut shared = Shared::new();
+        for (i, (key, value)) in entries.iter().enumerate() {
+            if let Some(child) = node.exact.get(*key).and_then(|values| values.get(*value)) {
+                node = child;
+                continue;
+            }
+            let wildcard = node
+                .wildcard
+                .iter()
+                .find(|w| w.key == *key && w.matches(value));
+            node = match wildcard {
+                Some(wildcard) => {
+                    if wildcard.shared {
+                        shared.push((i, wildcard.written.as_str()));
+                    }
+                    &wildcard.node
+                }
+                None => node.any.get(*key)?,
+            };
         }
-        node.rule.as_ref()
+        Some((node.rule.as_ref()?, shared))
     }
 }
 
 /// The counter key of `limit` for a descriptor with `entries` in `domain`: the key prefix, a
 /// hash tag per domain (so one request's keys share a Redis Cluster slot), and a keyed digest
-/// of the limit and the entries — never the client's bytes themselves.
+/// of the limit and the entries — never the client's bytes themselves. An entry a shared
+/// wildcard matched counts under the wildcard's written value.
 pub fn key(
     prefix: &str,
     secret: (u64, u64),
     domain: &str,
     limit: &DescriptorLimit,
     entries: &[Entry<'_>],
+    shared: &Shared<'_>,
 ) -> Key {
     let mut key = Key::new();
     key.extend_from_slice(prefix.as_bytes());
@@ -321,11 +389,22 @@ pub fn key(
     let mut hasher = SipHasher13::new_with_keys(secret.0, secret.1);
     hasher.write(domain.as_bytes());
     hasher.write_u8(0xff);
-    for (k, v) in entries {
+    for (i, (k, v)) in entries.iter().enumerate() {
         hasher.write_usize(k.len());
         hasher.write(k.as_bytes());
-        hasher.write_usize(v.len());
-        hasher.write(v.as_bytes());
+        match shared.iter().find(|(at, _)| *at == i) {
+            Some((_, written)) => {
+                // Apart from any value (no value is usize::MAX bytes long): a request's value
+                // cannot reach a shared bucket's key.
+                hasher.write_usize(usize::MAX);
+                hasher.write_usize(written.len());
+                hasher.write(written.as_bytes());
+            }
+            None => {
+                hasher.write_usize(v.len());
+                hasher.write(v.as_bytes());
+            }
+        }
     }
     push_hex(&mut key, &hasher.finish128().as_bytes());
     key

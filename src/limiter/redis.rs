@@ -40,8 +40,11 @@ use super::script::{self, Algorithms, Call, DecisionScript, Invoke};
 use super::topology::{RedisAuth, Topology};
 use super::warm::{Scripts, Warmth};
 
-/// Times a batch is sent while Redis answers that it does not know the script or function.
-const NOSCRIPT_ATTEMPTS: u32 = 3;
+/// Times a batch is sent while Redis answers that it does not know the script or function. A
+/// refused call never ran, so each try is safe; a flush that lands between a load and its call
+/// refuses it again, and on a starved CPU that window can span several flushes (seen with one
+/// every 25 ms). Eight tries; the call's deadline bounds them all the same.
+const NOSCRIPT_ATTEMPTS: u32 = 8;
 
 pub struct RedisLimiter {
     link: Arc<Link>,

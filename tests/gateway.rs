@@ -222,6 +222,12 @@ fn a_hidden_limit_enforces_unseen_and_a_429_lists_the_shown_limits_it_violated()
                 .prefix("/b/")
                 .limit(fixed_window("quota", "1/h"))
                 .limit(hidden("1/m")),
+        )
+        .route(
+            route("longer")
+                .prefix("/l/")
+                .limit(fixed_window("quota", "1/m"))
+                .limit(hidden("1/h")),
         );
     let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
 
@@ -268,6 +274,18 @@ fn a_hidden_limit_enforces_unseen_and_a_429_lists_the_shown_limits_it_violated()
         both.header("ratelimit-policy"),
         Some("\"quota\";q=1;w=3600")
     );
+
+    // Both deny and the hidden one waits longest: it decides, unnamed; the shown one is listed.
+    assert_eq!(gateway.get("/l/x").status, 200);
+    let longer = gateway.get("/l/x");
+    let body = problem(&longer.body);
+    assert_eq!(
+        body["violated-policies"],
+        serde_json::json!(["quota"]),
+        "{body}"
+    );
+    assert!(body.get("limit").is_none(), "{body}");
+    assert_eq!(body["detail"], "Rate limit of route 'longer' exceeded.");
 }
 
 /// A `RateLimit` value without its items' partition keys (`;pk=:...:`).
@@ -295,7 +313,12 @@ fn a_per_client_limit_names_its_bucket_and_a_per_route_limit_does_not() {
     let config = with_redis("deny").route(
         route("api")
             .limit(fixed_window("per_client", "100/h"))
-            .limit(fixed_window("per_route", "1000/h").key(&["route"])),
+            .limit(fixed_window("per_route", "1000/h").key(&["route"]))
+            .limit(
+                fixed_window("per_route_split", "1000/h")
+                    .key(&["route"])
+                    .set("split", 2),
+            ),
     );
     let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
     let ratelimit = |source: &str| {
@@ -317,6 +340,11 @@ fn a_per_client_limit_names_its_bucket_and_a_per_route_limit_does_not() {
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/'));
     assert!(!item(&first, "per_route").contains("pk="), "{first}");
+    let split = item(&first, "per_route_split");
+    assert!(
+        !split.contains("pk="),
+        "a split limit is one bucket too: {first}"
+    );
     assert_eq!(partition(&ratelimit("127.0.0.1")), pk, "the same bucket");
     assert_ne!(partition(&ratelimit("127.0.0.2")), pk, "another client's");
     let keys: Vec<String> = redis.connection().keys("*").unwrap();

@@ -545,6 +545,34 @@ fn quota_mode_refuses_only_when_every_quota_descriptor_is_over() {
         assert_eq!(rls.check("rl", &[unspec]).overall_code, OK);
     }
     assert_eq!(codes(&rls.check("rl", &[unspec])), (OVER, vec![OVER]));
+    // The calls refused for their quotas count as limited, with the one refused by unspec.
+    let metrics = rls.gateway.metrics();
+    let limited = [("domain", "rl"), ("decision", "limited")];
+    assert_eq!(metric(&metrics, "sluice_rls_requests_total", &limited), 3.0);
+}
+
+const SHADOW_QUOTA: &str = r#"
+domain: sq
+descriptors:
+  - key: q
+    quota_mode: true
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: s
+    quota_mode: true
+    shadow_mode: true
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+"#;
+
+#[test]
+fn a_shadow_quota_is_never_over_so_it_keeps_the_call_ok() {
+    let mut rls = Rls::start(&[("sq.yaml", SHADOW_QUOTA)], None, "deny");
+    clear_of_a_minute_boundary();
+    let q: &[(&str, &str)] = &[("q", "x")];
+    let s: &[(&str, &str)] = &[("s", "x")];
+    assert_eq!(codes(&rls.check("sq", &[q, s])), (OK, vec![OK, OK]));
+    // Both are past their one a minute; the shadow one says OK, so not every quota is over.
+    assert_eq!(codes(&rls.check("sq", &[q, s])), (OK, vec![OVER, OK]));
+    assert_eq!(codes(&rls.check("sq", &[q])), (OVER, vec![OVER]));
 }
 
 #[test]

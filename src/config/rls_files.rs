@@ -203,11 +203,13 @@ fn add(
     p: &mut Problems,
 ) {
     let Place { path, id_path } = at;
+    // An empty value is no value, as upstream reads it: the key alone, any value.
+    let value = raw.value.filter(|value| !value.is_empty());
     if raw.key.is_empty() {
         cx.problem(p, path, "key: must not be empty");
         return;
     }
-    let id_path = match &raw.value {
+    let id_path = match &value {
         Some(value) => format!("{id_path}.{}_{value}", raw.key),
         None => format!("{id_path}.{}", raw.key),
     };
@@ -217,7 +219,7 @@ fn add(
         cx.problem(p, path, message);
         return;
     }
-    let wildcard = raw.value.as_ref().is_some_and(|v| v.contains('*'));
+    let wildcard = value.as_ref().is_some_and(|v| v.contains('*'));
     if raw.share_threshold && !wildcard {
         let message = "share_threshold: only with a wildcard value (one with *)";
         cx.problem(p, path, message);
@@ -225,7 +227,7 @@ fn add(
     let metadata = raw
         .metadata
         .and_then(|yaml| compile_metadata(yaml, &format!("{path}.metadata"), cx, p));
-    let node = parent.child(raw.key, raw.value, raw.share_threshold);
+    let node = parent.child(raw.key, value, raw.share_threshold);
     if let Some(rate) = raw.rate_limit {
         let modes = Modes {
             shadow: raw.shadow_mode,
@@ -349,8 +351,8 @@ fn compile_rule(
     let replaces = raw.replaces.into_iter().filter_map(|r| r.name).collect();
     let instances = cx.sharing.instances;
     let mut limit = DescriptorLimit::new(&place, name, count, unit, limit, replaces, instances);
-    // A shadow limit stays one: over or not, it refuses nothing.
-    limit.quota_mode = modes.quota && !modes.shadow;
+    limit.shadow_mode = modes.shadow;
+    limit.quota_mode = modes.quota;
     limit.metadata = modes.metadata;
     Some(Rule::Limited(Box::new(limit)))
 }
@@ -465,6 +467,20 @@ mod tests {
             d.find(&[("s", "az")]).is_some(),
             "a star matches nothing too"
         );
+    }
+
+    #[test]
+    fn an_empty_value_is_the_key_alone_as_upstream_reads_it() {
+        let any = "domain: d\ndescriptors:\n  - key: k\n    value: \"\"\n    rate_limit: { unit: second, requests_per_unit: 1 }\n";
+        let (read, problems) = domains(&[("a.yaml", any)]);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert!(read.get("d").unwrap().rule(&[("k", "anything")]).is_some());
+        let twice =
+            format!("{any}  - key: k\n    rate_limit: {{ unit: second, requests_per_unit: 2 }}\n");
+        let (_, problems) = domains(&[("a.yaml", &twice)]);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        let expected = "a.yaml: descriptors[1]: duplicate descriptor composite key 'd.k'";
+        assert!(problems[0].ends_with(expected), "{problems:?}");
     }
 
     #[test]

@@ -56,12 +56,13 @@ impl<'a> LimitsSaid<'a> {
         limit.filter(|_| record.deciding == Some(Deciding::Denied))
     }
 
-    /// Every limit that denied the request and that clients see (not shadow, not hidden): the
-    /// `violated-policies` of its `429`.
+    /// Every quota policy (a rate, not concurrency) that denied the request and that clients
+    /// see (not shadow, not hidden): the `violated-policies` of its `429`.
     pub fn violated(&self) -> impl Iterator<Item = &'a TierLimit> + 'a {
         let denied = |(limit, record): (&'a TierLimit, &'a LimitRecord)| {
             let denied = record.status.as_ref().is_some_and(|s| !s.allowed);
-            (denied && limit.limit.exact.shown()).then_some(limit)
+            let exact = &limit.limit.exact;
+            (denied && exact.shown() && exact.policy.is_some()).then_some(limit)
         };
         self.iter().filter_map(denied)
     }

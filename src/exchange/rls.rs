@@ -94,7 +94,8 @@ pub async fn decide<'a>(
     }
     drop_replaced(&mut matches.matched);
     let verdict = decide_limits(&mut matches.matched, scope, policy).await;
-    let outcome = if blocked {
+    let quotas_over = every_quota_over(&matches.matched);
+    let outcome = if blocked || quotas_over {
         Outcome::Limited
     } else {
         verdict.outcome
@@ -110,7 +111,6 @@ pub async fn decide<'a>(
             }
         }
     }
-    let quotas_over = every_quota_over(&matches.matched);
     RlsReply {
         over: blocked || !verdict.admitted() || quotas_over,
         statuses: statuses(matches, &verdict),
@@ -119,11 +119,15 @@ pub async fn decide<'a>(
 
 /// envoyproxy/ratelimit's `quota_mode`: a call with quota-mode limits is refused for them only
 /// when every one of them is over (their denials never stop the call's other limits: they are
-/// decided as shadow limits are).
+/// decided as shadow limits are). A shadow quota is never over, so it keeps the call OK; one
+/// that nothing decided (the failure mode answered) is not over either.
 fn every_quota_over(matched: &[Matched<'_>]) -> bool {
-    let quotas = matched.iter().filter(|m| m.limit.quota_mode);
-    let mut decided = quotas.filter_map(|m| m.record.status.as_ref()).peekable();
-    decided.peek().is_some() && decided.all(|status| !status.allowed)
+    let mut quotas = matched.iter().filter(|m| m.limit.quota_mode).peekable();
+    let over = |m: &Matched<'_>| {
+        let denied = m.record.status.as_ref().is_some_and(|s| !s.allowed);
+        denied && !m.limit.shadow_mode
+    };
+    quotas.peek().is_some() && quotas.all(over)
 }
 
 /// Each descriptor's rule: limits to decide (with their keys and costs), or a status the rule
@@ -219,6 +223,7 @@ fn statuses<'a>(matches: Matches<'a>, verdict: &Verdict) -> PerDescriptor<Status
             // nor the RateLimit fields invent one ("nothing left" when nothing was counted).
             *shown = Status {
                 over: verdict.outcome == Outcome::ErrorDenied,
+                metadata: m.limit.metadata.as_ref(),
                 ..Status::default()
             };
             continue;
@@ -226,7 +231,7 @@ fn statuses<'a>(matches: Matches<'a>, verdict: &Verdict) -> PerDescriptor<Status
         // A quota-mode limit is decided as a shadow one, but its descriptor says it is over.
         let shadow = m.limit.limit.exact.shadow;
         *shown = Status {
-            over: !status.allowed && (!shadow || m.limit.quota_mode),
+            over: !status.allowed && !m.limit.shadow_mode,
             limit: Some(Shown {
                 name: &m.limit.name,
                 requests_per_unit: m.limit.requests_per_unit,

@@ -106,6 +106,8 @@ pub struct DescriptorLimit {
     pub limit: PolicyLimit,
     /// Names of the limits this one replaces when both match one request.
     pub replaces: Vec<String>,
+    /// `shadow_mode: true`: decided and counted, never over.
+    pub shadow_mode: bool,
     /// `quota_mode: true`: over its limit, its descriptor says so, but the request is refused
     /// for it only when every quota-mode descriptor of the request is over (and it never stops
     /// the request's other limits from counting).
@@ -131,6 +133,7 @@ impl DescriptorLimit {
         replaces: Vec<String>,
         instances: u64,
     ) -> DescriptorLimit {
+        let limit_shadow = limit.shadow;
         DescriptorLimit {
             limit: PolicyLimit::new(limit, instances),
             id: xxhash_rust::xxh3::xxh3_64(place.as_bytes()),
@@ -138,6 +141,7 @@ impl DescriptorLimit {
             requests_per_unit,
             unit,
             replaces,
+            shadow_mode: limit_shadow,
             quota_mode: false,
             metadata: None,
             series: 0,

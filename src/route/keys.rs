@@ -260,6 +260,9 @@ pub struct LimitKey {
     /// The whole key, when nothing in it depends on the request: its parts and the route's tag
     /// are the route's name and constants (a per-route limit). Made once, at load.
     fixed: Option<Key>,
+    /// Its parts are the route's name and constants: one bucket for the whole route (a split
+    /// limit's shards are equal shares of it), whatever the key's tag.
+    one_bucket: bool,
 }
 
 /// One limit's digest of one request, and whether the limit is skipped (a part is missing and
@@ -268,6 +271,13 @@ pub struct LimitKey {
 pub struct Digest {
     hash: Hash128,
     pub skipped: bool,
+}
+
+/// Whether `parts` are the route's name and constants only: nothing a request changes.
+fn constant(parts: &[KeyPart]) -> bool {
+    parts
+        .iter()
+        .all(|part| matches!(part, KeyPart::Route | KeyPart::Const(_)))
 }
 
 /// The variable end of a request's hash tag (`.<digest>` or a shard suffix) and its `}`:
@@ -375,6 +385,7 @@ impl RouteKeys {
             parts: spec.parts.clone().into(),
             on_missing: spec.on_missing,
             fixed: None,
+            one_bucket: constant(&spec.parts),
         };
         limit.fixed = self.fixed_key(&limit);
         limit
@@ -383,11 +394,6 @@ impl RouteKeys {
     /// `limit`'s whole key, when no request changes it: its parts and the tag's are the route's
     /// name and constants, and no round robin picks the shard. Made as a request's would be.
     fn fixed_key(&self, limit: &LimitKey) -> Option<Key> {
-        let constant = |parts: &[KeyPart]| {
-            parts
-                .iter()
-                .all(|part| matches!(part, KeyPart::Route | KeyPart::Const(_)))
-        };
         let rotating = matches!(self.tag_choice, TagChoice::ShardRoundRobin { .. });
         if rotating || !constant(&limit.parts) || !constant(&self.tag_parts) {
             return None;
@@ -498,6 +504,12 @@ impl LimitKey {
     /// Its whole key, when no request changes it (see [`RouteKeys::limit_key`]).
     pub fn fixed(&self) -> Option<&Key> {
         self.fixed.as_ref()
+    }
+
+    /// Whether it counts one bucket for the whole route (`key: [route]`, constants), split or
+    /// not: then no partition is worth naming to a client.
+    pub fn one_bucket(&self) -> bool {
+        self.one_bucket
     }
 }
 

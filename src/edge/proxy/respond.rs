@@ -38,7 +38,7 @@ pub fn ratelimit_value(said: &LimitsSaid<'_>) -> Option<HeaderValue> {
                 status.remaining,
                 status.reset_after_ms,
             );
-            if tier_limit.key.fixed().is_none() {
+            if !tier_limit.key.one_bucket() {
                 fields::push_partition_key(&mut value, &record.ask.key);
             }
         }

@@ -246,6 +246,26 @@ fn window_count(redis: &RedisServer, name: &str) -> u64 {
         .expect("HGET")
 }
 
+/// Two gateways of `body` on the same upstream, each ready.
+fn two_ready_gateways(body: &str, upstream: &Upstream) -> [Gateway; 2] {
+    let gateways = [
+        Gateway::start(body, upstream, None),
+        Gateway::start(body, upstream, None),
+    ];
+    for gateway in &gateways {
+        gateway.wait_ready();
+    }
+    gateways
+}
+
+/// The metric `name` (no labels) summed over `gateways`.
+fn summed(gateways: &[Gateway], name: &str) -> f64 {
+    gateways
+        .iter()
+        .map(|g| metric(&g.metrics(), name, &[]))
+        .sum()
+}
+
 /// A hot global limit in exact and leased mode, over two gateways: leased admits exactly the
 /// limit under a flood with a fraction of the Redis calls, and a gateway gives back the units it
 /// did not spend once the key is idle.
@@ -273,13 +293,7 @@ fn two_gateways_lease_a_hot_global_limit_and_give_back_what_they_did_not_spend()
         .route(limit("giveback", true))
         .route(limit("warm", false))
         .yaml();
-    let gateways = [
-        Gateway::start(&body, &upstream, None),
-        Gateway::start(&body, &upstream, None),
-    ];
-    for gateway in &gateways {
-        gateway.wait_ready();
-    }
+    let gateways = two_ready_gateways(&body, &upstream);
     // A cold gateway's first decisions load the decision library and make its connections
     // inside the 200 ms deadline, and failure_mode deny would turn a cold stall into a denial:
     // the counts below are about leases, so each gateway decides on another route first, until
@@ -294,12 +308,7 @@ fn two_gateways_lease_a_hot_global_limit_and_give_back_what_they_did_not_spend()
     });
     let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
 
-    let total = |name: &str| -> u64 {
-        gateways
-            .iter()
-            .map(|g| metric(&g.metrics(), name, &[]) as u64)
-            .sum()
-    };
+    let total = |name: &str| summed(&gateways, name) as u64;
     let mut calls = Vec::new();
     for name in ["exact", "leased"] {
         reset_stats(&redis);
@@ -389,13 +398,7 @@ fn with_no_mode_a_hot_shared_limit_leases_and_a_cold_per_client_limit_stays_exac
         .route(on_path("hot", vec![hot]))
         .route(on_path("cold", vec![cold]))
         .yaml();
-    let gateways = [
-        Gateway::start(&body, &upstream, None),
-        Gateway::start(&body, &upstream, None),
-    ];
-    for gateway in &gateways {
-        gateway.wait_ready();
-    }
+    let gateways = two_ready_gateways(&body, &upstream);
     let addresses: Vec<_> = gateways.iter().map(|g| g.proxy).collect();
 
     // Cold: 300 clients, one request each, one gateway after the other.
@@ -428,10 +431,7 @@ fn with_no_mode_a_hot_shared_limit_leases_and_a_cold_per_client_limit_stays_exac
     let admitted = samples.iter().filter(|s| s.status == 200).count();
     let hot_calls = redis.decision_calls();
     let allowance = CAPACITY + RATE * length;
-    let held: f64 = gateways
-        .iter()
-        .map(|g| metric(&g.metrics(), "sluice_lease_held_decisions_total", &[]))
-        .sum();
+    let held = summed(&gateways, "sluice_lease_held_decisions_total");
     println!(
         "hot shared limit: {} requests in {length:.2} s, admitted {admitted} (allowance {allowance:.0}), {held} paid from leases, {hot_calls} decision calls ({:.3} per request)",
         samples.len(),

@@ -378,7 +378,12 @@ fn algorithm(chosen: &Spelled<AlgorithmName>, rate: Rate) -> Option<Algorithm> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::descriptors::{key, Entry, Shared};
+    use crate::route::descriptors::{key, Domain, Entry, Shared};
+
+    /// The rule `entries` lead to in `domain`.
+    fn rule<'d>(domain: &'d Domain, entries: &[Entry<'_>]) -> Option<&'d Rule> {
+        domain.find(entries).map(|(rule, _)| rule)
+    }
 
     fn domains(files: &[(&str, &str)]) -> (Domains, Vec<String>) {
         let dir = tempfile::tempdir().unwrap();
@@ -406,21 +411,21 @@ mod tests {
         )]);
         assert!(problems.is_empty(), "{problems:?}");
         let d = domains.get("d").unwrap();
-        let unit = |entries: &[Entry<'_>]| match d.rule(entries) {
+        let unit = |entries: &[Entry<'_>]| match rule(d, entries) {
             Some(Rule::Limited(l)) => Some(l.unit),
             _ => None,
         };
         assert_eq!(unit(&[("k", "v")]), Some(Unit::Minute));
         assert_eq!(unit(&[("k", "other")]), Some(Unit::Second));
         assert!(matches!(
-            d.rule(&[("outer", "x"), ("inner", "y")]),
+            rule(d, &[("outer", "x"), ("inner", "y")]),
             Some(Rule::Unlimited)
         ));
         assert!(
-            d.rule(&[("outer", "x")]).is_none(),
+            rule(d, &[("outer", "x")]).is_none(),
             "no limit on the outer level"
         );
-        assert!(d.rule(&[("nope", "x")]).is_none());
+        assert!(rule(d, &[("nope", "x")]).is_none());
     }
 
     #[test]
@@ -474,7 +479,7 @@ mod tests {
         let any = "domain: d\ndescriptors:\n  - key: k\n    value: \"\"\n    rate_limit: { unit: second, requests_per_unit: 1 }\n";
         let (read, problems) = domains(&[("a.yaml", any)]);
         assert!(problems.is_empty(), "{problems:?}");
-        assert!(read.get("d").unwrap().rule(&[("k", "anything")]).is_some());
+        assert!(rule(read.get("d").unwrap(), &[("k", "anything")]).is_some());
         let twice =
             format!("{any}  - key: k\n    rate_limit: {{ unit: second, requests_per_unit: 2 }}\n");
         let (_, problems) = domains(&[("a.yaml", &twice)]);
@@ -504,7 +509,7 @@ mod tests {
             "a.yaml",
             "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1 }\n",
         )]);
-        let Some(Rule::Limited(limit)) = domains.get("d").unwrap().rule(&[("k", "v")]) else {
+        let Some(Rule::Limited(limit)) = rule(domains.get("d").unwrap(), &[("k", "v")]) else {
             panic!("a limit");
         };
         let long = "x".repeat(1000);

@@ -334,8 +334,8 @@ fn pick_entry(v: &Variants, pick: Pick) -> Option<&Compiled> {
 /// Limits that are not rates (concurrency), shadow limits and hidden ones are not listed.
 pub fn policy_header<'a>(limits: impl IntoIterator<Item = &'a Limit>) -> Option<HeaderValue> {
     let mut value = Vec::new();
-    for limit in limits.into_iter().filter(|l| l.shown()) {
-        if let Some((quota, window)) = limit.policy {
+    for limit in limits {
+        if let Some((quota, window)) = limit.advertised_policy() {
             fields::push_policy_item(&mut value, &limit.name, quota, window);
         }
     }

@@ -61,8 +61,8 @@ impl<'a> LimitsSaid<'a> {
     pub fn violated(&self) -> impl Iterator<Item = &'a TierLimit> + 'a {
         let denied = |(limit, record): (&'a TierLimit, &'a LimitRecord)| {
             let denied = record.status.as_ref().is_some_and(|s| !s.allowed);
-            let exact = &limit.limit.exact;
-            (denied && exact.shown() && exact.policy.is_some()).then_some(limit)
+            let advertised = limit.limit.exact.advertised_policy().is_some();
+            (denied && advertised).then_some(limit)
         };
         self.iter().filter_map(denied)
     }

@@ -168,6 +168,12 @@ impl Limit {
         !self.shadow && !self.hidden
     }
 
+    /// The quota policy clients are told of (`RateLimit-Policy`, `RateLimit`,
+    /// `violated-policies`): a shown limit's, if it is a rate (not concurrency).
+    pub fn advertised_policy(&self) -> Option<(u64, u64)> {
+        self.policy.filter(|_| self.shown())
+    }
+
     /// This limit as one of `instances` gateways' equal share, for enforcing in-process while
     /// Redis is away (see [`Algorithm::share`]).
     pub fn share(&self, instances: u64) -> Limit {

@@ -133,7 +133,6 @@ impl DescriptorLimit {
         replaces: Vec<String>,
         instances: u64,
     ) -> DescriptorLimit {
-        let limit_shadow = limit.shadow;
         DescriptorLimit {
             limit: PolicyLimit::new(limit, instances),
             id: xxhash_rust::xxh3::xxh3_64(place.as_bytes()),
@@ -141,7 +140,7 @@ impl DescriptorLimit {
             requests_per_unit,
             unit,
             replaces,
-            shadow_mode: limit_shadow,
+            shadow_mode: false,
             quota_mode: false,
             metadata: None,
             series: 0,
@@ -336,12 +335,8 @@ impl Domains {
 pub type Shared<'d> = SmallVec<[(usize, &'d str); 2]>;
 
 impl Domain {
-    /// The rule of the node `entries` lead to, if any (envoyproxy/ratelimit's matching).
-    pub fn rule(&self, entries: &[Entry<'_>]) -> Option<&Rule> {
-        self.find(entries).map(|(rule, _)| rule)
-    }
-
-    /// The rule of the node `entries` lead to, with the entries that shared wildcards matched.
+    /// The rule of the node `entries` lead to, if any (envoyproxy/ratelimit's matching), with
+    /// the entries that shared wildcards matched.
     pub fn find(&self, entries: &[Entry<'_>]) -> Option<(&Rule, Shared<'_>)> {
         let mut node = &self.root;
         let mut shared = Shared::new();

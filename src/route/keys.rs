@@ -260,9 +260,6 @@ pub struct LimitKey {
     /// The whole key, when nothing in it depends on the request: its parts and the route's tag
     /// are the route's name and constants (a per-route limit). Made once, at load.
     fixed: Option<Key>,
-    /// Its parts are the route's name and constants: one bucket for the whole route (a split
-    /// limit's shards are equal shares of it), whatever the key's tag.
-    one_bucket: bool,
 }
 
 /// One limit's digest of one request, and whether the limit is skipped (a part is missing and
@@ -385,7 +382,6 @@ impl RouteKeys {
             parts: spec.parts.clone().into(),
             on_missing: spec.on_missing,
             fixed: None,
-            one_bucket: constant(&spec.parts),
         };
         limit.fixed = self.fixed_key(&limit);
         limit
@@ -506,10 +502,11 @@ impl LimitKey {
         self.fixed.as_ref()
     }
 
-    /// Whether it counts one bucket for the whole route (`key: [route]`, constants), split or
-    /// not: then no partition is worth naming to a client.
+    /// Whether it counts one bucket for the whole route (its parts are the route's name and
+    /// constants; a split limit's shards are equal shares of it): then no partition is worth
+    /// naming to a client.
     pub fn one_bucket(&self) -> bool {
-        self.one_bucket
+        constant(&self.parts)
     }
 }
 

@@ -31,7 +31,7 @@ pub fn ratelimit_value(said: &LimitsSaid<'_>) -> Option<HeaderValue> {
         let (limit, Some(status)) = (&tier_limit.limit.exact, &record.status) else {
             continue;
         };
-        if limit.policy.is_some() && limit.shown() {
+        if limit.advertised_policy().is_some() {
             fields::push_state_item(
                 &mut value,
                 &limit.name,
@@ -167,17 +167,16 @@ async fn respond_grpc(
     let mut header = ResponseHeader::build(200, Some(8))?;
     let message = match (answer, limited) {
         (Answer::Limited { .. }, Some(said)) => {
-            let limit = denied_name(&said).map(|name| format!("'{name}' "));
             if let Some(ms) = said.retry().after_ms() {
                 header.insert_header("grpc-retry-pushback-ms", ms)?;
                 header.insert_header(RETRY_AFTER, whole_seconds(ms).max(1))?;
             }
             add_ratelimit_headers(&mut header, said)?;
-            format!(
-                "rate limit {}of route '{}' exceeded",
-                limit.unwrap_or_default(),
-                said.route.name
-            )
+            let route = &said.route.name;
+            match denied_name(&said) {
+                Some(limit) => format!("rate limit '{limit}' of route '{route}' exceeded"),
+                None => format!("rate limit of route '{route}' exceeded"),
+            }
         }
         (Answer::LimiterUnavailable, _) => {
             header.insert_header("grpc-retry-pushback-ms", 1000)?;

@@ -450,3 +450,81 @@ fn with_no_mode_a_hot_shared_limit_leases_and_a_cold_per_client_limit_stays_exac
         "the hot key was leased: {held} of {admitted} admissions paid from leases"
     );
 }
+
+/// A route with a ceiling local to each gateway (3 at once, in-process) beside a quota shared
+/// by both (1 per caller, in Redis), over two gateways: the shared quota holds across them, a
+/// flood beyond the local ceiling makes no Redis call, and a request the shared quota denies
+/// gives its local unit back.
+#[test]
+fn a_local_ceiling_beside_a_shared_quota_stops_floods_without_redis_and_gives_back_on_denial() {
+    let _alone = alone();
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let route = on_path(
+        "mixed",
+        vec![
+            gcra("per_gateway", "3/h")
+                .burst(2)
+                .key(&["route"])
+                .set("scope", "local"),
+            fixed_window("per_user", "1/h")
+                .key(&["header:x-user"])
+                .set("mode", "exact"),
+        ],
+    );
+    let body = redis_config("standalone", &[redis.url()], 200)
+        .route(route)
+        .yaml();
+    let [one, two] = two_ready_gateways(&body, &upstream);
+    let ask = |gateway: &Gateway, user: &str| {
+        support::http_get(gateway.proxy, "/mixed", None, &[("x-user", user)])
+    };
+    let first = ask(&one, "a");
+    assert_eq!(first.status, 200);
+    let policy = first.header("ratelimit-policy").expect("RateLimit-Policy");
+    assert!(
+        policy.contains("\"per_gateway\"") && policy.contains("\"per_user\""),
+        "{policy}"
+    );
+    // The quota is shared: a's one request is spent on the other gateway too.
+    let shared = ask(&two, "a");
+    assert_eq!(shared.status, 429);
+    assert!(
+        shared.body.contains("\"limit\":\"per_user\""),
+        "{}",
+        shared.body
+    );
+    // Its local unit went back: three more callers pass the second gateway's ceiling of 3.
+    for user in ["b", "c", "d"] {
+        assert_eq!(ask(&two, user).status, 200, "user {user}");
+    }
+    let calls = redis.decision_calls();
+    for user in 0..20 {
+        let flood = ask(&two, &format!("f{user}"));
+        assert_eq!(flood.status, 429);
+        assert!(
+            flood.body.contains("\"limit\":\"per_gateway\""),
+            "{}",
+            flood.body
+        );
+    }
+    assert_eq!(
+        redis.decision_calls(),
+        calls,
+        "the local ceiling asked Redis nothing"
+    );
+    // Each gateway has its own ceiling: the first has used 1 of its 3.
+    for user in ["x", "y"] {
+        assert_eq!(ask(&one, user).status, 200, "user {user}");
+    }
+    assert_eq!(ask(&one, "z").status, 429);
+    let decisions = |gateway: &Gateway, limit: &str, decision: &str| {
+        let labels = [("limit", limit), ("decision", decision)];
+        metric(&gateway.metrics(), "sluice_limit_decisions_total", &labels)
+    };
+    assert_eq!(decisions(&two, "per_gateway", "limited"), 20.0);
+    assert_eq!(decisions(&two, "per_gateway", "allowed"), 4.0);
+    assert_eq!(decisions(&two, "per_user", "limited"), 1.0);
+    assert_eq!(decisions(&two, "per_user", "allowed"), 3.0);
+    assert_eq!(decisions(&one, "per_gateway", "limited"), 1.0);
+}

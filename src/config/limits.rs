@@ -10,7 +10,7 @@ use super::problem::{required_name, Problems};
 use super::rate::{parse_calendar_rate, parse_duration, parse_rate};
 use super::raw::{RawLimit, RawResponseCost};
 use crate::limiter::algorithm::{CalendarPeriods, Period};
-use crate::limiter::{Algorithm, Cost, Leasing, Limit, Rate, ResponsePrice, AUTO_MIN_UNITS};
+use crate::limiter::{Algorithm, Cost, Leasing, Limit, Rate, ResponsePrice, Scope, AUTO_MIN_UNITS};
 use crate::route::keys::{KeyPart, KeySpec, OnMissing};
 use crate::route::pricing::CostHeaders;
 
@@ -78,7 +78,11 @@ pub(crate) fn compile_limit(
     let shards = compile_split(at, &raw, algorithm.as_ref(), p);
     // A split limit is `shards` sub-keys, each an equal share of the whole.
     let algorithm = algorithm.map(|a| a.share(u64::from(shards)));
-    let leased = compile_leasing(at, &raw, algorithm.as_ref(), p);
+    let scope = compile_scope(at, kind, &raw, p);
+    let leased = match scope {
+        Some(Scope::Shared) => compile_leasing(at, &raw, algorithm.as_ref(), p),
+        Some(Scope::Local) | None => None,
+    };
     let (cost, priced_by_response, headers) =
         compile_pricing(at, kind, &raw, algorithm.as_ref(), p);
     let visibility = chosen(
@@ -87,7 +91,7 @@ pub(crate) fn compile_limit(
         &format!("{at}.headers"),
         p,
     );
-    let (name, algorithm, cost, parts) = (name?, algorithm?, cost?, parts?);
+    let (name, algorithm, cost, parts, scope) = (name?, algorithm?, cost?, parts?, scope?);
     let spec = KeySpec {
         limit: fingerprinted(&name, &algorithm),
         parts,
@@ -103,8 +107,42 @@ pub(crate) fn compile_limit(
         hidden: visibility? == HeaderVisibility::Hide,
         leased,
         priced_by_response,
+        scope,
     };
     Some((limit, spec, headers))
+}
+
+/// `scope:` (default `shared`). A `local` limit is counted in-process by each gateway, so it is
+/// never leased; its units go back when a shared limit of the route denies, which only GCRA,
+/// fixed windows and concurrency slots give back exactly: other algorithms are refused.
+fn compile_scope(at: &str, kind: AlgorithmName, raw: &RawLimit, p: &mut Problems) -> Option<Scope> {
+    let scope = chosen(raw.scope.as_ref(), Scope::Shared, &format!("{at}.scope"), p)?;
+    if scope == Scope::Shared {
+        return Some(scope);
+    }
+    use AlgorithmName::*;
+    if !matches!(kind, Gcra | FixedWindow | Concurrency) {
+        p.add(
+            format!("{at}.scope"),
+            format!(
+                "local applies to gcra, fixed_window and concurrency, not {kind}: a local limit's \
+                 units go back when a shared limit denies, and only those give them back exactly"
+            ),
+        );
+    }
+    if matches!(raw.mode, Some(Spelled::Known(LimitMode::Leased))) {
+        p.add(
+            format!("{at}.mode"),
+            "a local limit is counted in-process by each gateway: it is never leased",
+        );
+    }
+    if raw.lease_units.is_some() {
+        p.add(
+            format!("{at}.lease_units"),
+            "a local limit is counted in-process by each gateway: it is never leased",
+        );
+    }
+    Some(scope)
 }
 
 /// `key:` (default `[client_ip]`): the parts of a request the limit counts by.
@@ -882,6 +920,35 @@ mod tests {
             problems,
             ["routes[0].limits[0].lease_units: applies only to a limit that can be leased: gcra, token_bucket, leaky_bucket (without max_delay), fixed_window or calendar, not priced by the response"]
         );
+    }
+
+    #[test]
+    fn a_local_limit_is_counted_in_process_never_leased_and_gives_back_exactly() {
+        let (compiled, problems) = limit("{ name: g, rate: 1000/s, scope: local }");
+        assert!(problems.is_empty(), "{problems:?}");
+        let compiled = compiled.unwrap();
+        assert_eq!(compiled.scope, Scope::Local);
+        assert_eq!(compiled.leased, None, "mode auto stays exact in-process");
+        let (compiled, _) = limit("{ name: g, rate: 1000/s }");
+        assert_eq!(compiled.unwrap().scope, Scope::Shared, "shared by default");
+        let (_, problems) =
+            limit("{ name: s, algorithm: sliding_window, rate: 10/s, scope: local }");
+        assert_eq!(
+            problems,
+            ["routes[0].limits[0].scope: local applies to gcra, fixed_window and concurrency, not sliding_window: a local limit's units go back when a shared limit denies, and only those give them back exactly"]
+        );
+        let (_, problems) =
+            limit("{ name: g, rate: 1000/s, scope: local, mode: leased, lease_units: 5 }");
+        assert_eq!(
+            problems,
+            [
+                "routes[0].limits[0].mode: a local limit is counted in-process by each gateway: it is never leased",
+                "routes[0].limits[0].lease_units: a local limit is counted in-process by each gateway: it is never leased",
+            ]
+        );
+        let (_, problems) = limit("{ name: g, rate: 10/s, scope: nearby }");
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].starts_with("routes[0].limits[0].scope: unknown scope \"nearby\""));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use crate::caller::consumers::{AuthMode, CertificateField};
-use crate::limiter::FailureMode;
+use crate::limiter::{FailureMode, Scope};
 
 use super::addresses::RawAddresses;
 use super::api_keys::RawApiKeys;
@@ -159,6 +159,7 @@ pub struct RawLimit {
     pub split: Option<u64>,
     pub mode: Option<Spelled<LimitMode>>,
     pub lease_units: Option<u64>,
+    pub scope: Option<Spelled<Scope>>,
     pub cost_from_response: Option<RawResponseCost>,
     /// Per plan: other parameters, or `off`.
     pub plans: Option<BTreeMap<String, RawOverride>>,

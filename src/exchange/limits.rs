@@ -125,8 +125,8 @@ impl RequestLimits {
     pub async fn abandon<E: Seam>(&mut self, route: &Route, policy: &Policy<E>) {
         if let Some(verdict) = &self.verdict {
             let tier = self.tier(route);
-            if let Some(asked) = tier.asked(&mut self.records) {
-                policy.give_back_abandoned(&asked, verdict).await;
+            if let Some(mut asked) = tier.asked(&mut self.records) {
+                policy.give_back_abandoned(&mut asked, verdict).await;
             }
         }
         self.abandoned = true;
@@ -168,8 +168,8 @@ impl RequestLimits {
                 meters.count_report(record.report);
             }
         }
-        if let Some(asked) = tier.asked(&mut self.records) {
-            policy.end(&asked, verdict, self.abandoned).await;
+        if let Some(mut asked) = tier.asked(&mut self.records) {
+            policy.end(&mut asked, verdict, self.abandoned).await;
         }
     }
 

@@ -110,6 +110,18 @@ impl ResponsePrice {
     }
 }
 
+/// Where a limit is counted: `shared` by every gateway (in the configured backend: Redis, or
+/// in-process without it), or `local` to this gateway (always in-process, never in Redis: a
+/// per-gateway ceiling beside shared quotas). Its snake_case name is what the configuration
+/// says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, strum::EnumString, strum::VariantNames)]
+#[strum(serialize_all = "snake_case")]
+pub enum Scope {
+    #[default]
+    Shared,
+    Local,
+}
+
 /// One compiled limit of a route: algorithm and parameters, fixed at config load.
 #[derive(Debug, Clone)]
 pub struct Limit {
@@ -130,6 +142,8 @@ pub struct Limit {
     pub leased: Option<Leasing>,
     /// `cost_from_response`: the cost is the estimate at admission, settled by the response.
     pub priced_by_response: Option<ResponsePrice>,
+    /// `scope: local`: counted by this gateway alone, decided before the shared limits.
+    pub scope: Scope,
 }
 
 /// How a leased limit is leased: at most `max_units` (L) held unspent per gateway and key, and
@@ -159,6 +173,7 @@ impl Limit {
             hidden: false,
             leased: None,
             priced_by_response: None,
+            scope: Scope::Shared,
         }
     }
 
@@ -175,8 +190,11 @@ impl Limit {
     }
 
     /// This limit as one of `instances` gateways' equal share, for enforcing in-process while
-    /// Redis is away (see [`Algorithm::share`]).
+    /// Redis is away (see [`Algorithm::share`]). A limit local to each gateway is its own share.
     pub fn share(&self, instances: u64) -> Limit {
+        if self.scope == Scope::Local {
+            return self.clone();
+        }
         Limit {
             algorithm: self.algorithm.share(instances),
             ..self.clone()
@@ -234,6 +252,24 @@ mod tests {
                 limit: 1,
                 window_us: 1
             }
+        );
+    }
+
+    #[test]
+    fn a_limit_local_to_each_gateway_is_its_own_share() {
+        let rate = Rate::new(10, Duration::from_secs(1)).unwrap();
+        let algorithm = Algorithm::FixedWindow {
+            limit: 10,
+            window_us: 1_000_000,
+        };
+        let local = Limit {
+            scope: Scope::Local,
+            ..Limit::new("ceiling", algorithm, 1, rate)
+        };
+        assert_eq!(local.share(4).algorithm, algorithm);
+        assert_ne!(
+            Limit::new("quota", algorithm, 1, rate).share(4).algorithm,
+            algorithm
         );
     }
 

@@ -49,7 +49,8 @@ pub use error::{ErrorKind, LimiterError};
 pub use id::{RequestId, RequestIds};
 pub use key::{push_hex, Key, KEY_INLINE};
 pub use limit::{
-    BadCost, Cost, CostReport, Leasing, Limit, ResponsePrice, Sent, AUTO_MIN_UNITS, LIMITS_INLINE,
+    BadCost, Cost, CostReport, Leasing, Limit, ResponsePrice, Scope, Sent, AUTO_MIN_UNITS,
+    LIMITS_INLINE,
 };
 pub use pairs::{paired, paired_mut};
 pub use policy::{Policy, PolicyMeters};

@@ -2,7 +2,9 @@
 //! request's record of it ([`Asked`]), the policy calls the limiter, writes what each limit
 //! said into its record, applies the failure mode when the limiter cannot decide (allow, deny,
 //! or this gateway's share in-process), and returns one [`Verdict`]: the metric outcome (which
-//! says whether it goes upstream) and what answered. When the request ends, it gives back the
+//! says whether it goes upstream) and what answered. Limits local to this gateway
+//! (`scope: local`) beside a shared engine are decided first, in-process; the shared ones only
+//! if those pass, and a shared denial gives the local units back. When the request ends, it gives back the
 //! concurrency slots to whoever took them and settles what the response said it cost.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,11 +22,11 @@ use super::decision::{Decision, Source};
 use super::engine::Engine;
 use super::error::{ErrorKind, LimiterError};
 use super::id::{RequestId, RequestIds};
-use super::limit::{Limit, LIMITS_INLINE};
+use super::limit::{Limit, Scope, LIMITS_INLINE};
 use super::local::LocalLimiter;
 use super::record::{Asked, LimitRecord, Scale};
 use super::request::{Entries, Entry, LimitRequest};
-use super::rules::FailureMode;
+use super::rules::{FailureMode, LimitRules};
 use super::script::Algorithms;
 use super::verdict::{Decider, Outcome, Verdict};
 
@@ -73,6 +75,9 @@ pub struct Policy<E = Engine> {
     /// Decides `failure_mode: local` requests while the engine cannot; `None` when the engine
     /// is itself in-process.
     fallback: Option<Arc<LocalLimiter>>,
+    /// Decides the limits local to this gateway (`scope: local`), before the engine decides
+    /// the shared ones; `None` when the engine is itself in-process (it decides all at once).
+    local_scope: Option<LocalLimiter>,
     clock: Arc<dyn Clock>,
     ids: RequestIds,
     meters: PolicyMeters,
@@ -80,22 +85,30 @@ pub struct Policy<E = Engine> {
     last_error_log: AtomicU64,
 }
 
-/// Who decided an admitted request, and so gives back and settles what it took.
+/// Who decided an admitted request's limits, and so gives back and settles what they took.
+#[derive(Clone, Copy)]
 enum Taker<'a> {
     Engine,
-    Fallback(&'a LocalLimiter),
+    /// The in-process fallback, or the limiter of the limits local to this gateway.
+    InProcess(&'a LocalLimiter),
 }
 
 impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
+    /// A policy deciding by `engine`, with `fallback` for `failure_mode: local` when the
+    /// engine is not in-process; limits local to this gateway then get a limiter of their own.
     pub fn new(
         engine: E,
         fallback: Option<Arc<LocalLimiter>>,
         clock: Arc<dyn Clock>,
         meters: PolicyMeters,
     ) -> Policy<E> {
+        let local_scope = fallback
+            .as_ref()
+            .map(|_| LocalLimiter::new(Arc::clone(&clock), super::local::DEFAULT_MAX_KEYS));
         Policy {
             engine,
             fallback,
+            local_scope,
             clock,
             ids: RequestIds::new(),
             meters,
@@ -124,12 +137,115 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         if asked.limits.is_empty() {
             return Verdict::unlimited();
         }
-        let rules = *asked.rules;
-        let id = if rules.needs_request_id {
+        let id = if asked.rules.needs_request_id {
             self.ids.next()
         } else {
             RequestId::default()
         };
+        match self.local_scope(&asked.rules) {
+            Some(local) => self.decide_in_two(local, asked, id).await,
+            None => self.decide_by_engine(asked, id).await,
+        }
+    }
+
+    /// The limiter of the limits local to this gateway, when `rules`' limits are decided in
+    /// two parts: some are local and the engine is shared.
+    fn local_scope(&self, rules: &LimitRules) -> Option<&LocalLimiter> {
+        self.local_scope.as_ref().filter(|_| rules.has_local_scope)
+    }
+
+    /// The limits local to this gateway first, in-process: when one denies, the shared limits
+    /// are not asked (a flood stopped here costs the backend nothing). Then the shared ones:
+    /// when one denies, what the local ones took goes back, so all or nothing holds across both.
+    async fn decide_in_two(
+        &self,
+        local: &LocalLimiter,
+        asked: &mut Asked<'_>,
+        id: RequestId,
+    ) -> Verdict {
+        let here = self
+            .decide_in_process(local, &mut asked.scoped(Scope::Local), id)
+            .await;
+        if !here.admitted() {
+            return here;
+        }
+        let shared = {
+            let mut shared = asked.scoped(Scope::Shared);
+            match shared.limits.is_empty() {
+                true => Verdict::unlimited(),
+                false => self.decide_by_engine(&mut shared, id).await,
+            }
+        };
+        let held = here.answered.is_some();
+        if !shared.admitted() {
+            if held {
+                self.give_back_here(local, &mut asked.scoped(Scope::Local), &here)
+                    .await;
+            }
+            return shared;
+        }
+        Verdict {
+            outcome: match shared.outcome {
+                Outcome::Allowed => here.outcome,
+                outcome => outcome,
+            },
+            answered: shared.answered.or(here.answered),
+            delay: shared.delay.max(here.delay),
+            limiter_time: shared.limiter_time + here.limiter_time,
+            id,
+            local_scope_held: held,
+            ..shared
+        }
+    }
+
+    /// The verdict of this gateway's own limiter on `asked` (limits local to it). When it
+    /// fails (its table is full), the failure mode applies: `deny` refuses, otherwise the
+    /// request goes on to the shared limits without these.
+    async fn decide_in_process(
+        &self,
+        local: &LocalLimiter,
+        asked: &mut Asked<'_>,
+        id: RequestId,
+    ) -> Verdict {
+        let started = self.clock.instant();
+        let result = {
+            let entries = asked.entries(Scale::Exact);
+            let request = LimitRequest {
+                entries: &entries,
+                id,
+                deadline: asked.rules.deadline(),
+            };
+            local.check(&request).await
+        };
+        let limiter_time = self.clock.instant().saturating_duration_since(started);
+        match result.and_then(|decision| judged(asked, decision, Decider::Backend)) {
+            Ok(verdict) => Verdict {
+                limiter_time,
+                id,
+                ..verdict
+            },
+            Err(error) => {
+                let mode = asked.rules.failure_mode();
+                self.report(&error, mode);
+                match mode.refuses() {
+                    true => Verdict::undecided(Outcome::ErrorDenied),
+                    false => Verdict::undecided(Outcome::ErrorAllowed),
+                }
+            }
+        }
+    }
+
+    /// A shared limit denied a request the limits local to this gateway admitted (`here`):
+    /// their units and slots go back.
+    async fn give_back_here(&self, local: &LocalLimiter, asked: &mut Asked<'_>, here: &Verdict) {
+        let taker = Some((Scale::Exact, Taker::InProcess(local)));
+        self.settle_part(asked, here, taker, given_back).await;
+        self.release(asked, here, taker).await;
+    }
+
+    /// The engine's verdict on `asked` (the failure mode's when it cannot decide).
+    async fn decide_by_engine(&self, asked: &mut Asked<'_>, id: RequestId) -> Verdict {
+        let rules = asked.rules;
         let started = self.clock.instant();
         let result = {
             let entries = asked.entries(Scale::Exact);
@@ -164,9 +280,27 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     /// What the backend holds for each of `asked`'s limits at their keys, consuming nothing:
     /// every ask costs 0 and leased limits are read where their units are counted (the
     /// backend), plus the units this gateway holds of them: units other gateways hold count as
-    /// used. The usage API's read: the statuses go into the records.
+    /// used. Limits local to this gateway are read from its own limiter. The usage API's read:
+    /// the statuses go into the records.
     pub async fn peek(&self, asked: &mut Asked<'_>) -> Result<(), LimiterError> {
-        let mut decision = self.read(asked).await?;
+        let Some(local) = self.local_scope(&asked.rules) else {
+            return self.peek_engine(asked).await;
+        };
+        {
+            let mut here = asked.scoped(Scope::Local);
+            let decision = read(local, &here, self.ids.next()).await?;
+            here.take(decision)?;
+        }
+        let mut shared = asked.scoped(Scope::Shared);
+        match shared.limits.is_empty() {
+            true => Ok(()),
+            false => self.peek_engine(&mut shared).await,
+        }
+    }
+
+    /// [`Policy::peek`] of limits the engine decides.
+    async fn peek_engine(&self, asked: &mut Asked<'_>) -> Result<(), LimiterError> {
+        let mut decision = read(&self.engine, asked, self.ids.next()).await?;
         // Statuses the limits do not match one for one are refused by `take`.
         let pairs = super::pairs::paired_mut(&asked.limits, &mut decision.statuses);
         for (asked, status) in pairs.into_iter().flatten() {
@@ -177,36 +311,6 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         asked.take(decision).map(drop)
     }
 
-    /// [`Policy::peek`]'s call: every limit read at no cost, unleased.
-    async fn read(&self, asked: &Asked<'_>) -> Result<Decision, LimiterError> {
-        let limits: SmallVec<[Limit; LIMITS_INLINE]> = asked
-            .limits
-            .iter()
-            .map(|asked| Limit {
-                leased: None,
-                ..asked.limit.exact.clone()
-            })
-            .collect();
-        let entries: Entries<'_> = asked
-            .limits
-            .iter()
-            .enumerate()
-            .filter_map(|(index, asked)| {
-                Some(Entry {
-                    limit: limits.get(index)?,
-                    key: &asked.record.ask.key,
-                    cost: 0,
-                })
-            })
-            .collect();
-        let request = LimitRequest {
-            entries: &entries,
-            id: self.ids.next(),
-            deadline: asked.rules.deadline(),
-        };
-        self.engine.check(&request).await
-    }
-
     /// The limiter could not decide: the route's failure mode does.
     async fn unavailable(
         &self,
@@ -214,7 +318,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         id: RequestId,
         error: LimiterError,
     ) -> Verdict {
-        let rules = *asked.rules;
+        let rules = asked.rules;
         self.report(&error, rules.failure_mode());
         let refused = Verdict::undecided(Outcome::ErrorDenied);
         if error.always_denies() {
@@ -247,7 +351,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     /// The request has ended: gives back the concurrency slots it took (to whoever decided
     /// it), then, unless it was `abandoned` (its units went back already), settles what its
     /// response said it cost.
-    pub async fn end(&self, asked: &Asked<'_>, verdict: &Verdict, abandoned: bool) {
+    pub async fn end(&self, asked: &mut Asked<'_>, verdict: &Verdict, abandoned: bool) {
         self.finish(asked, verdict).await;
         if !abandoned {
             self.settle_response(asked, verdict).await;
@@ -256,11 +360,33 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
 
     /// The request has ended (response finished or client gone): gives back the concurrency
     /// slots it took, to whoever decided it.
-    pub async fn finish(&self, asked: &Asked<'_>, verdict: &Verdict) {
+    pub async fn finish(&self, asked: &mut Asked<'_>, verdict: &Verdict) {
+        let Some(local) = self.local_scope(&asked.rules) else {
+            return self
+                .release(asked, verdict, self.taker(verdict.decider))
+                .await;
+        };
+        if verdict.local_scope_held {
+            let taker = Some((Scale::Exact, Taker::InProcess(local)));
+            self.release(&asked.scoped(Scope::Local), verdict, taker)
+                .await;
+        }
+        let taker = self.taker(verdict.decider);
+        self.release(&asked.scoped(Scope::Shared), verdict, taker)
+            .await;
+    }
+
+    /// Gives back the concurrency slots `asked`'s limits took, to `taker` (who decided them).
+    async fn release(
+        &self,
+        asked: &Asked<'_>,
+        verdict: &Verdict,
+        taker: Option<(Scale, Taker<'_>)>,
+    ) {
         if !asked.rules.holds_slots || !verdict.admitted() {
             return;
         }
-        let Some((scale, taker)) = self.taker(verdict.decider) else {
+        let Some((scale, taker)) = taker else {
             return;
         };
         let entries = asked.entries(scale);
@@ -271,7 +397,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         };
         let released = match taker {
             Taker::Engine => self.engine.release(&request).await,
-            Taker::Fallback(fallback) => fallback.release(&request).await,
+            Taker::InProcess(limiter) => limiter.release(&request).await,
         };
         if let Err(error) = released {
             self.report(&error, asked.rules.failure_mode());
@@ -282,7 +408,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     fn taker(&self, decider: Decider) -> Option<(Scale, Taker<'_>)> {
         match (decider, &self.fallback) {
             (Decider::Backend, _) => Some((Scale::Exact, Taker::Engine)),
-            (Decider::Fallback, Some(fallback)) => Some((Scale::Share, Taker::Fallback(fallback))),
+            (Decider::Fallback, Some(fallback)) => Some((Scale::Share, Taker::InProcess(fallback))),
             (Decider::Nobody, _) | (Decider::Fallback, None) => None,
         }
     }
@@ -292,56 +418,54 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     /// the call's marks so nothing another request consumed since is given back. Other limits
     /// keep what they counted (a sliding window or log cannot give back exactly; a leased limit's
     /// units go back with its lease); concurrency slots go back with [`Policy::finish`].
-    pub async fn give_back_abandoned(&self, asked: &Asked<'_>, verdict: &Verdict) {
-        self.settle(asked, verdict, |limit, record, mark_us| {
-            (limit.leased.is_none() && record.ask.cost > 0).then_some(Change::GiveBack {
-                units: record.ask.cost,
-                mark_us,
-            })
-        })
-        .await;
+    pub async fn give_back_abandoned(&self, asked: &mut Asked<'_>, verdict: &Verdict) {
+        self.settle(asked, verdict, given_back).await;
     }
 
     /// An admitted request's response has ended: each limit priced by the response
     /// (`cost_from_response`) whose cost it reported (its record's report) is settled against
     /// the estimate its call took: the difference is charged, or given back. A limit whose
     /// cost was not reported keeps the estimate.
-    pub async fn settle_response(&self, asked: &Asked<'_>, verdict: &Verdict) {
+    pub async fn settle_response(&self, asked: &mut Asked<'_>, verdict: &Verdict) {
         if !asked.rules.priced_by_response {
             return;
         }
-        self.settle(asked, verdict, |limit, record, mark_us| {
-            limit.priced_by_response.as_ref()?;
-            let spent = record.report.units()?;
-            let taken = record.ask.cost;
-            match spent.cmp(&taken) {
-                std::cmp::Ordering::Greater => Some(Change::Charge {
-                    units: spent - taken,
-                }),
-                std::cmp::Ordering::Less => Some(Change::GiveBack {
-                    units: taken - spent,
-                    mark_us,
-                }),
-                std::cmp::Ordering::Equal => None,
-            }
-        })
-        .await;
+        self.settle(asked, verdict, priced).await;
     }
 
-    /// Settles, in one call to whoever decided the admitted request, the change `change` says
-    /// for each limit (with its record and the mark its call replied). Only GCRA and
+    /// Settles what `change` says of each of `asked`'s limits with whoever decided it: this
+    /// gateway's own limiter for limits local to it (when they were decided apart), the
+    /// request's decider for the others.
+    async fn settle(&self, asked: &mut Asked<'_>, verdict: &Verdict, change: SettleBy) {
+        let Some(local) = self.local_scope(&asked.rules) else {
+            let taker = self.taker(verdict.decider);
+            return self.settle_part(asked, verdict, taker, change).await;
+        };
+        if verdict.local_scope_held {
+            let taker = Some((Scale::Exact, Taker::InProcess(local)));
+            self.settle_part(&asked.scoped(Scope::Local), verdict, taker, change)
+                .await;
+        }
+        let taker = self.taker(verdict.decider);
+        self.settle_part(&asked.scoped(Scope::Shared), verdict, taker, change)
+            .await;
+    }
+
+    /// Settles, in one call to `taker` (who decided the admitted request), the change `change`
+    /// says for each limit (with its record and the mark its call replied). Only GCRA and
     /// fixed-window limits whose call wrote their key (a mark) are settled: a shadow limit that
     /// denied took nothing.
-    async fn settle(
+    async fn settle_part(
         &self,
         asked: &Asked<'_>,
         verdict: &Verdict,
-        change: impl Fn(&Limit, &LimitRecord, i64) -> Option<Change>,
+        taker: Option<(Scale, Taker<'_>)>,
+        change: SettleBy,
     ) {
         if verdict.answered.is_none() || !verdict.admitted() {
             return;
         }
-        let Some((scale, taker)) = self.taker(verdict.decider) else {
+        let Some((scale, taker)) = taker else {
             return;
         };
         let settlements: SmallVec<[Settlement<'_>; LIMITS_INLINE]> = asked
@@ -373,7 +497,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         }
         let settled = match taker {
             Taker::Engine => self.engine.settle(&settlements).await,
-            Taker::Fallback(fallback) => fallback.settle(&settlements).await,
+            Taker::InProcess(limiter) => limiter.settle(&settlements).await,
         };
         if let Err(error) = settled {
             self.report(&error, asked.rules.failure_mode());
@@ -393,6 +517,71 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
             );
         }
     }
+}
+
+/// What a settlement changes of one limit (given its record and the mark its call replied),
+/// if anything.
+type SettleBy = fn(&Limit, &LimitRecord, i64) -> Option<Change>;
+
+/// An abandoned request's (or a shared denial's) change: the units its call took from a limit
+/// go back, unless the limit is leased (its units go back with its lease).
+fn given_back(limit: &Limit, record: &LimitRecord, mark_us: i64) -> Option<Change> {
+    (limit.leased.is_none() && record.ask.cost > 0).then_some(Change::GiveBack {
+        units: record.ask.cost,
+        mark_us,
+    })
+}
+
+/// A response's change (`cost_from_response`): what it reported beyond the estimate its call
+/// took is charged, what it reported below it given back; no report keeps the estimate.
+fn priced(limit: &Limit, record: &LimitRecord, mark_us: i64) -> Option<Change> {
+    limit.priced_by_response.as_ref()?;
+    let spent = record.report.units()?;
+    let taken = record.ask.cost;
+    match spent.cmp(&taken) {
+        std::cmp::Ordering::Greater => Some(Change::Charge {
+            units: spent - taken,
+        }),
+        std::cmp::Ordering::Less => Some(Change::GiveBack {
+            units: taken - spent,
+            mark_us,
+        }),
+        std::cmp::Ordering::Equal => None,
+    }
+}
+
+/// [`Policy::peek`]'s call to `limiter`: every limit of `asked` read at no cost, unleased.
+async fn read(
+    limiter: &impl Limiter,
+    asked: &Asked<'_>,
+    id: RequestId,
+) -> Result<Decision, LimiterError> {
+    let limits: SmallVec<[Limit; LIMITS_INLINE]> = asked
+        .limits
+        .iter()
+        .map(|asked| Limit {
+            leased: None,
+            ..asked.limit.exact.clone()
+        })
+        .collect();
+    let entries: Entries<'_> = asked
+        .limits
+        .iter()
+        .enumerate()
+        .filter_map(|(index, asked)| {
+            Some(Entry {
+                limit: limits.get(index)?,
+                key: &asked.record.ask.key,
+                cost: 0,
+            })
+        })
+        .collect();
+    let request = LimitRequest {
+        entries: &entries,
+        id,
+        deadline: asked.rules.deadline(),
+    };
+    limiter.check(&request).await
 }
 
 /// What a decision means for the request; what each limit said goes into its record.
@@ -443,9 +632,9 @@ mod tests {
     use super::*;
     use crate::limiter::clock::ManualClock;
     use crate::limiter::limit::CostReport;
-    use crate::limiter::record::PolicyLimit;
+    use crate::limiter::record::{Deciding, PolicyLimit};
     use crate::limiter::rules::LimitRules;
-    use crate::limiter::testing::{self, concurrency, gcra, limit, Unavailable};
+    use crate::limiter::testing::{self, concurrency, gcra, limit, window, Unavailable};
 
     fn timeout() -> LimiterError {
         LimiterError::Timeout(25)
@@ -550,7 +739,7 @@ mod tests {
         ) {
             let verdict = decided.verdict.clone();
             policy
-                .finish(&self.asked(&mut decided.records), &verdict)
+                .finish(&mut self.asked(&mut decided.records), &verdict)
                 .await;
         }
 
@@ -565,8 +754,8 @@ mod tests {
                 record.report = *report;
             }
             let verdict = decided.verdict.clone();
-            let asked = self.asked(&mut decided.records);
-            policy.settle_response(&asked, &verdict).await;
+            let mut asked = self.asked(&mut decided.records);
+            policy.settle_response(&mut asked, &verdict).await;
         }
     }
 
@@ -695,7 +884,7 @@ mod tests {
         // request gets the same turn instead of the one after.
         let verdict = held.verdict.clone();
         f.policy
-            .give_back_abandoned(&routes.asked(&mut held.records), &verdict)
+            .give_back_abandoned(&mut routes.asked(&mut held.records), &verdict)
             .await;
         assert_eq!(
             routes.decide(&f.policy, &ask).await.delay,
@@ -790,5 +979,120 @@ mod tests {
             .settle(&f.policy, &mut verdict, &[CostReport::Reported(25)])
             .await;
         assert_eq!(remaining(&routes.decide(&f.policy, &ask).await, 0), 20);
+    }
+
+    /// A policy whose engine is shared (it stands for Redis: in-process here, counted by its
+    /// duration histogram), so limits local to the gateway get their own limiter.
+    fn shared_engine() -> Fixture {
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let shared = Arc::new(LocalLimiter::new(clock.clone(), 1000));
+        let fallback = Arc::new(LocalLimiter::new(clock.clone(), 1000));
+        let meters = PolicyMeters::unregistered();
+        let policy = Policy::new(
+            Engine::local(shared),
+            Some(fallback),
+            clock.clone(),
+            meters.clone(),
+        );
+        Fixture {
+            policy,
+            clock,
+            meters,
+        }
+    }
+
+    fn local(limit: Limit) -> Limit {
+        Limit {
+            scope: Scope::Local,
+            ..limit
+        }
+    }
+
+    #[tokio::test]
+    async fn a_local_denial_never_asks_the_engine_and_a_shared_one_gives_local_units_back() {
+        let f = shared_engine();
+        // 3 at once per gateway, then 1 per hour per caller across gateways.
+        let set = set(
+            vec![
+                local(limit("gateway", gcra(1, 2))),
+                limit("quota", window(1)),
+            ],
+            FailureMode::Allow,
+        );
+        let engine_calls = || f.meters.duration.get_sample_count();
+        let a = set.decide(&f.policy, &asks(&[b"gw", b"a"], &[1, 1])).await;
+        assert_eq!(a.outcome, Outcome::Allowed);
+        assert!(a.local_scope_held);
+        for _ in 0..5 {
+            let again = set.decide(&f.policy, &asks(&[b"gw", b"a"], &[1, 1])).await;
+            assert_eq!(again.outcome, Outcome::Limited, "the quota denies");
+            assert_eq!(again.records[1].deciding, Some(Deciding::Denied));
+            assert!(!again.local_scope_held, "the local unit went back");
+        }
+        assert_eq!(engine_calls(), 6);
+        // Two callers more pass: the local limit holds only the units of admitted requests.
+        for caller in [b"b", b"c"] {
+            let passed = set
+                .decide(&f.policy, &asks(&[b"gw", caller], &[1, 1]))
+                .await;
+            assert_eq!(passed.outcome, Outcome::Allowed);
+        }
+        let flood = set.decide(&f.policy, &asks(&[b"gw", b"d"], &[1, 1])).await;
+        assert_eq!(flood.outcome, Outcome::Limited);
+        assert_eq!(flood.records[0].deciding, Some(Deciding::Denied));
+        assert_eq!(flood.records[1].status, None, "the quota was not asked");
+        assert_eq!(engine_calls(), 8, "the local denial made no engine call");
+        f.clock.advance(1_000_000);
+        let refilled = set.decide(&f.policy, &asks(&[b"gw", b"d"], &[1, 1])).await;
+        assert_eq!(refilled.outcome, Outcome::Allowed);
+    }
+
+    #[tokio::test]
+    async fn a_local_slot_goes_back_on_a_shared_denial_and_when_the_request_ends() {
+        let f = shared_engine();
+        let set = set(
+            vec![
+                local(limit("inflight", concurrency(1))),
+                limit("quota", window(1)),
+            ],
+            FailureMode::Allow,
+        );
+        let mut first = set.decide(&f.policy, &asks(&[b"gw", b"a"], &[1, 1])).await;
+        assert_eq!(first.outcome, Outcome::Allowed);
+        let busy = set.decide(&f.policy, &asks(&[b"gw", b"b"], &[1, 1])).await;
+        assert_eq!(busy.outcome, Outcome::Limited, "the one slot is held");
+        assert_eq!(busy.records[0].deciding, Some(Deciding::Denied));
+        set.finish(&f.policy, &mut first).await;
+        let denied = set.decide(&f.policy, &asks(&[b"gw", b"a"], &[1, 1])).await;
+        assert_eq!(
+            denied.records[1].deciding,
+            Some(Deciding::Denied),
+            "a's quota is spent"
+        );
+        let mut next = set.decide(&f.policy, &asks(&[b"gw", b"b"], &[1, 1])).await;
+        assert_eq!(
+            next.outcome,
+            Outcome::Allowed,
+            "the denied request's slot went back"
+        );
+        set.finish(&f.policy, &mut next).await;
+    }
+
+    #[tokio::test]
+    async fn local_limits_are_decided_with_the_others_when_the_engine_is_in_process() {
+        let f = in_process();
+        let set = set(
+            vec![
+                local(limit("gateway", gcra(1, 0))),
+                limit("quota", window(5)),
+            ],
+            FailureMode::Allow,
+        );
+        let first = set.decide(&f.policy, &asks(&[b"gw", b"a"], &[1, 1])).await;
+        assert_eq!(first.outcome, Outcome::Allowed);
+        assert!(!first.local_scope_held, "one call decided both");
+        let second = set.decide(&f.policy, &asks(&[b"gw", b"a"], &[1, 1])).await;
+        assert_eq!(second.records[0].deciding, Some(Deciding::Denied));
+        assert_eq!(f.meters.duration.get_sample_count(), 2);
     }
 }

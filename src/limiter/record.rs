@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 use super::decision::{Decision, Source};
 use super::error::LimiterError;
 use super::key::Key;
-use super::limit::{CostReport, Limit, LIMITS_INLINE};
+use super::limit::{CostReport, Limit, Scope, LIMITS_INLINE};
 use super::request::{Ask, Entries, Entry};
 use super::rules::LimitRules;
 use super::status::LimitStatus;
@@ -87,7 +87,8 @@ impl LimitRecord {
         if cached && self.deciding != Some(Deciding::Denied) {
             return None;
         }
-        let local = verdict.decider == Decider::Fallback;
+        // A limit local to this gateway decided as configured, whoever decided the others.
+        let local = verdict.decider == Decider::Fallback && limit.scope == Scope::Shared;
         Some(Outcome::of(status.allowed, limit.shadow, local))
     }
 }
@@ -112,7 +113,7 @@ pub enum Scale {
 /// request's record of it. Built per call, inline.
 #[derive(Debug)]
 pub struct Asked<'a> {
-    pub rules: &'a LimitRules,
+    pub rules: LimitRules,
     pub limits: SmallVec<[AskedLimit<'a>; LIMITS_INLINE]>,
 }
 
@@ -125,6 +126,29 @@ impl<'a> Asked<'a> {
         let limits = pairs
             .map(|(limit, record)| AskedLimit { limit, record })
             .collect();
+        Asked {
+            rules: *rules,
+            limits,
+        }
+    }
+
+    /// The limits of `scope` among these, as a set of their own (the rules theirs): a route's
+    /// limits local to this gateway, or its shared ones.
+    pub fn scoped(&mut self, scope: Scope) -> Asked<'_> {
+        let limits: SmallVec<[AskedLimit<'_>; LIMITS_INLINE]> = self
+            .limits
+            .iter_mut()
+            .filter(|asked| asked.limit.exact.scope == scope)
+            .map(|asked| AskedLimit {
+                limit: asked.limit,
+                record: &mut *asked.record,
+            })
+            .collect();
+        let rules = LimitRules::new(
+            limits.iter().map(|asked| &asked.limit.exact),
+            self.rules.failure_mode(),
+            self.rules.deadline(),
+        );
         Asked { rules, limits }
     }
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::algorithm::Algorithm;
-use super::limit::Limit;
+use super::limit::{Limit, Scope};
 
 /// What a request gets when the limiter cannot decide (Redis error or deadline missed). Its
 /// snake_case name (`allow`, `deny`, `local`) is what the configuration says (`FromStr`, the
@@ -54,6 +54,9 @@ pub struct LimitRules {
     pub(super) holds_slots: bool,
     /// Some limit is priced by the response: admitted requests are settled when it ends.
     pub(super) priced_by_response: bool,
+    /// Some limit is local to this gateway (`scope: local`): with a shared backend, those are
+    /// decided first, in-process, and the others after.
+    pub(super) has_local_scope: bool,
 }
 
 impl LimitRules {
@@ -72,6 +75,7 @@ impl LimitRules {
             rules.needs_request_id |= limit.algorithm.needs_request_id();
             rules.holds_slots |= matches!(limit.algorithm, Algorithm::Concurrency { .. });
             rules.priced_by_response |= limit.priced_by_response.is_some();
+            rules.has_local_scope |= limit.scope == Scope::Local;
         }
         rules
     }
@@ -84,6 +88,7 @@ impl LimitRules {
             needs_request_id: false,
             holds_slots: false,
             priced_by_response: false,
+            has_local_scope: false,
         }
     }
 

@@ -112,8 +112,11 @@ pub struct Verdict {
     pub limiter_time: Duration,
     /// The id the limiter saw (sliding-log members, concurrency slots).
     pub id: RequestId,
-    /// Who decided this request.
+    /// Who decided this request (its shared limits, when they are decided apart).
     pub decider: Decider,
+    /// Its limits local to this gateway (`scope: local`) were decided apart, in-process, and
+    /// hold what it took: their slots go back to them when it ends.
+    pub local_scope_held: bool,
 }
 
 impl Verdict {
@@ -132,6 +135,7 @@ impl Verdict {
             limiter_time: Duration::ZERO,
             id: RequestId::default(),
             decider: Decider::Nobody,
+            local_scope_held: false,
         }
     }
 

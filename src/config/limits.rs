@@ -142,6 +142,12 @@ fn compile_scope(at: &str, kind: AlgorithmName, raw: &RawLimit, p: &mut Problems
             "a local limit is counted in-process by each gateway: it is never leased",
         );
     }
+    if raw.split.is_some_and(|shards| shards > 1) {
+        p.add(
+            format!("{at}.split"),
+            "spreads a hot key over Redis Cluster's slots: a local limit is counted in-process",
+        );
+    }
     Some(scope)
 }
 
@@ -945,6 +951,11 @@ mod tests {
                 "routes[0].limits[0].mode: a local limit is counted in-process by each gateway: it is never leased",
                 "routes[0].limits[0].lease_units: a local limit is counted in-process by each gateway: it is never leased",
             ]
+        );
+        let (_, problems) = limit("{ name: g, rate: 1000/s, burst: 10, scope: local, split: 4 }");
+        assert_eq!(
+            problems,
+            ["routes[0].limits[0].split: spreads a hot key over Redis Cluster's slots: a local limit is counted in-process"]
         );
         let (_, problems) = limit("{ name: g, rate: 10/s, scope: nearby }");
         assert_eq!(problems.len(), 1, "{problems:?}");

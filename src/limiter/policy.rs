@@ -189,7 +189,12 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
                 Outcome::Allowed => here.outcome,
                 outcome => outcome,
             },
-            answered: shared.answered.or(here.answered),
+            // The failure mode admitted: no limit's numbers are told (as without local limits),
+            // and the shared limits count the failure mode's outcome.
+            answered: match shared.outcome {
+                Outcome::ErrorAllowed => None,
+                _ => shared.answered.or(here.answered),
+            },
             delay: shared.delay.max(here.delay),
             limiter_time: shared.limiter_time + here.limiter_time,
             id,
@@ -198,9 +203,9 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         }
     }
 
-    /// The verdict of this gateway's own limiter on `asked` (limits local to it). When it
-    /// fails (its table is full), the failure mode applies: `deny` refuses, otherwise the
-    /// request goes on to the shared limits without these.
+    /// The verdict of this gateway's own limiter on `asked` (limits local to it). It fails only
+    /// when its table is full of live keys: the request is then refused, as in-process
+    /// limiters refuse what they cannot track.
     async fn decide_in_process(
         &self,
         local: &LocalLimiter,
@@ -225,12 +230,11 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
                 ..verdict
             },
             Err(error) => {
-                let mode = asked.rules.failure_mode();
-                self.report(&error, mode);
-                match mode.refuses() {
-                    true => Verdict::undecided(Outcome::ErrorDenied),
-                    false => Verdict::undecided(Outcome::ErrorAllowed),
+                self.meters.error(&error);
+                if self.first_error_this_second() {
+                    log::warn!("limits local to this gateway: {error}; the request is refused");
                 }
+                Verdict::undecided(Outcome::ErrorDenied)
             }
         }
     }
@@ -241,6 +245,19 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         let taker = Some((Scale::Exact, Taker::InProcess(local)));
         self.settle_part(asked, here, taker, given_back).await;
         self.release(asked, here, taker).await;
+        // What the `RateLimit` fields say of them counts the units as back.
+        for asked in asked.limits.iter_mut() {
+            let returned = matches!(
+                asked.limit.exact.algorithm,
+                Algorithm::Gcra { .. }
+                    | Algorithm::FixedWindow { .. }
+                    | Algorithm::Concurrency { .. }
+            );
+            let status = asked.record.status.as_mut();
+            if let Some(status) = status.filter(|s| returned && s.allowed && s.mark_us > 0) {
+                status.remaining += asked.record.ask.cost;
+            }
+        }
     }
 
     /// The engine's verdict on `asked` (the failure mode's when it cannot decide).
@@ -504,11 +521,16 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         }
     }
 
+    /// Whether no limiter error was logged yet this second (and now one is).
+    fn first_error_this_second(&self) -> bool {
+        let second = (self.clock.now_us() / 1_000_000).max(0) as u64;
+        self.last_error_log.swap(second, Ordering::Relaxed) != second
+    }
+
     /// Counts an error by kind and logs it, at most once a second.
     fn report(&self, error: &LimiterError, failure_mode: FailureMode) {
         self.meters.error(error);
-        let second = (self.clock.now_us() / 1_000_000).max(0) as u64;
-        if self.last_error_log.swap(second, Ordering::Relaxed) != second {
+        if self.first_error_this_second() {
             log::warn!(
                 "rate limiter unavailable ({}): {}: {error}; failure_mode={} applies",
                 error.kind(),
@@ -1028,6 +1050,7 @@ mod tests {
             assert_eq!(again.outcome, Outcome::Limited, "the quota denies");
             assert_eq!(again.records[1].deciding, Some(Deciding::Denied));
             assert!(!again.local_scope_held, "the local unit went back");
+            assert_eq!(remaining(&again, 0), 2, "and the local limit says so");
         }
         assert_eq!(engine_calls(), 6);
         // Two callers more pass: the local limit holds only the units of admitted requests.
@@ -1094,5 +1117,29 @@ mod tests {
         let second = set.decide(&f.policy, &asks(&[b"gw", b"a"], &[1, 1])).await;
         assert_eq!(second.records[0].deciding, Some(Deciding::Denied));
         assert_eq!(f.meters.duration.get_sample_count(), 2);
+    }
+
+    #[tokio::test]
+    async fn when_the_shared_engine_fails_its_limits_count_the_failure_mode_beside_local_ones() {
+        let f = unavailable(timeout);
+        let set = set(
+            vec![
+                local(limit("gateway", gcra(1, 2))),
+                limit("quota", window(5)),
+            ],
+            FailureMode::Allow,
+        );
+        let decided = set.decide(&f.policy, &asks(&[b"gw", b"a"], &[1, 1])).await;
+        assert_eq!(decided.outcome, Outcome::ErrorAllowed);
+        assert_eq!(decided.answered, None, "no limit's numbers are told");
+        assert!(decided.local_scope_held);
+        let outcome = |i: usize| decided.records[i].outcome(&set.limits[i].exact, &decided);
+        assert_eq!(
+            outcome(0),
+            Some(Outcome::Allowed),
+            "the local limit decided"
+        );
+        assert_eq!(outcome(1), Some(Outcome::ErrorAllowed));
+        assert_eq!(errors(&f.meters, "timeout"), 1);
     }
 }

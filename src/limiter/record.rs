@@ -84,7 +84,8 @@ impl LimitRecord {
             };
         };
         let cached = verdict.answered.map(|a| a.source) == Some(Source::DenyCache);
-        if cached && self.deciding != Some(Deciding::Denied) {
+        // The limits local to this gateway were asked all the same (before the shared ones).
+        if cached && self.deciding != Some(Deciding::Denied) && limit.scope == Scope::Shared {
             return None;
         }
         // A limit local to this gateway decided as configured, whoever decided the others.

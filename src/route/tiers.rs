@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 
 use crate::limiter::script::Algorithms;
 use crate::limiter::{
-    paired, paired_mut, Asked, Limit, LimitRecord, LimitRecords, LimitRules, PolicyLimit,
+    paired, paired_mut, Asked, Limit, LimitRecord, LimitRecords, LimitRules, PolicyLimit, Scope,
     LIMITS_INLINE,
 };
 use crate::route::keys::{Digest, LimitKey, MissingPart, RequestFacts, Rotation, RouteKeys};
@@ -234,10 +234,12 @@ impl Tiers {
         self.default().limits.iter().map(|l| &l.limit.exact)
     }
 
-    /// The algorithms of its limits, in every tier: those its decisions may call.
+    /// The algorithms of its shared limits, in every tier: those its decisions may call in
+    /// Redis (limits local to each gateway never are).
     pub fn algorithms(&self) -> Algorithms {
         let limits = self.tiers.iter().flat_map(|tier| tier.limits.iter());
-        Algorithms::of_limits(limits.map(|l| &l.limit.exact))
+        let shared = limits.filter(|l| l.limit.exact.scope == Scope::Shared);
+        Algorithms::of_limits(shared.map(|l| &l.limit.exact))
     }
 
     /// How many tiers the route has (each runs its own [`Rotation`]).

@@ -9,6 +9,7 @@
 //! file and the YAML path: when serde stops at a value of the wrong type, the file is read again
 //! without it (`misfits.rs`), and what reads is compiled.
 
+pub(crate) mod adaptive;
 pub(crate) mod addresses;
 pub mod api_key_file;
 pub(crate) mod api_keys;

@@ -103,6 +103,7 @@ pub struct RawRoute {
     pub request_timeout_ms: Option<u64>,
     pub addresses: Option<RawAddresses>,
     pub auth: Option<RawAuth>,
+    pub adaptive_concurrency: Option<super::adaptive::RawAdaptive>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 
 use http::Method;
 
+use super::adaptive;
 use super::identity::compile_auth;
 use super::problem::{millis_within, required_name, Problems};
 use super::raw::{RawLimit, RawMatch, RawRoute};
@@ -84,7 +85,8 @@ pub fn compile(
     // Every part of the route is checked, whichever of them failed.
     check_callers_are_known(at, &limits, auth.mode, p);
     let addresses = super::addresses::compile(&format!("{at}.addresses"), raw.addresses, p);
-    let limits: Option<Vec<LimitVariants>> = limits.into_iter().collect();
+    let adaptive = adaptive::compile(at, raw.adaptive_concurrency, defaults.verifiers.plans(), p);
+    let limits = limits.into_iter().collect::<Option<Vec<LimitVariants>>>();
     let (name, matcher, upstream, limits) = (name?, matcher?, upstream?, limits?);
     let specs: Vec<KeySpec> = limits.iter().map(|l| l.written().1.clone()).collect();
     let keys = RouteKeys::new(defaults.key_prefix, &name, defaults.secret, &specs);
@@ -109,6 +111,7 @@ pub fn compile(
         addresses,
         max_body_bytes: raw.max_body_bytes,
         request_timeout,
+        adaptive: adaptive?,
     })
 }
 

@@ -35,6 +35,8 @@ pub enum Answer {
     },
     /// The limiter could not decide, and the route's failure mode refuses.
     LimiterUnavailable,
+    /// The route's upstream is at its adaptive concurrency limit for the caller's priority.
+    Shed,
     /// No upstream server could be reached: none healthy, refused, reset, TLS failed.
     UpstreamUnreachable,
     /// The upstream did not answer within the route's timeouts (or its `request_timeout` ran
@@ -59,6 +61,8 @@ pub enum Unasked {
     Exempt = 3,
     /// The caller's credential is missing or does not verify.
     Unauthenticated = 4,
+    /// The upstream was at its adaptive concurrency limit for the caller's priority.
+    Shed = 5,
 }
 
 impl Unasked {
@@ -213,7 +217,7 @@ impl Answer {
             Answer::AuthFailed(failure) if failure.unavailable() => 503,
             Answer::AuthFailed(_) => 401,
             Answer::Limited { .. } => 429,
-            Answer::LimiterUnavailable => 503,
+            Answer::LimiterUnavailable | Answer::Shed => 503,
             Answer::UpstreamUnreachable => 502,
             Answer::UpstreamTimedOut => 504,
             Answer::Internal => 500,
@@ -234,7 +238,7 @@ impl Answer {
             Answer::AuthFailed(failure) if failure.unavailable() => "Service Unavailable",
             Answer::AuthFailed(_) => "Unauthorized",
             Answer::Limited { .. } => "Too Many Requests",
-            Answer::LimiterUnavailable => "Service Unavailable",
+            Answer::LimiterUnavailable | Answer::Shed => "Service Unavailable",
             Answer::UpstreamUnreachable => "Bad Gateway",
             Answer::UpstreamTimedOut => "Gateway Timeout",
             Answer::Internal => "Internal Server Error",
@@ -254,6 +258,7 @@ impl Answer {
             Answer::AuthFailed(failure) => failure.detail(),
             Answer::Limited { .. } => "A rate limit of this route is exceeded.",
             Answer::LimiterUnavailable => "The rate limiter is unavailable.",
+            Answer::Shed => "The upstream is at its concurrency limit; retry shortly.",
             Answer::UpstreamUnreachable => "The upstream server could not be reached.",
             Answer::UpstreamTimedOut => "The upstream server did not answer in time.",
             Answer::Unreadable => "The request could not be read.",
@@ -267,9 +272,10 @@ impl Answer {
     pub fn grpc_status(self) -> GrpcStatus {
         match self {
             Answer::Limited { .. } => GrpcStatus::ResourceExhausted,
-            Answer::LimiterUnavailable | Answer::UpstreamUnreachable | Answer::UpstreamTimedOut => {
-                GrpcStatus::Unavailable
-            }
+            Answer::LimiterUnavailable
+            | Answer::Shed
+            | Answer::UpstreamUnreachable
+            | Answer::UpstreamTimedOut => GrpcStatus::Unavailable,
             Answer::NoRoute => GrpcStatus::Unimplemented,
             Answer::Forbidden => GrpcStatus::PermissionDenied,
             Answer::AuthFailed(failure) if failure.forbids() => GrpcStatus::PermissionDenied,
@@ -299,6 +305,7 @@ impl Answer {
             | Answer::HeadersTooLarge
             | Answer::BodyTooLarge
             | Answer::Unreadable => Some(Unasked::BadRequest),
+            Answer::Shed => Some(Unasked::Shed),
             Answer::Limited { .. }
             | Answer::LimiterUnavailable
             | Answer::UpstreamUnreachable
@@ -322,6 +329,7 @@ impl Answer {
             Answer::AuthFailed(_) => "unauthenticated",
             Answer::Limited { .. } => "limited",
             Answer::LimiterUnavailable => "limiter_unavailable",
+            Answer::Shed => "shed",
             Answer::UpstreamUnreachable => "upstream_unreachable",
             Answer::UpstreamTimedOut => "upstream_timeout",
             Answer::Unreadable => "unreadable",
@@ -365,6 +373,7 @@ mod tests {
             (Answer::Limited { locally: false }, 429, 8, None),
             (Answer::Limited { locally: true }, 429, 8, None),
             (Answer::LimiterUnavailable, 503, 14, None),
+            (Answer::Shed, 503, 14, Some("shed")),
             (Answer::UpstreamUnreachable, 502, 14, None),
             (Answer::UpstreamTimedOut, 504, 14, None),
             (Answer::RequestTimeout, 408, 13, None),

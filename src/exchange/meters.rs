@@ -12,11 +12,13 @@ use strum::EnumCount;
 
 use crate::caller::consumers::{AuthFailure, AuthMode, PlanId, Plans, NO_PLAN};
 use crate::exchange::answer::{ClientError, Decided, UpstreamError};
+use crate::limiter::adaptive::AdaptiveMeters;
 use crate::limiter::{CostReport, Limit, Outcome};
 use crate::observe::metrics::{
-    AUTH_FAILURES, CLIENT_ERRORS, LIMIT_DECISIONS, PLAN_REQUESTS, REQUESTS, REQUESTS_IN_FLIGHT,
-    REQUEST_DURATION, RESPONSE_COST_REPORTS, RESPONSE_COST_UNITS, RLS_LIMIT_DECISIONS,
-    RLS_REQUESTS, UPSTREAM_DURATION, UPSTREAM_ERRORS, UPSTREAM_HEALTHY, UPSTREAM_RESPONSES,
+    ADAPTIVE_BASELINE, ADAPTIVE_LIMIT, ADAPTIVE_SHED, AUTH_FAILURES, CLIENT_ERRORS,
+    LIMIT_DECISIONS, PLAN_REQUESTS, REQUESTS, REQUESTS_IN_FLIGHT, REQUEST_DURATION,
+    RESPONSE_COST_REPORTS, RESPONSE_COST_UNITS, RLS_LIMIT_DECISIONS, RLS_REQUESTS,
+    UPSTREAM_DURATION, UPSTREAM_ERRORS, UPSTREAM_HEALTHY, UPSTREAM_RESPONSES,
 };
 use crate::route::descriptors::Domains;
 use crate::route::table::RouteTable;
@@ -93,6 +95,8 @@ pub struct RouteMetrics {
     /// Of a route that verifies callers: per plan slot (0: none, then each plan), a counter
     /// per decision label; and a counter per reason a caller was refused.
     callers: Option<CallerMeters>,
+    /// Of a route with adaptive concurrency: requests shed, per plan slot (0: none).
+    shed: Box<[IntCounter]>,
 }
 
 struct CallerMeters {
@@ -170,6 +174,24 @@ impl RouteMetrics {
                 .map(|limit| LimitMeters::new(route, limit))
                 .collect(),
             callers: None,
+            shed: Box::new([]),
+        }
+    }
+
+    /// Adds the handles of a route with adaptive concurrency: requests shed per plan.
+    pub fn with_shedding(mut self, route: &str, plans: &Plans) -> RouteMetrics {
+        let slots = std::iter::once(NO_PLAN).chain(plans.names().iter().map(|n| &**n));
+        self.shed = slots
+            .map(|plan| ADAPTIVE_SHED.with_label_values(&[route, plan]))
+            .collect();
+        self
+    }
+
+    /// A request of a caller on `plan` was shed.
+    pub fn count_shed(&self, plan: Option<PlanId>) {
+        let slot = plan.map_or(0, |plan| usize::from(plan.0) + 1);
+        if let Some(counter) = self.shed.get(slot) {
+            counter.inc();
         }
     }
 
@@ -275,6 +297,9 @@ struct Series {
     plans: Vec<(String, String)>,
     limits: Vec<(String, String)>,
     servers: Vec<(String, String)>,
+    /// Routes with adaptive concurrency, and (route, plan) of their shed counters.
+    adaptive: Vec<String>,
+    shed: Vec<(String, String)>,
     /// The rate limit service's domains, and (domain, limit) of their limits.
     domains: Vec<String>,
     domain_limits: Vec<(String, String)>,
@@ -304,6 +329,12 @@ impl Metrics {
                     .servers
                     .push((route.name.to_string(), server.to_string()));
             }
+            if route.adaptive.is_some() {
+                series.adaptive.push(route.name.to_string());
+                for plan in std::iter::once(NO_PLAN).chain(plans.names().iter().map(|n| &**n)) {
+                    series.shed.push((route.name.to_string(), plan.to_string()));
+                }
+            }
         }
         Metrics {
             unmatched: RouteMetrics::new(UNMATCHED_ROUTE, []),
@@ -321,6 +352,14 @@ impl Metrics {
             }
         }
         self
+    }
+
+    /// The gauges of `route`'s adaptive concurrency limiter.
+    pub fn adaptive(route: &str) -> AdaptiveMeters {
+        AdaptiveMeters {
+            limit: ADAPTIVE_LIMIT.with_label_values(&[route]),
+            baseline_seconds: ADAPTIVE_BASELINE.with_label_values(&[route]),
+        }
     }
 
     /// The health gauge of `server` in `route`'s pool.
@@ -385,10 +424,26 @@ impl Metrics {
         {
             let _ = UPSTREAM_HEALTHY.remove_label_values(&[route, server]);
         }
+        self.retire_adaptive_series_missing_from(next);
         self.retire_rls_series_missing_from(next);
     }
 
     /// The rate limit service's part of [`Metrics::retire_series_missing_from`].
+    fn retire_adaptive_series_missing_from(&self, next: &Series) {
+        for route in self
+            .series
+            .adaptive
+            .iter()
+            .filter(|r| !next.adaptive.contains(r))
+        {
+            let _ = ADAPTIVE_LIMIT.remove_label_values(&[route]);
+            let _ = ADAPTIVE_BASELINE.remove_label_values(&[route]);
+        }
+        for (route, plan) in self.series.shed.iter().filter(|p| !next.shed.contains(p)) {
+            let _ = ADAPTIVE_SHED.remove_label_values(&[route, plan]);
+        }
+    }
+
     fn retire_rls_series_missing_from(&self, next: &Series) {
         let gone = |name: &&String| !next.domains.contains(name);
         for domain in self.series.domains.iter().filter(gone) {

@@ -23,6 +23,7 @@ use crate::caller::consumers::{AuthFailure, AuthMode, Consumer, Credentials};
 use crate::exchange::answer::{
     Answer, ClientError, Decided, Unasked, UpstreamError, CLIENT_CLOSED,
 };
+use crate::limiter::adaptive::Permit;
 use crate::limiter::{Backend, Limiter, Policy, ReleaseSlots, SettleUnits, Verdict};
 use crate::route::keys::{self, RequestFacts};
 use crate::route::path;
@@ -83,6 +84,8 @@ pub struct Exchange<S> {
     upstream: upstream::Attempts,
     /// Counts the routed request in flight until it ends.
     in_flight: Option<InFlight>,
+    /// Its place among the requests its route's upstream holds (adaptive concurrency).
+    permit: Option<Permit>,
 }
 
 impl<S: Servers> Exchange<S> {
@@ -106,6 +109,7 @@ impl<S: Servers> Exchange<S> {
             client_error: None,
             upstream: upstream::Attempts::default(),
             in_flight: None,
+            permit: None,
         }
     }
 
@@ -118,6 +122,9 @@ impl<S: Servers> Exchange<S> {
             return self.answer(Answer::NoRoute);
         };
         self.deadline = route.route.request_timeout.map(|t| self.started + t);
+        if let Err(answer) = self.hold_place(&route) {
+            return self.answer(answer);
+        }
         if self.exempt {
             return Admission::Admitted {
                 delay: Duration::ZERO,
@@ -220,6 +227,26 @@ impl<S: Servers> Exchange<S> {
         }
     }
 
+    /// Takes a place among the requests the route's upstream holds at once (its adaptive
+    /// concurrency limit, at the caller's priority): before the limits, so a request shed
+    /// costs them nothing. `Err`: shed.
+    fn hold_place(&mut self, runtime: &RouteRuntime<S>) -> Result<(), Answer> {
+        let (Some(limiter), Some(adaptive)) = (&runtime.adaptive, &runtime.route.adaptive) else {
+            return Ok(());
+        };
+        let plan = self.consumer.as_ref().and_then(|consumer| consumer.plan);
+        match limiter.admit(adaptive.level(plan)) {
+            Some(permit) => {
+                self.permit = Some(permit);
+                Ok(())
+            }
+            None => {
+                runtime.metrics.count_shed(plan);
+                Err(Answer::Shed)
+            }
+        }
+    }
+
     /// Keeps `answer` as what the gateway answers, and says so.
     fn answer(&mut self, answer: Answer) -> Admission {
         self.answer = Some(answer);
@@ -257,6 +284,10 @@ impl<S: Servers> Exchange<S> {
         }
         if let Some(upstream_time) = self.upstream.time {
             metrics.observe_upstream(upstream_time);
+        }
+        // The upstream's latency is a sample of its adaptive limit; the place is given back.
+        if let (Some(permit), Some(upstream_time)) = (self.permit.take(), self.upstream.time) {
+            permit.answered(upstream_time);
         }
         if let Some(runtime) = &self.route {
             let route = &runtime.route;

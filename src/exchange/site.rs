@@ -14,6 +14,7 @@ use super::meters::{self, Metrics, RouteMetrics};
 use crate::caller::consumers::AuthMode;
 use crate::caller::jwt::JwtVerifier;
 use crate::config::{Config, ConfigError};
+use crate::limiter::adaptive::{AdaptiveConcurrency, AdaptiveSettings};
 use crate::limiter::clock::Clock;
 use crate::limiter::paired;
 use crate::observe::access_log::{self, AccessLog};
@@ -31,15 +32,39 @@ pub struct RouteRuntime<S> {
     pub metrics: RouteMetrics,
     /// Each tier's turn among the shards of its split limits (by tier id).
     rotations: Box<[Rotation]>,
+    /// Its upstream's adaptive concurrency limit on this gateway (`adaptive_concurrency`).
+    pub adaptive: Option<Arc<AdaptiveConcurrency>>,
+}
+
+/// What builds a site's routes besides each route: the configuration, the clock, and what the
+/// site in force hands over.
+struct RouteContext<'a> {
+    config: &'a Config,
+    clock: &'a Arc<dyn Clock>,
+    handover: Handover<'a>,
 }
 
 impl<S: Servers> RouteRuntime<S> {
-    /// The runtime of `route` of `config`, whose servers are `servers`.
-    fn new(route: &Arc<Route>, servers: &S, config: &Config) -> RouteRuntime<S> {
+    /// The runtime of `route`, whose servers are `servers`.
+    fn new(route: &Arc<Route>, servers: &S, context: &RouteContext<'_>) -> RouteRuntime<S> {
+        let plans = context.config.consumers.plans();
         let mut metrics = RouteMetrics::new(&route.name, route.tiers.written());
         if route.auth.mode != AuthMode::Off {
-            metrics = metrics.with_callers(&route.name, config.consumers.plans());
+            metrics = metrics.with_callers(&route.name, plans);
         }
+        if route.adaptive.is_some() {
+            metrics = metrics.with_shedding(&route.name, plans);
+        }
+        let adaptive = route.adaptive.as_ref().map(|adaptive| {
+            match context.handover.adaptive(&route.name, &adaptive.settings) {
+                Some(kept) => Arc::clone(kept),
+                None => Arc::new(AdaptiveConcurrency::new(
+                    adaptive.settings.clone(),
+                    Arc::clone(context.clock),
+                    Metrics::adaptive(&route.name),
+                )),
+            }
+        });
         RouteRuntime {
             route: Arc::clone(route),
             servers: servers.clone(),
@@ -47,6 +72,7 @@ impl<S: Servers> RouteRuntime<S> {
             rotations: (0..route.tiers.count())
                 .map(|_| Rotation::default())
                 .collect(),
+            adaptive,
         }
     }
 }
@@ -77,23 +103,42 @@ pub struct Site<S> {
     /// The verifier of bearer tokens (`identity.jwt`): the keys in force and the tokens it
     /// verified, state of this site alone but for what a [`Handover`] passes on.
     pub(crate) jwt: Option<Arc<JwtVerifier>>,
+    /// Its routes' adaptive concurrency limiters, for the next site to take over.
+    adaptive: Box<[AdaptiveByRoute]>,
 }
 
 /// What a new site takes over from the one in force, said in one place: the keys its JWT
 /// verifier fetched from a JWKS URL, when the new configuration names the same URL (they stay
-/// in force until its next fetch). Nothing else crosses a reload: pools are built and probed
-/// again, rotations and the verified-token cache start anew.
+/// in force until its next fetch); and each route's adaptive concurrency limiter, when the
+/// route keeps its name and settings (its limit, baseline and requests in flight carry on).
+/// Nothing else crosses a reload: pools are built and probed again, rotations and the
+/// verified-token cache start anew.
 #[derive(Clone, Copy, Default)]
 pub struct Handover<'a> {
     jwt: Option<&'a JwtVerifier>,
+    adaptive: &'a [AdaptiveByRoute],
 }
+
+/// A route's adaptive concurrency limiter, by the route's name.
+type AdaptiveByRoute = (Arc<str>, Arc<AdaptiveConcurrency>);
 
 impl<'a> Handover<'a> {
     /// What `previous`, the site in force, hands over.
     pub fn of<S>(previous: &'a Site<S>) -> Handover<'a> {
         Handover {
             jwt: previous.jwt.as_deref(),
+            adaptive: &previous.adaptive,
         }
+    }
+
+    /// The limiter of the route named `route` in force, if it has the same `settings`.
+    fn adaptive(
+        &self,
+        route: &str,
+        settings: &AdaptiveSettings,
+    ) -> Option<&'a Arc<AdaptiveConcurrency>> {
+        let (_, limiter) = self.adaptive.iter().find(|(name, _)| &**name == route)?;
+        (limiter.settings() == settings).then_some(limiter)
     }
 }
 
@@ -141,8 +186,20 @@ impl<S: Servers> Site<S> {
             let detail = format!("{} upstreams for {} routes", servers.len(), routes.len());
             return Err(ConfigError::single(&config.source, "routes", detail));
         };
-        let routes = pairs
-            .map(|(&route, servers)| Arc::new(RouteRuntime::new(route, servers, &config)))
+        let context = RouteContext {
+            config: &config,
+            clock: &clock,
+            handover,
+        };
+        let routes: Box<[Arc<RouteRuntime<S>>]> = pairs
+            .map(|(&route, servers)| Arc::new(RouteRuntime::new(route, servers, &context)))
+            .collect();
+        let adaptive = routes
+            .iter()
+            .filter_map(|runtime| {
+                let limiter = runtime.adaptive.as_ref()?;
+                Some((Arc::clone(&runtime.route.name), Arc::clone(limiter)))
+            })
             .collect();
         let mut metrics = Metrics::new(&config.routes, config.consumers.plans());
         let mut rls_metrics = HashMap::new();
@@ -158,6 +215,7 @@ impl<S: Servers> Site<S> {
             rls_metrics,
             clock,
             jwt: jwt_verifier(&config, handover),
+            adaptive,
             config,
         })
     }
@@ -225,5 +283,41 @@ mod tests {
         assert!(verifier(&other).awaits_keys(), "another URL: nothing kept");
         let fresh = site("http://127.0.0.1:9/keys", Handover::default());
         assert!(verifier(&fresh).awaits_keys(), "no handover: nothing kept");
+    }
+
+    /// A site whose route `r` has adaptive concurrency of at least `min_limit`.
+    fn adaptive_site(min_limit: u32, handover: Handover<'_>) -> Site<InOrder> {
+        let yaml = format!(
+            "listen: [127.0.0.1:1]\n\
+             routes: [{{ name: r, match: {{ path_prefix: / }}, upstream: {{ servers: [127.0.0.1:1] }}, adaptive_concurrency: {{ min_limit: {min_limit} }} }}]\n"
+        );
+        let config = Config::from_yaml(Path::new("site.yaml"), &yaml).expect("a valid config");
+        let clock = Arc::new(ManualClock::default());
+        let servers = InOrder::of(&config.routes);
+        Site::build(config, &servers, clock, handover).expect("a site")
+    }
+
+    fn limiter(site: &Site<InOrder>) -> &Arc<AdaptiveConcurrency> {
+        let route = site.route(0).expect("route r");
+        route.adaptive.as_ref().expect("an adaptive limiter")
+    }
+
+    #[test]
+    fn a_route_keeping_its_adaptive_settings_keeps_its_limiter_across_a_reload() {
+        let first = adaptive_site(3, Handover::default());
+        let held = limiter(&first).admit(0).expect("a place");
+        let same = adaptive_site(3, Handover::of(&first));
+        assert!(Arc::ptr_eq(limiter(&first), limiter(&same)), "kept");
+        let changed = adaptive_site(4, Handover::of(&first));
+        assert!(
+            !Arc::ptr_eq(limiter(&first), limiter(&changed)),
+            "other settings: anew"
+        );
+        assert_eq!(
+            limiter(&changed).limit(),
+            4,
+            "starting with a probe at its minimum"
+        );
+        drop(held);
     }
 }

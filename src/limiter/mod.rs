@@ -8,6 +8,7 @@
 //! This file only names the modules and re-exports their main types; the modules reach each
 //! other directly, never through here.
 
+pub mod adaptive;
 pub mod algorithm;
 pub(crate) mod backend;
 pub mod clock;

@@ -7,9 +7,9 @@ use std::sync::LazyLock;
 
 use prometheus::core::Collector;
 use prometheus::{
-    register_histogram, register_histogram_vec, register_int_counter, register_int_counter_vec,
-    register_int_gauge, register_int_gauge_vec, Histogram, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec,
+    register_gauge_vec, register_histogram, register_histogram_vec, register_int_counter,
+    register_int_counter_vec, register_int_gauge, register_int_gauge_vec, GaugeVec, Histogram,
+    HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
 };
 
 use crate::limiter::guard::GuardMeters;
@@ -199,6 +199,33 @@ pub static REQUESTS_IN_FLIGHT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
         &["route"]
     )
     .expect("sluice_requests_in_flight registers once")
+});
+
+pub static ADAPTIVE_LIMIT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "sluice_adaptive_concurrency_limit",
+        "Requests this gateway lets a route's upstream hold at once (adaptive_concurrency).",
+        &["route"]
+    )
+    .expect("sluice_adaptive_concurrency_limit registers once")
+});
+
+pub static ADAPTIVE_BASELINE: LazyLock<GaugeVec> = LazyLock::new(|| {
+    register_gauge_vec!(
+        "sluice_adaptive_concurrency_baseline_seconds",
+        "The route's baseline upstream latency, measured at its minimum concurrency.",
+        &["route"]
+    )
+    .expect("sluice_adaptive_concurrency_baseline_seconds registers once")
+});
+
+pub static ADAPTIVE_SHED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_adaptive_concurrency_shed_total",
+        "Requests answered 503 because the route's upstream was at its limit for their plan.",
+        &["route", "plan"]
+    )
+    .expect("sluice_adaptive_concurrency_shed_total registers once")
 });
 
 pub static UPSTREAM_HEALTHY: LazyLock<IntGaugeVec> = LazyLock::new(|| {

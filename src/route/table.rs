@@ -10,7 +10,8 @@ use std::sync::Arc;
 use http::Method;
 
 use crate::caller::address_lists::AddressLists;
-use crate::caller::consumers::RouteAuth;
+use crate::caller::consumers::{PlanId, RouteAuth};
+use crate::limiter::adaptive::AdaptiveSettings;
 use crate::route::tiers::Tiers;
 use crate::route::upstream::UpstreamSettings;
 
@@ -87,6 +88,27 @@ pub struct Route {
     /// How long a request may take from its arrival to the end of its response (`504`
     /// beyond); `None`: only the upstream's per-read timeouts apply.
     pub request_timeout: Option<std::time::Duration>,
+    /// Its upstream's adaptive concurrency limit (`adaptive_concurrency:`), if it has one.
+    pub adaptive: Option<AdaptiveRoute>,
+}
+
+/// A route's adaptive concurrency: the limiter's settings, and the priority level of each
+/// kind of caller.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdaptiveRoute {
+    pub settings: AdaptiveSettings,
+    /// The level of a caller on each plan (by [`PlanId`]); a caller without a plan, or on a
+    /// plan not listed in `priorities`, is on level 0, the lowest.
+    pub levels_by_plan: Box<[u8]>,
+}
+
+impl AdaptiveRoute {
+    /// The priority level of a caller on `plan`.
+    pub fn level(&self, plan: Option<PlanId>) -> u8 {
+        plan.and_then(|plan| self.levels_by_plan.get(usize::from(plan.0)))
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -158,6 +180,7 @@ mod tests {
             addresses: AddressLists::default(),
             max_body_bytes: None,
             request_timeout: None,
+            adaptive: None,
         }
     }
 

@@ -130,7 +130,10 @@ pub async fn respond(
     }
     let body = match (answer, limited) {
         (Answer::Limited { .. }, Some(said)) => limited_body(&mut header, said, id)?,
-        (Answer::LimiterUnavailable | Answer::AuthFailed(AuthFailure::NoKeys), _) => {
+        (
+            Answer::LimiterUnavailable | Answer::Shed | Answer::AuthFailed(AuthFailure::NoKeys),
+            _,
+        ) => {
             header.insert_header(RETRY_AFTER, "1")?;
             problem(status, answer.title(), answer.detail(), "", id)
         }
@@ -178,7 +181,7 @@ async fn respond_grpc(
                 None => format!("rate limit of route '{route}' exceeded"),
             }
         }
-        (Answer::LimiterUnavailable, _) => {
+        (Answer::LimiterUnavailable | Answer::Shed, _) => {
             header.insert_header("grpc-retry-pushback-ms", 1000)?;
             answer.detail().to_string()
         }

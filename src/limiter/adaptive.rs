@@ -1,0 +1,434 @@
+//! Adaptive concurrency: how many requests one gateway lets a route's upstream hold at once,
+//! following the upstream's latency — a gradient limiter, as Envoy's adaptive concurrency
+//! filter and Netflix's concurrency-limits. A baseline latency is measured with the limit
+//! pinned to its minimum (a probe: at the start, then every `probe_interval`); after each
+//! sample window the limit is scaled by `baseline × (1 + tolerance) / the window's p90`
+//! (between ½ and 2), plus √limit of headroom: raised while latency holds, cut when it grows.
+//! It is not raised while the upstream was given less than half of it (the traffic, not the
+//! upstream, was the bound).
+//!
+//! Callers rank by priority level (0 the lowest): when the route is at its limit the lowest
+//! levels are shed first, and `reserve` of the limit is kept for the highest level alone; the
+//! levels between get graded shares.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use prometheus::{Gauge, IntGauge};
+
+use super::clock::Clock;
+
+/// The most latencies a sample window or a probe keeps: its percentile reads these.
+const MAX_SAMPLES: usize = 1024;
+/// The gradient's bounds: one window at most halves or doubles the limit (before headroom).
+const MIN_GRADIENT: f64 = 0.5;
+const MAX_GRADIENT: f64 = 2.0;
+
+/// A route's `adaptive_concurrency`, compiled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdaptiveSettings {
+    /// The limit never goes below this (and is pinned to it while probing the baseline).
+    pub min_limit: u32,
+    pub max_limit: u32,
+    /// How long latencies are gathered before the limit moves.
+    pub sample_window: Duration,
+    /// How often the baseline is measured again.
+    pub probe_interval: Duration,
+    /// How many requests' latencies (admitted during the probe) make a baseline: their median.
+    pub probe_requests: u32,
+    /// How far above the baseline latency may grow before the limit is cut (0.25: 25 %).
+    pub tolerance: f64,
+    /// The share of the limit kept for the highest priority level (0 to below 1).
+    pub reserve: f64,
+    /// How many priority levels callers rank in (at least 1).
+    pub levels: u8,
+}
+
+/// The gauges a limiter keeps current: its limit, and the baseline latency.
+#[derive(Clone)]
+pub struct AdaptiveMeters {
+    pub limit: IntGauge,
+    pub baseline_seconds: Gauge,
+}
+
+/// One route's adaptive concurrency limit on this gateway.
+pub struct AdaptiveConcurrency {
+    settings: AdaptiveSettings,
+    clock: Arc<dyn Clock>,
+    limit: AtomicU32,
+    in_flight: AtomicU32,
+    /// The most requests in flight at once since the sample window began.
+    peak: AtomicU32,
+    /// The probe a request admitted now belongs to (counts probes begun).
+    epoch: AtomicU64,
+    state: Mutex<Gradient>,
+    meters: AdaptiveMeters,
+}
+
+/// What the limit is worked out from: the window's latencies, the baseline, the probe.
+struct Gradient {
+    samples: Vec<Duration>,
+    window_started: Instant,
+    baseline: Option<Duration>,
+    /// The baseline being measured, if one is.
+    probe: Option<Probe>,
+    next_probe: Instant,
+}
+
+/// A baseline measurement in progress: the limit is pinned to its minimum meanwhile.
+struct Probe {
+    /// The limit to go back to afterwards.
+    restore: u32,
+    /// Only requests admitted during the probe are its samples.
+    epoch: u64,
+    samples: Vec<Duration>,
+}
+
+/// A request admitted to the upstream: it counts in flight until dropped.
+#[must_use = "a permit counts its request in flight until it is dropped"]
+pub struct Permit {
+    owner: Arc<AdaptiveConcurrency>,
+    epoch: u64,
+}
+
+impl Permit {
+    /// The request's upstream answered after `latency`: a sample of the limit.
+    pub fn answered(self, latency: Duration) {
+        self.owner.sample(self.epoch, latency);
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.owner.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl AdaptiveConcurrency {
+    /// A limiter starting with a probe (the limit at its minimum until a baseline is known).
+    pub fn new(
+        settings: AdaptiveSettings,
+        clock: Arc<dyn Clock>,
+        meters: AdaptiveMeters,
+    ) -> AdaptiveConcurrency {
+        let now = clock.instant();
+        meters.limit.set(i64::from(settings.min_limit));
+        AdaptiveConcurrency {
+            limit: AtomicU32::new(settings.min_limit),
+            in_flight: AtomicU32::new(0),
+            peak: AtomicU32::new(0),
+            epoch: AtomicU64::new(1),
+            state: Mutex::new(Gradient {
+                samples: Vec::new(),
+                window_started: now,
+                baseline: None,
+                probe: Some(Probe {
+                    restore: settings.min_limit,
+                    epoch: 1,
+                    samples: Vec::new(),
+                }),
+                next_probe: now,
+            }),
+            settings,
+            clock,
+            meters,
+        }
+    }
+
+    pub fn settings(&self) -> &AdaptiveSettings {
+        &self.settings
+    }
+
+    /// The current limit.
+    pub fn limit(&self) -> u32 {
+        self.limit.load(Ordering::Acquire)
+    }
+
+    /// Admits a request of priority `level` while fewer than its level's share of the limit
+    /// are in flight; `None`: shed it.
+    pub fn admit(self: &Arc<Self>, level: u8) -> Option<Permit> {
+        let threshold = self.threshold(self.limit(), level);
+        let admitted = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < threshold).then_some(n + 1)
+            })
+            .ok()?;
+        self.peak.fetch_max(admitted + 1, Ordering::AcqRel);
+        Some(Permit {
+            owner: Arc::clone(self),
+            epoch: self.epoch.load(Ordering::Acquire),
+        })
+    }
+
+    /// How many requests may be in flight when one of `level` arrives: the whole limit for
+    /// the highest level, `1 − reserve` of it for the lowest, graded between.
+    pub fn threshold(&self, limit: u32, level: u8) -> u32 {
+        let top = self.settings.levels.saturating_sub(1);
+        if top == 0 || level >= top {
+            return limit;
+        }
+        let below_top = f64::from(top - level) / f64::from(top);
+        let share = 1.0 - self.settings.reserve * below_top;
+        ((f64::from(limit) * share).floor() as u32).max(1)
+    }
+
+    fn state(&self) -> MutexGuard<'_, Gradient> {
+        // A panic while holding it leaves numbers, never a broken invariant: go on with them.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A request admitted in probe `epoch` was answered after `latency`.
+    fn sample(&self, epoch: u64, latency: Duration) {
+        let now = self.clock.instant();
+        let mut state = self.state();
+        if state.probe.is_some() {
+            self.probe_sample(&mut state, epoch, latency, now);
+            return;
+        }
+        if state.samples.len() < MAX_SAMPLES {
+            state.samples.push(latency);
+        }
+        if now.saturating_duration_since(state.window_started) < self.settings.sample_window {
+            return;
+        }
+        if now >= state.next_probe {
+            self.begin_probe(&mut state);
+            return;
+        }
+        let peak = self
+            .peak
+            .swap(self.in_flight.load(Ordering::Acquire), Ordering::AcqRel);
+        if let Some(p90) = percentile(&mut state.samples, 0.9) {
+            let limit = self.next_limit(self.limit(), p90, state.baseline, peak);
+            self.set_limit(limit);
+        }
+        state.samples.clear();
+        state.window_started = now;
+    }
+
+    /// The limit after a window whose p90 latency was `p90`, with `peak` requests in flight
+    /// at most.
+    fn next_limit(&self, limit: u32, p90: Duration, baseline: Option<Duration>, peak: u32) -> u32 {
+        let Some(baseline) = baseline else {
+            return limit;
+        };
+        let target = baseline.as_secs_f64() * (1.0 + self.settings.tolerance);
+        let gradient = (target / p90.as_secs_f64().max(1e-6)).clamp(MIN_GRADIENT, MAX_GRADIENT);
+        let current = f64::from(limit);
+        // The traffic, not the upstream, bounded this window: nothing says more would hold.
+        if gradient >= 1.0 && f64::from(peak) < current / 2.0 {
+            return limit;
+        }
+        let scaled = current * gradient;
+        let next = scaled + scaled.sqrt();
+        let (min, max) = (self.settings.min_limit, self.settings.max_limit);
+        (next.round() as u32).clamp(min, max)
+    }
+
+    fn set_limit(&self, limit: u32) {
+        self.limit.store(limit, Ordering::Release);
+        self.meters.limit.set(i64::from(limit));
+    }
+
+    /// Pins the limit to its minimum and measures the baseline again.
+    fn begin_probe(&self, state: &mut Gradient) {
+        let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        state.probe = Some(Probe {
+            restore: self.limit(),
+            epoch,
+            samples: Vec::new(),
+        });
+        state.samples.clear();
+        self.set_limit(self.settings.min_limit);
+    }
+
+    /// A sample during a probe: once it has enough, the baseline is their median and the
+    /// limit goes back to what it was.
+    fn probe_sample(&self, state: &mut Gradient, epoch: u64, latency: Duration, now: Instant) {
+        let Some(probe) = state.probe.as_mut() else {
+            return;
+        };
+        if epoch != probe.epoch {
+            return;
+        }
+        if probe.samples.len() < MAX_SAMPLES {
+            probe.samples.push(latency);
+        }
+        if probe.samples.len() < self.settings.probe_requests as usize {
+            return;
+        }
+        let baseline = percentile(&mut probe.samples, 0.5);
+        let restore = probe.restore;
+        state.probe = None;
+        if let Some(baseline) = baseline {
+            state.baseline = Some(baseline);
+            self.meters.baseline_seconds.set(baseline.as_secs_f64());
+        }
+        state.next_probe = now + self.settings.probe_interval;
+        state.window_started = now;
+        self.peak
+            .store(self.in_flight.load(Ordering::Acquire), Ordering::Release);
+        self.set_limit(restore);
+    }
+}
+
+/// The `quantile` (0 to 1) of `samples`, reordering them; `None` when there are none.
+fn percentile(samples: &mut [Duration], quantile: f64) -> Option<Duration> {
+    if samples.is_empty() {
+        return None;
+    }
+    let rank = ((samples.len() - 1) as f64 * quantile).round() as usize;
+    let (_, value, _) = samples.select_nth_unstable(rank.min(samples.len() - 1));
+    Some(*value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::clock::ManualClock;
+
+    fn settings(levels: u8, reserve: f64) -> AdaptiveSettings {
+        AdaptiveSettings {
+            min_limit: 2,
+            max_limit: 100,
+            sample_window: Duration::from_millis(100),
+            probe_interval: Duration::from_secs(10),
+            probe_requests: 4,
+            tolerance: 0.25,
+            reserve,
+            levels,
+        }
+    }
+
+    fn meters() -> AdaptiveMeters {
+        AdaptiveMeters {
+            limit: IntGauge::new("limit", "unregistered").expect("a gauge"),
+            baseline_seconds: Gauge::new("baseline", "unregistered").expect("a gauge"),
+        }
+    }
+
+    fn limiter(levels: u8, reserve: f64) -> (Arc<AdaptiveConcurrency>, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let limiter = AdaptiveConcurrency::new(settings(levels, reserve), clock.clone(), meters());
+        (Arc::new(limiter), clock)
+    }
+
+    /// `count` requests admitted at level 0 and answered after `latency`, then the window
+    /// closed by one more.
+    fn window(limiter: &Arc<AdaptiveConcurrency>, clock: &ManualClock, count: u32, ms: u64) {
+        let permits: Vec<Permit> = (0..count).filter_map(|_| limiter.admit(1)).collect();
+        clock.advance_by(Duration::from_millis(ms));
+        for permit in permits {
+            permit.answered(Duration::from_millis(ms));
+        }
+        clock.advance_by(Duration::from_millis(100));
+        if let Some(permit) = limiter.admit(1) {
+            permit.answered(Duration::from_millis(ms));
+        }
+    }
+
+    /// A limiter whose probe found a 20 ms baseline, then `windows` windows of 20 ms with the
+    /// whole limit in flight.
+    fn risen(windows: usize) -> (Arc<AdaptiveConcurrency>, Arc<ManualClock>) {
+        let (limiter, clock) = limiter(1, 0.0);
+        for _ in 0..4 {
+            let permit = limiter.admit(0).expect("a place during the probe");
+            permit.answered(Duration::from_millis(20));
+        }
+        for _ in 0..windows {
+            window(&limiter, &clock, limiter.limit(), 20);
+        }
+        (limiter, clock)
+    }
+
+    #[test]
+    fn the_baseline_is_probed_at_the_minimum_then_the_limit_rises_while_latency_holds() {
+        let (limiter, clock) = limiter(1, 0.0);
+        assert_eq!(
+            limiter.limit(),
+            2,
+            "the probe pins the limit to its minimum"
+        );
+        let held: Vec<Permit> = (0..3).filter_map(|_| limiter.admit(0)).collect();
+        assert_eq!(held.len(), 2, "no more than the minimum during the probe");
+        drop(held);
+        for _ in 0..4 {
+            limiter
+                .admit(0)
+                .unwrap()
+                .answered(Duration::from_millis(20));
+        }
+        assert_eq!(limiter.meters.baseline_seconds.get(), 0.02);
+        let mut limits = vec![limiter.limit()];
+        for _ in 0..6 {
+            window(&limiter, &clock, limiter.limit(), 20);
+            limits.push(limiter.limit());
+        }
+        assert!(limits.windows(2).all(|w| w[1] > w[0]), "{limits:?}");
+    }
+
+    #[test]
+    fn the_limit_is_cut_when_latency_grows_and_not_raised_for_idle_traffic() {
+        let (limiter, clock) = risen(8);
+        let high = limiter.limit();
+        window(&limiter, &clock, high, 80);
+        let cut = limiter.limit();
+        assert!(cut < high, "{cut} after {high}");
+        // Two requests at a time cannot say that more would hold.
+        window(&limiter, &clock, 2, 20);
+        window(&limiter, &clock, 2, 20);
+        assert_eq!(limiter.limit(), cut);
+    }
+
+    #[test]
+    fn the_baseline_is_probed_again_after_its_interval_from_requests_admitted_during_it() {
+        let (limiter, clock) = risen(5);
+        let before = limiter.limit();
+        let old = limiter.admit(0).unwrap();
+        clock.advance_by(Duration::from_secs(10));
+        window(&limiter, &clock, 1, 20);
+        assert_eq!(limiter.limit(), 2, "probing");
+        // A request admitted before the probe is not one of its samples.
+        old.answered(Duration::from_millis(500));
+        for _ in 0..4 {
+            limiter
+                .admit(0)
+                .unwrap()
+                .answered(Duration::from_millis(30));
+        }
+        assert_eq!(limiter.meters.baseline_seconds.get(), 0.03);
+        assert_eq!(
+            limiter.limit(),
+            before,
+            "back to the limit before the probe"
+        );
+    }
+
+    #[test]
+    fn the_lowest_levels_are_shed_first_and_the_reserve_is_kept_for_the_highest() {
+        let (single, _) = limiter(1, 0.4);
+        let (limiter, _) = limiter(3, 0.4);
+        assert_eq!(limiter.threshold(10, 0), 6);
+        assert_eq!(limiter.threshold(10, 1), 8);
+        assert_eq!(limiter.threshold(10, 2), 10);
+        assert_eq!(limiter.threshold(2, 0), 1, "at least one");
+        assert_eq!(single.threshold(10, 0), 10, "one level: no reserve");
+        // The probe's limit of 2: the lowest level gets 1, the highest both.
+        let low = limiter.admit(0).expect("the first low request");
+        assert!(
+            limiter.admit(0).is_none(),
+            "the low level is shed at its share"
+        );
+        let high = limiter.admit(2).expect("the reserve");
+        assert!(limiter.admit(2).is_none(), "the whole limit in flight");
+        drop((low, high));
+        assert!(
+            limiter.admit(0).is_some(),
+            "dropped permits are no longer in flight"
+        );
+    }
+}

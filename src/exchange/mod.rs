@@ -134,7 +134,11 @@ impl<S: Servers> Exchange<S> {
         let refusal = Answer::refusing(verdict.outcome);
         let delay = verdict.delay;
         match refusal {
-            Some(answer) => self.answer(answer),
+            Some(answer) => {
+                // It will not reach the upstream: its place goes back at once.
+                self.permit = None;
+                self.answer(answer)
+            }
             None => Admission::Admitted { delay },
         }
     }
@@ -229,11 +233,16 @@ impl<S: Servers> Exchange<S> {
 
     /// Takes a place among the requests the route's upstream holds at once (its adaptive
     /// concurrency limit, at the caller's priority): before the limits, so a request shed
-    /// costs them nothing. `Err`: shed.
+    /// costs them nothing. `Err`: shed. A caller exempt by its address counts in flight but is
+    /// never shed.
     fn hold_place(&mut self, runtime: &RouteRuntime<S>) -> Result<(), Answer> {
         let (Some(limiter), Some(adaptive)) = (&runtime.adaptive, &runtime.route.adaptive) else {
             return Ok(());
         };
+        if self.exempt {
+            self.permit = Some(limiter.enter());
+            return Ok(());
+        }
         let plan = self.consumer.as_ref().and_then(|consumer| consumer.plan);
         match limiter.admit(adaptive.level(plan)) {
             Some(permit) => {
@@ -285,9 +294,10 @@ impl<S: Servers> Exchange<S> {
         if let Some(upstream_time) = self.upstream.time {
             metrics.observe_upstream(upstream_time);
         }
-        // The upstream's latency is a sample of its adaptive limit; the place is given back.
-        if let (Some(permit), Some(upstream_time)) = (self.permit.take(), self.upstream.time) {
-            permit.answered(upstream_time);
+        // The upstream's latency (or how long it failed for) is a sample of its adaptive
+        // limit; the place is given back.
+        if let (Some(permit), Some(waited)) = (self.permit.take(), self.upstream_waited()) {
+            permit.answered(waited);
         }
         if let Some(runtime) = &self.route {
             let route = &runtime.route;

@@ -43,6 +43,14 @@ pub struct Dial<'a, T> {
 }
 
 impl<S: Servers> Exchange<S> {
+    /// How long the upstream took: to its response head, or, when no attempt got one, from
+    /// the first attempt until now (a hang counts as long as it lasted). `None` when no attempt
+    /// began.
+    pub(super) fn upstream_waited(&self) -> Option<Duration> {
+        let failed = || self.upstream.started.map(|started| self.since(started));
+        self.upstream.time.or_else(failed)
+    }
+
     /// The next server to try and how long each wait on it may last: every wait ends by the
     /// route's deadline. `Err` when none is left or the deadline has passed.
     pub fn dial(&mut self) -> Result<Dial<'_, S::Tls>, Answer> {

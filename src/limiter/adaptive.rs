@@ -1,18 +1,19 @@
 //! Adaptive concurrency: how many requests one gateway lets a route's upstream hold at once,
 //! following the upstream's latency — a gradient limiter, as Envoy's adaptive concurrency
-//! filter and Netflix's concurrency-limits. A baseline latency is measured with the limit
-//! pinned to its minimum (a probe: at the start, then every `probe_interval`); after each
-//! sample window the limit is scaled by `baseline × (1 + tolerance) / the window's p90`
-//! (between ½ and 2), plus √limit of headroom: raised while latency holds, cut when it grows.
-//! It is not raised while the upstream was given less than half of it (the traffic, not the
+//! filter and Netflix's concurrency-limits. A baseline latency is measured with admissions
+//! pinned to the minimum (a probe: at the start, then every `probe_interval`; only the probe's
+//! own requests count against it, so long-lived ones cannot starve it); after each sample
+//! window the limit is scaled by `baseline × (1 + tolerance) / the window's p90` (between ½ and
+//! 2), plus √limit of headroom: raised while latency holds, cut when it grows. It is not raised
+//! while the upstream was given less than half of it and nothing was shed (the traffic, not the
 //! upstream, was the bound).
 //!
 //! Callers rank by priority level (0 the lowest): when the route is at its limit the lowest
 //! levels are shed first, and `reserve` of the limit is kept for the highest level alone; the
 //! levels between get graded shares.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use prometheus::{Gauge, IntGauge};
@@ -56,12 +57,22 @@ pub struct AdaptiveMeters {
 pub struct AdaptiveConcurrency {
     settings: AdaptiveSettings,
     clock: Arc<dyn Clock>,
+    /// The limit outside probes (a probe pins admissions to `min_limit` without changing it).
     limit: AtomicU32,
+    /// Every request admitted and not yet ended.
     in_flight: AtomicU32,
+    /// The probe in progress (its epoch), or 0.
+    probing: AtomicU64,
+    /// The requests admitted during the probe in progress and not yet ended: only they count
+    /// against its pinned limit, so requests that outlive their admission (streams, long
+    /// polls) cannot keep a probe from its samples.
+    probe_in_flight: AtomicU32,
+    /// The epoch of the last probe begun.
+    epochs: AtomicU64,
     /// The most requests in flight at once since the sample window began.
     peak: AtomicU32,
-    /// The probe a request admitted now belongs to (counts probes begun).
-    epoch: AtomicU64,
+    /// A request was shed since the sample window began: the demand exceeded the limit.
+    shed: AtomicBool,
     state: Mutex<Gradient>,
     meters: AdaptiveMeters,
 }
@@ -76,10 +87,8 @@ struct Gradient {
     next_probe: Instant,
 }
 
-/// A baseline measurement in progress: the limit is pinned to its minimum meanwhile.
+/// A baseline measurement in progress: admissions are pinned to the minimum meanwhile.
 struct Probe {
-    /// The limit to go back to afterwards.
-    restore: u32,
     /// Only requests admitted during the probe are its samples.
     epoch: u64,
     samples: Vec<Duration>,
@@ -89,11 +98,12 @@ struct Probe {
 #[must_use = "a permit counts its request in flight until it is dropped"]
 pub struct Permit {
     owner: Arc<AdaptiveConcurrency>,
+    /// The probe it was admitted in, or 0.
     epoch: u64,
 }
 
 impl Permit {
-    /// The request's upstream answered after `latency`: a sample of the limit.
+    /// The request's upstream answered (or failed) after `latency`: a sample of the limit.
     pub fn answered(self, latency: Duration) {
         self.owner.sample(self.epoch, latency);
     }
@@ -101,12 +111,28 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.owner.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let owner = &self.owner;
+        decrement(&owner.in_flight);
+        if self.epoch != 0 && owner.probing.load(Ordering::Acquire) == self.epoch {
+            decrement(&owner.probe_in_flight);
+        }
     }
 }
 
+/// `counter` less one, never below 0 (a probe's counter starts anew at each probe).
+fn decrement(counter: &AtomicU32) {
+    let _ = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+}
+
+/// Adds one to `counter` while it is below `threshold`: whether it did, and its value before.
+fn take(counter: &AtomicU32, threshold: u32) -> Result<u32, u32> {
+    counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+        (n < threshold).then_some(n + 1)
+    })
+}
+
 impl AdaptiveConcurrency {
-    /// A limiter starting with a probe (the limit at its minimum until a baseline is known).
+    /// A limiter starting with a probe (admissions at its minimum until a baseline is known).
     pub fn new(
         settings: AdaptiveSettings,
         clock: Arc<dyn Clock>,
@@ -114,17 +140,20 @@ impl AdaptiveConcurrency {
     ) -> AdaptiveConcurrency {
         let now = clock.instant();
         meters.limit.set(i64::from(settings.min_limit));
+        meters.baseline_seconds.set(0.0);
         AdaptiveConcurrency {
             limit: AtomicU32::new(settings.min_limit),
             in_flight: AtomicU32::new(0),
+            probing: AtomicU64::new(1),
+            probe_in_flight: AtomicU32::new(0),
+            epochs: AtomicU64::new(1),
             peak: AtomicU32::new(0),
-            epoch: AtomicU64::new(1),
+            shed: AtomicBool::new(false),
             state: Mutex::new(Gradient {
                 samples: Vec::new(),
                 window_started: now,
                 baseline: None,
                 probe: Some(Probe {
-                    restore: settings.min_limit,
                     epoch: 1,
                     samples: Vec::new(),
                 }),
@@ -140,26 +169,54 @@ impl AdaptiveConcurrency {
         &self.settings
     }
 
-    /// The current limit.
+    /// The limit admissions meet now: the minimum while probing.
     pub fn limit(&self) -> u32 {
-        self.limit.load(Ordering::Acquire)
+        match self.probing.load(Ordering::Acquire) {
+            0 => self.limit.load(Ordering::Acquire),
+            _ => self.settings.min_limit,
+        }
     }
 
     /// Admits a request of priority `level` while fewer than its level's share of the limit
-    /// are in flight; `None`: shed it.
+    /// are in flight (while probing: of the minimum, among the probe's own requests); `None`:
+    /// shed it.
     pub fn admit(self: &Arc<Self>, level: u8) -> Option<Permit> {
-        let threshold = self.threshold(self.limit(), level);
-        let admitted = self
-            .in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < threshold).then_some(n + 1)
-            })
-            .ok()?;
-        self.peak.fetch_max(admitted + 1, Ordering::AcqRel);
+        let probe = self.probing.load(Ordering::Acquire);
+        let admitted = match probe {
+            0 => {
+                let threshold = self.threshold(self.limit.load(Ordering::Acquire), level);
+                let before = take(&self.in_flight, threshold);
+                if let Ok(before) = before {
+                    self.peak.fetch_max(before + 1, Ordering::AcqRel);
+                }
+                before.is_ok()
+            }
+            _ => {
+                let threshold = self.threshold(self.settings.min_limit, level);
+                let taken = take(&self.probe_in_flight, threshold).is_ok();
+                if taken {
+                    self.in_flight.fetch_add(1, Ordering::AcqRel);
+                }
+                taken
+            }
+        };
+        if !admitted {
+            self.shed.store(true, Ordering::Release);
+            return None;
+        }
         Some(Permit {
             owner: Arc::clone(self),
-            epoch: self.epoch.load(Ordering::Acquire),
+            epoch: probe,
         })
+    }
+
+    /// Counts in flight a request that is never shed (a caller exempt by its address).
+    pub fn enter(self: &Arc<Self>) -> Permit {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        Permit {
+            owner: Arc::clone(self),
+            epoch: 0,
+        }
     }
 
     /// How many requests may be in flight when one of `level` arrives: the whole limit for
@@ -174,17 +231,16 @@ impl AdaptiveConcurrency {
         ((f64::from(limit) * share).floor() as u32).max(1)
     }
 
-    fn state(&self) -> MutexGuard<'_, Gradient> {
-        // A panic while holding it leaves numbers, never a broken invariant: go on with them.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// A request admitted in probe `epoch` was answered after `latency`.
+    /// A request admitted in probe `epoch` (0: none) was answered after `latency`. A sample
+    /// that finds another being taken is dropped: responses never wait for each other.
     fn sample(&self, epoch: u64, latency: Duration) {
+        let mut state = match self.state.try_lock() {
+            Ok(state) => state,
+            // A panic while holding it leaves numbers, never a broken invariant.
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
         let now = self.clock.instant();
-        let mut state = self.state();
         if state.probe.is_some() {
             self.probe_sample(&mut state, epoch, latency, now);
             return;
@@ -202,8 +258,10 @@ impl AdaptiveConcurrency {
         let peak = self
             .peak
             .swap(self.in_flight.load(Ordering::Acquire), Ordering::AcqRel);
+        let shed = self.shed.swap(false, Ordering::AcqRel);
         if let Some(p90) = percentile(&mut state.samples, 0.9) {
-            let limit = self.next_limit(self.limit(), p90, state.baseline, peak);
+            let limit = self.limit.load(Ordering::Acquire);
+            let limit = self.next_limit(limit, p90, state.baseline, peak, shed);
             self.set_limit(limit);
         }
         state.samples.clear();
@@ -211,8 +269,15 @@ impl AdaptiveConcurrency {
     }
 
     /// The limit after a window whose p90 latency was `p90`, with `peak` requests in flight
-    /// at most.
-    fn next_limit(&self, limit: u32, p90: Duration, baseline: Option<Duration>, peak: u32) -> u32 {
+    /// at most, and some `shed`.
+    fn next_limit(
+        &self,
+        limit: u32,
+        p90: Duration,
+        baseline: Option<Duration>,
+        peak: u32,
+        shed: bool,
+    ) -> u32 {
         let Some(baseline) = baseline else {
             return limit;
         };
@@ -220,7 +285,7 @@ impl AdaptiveConcurrency {
         let gradient = (target / p90.as_secs_f64().max(1e-6)).clamp(MIN_GRADIENT, MAX_GRADIENT);
         let current = f64::from(limit);
         // The traffic, not the upstream, bounded this window: nothing says more would hold.
-        if gradient >= 1.0 && f64::from(peak) < current / 2.0 {
+        if gradient >= 1.0 && f64::from(peak) < current / 2.0 && !shed {
             return limit;
         }
         let scaled = current * gradient;
@@ -234,20 +299,21 @@ impl AdaptiveConcurrency {
         self.meters.limit.set(i64::from(limit));
     }
 
-    /// Pins the limit to its minimum and measures the baseline again.
+    /// Pins admissions to the minimum and measures the baseline again.
     fn begin_probe(&self, state: &mut Gradient) {
-        let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        let epoch = self.epochs.fetch_add(1, Ordering::AcqRel) + 1;
         state.probe = Some(Probe {
-            restore: self.limit(),
             epoch,
             samples: Vec::new(),
         });
         state.samples.clear();
-        self.set_limit(self.settings.min_limit);
+        self.probe_in_flight.store(0, Ordering::Release);
+        self.probing.store(epoch, Ordering::Release);
+        self.meters.limit.set(i64::from(self.settings.min_limit));
     }
 
-    /// A sample during a probe: once it has enough, the baseline is their median and the
-    /// limit goes back to what it was.
+    /// A sample during a probe: once it has enough of its own, the baseline is their median
+    /// and admissions meet the limit again.
     fn probe_sample(&self, state: &mut Gradient, epoch: u64, latency: Duration, now: Instant) {
         let Some(probe) = state.probe.as_mut() else {
             return;
@@ -262,7 +328,6 @@ impl AdaptiveConcurrency {
             return;
         }
         let baseline = percentile(&mut probe.samples, 0.5);
-        let restore = probe.restore;
         state.probe = None;
         if let Some(baseline) = baseline {
             state.baseline = Some(baseline);
@@ -272,7 +337,9 @@ impl AdaptiveConcurrency {
         state.window_started = now;
         self.peak
             .store(self.in_flight.load(Ordering::Acquire), Ordering::Release);
-        self.set_limit(restore);
+        self.shed.store(false, Ordering::Release);
+        self.probing.store(0, Ordering::Release);
+        self.set_limit(self.limit.load(Ordering::Acquire));
     }
 }
 
@@ -317,16 +384,16 @@ mod tests {
         (Arc::new(limiter), clock)
     }
 
-    /// `count` requests admitted at level 0 and answered after `latency`, then the window
+    /// `count` requests asked at level 0 (those admitted answered after `ms`), then the window
     /// closed by one more.
     fn window(limiter: &Arc<AdaptiveConcurrency>, clock: &ManualClock, count: u32, ms: u64) {
-        let permits: Vec<Permit> = (0..count).filter_map(|_| limiter.admit(1)).collect();
+        let permits: Vec<Permit> = (0..count).filter_map(|_| limiter.admit(0)).collect();
         clock.advance_by(Duration::from_millis(ms));
         for permit in permits {
             permit.answered(Duration::from_millis(ms));
         }
         clock.advance_by(Duration::from_millis(100));
-        if let Some(permit) = limiter.admit(1) {
+        if let Some(permit) = limiter.admit(0) {
             permit.answered(Duration::from_millis(ms));
         }
     }
@@ -430,5 +497,55 @@ mod tests {
             limiter.admit(0).is_some(),
             "dropped permits are no longer in flight"
         );
+    }
+
+    #[test]
+    fn requests_that_outlive_their_admission_do_not_starve_a_probe() {
+        let (limiter, clock) = risen(5);
+        let limit = limiter.limit();
+        let mut long_lived: Vec<Permit> = (0..limit).filter_map(|_| limiter.admit(0)).collect();
+        assert!(limiter.admit(0).is_none(), "the whole limit is in flight");
+        clock.advance_by(Duration::from_secs(10));
+        let last = long_lived.pop().expect("a long-lived request");
+        last.answered(Duration::from_millis(20));
+        assert_eq!(
+            limiter.limit(),
+            2,
+            "probing, with the others still in flight"
+        );
+        for _ in 0..4 {
+            let permit = limiter.admit(0).expect("the probe counts its own requests");
+            permit.answered(Duration::from_millis(20));
+        }
+        assert_eq!(limiter.limit(), limit, "the probe ended");
+        drop(long_lived);
+        assert!(limiter.admit(0).is_some());
+    }
+
+    #[test]
+    fn demand_beyond_the_lowest_share_still_raises_the_limit() {
+        // The lowest of two levels may hold 40 % of the limit: less than half of it.
+        let (limiter, clock) = limiter(2, 0.6);
+        for _ in 0..4 {
+            let permit = limiter.admit(1).expect("a place during the probe");
+            permit.answered(Duration::from_millis(20));
+        }
+        let before = limiter.limit();
+        for _ in 0..4 {
+            window(&limiter, &clock, limiter.limit(), 20);
+        }
+        assert!(
+            limiter.limit() > before,
+            "requests were shed: the demand was there"
+        );
+    }
+
+    #[test]
+    fn an_exempt_request_counts_in_flight_and_is_never_shed() {
+        let (limiter, _) = limiter(1, 0.0);
+        let exempt: Vec<Permit> = (0..5).map(|_| limiter.enter()).collect();
+        assert_eq!(limiter.in_flight.load(Ordering::Acquire), 5);
+        drop(exempt);
+        assert_eq!(limiter.in_flight.load(Ordering::Acquire), 0);
     }
 }

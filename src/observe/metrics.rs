@@ -340,7 +340,7 @@ pub fn lease_meters() -> LeaseMeters {
 }
 
 /// Every family sluice exports (the process collector's besides).
-fn families() -> [&'static dyn Collector; 29] {
+fn families() -> [&'static dyn Collector; 32] {
     [
         &*REQUESTS,
         &*LIMITER_DURATION,
@@ -363,6 +363,9 @@ fn families() -> [&'static dyn Collector; 29] {
         &*PLAN_REQUESTS,
         &*AUTH_FAILURES,
         &*REQUESTS_IN_FLIGHT,
+        &*ADAPTIVE_LIMIT,
+        &*ADAPTIVE_BASELINE,
+        &*ADAPTIVE_SHED,
         &*UPSTREAM_HEALTHY,
         &*UPSTREAM_ERRORS,
         &*CLIENT_ERRORS,

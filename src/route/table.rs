@@ -98,7 +98,7 @@ pub struct Route {
 pub struct AdaptiveRoute {
     pub settings: AdaptiveSettings,
     /// The level of a caller on each plan (by [`PlanId`]); a caller without a plan, or on a
-    /// plan not listed in `priorities`, is on level 0, the lowest.
+    /// plan not listed in `priorities`, is on level 0, with the lowest plan listed.
     pub levels_by_plan: Box<[u8]>,
 }
 

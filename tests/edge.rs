@@ -1122,3 +1122,60 @@ fn too_many_header_fields_are_431_over_http2_and_on_an_h2c_listener() {
     let _ = stream.read_to_string(&mut answer);
     assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
 }
+
+/// A gRPC call shed by adaptive concurrency gets UNAVAILABLE with a pushback: a server stream
+/// holds the route's one place (a limit of 1 while its first probe runs), the next call is shed.
+#[test]
+fn a_grpc_call_shed_by_adaptive_concurrency_gets_unavailable_with_a_pushback() {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let server = grpc_health_server(&runtime);
+    let upstream = Upstream::start();
+    let h2c_port = free_port();
+    let config = Config::new()
+        .listen(&[
+            "PROXY",
+            &format!("{{ addr: 127.0.0.1:{h2c_port}, h2c: true }}"),
+        ])
+        .route(
+            route("watch")
+                .prefix("/grpc.health.v1.Health/Watch")
+                .upstream(format!("{{ servers: [{server}], http2: true }}"))
+                .set("adaptive_concurrency", "{ min_limit: 1, max_limit: 10 }"),
+        );
+    let gateway = Gateway::start(&config.yaml(), &upstream, None);
+
+    runtime.block_on(async {
+        let channel =
+            tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{h2c_port}"))
+                .expect("a channel URI")
+                .connect()
+                .await
+                .expect("connect through the gateway");
+        let mut client = HealthClient::new(channel);
+        let request = || HealthCheckRequest {
+            service: String::new(),
+        };
+        let _held = client
+            .watch(request())
+            .await
+            .expect("the first stream passes");
+        let shed = client
+            .watch(request())
+            .await
+            .expect_err("the second is shed");
+        assert_eq!(shed.code(), tonic::Code::Unavailable, "{shed:?}");
+        assert!(shed.message().contains("concurrency limit"), "{shed:?}");
+        let pushback = shed.metadata().get("grpc-retry-pushback-ms");
+        assert_eq!(pushback.and_then(|v| v.to_str().ok()), Some("1000"));
+    });
+    let labels = [("route", "watch"), ("plan", "none")];
+    let shed = metric(
+        &gateway.metrics(),
+        "sluice_adaptive_concurrency_shed_total",
+        &labels,
+    );
+    assert_eq!(shed, 1.0);
+}

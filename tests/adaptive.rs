@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use sluice::caller::api_keys::KeyHash;
 use support::config::{route, Config};
+use support::limits::fixed_window;
 use support::{http_get, metric, Gateway, Upstream};
 
 const FREE_KEY: &str = "sk_adaptive_free_caller_0001";
@@ -274,4 +275,51 @@ fn a_flooded_upstream_gets_a_settled_limit_and_free_callers_are_shed_before_pro_
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(counted(), (free.shed + pro.shed) as f64);
+}
+
+/// A request its rate limits refuse gives its place back at once, and a caller exempt by its
+/// address counts in flight but is never shed: a route whose only place (a limit of 1 while its
+/// first probe runs) is held by a slow request.
+#[test]
+fn a_refused_request_gives_its_place_back_and_an_exempt_caller_is_never_shed() {
+    let upstream = Upstream::start();
+    let body = Config::new()
+        .route(
+            route("api")
+                .set(
+                    "adaptive_concurrency",
+                    "{ min_limit: 1, max_limit: 10, probe_requests: 1000 }",
+                )
+                .set("addresses", "{ allow: [127.0.0.9/32] }")
+                .limit(fixed_window("once", "1/h").key(&["client_ip"])),
+        )
+        .yaml();
+    let gateway = Gateway::start(&body, &upstream, None);
+    assert_eq!(gateway.get_from("127.0.0.1", "/a").status, 200);
+    for _ in 0..5 {
+        let refused = gateway.get_from("127.0.0.1", "/a");
+        assert_eq!(refused.status, 429, "the place went back: {}", refused.body);
+    }
+    let proxy = gateway.proxy;
+    let source = Some("127.0.0.2".parse().expect("an address"));
+    let slow = support::hold_a_place(proxy, "/slow/20000", source);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while gateway.get_from("127.0.0.3", "/b").status != 503 {
+        assert!(
+            Instant::now() < deadline,
+            "the slow request never held the place"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(gateway.get_from("127.0.0.9", "/c").status, 200, "exempt");
+    assert_eq!(
+        gateway.get_from("127.0.0.3", "/b").status,
+        503,
+        "still held"
+    );
+    let metrics = gateway.metrics();
+    let exempt = [("route", "api"), ("decision", "exempt")];
+    assert_eq!(metric(&metrics, "sluice_requests_total", &exempt), 1.0);
+    drop(gateway);
+    let _ = slow.join();
 }

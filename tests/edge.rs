@@ -1123,15 +1123,15 @@ fn too_many_header_fields_are_431_over_http2_and_on_an_h2c_listener() {
     assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
 }
 
-/// A gRPC call shed by adaptive concurrency gets UNAVAILABLE with a pushback: a server stream
-/// holds the route's one place (a limit of 1 while its first probe runs), the next call is shed.
+/// A gRPC call shed by adaptive concurrency gets UNAVAILABLE with a pushback: a slow request
+/// holds the route's one place (a limit of 1 while its first probe runs) until its response
+/// head, and a gRPC call meanwhile is shed before it reaches any upstream.
 #[test]
 fn a_grpc_call_shed_by_adaptive_concurrency_gets_unavailable_with_a_pushback() {
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::HealthCheckRequest;
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let server = grpc_health_server(&runtime);
     let upstream = Upstream::start();
     let h2c_port = free_port();
     let config = Config::new()
@@ -1139,14 +1139,28 @@ fn a_grpc_call_shed_by_adaptive_concurrency_gets_unavailable_with_a_pushback() {
             "PROXY",
             &format!("{{ addr: 127.0.0.1:{h2c_port}, h2c: true }}"),
         ])
-        .route(
-            route("watch")
-                .prefix("/grpc.health.v1.Health/Watch")
-                .upstream(format!("{{ servers: [{server}], http2: true }}"))
-                .set("adaptive_concurrency", "{ min_limit: 1, max_limit: 10 }"),
-        );
+        .route(route("all").set(
+            "adaptive_concurrency",
+            "{ min_limit: 1, max_limit: 10, probe_requests: 1000 }",
+        ));
     let gateway = Gateway::start(&config.yaml(), &upstream, None);
-
+    let proxy = gateway.proxy;
+    let slow = support::hold_a_place(proxy, "/slow/20000", None);
+    // Held once a plain request is shed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let quick = gateway.get("/quick");
+        if quick.status == 503 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slow request never held the place: {} {}",
+            quick.status,
+            quick.body
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     runtime.block_on(async {
         let channel =
             tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{h2c_port}"))
@@ -1155,27 +1169,22 @@ fn a_grpc_call_shed_by_adaptive_concurrency_gets_unavailable_with_a_pushback() {
                 .await
                 .expect("connect through the gateway");
         let mut client = HealthClient::new(channel);
-        let request = || HealthCheckRequest {
+        let request = HealthCheckRequest {
             service: String::new(),
         };
-        let _held = client
-            .watch(request())
-            .await
-            .expect("the first stream passes");
-        let shed = client
-            .watch(request())
-            .await
-            .expect_err("the second is shed");
+        let shed = client.check(request).await.expect_err("the call is shed");
         assert_eq!(shed.code(), tonic::Code::Unavailable, "{shed:?}");
         assert!(shed.message().contains("concurrency limit"), "{shed:?}");
         let pushback = shed.metadata().get("grpc-retry-pushback-ms");
         assert_eq!(pushback.and_then(|v| v.to_str().ok()), Some("1000"));
     });
-    let labels = [("route", "watch"), ("plan", "none")];
+    let labels = [("route", "all"), ("plan", "none")];
     let shed = metric(
         &gateway.metrics(),
         "sluice_adaptive_concurrency_shed_total",
         &labels,
     );
-    assert_eq!(shed, 1.0);
+    assert!(shed >= 2.0, "the plain request and the call: {shed}");
+    drop(gateway);
+    let _ = slow.join();
 }

@@ -522,9 +522,20 @@ fn a_local_ceiling_beside_a_shared_quota_stops_floods_without_redis_and_gives_ba
         let labels = [("limit", limit), ("decision", decision)];
         metric(&gateway.metrics(), "sluice_limit_decisions_total", &labels)
     };
-    assert_eq!(decisions(&two, "per_gateway", "limited"), 20.0);
-    assert_eq!(decisions(&two, "per_gateway", "allowed"), 4.0);
-    assert_eq!(decisions(&two, "per_user", "limited"), 1.0);
-    assert_eq!(decisions(&two, "per_user", "allowed"), 3.0);
-    assert_eq!(decisions(&one, "per_gateway", "limited"), 1.0);
+    // A request is counted when it ends, after its answer was sent.
+    let counted = || {
+        [
+            decisions(&two, "per_gateway", "limited"),
+            decisions(&two, "per_gateway", "allowed"),
+            decisions(&two, "per_user", "limited"),
+            decisions(&two, "per_user", "allowed"),
+            decisions(&one, "per_gateway", "limited"),
+        ]
+    };
+    let expected = [20.0, 4.0, 1.0, 3.0, 1.0];
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while counted() != expected && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(counted(), expected);
 }

@@ -84,7 +84,8 @@ pub struct Exchange<S> {
     upstream: upstream::Attempts,
     /// Counts the routed request in flight until it ends.
     in_flight: Option<InFlight>,
-    /// Its place among the requests its route's upstream holds (adaptive concurrency).
+    /// Its place among the requests its route's upstream holds (adaptive concurrency), until
+    /// the upstream's response head (or its failure, or the request's end).
     permit: Option<Permit>,
 }
 
@@ -294,11 +295,8 @@ impl<S: Servers> Exchange<S> {
         if let Some(upstream_time) = self.upstream.time {
             metrics.observe_upstream(upstream_time);
         }
-        // The upstream's latency (or how long it failed for) is a sample of its adaptive
-        // limit; the place is given back.
-        if let (Some(permit), Some(waited)) = (self.permit.take(), self.upstream_waited()) {
-            permit.answered(waited);
-        }
+        // A place still held (no response head came) goes back, unsampled.
+        self.permit = None;
         if let Some(runtime) = &self.route {
             let route = &runtime.route;
             self.limits.end(route, &runtime.metrics, policy).await;

@@ -43,14 +43,6 @@ pub struct Dial<'a, T> {
 }
 
 impl<S: Servers> Exchange<S> {
-    /// How long the upstream took: to its response head, or, when no attempt got one, from
-    /// the first attempt until now (a hang counts as long as it lasted). `None` when no attempt
-    /// began.
-    pub(super) fn upstream_waited(&self) -> Option<Duration> {
-        let failed = || self.upstream.started.map(|started| self.since(started));
-        self.upstream.time.or_else(failed)
-    }
-
     /// The next server to try and how long each wait on it may last: every wait ends by the
     /// route's deadline. `Err` when none is left or the deadline has passed.
     pub fn dial(&mut self) -> Result<Dial<'_, S::Tls>, Answer> {
@@ -120,6 +112,13 @@ impl<S: Servers> Exchange<S> {
     pub fn fail_upstream(&mut self, kind: Option<UpstreamError>, fallback: Answer) -> Answer {
         if let Some(kind) = kind {
             self.count_upstream_error(kind);
+        }
+        // A timed-out upstream is overloaded or hung: the adaptive limit is cut. Other
+        // failures only give the place back.
+        if let Some(permit) = self.permit.take() {
+            if kind == Some(UpstreamError::Timeout) {
+                permit.timed_out();
+            }
         }
         *self.answer.get_or_insert(fallback)
     }
@@ -204,6 +203,11 @@ impl<S: Servers> Exchange<S> {
     pub fn response_head(&mut self, headers: &HeaderMap) {
         if self.upstream.time.is_none() {
             self.upstream.time = self.upstream.started.map(|started| self.since(started));
+        }
+        // The upstream is done waiting on it (a stream or an upgraded connection may go on):
+        // its latency is a sample of the adaptive limit, and its place goes back, as Envoy's.
+        if let (Some(permit), Some(time)) = (self.permit.take(), self.upstream.time) {
+            permit.answered(time);
         }
         self.read_cost_reports(headers);
     }

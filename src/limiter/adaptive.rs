@@ -6,7 +6,8 @@
 //! window the limit is scaled by `baseline × (1 + tolerance) / the window's p90` (between ½ and
 //! 2), plus √limit of headroom: raised while latency holds, cut when it grows. It is not raised
 //! while the upstream was given less than half of it and nothing was shed (the traffic, not the
-//! upstream, was the bound).
+//! upstream, was the bound). A request that timed out at the upstream halves it at the window's
+//! end. A request holds its place until the upstream's response head (or its failure).
 //!
 //! Callers rank by priority level (0 the lowest): when the route is at its limit the lowest
 //! levels are shed first, and `reserve` of the limit is kept for the highest level alone; the
@@ -73,6 +74,8 @@ pub struct AdaptiveConcurrency {
     peak: AtomicU32,
     /// A request was shed since the sample window began: the demand exceeded the limit.
     shed: AtomicBool,
+    /// A request timed out at the upstream since the sample window began: the limit is cut.
+    timed_out: AtomicBool,
     state: Mutex<Gradient>,
     meters: AdaptiveMeters,
 }
@@ -103,9 +106,18 @@ pub struct Permit {
 }
 
 impl Permit {
-    /// The request's upstream answered (or failed) after `latency`: a sample of the limit.
+    /// The request's upstream answered after `latency`: a sample of the limit.
     pub fn answered(self, latency: Duration) {
-        self.owner.sample(self.epoch, latency);
+        self.owner.sample(self.epoch, Some(latency));
+    }
+
+    /// The request's upstream timed out: the window closes with the limit halved (as an AIMD
+    /// limiter cuts on a drop). A probe never takes it for a latency.
+    pub fn timed_out(self) {
+        if self.epoch == 0 {
+            self.owner.timed_out.store(true, Ordering::Release);
+            self.owner.sample(0, None);
+        }
     }
 }
 
@@ -149,6 +161,7 @@ impl AdaptiveConcurrency {
             epochs: AtomicU64::new(1),
             peak: AtomicU32::new(0),
             shed: AtomicBool::new(false),
+            timed_out: AtomicBool::new(false),
             state: Mutex::new(Gradient {
                 samples: Vec::new(),
                 window_started: now,
@@ -212,7 +225,8 @@ impl AdaptiveConcurrency {
 
     /// Counts in flight a request that is never shed (a caller exempt by its address).
     pub fn enter(self: &Arc<Self>) -> Permit {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.peak.fetch_max(before + 1, Ordering::AcqRel);
         Permit {
             owner: Arc::clone(self),
             epoch: 0,
@@ -231,9 +245,10 @@ impl AdaptiveConcurrency {
         ((f64::from(limit) * share).floor() as u32).max(1)
     }
 
-    /// A request admitted in probe `epoch` (0: none) was answered after `latency`. A sample
-    /// that finds another being taken is dropped: responses never wait for each other.
-    fn sample(&self, epoch: u64, latency: Duration) {
+    /// A request admitted in probe `epoch` (0: none) was answered after `latency` (`None`: it
+    /// timed out). A sample that finds another being taken is dropped: responses never wait
+    /// for each other.
+    fn sample(&self, epoch: u64, latency: Option<Duration>) {
         let mut state = match self.state.try_lock() {
             Ok(state) => state,
             // A panic while holding it leaves numbers, never a broken invariant.
@@ -242,10 +257,12 @@ impl AdaptiveConcurrency {
         };
         let now = self.clock.instant();
         if state.probe.is_some() {
-            self.probe_sample(&mut state, epoch, latency, now);
+            if let Some(latency) = latency {
+                self.probe_sample(&mut state, epoch, latency, now);
+            }
             return;
         }
-        if state.samples.len() < MAX_SAMPLES {
+        if let Some(latency) = latency.filter(|_| state.samples.len() < MAX_SAMPLES) {
             state.samples.push(latency);
         }
         if now.saturating_duration_since(state.window_started) < self.settings.sample_window {
@@ -259,8 +276,11 @@ impl AdaptiveConcurrency {
             .peak
             .swap(self.in_flight.load(Ordering::Acquire), Ordering::AcqRel);
         let shed = self.shed.swap(false, Ordering::AcqRel);
-        if let Some(p90) = percentile(&mut state.samples, 0.9) {
-            let limit = self.limit.load(Ordering::Acquire);
+        let limit = self.limit.load(Ordering::Acquire);
+        if self.timed_out.swap(false, Ordering::AcqRel) {
+            let halved = (f64::from(limit) * MIN_GRADIENT) as u32;
+            self.set_limit(halved.max(self.settings.min_limit));
+        } else if let Some(p90) = percentile(&mut state.samples, 0.9) {
             let limit = self.next_limit(limit, p90, state.baseline, peak, shed);
             self.set_limit(limit);
         }
@@ -338,6 +358,7 @@ impl AdaptiveConcurrency {
         self.peak
             .store(self.in_flight.load(Ordering::Acquire), Ordering::Release);
         self.shed.store(false, Ordering::Release);
+        self.timed_out.store(false, Ordering::Release);
         self.probing.store(0, Ordering::Release);
         self.set_limit(self.limit.load(Ordering::Acquire));
     }
@@ -530,8 +551,15 @@ mod tests {
             let permit = limiter.admit(1).expect("a place during the probe");
             permit.answered(Duration::from_millis(20));
         }
+        // (The first window's one request in flight is half the limit of 2: it rises anyway.)
+        window(&limiter, &clock, limiter.limit(), 20);
         let before = limiter.limit();
-        for _ in 0..4 {
+        assert_eq!(
+            limiter.threshold(before, 0),
+            1,
+            "less than half of {before}"
+        );
+        for _ in 0..3 {
             window(&limiter, &clock, limiter.limit(), 20);
         }
         assert!(
@@ -547,5 +575,31 @@ mod tests {
         assert_eq!(limiter.in_flight.load(Ordering::Acquire), 5);
         drop(exempt);
         assert_eq!(limiter.in_flight.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn a_timeout_halves_the_limit_and_is_never_a_probe_sample() {
+        let (limiter, clock) = risen(6);
+        let high = limiter.limit();
+        let stuck = limiter.admit(0).expect("a place");
+        clock.advance_by(Duration::from_millis(150));
+        stuck.timed_out();
+        assert_eq!(
+            limiter.limit(),
+            (high / 2).max(2),
+            "halved at the window's end"
+        );
+        clock.advance_by(Duration::from_secs(10));
+        window(&limiter, &clock, 1, 20);
+        assert_eq!(limiter.limit(), 2, "probing");
+        for _ in 0..4 {
+            limiter.admit(0).expect("a probe place").timed_out();
+        }
+        assert_eq!(
+            limiter.limit(),
+            2,
+            "timeouts are not latencies: still probing"
+        );
+        assert_eq!(limiter.meters.baseline_seconds.get(), 0.02);
     }
 }

@@ -245,13 +245,11 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         let taker = Some((Scale::Exact, Taker::InProcess(local)));
         self.settle_part(asked, here, taker, given_back).await;
         self.release(asked, here, taker).await;
-        // What the `RateLimit` fields say of them counts the units as back.
+        // What the `RateLimit` fields say of the rates counts the units as back.
         for asked in asked.limits.iter_mut() {
             let returned = matches!(
                 asked.limit.exact.algorithm,
-                Algorithm::Gcra { .. }
-                    | Algorithm::FixedWindow { .. }
-                    | Algorithm::Concurrency { .. }
+                Algorithm::Gcra { .. } | Algorithm::FixedWindow { .. }
             );
             let status = asked.record.status.as_mut();
             if let Some(status) = status.filter(|s| returned && s.allowed && s.mark_us > 0) {

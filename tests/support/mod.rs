@@ -763,6 +763,30 @@ impl Response {
     }
 }
 
+/// Sends `GET path` from `source` in a thread until it is not shed (`503`): a slow request
+/// (`/slow/<ms>` at the demo upstream) then holds its place at the gateway. The thread ends
+/// when the response does, or when the gateway goes away (no panic: its answer is not the point).
+pub fn hold_a_place(
+    addr: SocketAddr,
+    path: &'static str,
+    source: Option<IpAddr>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || loop {
+        let mut stream = connect(addr, source);
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        if stream.write_all(request.as_bytes()).is_err() {
+            return;
+        }
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
+        let mut head = [0u8; 12];
+        match stream.read_exact(&mut head) {
+            Ok(()) if head.ends_with(b"503") => continue,
+            _ => return,
+        }
+    })
+}
+
 /// One HTTP/1.1 request on a fresh connection, optionally from a chosen loopback source address.
 pub fn http_get(
     addr: SocketAddr,

@@ -11,7 +11,9 @@ use redis::Commands;
 use sluice::limiter::algorithm::{Period, Settled, State, Write};
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
-use sluice::limiter::script::{self, Algorithms, Invoke, RELEASE_SOURCE, SETTLE_SOURCE};
+use sluice::limiter::script::{
+    self, Algorithms, Invoke, ADMIN_SOURCE, RELEASE_SOURCE, SETTLE_SOURCE,
+};
 use sluice::limiter::{
     asks, entries, Algorithm, Change, Cost, Decision, Limit, LimitRequest, RequestId,
 };
@@ -1746,4 +1748,164 @@ fn scripts_and_in_process_backend_agree(variant: Variant) {
             Ok(())
         })
         .unwrap();
+}
+
+/// Runs admin operation `op` of `lua/admin.lua` on `keys` at `now` with `args`.
+fn admin<T: redis::FromRedisValue>(
+    con: &mut redis::Connection,
+    op: &str,
+    keys: &[&str],
+    now: u64,
+    args: &[&str],
+) -> T {
+    let script = redis::Script::new(ADMIN_SOURCE);
+    let mut invocation = script.prepare_invoke();
+    for key in keys {
+        invocation.key(*key);
+    }
+    invocation.arg(op).arg(now);
+    for arg in args {
+        invocation.arg(*arg);
+    }
+    invocation.invoke(con).expect("admin call")
+}
+
+#[test]
+fn a_credit_moves_a_gcra_back_at_most_to_full_and_counts_once_per_id() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let limit = gcra("10/s", 4, 1);
+    for _ in 0..5 {
+        assert_eq!(
+            call(&mut con, &["k"], std::slice::from_ref(&limit), T0)[0],
+            1
+        );
+    }
+    assert_eq!(
+        call(&mut con, &["k"], std::slice::from_ref(&limit), T0)[0],
+        0,
+        "full"
+    );
+    let credit = |con: &mut redis::Connection, units: &str, id: &str| -> i64 {
+        let args = ["gcra", "100000", units, "60000"];
+        admin(con, "credit", &["k", &format!("k:credit:{id}")], T0, &args)
+    };
+    assert_eq!(credit(&mut con, "2", "a"), 1);
+    assert_eq!(credit(&mut con, "2", "a"), -1, "the same id again");
+    let stored: i64 = con.get("k").unwrap();
+    assert_eq!(stored as u64, T0 + 300 * MS, "two emissions back");
+    for expected in [1, 1, 0] {
+        assert_eq!(
+            call(&mut con, &["k"], std::slice::from_ref(&limit), T0)[0],
+            expected
+        );
+    }
+    assert_eq!(credit(&mut con, "1000", "b"), 1);
+    assert!(
+        !con.exists::<_, bool>("k").unwrap(),
+        "never beyond a full bucket: no key"
+    );
+    assert_eq!(
+        credit(&mut con, "1", "c"),
+        0,
+        "nothing used: nothing to credit"
+    );
+    let remembered = pttl(&mut con, "k:credit:a");
+    assert!(
+        (1..=60_000).contains(&remembered),
+        "the id lives {remembered} ms"
+    );
+}
+
+#[test]
+fn a_credit_lowers_an_open_window_s_count_and_a_reset_deletes_the_key() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let limit = window("3/s", 1);
+    for _ in 0..3 {
+        call(&mut con, &["w"], std::slice::from_ref(&limit), T0);
+    }
+    let args = ["count", "1", "5", "60000"];
+    let credited: i64 = admin(&mut con, "credit", &["w", "w:credit:x"], T0, &args);
+    assert_eq!(credited, 1);
+    let count: String = con.hget("w", "n").unwrap();
+    assert_eq!(count, "0", "never below 0");
+    let late: i64 = admin(
+        &mut con,
+        "credit",
+        &["w", "w:credit:y"],
+        T0 + 2 * SEC,
+        &args,
+    );
+    assert_eq!(late, 0, "a closed window is full already");
+    let existed: i64 = admin(&mut con, "reset", &["w", "nothing"], T0, &[]);
+    assert_eq!(existed, 1);
+    assert!(!con.exists::<_, bool>("w").unwrap());
+}
+
+#[test]
+fn overrides_carry_their_expiry_and_every_change_counts_in_the_epoch() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let keys = ["{p:admin}:overrides", "{p:admin}:epoch"];
+    let put = |con: &mut redis::Connection, field: &str, value: &str| -> Option<String> {
+        admin(con, "override_put", &keys, T0, &[field, value, "1000", "2"])
+    };
+    assert_eq!(put(&mut con, "f", "{\"a\":1}"), None);
+    assert_eq!(
+        put(&mut con, "f", "{\"a\":2}").as_deref(),
+        Some("{\"a\":1}")
+    );
+    assert_eq!(put(&mut con, "g", "{}"), None);
+    let stored: String = con.hget(keys[0], "f").unwrap();
+    assert_eq!(
+        stored,
+        format!("{} {{\"a\":2}}", T0 / MS + 1000),
+        "expiry on the script's clock"
+    );
+    let full: redis::RedisResult<Option<String>> = redis::Script::new(ADMIN_SOURCE)
+        .key(&keys[..])
+        .arg("override_put")
+        .arg(T0)
+        .arg(&["h", "{}", "1000", "2"][..])
+        .invoke(&mut con);
+    assert!(full.is_err(), "at most 2 in force");
+    let later = T0 + 2 * SEC;
+    let room: Option<String> = admin(
+        &mut con,
+        "override_put",
+        &keys,
+        later,
+        &["h", "{}", "1000", "2"],
+    );
+    assert_eq!(room, None, "the expired ones make room");
+    assert_eq!(con.hlen::<_, u64>(keys[0]).unwrap(), 1);
+    let ttl = pttl(&mut con, keys[0]);
+    assert!(
+        (1..=1000).contains(&ttl),
+        "the table lives as its longest override: {ttl}"
+    );
+    let removed: Option<String> = admin(&mut con, "override_delete", &keys, later, &["h"]);
+    assert_eq!(removed.as_deref(), Some("{}"));
+    let announced: i64 = admin(&mut con, "announce", &keys[1..], T0, &[]);
+    assert_eq!(
+        announced as u64,
+        later + 2,
+        "at least the time (of the last put), then one more per change: delete h, this"
+    );
+    let nothing: Option<String> = admin(&mut con, "override_delete", &keys, later, &["h"]);
+    assert_eq!(nothing, None);
+    let unchanged: u64 = con.get(keys[1]).unwrap();
+    assert_eq!(
+        unchanged as i64, announced,
+        "removing nothing changes nothing"
+    );
+    let _: () = con.del(keys[1]).unwrap();
+    let after_a_flush: i64 = admin(&mut con, "announce", &keys[1..], T0 + 3 * SEC, &[]);
+    assert!(
+        after_a_flush > announced,
+        "a lost epoch never comes back to a value seen"
+    );
+    let epoch_ttl = pttl(&mut con, keys[1]);
+    assert!(epoch_ttl > 0, "the epoch lives {epoch_ttl} ms");
 }

@@ -13,6 +13,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::admin::{AdminTables, Credited, Listed, QuotaStore};
+use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
 use super::coalesce::Coalescing;
@@ -96,6 +98,14 @@ impl Engine {
         }
     }
 
+    /// Forgets every denial the deny cache holds: a reset, credit or override elsewhere may
+    /// have made them wrong (`admin.rs`).
+    pub fn forget_denials(&self) {
+        if let Engine::Redis(redis) = self {
+            redis.decide.inner().forget_denials();
+        }
+    }
+
     /// The backend's name (`redis`, `local`), for logs, metrics and `/readyz`.
     pub fn name(&self) -> &'static str {
         match self {
@@ -135,6 +145,78 @@ impl SettleUnits for Engine {
         match self {
             Engine::Local(local) => local.settle(settlements).await,
             Engine::Redis(redis) => redis.ends.settle(settlements).await,
+        }
+    }
+}
+
+/// Admin writes go to the backend itself, past the deny cache and the breaker: an operator's
+/// write is tried, and its error said, even while decisions are kept away from Redis.
+impl QuotaStore for Engine {
+    async fn reset(&self, keys: &[&[u8]]) -> Result<u64, LimiterError> {
+        match self {
+            Engine::Local(local) => local.reset(keys).await,
+            Engine::Redis(redis) => redis.backend.reset(keys).await,
+        }
+    }
+
+    async fn credit(
+        &self,
+        algorithm: &Algorithm,
+        key: &[u8],
+        units: u64,
+        id: &str,
+    ) -> Result<Credited, LimiterError> {
+        match self {
+            Engine::Local(local) => local.credit(algorithm, key, units, id).await,
+            Engine::Redis(redis) => redis.backend.credit(algorithm, key, units, id).await,
+        }
+    }
+
+    async fn announce(&self, tables: &AdminTables) -> Result<(), LimiterError> {
+        match self {
+            Engine::Local(local) => local.announce(tables).await,
+            Engine::Redis(redis) => redis.backend.announce(tables).await,
+        }
+    }
+
+    async fn epoch(&self, tables: &AdminTables) -> Result<u64, LimiterError> {
+        match self {
+            Engine::Local(local) => local.epoch(tables).await,
+            Engine::Redis(redis) => redis.backend.epoch(tables).await,
+        }
+    }
+
+    async fn put_override(
+        &self,
+        tables: &AdminTables,
+        field: &str,
+        value: &str,
+        lifetime: Duration,
+    ) -> Result<Option<String>, LimiterError> {
+        match self {
+            Engine::Local(local) => local.put_override(tables, field, value, lifetime).await,
+            Engine::Redis(redis) => {
+                let backend = &redis.backend;
+                backend.put_override(tables, field, value, lifetime).await
+            }
+        }
+    }
+
+    async fn delete_override(
+        &self,
+        tables: &AdminTables,
+        field: &str,
+    ) -> Result<Option<String>, LimiterError> {
+        match self {
+            Engine::Local(local) => local.delete_override(tables, field).await,
+            Engine::Redis(redis) => redis.backend.delete_override(tables, field).await,
+        }
+    }
+
+    async fn overrides(&self, tables: &AdminTables) -> Result<Listed, LimiterError> {
+        match self {
+            Engine::Local(local) => local.overrides(tables).await,
+            Engine::Redis(redis) => redis.backend.overrides(tables).await,
         }
     }
 }

@@ -116,6 +116,8 @@ impl Denial {
 pub struct DenyCache {
     denials: KeyMap<Denial>,
     capacity: usize,
+    /// Counts [`DenyCache::clear`]s: a denial decided before one is not remembered after it.
+    generation: AtomicU64,
 }
 
 impl DenyCache {
@@ -123,6 +125,7 @@ impl DenyCache {
         DenyCache {
             denials: key_map(SHARDS),
             capacity: capacity.max(1),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -167,6 +170,41 @@ impl DenyCache {
             asked: Asked::of(request.entries, index, entry),
         };
         self.denials.insert(Box::from(key), denial);
+    }
+
+    /// Forgets every denial held, and any decided before now and not yet remembered.
+    pub fn clear(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.denials.clear();
+    }
+
+    /// The number of clears so far: read before a decision, passed to
+    /// [`DenyCache::remember_unless_cleared`].
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// [`DenyCache::remember`], unless the cache was cleared since `generation` was read (the
+    /// denial may predate what cleared it: a reset, a credit, an override).
+    pub fn remember_unless_cleared(
+        &self,
+        request: &LimitRequest<'_>,
+        decision: &Decision,
+        now: Instant,
+        generation: u64,
+    ) {
+        if self.generation() != generation {
+            return;
+        }
+        self.remember(request, decision, now);
+        // A clear between the check above and the insert: take the denial out again.
+        if self.generation() != generation {
+            if let Some(index) = decision.denied_by {
+                if let Some(entry) = request.entries.get(index) {
+                    self.denials.remove(entry.key);
+                }
+            }
+        }
     }
 
     /// Denials held, live or expired but not yet swept.
@@ -334,6 +372,14 @@ pub struct Guarded<L> {
     deny_cache_hits: IntCounter,
 }
 
+impl<L> Guarded<L> {
+    /// Forgets the denials cached: a change made elsewhere (the quota admin API) may have
+    /// made them wrong.
+    pub fn forget_denials(&self) {
+        self.deny_cache.clear();
+    }
+}
+
 impl<L: Limiter> Guarded<L> {
     /// `inner` behind a deny cache, and behind a breaker when it reaches a server
     /// (`breaker_for` names the server, for the breaker's log lines).
@@ -471,13 +517,15 @@ impl<L: Limiter> Limiter for Guarded<L> {
             Some(breaker) => Some(breaker.enter().ok_or(LimiterError::BreakerOpen)?),
             None => None,
         };
+        let generation = self.deny_cache.generation();
         let result = self.inner.check(request).await;
         if let Some(admitted) = admitted {
             admitted.record(&result);
         }
         if let Ok(decision) = &result {
             if !decision.allowed() {
-                self.deny_cache.remember(request, decision, now);
+                let cache = &self.deny_cache;
+                cache.remember_unless_cleared(request, decision, now, generation);
             }
         }
         result
@@ -536,6 +584,27 @@ mod tests {
         let asks = asks(&[key], &[1]);
         let entries = entries(limits, &asks);
         cache.lookup(&entries, now)
+    }
+
+    #[test]
+    fn a_clear_forgets_denials_held_and_those_decided_before_it() {
+        let cache = DenyCache::new(10);
+        let t0 = Instant::now();
+        let limits = [limit("l", gcra(1000, 0))];
+        remember(&cache, &limits, 1, 1000, t0);
+        let asks = asks(&[b"late"], &[1]);
+        let entries = entries(&limits, &asks);
+        let request = LimitRequest::new(&entries);
+        let before = cache.generation();
+        cache.clear();
+        assert!(lookup(&cache, b"k", t0).is_none(), "held: forgotten");
+        cache.remember_unless_cleared(&request, &denied(1000), t0, before);
+        assert!(
+            lookup(&cache, b"late", t0).is_none(),
+            "decided before the clear"
+        );
+        cache.remember_unless_cleared(&request, &denied(1000), t0, cache.generation());
+        assert!(lookup(&cache, b"late", t0).is_some(), "decided after it");
     }
 
     #[test]

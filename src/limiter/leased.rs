@@ -576,6 +576,11 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
         }
     }
 
+    /// What decides beneath the leases.
+    pub fn inner(&self) -> &L {
+        &self.inner
+    }
+
     /// Units held unspent across all keys (tests and tools).
     pub fn held(&self) -> u64 {
         self.holdings.held()

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::algorithm::Algorithm;
+use super::algorithm::{Algorithm, MAX_SLIDING_LOG_LIMIT};
 use super::rate::Rate;
 
 /// Limits a route can have without its per-request vectors touching the heap.
@@ -189,6 +189,73 @@ impl Limit {
         self.policy.filter(|_| self.shown())
     }
 
+    /// This limit at another quota (the quota admin API's overrides): `quota` units per the
+    /// same window (`RateLimit-Policy`'s `q`), or at most `quota` in flight for concurrency.
+    /// Rates and counts scale by `quota / q`, so a split limit's shards stay equal shares of
+    /// it; a GCRA keeps its burst window in time (its burst in units follows the rate, as
+    /// [`Limit::share`] does). Its state key is the same: what was used counts against the new
+    /// quota. It is decided exactly, never from leases: units leased under the old quota go
+    /// back with their own parameters.
+    pub fn with_quota(&self, quota: u64) -> Result<Limit, String> {
+        if quota == 0 {
+            return Err("a quota is at least 1 (use off to lift the limit)".into());
+        }
+        let written = self
+            .policy
+            .map_or(self.algorithm.capacity(), |(q, _)| q)
+            .max(1);
+        let scale = |count: u64| {
+            let scaled = u128::from(count) * u128::from(quota) / u128::from(written);
+            u64::try_from(scaled).unwrap_or(u64::MAX).max(1)
+        };
+        let algorithm = match self.algorithm {
+            Algorithm::Gcra {
+                emission_us,
+                tolerance_us,
+                max_delay_us,
+            } => {
+                let scaled = u128::from(emission_us) * u128::from(written) / u128::from(quota);
+                let emission_us = u64::try_from(scaled).unwrap_or(u64::MAX).max(1);
+                Algorithm::Gcra {
+                    emission_us,
+                    tolerance_us: tolerance_us.max(emission_us),
+                    max_delay_us,
+                }
+            }
+            Algorithm::FixedWindow { limit, window_us } => Algorithm::FixedWindow {
+                limit: scale(limit),
+                window_us,
+            },
+            Algorithm::Calendar { limit, period } => Algorithm::Calendar {
+                limit: scale(limit),
+                period,
+            },
+            Algorithm::SlidingWindow { limit, window_us } => Algorithm::SlidingWindow {
+                limit: scale(limit),
+                window_us,
+            },
+            Algorithm::SlidingLog { limit, .. } if scale(limit) > MAX_SLIDING_LOG_LIMIT => {
+                return Err(format!(
+                    "a sliding log keeps one entry per unit: at most {MAX_SLIDING_LOG_LIMIT}"
+                ))
+            }
+            Algorithm::SlidingLog { limit, window_us } => Algorithm::SlidingLog {
+                limit: scale(limit),
+                window_us,
+            },
+            Algorithm::Concurrency { max, slot_ttl_us } => Algorithm::Concurrency {
+                max: scale(max),
+                slot_ttl_us,
+            },
+        };
+        Ok(Limit {
+            algorithm,
+            policy: self.policy.map(|(_, window)| (quota, window)),
+            leased: None,
+            ..self.clone()
+        })
+    }
+
     /// This limit as one of `instances` gateways' equal share, for enforcing in-process while
     /// Redis is away (see [`Algorithm::share`]). A limit local to each gateway is its own share.
     pub fn share(&self, instances: u64) -> Limit {
@@ -253,6 +320,104 @@ mod tests {
                 window_us: 1
             }
         );
+    }
+
+    fn algorithm_of_any_kind() -> Algorithm {
+        Algorithm::Concurrency {
+            max: 1,
+            slot_ttl_us: 1,
+        }
+    }
+
+    fn per_minute(count: u64) -> Rate {
+        Rate::new(count, Duration::from_secs(60)).unwrap()
+    }
+
+    #[test]
+    fn another_quota_keeps_a_split_limit_s_shards_equal_shares_and_decides_exactly() {
+        let shard = Limit {
+            algorithm: Algorithm::FixedWindow {
+                limit: 25,
+                window_us: 60_000_000,
+            },
+            leased: Some(Leasing {
+                max_units: 5,
+                min_units: 1,
+            }),
+            ..Limit::new("split", algorithm_of_any_kind(), 1, per_minute(100))
+        };
+        let quartered = shard.with_quota(400).expect("a quota");
+        assert_eq!(
+            quartered.algorithm,
+            Algorithm::FixedWindow {
+                limit: 100,
+                window_us: 60_000_000
+            },
+            "one of 4 shards of 100/m at 400/m: a quarter of 400"
+        );
+        assert_eq!(quartered.leased, None, "decided exactly");
+    }
+
+    #[test]
+    fn another_quota_scales_a_rate_and_sets_a_count() {
+        let rate = Rate::new(10, Duration::from_secs(1)).unwrap();
+        let gcra = Limit::new(
+            "g",
+            Algorithm::Gcra {
+                emission_us: 100_000,
+                tolerance_us: 1_000_000,
+                max_delay_us: 0,
+            },
+            1,
+            rate,
+        );
+        let faster = gcra.with_quota(40).expect("a quota");
+        assert_eq!(
+            faster.algorithm,
+            Algorithm::Gcra {
+                emission_us: 25_000,
+                tolerance_us: 1_000_000,
+                max_delay_us: 0
+            }
+        );
+        assert_eq!(faster.policy, Some((40, 1)));
+        let slower = gcra.with_quota(1).expect("a quota").algorithm;
+        let Algorithm::Gcra {
+            emission_us,
+            tolerance_us,
+            ..
+        } = slower
+        else {
+            panic!("{slower:?}")
+        };
+        assert_eq!((emission_us, tolerance_us), (1_000_000, 1_000_000));
+        let window = Limit::new(
+            "w",
+            Algorithm::FixedWindow {
+                limit: 3,
+                window_us: 60_000_000,
+            },
+            1,
+            per_minute(3),
+        );
+        assert_eq!(
+            window.with_quota(7).expect("a quota").algorithm,
+            Algorithm::FixedWindow {
+                limit: 7,
+                window_us: 60_000_000
+            }
+        );
+        assert!(window.with_quota(0).is_err());
+        let log = Limit::new(
+            "l",
+            Algorithm::SlidingLog {
+                limit: 3,
+                window_us: 1,
+            },
+            1,
+            per_minute(3),
+        );
+        assert!(log.with_quota(MAX_SLIDING_LOG_LIMIT + 1).is_err());
     }
 
     #[test]

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use smallvec::SmallVec;
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::admin::{AdminBook, AdminTables, Credited, Listed, QuotaStore};
 use super::algorithm::{self, Algorithm, Change, Settled, State, Write};
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
@@ -60,6 +61,8 @@ pub struct LocalLimiter {
     clock: Arc<dyn Clock>,
     shard_capacity: usize,
     max_keys: usize,
+    /// The admin API's credit ids and overrides (`admin.rs`).
+    book: Mutex<AdminBook>,
 }
 
 impl LocalLimiter {
@@ -70,6 +73,7 @@ impl LocalLimiter {
             clock,
             shard_capacity: max_keys.div_ceil(SHARDS).max(1),
             max_keys,
+            book: Mutex::new(AdminBook::default()),
         }
     }
 
@@ -167,6 +171,41 @@ impl LocalLimiter {
                 shard.remove(key);
             }
             Settled::Store(write) => store(&mut shard, key, write, now_us),
+        }
+    }
+
+    fn shard(&self, key: &[u8]) -> MutexGuard<'_, Shard> {
+        self.shards[Self::shard_of(key)]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn book(&self) -> MutexGuard<'_, AdminBook> {
+        self.book
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Gives `units` back to `key` as far as it used them (`lua/admin.lua`'s credit): the
+    /// refund of units taken at the key's own mark.
+    fn credit_now(&self, algorithm: &Algorithm, key: &[u8], units: u64, now_us: i64) -> Credited {
+        let mut shard = self.shard(key);
+        let state = live(&shard, key, now_us);
+        // A count already at 0 has nothing used to credit (as `lua/admin.lua` says).
+        if let Some(State::Window { count: 0, .. } | State::Period { count: 0, .. }) = state {
+            return Credited::NothingUsed;
+        }
+        let mark_us = state.map_or(0, State::mark_us);
+        match algorithm.refund(state, now_us, units, mark_us) {
+            Settled::Unchanged => Credited::NothingUsed,
+            Settled::Clear => {
+                shard.remove(key);
+                Credited::Changed
+            }
+            Settled::Store(write) => {
+                store(&mut shard, key, write, now_us);
+                Credited::Changed
+            }
         }
     }
 
@@ -303,6 +342,69 @@ impl SettleUnits for LocalLimiter {
             );
         }
         Ok(())
+    }
+}
+
+impl QuotaStore for LocalLimiter {
+    async fn reset(&self, keys: &[&[u8]]) -> Result<u64, LimiterError> {
+        let now_us = self.clock.now_us();
+        let mut existed = 0;
+        for key in keys {
+            let removed = self.shard(key).remove(*key);
+            existed += u64::from(removed.is_some_and(|r| r.expires_at_us > now_us));
+        }
+        Ok(existed)
+    }
+
+    async fn credit(
+        &self,
+        algorithm: &Algorithm,
+        key: &[u8],
+        units: u64,
+        id: &str,
+    ) -> Result<Credited, LimiterError> {
+        let now_us = self.clock.now_us();
+        if !self.book().remember_credit(key, id, now_us)? {
+            return Ok(Credited::Repeated);
+        }
+        Ok(self.credit_now(algorithm, key, units, now_us))
+    }
+
+    async fn announce(&self, _tables: &AdminTables) -> Result<(), LimiterError> {
+        self.book().epoch += 1;
+        Ok(())
+    }
+
+    async fn epoch(&self, _tables: &AdminTables) -> Result<u64, LimiterError> {
+        Ok(self.book().epoch)
+    }
+
+    async fn put_override(
+        &self,
+        _tables: &AdminTables,
+        field: &str,
+        value: &str,
+        lifetime: std::time::Duration,
+    ) -> Result<Option<String>, LimiterError> {
+        let now_us = self.clock.now_us();
+        self.book().put_override(field, value, lifetime, now_us)
+    }
+
+    async fn delete_override(
+        &self,
+        _tables: &AdminTables,
+        field: &str,
+    ) -> Result<Option<String>, LimiterError> {
+        Ok(self.book().delete_override(field, self.clock.now_us()))
+    }
+
+    async fn overrides(&self, _tables: &AdminTables) -> Result<Listed, LimiterError> {
+        let mut book = self.book();
+        let overrides = book.overrides(self.clock.now_us());
+        Ok(Listed {
+            epoch: book.epoch,
+            overrides,
+        })
     }
 }
 

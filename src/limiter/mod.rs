@@ -9,6 +9,7 @@
 //! other directly, never through here.
 
 pub mod adaptive;
+pub mod admin;
 pub mod algorithm;
 pub(crate) mod backend;
 pub mod clock;
@@ -41,6 +42,7 @@ pub(crate) mod topology;
 pub(crate) mod verdict;
 pub(crate) mod warm;
 
+pub use admin::{AdminTables, Credited, Listed, QuotaStore, StoredOverride};
 pub use algorithm::{Algorithm, Change};
 pub use backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 pub use coalesce::Coalescing;

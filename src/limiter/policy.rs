@@ -116,6 +116,11 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         }
     }
 
+    /// What decides: the quota admin API writes through it (`admin.rs`).
+    pub fn engine(&self) -> &E {
+        &self.engine
+    }
+
     /// The backend's name (`redis`, `local`).
     pub fn backend(&self) -> &'static str {
         self.engine.name()

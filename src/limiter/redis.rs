@@ -28,6 +28,7 @@ const IDLE_CHECK: Duration = Duration::from_secs(1);
 /// decision: the decision deadline does not bound it).
 const LOAD_BOUND: Duration = Duration::from_secs(2);
 
+use super::admin::{self, AdminTables, Credited, Listed, QuotaStore};
 use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::coalesce::{Coalescer, Coalescing, Execute};
@@ -59,6 +60,8 @@ pub struct RedisLimiter {
     decisions: Coalescer<Dispatch>,
     release: redis::Script,
     settle: redis::Script,
+    /// The quota admin API's writes (`lua/admin.lua`).
+    admin: redis::Script,
     deadline: Duration,
 }
 
@@ -279,6 +282,7 @@ impl RedisLimiter {
             decisions: Coalescer::new(dispatch, by_slot, coalescing),
             release: redis::Script::new(script::RELEASE_SOURCE),
             settle: redis::Script::new(script::SETTLE_SOURCE),
+            admin: redis::Script::new(script::ADMIN_SOURCE),
             deadline,
         })
     }
@@ -499,6 +503,133 @@ impl SettleUnits for RedisLimiter {
         }
         self.within_deadline(None, self.settle_keys(settlements))
             .await
+    }
+}
+
+impl RedisLimiter {
+    /// Runs admin operation `op` on `keys` with `args`, under the backend's deadline.
+    async fn admin<T: redis::FromRedisValue>(
+        &self,
+        op: &str,
+        keys: &[&[u8]],
+        args: &[&str],
+    ) -> Result<T, LimiterError> {
+        let mut invocation = self.admin.prepare_invoke();
+        for key in keys {
+            invocation.key(*key);
+        }
+        invocation.arg(op).arg("");
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        let call = async {
+            let mut connection = self.link.connection().await?;
+            invocation
+                .invoke_async::<T>(&mut connection)
+                .await
+                .map_err(classify)
+        };
+        self.within_deadline(None, call).await
+    }
+}
+
+impl QuotaStore for RedisLimiter {
+    async fn reset(&self, keys: &[&[u8]]) -> Result<u64, LimiterError> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        self.admin("reset", keys, &[]).await
+    }
+
+    async fn credit(
+        &self,
+        algorithm: &Algorithm,
+        key: &[u8],
+        units: u64,
+        id: &str,
+    ) -> Result<Credited, LimiterError> {
+        let Some((kind, emission_us)) = admin::credit_kind(algorithm) else {
+            return Err(LimiterError::Reply(format!(
+                "{} limits cannot be credited",
+                algorithm.script_name()
+            )));
+        };
+        let remembered = admin::credit_id_key(key, id);
+        let memory = admin::CREDIT_MEMORY.as_millis().to_string();
+        let (emission, units) = (emission_us.to_string(), units.to_string());
+        let args = [kind, &emission, &units, &memory];
+        let reply: i64 = self.admin("credit", &[key, &remembered], &args).await?;
+        Ok(match reply {
+            -1 => Credited::Repeated,
+            0 => Credited::NothingUsed,
+            _ => Credited::Changed,
+        })
+    }
+
+    async fn announce(&self, tables: &AdminTables) -> Result<(), LimiterError> {
+        let _: i64 = self
+            .admin("announce", &[tables.epoch.as_bytes()], &[])
+            .await?;
+        Ok(())
+    }
+
+    async fn put_override(
+        &self,
+        tables: &AdminTables,
+        field: &str,
+        value: &str,
+        lifetime: Duration,
+    ) -> Result<Option<String>, LimiterError> {
+        let lifetime = lifetime.as_millis().max(1).to_string();
+        let most = admin::MAX_OVERRIDES.to_string();
+        let args = [field, value, &lifetime, &most];
+        let keys = [tables.overrides.as_bytes(), tables.epoch.as_bytes()];
+        self.admin("override_put", &keys, &args).await
+    }
+
+    async fn delete_override(
+        &self,
+        tables: &AdminTables,
+        field: &str,
+    ) -> Result<Option<String>, LimiterError> {
+        let keys = [tables.overrides.as_bytes(), tables.epoch.as_bytes()];
+        self.admin("override_delete", &keys, &[field]).await
+    }
+
+    async fn epoch(&self, tables: &AdminTables) -> Result<u64, LimiterError> {
+        let read = async {
+            let mut connection = self.link.connection().await?;
+            redis::cmd("GET")
+                .arg(&tables.epoch)
+                .query_async::<Option<u64>>(&mut connection)
+                .await
+                .map_err(classify)
+        };
+        Ok(self.within_deadline(None, read).await?.unwrap_or(0))
+    }
+
+    async fn overrides(&self, tables: &AdminTables) -> Result<Listed, LimiterError> {
+        // The epoch first: a change landing in between leaves a list newer than its epoch,
+        // which the next check reads once more, never one older.
+        type Read = (Option<u64>, Vec<(String, String)>, (u64, u64));
+        let read = async {
+            let mut connection = self.link.connection().await?;
+            redis::pipe()
+                .cmd("GET")
+                .arg(&tables.epoch)
+                .cmd("HGETALL")
+                .arg(&tables.overrides)
+                .cmd("TIME")
+                .query_async::<Read>(&mut connection)
+                .await
+                .map_err(classify)
+        };
+        let (epoch, all, (seconds, micros)) = self.within_deadline(None, read).await?;
+        let now_ms = seconds * 1000 + micros / 1000;
+        Ok(Listed {
+            epoch: epoch.unwrap_or(0),
+            overrides: admin::in_force(all, now_ms),
+        })
     }
 }
 

@@ -224,6 +224,14 @@ pub fn settle_args(algorithm: &Algorithm, change: Change) -> (&'static str, u64,
     (name, param, change, mark)
 }
 
+/// The quota admin API's writes: reset, credit once per id, the overrides table
+/// (`lua/admin.lua`).
+pub const ADMIN_SOURCE: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    "\n",
+    include_str!("../../lua/admin.lua"),
+);
+
 /// Returns a request's concurrency leases.
 pub const RELEASE_SOURCE: &str = include_str!("../../lua/release.lua");
 

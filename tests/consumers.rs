@@ -5,50 +5,15 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use redis::Commands;
-use sluice::caller::api_keys::KeyHash;
+use support::api_keys::KeyFile;
 use support::config::{route, Config, Route};
 use support::limits::{calendar, fixed_window};
 use support::{http_get, metric, Gateway, RedisServer, Upstream};
 
 /// The admin token of these tests' usage API.
 const TOKEN: &str = "test-admin-token-0123456789";
-
-/// A file of hashed keys: `(key, consumer, plan, disabled)`.
-struct KeyFile {
-    _dir: tempfile::TempDir,
-    path: PathBuf,
-}
-
-impl KeyFile {
-    fn write(keys: &[(&str, &str, Option<&str>, bool)]) -> KeyFile {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("api-keys.yaml");
-        let file = KeyFile { _dir: dir, path };
-        file.rewrite(keys);
-        file
-    }
-
-    fn rewrite(&self, keys: &[(&str, &str, Option<&str>, bool)]) {
-        let mut text = String::from("keys:\n");
-        for (key, consumer, plan, disabled) in keys {
-            text.push_str(&format!(
-                "  - {{ hash: \"{}\", consumer: {consumer}",
-                KeyHash::of(key.as_bytes())
-            ));
-            if let Some(plan) = plan {
-                text.push_str(&format!(", plan: {plan}"));
-            }
-            if *disabled {
-                text.push_str(", disabled: true");
-            }
-            text.push_str(" }\n");
-        }
-        std::fs::write(&self.path, text).expect("write the key file");
-    }
-}
 
 const KEY_A1: &str = "sk_consumer_a_first_key_0001";
 const KEY_A2: &str = "sk_consumer_a_second_key_002";

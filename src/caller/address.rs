@@ -113,6 +113,12 @@ impl TrustedProxies {
         self.group(self.walk(peer, headers).unwrap_or(peer))
     }
 
+    /// The address a client at `ip` is keyed on: canonical (an IPv4-mapped address is its
+    /// IPv4), an IPv6 address grouped to `ipv6_prefix` (the quota admin API's `client_ip=`).
+    pub fn key_address(&self, ip: IpAddr) -> IpAddr {
+        self.group(canonical(ip))
+    }
+
     /// The first untrusted hop from the right, when the peer is trusted and the chain is sound.
     fn walk(&self, peer: IpAddr, headers: &HeaderMap) -> Option<IpAddr> {
         if !self.is_trusted(peer) {
@@ -183,6 +189,16 @@ mod tests {
 
     fn trusting(nets: &[&str]) -> TrustedProxies {
         TrustedProxies::new(nets.iter().map(|n| n.parse().unwrap()).collect(), 64)
+    }
+
+    #[test]
+    fn a_named_address_is_keyed_as_a_request_from_it_would_be() {
+        let proxies = trusting(&[]);
+        assert_eq!(proxies.key_address(ip("::ffff:10.0.0.1")), ip("10.0.0.1"));
+        assert_eq!(proxies.key_address(ip("2001:db8::1:2")), ip("2001:db8::"));
+        let peer = Some(ip("2001:db8::1:2"));
+        let from_request = proxies.client(peer, &HeaderMap::new());
+        assert_eq!(proxies.key_address(ip("2001:db8::1:2")), from_request);
     }
 
     #[test]

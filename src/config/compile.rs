@@ -27,12 +27,9 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems, read: &mut S
     let serves_rls = raw.rls.is_some();
     let server = super::server::check(raw.server, p);
     let listen = super::listeners::compile(raw.listen, !serves_rls, p);
-    let (admin_listen, admin_token) = compile_admin(raw.admin, p, read);
+    let (admin_listen, admin_token, admin_audit_log) = compile_admin(raw.admin, p, read);
     let redis = raw.redis.map(|redis| super::redis::compile(redis, p, read));
-    let failure_mode = raw
-        .failure_mode
-        .and_then(|mode| mode.known("failure_mode", p))
-        .unwrap_or(FailureMode::Allow);
+    let failure_mode = compile_failure_mode(raw.failure_mode, p);
     let (key_prefix, secret) = compile_keys(redis.as_ref(), raw.key_secret, p, read);
     let trusted_proxies = compile_trusted_proxies(&raw.trusted_proxies, raw.ipv6_prefix, p);
     let addresses = super::addresses::compile("addresses", raw.addresses, p);
@@ -69,6 +66,8 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems, read: &mut S
         listen,
         admin_listen,
         admin_token,
+        admin_audit_log,
+        instances,
         redis,
         failure_mode,
         trusted_proxies,
@@ -82,6 +81,15 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems, read: &mut S
         watch: raw.watch.unwrap_or(false),
         routes,
     }
+}
+
+/// `failure_mode:`, `allow` unless set.
+fn compile_failure_mode(
+    raw: Option<super::choice::Spelled<FailureMode>>,
+    p: &mut Problems,
+) -> FailureMode {
+    raw.and_then(|mode| mode.known("failure_mode", p))
+        .unwrap_or(FailureMode::Allow)
 }
 
 /// The directory of the configuration file, absolute: a relative `rls.config_dir` is taken from
@@ -109,15 +117,23 @@ fn compile_keys(
 /// The shortest admin token accepted: it guards every consumer's usage.
 const MIN_ADMIN_TOKEN: usize = 16;
 
-/// `admin:`: the listener, and the token its usage API asks for.
+/// `admin:`: the listener, the token its usage and quota admin APIs ask for, and where the
+/// quota admin API's audit lines go.
 fn compile_admin(
     raw: Option<RawAdmin>,
     p: &mut Problems,
     read: &mut Sources,
-) -> (Option<SocketAddr>, Option<Secret>) {
+) -> (Option<SocketAddr>, Option<Secret>, Option<PathBuf>) {
     let Some(raw) = raw else {
-        return (None, None);
+        return (None, None, None);
     };
+    let audit_log = raw.audit_log.and_then(|path| {
+        if path.is_empty() {
+            p.add("admin.audit_log", "is empty: a file path");
+            return None;
+        }
+        Some(PathBuf::from(path))
+    });
     let listen = raw
         .listen
         .and_then(|text| socket_addr(&text, "admin.listen", p));
@@ -134,7 +150,7 @@ fn compile_admin(
             }
             long_enough
         });
-    (listen, token)
+    (listen, token, audit_log)
 }
 
 /// `instances:`, the gateways sharing the limits (1 unless set).

@@ -26,8 +26,13 @@ pub struct Config {
     pub admin_listen: Option<SocketAddr>,
     /// What the usage API asks for (`admin.token`); `None`: the usage API is off.
     pub admin_token: Option<Secret>,
+    /// Where the quota admin API appends its audit lines (`admin.audit_log`); `None`: stdout.
+    pub admin_audit_log: Option<PathBuf>,
     /// `None`: limits run in-process.
     pub redis: Option<RedisSettings>,
+    /// The gateways sharing the limits (`instances:`): `failure_mode: local` enforces
+    /// `limit / instances`.
+    pub instances: u64,
     /// The failure mode of routes that do not set their own.
     pub failure_mode: FailureMode,
     pub trusted_proxies: TrustedProxies,

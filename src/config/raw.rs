@@ -68,6 +68,7 @@ pub struct RawPath {
 pub struct RawAdmin {
     pub listen: Option<String>,
     pub token: Option<RawSecret>,
+    pub audit_log: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

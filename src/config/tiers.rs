@@ -9,16 +9,14 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use http::header::HeaderValue;
-
 use super::identity::known_plans;
 use super::problem::Problems;
 use super::raw::{RawLimit, RawOverride, RawParams};
 use crate::caller::consumers::Plans;
-use crate::limiter::{fields, Limit, LimitRules, PolicyLimit};
+use crate::limiter::{Limit, LimitRules, PolicyLimit};
 use crate::route::keys::{KeySpec, RouteKeys};
 use crate::route::pricing::CostHeaders;
-use crate::route::tiers::{Position, Tier, TierId, TierLimit, Tiers};
+use crate::route::tiers::{policy_header, Position, Tier, TierId, TierLimit, Tiers};
 
 /// Longest consumer id an override may name (ids from credentials are bounded the same).
 const MAX_CONSUMER_ID: usize = crate::caller::consumers::MAX_CONSUMER_ID;
@@ -312,6 +310,7 @@ impl Builder<'_> {
                 .rate_limit_headers
                 .then(|| policy_header(exact()))
                 .flatten(),
+            rate_limit_headers: s.rate_limit_headers,
             rules: LimitRules::new(exact(), s.failure_mode, s.deadline),
             keys: s.keys.clone(),
             limits,
@@ -328,22 +327,6 @@ fn pick_entry(v: &Variants, pick: Pick) -> Option<&Compiled> {
         },
         Pick::Written | Pick::Off => None,
     }
-}
-
-/// `"a";q=10;w=1, "b";q=100;w=60`: the IETF httpapi RateLimit-Policy list, built once.
-/// Limits that are not rates (concurrency), shadow limits and hidden ones are not listed.
-pub fn policy_header<'a>(limits: impl IntoIterator<Item = &'a Limit>) -> Option<HeaderValue> {
-    let mut value = Vec::new();
-    for limit in limits {
-        if let Some((quota, window)) = limit.advertised_policy() {
-            fields::push_policy_item(&mut value, &limit.name, quota, window);
-        }
-    }
-    if value.is_empty() {
-        return None;
-    }
-    // Names are checked to be a safe ASCII subset, so this cannot fail.
-    HeaderValue::from_bytes(&value).ok()
 }
 
 #[cfg(test)]

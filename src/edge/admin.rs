@@ -2,7 +2,9 @@
 //! (`200` when the limiter backend answers, or when it does not and the failure mode still
 //! serves; `503` when it does not and the failure mode refuses traffic, and while routes verify
 //! callers with a JWT verifier that has no keys yet). The failure mode and the verifier are
-//! those in force: a reload that changes them changes what `/readyz` says.
+//! those in force: a reload that changes them changes what `/readyz` says. Behind `admin.token`:
+//! the usage API (`/v1/quota`, `usage.rs`) and the quota admin API (`/v1/quota/reset`,
+//! `/v1/quota/credit`, `/v1/quota/overrides`, `quota_admin.rs`).
 
 use std::sync::Arc;
 
@@ -13,8 +15,10 @@ use pingora::protocols::http::ServerSession;
 use pingora_prometheus::PrometheusHttpApp;
 
 use crate::edge::drain::Drain;
+use crate::edge::quota_admin::{self, Caller};
+use crate::edge::usage::UsageError;
 use crate::limiter::{Policy, Readiness};
-use crate::runtime::snapshot::Live;
+use crate::runtime::snapshot::{Live, Snapshot};
 
 pub struct AdminApp {
     policy: Arc<Policy>,
@@ -74,20 +78,16 @@ impl AdminApp {
 }
 
 impl AdminApp {
-    /// `/v1/quota`: a consumer's usage, for a caller with the admin token.
-    async fn quota(&self, session: &ServerSession) -> Response<Vec<u8>> {
+    /// The configuration in force, when the caller has the admin token; else the answer.
+    fn authorized(&self, session: &ServerSession) -> Result<Arc<Snapshot>, Box<Response<Vec<u8>>>> {
         let snapshot = self.live.load_full();
         let Some(token) = &snapshot.config.admin_token else {
-            return text(
+            return Err(Box::new(text(
                 404,
-                "not found: the usage API is on when admin.token is set\n".into(),
-            );
+                "not found: the usage and quota admin APIs are on when admin.token is set\n".into(),
+            )));
         };
-        let req = session.req_header();
-        if req.method != http::Method::GET {
-            return text(405, "use GET\n".into());
-        }
-        if !bearer_matches(&req.headers, token.expose()) {
+        if !bearer_matches(&session.req_header().headers, token.expose()) {
             let mut refused = text(
                 401,
                 "unauthorized: send Authorization: Bearer <admin.token>\n".into(),
@@ -96,19 +96,56 @@ impl AdminApp {
                 http::header::WWW_AUTHENTICATE,
                 http::HeaderValue::from_static("Bearer realm=\"sluice admin\""),
             );
-            return refused;
+            return Err(Box::new(refused));
         }
-        match crate::edge::usage::quota(&self.policy, &snapshot, req.uri.query()).await {
-            Ok(json) => {
-                let mut response = text(200, json + "\n");
-                response.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("application/json"),
-                );
-                response
+        Ok(snapshot)
+    }
+
+    /// `/v1/quota`: a consumer's usage, for a caller with the admin token.
+    async fn quota(&self, session: &ServerSession) -> Response<Vec<u8>> {
+        let snapshot = match self.authorized(session) {
+            Ok(snapshot) => snapshot,
+            Err(answer) => return *answer,
+        };
+        let req = session.req_header();
+        if req.method != http::Method::GET {
+            return text(405, "use GET\n".into());
+        }
+        let usage = crate::edge::usage::quota(&self.policy, &snapshot, req.uri.query()).await;
+        answer_json(usage)
+    }
+
+    /// `/v1/quota/reset`, `/v1/quota/credit`, `/v1/quota/overrides`: the quota admin API, for
+    /// a caller with the admin token.
+    async fn quota_admin(&self, session: &ServerSession, path: &str) -> Response<Vec<u8>> {
+        if let Err(answer) = self.authorized(session) {
+            return *answer;
+        }
+        let req = session.req_header();
+        let peer = session.client_addr().map(|addr| addr.to_string());
+        let answer = match Caller::of(peer, &req.headers) {
+            Ok(caller) => {
+                let call = (path, &req.method);
+                quota_admin::serve(&self.policy, &self.live, call, req.uri.query(), &caller).await
             }
-            Err(refusal) => text(refusal.status, format!("{}\n", refusal.reason)),
+            Err(refusal) => Err(refusal),
+        };
+        answer_json(answer)
+    }
+}
+
+/// `200` with the JSON answer, or the refusal's status and reason.
+fn answer_json(answer: Result<String, UsageError>) -> Response<Vec<u8>> {
+    match answer {
+        Ok(json) => {
+            let mut response = text(200, json + "\n");
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            response
         }
+        Err(refusal) => text(refusal.status, format!("{}\n", refusal.reason)),
     }
 }
 
@@ -154,9 +191,14 @@ impl ServeHttp for AdminApp {
             "/healthz" => text(200, "ok\n".to_string()),
             "/readyz" => self.readiness().await,
             "/v1/quota" => self.quota(session).await,
+            path @ ("/v1/quota/reset" | "/v1/quota/credit" | "/v1/quota/overrides") => {
+                let path = path.to_string();
+                self.quota_admin(session, &path).await
+            }
             _ => text(
                 404,
-                "not found: try /metrics, /healthz, /readyz or /v1/quota\n".to_string(),
+                "not found: try /metrics, /healthz, /readyz, /v1/quota or /v1/quota/overrides\n"
+                    .to_string(),
             ),
         }
     }

@@ -3,13 +3,14 @@
 //! `proxy` is the `ProxyHttp` adapter (each hook at most 40 lines: Pingora types in, the
 //! exchange's answers out, `respond.rs` the one place answers become responses); `listening`
 //! binds first and reports readiness; `tls` serves each listener's certificates and verifies
-//! client certificates; `drain` is SIGTERM's graceful shutdown; `admin` and `usage` answer the
-//! admin listener; `rls` is Envoy's rate limit service over gRPC.
+//! client certificates; `drain` is SIGTERM's graceful shutdown; `admin`, `usage` and `quota_admin`
+//! answer the admin listener; `rls` is Envoy's rate limit service over gRPC.
 
 pub(crate) mod admin;
 pub(crate) mod drain;
 pub(crate) mod listening;
 pub(crate) mod proxy;
+pub(crate) mod quota_admin;
 pub(crate) mod rls;
 mod rls_metadata;
 pub mod server;

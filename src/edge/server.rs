@@ -416,7 +416,8 @@ fn add_proxies(
 
 /// One proxy service on `listeners`, behind the front door's deadlines; it connects to Redis
 /// as it starts, from its own runtime, rather than at the first request, and keeps the
-/// connections usable while idle (`Policy::keep_connections`).
+/// connections usable while idle (`Policy::keep_connections`); the quota overrides in force are
+/// read from then on (`runtime::overrides`).
 fn proxy_service(
     server: &Server,
     wiring: &Wiring,
@@ -452,10 +453,13 @@ fn proxy_service(
         }
         addresses.push(address);
     }
-    let policy = Arc::clone(&shared.policy);
+    let (policy, live) = (Arc::clone(&shared.policy), Arc::clone(&shared.live));
     BoundFirst::new(service, addresses)
         .on_start(move || {
-            tokio::spawn(async move { policy.keep_connections().await });
+            let keeper = Arc::clone(&policy);
+            tokio::spawn(async move { keeper.keep_connections().await });
+            let (policy, live) = (Arc::clone(&policy), Arc::clone(&live));
+            tokio::spawn(async move { crate::runtime::overrides::keep(&policy, &live).await });
         })
         .stopped_by(shared.drain.closing())
 }

@@ -15,7 +15,7 @@ use crate::limiter::fields::whole_seconds;
 use crate::limiter::{LimitRecords, LimitStatus, Policy};
 use crate::route::keys::{RequestFacts, Rotation};
 use crate::route::table::Route;
-use crate::route::tiers::TierLimit;
+use crate::route::tiers::{Tier, TierLimit};
 use crate::runtime::snapshot::Snapshot;
 
 /// Why a usage query gets no usage: its status and a plain-word reason.
@@ -128,7 +128,12 @@ pub async fn quota(
         claims: SmallVec::new(),
         via: Via::ApiKey,
     };
-    let limits = peek(policy, route, &consumer).await?;
+    // The tier the consumer meets now: a quota override in force changes it.
+    let (tier_id, overridden) = snapshot.tier_for(route, Some(&consumer));
+    let tier = overridden
+        .as_deref()
+        .unwrap_or_else(|| route.tiers.get(tier_id));
+    let limits = peek(policy, route, tier, &consumer).await?;
     let usage = Usage {
         consumer: &id,
         plan: plan.map(|plan: PlanId| plans.name(plan)),
@@ -139,13 +144,13 @@ pub async fn quota(
         .map_err(|e| usage_error(500, format!("cannot write the answer: {e}")))
 }
 
-/// Reads the limits `consumer` meets on `route` from the backend.
+/// Reads the limits of `tier`, which `consumer` meets on `route`, from the backend.
 async fn peek<'a>(
     policy: &Policy,
-    route: &'a Route,
+    route: &Route,
+    tier: &'a Tier,
     consumer: &Consumer,
 ) -> Result<Vec<LimitUsage<'a>>, UsageError> {
-    let tier = route.tiers.get(route.tiers.choose(Some(consumer)));
     let headers = HeaderMap::new();
     let facts = RequestFacts {
         client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),

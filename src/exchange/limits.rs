@@ -3,6 +3,8 @@
 //! answer and the headers, then consumed once by [`RequestLimits::end`]: each limit counted
 //! under its own series, its slots given back and its response cost settled.
 
+use std::sync::Arc;
+
 use http::header::{HeaderMap, HeaderValue};
 
 use crate::limiter::{
@@ -22,6 +24,8 @@ use super::Seam;
 pub(crate) struct RequestLimits {
     /// Which of its route's tiers the request meets (by its consumer and plan).
     tier: TierId,
+    /// That tier as a quota override changed it, while one applies (`route::overrides`).
+    overridden: Option<Arc<Tier>>,
     /// One per limit of the tier; empty when the request was not asked (exempt, unlimited, or
     /// answered before its limits).
     records: LimitRecords,
@@ -78,15 +82,22 @@ impl<'a> LimitsSaid<'a> {
     }
 }
 
+/// The tier a request meets: `overridden`, or its route's tier `id`.
+fn tier_met<'a>(overridden: &'a Option<Arc<Tier>>, id: TierId, route: &'a Route) -> &'a Tier {
+    overridden.as_deref().unwrap_or_else(|| route.tiers.get(id))
+}
+
 impl RequestLimits {
-    /// The request meets `tier` of its route.
-    pub fn meet(&mut self, tier: TierId) {
+    /// The request meets `tier` of its route, or `overridden`, that tier as a quota override
+    /// changed it.
+    pub fn meet(&mut self, (tier, overridden): (TierId, Option<Arc<Tier>>)) {
         self.tier = tier;
+        self.overridden = overridden;
     }
 
     /// The tier the request meets: the one place its id is looked up.
-    fn tier<'a>(&self, route: &'a Route) -> &'a Tier {
-        route.tiers.get(self.tier)
+    fn tier<'a>(&'a self, route: &'a Route) -> &'a Tier {
+        tier_met(&self.overridden, self.tier, route)
     }
 
     /// Whether the request's tier has limits.
@@ -107,7 +118,7 @@ impl RequestLimits {
 
     /// The policy's verdict on the request's limits, kept.
     pub async fn decide<E: Seam>(&mut self, route: &Route, policy: &Policy<E>) -> &Verdict {
-        let tier = self.tier(route);
+        let tier = tier_met(&self.overridden, self.tier, route);
         let verdict = match tier.asked(&mut self.records) {
             Some(mut asked) => policy.decide(&mut asked).await,
             // Records of another tier cannot be: they were made from this one.
@@ -124,7 +135,7 @@ impl RequestLimits {
     /// shaping): the units it reserved go back.
     pub async fn abandon<E: Seam>(&mut self, route: &Route, policy: &Policy<E>) {
         if let Some(verdict) = &self.verdict {
-            let tier = self.tier(route);
+            let tier = tier_met(&self.overridden, self.tier, route);
             if let Some(mut asked) = tier.asked(&mut self.records) {
                 policy.give_back_abandoned(&mut asked, verdict).await;
             }
@@ -135,7 +146,7 @@ impl RequestLimits {
     /// Reads what `headers` (a response head, or its trailers) say the response cost, into the
     /// record of each limit priced by the response.
     pub fn read_reports(&mut self, route: &Route, headers: &HeaderMap) {
-        let tier = self.tier(route);
+        let tier = tier_met(&self.overridden, self.tier, route);
         if !tier.rules.priced_by_response() {
             return;
         }
@@ -155,7 +166,7 @@ impl RequestLimits {
             return;
         };
         self.ended = true;
-        let tier = self.tier(route);
+        let tier = tier_met(&self.overridden, self.tier, route);
         let reported = verdict.admitted() && !self.abandoned;
         for (limit, record) in tier.said(&self.records).into_iter().flatten() {
             let Some(meters) = meters.limit(limit.position) else {
@@ -186,7 +197,7 @@ impl RequestLimits {
 
     /// The name of the limit that decided: the one that denied, or the shadow limit that
     /// would have.
-    pub fn deciding_limit<'a>(&self, route: &'a Route) -> Option<&'a str> {
+    pub fn deciding_limit<'a>(&'a self, route: &'a Route) -> Option<&'a str> {
         let (index, _) = deciding(&self.records)?;
         let limit = self.tier(route).limits.get(index)?;
         Some(&limit.limit.exact.name)

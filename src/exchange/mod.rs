@@ -3,12 +3,14 @@
 //! upstream (after its shaping delay) or what the gateway answers instead; the upstream steps
 //! (`upstream.rs`) choose servers within the route's deadline and keep what the attempts and
 //! the response said; [`Exchange::end`] counts the request and gives back or settles what it
-//! took. The proxy (`edge::proxy`) only converts Pingora's types in and renders [`Answer`]s out.
+//! took; `overrides` holds the quota overrides in force. The proxy (`edge::proxy`) only
+//! converts Pingora's types in and renders [`Answer`]s out.
 
 pub(crate) mod answer;
 pub(crate) mod head;
 pub(crate) mod limits;
 pub(crate) mod meters;
+pub mod overrides;
 pub mod rls;
 pub(crate) mod site;
 mod upstream;
@@ -181,7 +183,8 @@ impl<S: Servers> Exchange<S> {
             Standing::Limited => {}
         }
         self.consumer = self.caller(&route, head)?;
-        self.limits.meet(route.tiers.choose(self.consumer.as_ref()));
+        self.limits
+            .meet(self.site.tier_for(&route, self.consumer.as_ref()));
         let facts = RequestFacts {
             client_ip: client,
             method: req.method.as_str(),

@@ -8,10 +8,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use http::Method;
 
 use super::meters::{self, Metrics, RouteMetrics};
-use crate::caller::consumers::AuthMode;
+use super::overrides::OverrideList;
+use crate::caller::consumers::{AuthMode, Consumer};
 use crate::caller::jwt::JwtVerifier;
 use crate::config::{Config, ConfigError};
 use crate::limiter::adaptive::{AdaptiveConcurrency, AdaptiveSettings};
@@ -20,8 +22,9 @@ use crate::limiter::paired;
 use crate::observe::access_log::{self, AccessLog};
 use crate::observe::metrics::ACCESS_LOG_DROPPED;
 use crate::route::keys::Rotation;
+use crate::route::overrides::CompiledOverrides;
 use crate::route::table::Route;
-use crate::route::tiers::TierId;
+use crate::route::tiers::{Tier, TierId};
 use crate::upstream::servers::Servers;
 
 /// One route as a request needs it, in one reference: the compiled route, its upstream
@@ -105,18 +108,24 @@ pub struct Site<S> {
     pub(crate) jwt: Option<Arc<JwtVerifier>>,
     /// Its routes' adaptive concurrency limiters, for the next site to take over.
     adaptive: Box<[AdaptiveByRoute]>,
+    /// The quota overrides in force (the admin API's), shared by every site in turn.
+    pub overrides: Arc<OverrideList>,
+    /// Those overrides compiled for this site's routes.
+    compiled_overrides: ArcSwap<CompiledOverrides>,
 }
 
 /// What a new site takes over from the one in force, said in one place: the keys its JWT
 /// verifier fetched from a JWKS URL, when the new configuration names the same URL (they stay
 /// in force until its next fetch); and each route's adaptive concurrency limiter, when the
-/// route keeps its name and settings (its limit, baseline and requests in flight carry on).
+/// route keeps its name and settings (its limit, baseline and requests in flight carry on);
+/// and the quota overrides in force.
 /// Nothing else crosses a reload: pools are built and probed again, rotations and the
 /// verified-token cache start anew.
 #[derive(Clone, Copy, Default)]
 pub struct Handover<'a> {
     jwt: Option<&'a JwtVerifier>,
     adaptive: &'a [AdaptiveByRoute],
+    overrides: Option<&'a Arc<OverrideList>>,
 }
 
 /// A route's adaptive concurrency limiter, by the route's name.
@@ -128,6 +137,7 @@ impl<'a> Handover<'a> {
         Handover {
             jwt: previous.jwt.as_deref(),
             adaptive: &previous.adaptive,
+            overrides: Some(&previous.overrides),
         }
     }
 
@@ -208,7 +218,11 @@ impl<S: Servers> Site<S> {
             rls_metrics = meters::rls_metrics(&rls.domains);
         }
         let access_log = open_access_log(&config)?;
+        let overrides = handover.overrides.cloned().unwrap_or_default();
+        let compiled = overrides.compile(&config.routes, config.instances);
         Ok(Site {
+            overrides,
+            compiled_overrides: ArcSwap::from_pointee(compiled),
             routes,
             metrics,
             access_log,
@@ -224,6 +238,38 @@ impl<S: Servers> Site<S> {
     pub fn find(&self, host: &str, path: &str, method: &Method) -> Option<&Arc<RouteRuntime<S>>> {
         let route = self.config.routes.find(host, path, method)?;
         self.routes.get(route.index)
+    }
+
+    /// The tier `consumer` meets on `route`, and that tier as a quota override changed it
+    /// while one applies.
+    pub fn tier_for(
+        &self,
+        route: &Route,
+        consumer: Option<&Consumer>,
+    ) -> (TierId, Option<Arc<Tier>>) {
+        let tier = route.tiers.choose(consumer);
+        let compiled = self.compiled_overrides.load();
+        if compiled.is_empty() {
+            return (tier, None);
+        }
+        (tier, compiled.tier(route, tier, consumer))
+    }
+
+    /// Compiles the overrides in force again if they changed since this site compiled them.
+    pub fn refresh_overrides(&self) {
+        if self.compiled_overrides.load().version == self.overrides.version() {
+            return;
+        }
+        let compiled = self
+            .overrides
+            .compile(&self.config.routes, self.config.instances);
+        let compiled = Arc::new(compiled);
+        // Two compiling at once: the newer list wins, whichever stores last.
+        self.compiled_overrides
+            .rcu(|current| match current.version > compiled.version {
+                true => Arc::clone(current),
+                false => Arc::clone(&compiled),
+            });
     }
 
     /// The runtime of the route at `index` (file order).
@@ -283,6 +329,59 @@ mod tests {
         assert!(verifier(&other).awaits_keys(), "another URL: nothing kept");
         let fresh = site("http://127.0.0.1:9/keys", Handover::default());
         assert!(verifier(&fresh).awaits_keys(), "no handover: nothing kept");
+    }
+
+    #[test]
+    fn a_site_compiles_the_overrides_in_force_into_the_tiers_its_callers_meet() {
+        use crate::exchange::overrides::Read;
+        use crate::route::overrides::QuotaOverride;
+        let yaml = "listen: [127.0.0.1:1]\n\
+             routes: [{ name: r, match: { path_prefix: / }, upstream: { servers: [127.0.0.1:1] }, \
+             limits: [{ name: a, rate: 10/m, algorithm: fixed_window }, { name: b, rate: 5/s }] }]\n";
+        let config = Config::from_yaml(Path::new("site.yaml"), yaml).expect("a valid config");
+        let servers = InOrder::of(&config.routes);
+        let clock = Arc::new(ManualClock::default());
+        let site = Site::build(config, &servers, clock, Handover::default()).expect("a site");
+        let route = Arc::clone(&site.route(0).expect("route r").route);
+        assert!(
+            site.tier_for(&route, None).1.is_none(),
+            "no override: the tier as written"
+        );
+        let until = site.clock.instant() + std::time::Duration::from_secs(60);
+        let one = |limit: &str, quota| Read {
+            one: QuotaOverride {
+                route: "r".into(),
+                limit: limit.into(),
+                consumer: None,
+                quota,
+                actor: None,
+            },
+            until,
+        };
+        site.overrides
+            .replace(vec![one("a", Some(20)), one("b", None)]);
+        assert!(
+            site.tier_for(&route, None).1.is_none(),
+            "compiled at the next refresh"
+        );
+        site.refresh_overrides();
+        let (_, tier) = site.tier_for(&route, None);
+        let tier = tier.expect("an overridden tier");
+        let names: Vec<&str> = tier.limits.iter().map(|l| &*l.limit.exact.name).collect();
+        assert_eq!(names, ["a"], "b is lifted");
+        let policy = tier.policy_header.as_ref().and_then(|v| v.to_str().ok());
+        assert_eq!(policy, Some("\"a\";q=20;w=60"));
+        let next = Site::build(
+            Config::from_yaml(Path::new("site.yaml"), yaml).expect("a valid config"),
+            &servers,
+            Arc::new(ManualClock::default()),
+            Handover::of(&site),
+        )
+        .expect("a site");
+        assert!(
+            next.tier_for(&route, None).1.is_some(),
+            "a reload keeps them in force"
+        );
     }
 
     /// A site whose route `r` has adaptive concurrency of at least `min_limit`.

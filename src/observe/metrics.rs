@@ -53,6 +53,15 @@ pub static LIMITER_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("sluice_limiter_errors_total registers once")
 });
 
+pub static ADMIN_CHANGES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_admin_changes_total",
+        "Quota admin API writes, by action (reset, credit, override_set, override_delete) and result (applied, repeated, refused, failed).",
+        &["action", "result"]
+    )
+    .expect("sluice_admin_changes_total registers once")
+});
+
 pub static UPSTREAM_RESPONSES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "sluice_upstream_responses_total",
@@ -340,8 +349,9 @@ pub fn lease_meters() -> LeaseMeters {
 }
 
 /// Every family sluice exports (the process collector's besides).
-fn families() -> [&'static dyn Collector; 32] {
+fn families() -> [&'static dyn Collector; 33] {
     [
+        &*ADMIN_CHANGES,
         &*REQUESTS,
         &*LIMITER_DURATION,
         &*LIMITER_BATCH_SIZE,

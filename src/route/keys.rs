@@ -415,10 +415,25 @@ impl RouteKeys {
     /// `route` or `const:`, and no round robin picks its shard): what the usage API can read
     /// for a consumer without a request.
     pub fn follows_from_caller(&self, limit: &LimitKey) -> bool {
-        let caller_only =
-            |part: &KeyPart| matches!(part, KeyPart::Consumer | KeyPart::Route | KeyPart::Const(_));
+        self.follows_from(limit, true, false)
+    }
+
+    /// Whether the route has split limits (their shards' tags are chosen per request).
+    pub fn has_split_limits(&self) -> bool {
+        !matches!(self.tag_choice, TagChoice::SharedParts)
+    }
+
+    /// Whether `limit`'s key follows from a consumer (when `consumer`) and a client address
+    /// (when `client_ip`) alone: the quota admin API's targets.
+    pub fn follows_from(&self, limit: &LimitKey, consumer: bool, client_ip: bool) -> bool {
+        let given = |part: &KeyPart| match part {
+            KeyPart::Consumer => consumer,
+            KeyPart::ClientIp => client_ip,
+            KeyPart::Route | KeyPart::Const(_) => true,
+            _ => false,
+        };
         !matches!(self.tag_choice, TagChoice::ShardRoundRobin { .. })
-            && limit.parts.iter().all(caller_only)
+            && limit.parts.iter().all(given)
     }
 
     /// `limit`'s digest of the request; `Err` when a part is missing and the limit says

@@ -2,10 +2,12 @@
 //! the one spelling of a path (`path`), each route's tiers of limits per kind of caller
 //! (`tiers`), the keys a request is counted under (`keys`), where priced limits read their cost
 //! (`pricing`), the route's upstream as configured (`upstream`), and, for the rate limit
-//! service, the descriptor rules of each domain (`descriptors`).
+//! service, the descriptor rules of each domain (`descriptors`); and the quota admin API's
+//! temporary overrides of limits, compiled into the tiers callers then meet (`overrides`).
 
 pub(crate) mod descriptors;
 pub mod keys;
+pub mod overrides;
 pub mod path;
 pub(crate) mod pricing;
 pub mod table;

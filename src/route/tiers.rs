@@ -13,8 +13,8 @@ use smallvec::SmallVec;
 
 use crate::limiter::script::Algorithms;
 use crate::limiter::{
-    paired, paired_mut, Asked, Limit, LimitRecord, LimitRecords, LimitRules, PolicyLimit, Scope,
-    LIMITS_INLINE,
+    fields, paired, paired_mut, Asked, Limit, LimitRecord, LimitRecords, LimitRules, PolicyLimit,
+    Scope, LIMITS_INLINE,
 };
 use crate::route::keys::{Digest, LimitKey, MissingPart, RequestFacts, Rotation, RouteKeys};
 use crate::route::pricing::CostHeaders;
@@ -31,7 +31,7 @@ const BAD_COST: &str = "The cost header must be a whole number within the limit'
 pub struct Undecidable(pub &'static str);
 
 /// One limit of a tier, with everything a request needs of it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct TierLimit {
     /// The tier's parameters of the limit (a plan's or a consumer's override, the route's
     /// shadow), and one gateway's share of it.
@@ -60,6 +60,9 @@ pub struct Tier {
     /// `RateLimit-Policy` value, or `None` when the route sends no rate-limit headers: a caller
     /// sees its own tier's limits.
     pub policy_header: Option<HeaderValue>,
+    /// Whether the route sends rate-limit headers (`policy_header` is `None` also when no
+    /// limit is shown).
+    pub rate_limit_headers: bool,
 }
 
 /// One limit's digest of a request, before the tag is known.
@@ -76,6 +79,7 @@ impl Tier {
             rules: LimitRules::none(),
             keys,
             policy_header: None,
+            rate_limit_headers: false,
         }
     }
 
@@ -141,6 +145,50 @@ impl Tier {
     pub fn is_empty(&self) -> bool {
         self.limits.is_empty()
     }
+
+    /// This tier with `changes` (by the limit's place in its route): a limit lifted (`None`)
+    /// or at another quota (`Some`); a limit it does not have is left alone. The rules and
+    /// `RateLimit-Policy` are those of the new limits; keys and series stay the limits'.
+    pub fn changed(&self, changes: &[(Position, Option<Limit>)], instances: u64) -> Tier {
+        let change = |limit: &TierLimit| changes.iter().rev().find(|(at, _)| *at == limit.position);
+        let limits: Box<[TierLimit]> = self
+            .limits
+            .iter()
+            .filter_map(|limit| match change(limit) {
+                None => Some(limit.clone()),
+                Some((_, None)) => None,
+                Some((_, Some(changed))) => Some(TierLimit {
+                    limit: PolicyLimit::new(changed.clone(), instances),
+                    ..limit.clone()
+                }),
+            })
+            .collect();
+        let exact = || limits.iter().map(|l| &l.limit.exact);
+        let headers = self.rate_limit_headers;
+        Tier {
+            policy_header: headers.then(|| policy_header(exact())).flatten(),
+            rate_limit_headers: headers,
+            rules: LimitRules::new(exact(), self.rules.failure_mode(), self.rules.deadline()),
+            keys: self.keys.clone(),
+            limits,
+        }
+    }
+}
+
+/// `"a";q=10;w=1, "b";q=100;w=60`: the IETF httpapi RateLimit-Policy list, built once.
+/// Limits that are not rates (concurrency), shadow limits and hidden ones are not listed.
+pub fn policy_header<'a>(limits: impl IntoIterator<Item = &'a Limit>) -> Option<HeaderValue> {
+    let mut value = Vec::new();
+    for limit in limits {
+        if let Some((quota, window)) = limit.advertised_policy() {
+            fields::push_policy_item(&mut value, &limit.name, quota, window);
+        }
+    }
+    if value.is_empty() {
+        return None;
+    }
+    // Names are checked to be a safe ASCII subset, so this cannot fail.
+    HeaderValue::from_bytes(&value).ok()
 }
 
 /// What `facts` costs `limit`: `Err` for a cost header that is not a whole number within the
@@ -221,6 +269,20 @@ impl Tiers {
         self.tiers
             .get(usize::from(id.0))
             .unwrap_or_else(|| self.default())
+    }
+
+    /// The tiers consumer `id` can meet, whatever its plan (its own row, or the plans').
+    pub fn possible_for(&self, id: &str) -> Vec<TierId> {
+        let row = self.by_consumer.get(id).unwrap_or(&self.by_plan);
+        let mut ids: Vec<TierId> = row.iter().copied().chain([TierId(0)]).collect();
+        ids.sort_by_key(|tier| tier.0);
+        ids.dedup();
+        ids
+    }
+
+    /// Every tier, by [`TierId`].
+    pub fn all(&self) -> &[Tier] {
+        &self.tiers
     }
 
     /// The route's limits as written: every limit, in its order.

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod api_keys;
 pub mod certs;
 pub mod config;
 pub mod daemons;
@@ -794,8 +795,23 @@ pub fn http_get(
     source: Option<IpAddr>,
     headers: &[(&str, &str)],
 ) -> Response {
+    http_call(addr, "GET", path, source, headers)
+}
+
+/// One request without a body (`Content-Length: 0` for methods other than GET).
+pub fn http_call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    source: Option<IpAddr>,
+    headers: &[(&str, &str)],
+) -> Response {
     let mut stream = connect(addr, source);
-    let mut request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    let mut request =
+        format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    if method != "GET" {
+        request.push_str("Content-Length: 0\r\n");
+    }
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }

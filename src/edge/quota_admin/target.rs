@@ -1,0 +1,248 @@
+//! What a reset or credit names: the route, the caller (a consumer, a client address, or
+//! neither), the limits of the caller's tier it changes, and the keys they are counted under —
+//! the same keys its requests meet — with what each has left, read without consuming.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use http::HeaderMap;
+use serde_json::{json, Value};
+use smallvec::SmallVec;
+
+use super::{refused, Params};
+use crate::caller::consumers::{AuthMode, Consumer, Via, MAX_CONSUMER_ID};
+use crate::config::Config;
+use crate::edge::usage::UsageError;
+use crate::limiter::{LimitRecords, Policy, Scope};
+use crate::route::keys::{RequestFacts, Rotation};
+use crate::route::table::Route;
+use crate::route::tiers::Tier;
+use crate::runtime::snapshot::Snapshot;
+
+/// The limits of one route a reset or credit changes, with the keys they are counted under.
+pub(super) struct Target<'a> {
+    route: &'a Route,
+    /// The caller's tier with only the limits changed (at the quota in force), and the one
+    /// whose digest is the route's hash tag: what their keys and a peek need, and no more (a
+    /// limit keyed on a header the call cannot name does not stand in the way).
+    pub(super) tier: Tier,
+    /// The indices, in `tier`, of the limits changed.
+    pub(super) chosen: Vec<usize>,
+    pub(super) facts: Facts,
+}
+
+/// Who the keys are of: the consumer and the client address named.
+pub(super) struct Facts {
+    consumer: Option<Consumer>,
+    client_ip: Option<IpAddr>,
+}
+
+impl Facts {
+    /// The records of the target's limits for these facts: each limit's key.
+    pub(super) fn records(&self, target: &Target<'_>) -> Result<LimitRecords, UsageError> {
+        let headers = HeaderMap::new();
+        let facts = RequestFacts {
+            client_ip: self.client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+            method: "",
+            host: "",
+            path: "",
+            query: None,
+            headers: &headers,
+            route: &target.route.name,
+            consumer: self.consumer.as_ref(),
+            claim_names: &[],
+        };
+        target
+            .tier
+            .records(&facts, &Rotation::default())
+            .map_err(|undecidable| refused(409, undecidable.0))
+    }
+}
+
+/// The route, the caller and the limits a reset or credit names. With Redis, limits local to
+/// each gateway (`scope: local`) are not the admin API's: no one call reaches every gateway's.
+/// Routes with split limits are refused: a split limit's shard is not the caller's alone.
+pub(super) fn target<'a>(
+    snapshot: &'a Snapshot,
+    params: &Params,
+    shared: bool,
+) -> Result<Target<'a>, UsageError> {
+    let config = &snapshot.config;
+    let name = params
+        .route
+        .as_deref()
+        .ok_or_else(|| refused(400, "route is required"))?;
+    let routes = config.routes.in_file_order();
+    let route = routes
+        .into_iter()
+        .find(|route| *route.name == *name)
+        .ok_or_else(|| refused(404, format!("no route named {name:?}")))?;
+    let facts = Facts {
+        consumer: consumer_of(config, params)?,
+        client_ip: client_ip_of(config, params)?,
+    };
+    if facts.consumer.is_some() && route.auth.mode == AuthMode::Off {
+        // Its requests have no consumer: a `consumer` key part is their address.
+        return Err(refused(
+            409,
+            "the route does not verify callers (auth: off): its requests have no consumer",
+        ));
+    }
+    let (id, overridden) = snapshot.tier_for(route, facts.consumer.as_ref());
+    let configured = route.tiers.get(id);
+    if configured.keys.has_split_limits() {
+        return Err(refused(
+            409,
+            "the route has split limits: their shards are not one caller's",
+        ));
+    }
+    let eligible = |index: usize| {
+        let limit = &configured.limits[index];
+        let (consumer, client_ip) = (facts.consumer.is_some(), facts.client_ip.is_some());
+        let keyed = configured
+            .keys
+            .follows_from(&limit.key, consumer, client_ip);
+        keyed && !(shared && limit.limit.exact.scope == Scope::Local)
+    };
+    let chosen = chosen_limits(configured, params, eligible)?;
+    let tier = only(configured, overridden.as_deref(), &chosen, config.instances);
+    let positions = chosen.iter().map(|&i| configured.limits[i].position);
+    let chosen = positions
+        .filter_map(|at| tier.limits.iter().position(|l| l.position == at))
+        .collect();
+    Ok(Target {
+        route,
+        tier,
+        chosen,
+        facts,
+    })
+}
+
+/// The limits of `tier` a call names (`limit=`, or every one `eligible`): their indices.
+fn chosen_limits(
+    tier: &Tier,
+    params: &Params,
+    eligible: impl Fn(usize) -> bool,
+) -> Result<Vec<usize>, UsageError> {
+    let Some(name) = params.limit.as_deref() else {
+        let all: Vec<usize> = (0..tier.limits.len()).filter(|&i| eligible(i)).collect();
+        if all.is_empty() {
+            return Err(refused(
+                409,
+                "no limit of the route is keyed on what is named alone",
+            ));
+        }
+        return Ok(all);
+    };
+    let index = tier
+        .limits
+        .iter()
+        .position(|l| *l.limit.exact.name == *name)
+        .ok_or_else(|| {
+            refused(
+                404,
+                format!("the caller meets no limit named {name:?} on this route"),
+            )
+        })?;
+    if !eligible(index) {
+        return Err(refused(409, format!("limit {name:?} is not keyed on what is named alone (consumer, client_ip, route and const: parts; scope: local limits are each gateway's own)")));
+    }
+    Ok(vec![index])
+}
+
+/// `configured` with only the limits at `chosen` (each at the quota an override in force
+/// gives it, in `overridden`) and the one whose digest is the route's hash tag.
+fn only(configured: &Tier, overridden: Option<&Tier>, chosen: &[usize], instances: u64) -> Tier {
+    let in_force = |at| {
+        let limits = overridden
+            .map(|tier| tier.limits.iter())
+            .into_iter()
+            .flatten();
+        limits
+            .into_iter()
+            .find(|l| l.position == at)
+            .map(|l| l.limit.exact.clone())
+    };
+    let changes: Vec<_> = configured
+        .limits
+        .iter()
+        .enumerate()
+        .filter_map(|(index, limit)| match chosen.contains(&index) {
+            true => in_force(limit.position).map(|changed| (limit.position, Some(changed))),
+            false if limit.key.gives_tag() => None,
+            false => Some((limit.position, None)),
+        })
+        .collect();
+    configured.changed(&changes, instances)
+}
+
+/// The consumer a call names, on the plan it names or its own.
+fn consumer_of(config: &Config, params: &Params) -> Result<Option<Consumer>, UsageError> {
+    let Some(id) = params.consumer.as_deref() else {
+        return Ok(None);
+    };
+    if id.is_empty() || id.len() > MAX_CONSUMER_ID {
+        return Err(refused(
+            400,
+            format!("consumer: 1 to {MAX_CONSUMER_ID} bytes"),
+        ));
+    }
+    let plans = config.consumers.plans();
+    let plan = match params.plan.as_deref() {
+        Some(plan) => Some(
+            plans
+                .find(plan)
+                .ok_or_else(|| refused(404, format!("no plan named {plan:?}")))?,
+        ),
+        None => config.consumers.plan_of(id),
+    };
+    Ok(Some(Consumer {
+        id: id.into(),
+        plan,
+        claims: SmallVec::new(),
+        via: Via::ApiKey,
+    }))
+}
+
+/// The client address a call names, as requests from it are keyed (canonical, an IPv6
+/// address grouped to `ipv6_prefix`).
+fn client_ip_of(config: &Config, params: &Params) -> Result<Option<IpAddr>, UsageError> {
+    let Some(text) = params.client_ip.as_deref() else {
+        return Ok(None);
+    };
+    let ip = text.parse::<IpAddr>();
+    let ip = ip.map_err(|_| refused(400, format!("client_ip: {text:?} is not an IP address")))?;
+    Ok(Some(config.trusted_proxies.key_address(ip)))
+}
+
+/// What each chosen limit has left, read without consuming (`null`: not read).
+pub(super) async fn remaining(
+    policy: &Policy,
+    target: &Target<'_>,
+) -> Result<Vec<Value>, UsageError> {
+    let mut records = target.facts.records(target)?;
+    {
+        let mut asked = target
+            .tier
+            .asked(&mut records)
+            .ok_or_else(|| refused(500, "the limits changed while read"))?;
+        policy
+            .peek(&mut asked)
+            .await
+            .map_err(|e| refused(503, format!("the limiter cannot be read: {e}")))?;
+    }
+    let left = |&index: &usize| {
+        let status = records.get(index).and_then(|r| r.status.as_ref());
+        let name = &*target.tier.limits[index].limit.exact.name;
+        json!({ "limit": name, "remaining": status.map(|s| s.remaining) })
+    };
+    Ok(target.chosen.iter().map(left).collect())
+}
+
+/// What each chosen limit has left after a write that happened: `null` when it cannot be
+/// read (the write stands; the answer and the audit say it was applied).
+pub(super) async fn after_write(policy: &Policy, target: &Target<'_>) -> Value {
+    match remaining(policy, target).await {
+        Ok(left) => Value::Array(left),
+        Err(_) => Value::Null,
+    }
+}

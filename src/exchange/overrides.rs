@@ -1,0 +1,126 @@
+//! The quota overrides in force as this gateway last read them (`runtime::overrides` reads
+//! them every second where the limits live), shared by every configuration in turn: each site
+//! compiles them for its routes (`route::overrides`). Each keeps its own expiry, so one read
+//! while the store cannot be reached does not keep it in force past its time.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+
+use crate::route::overrides::{CompiledOverrides, QuotaOverride};
+use crate::route::table::RouteTable;
+
+/// One override read, and when it expires on this gateway's clock.
+#[derive(Debug, Clone)]
+pub struct Read {
+    pub one: QuotaOverride,
+    pub until: Instant,
+}
+
+/// The overrides in force as this gateway last read them, with a version that changes with
+/// them. Shared by every configuration in turn (a reload hands it over).
+#[derive(Debug, Default)]
+pub struct OverrideList {
+    list: ArcSwap<Vec<Read>>,
+    version: AtomicU64,
+    /// The admin epoch last seen (resets and credits counted where the limits live).
+    epoch: AtomicU64,
+    /// One change of the list at a time: an expiry never stores over a newer read.
+    changing: Mutex<()>,
+}
+
+impl OverrideList {
+    /// Takes `read` as the list in force (their expiries refreshed): whether the overrides
+    /// changed.
+    pub fn replace(&self, mut read: Vec<Read>) -> bool {
+        read.sort_by_key(|r| r.one.field());
+        let _one_at_a_time = self.changing.lock().unwrap_or_else(|p| p.into_inner());
+        let same = {
+            let held = self.list.load();
+            held.iter().map(|h| &h.one).eq(read.iter().map(|r| &r.one))
+        };
+        self.list.store(Arc::new(read));
+        if !same {
+            self.version.fetch_add(1, Ordering::AcqRel);
+        }
+        !same
+    }
+
+    /// Drops the overrides expired at `now` (while the store cannot be read, expiry still
+    /// applies): whether any was.
+    pub fn expire(&self, now: Instant) -> bool {
+        let _one_at_a_time = self.changing.lock().unwrap_or_else(|p| p.into_inner());
+        let held = self.list.load_full();
+        if held.iter().all(|r| r.until > now) {
+            return false;
+        }
+        let live = held.iter().filter(|r| r.until > now).cloned().collect();
+        self.list.store(Arc::new(live));
+        self.version.fetch_add(1, Ordering::AcqRel);
+        true
+    }
+
+    /// Notes the admin epoch read: whether it changed (a change was made since).
+    pub fn see_epoch(&self, epoch: u64) -> bool {
+        self.epoch.swap(epoch, Ordering::AcqRel) != epoch
+    }
+
+    /// The admin epoch last read.
+    pub fn seen_epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// The list in force, compiled for `routes`.
+    pub fn compile(&self, routes: &RouteTable, instances: u64) -> CompiledOverrides {
+        let version = self.version();
+        let overrides: Vec<QuotaOverride> =
+            self.list.load().iter().map(|r| r.one.clone()).collect();
+        CompiledOverrides::compile(&overrides, routes, instances, version)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::limiter::clock::{Clock, ManualClock};
+
+    fn read(limit: &str, until: Instant) -> Read {
+        let one = QuotaOverride {
+            route: "r".into(),
+            limit: limit.into(),
+            consumer: None,
+            quota: None,
+            actor: None,
+        };
+        Read { one, until }
+    }
+
+    #[test]
+    fn a_list_changes_its_version_with_its_overrides_and_expires_unread() {
+        let list = OverrideList::default();
+        let now = ManualClock::default().instant();
+        let later = now + Duration::from_secs(1);
+        assert!(list.replace(vec![read("a", later), read("b", later)]));
+        let version = list.version();
+        let again = later + Duration::from_secs(1);
+        assert!(
+            !list.replace(vec![read("b", again), read("a", later)]),
+            "the same, reordered"
+        );
+        assert_eq!(list.version(), version);
+        assert!(!list.expire(now));
+        assert!(list.expire(later), "a expires although nothing was read");
+        assert!(list.version() > version);
+        let compiled = list.compile(&RouteTable::new(Vec::new()), 1);
+        assert!(compiled.is_empty());
+        assert!(list.see_epoch(3) && !list.see_epoch(3));
+    }
+}

@@ -1,0 +1,361 @@
+//! End to end: the quota admin API. Two real gateways on one real Redis: a reset, a credit and
+//! an override made through one gateway hold on both (exact: the change is made in Redis, and
+//! each gateway forgets the denials it cached); a credit sent twice counts once; every write is
+//! audited and counted, and refused without the token. The in-process backend answers the
+//! same calls.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::api_keys::KeyFile;
+use support::config::{route, Config};
+use support::limits::fixed_window;
+use support::{http_call, http_get, metric, Gateway, RedisServer, Upstream};
+
+const TOKEN: &str = "test-admin-token-0123456789";
+const ALICE: &str = "sk_alice_quota_admin_key_0001";
+const BEARER: &str = "Bearer test-admin-token-0123456789";
+
+/// Calls the quota admin API of `gateway` with the token, as actor `ops`.
+fn admin(gateway: &Gateway, method: &str, path_and_query: &str) -> (u16, Value) {
+    let headers = [("authorization", BEARER), ("x-audit-actor", "ops")];
+    let answer = http_call(gateway.admin, method, path_and_query, None, &headers);
+    let json = serde_json::from_str(&answer.body).unwrap_or(Value::String(answer.body.clone()));
+    (answer.status, json)
+}
+
+fn ask(gateway: &Gateway) -> support::Response {
+    http_get(gateway.proxy, "/api/x", None, &[("x-api-key", ALICE)])
+}
+
+/// Asks until one request passes (each gateway may hold a cached denial until it reads the
+/// change, within a second), then `more` requests across `gateways` in turn: how many passed
+/// in all. Denied requests consume nothing, so the count is the units the change made.
+fn admitted_after_change(gateways: &[&Gateway], more: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ask(gateways[0]).status != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "no request passed after the change"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let passed = (0..more)
+        .filter(|i| ask(gateways[i % gateways.len()]).status == 200)
+        .count();
+    1 + passed
+}
+
+/// Asks until `gateway` denies (it has read the change), at most 5 s.
+fn denied_eventually(gateway: &Gateway) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ask(gateway).status != 429 {
+        assert!(Instant::now() < deadline, "the gateway never denied");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The audit lines written to `path`.
+fn audit_lines(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .map(|line| serde_json::from_str(line).expect("an audit line is JSON"))
+        .collect()
+}
+
+/// A gateway config: alice on plan free, 3/h per consumer, exact; admin token; audit to `audit`.
+fn body(keys: &KeyFile, audit: &Path, redis: bool) -> String {
+    let mut config = Config::new();
+    if redis {
+        config = config.redis("REDIS_URL");
+    }
+    config
+        .set(
+            "identity",
+            format!(
+                "{{ plans: [free], default_plan: free, api_keys: {{ file: {} }} }}",
+                keys.path.display()
+            ),
+        )
+        .set(
+            "admin",
+            format!("{{ token: {TOKEN}, audit_log: {} }}", audit.display()),
+        )
+        .route(
+            route("api")
+                .prefix("/api/")
+                .set("auth", "required")
+                .limit(
+                    fixed_window("per_consumer", "3/h")
+                        .key(&["consumer"])
+                        .set("mode", "exact"),
+                )
+                .limit(fixed_window("per_address", "100/h").key(&["client_ip"])),
+        )
+        .route(
+            route("open")
+                .prefix("/open/")
+                .limit(fixed_window("per_caller", "100/h").key(&["route"])),
+        )
+        .yaml()
+}
+
+#[test]
+fn resets_credits_and_overrides_hold_on_every_gateway_at_once() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let keys = KeyFile::write(&[(ALICE, "alice", Some("free"), false)]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (audit_a, audit_b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+    let a = Gateway::start(&body(&keys, &audit_a, true), &upstream, Some(&redis));
+    let b = Gateway::start(&body(&keys, &audit_b, true), &upstream, Some(&redis));
+    a.wait_ready();
+    b.wait_ready();
+    for _ in 0..3 {
+        let first = ask(&a);
+        assert_eq!(first.status, 200, "{}", first.body);
+    }
+    assert_eq!(ask(&a).status, 429, "a caches this denial");
+    assert_eq!(ask(&b).status, 429);
+
+    // Refused without the token, and nothing changes.
+    let anonymous = http_call(
+        b.admin,
+        "POST",
+        "/v1/quota/reset?route=api&consumer=alice",
+        None,
+        &[],
+    );
+    assert_eq!(anonymous.status, 401);
+    let wrong = [("authorization", "Bearer not-the-token-at-all")];
+    let path = "/v1/quota/reset?route=api&consumer=alice";
+    assert_eq!(http_call(b.admin, "POST", path, None, &wrong).status, 401);
+
+    // Reset through b: alice has her 3 again, on both gateways together (a forgets its denial).
+    let (status, reset) = admin(&b, "POST", "/v1/quota/reset?route=api&consumer=alice");
+    assert_eq!(status, 200, "{reset}");
+    assert_eq!(reset["before"][0]["limit"], "per_consumer");
+    assert_eq!(reset["before"][0]["remaining"], 0);
+    assert_eq!(reset["after"][0]["remaining"], 3);
+    assert_eq!(
+        reset["before"].as_array().map(Vec::len),
+        Some(1),
+        "client_ip not named: {reset}"
+    );
+    assert_eq!(admitted_after_change(&[&a, &b], 6), 3);
+
+    // Credit 2 through a, and the same credit again through b: 2 units in all.
+    let credit = "/v1/quota/credit?route=api&limit=per_consumer&consumer=alice&units=2&id=refund-7";
+    let (status, first) = admin(&a, "POST", credit);
+    assert_eq!(
+        (status, first["credit"].as_str()),
+        (200, Some("credited")),
+        "{first}"
+    );
+    let (status, again) = admin(&b, "POST", credit);
+    assert_eq!(
+        (status, again["credit"].as_str()),
+        (200, Some("repeated")),
+        "{again}"
+    );
+    assert_eq!(again["after"][0]["remaining"], 2, "{again}");
+    assert_eq!(admitted_after_change(&[&b, &a], 6), 2);
+
+    // Lifted for alice through a: b lets her through within a second, and without counting.
+    let off =
+        "/v1/quota/overrides?route=api&limit=per_consumer&consumer=alice&quota=off&ttl_seconds=60";
+    let (status, set) = admin(&a, "PUT", off);
+    assert_eq!(status, 200, "{set}");
+    assert_eq!(admitted_after_change(&[&b, &a], 9), 10);
+    let (status, listed) = admin(&b, "GET", "/v1/quota/overrides");
+    assert_eq!(status, 200);
+    let one = &listed["overrides"][0];
+    assert_eq!(
+        (&one["consumer"], &one["quota"], &one["actor"]),
+        (
+            &Value::from("alice"),
+            &Value::from("off"),
+            &Value::from("ops")
+        )
+    );
+    assert!(
+        one["expires_in_seconds"]
+            .as_u64()
+            .is_some_and(|s| (1..=60).contains(&s)),
+        "{listed}"
+    );
+
+    // Another quota instead, then none: 5 an hour leaves her 2 (she used 3), on both.
+    let five =
+        "/v1/quota/overrides?route=api&limit=per_consumer&consumer=alice&quota=5&ttl_seconds=60";
+    let (status, replaced) = admin(&b, "PUT", five);
+    assert_eq!(status, 200, "{replaced}");
+    assert_eq!(replaced["before"]["quota"], "off", "{replaced}");
+    // a reads the change within a second; until then it still lifts the limit.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (status, policy) = loop {
+        let answer = ask(&a);
+        let policy = answer
+            .header("ratelimit-policy")
+            .unwrap_or_default()
+            .to_string();
+        if policy.contains("\"per_consumer\"") || Instant::now() > deadline {
+            break (answer.status, policy);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status, 200, "{policy}");
+    assert!(
+        policy.contains("\"per_consumer\";q=5;"),
+        "a meets quota 5: {policy}"
+    );
+    let more = (0..6)
+        .filter(|i| ask([&a, &b][i % 2]).status == 200)
+        .count();
+    assert_eq!(more, 1, "5 in all");
+    let (status, _) = admin(
+        &a,
+        "DELETE",
+        "/v1/quota/overrides?route=api&limit=per_consumer&consumer=alice",
+    );
+    assert_eq!(status, 200);
+    denied_eventually(&b);
+    let (status, listed) = admin(&a, "GET", "/v1/quota/overrides");
+    assert_eq!(
+        (status, listed["overrides"].as_array().map(Vec::len)),
+        (200, Some(0))
+    );
+
+    // Bad targets are refused at their cause.
+    let refusals = [
+        (
+            "PUT",
+            "/v1/quota/overrides?route=api&limit=nope&quota=off&ttl_seconds=60",
+            409,
+        ),
+        (
+            "PUT",
+            "/v1/quota/overrides?route=api&limit=per_consumer&quota=0&ttl_seconds=60",
+            400,
+        ),
+        (
+            "PUT",
+            "/v1/quota/overrides?route=api&limit=per_consumer&quota=off",
+            400,
+        ),
+        (
+            "POST",
+            "/v1/quota/reset?route=api&limit=per_address&consumer=alice",
+            409,
+        ),
+        (
+            "POST",
+            "/v1/quota/credit?route=api&limit=per_consumer&consumer=alice&units=1",
+            400,
+        ),
+        ("POST", "/v1/quota/reset?route=nowhere&consumer=alice", 404),
+        (
+            "DELETE",
+            "/v1/quota/overrides?route=api&limit=per_consumer",
+            404,
+        ),
+        ("GET", "/v1/quota/reset?route=api&consumer=alice", 405),
+        // The route verifies no caller: no request of it is a consumer's.
+        ("POST", "/v1/quota/reset?route=open&consumer=alice", 409),
+        ("PUT", "/v1/quota/overrides?route=open&limit=per_caller&consumer=alice&quota=off&ttl_seconds=9", 409),
+    ];
+    for (method, call, expected) in refusals {
+        assert_eq!(admin(&a, method, call).0, expected, "{method} {call}");
+    }
+
+    // Audited: who, what, before and after; counted.
+    let lines = audit_lines(&audit_b);
+    let reset_line = lines
+        .iter()
+        .find(|l| l["action"] == "reset")
+        .expect("the reset's line");
+    assert_eq!(
+        (&reset_line["actor"], &reset_line["result"]),
+        (&Value::from("ops"), &Value::from("applied"))
+    );
+    assert_eq!(reset_line["consumer"], "alice");
+    assert_eq!(reset_line["after"][0]["remaining"], 3);
+    assert!(
+        reset_line["time"].is_string() && reset_line["peer"].is_string(),
+        "{reset_line}"
+    );
+    let repeated = lines
+        .iter()
+        .filter(|l| l["action"] == "credit" && l["result"] == "repeated");
+    assert_eq!(repeated.count(), 1);
+    let metrics = b.metrics();
+    let count = |action: &str, result: &str| {
+        metric(
+            &metrics,
+            "sluice_admin_changes_total",
+            &[("action", action), ("result", result)],
+        )
+    };
+    assert_eq!(count("credit", "repeated"), 1.0);
+    assert_eq!(count("reset", "applied"), 1.0);
+    assert_eq!(count("override_set", "applied"), 1.0);
+    let on_a = audit_lines(&audit_a);
+    let refused = on_a.iter().filter(|l| l["result"] == "refused").count();
+    assert_eq!(
+        refused, 9,
+        "every refusal past the token is audited: {on_a:?}"
+    );
+}
+
+#[test]
+fn the_in_process_backend_answers_the_same_calls() {
+    let upstream = Upstream::start();
+    let keys = KeyFile::write(&[(ALICE, "alice", Some("free"), false)]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let audit = dir.path().join("audit.jsonl");
+    let gateway = Gateway::start(&body(&keys, &audit, false), &upstream, None);
+    gateway.wait_ready();
+    for _ in 0..3 {
+        assert_eq!(ask(&gateway).status, 200);
+    }
+    assert_eq!(ask(&gateway).status, 429);
+    let (status, reset) = admin(&gateway, "POST", "/v1/quota/reset?route=api&consumer=alice");
+    assert_eq!(
+        (status, &reset["after"][0]["remaining"]),
+        (200, &Value::from(3)),
+        "{reset}"
+    );
+    assert_eq!(admitted_after_change(&[&gateway], 5), 3);
+    let credit = "/v1/quota/credit?route=api&limit=per_consumer&consumer=alice&units=1&id=c1";
+    assert_eq!(admin(&gateway, "POST", credit).1["credit"], "credited");
+    assert_eq!(admin(&gateway, "POST", credit).1["credit"], "repeated");
+    assert_eq!(admitted_after_change(&[&gateway], 5), 1);
+    // A reset of the per-address limit by the client's address.
+    let by_address = "/v1/quota/reset?route=api&limit=per_address&client_ip=127.0.0.1";
+    let (status, reset) = admin(&gateway, "POST", by_address);
+    assert_eq!(
+        (status, &reset["after"][0]["remaining"]),
+        (200, &Value::from(100)),
+        "{reset}"
+    );
+    let off = "/v1/quota/overrides?route=api&limit=per_consumer&quota=off&ttl_seconds=30";
+    assert_eq!(admin(&gateway, "PUT", off).0, 200);
+    assert_eq!(
+        admitted_after_change(&[&gateway], 4),
+        5,
+        "lifted for every caller"
+    );
+    let (_, listed) = admin(&gateway, "GET", "/v1/quota/overrides");
+    assert_eq!(listed["overrides"][0]["consumer"], Value::Null);
+    let delete = "/v1/quota/overrides?route=api&limit=per_consumer";
+    assert_eq!(admin(&gateway, "DELETE", delete).0, 200);
+    assert_eq!(
+        ask(&gateway).status,
+        429,
+        "this gateway applies its own write at once"
+    );
+    assert_eq!(audit_lines(&audit).len(), 6, "one line per write");
+}

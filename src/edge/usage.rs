@@ -109,9 +109,7 @@ pub async fn quota(
         .ok_or_else(|| usage_error(400, "route is required"))?;
     let route = config
         .routes
-        .in_file_order()
-        .into_iter()
-        .find(|route| *route.name == *route_name)
+        .named(&route_name)
         .ok_or_else(|| usage_error(404, format!("no route named {route_name:?}")))?;
     let plans = config.consumers.plans();
     let plan = match query.plan {

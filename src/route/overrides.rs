@@ -42,7 +42,8 @@ impl QuotaOverride {
     /// Checks it against `routes`: the route and its limit exist, the consumer's id is within
     /// bounds, and the limit can run at the quota. `Err`: why not, in words.
     pub fn check(&self, routes: &RouteTable) -> Result<(), String> {
-        let route = route_named(routes, &self.route)
+        let route = routes
+            .named(&self.route)
             .ok_or_else(|| format!("no route named {:?}", self.route))?;
         let written = route
             .tiers
@@ -64,13 +65,6 @@ impl QuotaOverride {
             None => Ok(()),
         }
     }
-}
-
-fn route_named<'r>(routes: &'r RouteTable, name: &str) -> Option<&'r Arc<Route>> {
-    routes
-        .in_file_order()
-        .into_iter()
-        .find(|route| *route.name == *name)
 }
 
 /// The overrides of one configuration: per route (by its index), the tiers its callers meet.

@@ -132,6 +132,11 @@ impl RouteTable {
             .find(|r| r.matcher.matches(host, path, method))
     }
 
+    /// The route named `name` (names are unique).
+    pub fn named(&self, name: &str) -> Option<&Arc<Route>> {
+        self.routes.iter().find(|route| *route.name == *name)
+    }
+
     /// Routes in file order.
     pub fn in_file_order(&self) -> Vec<&Arc<Route>> {
         let mut routes: Vec<_> = self.routes.iter().collect();

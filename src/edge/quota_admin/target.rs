@@ -71,10 +71,9 @@ pub(super) fn target<'a>(
         .route
         .as_deref()
         .ok_or_else(|| refused(400, "route is required"))?;
-    let routes = config.routes.in_file_order();
-    let route = routes
-        .into_iter()
-        .find(|route| *route.name == *name)
+    let route = config
+        .routes
+        .named(name)
         .ok_or_else(|| refused(404, format!("no route named {name:?}")))?;
     let facts = Facts {
         consumer: consumer_of(config, params)?,

@@ -15,7 +15,12 @@ use sluice::runtime::daemon;
 #[command(name = "sluice", version)]
 struct Cli {
     /// Configuration file.
-    #[arg(short = 'c', long = "conf", default_value = "/etc/sluice/sluice.yaml")]
+    #[arg(
+        short = 'c',
+        long = "conf",
+        default_value = "/etc/sluice/sluice.yaml",
+        global = true
+    )]
     conf: PathBuf,
     /// Check the configuration, print every problem, and exit.
     #[arg(short = 't', long = "test")]
@@ -46,6 +51,31 @@ enum Command {
     HashKey,
     /// Print a new random API key, then its hash to list in the key file.
     GenKey,
+    /// Tell what the configuration (-c) does with a request, without Redis: its route (or why
+    /// none), the client's standing, the caller, the tier, every limit with its key. JSON on
+    /// standard output (docs/operations.md).
+    Explain(ExplainArgs),
+}
+
+/// The request `sluice explain` tells of.
+#[derive(Debug, clap::Args)]
+struct ExplainArgs {
+    /// The request's method (GET, POST...).
+    method: String,
+    /// The request's URL: http://HOST/PATH?QUERY.
+    url: String,
+    /// A request header, `Name: value` (repeat for more; an API key goes in its header).
+    #[arg(short = 'H', long = "header")]
+    headers: Vec<String>,
+    /// The TCP peer the request comes from.
+    #[arg(long, default_value = "127.0.0.1")]
+    peer: std::net::IpAddr,
+    /// The consumer the request stands for, instead of its credentials.
+    #[arg(long)]
+    consumer: Option<String>,
+    /// That consumer's plan (default: its own).
+    #[arg(long, requires = "consumer")]
+    plan: Option<String>,
 }
 
 /// mimalloc instead of glibc malloc: the proxy path allocates small, short-lived buffers from
@@ -87,6 +117,7 @@ fn main() -> ExitCode {
         return match command {
             Command::HashKey => hash_key(),
             Command::GenKey => gen_key(),
+            Command::Explain(args) => explain(&cli.conf, args),
         };
     }
     if let Some(names) = cli.print_script {
@@ -157,6 +188,37 @@ fn checked(conf: &Path) -> Result<(Config, Sources, Vec<String>), ConfigError> {
         None => Vec::new(),
     };
     config::all_or_error(conf, (config, problems)).map(|config| (config, read, warnings))
+}
+
+/// `sluice explain`: the explanation of one request under the configuration at `conf`, as
+/// JSON; exit 1 when the configuration does not load, 2 when the request cannot be described.
+fn explain(conf: &Path, args: ExplainArgs) -> ExitCode {
+    use sluice::edge::explain::{offline, Described, Unexplained};
+    let mut described = match Described::from_url(&args.method, &args.url, &args.headers) {
+        Ok(described) => described,
+        Err(why) => {
+            eprintln!("sluice: {}", why.reason);
+            return ExitCode::from(2);
+        }
+    };
+    described.peer = args.peer;
+    described.consumer = args.consumer.map(|id| (id, args.plan));
+    match offline(conf, &described) {
+        Ok(answer) => {
+            let pretty =
+                serde_json::to_string_pretty(&answer).unwrap_or_else(|_| answer.to_string());
+            println!("{pretty}");
+            ExitCode::SUCCESS
+        }
+        Err(Unexplained::Config(why)) => {
+            eprintln!("{why}");
+            ExitCode::from(1)
+        }
+        Err(Unexplained::Request(why)) => {
+            eprintln!("sluice: {why}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// The longest input `sluice hash-key` reads: a key and its newline fit many times over.

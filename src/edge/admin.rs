@@ -4,7 +4,8 @@
 //! callers with a JWT verifier that has no keys yet). The failure mode and the verifier are
 //! those in force: a reload that changes them changes what `/readyz` says. Behind `admin.token`:
 //! the usage API (`/v1/quota`, `usage.rs`) and the quota admin API (`/v1/quota/reset`,
-//! `/v1/quota/credit`, `/v1/quota/overrides`, `quota_admin.rs`).
+//! `/v1/quota/credit`, `/v1/quota/overrides`, `quota_admin.rs`) and the explain endpoint
+//! (`/v1/explain`, `explain.rs`), and the dashboard (`/ui/`, `dashboard/`).
 
 use std::sync::Arc;
 
@@ -14,6 +15,8 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use pingora_prometheus::PrometheusHttpApp;
 
+use crate::edge::admin_http::{bearer_matches, response};
+use crate::edge::dashboard::{self, Window};
 use crate::edge::drain::Drain;
 use crate::edge::quota_admin::{self, Caller};
 use crate::edge::usage::UsageError;
@@ -31,6 +34,8 @@ pub struct AdminApp {
 
 impl AdminApp {
     pub fn new(policy: Arc<Policy>, live: Live, drain: Arc<Drain>) -> AdminApp {
+        // The dashboard's uptime counts from the start.
+        std::sync::LazyLock::force(&crate::observe::live::STARTED);
         AdminApp {
             policy,
             live,
@@ -78,13 +83,20 @@ impl AdminApp {
 }
 
 impl AdminApp {
+    /// What `/readyz` says now: its status and its line.
+    async fn readiness_said(&self) -> (u16, String) {
+        let answer = self.readiness().await;
+        let said = String::from_utf8_lossy(answer.body()).into_owned();
+        (answer.status().as_u16(), said)
+    }
+
     /// The configuration in force, when the caller has the admin token; else the answer.
     fn authorized(&self, session: &ServerSession) -> Result<Arc<Snapshot>, Box<Response<Vec<u8>>>> {
         let snapshot = self.live.load_full();
         let Some(token) = &snapshot.config.admin_token else {
             return Err(Box::new(text(
                 404,
-                "not found: the usage and quota admin APIs are on when admin.token is set\n".into(),
+                "not found: the usage, quota admin and explain APIs are on when admin.token is set\n".into(),
             )));
         };
         if !bearer_matches(&session.req_header().headers, token.expose()) {
@@ -101,18 +113,39 @@ impl AdminApp {
         Ok(snapshot)
     }
 
+    /// [`AdminApp::authorized`] for a read: `405` for any method but `GET`.
+    fn authorized_read(
+        &self,
+        session: &ServerSession,
+    ) -> Result<Arc<Snapshot>, Box<Response<Vec<u8>>>> {
+        let snapshot = self.authorized(session)?;
+        match session.req_header().method == http::Method::GET {
+            true => Ok(snapshot),
+            false => Err(Box::new(text(405, "use GET\n".into()))),
+        }
+    }
+
     /// `/v1/quota`: a consumer's usage, for a caller with the admin token.
     async fn quota(&self, session: &ServerSession) -> Response<Vec<u8>> {
-        let snapshot = match self.authorized(session) {
+        let snapshot = match self.authorized_read(session) {
             Ok(snapshot) => snapshot,
             Err(answer) => return *answer,
         };
         let req = session.req_header();
-        if req.method != http::Method::GET {
-            return text(405, "use GET\n".into());
-        }
         let usage = crate::edge::usage::quota(&self.policy, &snapshot, req.uri.query()).await;
         answer_json(usage)
+    }
+
+    /// `/v1/explain`: what the gateway would do with the request the query describes, for a
+    /// caller with the admin token.
+    async fn explain(&self, session: &ServerSession) -> Response<Vec<u8>> {
+        let snapshot = match self.authorized_read(session) {
+            Ok(snapshot) => snapshot,
+            Err(answer) => return *answer,
+        };
+        let req = session.req_header();
+        let explained = crate::edge::explain::explain(&self.policy, &snapshot, req.uri.query());
+        answer_json(explained.await.map(|answer| answer.to_string()))
     }
 
     /// `/v1/quota/reset`, `/v1/quota/credit`, `/v1/quota/overrides`: the quota admin API, for
@@ -149,38 +182,8 @@ fn answer_json(answer: Result<String, UsageError>) -> Response<Vec<u8>> {
     }
 }
 
-/// Whether `headers` carry `Authorization: Bearer <token>`, compared in constant time.
-fn bearer_matches(headers: &http::HeaderMap, token: &str) -> bool {
-    let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
-    let (Some(value), None) = (values.next(), values.next()) else {
-        return false;
-    };
-    let bytes = value.as_bytes();
-    let Some(presented) = bytes
-        .get(..7)
-        .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
-        .map(|_| &bytes[7..])
-    else {
-        return false;
-    };
-    subtle::ConstantTimeEq::ct_eq(presented, token.as_bytes()).into()
-}
-
 fn text(status: u16, body: String) -> Response<Vec<u8>> {
-    let body = body.into_bytes();
-    let length = body.len();
-    let mut response = Response::new(body);
-    *response.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
-    let headers = response.headers_mut();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    headers.insert(
-        http::header::CONTENT_LENGTH,
-        http::HeaderValue::from(length),
-    );
-    response
+    response(status, "text/plain; charset=utf-8", body)
 }
 
 #[async_trait]
@@ -191,13 +194,22 @@ impl ServeHttp for AdminApp {
             "/healthz" => text(200, "ok\n".to_string()),
             "/readyz" => self.readiness().await,
             "/v1/quota" => self.quota(session).await,
+            "/v1/explain" => self.explain(session).await,
+            path if path == "/ui" || path.starts_with("/ui/") => {
+                let window = Window {
+                    policy: &self.policy,
+                    live: &self.live,
+                    readiness: Box::pin(self.readiness_said()),
+                };
+                dashboard::serve(session, window).await
+            }
             path @ ("/v1/quota/reset" | "/v1/quota/credit" | "/v1/quota/overrides") => {
                 let path = path.to_string();
                 self.quota_admin(session, &path).await
             }
             _ => text(
                 404,
-                "not found: try /metrics, /healthz, /readyz, /v1/quota or /v1/quota/overrides\n"
+                "not found: try /metrics, /healthz, /readyz, /v1/quota, /v1/quota/overrides or /v1/explain\n"
                     .to_string(),
             ),
         }

@@ -3,11 +3,14 @@
 //! `proxy` is the `ProxyHttp` adapter (each hook at most 40 lines: Pingora types in, the
 //! exchange's answers out, `respond.rs` the one place answers become responses); `listening`
 //! binds first and reports readiness; `tls` serves each listener's certificates and verifies
-//! client certificates; `drain` is SIGTERM's graceful shutdown; `admin`, `usage` and `quota_admin`
-//! answer the admin listener; `rls` is Envoy's rate limit service over gRPC.
+//! client certificates; `drain` is SIGTERM's graceful shutdown; `admin`, `usage`, `quota_admin`,
+//! `explain` and `dashboard` answer the admin listener (`admin_http`: its token's check, its responses); `rls` is Envoy's rate limit service over gRPC.
 
 pub(crate) mod admin;
+mod admin_http;
+pub(crate) mod dashboard;
 pub(crate) mod drain;
+pub mod explain;
 pub(crate) mod listening;
 pub(crate) mod proxy;
 pub(crate) mod quota_admin;

@@ -417,7 +417,8 @@ fn add_proxies(
 /// One proxy service on `listeners`, behind the front door's deadlines; it connects to Redis
 /// as it starts, from its own runtime, rather than at the first request, and keeps the
 /// connections usable while idle (`Policy::keep_connections`); the quota overrides in force are
-/// read from then on (`runtime::overrides`).
+/// read from then on (`runtime::overrides`), and the dashboard's live decisions sampled
+/// (`runtime::sampler`).
 fn proxy_service(
     server: &Server,
     wiring: &Wiring,
@@ -459,7 +460,9 @@ fn proxy_service(
             let keeper = Arc::clone(&policy);
             tokio::spawn(async move { keeper.keep_connections().await });
             let (policy, live) = (Arc::clone(&policy), Arc::clone(&live));
+            let sampled = Arc::clone(&live);
             tokio::spawn(async move { crate::runtime::overrides::keep(&policy, &live).await });
+            tokio::spawn(async move { crate::runtime::sampler::keep(&sampled).await });
         })
         .stopped_by(shared.drain.closing())
 }

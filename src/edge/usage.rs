@@ -11,6 +11,7 @@ use serde::Serialize;
 use smallvec::SmallVec;
 
 use crate::caller::consumers::{Consumer, PlanId, Via, MAX_CONSUMER_ID};
+use crate::config::Config;
 use crate::limiter::fields::whole_seconds;
 use crate::limiter::{LimitRecords, LimitStatus, Policy};
 use crate::route::keys::{RequestFacts, Rotation};
@@ -111,21 +112,8 @@ pub async fn quota(
         .routes
         .named(&route_name)
         .ok_or_else(|| usage_error(404, format!("no route named {route_name:?}")))?;
-    let plans = config.consumers.plans();
-    let plan = match query.plan {
-        Some(name) => Some(
-            plans
-                .find(&name)
-                .ok_or_else(|| usage_error(404, format!("no plan named {name:?}")))?,
-        ),
-        None => config.consumers.plan_of(&id),
-    };
-    let consumer = Consumer {
-        id: id.as_str().into(),
-        plan,
-        claims: SmallVec::new(),
-        via: Via::ApiKey,
-    };
+    let consumer = named_consumer(config, &id, query.plan.as_deref())?;
+    let (plans, plan) = (config.consumers.plans(), consumer.plan);
     // The tier the consumer meets now: a quota override in force changes it.
     let (tier_id, overridden) = snapshot.tier_for(route, Some(&consumer));
     let tier = overridden
@@ -140,6 +128,37 @@ pub async fn quota(
     };
     serde_json::to_string(&usage)
         .map_err(|e| usage_error(500, format!("cannot write the answer: {e}")))
+}
+
+/// The consumer named `id` (1 to [`MAX_CONSUMER_ID`] bytes), on the plan named `plan` or
+/// its own: who the admin APIs speak of.
+pub(crate) fn named_consumer(
+    config: &Config,
+    id: &str,
+    plan: Option<&str>,
+) -> Result<Consumer, UsageError> {
+    if id.is_empty() || id.len() > MAX_CONSUMER_ID {
+        return Err(usage_error(
+            400,
+            format!("consumer: 1 to {MAX_CONSUMER_ID} bytes"),
+        ));
+    }
+    let plan = match plan {
+        Some(name) => Some(
+            config
+                .consumers
+                .plans()
+                .find(name)
+                .ok_or_else(|| usage_error(404, format!("no plan named {name:?}")))?,
+        ),
+        None => config.consumers.plan_of(id),
+    };
+    Ok(Consumer {
+        id: id.into(),
+        plan,
+        claims: SmallVec::new(),
+        via: Via::ApiKey,
+    })
 }
 
 /// Reads the limits of `tier`, which `consumer` meets on `route`, from the backend.

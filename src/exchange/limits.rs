@@ -8,8 +8,8 @@ use std::sync::Arc;
 use http::header::{HeaderMap, HeaderValue};
 
 use crate::limiter::{
-    deciding, paired_mut, Answered, Deciding, LimitRecord, LimitRecords, Outcome, Policy, Retry,
-    Verdict,
+    deciding, paired_mut, Answered, Deciding, LimitRecord, LimitRecords, LimiterError, Outcome,
+    Policy, Retry, Verdict,
 };
 use crate::route::keys::RequestFacts;
 use crate::route::table::Route;
@@ -95,8 +95,31 @@ impl RequestLimits {
         self.overridden = overridden;
     }
 
+    /// The id of the tier the request meets, and whether a quota override changes it.
+    pub fn met(&self) -> (TierId, bool) {
+        (self.tier, self.overridden.is_some())
+    }
+
+    /// One record per limit of its tier, once asked.
+    pub fn records(&self) -> &[LimitRecord] {
+        &self.records
+    }
+
+    /// Reads what each limit asked has left into its record, consuming nothing.
+    pub async fn peek<E: Seam>(
+        &mut self,
+        route: &Route,
+        policy: &Policy<E>,
+    ) -> Result<(), LimiterError> {
+        let tier = tier_met(&self.overridden, self.tier, route);
+        match tier.asked(&mut self.records) {
+            Some(mut asked) if !asked.limits.is_empty() => policy.peek(&mut asked).await,
+            _ => Ok(()),
+        }
+    }
+
     /// The tier the request meets: the one place its id is looked up.
-    fn tier<'a>(&'a self, route: &'a Route) -> &'a Tier {
+    pub fn tier<'a>(&'a self, route: &'a Route) -> &'a Tier {
         tier_met(&self.overridden, self.tier, route)
     }
 
@@ -105,14 +128,20 @@ impl RequestLimits {
         !self.tier(route).is_empty()
     }
 
-    /// What the request asks of each limit of its tier. `Err`: the detail of its `400`.
+    /// What the request asks of each limit of its tier (`explaining`: without taking a turn
+    /// of its split limits' round robin). `Err`: the detail of its `400`.
     pub fn ask<S>(
         &mut self,
         runtime: &RouteRuntime<S>,
         facts: &RequestFacts<'_>,
+        explaining: bool,
     ) -> Result<(), Undecidable> {
         let tier = self.tier(&runtime.route);
-        self.records = tier.records(facts, runtime.rotation(self.tier))?;
+        let rotation = runtime.rotation(self.tier);
+        self.records = match explaining {
+            true => tier.records(facts, &rotation.copy())?,
+            false => tier.records(facts, rotation)?,
+        };
         Ok(())
     }
 
@@ -201,6 +230,14 @@ impl RequestLimits {
         let (index, _) = deciding(&self.records)?;
         let limit = self.tier(route).limits.get(index)?;
         Some(&limit.limit.exact.name)
+    }
+
+    /// The limit that denied the request and the key it was asked at, if one did.
+    pub fn denied_key<'a>(&'a self, route: &'a Route) -> Option<(&'a str, &'a [u8])> {
+        let (index, record) = deciding(&self.records)?;
+        let limit = self.tier(route).limits.get(index)?;
+        (record.deciding == Some(Deciding::Denied))
+            .then(|| (&*limit.limit.exact.name, &record.ask.key[..]))
     }
 
     /// The failure mode that applied, when the limiter could not decide.

@@ -14,6 +14,7 @@ use crate::caller::consumers::{AuthFailure, AuthMode, PlanId, Plans, NO_PLAN};
 use crate::exchange::answer::{ClientError, Decided, UpstreamError};
 use crate::limiter::adaptive::AdaptiveMeters;
 use crate::limiter::{CostReport, Limit, Outcome};
+use crate::observe::live::Counts;
 use crate::observe::metrics::{
     ADAPTIVE_BASELINE, ADAPTIVE_LIMIT, ADAPTIVE_SHED, AUTH_FAILURES, CLIENT_ERRORS,
     LIMIT_DECISIONS, PLAN_REQUESTS, REQUESTS, REQUESTS_IN_FLIGHT, REQUEST_DURATION,
@@ -134,6 +135,18 @@ impl LimitMeters {
         self.outcomes[outcome as usize].inc();
     }
 
+    /// What the limit said so far, as the dashboard groups it: admitted (allowed, also
+    /// locally or by the failure mode), refused (limited, also locally or by the failure
+    /// mode), shadow-limited.
+    pub fn totals(&self) -> Counts {
+        let at = |outcome: Outcome| self.outcomes[outcome as usize].get();
+        Counts {
+            allowed: at(Outcome::Allowed) + at(Outcome::LocalAllowed) + at(Outcome::ErrorAllowed),
+            limited: at(Outcome::Limited) + at(Outcome::LocalLimited) + at(Outcome::ErrorDenied),
+            shadow: at(Outcome::ShadowLimited),
+        }
+    }
+
     /// What an admitted request's response reported it cost (nothing for a limit not priced
     /// by the response).
     pub fn count_report(&self, report: CostReport) {
@@ -228,6 +241,11 @@ impl RouteMetrics {
         if let Some(failure) = failure {
             callers.failures[failure as usize].inc();
         }
+    }
+
+    /// The handles of the limit at `index` in the route's list as written.
+    pub fn limit_at(&self, index: usize) -> Option<&LimitMeters> {
+        self.limits.get(index)
     }
 
     /// The handles of the limit at `position` in the route's list.

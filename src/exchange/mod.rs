@@ -3,10 +3,12 @@
 //! upstream (after its shaping delay) or what the gateway answers instead; the upstream steps
 //! (`upstream.rs`) choose servers within the route's deadline and keep what the attempts and
 //! the response said; [`Exchange::end`] counts the request and gives back or settles what it
-//! took; `overrides` holds the quota overrides in force. The proxy (`edge::proxy`) only
+//! took; `overrides` holds the quota overrides in force; `explain` tells what admission would
+//! do with a request without doing it. The proxy (`edge::proxy`) only
 //! converts Pingora's types in and renders [`Answer`]s out.
 
 pub(crate) mod answer;
+mod explain;
 pub(crate) mod head;
 pub(crate) mod limits;
 pub(crate) mod meters;
@@ -26,7 +28,8 @@ use crate::exchange::answer::{
     Answer, ClientError, Decided, Unasked, UpstreamError, CLIENT_CLOSED,
 };
 use crate::limiter::adaptive::Permit;
-use crate::limiter::{Backend, Limiter, Policy, ReleaseSlots, SettleUnits, Verdict};
+use crate::limiter::{Backend, Limiter, Outcome, Policy, ReleaseSlots, SettleUnits, Verdict};
+use crate::observe::live;
 use crate::route::keys::{self, RequestFacts};
 use crate::route::path;
 use crate::route::table::Route;
@@ -39,6 +42,14 @@ pub use head::{Head, Target};
 pub use limits::LimitsSaid;
 pub use site::{RouteRuntime, Site};
 pub use upstream::Dial;
+
+/// What routing found of a request: its route, and the host, path and client its keys read.
+struct Routed<'h> {
+    route: Arc<Route>,
+    host: Cow<'h, str>,
+    path: Cow<'h, str>,
+    client: IpAddr,
+}
 
 /// What a policy's engine must do for an exchange: decide, release slots, settle units, say
 /// whether it answers (the production [`crate::limiter::Engine`], or a test's stand-in).
@@ -118,7 +129,11 @@ impl<S: Servers> Exchange<S> {
 
     /// Route, client, keys, then the policy's verdict: whether the request goes upstream.
     pub async fn admit<E: Seam>(&mut self, policy: &Policy<E>, head: &Head<'_>) -> Admission {
-        if let Err(answer) = self.prepare(head) {
+        let prepared = self.prepare(head);
+        if let Some(runtime) = &self.route {
+            self.in_flight = Some(runtime.metrics.in_flight());
+        }
+        if let Err(answer) = prepared {
             return self.answer(answer);
         }
         let Some(route) = self.route.clone() else {
@@ -146,9 +161,18 @@ impl<S: Servers> Exchange<S> {
         }
     }
 
-    /// Finds the request's route and what it asks of each limit; `Err` when the gateway
-    /// answers the request itself.
+    /// Finds the request's route, who is calling and what it asks of each limit; `Err` when
+    /// the gateway answers the request itself.
     fn prepare(&mut self, head: &Head<'_>) -> Result<(), Answer> {
+        let routed = self.route_request(head)?;
+        let consumer = self.caller(&routed.route, head)?;
+        self.ask_limits(head, &routed, consumer, false)
+    }
+
+    /// Checks the request's head, finds its route and its client, and the client's standing
+    /// in the address lists. What it found stays in the exchange even when it refuses (a
+    /// denied client's route).
+    fn route_request<'h>(&mut self, head: &Head<'h>) -> Result<Routed<'h>, Answer> {
         let req = head.parts;
         if let Some(answer) = head::oversized(req, head.fields_cut) {
             return Err(answer);
@@ -167,42 +191,60 @@ impl<S: Servers> Exchange<S> {
                 .find(&host, &path, &req.method)
                 .ok_or(Answer::NoRoute)?,
         );
-        self.in_flight = Some(runtime.metrics.in_flight());
         let route = Arc::clone(&runtime.route);
         self.route = Some(runtime);
+        self.normalized_path = matches!(path, Cow::Owned(_)).then(|| path.to_string());
+        let client = config.trusted_proxies.client(head.peer, &req.headers);
+        self.client = Some(client);
         let declared = head::declared_body_length(req);
         if route.max_body_bytes.is_some_and(|max| declared > Some(max)) {
             return Err(Answer::BodyTooLarge);
         }
-        self.normalized_path = matches!(path, Cow::Owned(_)).then(|| path.to_string());
-        let client = config.trusted_proxies.client(head.peer, &req.headers);
-        self.client = Some(client);
         match AddressLists::standing(&config.addresses, &route.addresses, client) {
             Standing::Denied => return Err(Answer::Forbidden),
             Standing::Exempt => self.exempt = true,
             Standing::Limited => {}
         }
-        self.consumer = self.caller(&route, head)?;
+        Ok(Routed {
+            route,
+            host,
+            path,
+            client,
+        })
+    }
+
+    /// The tier `consumer` meets on the request's route, and what the request asks of each
+    /// of its limits (none for an exempt client; `explaining`: nothing taken of the route's
+    /// state). `Err`: the request cannot be decided as sent.
+    fn ask_limits(
+        &mut self,
+        head: &Head<'_>,
+        routed: &Routed<'_>,
+        consumer: Option<Consumer>,
+        explaining: bool,
+    ) -> Result<(), Answer> {
+        let (req, route) = (head.parts, &routed.route);
+        self.consumer = consumer;
         self.limits
-            .meet(self.site.tier_for(&route, self.consumer.as_ref()));
+            .meet(self.site.tier_for(route, self.consumer.as_ref()));
         let facts = RequestFacts {
-            client_ip: client,
+            client_ip: routed.client,
             method: req.method.as_str(),
-            host: &host,
-            path: &path,
+            host: &routed.host,
+            path: &routed.path,
             query: req.uri.query(),
             headers: &req.headers,
             route: &route.name,
             consumer: self.consumer.as_ref(),
-            claim_names: config.consumers.claim_names(),
+            claim_names: self.site.config.consumers.claim_names(),
         };
         if let Some(parts) = route.upstream.hash_parts() {
             self.balance_key = keys::digest_parts(&facts, parts).to_be_bytes();
         }
-        if self.limits.limited(&route) && !self.exempt {
+        if self.limits.limited(route) && !self.exempt {
             let runtime = self.route.as_deref().ok_or(Answer::Internal)?;
             self.limits
-                .ask(runtime, &facts)
+                .ask(runtime, &facts, explaining)
                 .map_err(|Undecidable(detail)| Answer::BadRequest(detail))?;
         }
         Ok(())
@@ -292,6 +334,12 @@ impl<S: Servers> Exchange<S> {
         if let Some(shown) = self.status_shown(status) {
             metrics.observe_duration(shown, self.elapsed());
         }
+        if matches!(
+            decided,
+            Decided::Limiter(Outcome::Limited | Outcome::LocalLimited)
+        ) {
+            self.note_limited();
+        }
         if let (Some(sent), true) = (status, self.admitted()) {
             metrics.count_upstream_status(sent);
         }
@@ -322,6 +370,22 @@ impl<S: Servers> Exchange<S> {
     /// The request went (or goes) upstream.
     fn admitted(&self) -> bool {
         self.exempt || self.limits.verdict().is_some_and(Verdict::admitted)
+    }
+
+    /// Counts the key that denied the request, and its consumer, among the most limited (the
+    /// dashboard's top-k): on denials only.
+    fn note_limited(&self) {
+        let Some(route) = self.route() else {
+            return;
+        };
+        if let Some((limit, key)) = self.limits.denied_key(route) {
+            if let Ok(key) = std::str::from_utf8(key) {
+                live::LIMITED_KEYS.count(&[&route.name, "/", limit, " ", key]);
+            }
+        }
+        if let Some(consumer) = &self.consumer {
+            live::LIMITED_CONSUMERS.count(&[&consumer.id]);
+        }
     }
 
     /// The request's `decision` label.

@@ -308,6 +308,12 @@ fn shard_suffixes(shards: u32) -> ShardSuffixes {
 pub struct Rotation(AtomicU32);
 
 impl Rotation {
+    /// The same turn, apart from this rotation: what explain reads the next shard from
+    /// without taking a turn of the requests'.
+    pub fn copy(&self) -> Rotation {
+        Rotation(AtomicU32::new(self.0.load(Ordering::Relaxed)))
+    }
+
     /// This request's turn.
     fn next(&self) -> u32 {
         self.0.fetch_add(1, Ordering::Relaxed)
@@ -510,6 +516,11 @@ impl LimitKey {
     /// Its digest is the route's tag's (see [`RouteKeys::tag`]).
     pub fn gives_tag(&self) -> bool {
         self.gives_tag
+    }
+
+    /// The parts it is made of, as written.
+    pub fn parts(&self) -> &[KeyPart] {
+        &self.parts
     }
 
     /// Its whole key, when no request changes it (see [`RouteKeys::limit_key`]).

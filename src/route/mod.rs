@@ -3,8 +3,10 @@
 //! (`tiers`), the keys a request is counted under (`keys`), where priced limits read their cost
 //! (`pricing`), the route's upstream as configured (`upstream`), and, for the rate limit
 //! service, the descriptor rules of each domain (`descriptors`); and the quota admin API's
-//! temporary overrides of limits, compiled into the tiers callers then meet (`overrides`).
+//! temporary overrides of limits, compiled into the tiers callers then meet (`overrides`); and
+//! routes and limits told back in the configuration's words (`describe`).
 
+pub mod describe;
 pub(crate) mod descriptors;
 pub mod keys;
 pub mod overrides;

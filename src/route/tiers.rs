@@ -264,6 +264,19 @@ impl Tiers {
         by_plan.get(plan).copied().unwrap_or_default()
     }
 
+    /// Which callers meet tier `id` by their plan: slot 0 for callers without a plan, then
+    /// each plan's index + 1 (consumers with tiers of their own aside).
+    pub fn plan_slots_of(&self, id: TierId) -> Vec<usize> {
+        let slots = (0..self.by_plan.len().max(1))
+            .filter(|&slot| self.by_plan.get(slot).copied().unwrap_or_default() == id);
+        slots.collect()
+    }
+
+    /// Whether consumer `id` has tiers of its own (`consumers.overrides`), not its plan's.
+    pub fn has_own(&self, id: &str) -> bool {
+        self.by_consumer.contains_key(id)
+    }
+
     /// The tier `id` (the default for an id of another configuration).
     pub fn get(&self, id: TierId) -> &Tier {
         self.tiers

@@ -36,7 +36,7 @@ use crate::config::{Config, ConfigError, RedisSettings, ServerSettings};
 use crate::exchange::site::Handover;
 use crate::limiter::clock::Clock;
 use crate::limiter::Policy;
-use crate::observe::metrics;
+use crate::observe::{live, metrics};
 use crate::runtime::snapshot::{Live, Snapshot};
 
 /// How often `watch: true` reads the configuration's files again; a change reloads once it has
@@ -242,10 +242,14 @@ impl ConfigService {
     async fn reload_counted(&self, cause: &str) {
         log::info!("reload: {cause}");
         match self.reload().await {
-            Ok(()) => metrics::CONFIG_RELOADS
-                .with_label_values(&["success"])
-                .inc(),
+            Ok(()) => {
+                live::RELOADS.record(cause, None);
+                metrics::CONFIG_RELOADS
+                    .with_label_values(&["success"])
+                    .inc();
+            }
             Err(error) => {
+                live::RELOADS.record(cause, Some(error.to_string()));
                 metrics::CONFIG_RELOADS.with_label_values(&["error"]).inc();
                 for line in error.to_string().lines() {
                     log::error!("reload rejected, keeping the running configuration: {line}");

@@ -172,6 +172,17 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// Each server and whether the health checks last found it healthy (a server without
+    /// checks always is), from the pool's own gauges.
+    pub fn health(&self) -> Vec<(SocketAddr, bool)> {
+        let gauges = self.health.iter();
+        gauges
+            .map(|(server, gauge)| (*server, gauge.get() == 1))
+            .collect()
+    }
+}
+
 impl Servers for Pool {
     type Tls = PeerTls;
 

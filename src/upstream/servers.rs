@@ -1,14 +1,12 @@
 //! What the exchange asks of a route's upstream, without the machinery that answers: a server
 //! to dial (healthy, not one to avoid), and what securing the connection needs, carried to the
 //! edge unread. [`crate::upstream::pool::Pool`] answers on Pingora's load balancer; [`InOrder`]
-//! answers from the list as written, for the exchange's tests. Nothing here names Pingora, so the
+//! answers from the list as written, for the exchange's tests and `sluice explain`. Nothing here names Pingora, so the
 //! exchange, which is generic over [`Servers`], reaches no Pingora type through it.
 
 use std::net::SocketAddr;
-#[cfg(test)]
 use std::sync::Arc;
 
-#[cfg(test)]
 use crate::route::table::RouteTable;
 
 /// A route's upstream servers as the exchange uses them.
@@ -26,12 +24,10 @@ pub trait Servers: Clone + Send + Sync + 'static {
 }
 
 /// Servers in the order written: the first one not avoided. No health checks, no TLS (the
-/// exchange's tests).
-#[cfg(test)]
+/// exchange's tests, and `sluice explain`, which dials nothing).
 #[derive(Debug, Clone)]
 pub struct InOrder(Arc<[SocketAddr]>);
 
-#[cfg(test)]
 impl InOrder {
     pub fn new(servers: &[SocketAddr]) -> InOrder {
         InOrder(servers.into())
@@ -47,7 +43,6 @@ impl InOrder {
     }
 }
 
-#[cfg(test)]
 impl Servers for InOrder {
     type Tls = ();
 

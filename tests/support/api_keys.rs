@@ -11,6 +11,14 @@ pub struct KeyFile {
 }
 
 impl KeyFile {
+    /// The `identity` section of plans free and pro (free the default) with this key file.
+    pub fn free_and_pro(&self) -> String {
+        format!(
+            "{{ plans: [free, pro], default_plan: free, api_keys: {{ file: {} }} }}",
+            self.path.display()
+        )
+    }
+
     pub fn write(keys: &[(&str, &str, Option<&str>, bool)]) -> KeyFile {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("api-keys.yaml");

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod api_keys;
+pub mod browser;
 pub mod certs;
 pub mod config;
 pub mod daemons;

@@ -6,12 +6,11 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use http::HeaderMap;
 use serde_json::{json, Value};
-use smallvec::SmallVec;
 
 use super::{refused, Params};
-use crate::caller::consumers::{AuthMode, Consumer, Via, MAX_CONSUMER_ID};
+use crate::caller::consumers::{AuthMode, Consumer};
 use crate::config::Config;
-use crate::edge::usage::UsageError;
+use crate::edge::usage::{named_consumer, UsageError};
 use crate::limiter::{LimitRecords, Policy, Scope};
 use crate::route::keys::{RequestFacts, Rotation};
 use crate::route::table::Route;
@@ -179,27 +178,7 @@ fn consumer_of(config: &Config, params: &Params) -> Result<Option<Consumer>, Usa
     let Some(id) = params.consumer.as_deref() else {
         return Ok(None);
     };
-    if id.is_empty() || id.len() > MAX_CONSUMER_ID {
-        return Err(refused(
-            400,
-            format!("consumer: 1 to {MAX_CONSUMER_ID} bytes"),
-        ));
-    }
-    let plans = config.consumers.plans();
-    let plan = match params.plan.as_deref() {
-        Some(plan) => Some(
-            plans
-                .find(plan)
-                .ok_or_else(|| refused(404, format!("no plan named {plan:?}")))?,
-        ),
-        None => config.consumers.plan_of(id),
-    };
-    Ok(Some(Consumer {
-        id: id.into(),
-        plan,
-        claims: SmallVec::new(),
-        via: Via::ApiKey,
-    }))
+    named_consumer(config, id, params.plan.as_deref()).map(Some)
 }
 
 /// The client address a call names, as requests from it are keyed (canonical, an IPv6

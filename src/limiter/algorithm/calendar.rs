@@ -89,6 +89,11 @@ impl Eq for CalendarPeriods {}
 static INTERNED: OnceLock<Mutex<Vec<&'static CalendarPeriods>>> = OnceLock::new();
 
 impl CalendarPeriods {
+    /// As configured: `month in Europe/Paris`.
+    pub fn describe(&self) -> String {
+        format!("{} in {}", self.unit.name(), self.zone_name)
+    }
+
     /// The periods of `unit` in the IANA zone `zone_name` (`UTC` included); `Err` names an
     /// unknown zone. Each distinct pair is built once and kept.
     pub fn of(unit: CalendarUnit, zone_name: &str) -> Result<&'static CalendarPeriods, String> {

@@ -1,0 +1,111 @@
+//! The dashboard's HTML, written by hand: escaping, the page around each view (the navigation,
+//! the stylesheet and the script, all served from the binary), tables.
+
+use std::fmt::Write;
+
+/// `text` safe inside HTML text and double-quoted attributes.
+pub fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The views, in the navigation's order: path and title.
+pub const VIEWS: [(&str, &str); 5] = [
+    ("/ui/", "Overview"),
+    ("/ui/routes", "Routes"),
+    ("/ui/live", "Live decisions"),
+    ("/ui/top", "Most limited"),
+    ("/ui/explain", "Explain"),
+];
+
+/// A whole page: `title`, the navigation with `active` marked, and `body`.
+pub fn page(title: &str, active: &str, body: &str) -> String {
+    let mut nav = String::new();
+    for (path, name) in VIEWS {
+        let current = if path == active {
+            " aria-current=\"page\""
+        } else {
+            ""
+        };
+        let _ = write!(nav, "<a href=\"{path}\"{current}>{name}</a>");
+    }
+    format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{title} · sluice</title>\
+         <link rel=\"icon\" href=\"/ui/favicon.svg\" type=\"image/svg+xml\">\
+         <link rel=\"stylesheet\" href=\"/ui/style.css\">\
+         <script src=\"/ui/app.js\" defer></script></head>\
+         <body><header><span class=\"brand\">sluice</span><nav>{nav}</nav></header>\
+         <main><h1>{title}</h1>{body}</main>\
+         <footer>Read-only: nothing on these pages changes the gateway.</footer></body></html>\n",
+        title = esc(title)
+    )
+}
+
+/// A table of `head` and `rows` (cells already HTML).
+pub fn table(head: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> String {
+    let mut out = String::from("<table><thead><tr>");
+    for cell in head {
+        let _ = write!(out, "<th>{}</th>", esc(cell));
+    }
+    out.push_str("</tr></thead><tbody>");
+    for row in rows {
+        out.push_str("<tr>");
+        for cell in row {
+            let _ = write!(out, "<td>{cell}</td>");
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
+/// A definition list of `(term, description)`, descriptions already HTML.
+pub fn facts(pairs: &[(&str, String)]) -> String {
+    let mut out = String::from("<dl>");
+    for (term, description) in pairs {
+        let _ = write!(out, "<dt>{}</dt><dd>{description}</dd>", esc(term));
+    }
+    out.push_str("</dl>");
+    out
+}
+
+/// Per-second bars of `values` (oldest first) as an inline SVG, scaled to the largest.
+pub fn bars(values: &[(u64, u64)], class: &str) -> String {
+    let top = values.iter().map(|(a, l)| a + l).max().unwrap_or(0).max(1);
+    let mut out = format!(
+        "<svg class=\"bars {class}\" viewBox=\"0 0 {} 30\" preserveAspectRatio=\"none\" role=\"img\" aria-label=\"per second\">",
+        values.len().max(1)
+    );
+    for (x, (allowed, limited)) in values.iter().enumerate() {
+        let height = |n: u64| (n as f64 * 30.0 / top as f64).max(if n > 0 { 1.0 } else { 0.0 });
+        let (a, l) = (height(*allowed), height(*limited));
+        if a > 0.0 {
+            let _ = write!(
+                out,
+                "<rect class=\"allowed\" x=\"{x}\" y=\"{:.2}\" width=\"1\" height=\"{a:.2}\"/>",
+                30.0 - a
+            );
+        }
+        if l > 0.0 {
+            let _ = write!(
+                out,
+                "<rect class=\"limited\" x=\"{x}\" y=\"{:.2}\" width=\"1\" height=\"{l:.2}\"/>",
+                30.0 - a - l
+            );
+        }
+    }
+    out.push_str("</svg>");
+    out
+}

@@ -1,0 +1,339 @@
+//! The dashboard at `/ui/` on the admin listener: an overview of the gateway, its routes, each
+//! limit's live decisions, the most limited keys and consumers, and the explain form (`pages`),
+//! served from the binary (HTML written on the server, one stylesheet and one small script
+//! embedded with `include_str!`; no build step, nothing fetched from elsewhere, a
+//! `Content-Security-Policy` that allows nothing else). On only when `admin.token` is set, and
+//! behind it: a browser signs in once with the token (`/ui/login`) and keeps a session cookie
+//! signed by this process (never the token; 12 hours); a client may send `Authorization:
+//! Bearer` instead. Every view only reads: nothing on it changes the gateway (the explain form
+//! is sent by `POST`, so the credentials it carries stay out of URLs and histories).
+
+mod html;
+mod pages;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{HeaderValue, Response};
+use pingora::protocols::http::ServerSession;
+use subtle::ConstantTimeEq;
+
+use crate::edge::admin_http::{bearer_matches, response};
+use crate::edge::explain::{self, Described};
+use crate::limiter::Policy;
+use crate::runtime::snapshot::Live;
+
+const STYLE: &str = include_str!("style.css");
+const SCRIPT: &str = include_str!("app.js");
+const ICON: &str = include_str!("favicon.svg");
+/// The cookie a signed-in browser sends.
+const COOKIE: &str = "sluice_dashboard";
+/// The longest form read (the sign-in form, the explain form).
+const MAX_FORM_BODY: usize = 16 * 1024;
+/// Nothing but the dashboard's own files, and no framing.
+const POLICY: &str = "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// What `/readyz` says (its status and line), asked only when the overview is shown.
+pub type Readiness<'a> = Pin<Box<dyn Future<Output = (u16, String)> + Send + 'a>>;
+
+/// What the dashboard reads: the limiter, the configuration in force, and what `/readyz`
+/// says.
+pub struct Window<'a> {
+    pub policy: &'a Arc<Policy>,
+    pub live: &'a Live,
+    pub readiness: Readiness<'a>,
+}
+
+/// Serves one request for `/ui` or below.
+pub async fn serve(session: &mut ServerSession, window: Window<'_>) -> Response<Vec<u8>> {
+    let path = session.req_header().uri.path().to_string();
+    let method = session.req_header().method.clone();
+    match path.as_str() {
+        "/ui/style.css" => return asset(STYLE, "text/css; charset=utf-8"),
+        "/ui/app.js" => return asset(SCRIPT, "text/javascript; charset=utf-8"),
+        "/ui/favicon.svg" => return asset(ICON, "image/svg+xml"),
+        "/ui" => return redirect("/ui/", None),
+        _ => {}
+    }
+    let snapshot = window.live.load_full();
+    let Some(token) = snapshot
+        .config
+        .admin_token
+        .as_ref()
+        .map(|t| t.expose().to_string())
+    else {
+        return respond(
+            404,
+            "text/plain; charset=utf-8",
+            "not found: the dashboard is on when admin.token is set\n".into(),
+        );
+    };
+    if path == "/ui/login" {
+        return login(session, &token).await;
+    }
+    if !signed_in(session, &token) {
+        return match path.ends_with(".json") {
+            true => respond(
+                401,
+                "text/plain; charset=utf-8",
+                "sign in again at /ui/login\n".into(),
+            ),
+            false => redirect("/ui/login", None),
+        };
+    }
+    let fields = match sent_fields(session, &path, &method).await {
+        Ok(fields) => fields,
+        Err(refused) => return refused,
+    };
+    view(&path, window, &snapshot, fields).await
+}
+
+/// What a signed-in request sent: the explain form's `POST` body, or the query of a `GET`;
+/// anything else is refused (`405`): nothing here changes the gateway.
+async fn sent_fields(
+    session: &mut ServerSession,
+    path: &str,
+    method: &http::Method,
+) -> Result<Vec<(String, String)>, Response<Vec<u8>>> {
+    match (path, method) {
+        ("/ui/explain", &http::Method::POST) => read_form(session).await,
+        (_, &http::Method::GET | &http::Method::HEAD) => {
+            let query = session.req_header().uri.query().unwrap_or("");
+            Ok(form_urlencoded::parse(query.as_bytes())
+                .into_owned()
+                .collect())
+        }
+        _ => {
+            let only = "the dashboard only reads: use GET (the explain form sends POST)\n";
+            Err(respond(405, "text/plain; charset=utf-8", only.into()))
+        }
+    }
+}
+
+/// The view at `path`.
+async fn view(
+    path: &str,
+    window: Window<'_>,
+    snapshot: &crate::runtime::snapshot::Snapshot,
+    fields: Vec<(String, String)>,
+) -> Response<Vec<u8>> {
+    let html = |body: String| respond(200, "text/html; charset=utf-8", body);
+    match path {
+        "/ui/" => {
+            let (status, said) = window.readiness.await;
+            html(pages::overview(&snapshot.site, (status, &said)))
+        }
+        "/ui/routes" => html(pages::routes(&snapshot.site)),
+        "/ui/live" => html(pages::live()),
+        "/ui/live.json" => respond(200, "application/json", pages::live_json().to_string()),
+        "/ui/top" => html(pages::top()),
+        "/ui/explain" => html(explain_page(window.policy, snapshot, fields).await),
+        _ => respond(404, "text/plain; charset=utf-8", "not found: the dashboard's views are /ui/, /ui/routes, /ui/live, /ui/top and /ui/explain\n".into()),
+    }
+}
+
+/// The explain form, and its answer once sent (a host given).
+async fn explain_page(
+    policy: &Policy,
+    snapshot: &crate::runtime::snapshot::Snapshot,
+    fields: Vec<(String, String)>,
+) -> String {
+    let sent = fields
+        .iter()
+        .any(|(name, value)| name == "host" && !value.is_empty());
+    let answer = match sent {
+        false => None,
+        true => Some(match Described::from_form(&fields) {
+            Ok(described) => explain::explain_described(policy, snapshot, &described)
+                .await
+                .map_err(|refused| refused.reason.into_owned()),
+            Err(refused) => Err(refused.reason.into_owned()),
+        }),
+    };
+    pages::explain(&fields, answer)
+}
+
+/// How long a sign-in lasts.
+const SESSION: Duration = Duration::from_secs(12 * 3600);
+
+/// The key signing this process's sessions: random, so a restart signs everyone out.
+fn session_key() -> &'static ring::hmac::Key {
+    static KEY: OnceLock<ring::hmac::Key> = OnceLock::new();
+    KEY.get_or_init(|| {
+        let random = ring::rand::SystemRandom::new();
+        ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &random)
+            .unwrap_or_else(|_| ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"sluice"))
+    })
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The cookie value of a browser signed in with `token` until `until` (Unix seconds):
+/// `until.signature`, an HMAC of both under this process's key. Not the token, nor a digest
+/// of it alone: it opens the dashboard and nothing else, until it expires, the token
+/// changes or the process restarts.
+fn session_value(token: &str, until: u64) -> String {
+    let signed = format!("{until}\n{token}");
+    let tag = ring::hmac::sign(session_key(), signed.as_bytes());
+    let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("{until}.{hex}")
+}
+
+/// Whether `value` is a session of `token` that has not expired.
+fn valid_session(value: &str, token: &str) -> bool {
+    let Some((until, _)) = value.split_once('.') else {
+        return false;
+    };
+    let Ok(until) = until.parse::<u64>() else {
+        return false;
+    };
+    let expected = session_value(token, until);
+    bool::from(value.as_bytes().ct_eq(expected.as_bytes())) && now() < until
+}
+
+/// Whether the request carries the admin token, or the cookie of a browser signed in with it.
+fn signed_in(session: &ServerSession, token: &str) -> bool {
+    let headers = &session.req_header().headers;
+    if bearer_matches(headers, token) {
+        return true;
+    }
+    let cookies = headers.get_all(http::header::COOKIE).iter();
+    let mut values = cookies
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .filter_map(|pair| pair.trim().strip_prefix(COOKIE)?.strip_prefix('='));
+    values.any(|value| valid_session(value, token))
+}
+
+/// The form a `POST` sent, at most [`MAX_FORM_BODY`] bytes.
+async fn read_form(
+    session: &mut ServerSession,
+) -> Result<Vec<(String, String)>, Response<Vec<u8>>> {
+    let mut body = Vec::new();
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            Ok(None) => break,
+            Err(e) => {
+                let said = format!("the form could not be read: {e}\n");
+                return Err(respond(400, "text/plain; charset=utf-8", said));
+            }
+        }
+        if body.len() > MAX_FORM_BODY {
+            let said = "the form is larger than the dashboard reads\n";
+            return Err(respond(413, "text/plain; charset=utf-8", said.into()));
+        }
+    }
+    Ok(form_urlencoded::parse(&body).into_owned().collect())
+}
+
+/// `/ui/login`: the sign-in form (GET), or the token it sent checked (POST).
+async fn login(session: &mut ServerSession, token: &str) -> Response<Vec<u8>> {
+    if session.req_header().method != http::Method::POST {
+        return respond(200, "text/html; charset=utf-8", login_form(None));
+    }
+    let fields = match read_form(session).await {
+        Ok(fields) => fields,
+        Err(refused) => return refused,
+    };
+    let sent = fields.iter().find(|(name, _)| name == "token");
+    let sent = sent.map_or("", |(_, value)| value.as_str());
+    if !bool::from(sent.as_bytes().ct_eq(token.as_bytes())) {
+        let refused = login_form(Some("That is not the admin token."));
+        return respond(401, "text/html; charset=utf-8", refused);
+    }
+    let until = now() + SESSION.as_secs();
+    let value = session_value(token, until);
+    let max_age = SESSION.as_secs();
+    let cookie =
+        format!("{COOKIE}={value}; Path=/ui; Max-Age={max_age}; HttpOnly; SameSite=Strict");
+    redirect("/ui/", Some(cookie))
+}
+
+fn login_form(error: Option<&str>) -> String {
+    let error = error.map_or(String::new(), |e| {
+        format!("<p class=\"bad\">{}</p>", html::esc(e))
+    });
+    let body = format!(
+        "{error}<form class=\"explain\" method=\"post\" action=\"/ui/login\">\
+         <label for=\"token\">Admin token</label><input id=\"token\" name=\"token\" type=\"password\" autocomplete=\"current-password\">\
+         <button type=\"submit\">Sign in</button></form>\
+         <p class=\"muted\">The token is <code>admin.token</code> of the configuration. The browser keeps a signed cookie for 12 hours (not the token).</p>"
+    );
+    html::page("Sign in", "", &body)
+}
+
+fn asset(body: &str, content_type: &'static str) -> Response<Vec<u8>> {
+    let mut response = respond(200, content_type, body.to_string());
+    response.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("max-age=300"),
+    );
+    response
+}
+
+fn redirect(to: &'static str, cookie: Option<String>) -> Response<Vec<u8>> {
+    let mut response = respond(303, "text/plain; charset=utf-8", format!("see {to}\n"));
+    let headers = response.headers_mut();
+    headers.insert(http::header::LOCATION, HeaderValue::from_static(to));
+    if let Some(cookie) = cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
+        headers.insert(http::header::SET_COOKIE, cookie);
+    }
+    response
+}
+
+/// The headers of every dashboard answer: its policy, no sniffing, no caching, no referrer,
+/// no framing.
+const HEADERS: [(http::header::HeaderName, &str); 5] = [
+    (http::header::CONTENT_SECURITY_POLICY, POLICY),
+    (http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+    (http::header::CACHE_CONTROL, "no-store"),
+    (http::header::REFERRER_POLICY, "no-referrer"),
+    (http::header::X_FRAME_OPTIONS, "DENY"),
+];
+
+/// A response with the dashboard's headers.
+fn respond(status: u16, content_type: &'static str, body: String) -> Response<Vec<u8>> {
+    let mut response = response(status, content_type, body);
+    for (name, value) in HEADERS {
+        response
+            .headers_mut()
+            .insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_holds_until_it_expires_or_the_token_changes() {
+        let token = "a-token-of-sixteen-plus";
+        let later = now() + 60;
+        let value = session_value(token, later);
+        assert!(valid_session(&value, token));
+        assert!(!value.contains(token), "not the token");
+        assert!(
+            !valid_session(&value, "another-token-entirely"),
+            "a new token signs out"
+        );
+        assert!(
+            !valid_session(&session_value(token, now() - 1), token),
+            "expired"
+        );
+        let forged = format!(
+            "{}.{}",
+            later + 3600,
+            value.split_once('.').map_or("", |(_, t)| t)
+        );
+        assert!(!valid_session(&forged, token), "the expiry is signed");
+        assert!(!valid_session("garbage", token));
+    }
+}

@@ -1,0 +1,551 @@
+//! The dashboard's views, each rendered whole on the server (readable without JavaScript):
+//! the overview, the routes, the live decisions, the most limited keys and consumers, and the
+//! explain form. Never a secret: Redis URLs are redacted, keys shown as stored (digests), no
+//! API key hash, JWT secret or admin token.
+
+use std::fmt::Write;
+use std::time::SystemTime;
+
+use serde_json::{json, Value};
+
+use super::html::{bars, esc, facts, page, table};
+use crate::exchange::Site;
+use crate::limiter::topology::redacted_url;
+use crate::limiter::Topology;
+use crate::observe::live::{
+    Counts, Series, DECISIONS, LIMITED_CONSUMERS, LIMITED_KEYS, RELOADS, STARTED,
+};
+use crate::observe::metrics::BREAKER_STATE;
+use crate::route::describe;
+use crate::route::table::Route;
+use crate::route::tiers::TierId;
+use crate::upstream::pool::Pool;
+
+/// How many seconds the live view shows as bars, and sums as "the last minute".
+const BARS_SECONDS: usize = 120;
+const MINUTE: usize = 60;
+
+/// The overview: version, uptime, configuration generation and reloads, Redis and its
+/// breaker, readiness.
+pub fn overview(site: &Site<Pool>, readiness: (u16, &str)) -> String {
+    let uptime = SystemTime::now()
+        .duration_since(*STARTED)
+        .map_or(0, |d| d.as_secs());
+    let (generation, reloads) = RELOADS.history();
+    let last = match reloads.first() {
+        None => "none since the start".to_string(),
+        Some(r) if r.error.is_none() => format!(
+            "<span class=\"ok\">in force</span> ({}, {})",
+            esc(&r.cause),
+            ago(r.at)
+        ),
+        Some(r) => format!(
+            "<span class=\"bad\">rejected</span> ({}, {}): the previous configuration stays",
+            esc(&r.cause),
+            ago(r.at)
+        ),
+    };
+    let ready = match readiness.0 {
+        200 => format!("<span class=\"ok\">{}</span>", esc(readiness.1.trim())),
+        _ => format!("<span class=\"bad\">{}</span>", esc(readiness.1.trim())),
+    };
+    let config = &site.config;
+    let body = facts(&[
+        ("Version", esc(env!("CARGO_PKG_VERSION"))),
+        ("Uptime", duration(uptime)),
+        (
+            "Configuration",
+            format!(
+                "{} (generation {generation})",
+                esc(&config.source.display().to_string())
+            ),
+        ),
+        ("Last reload", last),
+        ("Limiter", limiter(site)),
+        ("Failure mode", esc(config.failure_mode.label())),
+        ("Readiness", ready),
+        ("Routes", config.routes.in_file_order().len().to_string()),
+    ]);
+    let errors: Vec<Vec<String>> = reloads
+        .iter()
+        .filter_map(|r| {
+            let error = r.error.as_ref()?;
+            Some(vec![
+                ago(r.at),
+                esc(&r.cause),
+                format!("<pre>{}</pre>", esc(error)),
+            ])
+        })
+        .collect();
+    let errors = match errors.is_empty() {
+        true => "<p class=\"muted\">No reload was rejected.</p>".to_string(),
+        false => table(&["When", "Cause", "Problems"], errors),
+    };
+    page(
+        "Overview",
+        "/ui/",
+        &format!("{body}<h2>Recent reload errors</h2>{errors}"),
+    )
+}
+
+/// Where the limits live: Redis (redacted, with its breaker) or in-process.
+fn limiter(site: &Site<Pool>) -> String {
+    let Some(redis) = &site.config.redis else {
+        return "in-process (no Redis configured)".to_string();
+    };
+    let topology = topology(&redis.topology);
+    let breaker = match BREAKER_STATE.get() {
+        0 => "<span class=\"ok\">closed</span> (calling Redis)",
+        1 => "<span class=\"bad\">open</span> (failing fast)",
+        _ => "<span class=\"bad\">half-open</span> (probing)",
+    };
+    format!(
+        "{}, timeout {} ms, key prefix <code>{}</code>; breaker {breaker}",
+        esc(&topology),
+        redis.timeout.as_millis(),
+        esc(&redis.key_prefix)
+    )
+}
+
+/// Where Redis is, its URLs without their passwords.
+fn topology(topology: &Topology) -> String {
+    let redacted = |urls: &[String]| {
+        let urls: Vec<String> = urls.iter().map(|url| redacted_url(url)).collect();
+        urls.join(", ")
+    };
+    match topology {
+        Topology::Standalone { url } => format!("Redis {}", redacted_url(url)),
+        Topology::Cluster { nodes } => format!("Redis Cluster ({})", redacted(nodes)),
+        Topology::Sentinel {
+            sentinels,
+            master_name,
+        } => format!(
+            "Redis Sentinel master {master_name} ({})",
+            redacted(sentinels)
+        ),
+    }
+}
+
+/// `seconds` as days, hours, minutes and seconds.
+fn duration(seconds: u64) -> String {
+    let (d, h, m, s) = (
+        seconds / 86400,
+        seconds / 3600 % 24,
+        seconds / 60 % 60,
+        seconds % 60,
+    );
+    match d {
+        0 => format!("{h}h {m}m {s}s"),
+        _ => format!("{d}d {h}h {m}m"),
+    }
+}
+
+/// How long ago the Unix time `at` was.
+fn ago(at: u64) -> String {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("{} ago", duration(now.saturating_sub(at)))
+}
+
+/// Every route: what it matches, its tiers and limits, its upstream with each server's health.
+pub fn routes(site: &Site<Pool>) -> String {
+    let mut body = String::new();
+    for route in site.config.routes.in_file_order() {
+        body.push_str(&route_section(site, route));
+    }
+    page("Routes", "/ui/routes", &body)
+}
+
+fn route_section(site: &Site<Pool>, route: &Route) -> String {
+    let health = site
+        .route(route.index)
+        .map(|runtime| runtime.servers.health());
+    let servers: Vec<Vec<String>> = health
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(server, healthy)| {
+            let health = match healthy {
+                true => "<span class=\"ok\">healthy</span>",
+                false => "<span class=\"bad\">unhealthy</span>",
+            };
+            vec![format!("<code>{server}</code>"), health.to_string()]
+        })
+        .collect();
+    let mut out = format!(
+        "<h2>{}</h2><p><code>{}</code> · auth {}</p>",
+        esc(&route.name),
+        esc(&describe::route_match(&route.matcher)),
+        esc(auth(route))
+    );
+    for (index, tier) in route.tiers.all().iter().enumerate() {
+        let id = TierId(index as u16);
+        let _ = write!(out, "<p>{}</p>", esc(&tier_callers(site, route, id)));
+        let rows = tier.limits.iter().map(|limit| {
+            let shown = describe::limit(&limit.limit.exact, &limit.key);
+            limit_row(&shown)
+        });
+        out.push_str(&table(
+            &["Limit", "Algorithm", "Quota", "Key", "Mode", "Flags"],
+            rows,
+        ));
+    }
+    out.push_str(&table(&["Upstream server", "Health"], servers));
+    out
+}
+
+fn auth(route: &Route) -> &'static str {
+    use crate::caller::consumers::AuthMode;
+    match route.auth.mode {
+        AuthMode::Off => "off",
+        AuthMode::Optional => "optional",
+        AuthMode::Required => "required",
+    }
+}
+
+/// Who meets tier `id` of `route`.
+fn tier_callers(site: &Site<Pool>, route: &Route, id: TierId) -> String {
+    if route.tiers.count() == 1 {
+        return "Every caller meets:".to_string();
+    }
+    let plans = site.config.consumers.plans();
+    let names: Vec<String> = route
+        .tiers
+        .plan_slots_of(id)
+        .into_iter()
+        .map(|slot| match slot {
+            0 => "callers without a plan".to_string(),
+            slot => format!(
+                "plan {}",
+                plans.name(crate::caller::consumers::PlanId((slot - 1) as u8))
+            ),
+        })
+        .collect();
+    match names.is_empty() {
+        true => format!("Tier {}: consumers with limits of their own", id.0),
+        false => format!("Tier {}: {}", id.0, names.join(", ")),
+    }
+}
+
+/// One limit (as `describe::limit` tells it) as a table row.
+fn limit_row(shown: &Value) -> Vec<String> {
+    let text = |field: &str| {
+        shown.get(field).map_or(String::new(), |v| match v {
+            Value::String(s) => s.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        })
+    };
+    let quota = match (shown.get("quota"), shown.get("window_seconds")) {
+        (Some(Value::Number(q)), Some(Value::Number(w))) => format!("{q} per {w} s"),
+        _ => text("parameters"),
+    };
+    let flags: Vec<&str> = ["shadow", "hidden", "priced_by_response"]
+        .into_iter()
+        .filter(|flag| shown.get(*flag) == Some(&Value::Bool(true)))
+        .collect();
+    let key = shown
+        .get("key")
+        .and_then(Value::as_array)
+        .map_or(String::new(), |parts| {
+            let parts: Vec<&str> = parts.iter().filter_map(Value::as_str).collect();
+            parts.join(", ")
+        });
+    vec![
+        esc(&text("name")),
+        format!(
+            "{} <span class=\"muted\">{}</span>",
+            esc(&text("algorithm")),
+            esc(&parameters(shown))
+        ),
+        esc(&quota),
+        format!("<code>{}</code>", esc(&key)),
+        esc(&format!("{}, {}", text("mode"), text("scope"))),
+        esc(&flags.join(", ")),
+    ]
+}
+
+/// An algorithm's parameters in words: `limit 3, window 3600 s`.
+fn parameters(shown: &Value) -> String {
+    let Some(Value::Object(fields)) = shown.get("parameters") else {
+        return String::new();
+    };
+    let said = fields.iter().map(|(name, value)| {
+        let value = match value {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        match (name.strip_suffix("_ms"), value.parse::<f64>()) {
+            (Some(name), Ok(ms)) if ms >= 1000.0 => {
+                format!("{} {} s", name.replace('_', " "), ms / 1000.0)
+            }
+            (Some(name), _) => format!("{} {value} ms", name.replace('_', " ")),
+            (None, _) => format!("{} {value}", name.replace('_', " ")),
+        }
+    });
+    said.collect::<Vec<_>>().join(", ")
+}
+
+/// The live view: each limit's decisions over the last minutes, redrawn by `app.js`.
+pub fn live() -> String {
+    let head = [
+        "Route",
+        "Limit",
+        "Allowed (60 s)",
+        "Limited (60 s)",
+        "Shadow (60 s)",
+        "Allowed (total)",
+        "Limited (total)",
+        "Shadow (total)",
+        "Last 2 minutes",
+    ];
+    let mut rows = String::new();
+    for series in DECISIONS.recent(MINUTE.max(BARS_SECONDS)) {
+        let minute = last(&series, MINUTE);
+        let id = esc(&format!("{}/{}", series.route, series.limit));
+        let _ = write!(
+            rows,
+            "<tr data-series=\"{id}\"><td>{}</td><td>{}</td>",
+            esc(&series.route),
+            esc(&series.limit)
+        );
+        let numbers = [
+            ("minute_allowed", minute.allowed),
+            ("minute_limited", minute.limited),
+            ("minute_shadow", minute.shadow),
+            ("total_allowed", series.totals.allowed),
+            ("total_limited", series.totals.limited),
+            ("total_shadow", series.totals.shadow),
+        ];
+        for (field, n) in numbers {
+            let _ = write!(rows, "<td class=\"num\" data-field=\"{field}\">{n}</td>");
+        }
+        let shown = seconds(&series, BARS_SECONDS);
+        let _ = write!(
+            rows,
+            "<td data-field=\"bars\">{}</td></tr>",
+            bars(&shown, "")
+        );
+    }
+    let mut header = String::new();
+    for cell in head {
+        let _ = write!(header, "<th>{cell}</th>");
+    }
+    let body = format!(
+        "<p class=\"muted\">Per limit, sampled each second from the counters <code>/metrics</code> exports (<code>sluice_limit_decisions_total</code>): allowed counts <code>allowed</code>, <code>local_allowed</code> and <code>error_allowed</code>; limited <code>limited</code>, <code>local_limited</code> and <code>error_denied</code>; shadow <code>shadow_limited</code> (admitted: what a shadow limit would have refused). <span id=\"updated\"></span></p>\
+         <table id=\"live\"><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"
+    );
+    page("Live decisions", "/ui/live", &body)
+}
+
+/// The sum of the last `n` seconds of `series`.
+fn last(series: &Series, n: usize) -> Counts {
+    let skip = series.seconds.len().saturating_sub(n);
+    series
+        .seconds
+        .iter()
+        .skip(skip)
+        .fold(Counts::default(), |sum, s| Counts {
+            allowed: sum.allowed + s.allowed,
+            limited: sum.limited + s.limited,
+            shadow: sum.shadow + s.shadow,
+        })
+}
+
+/// The last `n` seconds of `series`, as (allowed, limited).
+fn seconds(series: &Series, n: usize) -> Vec<(u64, u64)> {
+    let skip = series.seconds.len().saturating_sub(n);
+    series
+        .seconds
+        .iter()
+        .skip(skip)
+        .map(|s| (s.allowed, s.limited))
+        .collect()
+}
+
+/// `/ui/live.json`: what the live view shows, for `app.js`.
+pub fn live_json() -> Value {
+    let series: Vec<Value> = DECISIONS
+        .recent(MINUTE.max(BARS_SECONDS))
+        .iter()
+        .map(|series| {
+            let minute = last(series, MINUTE);
+            let shown: Vec<[u64; 2]> = seconds(series, BARS_SECONDS).into_iter().map(|(a, l)| [a, l]).collect();
+            let counts = |c: Counts| json!({ "allowed": c.allowed, "limited": c.limited, "shadow": c.shadow });
+            json!({
+                "route": &*series.route,
+                "limit": &*series.limit,
+                "totals": counts(series.totals),
+                "last_minute": counts(minute),
+                "seconds": shown,
+            })
+        })
+        .collect();
+    json!({ "samples": DECISIONS.samples(), "series": series })
+}
+
+/// The keys and consumers limited most since the start (space-saving top-k: a count may
+/// exceed the true one by at most its error).
+pub fn top() -> String {
+    let rows = |entries: Vec<crate::observe::live::Heavy>| {
+        entries
+            .into_iter()
+            .map(|e| {
+                vec![
+                    format!("<code>{}</code>", esc(&e.name)),
+                    e.count.to_string(),
+                    e.error.to_string(),
+                ]
+            })
+            .collect::<Vec<_>>()
+    };
+    let keys = rows(LIMITED_KEYS.top());
+    let consumers = rows(LIMITED_CONSUMERS.top());
+    let none = "<p class=\"muted\">Nothing limited yet.</p>";
+    let section = |rows: Vec<Vec<String>>, what: &str| match rows.is_empty() {
+        true => none.to_string(),
+        false => table(&[what, "Times limited", "At most over by"], rows),
+    };
+    let skipped = LIMITED_KEYS.skipped() + LIMITED_CONSUMERS.skipped();
+    let body = format!(
+        "<p class=\"muted\">The {k} most limited since the start, counted in bounded space (space-saving): a name new to the list takes the place of the least counted and inherits its count as its possible error. Keys are shown as stored in the limiter (digests). Denials counted while the list was busy are skipped, not waited for: {skipped} so far.</p>\
+         <h2>Keys</h2>{}<h2>Consumers</h2>{}",
+        section(keys, "Route/limit and key"),
+        section(consumers, "Consumer"),
+        k = crate::observe::live::TOP_K,
+    );
+    page("Most limited", "/ui/top", &body)
+}
+
+/// The explain form, filled with `query`'s values, and `answer` (the explanation, or why
+/// there is none) when the form was sent.
+pub fn explain(query: &[(String, String)], answer: Option<Result<Value, String>>) -> String {
+    let value = |name: &str| {
+        query
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(String::new(), |(_, v)| esc(v))
+    };
+    let method = match value("method") {
+        m if m.is_empty() => "GET".to_string(),
+        m => m,
+    };
+    let field = |label: &str, name: &str, current: String| {
+        format!("<label for=\"{name}\">{label}</label><input id=\"{name}\" name=\"{name}\" value=\"{current}\">")
+    };
+    let form = format!(
+        "<form class=\"explain\" method=\"post\" action=\"/ui/explain\">{}{}{}\
+         <label for=\"headers\">Headers</label><textarea id=\"headers\" name=\"headers\" placeholder=\"X-API-Key: ... (not shown back)\"></textarea>\
+         {}{}{}<button type=\"submit\">Explain</button></form>",
+        field("Method", "method", method),
+        field("Host", "host", value("host")),
+        field("Path", "path", value("path")),
+        field("Client address (peer)", "peer", value("peer")),
+        field("Consumer (instead of credentials)", "consumer", value("consumer")),
+        field("Plan", "plan", value("plan")),
+    );
+    let result = match answer {
+        None => String::new(),
+        Some(Err(why)) => format!("<p class=\"bad\" id=\"explained\">{}</p>", esc(&why)),
+        Some(Ok(answer)) => explained(&answer),
+    };
+    let intro = "<p class=\"muted\">What the gateway would do with a request, without sending it: its route, the client's standing, the caller, the tier, every limit with the key it is counted under and what it has left (read without consuming anything).</p>";
+    page("Explain", "/ui/explain", &format!("{intro}{form}{result}"))
+}
+
+/// A JSON value as the page shows it: text as is, nothing as a dash.
+fn as_text(value: Option<&Value>) -> String {
+    match value {
+        Some(Value::Null) | None => "—".to_string(),
+        Some(Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// The value at `path` in `answer`.
+fn at<'a>(answer: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(answer, |value, part| value.get(part))
+}
+
+/// An explanation as facts, a table of limits and the JSON itself.
+fn explained(answer: &Value) -> String {
+    let limits = answer.get("limits").and_then(Value::as_array);
+    let rows = limits.into_iter().flatten().map(|limit| {
+        let mut row = limit_row(limit);
+        row.truncate(3);
+        row.push(format!(
+            "<code>{}</code>",
+            esc(&as_text(limit.get("stored_key")))
+        ));
+        let remaining = esc(&as_text(limit.get("remaining")));
+        row.push(format!("<span data-field=\"remaining\">{remaining}</span>"));
+        row.push(esc(&as_text(limit.get("reset_seconds"))));
+        row
+    });
+    let head = [
+        "Limit",
+        "Algorithm",
+        "Quota",
+        "Stored key",
+        "Remaining",
+        "Full again in (s)",
+    ];
+    let table = table(&head, rows);
+    let json = serde_json::to_string_pretty(answer).unwrap_or_default();
+    format!(
+        "<section id=\"explained\"><h2>Explanation</h2>{}{table}<h2>As JSON (GET /v1/explain)</h2><pre>{}</pre></section>",
+        summary(answer),
+        esc(&json)
+    )
+}
+
+/// What an explanation says before its limits: route, verdict, client, caller, tier.
+fn summary(answer: &Value) -> String {
+    let said = |path: &[&str]| esc(&as_text(at(answer, path)));
+    let verdict = match answer.get("answer") {
+        Some(Value::Null) | None => "<span class=\"ok\">its limits decide</span>".to_string(),
+        Some(_) => format!(
+            "<span class=\"bad\">{} {}</span>",
+            said(&["answer", "status"]),
+            said(&["answer", "detail"])
+        ),
+    };
+    facts(&[
+        ("Route", said(&["route", "name"])),
+        ("Matches", said(&["route", "match"])),
+        ("Before the limits", verdict),
+        ("Client", said(&["request", "client_ip"])),
+        ("Standing", said(&["standing"])),
+        ("Consumer", said(&["consumer", "id"])),
+        ("Plan", said(&["consumer", "plan"])),
+        ("Tier", said(&["tier", "name"])),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_passwords_are_never_shown() {
+        let standalone = Topology::Standalone {
+            url: "redis://user:s3cret@10.0.0.1:6379/0".into(),
+        };
+        let sentinel = Topology::Sentinel {
+            sentinels: vec!["redis://:s3cret@10.0.0.2:26379".into()],
+            master_name: "main".into(),
+        };
+        for shown in [topology(&standalone), topology(&sentinel)] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+            assert!(shown.contains("10.0.0."), "{shown}");
+        }
+    }
+
+    #[test]
+    fn parameters_read_as_words() {
+        let shown = serde_json::json!({ "parameters": { "limit": 3, "window_ms": 3_600_000 } });
+        assert_eq!(parameters(&shown), "limit 3, window 3600 s");
+        let shown = serde_json::json!({ "parameters": { "emission_ms": 100 } });
+        assert_eq!(parameters(&shown), "emission 100 ms");
+    }
+}

@@ -1,0 +1,95 @@
+//! Compiled routes and limits told back in the words of the configuration: what the explain
+//! endpoint, `sluice explain` and the dashboard show of a route's match and of each limit's
+//! algorithm and parameters. Never a secret: keys are shown as stored (digests), never their
+//! secret.
+
+use serde_json::{json, Value};
+
+use crate::limiter::algorithm::Period;
+use crate::limiter::{Algorithm, Cost, Limit, Scope};
+use crate::route::keys::LimitKey;
+use crate::route::table::{HostMatch, PathMatch, RouteMatch};
+
+/// What a route matches, as one line: `host *.example.com, path prefix /api, methods GET`.
+pub fn route_match(matcher: &RouteMatch) -> String {
+    let host = match &matcher.host {
+        None => "any host".to_string(),
+        Some(HostMatch::Exact(host)) => format!("host {host}"),
+        Some(HostMatch::Suffix(suffix)) => format!("host *{suffix}"),
+    };
+    let path = match &matcher.path {
+        PathMatch::Exact(path) => format!("path {path}"),
+        PathMatch::Prefix(prefix) => format!("path prefix {prefix}"),
+    };
+    let methods = match &matcher.methods {
+        None => "any method".to_string(),
+        Some(methods) => {
+            let names: Vec<&str> = methods.iter().map(|m| m.as_str()).collect();
+            format!("methods {}", names.join(","))
+        }
+    };
+    format!("{host}, {path}, {methods}")
+}
+
+/// One limit as configured: its name, algorithm and parameters, cost, key parts and the
+/// flags that change how it applies.
+pub fn limit(limit: &Limit, key: &LimitKey) -> Value {
+    let cost = match limit.cost {
+        Cost::Fixed(units) => json!(units),
+        Cost::Requested { max, default } => {
+            json!({ "from_request": { "max": max, "default": default } })
+        }
+    };
+    let parts: Vec<String> = key.parts().iter().map(ToString::to_string).collect();
+    json!({
+        "name": &*limit.name,
+        "algorithm": limit.algorithm.script_name(),
+        "parameters": parameters(&limit.algorithm),
+        "quota": limit.policy.map(|(quota, _)| quota),
+        "window_seconds": limit.policy.map(|(_, window)| window),
+        "cost": cost,
+        "key": parts,
+        "scope": match limit.scope { Scope::Shared => "shared", Scope::Local => "local" },
+        "mode": match limit.leased { Some(_) => "leased", None => "exact" },
+        "shadow": limit.shadow,
+        "hidden": limit.hidden,
+        "priced_by_response": limit.priced_by_response.is_some(),
+    })
+}
+
+/// An algorithm's parameters, in milliseconds and units.
+fn parameters(algorithm: &Algorithm) -> Value {
+    let ms = |us: u64| match us % 1000 {
+        0 => json!(us / 1000),
+        _ => json!(us as f64 / 1000.0),
+    };
+    match *algorithm {
+        Algorithm::Gcra {
+            emission_us,
+            tolerance_us,
+            max_delay_us,
+        } => json!({
+            "emission_ms": ms(emission_us),
+            "burst_window_ms": ms(tolerance_us),
+            "capacity": algorithm.capacity(),
+            "max_delay_ms": ms(max_delay_us),
+        }),
+        Algorithm::FixedWindow { limit, window_us }
+        | Algorithm::SlidingWindow { limit, window_us }
+        | Algorithm::SlidingLog { limit, window_us } => {
+            json!({ "limit": limit, "window_ms": ms(window_us) })
+        }
+        Algorithm::Calendar { limit, period } => {
+            let period = match period {
+                Period::Aligned { length_us } => {
+                    format!("{} s aligned to the epoch", length_us / 1_000_000)
+                }
+                Period::Calendar(periods) => periods.describe(),
+            };
+            json!({ "limit": limit, "period": period })
+        }
+        Algorithm::Concurrency { max, slot_ttl_us } => {
+            json!({ "max": max, "slot_ttl_ms": ms(slot_ttl_us) })
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! Samples each limit's decision counters once a second into the dashboard's history
+//! (`observe::live::DECISIONS`): the configuration in force names the series, its metric
+//! handles give their values, so the live view and `/metrics` count the same decisions.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::observe::live::{Counts, DECISIONS};
+use crate::runtime::snapshot::Live;
+
+/// How often the counters are sampled.
+pub const EVERY: Duration = Duration::from_secs(1);
+
+/// Samples the counters of the configuration in force every [`EVERY`], for ever; once per
+/// process, however many proxy services start it.
+pub async fn keep(live: &Live) {
+    static SAMPLING: AtomicBool = AtomicBool::new(false);
+    if SAMPLING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let mut ticks = tokio::time::interval(EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        sample(live);
+    }
+}
+
+/// One sample: every `(route, limit)` series of the configuration in force, with its totals.
+pub fn sample(live: &Live) {
+    let snapshot = live.load_full();
+    let mut now: Vec<(Arc<str>, Arc<str>, Counts)> = Vec::new();
+    for runtime in snapshot.routes.iter() {
+        let route = &runtime.route;
+        for (position, limit) in route.tiers.default().limits.iter().enumerate() {
+            let Some(meters) = runtime.metrics.limit_at(position) else {
+                continue;
+            };
+            let name = Arc::clone(&limit.limit.exact.name);
+            now.push((Arc::clone(&route.name), name, meters.totals()));
+        }
+    }
+    DECISIONS.record(now);
+}

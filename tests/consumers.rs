@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use redis::Commands;
 use support::api_keys::KeyFile;
 use support::config::{route, Config, Route};
-use support::limits::{calendar, fixed_window};
+use support::limits::{calendar, fixed_window, gcra};
 use support::{http_get, metric, Gateway, RedisServer, Upstream};
 
 /// The admin token of these tests' usage API.
@@ -381,4 +381,61 @@ fn a_changed_rate_or_plan_keeps_each_consumers_usage() {
     );
     // Another consumer was never touched by either change.
     assert_eq!(admitted(&gateway, KEY_VIP, 9), 8);
+}
+
+/// Issue 50: a monthly quota beside a per-second burst limit, both per consumer, no `mode` (so
+/// the quota is leased): five bursts of 12 requests 1.5 s apart. The burst limit refuses the
+/// rest of each burst; the quota is charged exactly what was served, in Redis and as the usage
+/// API tells it, and no leased unit lapsed (a refused request once cost the quota a unit a burst).
+#[test]
+fn a_monthly_quota_beside_a_burst_limit_is_charged_exactly_what_was_served() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let file = KeyFile::write(&keys());
+    let config = identity(&file).route(
+        route("api")
+            .prefix("/api/")
+            .set("auth", "required")
+            .limit(calendar("monthly", "1000/month", "UTC").key(&["consumer"]))
+            .limit(gcra("per_second", "5/s").burst(5).key(&["consumer"])),
+    );
+    let gateway = Gateway::start(&config.yaml(), &upstream, Some(&redis));
+    gateway.wait_ready();
+    let mut served = 0;
+    for burst in 0..5 {
+        if burst > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+        }
+        for _ in 0..12 {
+            let status = get_with_key(&gateway, "/api/x", KEY_A1).status;
+            assert!(status == 200 || status == 429, "{status}");
+            served += u64::from(status == 200);
+        }
+    }
+    assert!((30..=40).contains(&served), "about 6 a burst: {served}");
+    let metrics = gateway.metrics();
+    assert!(
+        metric(&metrics, "sluice_lease_top_ups_total", &[]) > 0.0,
+        "the quota was leased"
+    );
+    let mut connection = redis.connection();
+    let monthly: Vec<String> = connection.keys("*monthly*").expect("KEYS");
+    assert_eq!(monthly.len(), 1, "{monthly:?}");
+    let mut counted = || -> u64 { connection.hget(&monthly[0], "n").expect("HGET") };
+    support::eventually(
+        std::time::Duration::from_secs(10),
+        "the quota counts what was served",
+        || counted() == served,
+    );
+    let read = http_get(
+        gateway.admin,
+        "/v1/quota?consumer=alice&route=api",
+        None,
+        &[("authorization", &format!("Bearer {TOKEN}"))],
+    );
+    let usage: serde_json::Value = serde_json::from_str(&read.body).expect("JSON");
+    assert_eq!(usage["limits"][0]["name"], "monthly");
+    assert_eq!(usage["limits"][0]["remaining"], 1000 - served, "{usage}");
+    let lapsed = metric(&gateway.metrics(), "sluice_lease_units_lapsed_total", &[]);
+    assert_eq!(lapsed, 0.0);
 }

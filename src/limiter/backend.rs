@@ -51,12 +51,13 @@ pub struct Settlement<'a> {
 /// Settles units earlier decisions took, on the keys of one request, in one step: gives back
 /// what was not spent (leases, shaped requests whose client left, responses cheaper than their
 /// estimate), quoting the mark the taking call replied, or charges what was spent beyond
-/// (responses dearer than their estimate). GCRA and fixed-window keys only.
+/// (responses dearer than their estimate). GCRA, fixed-window and (giving back) calendar keys
+/// only. Answers how many keys it changed: a give-back whose mark no longer holds changes none.
 pub trait SettleUnits: Send + Sync {
     fn settle(
         &self,
         settlements: &[Settlement<'_>],
-    ) -> impl Future<Output = Result<(), LimiterError>> + Send;
+    ) -> impl Future<Output = Result<u64, LimiterError>> + Send;
 }
 
 /// Whether a backend can decide right now, for `/readyz`.

@@ -141,7 +141,7 @@ impl ReleaseSlots for Engine {
 }
 
 impl SettleUnits for Engine {
-    async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
+    async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<u64, LimiterError> {
         match self {
             Engine::Local(local) => local.settle(settlements).await,
             Engine::Redis(redis) => redis.ends.settle(settlements).await,

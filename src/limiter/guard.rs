@@ -492,7 +492,7 @@ impl<B: ReleaseSlots> ReleaseSlots for BehindBreaker<B> {
 }
 
 impl<B: SettleUnits> SettleUnits for BehindBreaker<B> {
-    async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
+    async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<u64, LimiterError> {
         let admitted = self.breaker.enter().ok_or(LimiterError::BreakerOpen)?;
         let result = self.inner.settle(settlements).await;
         admitted.record(&result);
@@ -778,7 +778,7 @@ mod tests {
     }
 
     impl SettleUnits for TimesOut {
-        async fn settle(&self, _: &[Settlement<'_>]) -> Result<(), LimiterError> {
+        async fn settle(&self, _: &[Settlement<'_>]) -> Result<u64, LimiterError> {
             self.calls.fetch_add(1, Ordering::Relaxed);
             Err(LimiterError::Timeout(50))
         }

@@ -17,9 +17,20 @@
 //! * While one request tops a key up, others that find it empty ask for their own cost only,
 //!   so a gateway never holds more than L unspent units of a key.
 //! * Unspent units are given back (`SettleUnits::settle`, `Change::Return`) once a key has been
-//!   idle for `IDLE`, quoting the mark of the top-up that took them: a GCRA key takes them back
-//!   only while they are still the last units it took, a window or period only while it is
-//!   still open. A refund never undoes what another gateway consumed or holds.
+//!   idle for `IDLE`, quoting the mark of the top-up that took them: a window or period takes
+//!   back all of them while it is still open, a GCRA key those still the last units it took. A
+//!   refund never undoes what another gateway consumed or holds. Units a request paid from the
+//!   holding go back into it when another limit refuses the request (or its call fails); a
+//!   window's that the holding cannot take back go to the backend at once.
+//! * The bound, in the words of docs/scaling.md and docs/reliability.md: leases never admit
+//!   beyond a limit's allowance. What they charge beyond what was served is what the gateways
+//!   hold unspent — at most `lease_units` per gateway and key, plus, for GCRA, a gap of at most a
+//!   tenth of the burst — and it goes back: a window's or calendar period's units to their
+//!   window, exactly, once the key has been idle for 250 ms (at once for a request another limit
+//!   refused); a GCRA's once idle while they are still the key's last units, else they free
+//!   themselves as their slots pass (within the burst). Once every key is idle, a window's or
+//!   calendar period's count is exactly what admitted requests cost (`tests::props`,
+//!   `tests/leases.rs`).
 //! * What a gateway holds of each key is its **holding**; all of them, its `Holdings` (not to be
 //!   confused with upstream `pool::Pool`). A top-up's answer is credited to the holding
 //!   (`credit_top_up`); a settlement is only what goes to the backend.
@@ -34,7 +45,7 @@ use dashmap::mapref::entry::Entry as HoldingEntry;
 use prometheus::{IntCounter, IntGauge};
 use smallvec::SmallVec;
 
-use super::algorithm::{Algorithm, Change};
+use super::algorithm::{Algorithm, Change, Period};
 use super::backend::{Limiter, SettleUnits, Settlement};
 use super::clock::Clock;
 use super::decision::{Decision, Source, Statuses};
@@ -105,11 +116,20 @@ const TOP_UP_STALE: Duration = Duration::from_secs(30);
 ///   later, and so on.
 /// * Fixed window, calendar: a unit counts in the window (period) it was taken in; all lapse
 ///   when it closes.
+///
+/// A calendar's period bounds are the gateway's (Redis has no time zones): a top-up sent by a
+/// gateway whose clock is behind Redis's across a boundary counts in a period whose end its
+/// reply cannot tell, so its units could be neither spent nor given back. No lease is taken
+/// within `guard_us` of the period's end, nor while the last reply did not know it.
 #[derive(Debug, Clone, Copy)]
 enum Lapse {
     Slots { emission_us: u64, tolerance_us: u64 },
-    Close,
+    Close { guard_us: u64 },
 }
+
+/// How close to a calendar period's end a gateway stops leasing: a clock behind Redis's by
+/// less than this never leases into a period it cannot name (a tenth of shorter periods).
+const CALENDAR_GUARD: Duration = Duration::from_secs(2);
 
 impl Lapse {
     fn of(algorithm: &Algorithm) -> Lapse {
@@ -122,7 +142,15 @@ impl Lapse {
                 emission_us: emission_us.max(1),
                 tolerance_us,
             },
-            _ => Lapse::Close,
+            Algorithm::Calendar { period, .. } => {
+                let guard = as_micros(CALENDAR_GUARD);
+                let guard_us = match period {
+                    Period::Aligned { length_us } => guard.min(length_us / 10),
+                    Period::Calendar(_) => guard,
+                };
+                Lapse::Close { guard_us }
+            }
+            _ => Lapse::Close { guard_us: 0 },
         }
     }
 
@@ -130,7 +158,7 @@ impl Lapse {
     fn spacing_us(self) -> u64 {
         match self {
             Lapse::Slots { emission_us, .. } => emission_us,
-            Lapse::Close => 0,
+            Lapse::Close { .. } => 0,
         }
     }
 }
@@ -143,10 +171,12 @@ struct Holding {
     /// spacing` ([`Lapse`]).
     units: u64,
     lapse_at: Instant,
-    /// How many of the last units held the latest top-up took: those sit just before its mark,
-    /// and only they are given back (a return quotes that mark).
+    /// GCRA: how many of the last units held sit just before the latest top-up's mark, one
+    /// after another on the timeline: only they are given back (a return quotes that mark).
+    /// A window's or period's units all count in it alike: every one held goes back.
     returnable: u64,
-    /// The mark (`LimitStatus::mark_us`) of the latest top-up.
+    /// The mark (`LimitStatus::mark_us`) of the latest top-up: a GCRA's TAT, a window's or
+    /// period's end (0 while a calendar's reply could not tell it: nothing is leased then).
     mark_us: i64,
     /// What the limit had left at the backend's last answer.
     remaining: u64,
@@ -174,12 +204,13 @@ impl LeaseSize {
     const NONE: LeaseSize = LeaseSize { gap: 0, held: 0 };
 }
 
-/// A holding's front before a request took units from it: the first unit's deadline and the
-/// top-up it came from.
+/// A holding's front before a request took units from it: the first unit's deadline, the
+/// top-up it came from, and how many of the units held were returnable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Front {
     lapse_at: Instant,
     mark_us: i64,
+    returnable: u64,
 }
 
 /// Microseconds as a duration, and back (saturating).
@@ -242,22 +273,48 @@ impl Holding {
         Front {
             lapse_at: self.lapse_at,
             mark_us: self.mark_us,
+            returnable: self.returnable,
         }
     }
 
     /// Puts back `cost` units taken from the front at `taken` (spent for a request denied after
-    /// all), if the front is still where they left it: same top-up, nothing else taken or
-    /// lapsed since. Otherwise their place on the timeline (or their window) is another's now,
-    /// and they lapse. Returns whether they went back.
+    /// all, or whose call failed). Returns whether they went back into the holding:
+    /// * A window's or period's units count in it alike: they go back while the holding holds
+    ///   units of the same window (the same mark). Otherwise their window is no longer this
+    ///   holding's: the caller gives them back to the backend, quoting their mark.
+    /// * GCRA: every unit ever leased sits in its own emission slot, each at or after the
+    ///   deadline it was held under, so the holding's front deadline moved back to the put-back
+    ///   unit's keeps every unit's deadline at or before its own slot: they go back always. They
+    ///   are returnable again only when nothing else was taken since (the tail is contiguous).
     fn put_back(&mut self, cost: u64, taken: Front) -> bool {
-        let back = micros(self.lapse.spacing_us().saturating_mul(cost));
-        let unmoved = self.mark_us == taken.mark_us
-            && taken.lapse_at.checked_add(back) == Some(self.lapse_at);
-        if unmoved {
-            self.lapse_at = taken.lapse_at;
-            self.units += cost;
+        match self.lapse {
+            Lapse::Close { .. } if self.mark_us != taken.mark_us => false,
+            Lapse::Close { .. } => {
+                self.units += cost;
+                true
+            }
+            Lapse::Slots { .. } => {
+                let back = micros(self.lapse.spacing_us().saturating_mul(cost));
+                let unmoved = self.mark_us == taken.mark_us
+                    && taken.lapse_at.checked_add(back) == Some(self.lapse_at);
+                if unmoved {
+                    self.returnable = taken.returnable;
+                }
+                self.lapse_at = self.lapse_at.min(taken.lapse_at);
+                self.units += cost;
+                true
+            }
         }
-        unmoved
+    }
+
+    /// The units that go back to the backend when the key turns idle: a window's or period's
+    /// all; a GCRA's contiguous tail before the mark (the others lapse where they are).
+    fn returnable_now(&self) -> u64 {
+        match self.lapse {
+            Lapse::Close { .. } if self.mark_us > 0 => self.units,
+            Lapse::Close { .. } => 0,
+            Lapse::Slots { .. } => self.returnable.min(self.units),
+        }
     }
 
     /// Units to take beyond `cost`, or none (the request is asked exactly).
@@ -282,7 +339,10 @@ impl Holding {
             .min(left);
         let mut gap = 0;
         match self.lapse {
-            Lapse::Close => held = held.min((rate * ahead as f64) as u64),
+            Lapse::Close { guard_us } if self.mark_us == 0 || ahead <= guard_us => {
+                return LeaseSize::NONE;
+            }
+            Lapse::Close { .. } => held = held.min((rate * ahead as f64) as u64),
             Lapse::Slots {
                 emission_us,
                 tolerance_us,
@@ -308,14 +368,21 @@ impl Holding {
         LeaseSize { gap, held }
     }
 
+    /// What a request paid from the holding is told. A window's or period's unit carries the
+    /// window's mark: an admitted request that does not go on gives it back there exactly
+    /// (`Policy::give_back_abandoned`); a GCRA unit none (its slot is not the key's last).
     fn status(&self, now: Instant) -> LimitStatus {
+        let mark_us = match self.lapse {
+            Lapse::Close { .. } => self.mark_us,
+            Lapse::Slots { .. } => 0,
+        };
         LimitStatus {
             allowed: true,
             remaining: self.remaining + self.units,
             retry_after_ms: Some(0),
             reset_after_ms: self.until.saturating_duration_since(now).as_millis() as u64,
             delay_ms: 0,
-            mark_us: 0,
+            mark_us,
         }
     }
 
@@ -325,8 +392,8 @@ impl Holding {
         match self.lapse {
             // A period whose end the reply does not know (a calendar on a gateway behind
             // Redis's clock) gives no deadline: nothing is kept.
-            Lapse::Close if mark_us == 0 => (0, self.until),
-            Lapse::Close => (kept, self.until),
+            Lapse::Close { .. } if mark_us == 0 => (0, self.until),
+            Lapse::Close { .. } => (kept, self.until),
             Lapse::Slots { emission_us, .. } => {
                 // The kept units are the last `kept` the call took, just before the TAT: the
                 // first one's slot begins kept x emission before it. Units whose slot had begun
@@ -347,6 +414,14 @@ impl Holding {
         if !status.allowed {
             return 0;
         }
+        let mut lapsed = 0;
+        if matches!(self.lapse, Lapse::Close { .. }) && self.mark_us != status.mark_us {
+            // Units still held from another window (period) are worth nothing in this one, which
+            // the next units count in (a calendar period whose end the reply cannot tell: 0,
+            // and nothing is leased until one does).
+            lapsed += std::mem::take(&mut self.units);
+            self.mark_us = status.mark_us;
+        }
         // The deciding clock answered after `now`: a time ahead of it, read on this gateway's
         // clock from `now`, is never later than it really is.
         let ahead_us = status
@@ -358,14 +433,9 @@ impl Holding {
         self.spent_since_top_up = cost;
         self.last_used = now;
         let (usable, first_deadline) = self.usable(kept, ahead_us, status.mark_us, now);
-        let mut lapsed = kept - usable;
+        lapsed += kept - usable;
         if usable == 0 {
             return lapsed;
-        }
-        // Units still held from another window (period) are worth nothing in this one.
-        if matches!(self.lapse, Lapse::Close) && self.mark_us != status.mark_us {
-            lapsed += self.units;
-            self.units = 0;
         }
         self.lapse_at = match self.units {
             0 => first_deadline,
@@ -495,15 +565,30 @@ impl Holdings {
         }
     }
 
-    /// Puts back units paid from the holding for a request that was denied after all, where
-    /// they can still be spent in time ([`Holding::put_back`]); else they lapse.
-    fn put_back(&self, key: &[u8], cost: u64, taken: Front) {
-        let back = self.holdings.get_mut(key).is_some_and(|mut holding| {
+    /// Puts back the units `entry` paid from the holding at `taken` for a request denied after
+    /// all ([`Holding::put_back`]). A window's or period's units the holding cannot take back
+    /// (it was swept meanwhile, or holds another window's) are returned to the backend
+    /// instead, quoting their window: what the caller must settle. A GCRA's units with no
+    /// holding left lapse in their slots.
+    fn put_back(&self, entry: &Entry<'_>, taken: Front) -> Option<Unspent> {
+        let cost = entry.cost;
+        let back = self.holdings.get_mut(entry.key).is_some_and(|mut holding| {
             holding.spent_since_top_up = holding.spent_since_top_up.saturating_sub(cost);
             holding.put_back(cost, taken)
         });
-        if !back {
-            self.meters.units_lapsed.inc_by(cost);
+        let countable = matches!(Lapse::of(&entry.limit.algorithm), Lapse::Close { .. });
+        match (back, countable && taken.mark_us > 0) {
+            (true, _) => None,
+            (false, true) => Some(Unspent {
+                algorithm: entry.limit.algorithm,
+                key: entry.key.into(),
+                units: cost,
+                mark_us: taken.mark_us,
+            }),
+            (false, false) => {
+                self.meters.units_lapsed.inc_by(cost);
+                None
+            }
         }
     }
 
@@ -524,9 +609,8 @@ impl Holdings {
             if holding.topping_up(now) || !idle {
                 return true;
             }
-            // Only the latest top-up's units sit just before its mark; any held from before it
-            // lapse where they are.
-            let returned = holding.returnable.min(holding.units);
+            // A GCRA's units held from before its latest top-up's tail lapse where they are.
+            let returned = holding.returnable_now();
             if returned > 0 {
                 refunds.push(Unspent {
                     algorithm: holding.algorithm,
@@ -592,9 +676,8 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
     }
 
     /// Never starts the sweeping task: idle units go back only when [`Leased::return_idle_units`]
-    /// is called (unit tests drive the clock and the sweep by hand).
-    #[cfg(test)]
-    fn swept_by_hand(self) -> Leased<L, S> {
+    /// is called (tests drive the clock and the sweep by hand).
+    pub fn swept_by_hand(self) -> Leased<L, S> {
         self.sweeper.call_once(|| {});
         self
     }
@@ -655,16 +738,25 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
             .await
     }
 
-    /// Undoes what `plans` did to the holdings when the request is not admitted.
-    fn unwind(&self, plans: &Plans<'_, '_>) {
+    /// Undoes what `plans` did to the holdings when the request got no answer; what goes back
+    /// to the backend instead goes into `unspent`.
+    fn unwind(&self, plans: &Plans<'_, '_>, unspent: &mut Vec<Unspent>) {
         for &Plan { entry, step } in plans {
             match step {
-                Step::Held { taken, .. } => self.holdings.put_back(entry.key, entry.cost, taken),
+                Step::Held { taken, .. } => unspent.extend(self.holdings.put_back(entry, taken)),
                 Step::Ask {
                     topping_up: true, ..
                 } => self.holdings.abandon(entry.key),
                 Step::Ask { .. } => {}
             }
+        }
+    }
+
+    /// Gives `unspent` back to the backend now (units a denied request paid from a holding
+    /// that could not take them back).
+    async fn give_back(&self, unspent: Vec<Unspent>) {
+        for units in unspent {
+            settle_unspent(&self.holdings, self.refunds.as_ref(), units).await;
         }
     }
 }
@@ -695,6 +787,7 @@ fn unreachable_status() -> LimitStatus {
 }
 
 /// Units of one key to give back.
+#[derive(Debug)]
 struct Unspent {
     algorithm: Algorithm,
     key: Box<[u8]>,
@@ -704,26 +797,36 @@ struct Unspent {
 
 async fn return_unspent(holdings: &Holdings, refunds: &impl SettleUnits, now: Instant) {
     for unspent in holdings.sweep(now) {
-        let Unspent {
-            algorithm,
-            key,
-            units,
-            mark_us,
-        } = unspent;
-        let settlement = Settlement {
-            algorithm: &algorithm,
-            key: &key,
-            change: Change::Return { units, mark_us },
-        };
-        match refunds.settle(&[settlement]).await {
-            Ok(()) => holdings.meters.units_returned.inc_by(units),
-            Err(error) => log::debug!("could not give back {units} leased units: {error}"),
-        }
+        settle_unspent(holdings, refunds, unspent).await;
     }
     holdings
         .meters
         .units_held
         .set(i64::try_from(holdings.held()).unwrap_or(i64::MAX));
+}
+
+/// Returns `unspent` to the backend (`Change::Return`): counted returned where the key took
+/// them back, lapsed where their mark no longer held or the backend could not be reached.
+async fn settle_unspent(holdings: &Holdings, refunds: &impl SettleUnits, unspent: Unspent) {
+    let Unspent {
+        algorithm,
+        key,
+        units,
+        mark_us,
+    } = unspent;
+    let settlement = Settlement {
+        algorithm: &algorithm,
+        key: &key,
+        change: Change::Return { units, mark_us },
+    };
+    match refunds.settle(&[settlement]).await {
+        Ok(0) => holdings.meters.units_lapsed.inc_by(units),
+        Ok(_) => holdings.meters.units_returned.inc_by(units),
+        Err(error) => {
+            holdings.meters.units_lapsed.inc_by(units);
+            log::debug!("could not give back {units} leased units: {error}");
+        }
+    }
 }
 
 impl<L: Limiter, S: SettleUnits + 'static> Limiter for Leased<L, S> {
@@ -740,9 +843,16 @@ impl<L: Limiter, S: SettleUnits + 'static> Limiter for Leased<L, S> {
         {
             return Ok(held_decision(request, &plans));
         }
-        let (answer, leasing) = self.ask_backend(request, &plans).await?;
-        let statuses = self.merge(&plans, &answer, leasing, now);
-        Ok(request.decision(statuses))
+        let mut unspent = Vec::new();
+        let answered = self.ask_backend(request, &plans, &mut unspent).await;
+        let decided = answered.map(|(answer, leasing)| {
+            let statuses = self.merge(&plans, &answer, leasing, now, &mut unspent);
+            request.decision(statuses)
+        });
+        if !unspent.is_empty() {
+            self.give_back(unspent).await;
+        }
+        decided
     }
 
     fn held_units(&self, key: &[u8]) -> u64 {
@@ -809,6 +919,7 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
         &self,
         request: &LimitRequest<'_>,
         plans: &Plans<'_, '_>,
+        unspent: &mut Vec<Unspent>,
     ) -> Result<(Decision, bool), LimiterError> {
         let mut answer = self.ask(request, plans, false).await;
         // The larger ask stands only if it was allowed, and every lease in it too (a shadow
@@ -834,19 +945,21 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
             )))
         });
         if answer.is_err() {
-            self.unwind(plans);
+            self.unwind(plans, unspent);
         }
         answer.map(|answer| (answer, leasing))
     }
 
     /// Every limit's status: held ones as paid (their units put back if the request is denied
-    /// after all), asked ones as the backend answered, with the units a top-up kept.
+    /// after all; those the holding cannot take back go into `unspent`), asked ones as the
+    /// backend answered, with the units a top-up kept.
     fn merge(
         &self,
         plans: &Plans<'_, '_>,
         answer: &Decision,
         leasing: bool,
         now: Instant,
+        unspent: &mut Vec<Unspent>,
     ) -> Statuses {
         let allowed = answer.allowed();
         // The asked limits' statuses, in order (one per asked limit: checked by ask_backend).
@@ -856,7 +969,7 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
             let status = match step {
                 Step::Held { status, taken } => {
                     if !allowed {
-                        self.holdings.put_back(entry.key, entry.cost, taken);
+                        unspent.extend(self.holdings.put_back(entry, taken));
                     }
                     status
                 }
@@ -869,8 +982,13 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
                             0
                         };
                         if topping_up {
+                            // A denied request wrote nothing: no limit's status tells a mark.
+                            let credited = LimitStatus {
+                                allowed: allowed && status.allowed,
+                                ..*status
+                            };
                             self.holdings
-                                .credit_top_up(entry.key, kept, entry.cost, status, now);
+                                .credit_top_up(entry.key, kept, entry.cost, &credited, now);
                         }
                         LimitStatus {
                             remaining: status.remaining + kept,
@@ -886,10 +1004,16 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
     }
 }
 
+#[doc(hidden)]
+pub mod simulation;
+
 #[cfg(test)]
 mod tests {
+    mod props;
+
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use super::simulation::{gcra_excess, Dice};
     use super::*;
     use crate::limiter::clock::ManualClock;
     use crate::limiter::limit::AUTO_MIN_UNITS;
@@ -1062,6 +1186,50 @@ mod tests {
         assert_eq!(100 - left(&backend, &limits[..1]).await, 3 + held);
     }
 
+    /// Issue 50: a monthly quota (leased under `mode: auto`) beside a per-second burst limit
+    /// (decided exactly) that refuses the rest of each burst. Five bursts of 12, 1.5 s apart:
+    /// 30 served, and the quota charged exactly 30 once idle units are back: no unit a refused
+    /// request paid from the lease is lost.
+    #[tokio::test]
+    async fn a_quota_beside_a_burst_limit_is_charged_exactly_what_was_served() {
+        let month = Period::Aligned {
+            length_us: 30 * 86_400_000_000,
+        };
+        let quotas = [
+            window(1000),
+            Algorithm::Calendar {
+                limit: 1000,
+                period: month,
+            },
+        ];
+        for quota in quotas {
+            let clock = Arc::new(ManualClock::new(1_000_000_000_000));
+            let backend = Arc::new(LocalLimiter::new(clock.clone(), 1000));
+            let meters = LeaseMeters::unregistered();
+            let gateway = Leased::new(backend.clone(), backend.clone(), clock.clone(), meters)
+                .swept_by_hand();
+            let [monthly] = leased_at_least(quota, 100, AUTO_MIN_UNITS);
+            let limits = [monthly, limit("per_second", gcra(5, 5))];
+            let mut served = 0;
+            for _ in 0..5 {
+                for _ in 0..12 {
+                    clock.advance(1_000);
+                    let decision = call_keys(&gateway, &limits, &[KEY, b"burst"], &[1, 1]).await;
+                    served += u64::from(decision.allowed());
+                }
+                clock.advance(1_500_000);
+                gateway.return_idle_units(clock.instant()).await;
+            }
+            let meters = &gateway.holdings.meters;
+            assert!(meters.top_ups.get() > 0, "{quota:?}: the quota was leased");
+            assert_eq!(served, 30, "{quota:?}");
+            assert_eq!(gateway.held(), 0);
+            let left = call(backend.as_ref(), &limits[..1], 0).await.statuses[0].remaining;
+            assert_eq!(1000 - left, served, "{quota:?}: charged what was served");
+            assert_eq!(meters.units_lapsed.get(), 0, "{quota:?}");
+        }
+    }
+
     #[tokio::test]
     async fn a_shadow_limit_that_denies_a_top_up_keeps_nothing() {
         let backend = backend();
@@ -1150,45 +1318,124 @@ mod tests {
         }
     }
 
+    /// The entry of one unit of `limit` on `KEY`.
+    fn one<'a>(limit: &'a Limit) -> Entry<'a> {
+        Entry {
+            limit,
+            key: KEY,
+            cost: 1,
+        }
+    }
+
     #[test]
-    fn a_unit_put_back_where_its_place_is_taken_lapses_instead() {
+    fn a_windows_unit_put_back_goes_back_to_its_window_wherever_that_is() {
         let t0 = ManualClock::new(0).instant();
         let ms = |n| t0 + Duration::from_millis(n);
-        // A window: A's unit is taken in one window; it closes and B tops up in the next
-        // before A's request is denied. A's unit counted in the old window: it lapses.
         let holdings = Holdings::new(10, LeaseMeters::unregistered());
         let [limit] = leased(window(100), 10);
         let leasing = limit.leased.expect("leased");
         holdings.take(&limit, leasing, KEY, 1, t0);
         holdings.credit_top_up(KEY, 3, 1, &answer(90, 1000, 1_000_000), t0);
+        // A takes a unit, B another; A's goes back all the same: a window's units are alike.
         let a = taken(holdings.take(&limit, leasing, KEY, 1, ms(1)));
+        taken(holdings.take(&limit, leasing, KEY, 1, ms(1)));
+        assert!(holdings.put_back(&one(&limit), a).is_none());
+        assert_eq!(holdings.held(), 2);
+        // C takes a unit; the window closes and D tops up in the next before C's request is
+        // denied: C's unit counted in the old window, where it is given back (if still open).
+        let c = taken(holdings.take(&limit, leasing, KEY, 1, ms(2)));
         assert!(matches!(
             holdings.take(&limit, leasing, KEY, 1, ms(1500)),
             Step::Ask { .. }
         ));
         holdings.credit_top_up(KEY, 3, 1, &answer(90, 1000, 2_500_000), ms(1500));
-        holdings.put_back(KEY, 1, a);
-        assert_eq!(holdings.held(), 3, "the next window's 3, not A's");
-        // In the same window, with nothing else taken, it goes back.
-        let b = taken(holdings.take(&limit, leasing, KEY, 1, ms(1600)));
-        holdings.put_back(KEY, 1, b);
-        assert_eq!(holdings.held(), 3);
+        let unspent = holdings
+            .put_back(&one(&limit), c)
+            .expect("given back to the backend");
+        assert_eq!((unspent.units, unspent.mark_us), (1, 1_000_000));
+        assert_eq!(holdings.held(), 3, "the next window's 3, not C's");
         assert_eq!(
             holdings.meters.units_lapsed.get(),
-            1 + 2,
-            "A's, and the old window's 2"
+            1,
+            "the old window's one"
         );
+        // Swept while a request holds a unit: the unit goes back to the backend.
+        let e = taken(holdings.take(&limit, leasing, KEY, 1, ms(1600)));
+        let returned = holdings.sweep(ms(2000));
+        assert_eq!(
+            returned.iter().map(|u| u.units).sum::<u64>(),
+            2,
+            "every unit held"
+        );
+        let unspent = holdings.put_back(&one(&limit), e).expect("no holding left");
+        assert_eq!((unspent.units, unspent.mark_us), (1, 2_500_000));
+    }
 
-        // GCRA: A takes the first unit, B the second; A's slot is behind B's now.
+    #[test]
+    fn a_gcra_unit_put_back_keeps_every_deadline_at_or_before_its_slot() {
+        let t0 = ManualClock::new(0).instant();
         let holdings = Holdings::new(10, LeaseMeters::unregistered());
-        let [limit] = leased(gcra(1000, 99), 10);
+        let [limit] = leased(gcra(10, 99), 10);
         let leasing = limit.leased.expect("leased");
         holdings.take(&limit, leasing, KEY, 1, t0);
-        holdings.credit_top_up(KEY, 5, 1, &answer(90, 50, 1_050_000), t0);
+        holdings.credit_top_up(KEY, 5, 1, &answer(90, 5_000, 6_000_000), t0);
+        // A takes the first unit and is denied at once: back as it was, returnable again.
         let a = taken(holdings.take(&limit, leasing, KEY, 1, t0));
-        taken(holdings.take(&limit, leasing, KEY, 1, t0));
-        holdings.put_back(KEY, 1, a);
-        assert_eq!(holdings.held(), 3, "A's unit is not put back before B's");
+        assert!(holdings.put_back(&one(&limit), a).is_none());
+        let holding = holdings.holdings.get(KEY).expect("held");
+        assert_eq!((holding.units, holding.returnable), (5, 5));
+        assert_eq!(holding.lapse_at, a.lapse_at);
+        drop(holding);
+        // A takes the first unit, B the second; A's goes back, its deadline first, but B's slot
+        // now sits between it and the tail: only the tail goes back when idle.
+        let a = taken(holdings.take(&limit, leasing, KEY, 1, t0));
+        let b = taken(holdings.take(&limit, leasing, KEY, 1, t0));
+        assert!(holdings.put_back(&one(&limit), a).is_none());
+        let holding = holdings.holdings.get(KEY).expect("held");
+        assert_eq!((holding.units, holding.returnable), (4, 3));
+        assert_eq!(holding.lapse_at, a.lapse_at);
+        assert!(holding.lapse_at < b.lapse_at);
+        drop(holding);
+        let returned = holdings.sweep(t0 + IDLE);
+        assert_eq!(returned.iter().map(|u| u.units).sum::<u64>(), 3);
+        assert_eq!(
+            holdings.meters.units_lapsed.get(),
+            1,
+            "A's, behind B's slot"
+        );
+    }
+
+    #[test]
+    fn a_calendar_leases_nothing_near_its_periods_end_nor_when_a_reply_cannot_tell_it() {
+        let t0 = ManualClock::new(0).instant();
+        let period = Period::Aligned {
+            length_us: 60_000_000,
+        };
+        let [limit] = leased(
+            Algorithm::Calendar {
+                limit: 1000,
+                period,
+            },
+            100,
+        );
+        let leasing = limit.leased.expect("leased");
+        let holdings = Holdings::new(10, LeaseMeters::unregistered());
+        let size = |ahead_ms: u64, mark_us: i64| {
+            let holding = Holdings::new(10, LeaseMeters::unregistered());
+            holding.take(&limit, leasing, KEY, 1, t0);
+            holding.credit_top_up(KEY, 0, 1, &answer(900, ahead_ms, mark_us), t0);
+            let mut held = holding.holdings.get_mut(KEY).expect("held");
+            held.spent_since_top_up = 500;
+            held.lease_size(t0 + Duration::from_millis(100), leasing, 1)
+        };
+        assert_ne!(size(30_000, 60_000_000), LeaseSize::NONE, "mid-period");
+        assert_eq!(size(1_500, 60_000_000), LeaseSize::NONE, "within the guard");
+        assert_eq!(
+            size(30_000, 0),
+            LeaseSize::NONE,
+            "an end the reply did not know"
+        );
+        drop(holdings);
     }
 
     #[test]
@@ -1257,22 +1504,6 @@ mod tests {
             window(10).refund(Some(&later), 2500, 5, 2000),
             Settled::Unchanged
         );
-    }
-
-    /// A small deterministic generator (xorshift64*), so a failing traffic pattern replays.
-    struct Dice(u64);
-
-    impl Dice {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n.max(1)
-        }
     }
 
     /// The backend, remembering when each check reached it.
@@ -1377,21 +1608,6 @@ mod tests {
         }
     }
 
-    /// GCRA's allowance: over any interval of `len`, at most `floor(len / emission) +
-    /// tolerance / emission` units (the burst plus the rate times the length). Returns the
-    /// first interval that admitted more.
-    fn gcra_excess(admitted: &[i64], emission_us: u64, tolerance_us: u64) -> Option<(i64, i64)> {
-        let (e, capacity) = (emission_us as i64, (tolerance_us / emission_us) as i64);
-        for (i, &from) in admitted.iter().enumerate() {
-            for (j, &to) in admitted.iter().enumerate().skip(i) {
-                if (j - i + 1) as i64 > (to - from) / e + capacity {
-                    return Some((from, to));
-                }
-            }
-        }
-        None
-    }
-
     /// A counter's allowance: at most `limit` units in each of its windows, and none outside
     /// one. `windows` are their `[start, start + len)`.
     fn window_excess(admitted: &[i64], windows: &[i64], len: i64, limit: usize) -> Option<i64> {
@@ -1467,7 +1683,7 @@ mod tests {
                 emission_us,
                 tolerance_us,
                 ..
-            } => gcra_excess(&run.admitted, emission_us, tolerance_us)
+            } => gcra_excess(&run.admitted, emission_us, tolerance_us, 0)
                 .map(|(from, to)| format!("{from}..={to}")),
             Algorithm::FixedWindow { limit, window_us } => {
                 let len = window_us as i64;

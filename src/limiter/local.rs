@@ -159,19 +159,35 @@ impl LocalLimiter {
         }
     }
 
-    /// Settles `change` on `key` at an explicit time (see [`Algorithm::settle`]). A charge
-    /// lands on a key without state too (a response dearer than its estimate).
-    pub fn settle_at(&self, algorithm: &Algorithm, key: &[u8], change: Change, now_us: i64) {
+    /// Settles `change` on `key` at an explicit time (see [`Algorithm::settle`]); whether the
+    /// key changed. A charge lands on a key without state too (a response dearer than its
+    /// estimate).
+    pub fn settle_at(
+        &self,
+        algorithm: &Algorithm,
+        key: &[u8],
+        change: Change,
+        now_us: i64,
+    ) -> bool {
         let mut shard = self.shards[Self::shard_of(key)]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         match algorithm.settle(live(&shard, key, now_us), now_us, change) {
-            Settled::Unchanged => {}
+            Settled::Unchanged => false,
             Settled::Clear => {
                 shard.remove(key);
+                true
             }
-            Settled::Store(write) => store(&mut shard, key, write, now_us),
+            Settled::Store(write) => {
+                store(&mut shard, key, write, now_us);
+                true
+            }
         }
+    }
+
+    /// The state of `key` at `now_us`, if it has one: what a backend stores, for tests.
+    pub fn state_at(&self, key: &[u8], now_us: i64) -> Option<State> {
+        live(&self.shard(key), key, now_us).cloned()
     }
 
     fn shard(&self, key: &[u8]) -> MutexGuard<'_, Shard> {
@@ -331,17 +347,20 @@ impl ReleaseSlots for LocalLimiter {
 }
 
 impl SettleUnits for LocalLimiter {
-    async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
+    async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<u64, LimiterError> {
         let now_us = self.clock.now_us();
-        for settlement in settlements {
-            self.settle_at(
-                settlement.algorithm,
-                settlement.key,
-                settlement.change,
-                now_us,
-            );
-        }
-        Ok(())
+        let changed = settlements
+            .iter()
+            .filter(|settlement| {
+                self.settle_at(
+                    settlement.algorithm,
+                    settlement.key,
+                    settlement.change,
+                    now_us,
+                )
+            })
+            .count();
+        Ok(changed as u64)
     }
 }
 

@@ -434,10 +434,13 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     }
 
     /// An admitted request will not go on (its client left while it was held for shaping):
-    /// gives back the units its call took from each exact GCRA and fixed-window limit, quoting
-    /// the call's marks so nothing another request consumed since is given back. Other limits
-    /// keep what they counted (a sliding window or log cannot give back exactly; a leased limit's
-    /// units go back with its lease); concurrency slots go back with [`Policy::finish`].
+    /// gives back the units its call took from each GCRA, fixed-window and calendar limit,
+    /// quoting the call's marks so nothing another request consumed since is given back; a
+    /// leased window's or period's unit goes back to the window it counted in, whether the
+    /// call or a lease paid it. A leased GCRA unit stays where it is (its slot is not the key's
+    /// last, so the TAT cannot move back for it; it frees itself when its slot passes), and
+    /// sliding windows and logs keep what they counted (they cannot give back exactly);
+    /// concurrency slots go back with [`Policy::finish`].
     pub async fn give_back_abandoned(&self, asked: &mut Asked<'_>, verdict: &Verdict) {
         self.settle(asked, verdict, given_back).await;
     }
@@ -472,9 +475,9 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     }
 
     /// Settles, in one call to `taker` (who decided the admitted request), the change `change`
-    /// says for each limit (with its record and the mark its call replied). Only GCRA and
-    /// fixed-window limits whose call wrote their key (a mark) are settled: a shadow limit that
-    /// denied took nothing.
+    /// says for each limit (with its record and the mark its call replied). Only GCRA,
+    /// fixed-window and calendar limits whose call wrote their key (a mark) are settled: a
+    /// shadow limit that denied took nothing.
     async fn settle_part(
         &self,
         asked: &Asked<'_>,
@@ -500,7 +503,9 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
                 let mark_us = record.status.as_ref()?.mark_us;
                 let settled = matches!(
                     limit.algorithm,
-                    Algorithm::Gcra { .. } | Algorithm::FixedWindow { .. }
+                    Algorithm::Gcra { .. }
+                        | Algorithm::FixedWindow { .. }
+                        | Algorithm::Calendar { .. }
                 );
                 if mark_us <= 0 || !settled {
                     return None;
@@ -549,9 +554,10 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
 type SettleBy = fn(&Limit, &LimitRecord, i64) -> Option<Change>;
 
 /// An abandoned request's (or a shared denial's) change: the units its call took from a limit
-/// go back, unless the limit is leased (its units go back with its lease).
+/// go back, unless the limit is a leased GCRA (see [`Policy::give_back_abandoned`]).
 fn given_back(limit: &Limit, record: &LimitRecord, mark_us: i64) -> Option<Change> {
-    (limit.leased.is_none() && record.ask.cost > 0).then_some(Change::GiveBack {
+    let leased_gcra = limit.leased.is_some() && matches!(limit.algorithm, Algorithm::Gcra { .. });
+    (!leased_gcra && record.ask.cost > 0).then_some(Change::GiveBack {
         units: record.ask.cost,
         mark_us,
     })

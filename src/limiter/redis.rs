@@ -31,6 +31,7 @@ const LOAD_BOUND: Duration = Duration::from_secs(2);
 use super::admin::{self, AdminTables, Credited, Listed, QuotaStore};
 use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
+use super::clock::Clock;
 use super::coalesce::{Coalescer, Coalescing, Execute};
 use super::decision::Decision;
 use super::direct::{DirectLink, Loan, Resp};
@@ -63,6 +64,9 @@ pub struct RedisLimiter {
     /// The quota admin API's writes (`lua/admin.lua`).
     admin: redis::Script,
     deadline: Duration,
+    /// The clock decisions and settlements run on: `None`, Redis's own (`TIME`, production);
+    /// else this one, sent with each call (deterministic tests, servers that forbid `TIME`).
+    clock: Option<Arc<dyn Clock>>,
 }
 
 /// What a batch of decisions needs to reach Redis: the link, the lane's direct connection (a
@@ -74,6 +78,20 @@ struct Dispatch {
     functions: AtomicBool,
     /// Told when a call finds its script missing: the server lost what it held.
     warmth: Arc<Warmth>,
+    /// The clock sent with each call (`RedisLimiter::clock`); `None`: Redis's own.
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl Dispatch {
+    /// The time sent with a call: `None` lets the script read Redis's clock.
+    fn now_us(&self) -> Option<u64> {
+        script_now(self.clock.as_deref())
+    }
+}
+
+/// The time to send with a script call on `clock`, if any (`None`: Redis's `TIME`).
+fn script_now(clock: Option<&dyn Clock>) -> Option<u64> {
+    clock.map(|clock| u64::try_from(clock.now_us()).unwrap_or(0))
 }
 
 impl Execute for Dispatch {
@@ -95,7 +113,7 @@ impl Execute for Dispatch {
                 } else {
                     Invoke::Script
                 };
-                let error = match channel.decide(decision, invoke, calls).await {
+                let error = match channel.decide(decision, invoke, calls, self.now_us()).await {
                     Err(error) if attempts > 0 => error,
                     reply => return reply.map_err(classify),
                 };
@@ -137,18 +155,19 @@ impl Channel {
         decision: &DecisionScript,
         invoke: Invoke,
         calls: &[&Call],
+        now_us: Option<u64>,
     ) -> Result<Vec<i64>, redis::RedisError> {
         match self {
             Channel::Direct(lease) => {
                 lease
                     .integers(|out| {
                         let mut command = Resp::command(out, script::batch_arguments(calls));
-                        script::write_batch(&mut command, decision, invoke, calls, None);
+                        script::write_batch(&mut command, decision, invoke, calls, now_us);
                     })
                     .await
             }
             Channel::Shared(connection) => {
-                script::batch_command(decision, invoke, calls, None)
+                script::batch_command(decision, invoke, calls, now_us)
                     .query_async(connection)
                     .await
             }
@@ -256,12 +275,25 @@ async fn within<T>(
 }
 
 impl RedisLimiter {
-    /// Validates the addresses; connects nothing yet.
+    /// Validates the addresses; connects nothing yet. Scripts read Redis's clock.
     pub fn new(
         topology: &Topology,
         auth: &RedisAuth,
         deadline: Duration,
         coalescing: Coalescing,
+    ) -> Result<RedisLimiter, redis::RedisError> {
+        RedisLimiter::on_clock(topology, auth, deadline, coalescing, None)
+    }
+
+    /// As [`RedisLimiter::new`], with decisions and settlements run at `clock`'s time (sent
+    /// with each call) instead of Redis's `TIME` when `clock` is given: every gateway of a
+    /// test on one manual clock, Redis included.
+    pub fn on_clock(
+        topology: &Topology,
+        auth: &RedisAuth,
+        deadline: Duration,
+        coalescing: Coalescing,
+        clock: Option<Arc<dyn Clock>>,
     ) -> Result<RedisLimiter, redis::RedisError> {
         let link = Arc::new(Link::new(topology, auth, deadline)?);
         let direct = link.standalone_server().and_then(DirectLink::to);
@@ -271,6 +303,7 @@ impl RedisLimiter {
             link: Arc::clone(&link),
             functions: AtomicBool::new(true),
             warmth: Arc::clone(&warmth),
+            clock: clock.clone(),
         };
         let by_slot = matches!(topology, Topology::Cluster { .. });
         Ok(RedisLimiter {
@@ -284,6 +317,7 @@ impl RedisLimiter {
             settle: redis::Script::new(script::SETTLE_SOURCE),
             admin: redis::Script::new(script::ADMIN_SOURCE),
             deadline,
+            clock,
         })
     }
 
@@ -397,28 +431,31 @@ impl RedisLimiter {
             return Ok(());
         }
         invocation.arg(&request.id.hex()[..]);
-        self.run_for_effect(&invocation).await
+        self.run_for_effect(&invocation).await.map(|_| ())
     }
 
-    /// Runs a script whose integer reply only says what it changed.
+    /// Runs a script whose integer reply only says how many keys it changed.
     async fn run_for_effect(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<(), LimiterError> {
+    ) -> Result<u64, LimiterError> {
         let mut connection = self.link.connection().await?;
-        invocation
+        let changed = invocation
             .invoke_async::<i64>(&mut connection)
             .await
             .map_err(classify)?;
-        Ok(())
+        Ok(u64::try_from(changed).unwrap_or(0))
     }
 
-    async fn settle_keys(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
+    async fn settle_keys(&self, settlements: &[Settlement<'_>]) -> Result<u64, LimiterError> {
         let mut invocation = self.settle.prepare_invoke();
         for settlement in settlements {
             invocation.key(settlement.key);
         }
-        invocation.arg("");
+        match script_now(self.clock.as_deref()) {
+            Some(now_us) => invocation.arg(now_us),
+            None => invocation.arg(""),
+        };
         for settlement in settlements {
             invocation.arg(script::settle_args(settlement.algorithm, settlement.change));
         }
@@ -481,7 +518,11 @@ fn in_words(error: &redis::RedisError) -> String {
 impl Limiter for RedisLimiter {
     async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
         let deadline = request.deadline.unwrap_or(self.deadline);
-        let (statuses, batch) = self.decisions.decide(Call::of(request), deadline).await?;
+        let call = match &self.clock {
+            Some(clock) => Call::at(request, clock.now_us()),
+            None => Call::of(request),
+        };
+        let (statuses, batch) = self.decisions.decide(call, deadline).await?;
         Ok(Decision {
             batch,
             ..request.decision(statuses)
@@ -497,9 +538,9 @@ impl ReleaseSlots for RedisLimiter {
 }
 
 impl SettleUnits for RedisLimiter {
-    async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<(), LimiterError> {
+    async fn settle(&self, settlements: &[Settlement<'_>]) -> Result<u64, LimiterError> {
         if settlements.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         self.within_deadline(None, self.settle_keys(settlements))
             .await

@@ -70,7 +70,7 @@ impl super::backend::SettleUnits for Unavailable {
     async fn settle(
         &self,
         _: &[super::backend::Settlement<'_>],
-    ) -> Result<(), super::error::LimiterError> {
+    ) -> Result<u64, super::error::LimiterError> {
         Err((self.0)())
     }
 }

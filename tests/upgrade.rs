@@ -42,6 +42,7 @@ fn daemon_mode_and_graceful_upgrade_fail_no_request() {
     assert!(alive(old), "the pid file names the live daemon");
     assert_eq!(http_get(config.proxy, "/before", None, &[]).status, 200);
     assert_eq!(http_get(config.admin, "/healthz", None, &[]).body, "ok\n");
+    let old_ids = request_ids(config.proxy);
 
     let before = upstream.served();
     let load = steady_load(config.proxy, 120);
@@ -65,7 +66,29 @@ fn daemon_mode_and_graceful_upgrade_fail_no_request() {
     );
     assert!(alive(new));
     assert_eq!(http_get(config.proxy, "/after", None, &[]).status, 200);
-    assert_eq!(upstream.served(), 122);
+    // The ids each instance makes are drawn in its threads, after it forked: random, and
+    // nothing of one instance's ids in the other's.
+    let ids: Vec<String> = old_ids
+        .into_iter()
+        .chain(request_ids(config.proxy))
+        .collect();
+    for (i, a) in ids.iter().enumerate() {
+        assert_eq!(a.len(), 32, "{a}");
+        for b in &ids[i + 1..] {
+            assert_ne!(a[..16], b[..16], "{ids:?}");
+        }
+    }
+    assert_eq!(upstream.served(), 132);
+}
+
+/// The ids of five requests the gateway at `proxy` made.
+fn request_ids(proxy: std::net::SocketAddr) -> Vec<String> {
+    (0..5)
+        .map(|_| {
+            let response = http_get(proxy, "/id", None, &[]);
+            response.header("x-request-id").expect("an id").to_string()
+        })
+        .collect()
 }
 
 /// `process_*` describe the process that serves however sluice was started: in the

@@ -32,7 +32,7 @@ use crate::edge::drain::Drain;
 use crate::edge::tls;
 use crate::exchange::answer::{Answer, ClientError, UpstreamError};
 use crate::exchange::{Admission, Dial, Exchange, Head};
-use crate::limiter::{Policy, RequestIds};
+use crate::limiter::Policy;
 use crate::observe::traces::TracerSlot;
 use crate::runtime::snapshot::{Live, Snapshot};
 use crate::upstream::pool::Pool;
@@ -83,8 +83,6 @@ impl RequestCtx {
 pub struct Gateway {
     live: Live,
     policy: Arc<Policy>,
-    /// Makes the ids of requests that come without an accepted one.
-    ids: RequestIds,
     /// Makes the requests' spans (`tracing:`), once the pipeline runs.
     tracing: Option<TracerSlot>,
     /// A graceful shutdown under way: connections are not kept alive.
@@ -101,7 +99,6 @@ impl Gateway {
         Gateway {
             live,
             policy,
-            ids: RequestIds::new(),
             tracing,
             drain,
         }
@@ -118,7 +115,7 @@ impl Gateway {
         ctx.trusted_peer = snapshot.config.trusted_proxies.is_trusted_peer(peer);
         let req = session.req_header();
         if let Some(settings) = &snapshot.config.request_id {
-            let id = request_id::assign(settings, &req.headers, ctx.trusted_peer, &self.ids);
+            let id = request_id::assign(settings, &req.headers, ctx.trusted_peer);
             ctx.request_id = Some(id);
         }
         if let Some(tracer) = self.tracer() {

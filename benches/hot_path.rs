@@ -1,10 +1,12 @@
 //! Micro-benchmarks of the per-request work sluice does itself (docs/performance.md): route
-//! lookup, client identity, key building, decision parsing and the in-process limiter.
+//! lookup, client identity, key building, decision parsing, the in-process limiter and request
+//! ids.
 //! `cargo bench --bench hot_path`; criterion reports ns per operation.
 
 use std::hint::black_box;
 use std::net::IpAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -147,6 +149,22 @@ fn hot_path(c: &mut Criterion) {
     }
 }
 
+/// A new request id in its 32 hex digits: 128 random bits from the thread's generator, against
+/// what ids were before (a per-process prefix and a shared counter: guessable).
+fn request_ids(c: &mut Criterion) {
+    c.bench_function("request id: 128 random bits, as hex", |b| {
+        b.iter(|| RequestId::random().hex())
+    });
+    let prefix = u128::from(0x5c1f_0e9a_7b3d_42e1_u64) << 64;
+    let counter = AtomicU64::new(0);
+    c.bench_function("request id: prefix + counter (before), as hex", |b| {
+        b.iter(|| {
+            let n = counter.fetch_add(1, Ordering::Relaxed);
+            RequestId(black_box(prefix) | u128::from(n)).hex()
+        })
+    });
+}
+
 /// One client's standing under 10,000 `deny` prefixes (IPv4 /24s and IPv6 /48s) and an
 /// `allow` list: what an address lookup costs a request.
 fn address_lists(c: &mut Criterion) {
@@ -281,5 +299,5 @@ fn jwt(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, hot_path, address_lists, api_keys, jwt);
+criterion_group!(benches, hot_path, request_ids, address_lists, api_keys, jwt);
 criterion_main!(benches);

@@ -348,7 +348,7 @@ fn a_request_through_the_exchange_allocates_nothing() {
         raw_target: b"/api/v1/items/42",
         peer: Some([127, 0, 0, 1].into()),
         client_certificate: None,
-        fields_cut: false,
+        cut: Default::default(),
     };
     let serve = || {
         // 20 ms apart: within every limit.

@@ -259,3 +259,176 @@ fn a_client_that_leaves_before_its_response_is_counted_499_and_not_an_error() {
     let process_log = gateway.log();
     assert!(!process_log.contains(" ERROR "), "{process_log}");
 }
+
+/// What a client that keeps its connection alive reads of one response: the status and the
+/// head (without its status line), body after; `None` when the connection ended first.
+fn read_one(stream: &mut TcpStream) -> Option<(u16, String)> {
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => raw.push(byte[0]),
+            _ => return None,
+        }
+    }
+    let head = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .map_or(0, |value| value.trim().parse().unwrap_or(0));
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).ok()?;
+    Some((status_of(&head), head + &String::from_utf8_lossy(&body)))
+}
+
+/// A 504 storm at a client that reuses its connection unless an answer says
+/// `Connection: close`: every `504` says it (Pingora closes the connection after any failure),
+/// and each request after one succeeds on a new connection; none fails.
+#[test]
+fn an_answer_after_which_the_connection_closes_says_so() {
+    let upstream = Upstream::start();
+    let slow = route("slow")
+        .prefix("/slow")
+        .upstream("{ servers: [UPSTREAM], read_timeout_ms: 200 }");
+    let (gateway, _log, _dir) = gateway(&upstream, vec![slow, route("fast").prefix("/")]);
+    let connect = || {
+        let stream = TcpStream::connect(gateway.proxy).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream
+    };
+    let mut stream = connect();
+    let mut answers = Vec::new();
+    for i in 0..20 {
+        let path = if i % 2 == 0 { "/slow/1000" } else { "/fast" };
+        let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        let answer = stream
+            .write_all(request.as_bytes())
+            .ok()
+            .and_then(|()| read_one(&mut stream));
+        let Some((status, head)) = answer else {
+            panic!("request {i} ({path}) failed on a connection kept alive: {answers:?}");
+        };
+        let closes = head.contains("\r\nconnection: close\r\n");
+        assert!(
+            closes || head.contains("\r\nconnection: keep-alive\r\n"),
+            "{head}"
+        );
+        if closes {
+            // It says close, and closes.
+            let mut rest = [0u8; 1];
+            assert_eq!(stream.read(&mut rest).ok(), Some(0), "closed after {path}");
+            stream = connect();
+        }
+        answers.push((status, closes));
+    }
+    let expected: Vec<(u16, bool)> = (0..20)
+        .map(|i| {
+            if i % 2 == 0 {
+                (504, true)
+            } else {
+                (200, false)
+            }
+        })
+        .collect();
+    assert_eq!(answers, expected);
+}
+
+/// A target over the gateway's 8 KiB — 70,000 bytes, more than Pingora's URI type holds (it
+/// answered an empty `400` of its own) — is the gateway's `414`: a problem body,
+/// `Connection: close`, counted and logged as a bad request, and the connection closed. So is
+/// one that Pingora could have read (9,000 bytes), on a kept-alive connection.
+#[test]
+fn a_target_too_long_is_the_gateways_414_and_closes_the_connection() {
+    let upstream = Upstream::start();
+    let (gateway, log, _dir) = gateway(&upstream, vec![route("all").prefix("/")]);
+    for length in [70_000, 9_000] {
+        let target = format!("/{}", "a".repeat(length - 1));
+        let (status, answer) = exchange(
+            gateway.proxy,
+            format!("GET {target} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes(),
+        );
+        assert_eq!(status, 414, "{length}: {answer}");
+        let head = answer.to_ascii_lowercase();
+        assert!(
+            head.contains("\r\ncontent-type: application/problem+json\r\n")
+                && head.contains("\r\nconnection: close\r\n"),
+            "{answer}"
+        );
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+        let problem: serde_json::Value = serde_json::from_str(body).expect("a JSON problem");
+        assert_eq!(
+            (&problem["status"], &problem["title"]),
+            (&414.into(), &"URI Too Long".into())
+        );
+    }
+    // Past 1 MiB of target beyond the 8 KiB kept, the head is ended where that bound is reached:
+    // Pingora's own `400` (as for any head over 1 MiB); the admin listener closes the connection.
+    // (The request ends at the bound, so nothing sent is left unread to reset the connection.)
+    let endless = format!("GET /{}", "a".repeat(8 * 1024 - 1 + (1 << 20) + 1));
+    assert_eq!(sent_anyway(gateway.proxy, endless.as_bytes()), 400);
+    assert_eq!(sent_anyway(gateway.admin, endless.as_bytes()), 0);
+    assert_eq!(upstream.served(), 0);
+    let bad = counter(
+        &gateway,
+        "sluice_requests_total",
+        &[("route", "_unmatched"), ("decision", "bad_request")],
+    );
+    assert_eq!(bad, 2.0, "the two 414s counted");
+    let logged = support::json_lines(&log, 2);
+    assert!(logged.iter().all(|l| l["status"] == 414), "{logged:?}");
+}
+
+/// The admin listener reads heads as the proxy does: a 70,000-byte target gets `414` and 300
+/// header fields `431`, each a problem, with `Connection: close`, the connection then closed;
+/// it still serves a request within the bounds.
+#[test]
+fn the_admin_listener_answers_414_and_431_before_closing() {
+    let upstream = Upstream::start();
+    let (gateway, _log, _dir) = gateway(&upstream, vec![route("all").prefix("/")]);
+    let target = format!("/metrics?{}", "a".repeat(70_000));
+    let too_long = format!("GET {target} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    let mut too_many = String::from("GET /metrics HTTP/1.1\r\nHost: localhost\r\n");
+    for i in 0..300 {
+        too_many.push_str(&format!("x-h{i}: v\r\n"));
+    }
+    too_many.push_str("\r\n");
+    for (request, expected, title) in [
+        (too_long, 414, "URI Too Long"),
+        (too_many, 431, "Request Header Fields Too Large"),
+    ] {
+        let (status, answer) = exchange(gateway.admin, request.as_bytes());
+        assert_eq!(status, expected, "{answer}");
+        let head = answer.to_ascii_lowercase();
+        assert!(
+            head.contains("\r\ncontent-type: application/problem+json\r\n")
+                && head.contains("\r\nconnection: close\r\n"),
+            "{answer}"
+        );
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+        let problem: serde_json::Value = serde_json::from_str(body).expect("a JSON problem");
+        assert_eq!(
+            (&problem["status"], &problem["title"]),
+            (&expected.into(), &title.into())
+        );
+    }
+    let (status, _) = exchange(
+        gateway.admin,
+        b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 200);
+}
+
+/// Sends `bytes` (the server may stop reading and close before all are sent) and reads until it
+/// closes: the status it answered, 0 for none.
+fn sent_anyway(addr: SocketAddr, bytes: &[u8]) -> u16 {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = stream.write_all(bytes);
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    status_of(&String::from_utf8_lossy(&answer))
+}

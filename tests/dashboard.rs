@@ -339,6 +339,10 @@ fn the_dashboard_is_off_without_a_token_signs_in_by_cookie_and_only_reads() {
         let answer = http_call(off.admin, "GET", path, None, &[]);
         assert_eq!(answer.status, 404, "{path}: off without admin.token");
     }
+    // The API answers JSON even then: a problem.
+    let answer = http_call(off.admin, "GET", "/v1/explain?host=a", None, &[]);
+    let problem: serde_json::Value = serde_json::from_str(&answer.body).expect("JSON");
+    assert_eq!(problem["status"], 404, "{problem}");
 
     let keys = KeyFile::write(&[(ALICE, "alice", Some("free"), false)]);
     let redis = RedisServer::start();

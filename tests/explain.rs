@@ -181,6 +181,47 @@ fn explain_names_what_a_request_then_meets_and_consumes_nothing() {
         "host is required"
     );
     assert_eq!(explain(&gateway, "host=a&peer=nope", Some(BEARER)).0, 400);
+    // Every refusal is JSON, as the answers are: a problem, in the proxy's shape.
+    let refusals = [
+        (ALICE_QUERY, None, 401),
+        (ALICE_QUERY, Some("Bearer wrong"), 401),
+        ("path=/api/x", Some(BEARER), 400),
+        ("host=a&peer=nope", Some(BEARER), 400),
+        ("host=a&colour=blue", Some(BEARER), 400),
+        ("host=example.com&consumer=bob&plan=gold", Some(BEARER), 404),
+    ];
+    for (query, token, status) in refusals {
+        let (got, problem) = explain(&gateway, query, token);
+        assert_eq!(got, status, "{query}: {problem}");
+        assert_eq!(problem["status"], status, "{query}: {problem}");
+        assert_eq!(problem["type"], "about:blank", "{problem}");
+        assert!(
+            problem["title"].is_string() && problem["detail"].is_string(),
+            "{problem}"
+        );
+    }
+    let path = format!("/v1/explain?{ALICE_QUERY}");
+    let anonymous = http_call(gateway.admin, "GET", &path, None, &[]);
+    assert_eq!(
+        (
+            anonymous.header("content-type"),
+            anonymous.header("www-authenticate")
+        ),
+        (
+            Some("application/problem+json"),
+            Some("Bearer realm=\"sluice admin\"")
+        ),
+        "the challenge stays"
+    );
+    let posted = http_call(
+        gateway.admin,
+        "POST",
+        &path,
+        None,
+        &[("authorization", BEARER)],
+    );
+    let problem: Value = serde_json::from_str(&posted.body).expect("JSON");
+    assert_eq!((posted.status, &problem["status"]), (405, &405.into()));
 
     // Offline, the same file gives the same route, caller and keys, with nothing read.
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))

@@ -416,6 +416,9 @@ fn the_request_id_reaches_the_upstream_and_comes_back() {
     let incoming = [("X-Request-Id", "from-client-1")];
     let replaced = http_get(gateway.proxy, "/x", None, &incoming);
     assert_ne!(replaced.header("x-request-id"), Some("from-client-1"));
+    // Ids are random, not a process's prefix and a counter: consecutive ones share no prefix.
+    let next = replaced.header("x-request-id").expect("an id is made");
+    assert_ne!(id[..16], next[..16], "{id} then {next}");
     // ... and the gateway's own answers carry the id too, in the header and the problem body.
     assert_eq!(gateway.get("/api/a").status, 200);
     let limited = gateway.get("/api/a");

@@ -96,21 +96,28 @@ fn unit_values(unit: &str, key: &str) -> Vec<String> {
 /// the pid file appears in the runtime directory and names the live daemon), every
 /// `ExecReload` step in order while clients keep connecting (none refused; the new pid replaces
 /// the old, which drains and exits), then `KillSignal` to the main pid (it exits within
-/// `TimeoutStopSec`).
+/// `TimeoutStopSec`). Limits are in Redis; the `process_*` metrics are the daemon's own after
+/// the start and after the reload.
 #[test]
 fn the_units_start_reload_and_stop_sequence_serves_throughout() {
     use std::time::Duration;
     use support::config::{route, Config};
-    use support::daemons::{alive, exits_within, read_pid, steady_load, Daemons};
+    use support::daemons::{
+        alive, assert_process_metrics_of, exits_within, read_pid, steady_load, Daemons,
+    };
+    use support::limits::gcra;
 
     let unit = std::fs::read_to_string(support::repo_path("systemd/sluice.service")).unwrap();
     let upstream = support::Upstream::start();
+    let redis = support::RedisServer::start();
     let runtime = tempfile::tempdir().unwrap();
     let etc = tempfile::tempdir().unwrap();
     let proxy: std::net::SocketAddr = format!("127.0.0.1:{}", support::free_port())
         .parse()
         .unwrap();
-    let admin = format!("127.0.0.1:{}", support::free_port());
+    let admin: std::net::SocketAddr = format!("127.0.0.1:{}", support::free_port())
+        .parse()
+        .unwrap();
     // As an operator writes it: no pid_file or upgrade_sock (the runtime directory holds them).
     let access_log = etc.path().join("access.log");
     let body = Config::new()
@@ -118,7 +125,12 @@ fn the_units_start_reload_and_stop_sequence_serves_throughout() {
             "access_log",
             format!("{{ enabled: true, path: {} }}", access_log.display()),
         )
-        .route(route("all").servers(&[upstream.addr]))
+        .redis(redis.url())
+        .route(
+            route("all")
+                .servers(&[upstream.addr])
+                .limit(gcra("per_client", "1000/s").key(&["client_ip"])),
+        )
         .yaml();
     // The daemon (it forked after reading the config) writes its access log.
     let logged = |path: &str| {
@@ -188,6 +200,7 @@ fn the_units_start_reload_and_stop_sequence_serves_throughout() {
     );
     assert_eq!(support::http_get(proxy, "/started", None, &[]).status, 200);
     assert!(logged("/started"), "the daemon writes its access log");
+    assert_process_metrics_of(admin, old);
 
     let before = upstream.served();
     let load = steady_load(proxy, 100);
@@ -211,6 +224,7 @@ fn the_units_start_reload_and_stop_sequence_serves_throughout() {
     );
     assert_eq!(support::http_get(proxy, "/reloaded", None, &[]).status, 200);
     assert!(logged("/reloaded"), "so does the one that took over");
+    assert_process_metrics_of(admin, new);
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(
         !text.contains("No incoming socket transfer"),

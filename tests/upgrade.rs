@@ -8,8 +8,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::config::{route, Config};
-use support::daemons::{alive, exits_within, read_pid, steady_load, Daemons};
-use support::{free_port, http_get, GatewayConfig, Upstream};
+use support::daemons::{
+    alive, assert_process_metrics_of, exits_within, read_pid, steady_load, Daemons,
+};
+use support::limits::gcra;
+use support::{free_port, http_get, Gateway, GatewayConfig, RedisServer, Upstream};
 
 fn sluice(args: &[&str], config: &Path) {
     let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -39,6 +42,7 @@ fn daemon_mode_and_graceful_upgrade_fail_no_request() {
     assert!(alive(old), "the pid file names the live daemon");
     assert_eq!(http_get(config.proxy, "/before", None, &[]).status, 200);
     assert_eq!(http_get(config.admin, "/healthz", None, &[]).body, "ok\n");
+    let old_ids = request_ids(config.proxy);
 
     let before = upstream.served();
     let load = steady_load(config.proxy, 120);
@@ -62,7 +66,71 @@ fn daemon_mode_and_graceful_upgrade_fail_no_request() {
     );
     assert!(alive(new));
     assert_eq!(http_get(config.proxy, "/after", None, &[]).status, 200);
-    assert_eq!(upstream.served(), 122);
+    // The ids each instance makes are drawn in its threads, after it forked: random, and
+    // nothing of one instance's ids in the other's.
+    let ids: Vec<String> = old_ids
+        .into_iter()
+        .chain(request_ids(config.proxy))
+        .collect();
+    for (i, a) in ids.iter().enumerate() {
+        assert_eq!(a.len(), 32, "{a}");
+        for b in &ids[i + 1..] {
+            assert_ne!(a[..16], b[..16], "{ids:?}");
+        }
+    }
+    assert_eq!(upstream.served(), 132);
+}
+
+/// The ids of five requests the gateway at `proxy` made.
+fn request_ids(proxy: std::net::SocketAddr) -> Vec<String> {
+    (0..5)
+        .map(|_| {
+            let response = http_get(proxy, "/id", None, &[]);
+            response.header("x-request-id").expect("an id").to_string()
+        })
+        .collect()
+}
+
+/// `process_*` describe the process that serves however sluice was started: in the
+/// foreground, with `-d` (Pingora forks twice after the metric families are registered) and as
+/// the instance `-u -d` started, with limits in Redis and without. (The systemd unit's own
+/// sequence is checked in tests/systemd_unit.rs.)
+#[test]
+fn process_metrics_describe_the_serving_process_however_it_was_started() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let local = Config::new().route(route("all"));
+    let in_redis = Config::new()
+        .redis("REDIS_URL")
+        .route(route("all").limit(gcra("per_client", "100/s").key(&["client_ip"])));
+    for (body, redis) in [(local, None), (in_redis, Some(&redis))] {
+        let body = body.yaml();
+        let foreground = Gateway::start(&body, &upstream, redis);
+        assert_process_metrics_of(foreground.admin, foreground.pid());
+        drop(foreground);
+
+        let config = GatewayConfig::write(&body, &upstream, redis, 1);
+        let pid_file = config.pid_file();
+        let _daemons = Daemons(vec![pid_file.clone(), pid_file.with_extension("pid.old")]);
+        sluice(&["-d"], &config.path);
+        let old = read_pid(&pid_file);
+        assert_eq!(http_get(config.proxy, "/", None, &[]).status, 200);
+        assert_process_metrics_of(config.admin, old);
+
+        sluice(&["-u", "-d"], &config.path);
+        Command::new("kill")
+            .args(["-QUIT", &old.to_string()])
+            .status()
+            .expect("kill -QUIT");
+        assert!(
+            exits_within(old, Duration::from_secs(15)),
+            "the old instance drains and exits"
+        );
+        let new = read_pid(&pid_file);
+        assert_ne!(new, old, "the pid file names the new instance");
+        assert_eq!(http_get(config.proxy, "/", None, &[]).status, 200);
+        assert_process_metrics_of(config.admin, new);
+    }
 }
 
 /// Runs sluice with `args` until it exits by itself; its exit status and what it printed. Output

@@ -5,7 +5,10 @@
 //! those in force: a reload that changes them changes what `/readyz` says. Behind `admin.token`:
 //! the usage API (`/v1/quota`, `usage.rs`) and the quota admin API (`/v1/quota/reset`,
 //! `/v1/quota/credit`, `/v1/quota/overrides`, `quota_admin.rs`) and the explain endpoint
-//! (`/v1/explain`, `explain.rs`), and the dashboard (`/ui/`, `dashboard/`).
+//! (`/v1/explain`, `explain.rs`), and the dashboard (`/ui/`, `dashboard/`). The APIs refuse
+//! as `application/problem+json`. Request heads are read as the proxy reads them
+//! (`proxy/head_count.rs`): a target over 8 KiB gets `414`, too many or too large header
+//! fields `431`, and the connection is closed.
 
 use std::sync::Arc;
 
@@ -15,11 +18,13 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use pingora_prometheus::PrometheusHttpApp;
 
-use crate::edge::admin_http::{bearer_matches, response};
+use crate::edge::admin_http::{bearer_matches, problem, response};
 use crate::edge::dashboard::{self, Window};
 use crate::edge::drain::Drain;
+use crate::edge::proxy::head_count::HeadCount;
 use crate::edge::quota_admin::{self, Caller};
 use crate::edge::usage::UsageError;
+use crate::exchange::Cut;
 use crate::limiter::{Policy, Readiness};
 use crate::runtime::snapshot::{Live, Snapshot};
 
@@ -94,16 +99,13 @@ impl AdminApp {
     fn authorized(&self, session: &ServerSession) -> Result<Arc<Snapshot>, Box<Response<Vec<u8>>>> {
         let snapshot = self.live.load_full();
         let Some(token) = &snapshot.config.admin_token else {
-            return Err(Box::new(text(
+            return Err(Box::new(problem(
                 404,
-                "not found: the usage, quota admin and explain APIs are on when admin.token is set\n".into(),
+                "The usage, quota admin and explain APIs are on when admin.token is set.",
             )));
         };
         if !bearer_matches(&session.req_header().headers, token.expose()) {
-            let mut refused = text(
-                401,
-                "unauthorized: send Authorization: Bearer <admin.token>\n".into(),
-            );
+            let mut refused = problem(401, "Send Authorization: Bearer <admin.token>.");
             refused.headers_mut().insert(
                 http::header::WWW_AUTHENTICATE,
                 http::HeaderValue::from_static("Bearer realm=\"sluice admin\""),
@@ -121,7 +123,7 @@ impl AdminApp {
         let snapshot = self.authorized(session)?;
         match session.req_header().method == http::Method::GET {
             true => Ok(snapshot),
-            false => Err(Box::new(text(405, "use GET\n".into()))),
+            false => Err(Box::new(problem(405, "Use GET."))),
         }
     }
 
@@ -167,19 +169,21 @@ impl AdminApp {
     }
 }
 
-/// `200` with the JSON answer, or the refusal's status and reason.
+/// `200` with the JSON answer, or the refusal's status and reason as a problem.
 fn answer_json(answer: Result<String, UsageError>) -> Response<Vec<u8>> {
     match answer {
-        Ok(json) => {
-            let mut response = text(200, json + "\n");
-            response.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/json"),
-            );
-            response
-        }
-        Err(refusal) => text(refusal.status, format!("{}\n", refusal.reason)),
+        Ok(json) => response(200, "application/json", json + "\n"),
+        Err(refusal) => problem(refusal.status, &refusal.reason),
     }
+}
+
+/// `414` or `431` for a head over the proxy's bounds (`exchange::head::oversized`: what the
+/// count cut of it, or what Pingora read), as a problem; the connection is then closed.
+fn oversized_head(session: &mut ServerSession) -> Option<Response<Vec<u8>>> {
+    let cut = HeadCount::of(session).map_or(Cut::default(), HeadCount::cut);
+    let answer = crate::exchange::head::oversized(session.req_header(), cut)?;
+    session.set_keepalive(None);
+    Some(problem(answer.status(), answer.detail()))
 }
 
 fn text(status: u16, body: String) -> Response<Vec<u8>> {
@@ -189,6 +193,9 @@ fn text(status: u16, body: String) -> Response<Vec<u8>> {
 #[async_trait]
 impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        if let Some(refused) = oversized_head(session) {
+            return refused;
+        }
         match session.req_header().uri.path() {
             "/metrics" => PrometheusHttpApp.response(session).await,
             "/healthz" => text(200, "ok\n".to_string()),

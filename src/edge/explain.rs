@@ -171,7 +171,7 @@ fn explained<S: Servers>(
         raw_target: described.target.as_bytes(),
         peer: Some(described.peer),
         client_certificate: None,
-        fields_cut: false,
+        cut: Default::default(),
     };
     let mut exchange = Exchange::new(Arc::clone(site), Instant::now());
     exchange.explain(&head, presumed);

@@ -20,6 +20,7 @@ use crate::edge::admin::AdminApp;
 use crate::edge::drain::{Drain, Relay, Signals, StoppedBy};
 use crate::edge::listening::{BoundFirst, ReadyReport};
 use crate::edge::proxy::front::FrontDoor;
+use crate::edge::proxy::head_count::Counted;
 use crate::edge::proxy::preface::Greeting;
 use crate::edge::proxy::Gateway;
 use crate::edge::rls::RlsService;
@@ -327,11 +328,12 @@ fn admin_service(
     policy: Arc<Policy>,
     live: Live,
     drain: Arc<Drain>,
-) -> BoundFirst<Service<HttpServer<AdminApp>>> {
+) -> BoundFirst<Service<Counted<HttpServer<AdminApp>>>> {
     let finishing = drain.finishing();
+    // Its heads are counted as the proxy's are, so it answers a target or a head too large.
     let mut admin = Service::new(
         "sluice admin".to_string(),
-        HttpServer::new_app(AdminApp::new(policy, live, drain)),
+        Counted::new(HttpServer::new_app(AdminApp::new(policy, live, drain))),
     );
     admin.add_tcp(&addr.to_string());
     // It answers `/readyz` (503) through the whole drain, so it stops last.

@@ -315,6 +315,12 @@ impl Answer {
         }
     }
 
+    /// The connection is not kept after this answer: a head too large to take is a client's
+    /// mistake or an attack, and the front door may have dropped part of it (`414`, `431`).
+    pub fn closes_connection(self) -> bool {
+        matches!(self, Answer::UriTooLong | Answer::HeadersTooLarge)
+    }
+
     /// Its name in the access log's `answer` field.
     pub fn label(self) -> &'static str {
         match self {

@@ -21,9 +21,26 @@ pub struct Head<'a> {
     pub peer: Option<IpAddr>,
     /// The client certificate the TLS listener verified (mTLS), read once per connection.
     pub client_certificate: Option<&'a ClientCertificate>,
-    /// The front door dropped header fields past [`MAX_HEADER_FIELDS`] (HTTP/1: Pingora cannot
-    /// parse more; `proxy/head_count.rs`).
-    pub fields_cut: bool,
+    /// What the front door cut of the head so Pingora could parse the rest (HTTP/1:
+    /// `edge/proxy/head_count.rs`).
+    pub cut: Cut,
+}
+
+/// What the front door cut of an HTTP/1 head: the header fields past [`MAX_HEADER_FIELDS`]
+/// (Pingora parses no more) and the target's bytes past [`MAX_URI_LEN`] (Pingora's URI type
+/// holds less than 64 KiB). Either is an answer of the gateway's own (`431`, `414`), and the
+/// connection is not kept: what was dropped is never read as a request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cut {
+    pub fields: bool,
+    pub target: bool,
+}
+
+impl Cut {
+    /// Something was cut.
+    pub fn any(self) -> bool {
+        self.fields || self.target
+    }
 }
 
 /// The form of a request target (RFC 9112 §3.2) sluice accepts.
@@ -115,21 +132,22 @@ fn valid_authority(host: &str) -> bool {
     name_ok && port_ok
 }
 
-/// Longest request target (path and query) accepted; longer gets `414`.
+/// Longest request target (path and query; on HTTP/1 the whole target as sent) accepted; longer
+/// gets `414`.
 pub const MAX_URI_LEN: usize = 8 * 1024;
 /// Most header bytes (names and values) accepted; more gets `431`.
 pub const MAX_HEADER_BYTES: usize = 32 * 1024;
 /// Most header fields accepted; more get `431`. Pingora parses at most 256 in an HTTP/1 head
-/// (the front door drops the rest and says so: `fields_cut`); HTTP/2 heads are counted here.
+/// (the front door drops the rest and says so: [`Cut`]); HTTP/2 heads are counted here.
 pub const MAX_HEADER_FIELDS: usize = 256;
 
-/// `414` for an overlong request target, `431` for too many header fields (`fields_cut`: the
-/// front door dropped those past the limit) or bytes: before any Redis call.
-pub fn oversized(req: &Parts, fields_cut: bool) -> Option<Answer> {
-    if req.uri.path_and_query().map_or(0, |pq| pq.as_str().len()) > MAX_URI_LEN {
+/// `414` for an overlong request target, `431` for too many header fields or bytes (`cut`: what
+/// the front door dropped past the limits): before any Redis call.
+pub fn oversized(req: &Parts, cut: Cut) -> Option<Answer> {
+    if cut.target || req.uri.path_and_query().map_or(0, |pq| pq.as_str().len()) > MAX_URI_LEN {
         return Some(Answer::UriTooLong);
     }
-    if fields_cut || req.headers.len() > MAX_HEADER_FIELDS {
+    if cut.fields || req.headers.len() > MAX_HEADER_FIELDS {
         return Some(Answer::HeadersTooLarge);
     }
     let header_bytes: usize = req

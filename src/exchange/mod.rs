@@ -38,7 +38,7 @@ use crate::upstream::servers::Servers;
 use limits::RequestLimits;
 use meters::{InFlight, RouteMetrics};
 
-pub use head::{Head, Target};
+pub use head::{Cut, Head, Target};
 pub use limits::LimitsSaid;
 pub use site::{RouteRuntime, Site};
 pub use upstream::Dial;
@@ -174,7 +174,7 @@ impl<S: Servers> Exchange<S> {
     /// denied client's route).
     fn route_request<'h>(&mut self, head: &Head<'h>) -> Result<Routed<'h>, Answer> {
         let req = head.parts;
-        if let Some(answer) = head::oversized(req, head.fields_cut) {
+        if let Some(answer) = head::oversized(req, head.cut) {
             return Err(answer);
         }
         self.target = head::target(head)?;

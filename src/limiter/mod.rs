@@ -49,7 +49,7 @@ pub use coalesce::Coalescing;
 pub use decision::{Decision, Retry, Source, Statuses};
 pub use engine::Engine;
 pub use error::{ErrorKind, LimiterError};
-pub use id::{RequestId, RequestIds};
+pub use id::RequestId;
 pub use key::{push_hex, Key, KEY_INLINE};
 pub use limit::{
     BadCost, Cost, CostReport, Leasing, Limit, ResponsePrice, Scope, Sent, AUTO_MIN_UNITS,

@@ -21,7 +21,7 @@ use super::clock::Clock;
 use super::decision::{Decision, Source};
 use super::engine::Engine;
 use super::error::{ErrorKind, LimiterError};
-use super::id::{RequestId, RequestIds};
+use super::id::RequestId;
 use super::limit::{Limit, Scope, LIMITS_INLINE};
 use super::local::LocalLimiter;
 use super::record::{Asked, LimitRecord, Scale};
@@ -79,7 +79,6 @@ pub struct Policy<E = Engine> {
     /// the shared ones; `None` when the engine is itself in-process (it decides all at once).
     local_scope: Option<LocalLimiter>,
     clock: Arc<dyn Clock>,
-    ids: RequestIds,
     meters: PolicyMeters,
     /// Unix second of the last limiter error logged: at most one line per second.
     last_error_log: AtomicU64,
@@ -110,7 +109,6 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
             fallback,
             local_scope,
             clock,
-            ids: RequestIds::new(),
             meters,
             last_error_log: AtomicU64::new(0),
         }
@@ -143,7 +141,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
             return Verdict::unlimited();
         }
         let id = if asked.rules.needs_request_id {
-            self.ids.next()
+            RequestId::random()
         } else {
             RequestId::default()
         };
@@ -308,7 +306,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         };
         {
             let mut here = asked.scoped(Scope::Local);
-            let decision = read(local, &here, self.ids.next()).await?;
+            let decision = read(local, &here, RequestId::random()).await?;
             here.take(decision)?;
         }
         let mut shared = asked.scoped(Scope::Shared);
@@ -320,7 +318,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
 
     /// [`Policy::peek`] of limits the engine decides.
     async fn peek_engine(&self, asked: &mut Asked<'_>) -> Result<(), LimiterError> {
-        let mut decision = read(&self.engine, asked, self.ids.next()).await?;
+        let mut decision = read(&self.engine, asked, RequestId::random()).await?;
         // Statuses the limits do not match one for one are refused by `take`.
         let pairs = super::pairs::paired_mut(&asked.limits, &mut decision.statuses);
         for (asked, status) in pairs.into_iter().flatten() {

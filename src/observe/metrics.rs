@@ -3,9 +3,11 @@
 //! increments counters (no label lookups, no formatting). Labels never carry a client address
 //! or a raw path: only route names, decisions, status classes and error kinds.
 
-use std::sync::LazyLock;
+use std::sync::{LazyLock, Mutex, PoisonError};
 
-use prometheus::core::Collector;
+use prometheus::core::{Collector, Desc};
+use prometheus::process_collector::ProcessCollector;
+use prometheus::proto::MetricFamily;
 use prometheus::{
     register_gauge_vec, register_histogram, register_histogram_vec, register_int_counter,
     register_int_counter_vec, register_int_gauge, register_int_gauge_vec, GaugeVec, Histogram,
@@ -403,10 +405,54 @@ pub fn init() {
     BUILD_INFO
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1);
-    // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
-    let process = prometheus::process_collector::ProcessCollector::for_self();
-    if let Err(e) = prometheus::register(Box::new(process)) {
-        log::debug!("process metrics: {e}");
+    // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...: the
+    // default registry comes with Prometheus's own collector, for the pid that first used it;
+    // it makes way (a collector of the same names unregisters it) for one that follows the
+    // process.
+    // (Nothing to unregister would only mean a registry built without it.)
+    let _ = prometheus::unregister(Box::new(ProcessCollector::for_self()));
+    if let Err(e) = prometheus::register(Box::new(SelfProcess::new())) {
+        log::warn!("process metrics: {e}");
+    }
+}
+
+/// The `process_*` families of the process that serves. Prometheus's own collector (the one
+/// the default registry comes with) reads the pid it was built with; built before `sluice -d`
+/// daemonizes (Pingora forks twice inside `Server::run`), it reads a process that has exited
+/// (nothing, or a zombie's zeros: one thread, no memory) or another that took its pid. This one asks for the pid at each scrape and builds the
+/// collector again, start time included, when the process is not the one it was built in.
+struct SelfProcess {
+    /// The same for every collector built (names and help do not depend on the pid).
+    descs: Vec<Desc>,
+    current: Mutex<(u32, ProcessCollector)>,
+}
+
+impl SelfProcess {
+    fn new() -> SelfProcess {
+        SelfProcess::built_in(std::process::id(), ProcessCollector::for_self())
+    }
+
+    /// A collector believed to be of process `pid`.
+    fn built_in(pid: u32, collector: ProcessCollector) -> SelfProcess {
+        SelfProcess {
+            descs: collector.desc().into_iter().cloned().collect(),
+            current: Mutex::new((pid, collector)),
+        }
+    }
+}
+
+impl Collector for SelfProcess {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let pid = std::process::id();
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if current.0 != pid {
+            *current = (pid, ProcessCollector::for_self());
+        }
+        current.1.collect()
     }
 }
 
@@ -415,6 +461,35 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+
+    /// A collector built in another process (as one built before `sluice -d` forks) reports
+    /// the process that scrapes, not the one it was built for.
+    #[test]
+    fn process_metrics_follow_the_process_that_collects() {
+        // No pid is this high (pid_max is at most 2^22): the process it names is gone.
+        let gone = 2_000_000_000;
+        let stale = ProcessCollector::new(gone, "");
+        assert!(
+            stale.collect().is_empty(),
+            "a gone process reads as nothing"
+        );
+        let families = SelfProcess::built_in(gone as u32, stale).collect();
+        let value = |name: &str| {
+            families
+                .iter()
+                .find(|family| family.name() == name)
+                .map(|family| family.get_metric()[0].get_gauge().value())
+                .unwrap_or_else(|| panic!("{name} missing"))
+        };
+        assert!(value("process_resident_memory_bytes") > 0.0);
+        assert!(value("process_threads") >= 1.0);
+        let own = ProcessCollector::for_self().collect();
+        let start = own
+            .iter()
+            .find(|family| family.name() == "process_start_time_seconds")
+            .map(|family| family.get_metric()[0].get_gauge().value());
+        assert_eq!(Some(value("process_start_time_seconds")), start);
+    }
 
     /// The `sluice_*` names `text` mentions (a prefix such as `sluice_limiter_` included).
     fn mentioned(text: &str) -> BTreeSet<&str> {

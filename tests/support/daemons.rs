@@ -58,3 +58,63 @@ pub fn steady_load(
             .collect()
     })
 }
+
+/// The admin listener at `admin` reports the `process_*` metrics of `pid`, the process that
+/// serves: resident memory, more than one thread (Pingora's), and the start time the kernel
+/// gives for `pid` — not those of a process that started it and exited.
+pub fn assert_process_metrics_of(admin: std::net::SocketAddr, pid: u32) {
+    let text = super::http_get(admin, "/metrics", None, &[]).body;
+    for family in [
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "process_resident_memory_bytes",
+        "process_start_time_seconds",
+        "process_threads",
+    ] {
+        assert!(
+            text.contains(&format!("\n{family} ")),
+            "{family} missing (serving pid {pid})"
+        );
+    }
+    let value = |name| super::metric(&text, name, &[]);
+    assert!(
+        value("process_resident_memory_bytes") > 0.0,
+        "resident memory of pid {pid}"
+    );
+    assert!(value("process_threads") > 1.0, "threads of pid {pid}");
+    assert_eq!(
+        value("process_start_time_seconds"),
+        start_time_seconds(pid) as f64,
+        "the start time of pid {pid}, the serving process"
+    );
+}
+
+/// When `pid` started, in whole seconds since the epoch, as Prometheus's process collector
+/// counts it: `starttime` of /proc/<pid>/stat (clock ticks since boot) plus `btime` of
+/// /proc/stat.
+fn start_time_seconds(pid: u32) -> i64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/stat: {e}"));
+    // The command (field 2) may hold spaces: fields count from after its closing parenthesis,
+    // where field 3 begins; `starttime` is field 22.
+    let after = &stat[stat.rfind(')').expect("(comm)") + 1..];
+    let ticks: i64 = after
+        .split_whitespace()
+        .nth(22 - 3)
+        .and_then(|field| field.parse().ok())
+        .expect("starttime in /proc/<pid>/stat");
+    let boot: i64 = std::fs::read_to_string("/proc/stat")
+        .expect("/proc/stat")
+        .lines()
+        .find_map(|line| line.strip_prefix("btime ")?.trim().parse().ok())
+        .expect("btime in /proc/stat");
+    let output = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .expect("getconf CLK_TCK");
+    let hz: i64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .expect("CLK_TCK is a number");
+    ticks / hz + boot
+}

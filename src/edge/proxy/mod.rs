@@ -31,8 +31,8 @@ use crate::caller::address;
 use crate::edge::drain::Drain;
 use crate::edge::tls;
 use crate::exchange::answer::{Answer, ClientError, UpstreamError};
-use crate::exchange::{Admission, Dial, Exchange, Head};
-use crate::limiter::{Policy, RequestIds};
+use crate::exchange::{Admission, Cut, Dial, Exchange, Head};
+use crate::limiter::Policy;
 use crate::observe::traces::TracerSlot;
 use crate::runtime::snapshot::{Live, Snapshot};
 use crate::upstream::pool::Pool;
@@ -83,8 +83,6 @@ impl RequestCtx {
 pub struct Gateway {
     live: Live,
     policy: Arc<Policy>,
-    /// Makes the ids of requests that come without an accepted one.
-    ids: RequestIds,
     /// Makes the requests' spans (`tracing:`), once the pipeline runs.
     tracing: Option<TracerSlot>,
     /// A graceful shutdown under way: connections are not kept alive.
@@ -101,7 +99,6 @@ impl Gateway {
         Gateway {
             live,
             policy,
-            ids: RequestIds::new(),
             tracing,
             drain,
         }
@@ -118,7 +115,7 @@ impl Gateway {
         ctx.trusted_peer = snapshot.config.trusted_proxies.is_trusted_peer(peer);
         let req = session.req_header();
         if let Some(settings) = &snapshot.config.request_id {
-            let id = request_id::assign(settings, &req.headers, ctx.trusted_peer, &self.ids);
+            let id = request_id::assign(settings, &req.headers, ctx.trusted_peer);
             ctx.request_id = Some(id);
         }
         if let Some(tracer) = self.tracer() {
@@ -152,15 +149,10 @@ impl Gateway {
     }
 }
 
-/// The front door dropped header fields past the most it accepts (HTTP/1: `head_count.rs`).
-/// Then the connection is not kept: a dropped field may have declared a body, which must never
-/// be read as the next request.
-fn fields_cut(session: &mut Session) -> bool {
-    let cut = head_count::HeadCount::of(session.as_downstream()).is_some_and(|c| c.cut());
-    if cut {
-        session.set_keepalive(None);
-    }
-    cut
+/// What the front door cut of the head: header fields or target bytes past the most it accepts
+/// (HTTP/1: `head_count.rs`).
+fn cut(session: &Session) -> Cut {
+    head_count::HeadCount::of(session.as_downstream()).map_or(Cut::default(), |c| c.cut())
 }
 
 /// The peer's IP address, for TCP connections.
@@ -405,14 +397,18 @@ impl ProxyHttp for Gateway {
         let started = *ctx.started.get_or_insert_with(Instant::now);
         self.begin(session, ctx, &snapshot);
         let mut exchange = Box::new(Exchange::new(Arc::clone(&snapshot.site), started));
-        let fields_cut = fields_cut(session);
+        let cut = cut(session);
+        if cut.any() {
+            // What was dropped (a field may have declared a body) is never read as a request.
+            session.set_keepalive(None);
+        }
         let req = session.req_header();
         let head = Head {
             parts: req,
             raw_target: req.raw_path(),
             peer: peer_ip(session),
             client_certificate: tls::client_certificate(session.digest()),
-            fields_cut,
+            cut,
         };
         let admission = exchange.admit(&self.policy, &head).await;
         if let (Some(tracer), Some(trace)) = (self.tracer(), &ctx.trace) {
@@ -499,6 +495,9 @@ impl ProxyHttp for Gateway {
             }
             (_, _, answer) => answer,
         };
+        // Pingora closes the connection after a failure (`can_reuse_downstream` below): the
+        // answer says so (`Connection: close`), as Pingora's own error pages do.
+        session.set_keepalive(None);
         if let (Some(answer), None) = (answer, session.response_written()) {
             let exchange = ctx.exchange.as_deref();
             let id = id_header(exchange, ctx.request_id.as_ref());

@@ -5,7 +5,7 @@
 use http::{HeaderMap, HeaderValue};
 
 use crate::config::observe::{AcceptRequestId, RequestIdSettings};
-use crate::limiter::RequestIds;
+use crate::limiter::RequestId;
 
 /// The longest incoming id that is kept.
 const MAX_ID_BYTES: usize = 128;
@@ -21,12 +21,11 @@ fn well_formed(value: &HeaderValue) -> bool {
 }
 
 /// The request's id: the incoming one when accepted from this peer and well formed, a new
-/// one (32 hex digits, unique across gateways) otherwise.
+/// one (32 random hex digits, [`RequestId::random`]) otherwise.
 pub fn assign(
     settings: &RequestIdSettings,
     headers: &HeaderMap,
     trusted_peer: bool,
-    ids: &RequestIds,
 ) -> HeaderValue {
     let accepted = match settings.accept {
         AcceptRequestId::Always => true,
@@ -38,7 +37,8 @@ pub fn assign(
             return incoming.clone();
         }
     }
-    HeaderValue::from_bytes(&ids.next().hex()).unwrap_or_else(|_| HeaderValue::from_static("-"))
+    HeaderValue::from_bytes(&RequestId::random().hex())
+        .unwrap_or_else(|_| HeaderValue::from_static("-"))
 }
 
 #[cfg(test)]
@@ -62,33 +62,22 @@ mod tests {
 
     #[test]
     fn a_trusted_well_formed_id_is_kept_and_anything_else_replaced() {
-        let ids = RequestIds::new();
         let trusted = settings(AcceptRequestId::Trusted);
-        let kept = assign(&trusted, &with_id(b"abc-123"), true, &ids);
+        let kept = assign(&trusted, &with_id(b"abc-123"), true);
         assert_eq!(kept, "abc-123");
-        let made = assign(&trusted, &with_id(b"abc-123"), false, &ids);
+        let made = assign(&trusted, &with_id(b"abc-123"), false);
         assert_eq!(
             made.len(),
             32,
             "a client that is not a trusted proxy gets a new id"
         );
         for bad in [&b"has space"[..], b"quote\"d", b"back\\slash", &[b'a'; 129]] {
-            let replaced = assign(&trusted, &with_id(bad), true, &ids);
+            let replaced = assign(&trusted, &with_id(bad), true);
             assert_eq!(replaced.len(), 32, "{:?}", String::from_utf8_lossy(bad));
         }
-        let always = assign(
-            &settings(AcceptRequestId::Always),
-            &with_id(b"x"),
-            false,
-            &ids,
-        );
+        let always = assign(&settings(AcceptRequestId::Always), &with_id(b"x"), false);
         assert_eq!(always, "x");
-        let never = assign(
-            &settings(AcceptRequestId::Never),
-            &with_id(b"x"),
-            true,
-            &ids,
-        );
+        let never = assign(&settings(AcceptRequestId::Never), &with_id(b"x"), true);
         assert_eq!(never.len(), 32);
         assert_ne!(made, never, "new ids differ");
     }

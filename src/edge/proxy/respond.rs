@@ -120,6 +120,9 @@ pub async fn respond(
     id: Option<RequestIdHeader<'_>>,
 ) -> pingora::Result<()> {
     let limited = exchange.and_then(Exchange::limits_said);
+    if answer.closes_connection() {
+        session.set_keepalive(None);
+    }
     if is_grpc(session) {
         return respond_grpc(session, answer, limited, id).await;
     }

@@ -107,7 +107,7 @@ impl<E: Seam> Gateway<E> {
             raw_target: target.as_bytes(),
             peer: Some(peer),
             client_certificate: None,
-            fields_cut: false,
+            cut: Default::default(),
         };
         let admission = exchange.admit(&self.policy, &head).await;
         (exchange, admission)

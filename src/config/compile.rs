@@ -322,4 +322,157 @@ mod tests {
             ["watch: expected true or false, got \"sometimes\""]
         );
     }
+
+    /// `text` read into the configuration's raw model as `misfits.rs` reads it: what reads, and
+    /// every misfit told.
+    fn read_misfits(
+        text: &str,
+    ) -> (
+        Option<super::super::misfits::Read<RawConfig>>,
+        Vec<(String, String)>,
+    ) {
+        let mut p = Problems::default();
+        let read = super::super::misfits::read(text, &mut p);
+        let told = p.0.into_iter().map(|x| (x.path, x.message)).collect();
+        (read, told)
+    }
+
+    #[test]
+    fn every_misfit_of_one_route_is_told_in_one_read() {
+        let text = "routes:\n  - name: a\n    limiter_timeout_ms: fast\n    shadow: [1]\n    upstream: { servers: [127.0.0.1:1], retries: -1 }\n    limits:\n      - { name: l, rate: 1/s, burst: 1.5 }\n      - { name: m, rate: [1] }\n  - name: b\n";
+        let (read, told) = read_misfits(text);
+        let told: std::collections::BTreeMap<String, String> = told.into_iter().collect();
+        let paths: Vec<&str> = told.keys().map(String::as_str).collect();
+        assert_eq!(
+            paths,
+            [
+                "routes[0].limiter_timeout_ms",
+                "routes[0].limits[0].burst",
+                "routes[0].limits[1].rate",
+                "routes[0].shadow",
+                "routes[0].upstream.retries",
+            ]
+        );
+        assert_eq!(
+            told["routes[0].upstream.retries"],
+            "expected a whole number ≥ 0, got -1"
+        );
+        assert_eq!(
+            told["routes[0].limits[0].burst"],
+            "expected a whole number ≥ 0, got 1.5 (a decimal)"
+        );
+        let read = read.expect("the rest reads");
+        assert_eq!(read.raw.routes.len(), 2, "both routes kept");
+        assert_eq!(read.raw.routes[0].limits.len(), 2, "both limits kept");
+        assert!(read.misfits.follows("routes[0].limits[1].rate"));
+        assert!(!read.misfits.follows("routes[0].limits[1].name"));
+        assert!(!read.misfits.follows("routes[0].limiter_timeout_msx"));
+    }
+
+    #[test]
+    fn a_route_of_the_wrong_shape_keeps_the_others_in_place() {
+        let (read, told) = read_misfits("routes:\n  - just a string\n  - name: b\n");
+        assert_eq!(
+            told,
+            [(
+                "routes[0]".to_string(),
+                "expected a table (key: value), got \"just a string\"".to_string()
+            )]
+        );
+        let read = read.expect("the rest reads");
+        assert_eq!(read.raw.routes.len(), 2);
+        assert_eq!(read.raw.routes[1].name.as_deref(), Some("b"));
+    }
+
+    /// A file with a misspelled key in every table of the configuration.
+    const MISSPELLED: &str = "\
+acess_log: {}
+access_log: { smaple: 1 }
+server: { threds: 1 }
+listen:
+  - adr: 127.0.0.1:1
+    tls:
+      certificats: []
+      client_auth: { mod: required }
+      certificates: [{ crt: a }]
+admin: { tokn: x }
+redis: { key_prefx: a, tls: { kye: a }, password: { flie: a } }
+addresses: { alow: [] }
+identity:
+  plan: []
+  api_keys: { hedaer: x }
+  jwt: { audiences: a }
+  mtls: { consumr: subject_cn }
+path: { encoded_slsh: keep }
+request_id: { headr: x }
+tracing: { endpont: x }
+rls: { config_dri: x }
+routes:
+  - limiter_timeout: 1
+    match: { path_prefx: /a }
+    upstream: { retrys: 1, tls: { verfy: true } }
+    auth: { mdoe: required }
+    adaptive_concurrency: { min_limt: 1 }
+    addresses: { dney: [] }
+    limits:
+      - algoritm: gcra
+        cost_from_response: { headr: x }
+        plans: { pro: { brust: 1 } }
+";
+
+    /// Each misspelled key of [`MISSPELLED`] and the known key it is told to be.
+    const MEANT: &[(&str, &str)] = &[
+        ("acess_log", "access_log"),
+        ("access_log.smaple", "sample"),
+        ("server.threds", "threads"),
+        ("listen[0].adr", "addr"),
+        ("listen[0].tls.certificats", "certificates"),
+        ("listen[0].tls.client_auth.mod", "mode"),
+        ("listen[0].tls.certificates[0].crt", "cert"),
+        ("admin.tokn", "token"),
+        ("redis.key_prefx", "key_prefix"),
+        ("redis.tls.kye", "key"),
+        ("redis.password.flie", "file"),
+        ("addresses.alow", "allow"),
+        ("identity.plan", "plans"),
+        ("identity.api_keys.hedaer", "header"),
+        ("identity.jwt.audiences", "audience"),
+        ("identity.mtls.consumr", "consumer"),
+        ("path.encoded_slsh", "encoded_slash"),
+        ("request_id.headr", "header"),
+        ("tracing.endpont", "endpoint"),
+        ("rls.config_dri", "config_dir"),
+        ("routes[0].limiter_timeout", "limiter_timeout_ms"),
+        ("routes[0].match.path_prefx", "path_prefix"),
+        ("routes[0].upstream.retrys", "retries"),
+        ("routes[0].upstream.tls.verfy", "verify"),
+        ("routes[0].auth.mdoe", "mode"),
+        ("routes[0].adaptive_concurrency.min_limt", "min_limit"),
+        ("routes[0].addresses.dney", "deny"),
+        ("routes[0].limits[0].algoritm", "algorithm"),
+        ("routes[0].limits[0].cost_from_response.headr", "header"),
+        ("routes[0].limits[0].plans.pro.brust", "burst"),
+    ];
+
+    #[test]
+    fn an_unknown_key_of_every_table_is_told_with_the_nearest_known_key() {
+        let (read, told) = read_misfits(MISSPELLED);
+        assert!(read.is_some(), "the rest reads");
+        let wrong: Vec<&(String, String)> = told
+            .iter()
+            .filter(|(_, message)| !message.starts_with("unknown key: did you mean `"))
+            .collect();
+        assert!(wrong.is_empty(), "{wrong:?}");
+        let told: std::collections::BTreeMap<&str, &str> = told
+            .iter()
+            .map(|(path, message)| (path.as_str(), message.as_str()))
+            .collect();
+        for &(path, known) in MEANT {
+            assert_eq!(
+                told.get(path).copied(),
+                Some(format!("unknown key: did you mean `{known}`?").as_str()),
+                "{path} in {told:#?}"
+            );
+        }
+    }
 }

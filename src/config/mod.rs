@@ -80,19 +80,10 @@ impl Config {
         sources: &mut Sources,
     ) -> (Option<Config>, Vec<Problem>) {
         let mut problems = Problems::default();
-        let Some(read) = misfits::read(text, &mut problems) else {
-            return (None, problems.0);
-        };
-        let before = problems.0.len();
-        let config = compile::compile_all(path, read.raw, &mut problems, sources);
-        // What compile says of a value read as not written (`rate: required`) follows from
-        // its misfit, which is the problem.
-        let compiled = problems.0.split_off(before);
-        let misfits = read.misfits;
-        problems
-            .0
-            .extend(compiled.into_iter().filter(|x| !misfits.follows(&x.path)));
-        (Some(config), problems.0)
+        let config = misfits::read_and_compile(text, &mut problems, |raw, p| {
+            compile::compile_all(path, raw, p, sources)
+        });
+        (config, problems.0)
     }
 }
 

@@ -10,8 +10,8 @@ use super::listeners::socket_addr;
 use super::model::Config;
 use super::observe::{compile_access_log, compile_request_id, compile_tracing};
 use super::problem::Problems;
-use super::raw::{RawAdmin, RawConfig, RawPath, RawRoute, RawSecret};
-use super::redis::{RedisSettings, DEFAULT_KEY_PREFIX};
+use super::raw::{RawAdmin, RawConfig, RawPath, RawRls, RawRoute, RawSecret};
+use super::redis::{RedisInForce, RedisSettings, DEFAULT_KEY_PREFIX};
 use super::routes::{self, RouteDefaults};
 use super::sources::Sources;
 use crate::caller::address::{TrustedProxies, DEFAULT_IPV6_PREFIX};
@@ -21,14 +21,22 @@ use crate::route::keys::KeySecret;
 use crate::route::path::PathRules;
 use crate::route::table::RouteTable;
 
-/// Compiles what of `raw` compiles, adding every problem found to `p`: what start would check
-/// next (certificates, users, directories) can be checked on it even when `p` is not empty.
-pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems, read: &mut Sources) -> Config {
+/// Compiles what of `raw` compiles with the `redis:` settings `redis_from` says are in force,
+/// adding every problem found to `p`: what start would check next (certificates, users,
+/// directories) can be checked on it even when `p` is not empty.
+pub fn compile_all(
+    source: &Path,
+    raw: RawConfig,
+    redis_from: RedisInForce<'_>,
+    p: &mut Problems,
+    read: &mut Sources,
+) -> Config {
     let serves_rls = raw.rls.is_some();
     let server = super::server::check(raw.server, p);
     let listen = super::listeners::compile(raw.listen, !serves_rls, p);
     let (admin_listen, admin_token, admin_audit_log) = compile_admin(raw.admin, p, read);
-    let redis = raw.redis.map(|redis| super::redis::compile(redis, p, read));
+    let in_file = raw.redis.map(|redis| super::redis::compile(redis, p, read));
+    let (redis, pending_upgrade) = super::redis::in_force(in_file, redis_from);
     let failure_mode = compile_failure_mode(raw.failure_mode, p);
     let (key_prefix, secret) = compile_keys(redis.as_ref(), raw.key_secret, p, read);
     let trusted_proxies = compile_trusted_proxies(&raw.trusted_proxies, raw.ipv6_prefix, p);
@@ -40,18 +48,6 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems, read: &mut S
     let access_log = compile_access_log(raw.access_log, p);
     let request_id = compile_request_id(raw.request_id, p);
     let tracing = compile_tracing(raw.tracing, p);
-    let rls = super::rls::compile(
-        raw.rls,
-        super::rls::RlsDefaults {
-            failure_mode,
-            key_prefix: &key_prefix,
-            secret: secret.keys(),
-            instances,
-            base: &directory_of(source),
-        },
-        p,
-        read,
-    );
     let defaults = RouteDefaults {
         key_prefix: &key_prefix,
         secret,
@@ -59,6 +55,7 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems, read: &mut S
         failure_mode,
         verifiers: &consumers,
     };
+    let rls = compile_rls(raw.rls, source, defaults, p, read);
     let routes = compile_routes(raw.routes, defaults, serves_rls, p);
     Config {
         source: source.to_path_buf(),
@@ -69,6 +66,8 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems, read: &mut S
         admin_audit_log,
         instances,
         redis,
+        pending_upgrade,
+        key_secret: secret,
         failure_mode,
         trusted_proxies,
         consumers,
@@ -81,6 +80,25 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems, read: &mut S
         watch: raw.watch.unwrap_or(false),
         routes,
     }
+}
+
+/// `rls:`, its counters keyed as the routes' are (`defaults`), a relative `config_dir` taken
+/// from the directory of `source`.
+fn compile_rls(
+    raw: Option<RawRls>,
+    source: &Path,
+    defaults: RouteDefaults<'_>,
+    p: &mut Problems,
+    read: &mut Sources,
+) -> Option<super::rls::RlsSettings> {
+    let rls_defaults = super::rls::RlsDefaults {
+        failure_mode: defaults.failure_mode,
+        key_prefix: defaults.key_prefix,
+        secret: defaults.secret.keys(),
+        instances: defaults.instances,
+        base: &directory_of(source),
+    };
+    super::rls::compile(raw, rls_defaults, p, read)
 }
 
 /// `failure_mode:`, `allow` unless set.
@@ -250,7 +268,13 @@ mod tests {
 
     fn config(yaml: &str) -> (Option<Config>, Vec<String>) {
         problems_of(yaml, |raw: RawConfig, p: &mut Problems| {
-            let config = compile_all(Path::new("t.yaml"), raw, p, &mut Sources::default());
+            let config = compile_all(
+                Path::new("t.yaml"),
+                raw,
+                RedisInForce::File,
+                p,
+                &mut Sources::default(),
+            );
             p.is_empty().then_some(config)
         })
     }

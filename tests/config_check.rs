@@ -47,10 +47,38 @@ fn unknown_keys_are_all_named_with_their_path() {
     assert_problems(
         "unknown_key.yaml",
         &[
-            "routes[0].limits[0].brust: unknown key",
+            "routes[0].limits[0].brust: unknown key: did you mean `burst`?",
             "routes[0].timeout: unknown key",
         ],
     );
+}
+
+#[test]
+fn an_unknown_key_is_told_with_the_known_key_it_misspells_and_a_period_without_unit_as_such() {
+    assert_problems(
+        "misspelled.yaml",
+        &[
+            "acess_log: unknown key: did you mean `access_log`?",
+            "routes[0].limits[0].algoritm: unknown key: did you mean `algorithm`?",
+            "routes[0].adaptive_concurrency.probe_interval: invalid duration \"30\": no unit after 30: write 30s (or ms, m, h, d)",
+        ],
+    );
+}
+
+#[test]
+fn every_mistake_of_an_api_key_file_is_told_in_one_run() {
+    // A value of the wrong type, a consumer id that is not one, a hash listed twice and a
+    // plan not declared: none hides another.
+    let keys = support::repo_path("tests/fixtures/config/key_file_mistakes-keys.yaml");
+    let at = format!("identity.api_keys.file: {}", keys.display());
+    let expected = [
+        format!("{at}: keys[0].disabled: expected true or false, got \"maybe\""),
+        format!("{at}: keys[1].consumer: invalid consumer id \"bolt inc\": use visible ASCII characters, without spaces"),
+        format!("{at}: keys[2].hash: the same hash as keys[0]: list each key once"),
+        format!("{at}: keys[3].plan: unknown plan \"gold\": the plans are free, pro"),
+    ];
+    let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+    assert_problems("key_file_mistakes.yaml", &expected);
 }
 
 #[test]
@@ -261,7 +289,7 @@ fn jwt_settings_are_checked_with_their_paths() {
     assert_problems(
         "jwt.yaml",
         &[
-            "identity.jwt.audiences: unknown key",
+            "identity.jwt.audiences: unknown key: did you mean `audience`?",
             "identity.api_keys.header: authorization carries the bearer tokens of identity.jwt: present API keys in another header",
             "identity.jwt.algorithms[1]: unsigned tokens (alg none) are never accepted",
             "identity.jwt.algorithms[2]: unknown algorithm \"HS257\": use RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, HS256, HS384, HS512",

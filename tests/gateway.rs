@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use redis::Commands;
 use support::config::{route, Config, Route};
-use support::limits::{concurrency, fixed_window, gcra};
-use support::{http_get, metric, Gateway, RedisServer, Upstream};
+use support::limits::{calendar, concurrency, fixed_window, gcra};
+use support::{http_get, metric, Gateway, Launch, RedisServer, Upstream};
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
@@ -896,6 +896,132 @@ fn sighup_reloads_a_valid_config_and_keeps_the_old_one_on_errors() {
         ),
         2.0
     );
+}
+
+const ADMIN_TOKEN: &str = "gateway-admin-token-0123456789";
+
+/// A monthly quota (10 a month, exact) in Redis under `key_prefix`, with the admin token set.
+fn monthly_under(key_prefix: &str) -> Config {
+    Config::new()
+        .redis("REDIS_URL")
+        .redis_key("key_prefix", key_prefix)
+        .set("admin", format!("{{ token: {ADMIN_TOKEN} }}"))
+        .route(
+            route("api").prefix("/api/").limit(
+                calendar("monthly", "10/month", "UTC")
+                    .key(&["route"])
+                    .set("mode", "exact"),
+            ),
+        )
+}
+
+/// What the monthly quota has left after one more request (its `RateLimit` header's `r`).
+fn left_after_one(gateway: &Gateway) -> u64 {
+    let response = gateway.get("/api/x");
+    assert_eq!(response.status, 200);
+    let ratelimit = response.header("ratelimit").expect("a RateLimit header");
+    let left = ratelimit
+        .strip_prefix("\"monthly\";r=")
+        .and_then(|rest| rest.split(';').next()?.parse().ok());
+    left.unwrap_or_else(|| panic!("RateLimit: {ratelimit}"))
+}
+
+/// Every key in `redis` that starts with `prefix:` or `{prefix:` (a count, a credit id, the
+/// admin tables).
+fn keys_under(redis: &RedisServer, prefix: &str) -> usize {
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut redis.connection())
+        .expect("KEYS");
+    let (plain, tagged) = (format!("{prefix}:"), format!("{{{prefix}:"));
+    keys.iter()
+        .filter(|key| key.starts_with(plain.as_bytes()) || key.starts_with(tagged.as_bytes()))
+        .count()
+}
+
+/// Issue 50: a reload that changes `redis.key_prefix` keeps the prefix in force until a
+/// graceful upgrade, as the log says: the monthly count goes on where it was, nothing is
+/// written under the new prefix, the log says what the new prefix will do when it takes
+/// effect, `/readyz` lists it as pending (with a changed `server:`), and the dashboard shows the
+/// prefix in force and what waits. A reload back to the running prefix clears them; one that
+/// sets `key_secret` applies it, and the log says that every count starts anew.
+#[test]
+fn a_reload_that_changes_the_key_prefix_keeps_the_one_in_force_and_every_count() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let launch = Launch {
+        capture_log: true,
+        log_level: Some("info"),
+        ..Launch::default()
+    };
+    let gateway = Gateway::launch(&monthly_under("t").yaml(), &upstream, Some(&redis), &launch);
+    gateway.wait_ready();
+    assert!(
+        gateway.log().contains(
+            "redis: key prefix t: every counter, credit id and quota override is kept under it"
+        ),
+        "the start says the prefix in force: {}",
+        gateway.log()
+    );
+    let spent: Vec<u64> = (0..3).map(|_| left_after_one(&gateway)).collect();
+    assert_eq!(spent, [9, 8, 7]);
+
+    let moved = monthly_under("t2").server("work_stealing", false);
+    assert!(gateway.reload(&moved.yaml()), "the reload is taken");
+    assert_eq!(left_after_one(&gateway), 6, "the count goes on under t");
+    assert_eq!(
+        keys_under(&redis, "t2"),
+        0,
+        "nothing under the file's new prefix"
+    );
+    assert!(keys_under(&redis, "t") > 0, "the count is under t");
+    let said = "reload: `redis.key_prefix` changed in the file (t → t2); the running value stays until a graceful upgrade (sluice -u); when it takes effect every counter (monthly quotas included), credit id and override starts anew under t2";
+    support::eventually(Duration::from_secs(10), "the reload's warning", || {
+        gateway.log().contains(said)
+    });
+    let ready = http_get(gateway.admin, "/readyz", None, &[]);
+    assert_eq!(
+        (ready.status, ready.body.as_str()),
+        (
+            200,
+            "ready: redis limiter\npending upgrade (sluice -u): redis.key_prefix, server\n"
+        )
+    );
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let overview = http_get(gateway.admin, "/ui/", None, &[("authorization", &bearer)]);
+    assert_eq!(overview.status, 200);
+    assert!(
+        overview.body.contains("key prefix <code>t</code>"),
+        "the prefix in force: {}",
+        overview.body
+    );
+    assert!(
+        overview.body.contains("Waits for an upgrade")
+            && overview
+                .body
+                .contains("<code>redis.key_prefix</code> (t in force, t2 in the file)"),
+        "what waits: {}",
+        overview.body
+    );
+
+    assert!(
+        gateway.reload(&monthly_under("t").yaml()),
+        "back to the values in force"
+    );
+    let ready = http_get(gateway.admin, "/readyz", None, &[]);
+    assert_eq!(ready.body, "ready: redis limiter\n", "nothing waits");
+    assert_eq!(left_after_one(&gateway), 5);
+
+    let secret = monthly_under("t").set("key_secret", "a-new-secret-of-this-gateway");
+    assert!(gateway.reload(&secret.yaml()), "a new key_secret is taken");
+    assert_eq!(
+        left_after_one(&gateway),
+        9,
+        "every count starts anew with it"
+    );
+    support::eventually(Duration::from_secs(10), "the key_secret warning", || {
+        gateway.log().contains("reload: `key_secret` changed and applies now: it keys every key's hash, so every counter (monthly quotas included) and credit id starts anew")
+    });
 }
 
 #[test]

@@ -186,14 +186,6 @@ impl ApiKeys {
     pub fn keys(&self) -> impl Iterator<Item = (usize, &ApiKey)> {
         self.entries.iter().map(|entry| (entry.index, &entry.key))
     }
-
-    /// Each plan named in the file, with the index of its key there, so that the plans can be
-    /// checked against the configured ones (`config::api_key_file::check_plans`).
-    pub fn plans(&self) -> impl Iterator<Item = (usize, &str)> {
-        self.entries
-            .iter()
-            .filter_map(|entry| Some((entry.index, entry.key.plan.as_deref()?)))
-    }
 }
 
 /// A consumer id: 1 to [`MAX_CONSUMER_LEN`] visible ASCII characters (no spaces, no control
@@ -420,13 +412,6 @@ mod tests {
         );
         assert_eq!(again, Err(3));
         assert_eq!(keys.len(), 4);
-    }
-
-    #[test]
-    fn plans_are_listed_with_the_index_of_their_key() {
-        let keys = store();
-        let plans: Vec<_> = keys.plans().collect();
-        assert_eq!(plans, [(0, "pro"), (2, "pro"), (3, "free")]);
     }
 
     #[test]

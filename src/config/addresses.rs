@@ -12,6 +12,7 @@ use crate::caller::address_lists::{AddressLists, Ranges};
 
 /// `addresses:` as written.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawAddresses {
     #[serde(default)]
     pub allow: Vec<String>,

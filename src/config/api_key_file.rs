@@ -8,23 +8,31 @@
 //!     plan: pro                         # optional: else the default plan
 //!     disabled: true                    # optional: a revoked key, refused with 403
 //! ```
-//! Unknown keys are errors, like the configuration's own; plans are kept as written, for the
-//! identity section to check against the configured plans ([`check_plans`]).
+//! Every mistake of the file is told in one run, as the configuration's are: a value of the
+//! wrong type or an unknown key (with the known key nearest to it) is left out and the file read
+//! again (`misfits.rs`), each key is checked field by field, a hash listed twice is found among
+//! the keys whose hash reads whatever else is wrong with them, and each plan the file names is
+//! kept with its key's index ([`KeyPlan`]) for the identity section to check against the
+//! configured plans ([`compile`]), even when the file has other problems.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use serde::Deserialize;
 
-use super::problem::{ignored_path, Problem, Problems};
+use super::misfits;
+use super::problem::{Problem, Problems};
 use super::sources::Sources;
 use crate::caller::api_keys::{check_consumer, ApiKey, ApiKeys, KeyHash};
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RawKeyFile {
     keys: Vec<RawKey>,
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RawKey {
     hash: Option<String>,
     consumer: Option<String>,
@@ -33,59 +41,115 @@ struct RawKey {
     disabled: bool,
 }
 
+/// The file as read: its keys when nothing is wrong with it, every problem (each with its path
+/// in the file), and the plan of each key that names a readable one.
+#[derive(Debug, Default)]
+pub struct KeyFile {
+    pub keys: Option<ApiKeys>,
+    pub problems: Vec<Problem>,
+    pub plans: Vec<KeyPlan>,
+}
+
+/// One key's plan as the file writes it (`None`: the default plan), with the key's index and
+/// its consumer when that is right: what the plans are checked by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyPlan {
+    pub index: usize,
+    pub consumer: Option<String>,
+    pub plan: Option<String>,
+}
+
 /// The keys of the file at `path`, or every problem of it (each with its path in the file).
 pub fn read(path: &Path, sources: &mut Sources) -> Result<ApiKeys, Vec<Problem>> {
-    let text = sources
-        .read_to_string(path)
-        .map_err(|e| vec![Problem::new("", format!("cannot read the file: {e}"))])?;
-    from_yaml(&text)
+    ok_or_problems(read_all(path, sources))
 }
 
 /// The keys of `text`, or every problem of it.
 pub fn from_yaml(text: &str) -> Result<ApiKeys, Vec<Problem>> {
-    let mut p = Problems::default();
-    let deserializer = serde_yaml::Deserializer::from_str(text);
-    let mut unknown_key = |key: serde_ignored::Path<'_>| {
-        p.add(ignored_path(&key), "unknown key");
-    };
-    let raw: Result<RawKeyFile, _> = serde::Deserialize::deserialize(
-        serde_ignored::Deserializer::new(deserializer, &mut unknown_key),
-    );
-    let raw = match raw {
-        Ok(raw) => raw,
-        Err(e) => {
-            p.add("", super::wording::plain_words(&e.to_string()));
-            return Err(p.0);
-        }
-    };
-    let keys = compile_keys(raw.keys, &mut p);
-    if p.is_empty() {
-        Ok(keys)
-    } else {
-        Err(p.0)
+    ok_or_problems(from_yaml_all(text))
+}
+
+fn ok_or_problems(file: KeyFile) -> Result<ApiKeys, Vec<Problem>> {
+    match file.keys {
+        Some(keys) if file.problems.is_empty() => Ok(keys),
+        _ => Err(file.problems),
     }
 }
 
-/// Every key that is right, stored; a problem for each that is not.
-fn compile_keys(raw: Vec<RawKey>, p: &mut Problems) -> ApiKeys {
+/// The file at `path` read as far as it reads, with every problem of it.
+pub fn read_all(path: &Path, sources: &mut Sources) -> KeyFile {
+    match sources.read_to_string(path) {
+        Ok(text) => from_yaml_all(&text),
+        Err(e) => KeyFile {
+            problems: vec![Problem::new("", format!("cannot read the file: {e}"))],
+            ..KeyFile::default()
+        },
+    }
+}
+
+/// `text` read as far as it reads, with every problem of it.
+pub fn from_yaml_all(text: &str) -> KeyFile {
+    let mut p = Problems::default();
+    let compiled =
+        misfits::read_and_compile(text, &mut p, |raw: RawKeyFile, p| compile_keys(raw.keys, p));
+    let (keys, plans) = compiled.unwrap_or_default();
+    KeyFile {
+        keys: p.is_empty().then_some(keys),
+        problems: p.0,
+        plans,
+    }
+}
+
+/// Every key that is right, stored; a problem for each that is not; each key's plan.
+fn compile_keys(raw: Vec<RawKey>, p: &mut Problems) -> (ApiKeys, Vec<KeyPlan>) {
     let mut keys = ApiKeys::default();
+    let mut plans = Vec::new();
+    let mut first_with: HashMap<KeyHash, usize> = HashMap::new();
     for (i, raw) in raw.into_iter().enumerate() {
         let at = format!("keys[{i}]");
-        let Some((hash, key)) = compile_key(raw, &at, p) else {
+        let key = compile_key(raw, &at, p);
+        if let Some(plan) = &key.plan {
+            plans.push(KeyPlan {
+                index: i,
+                consumer: key.consumer.clone(),
+                plan: plan.clone(),
+            });
+        }
+        let Some(hash) = key.hash else {
             continue;
         };
-        if let Err(earlier) = keys.insert(hash, key, i) {
+        if let Some(earlier) = first_with.get(&hash) {
             p.add(
                 format!("{at}.hash"),
                 format!("the same hash as keys[{earlier}]: list each key once"),
             );
+            continue;
+        }
+        first_with.insert(hash, i);
+        if let (Some(consumer), Some(plan)) = (key.consumer, key.plan) {
+            let key = ApiKey {
+                consumer: consumer.into(),
+                plan: plan.map(String::into_boxed_str),
+                disabled: key.disabled,
+            };
+            // No hash is stored twice: the first of each was found above.
+            let _ = keys.insert(hash, key, i);
         }
     }
-    keys
+    (keys, plans)
 }
 
-/// One key of the file, or its problems.
-fn compile_key(raw: RawKey, at: &str, p: &mut Problems) -> Option<(KeyHash, ApiKey)> {
+/// One key's fields, each `None` where it is wrong (its problem reported).
+struct KeyFields {
+    hash: Option<KeyHash>,
+    consumer: Option<String>,
+    /// The plan as written (`Some(None)`: the default), `None` when it is empty.
+    plan: Option<Option<String>>,
+    disabled: bool,
+}
+
+/// One key of the file, each of its fields checked.
+fn compile_key(raw: RawKey, at: &str, p: &mut Problems) -> KeyFields {
     let hash = match raw.hash {
         Some(text) => KeyHash::parse(&text)
             .map_err(|e| p.add(format!("{at}.hash"), e))
@@ -111,46 +175,71 @@ fn compile_key(raw: RawKey, at: &str, p: &mut Problems) -> Option<(KeyHash, ApiK
                 format!("{at}.plan"),
                 "empty: name a plan, or remove it for the default plan",
             );
-            return None;
-        }
-        plan => plan.map(String::into_boxed_str),
-    };
-    let key = ApiKey {
-        consumer: consumer?.into(),
-        plan,
-        disabled: raw.disabled,
-    };
-    Some((hash?, key))
-}
-
-/// Reads the file at `file` into `p`: each of its problems reported at `at` (the configuration
-/// key that names the file), as `FILE: PATH: MESSAGE`.
-pub fn compile(file: &Path, at: &str, p: &mut Problems, sources: &mut Sources) -> Option<ApiKeys> {
-    match read(file, sources) {
-        Ok(keys) => Some(keys),
-        Err(problems) => {
-            for problem in problems {
-                p.add(at, format!("{}: {problem}", file.display()));
-            }
             None
         }
+        plan => Some(plan),
+    };
+    KeyFields {
+        hash,
+        consumer,
+        plan,
+        disabled: raw.disabled,
     }
 }
 
-/// Checks each plan the file names with `known` (`Err` says why the plan is not one), reporting
-/// at `at` as [`compile`] does: for the identity section, once the plans are compiled.
-pub fn check_plans(
-    keys: &ApiKeys,
+/// Reads the file at `file` into `p`, each of its problems reported at `at` (the configuration
+/// key that names the file) as `FILE: PATH: MESSAGE`, and checks the plan of every key that
+/// names one it reads, whatever else is wrong with the file: each is one that `known` accepts
+/// (`Err` says why not), and the keys of one consumer name one plan.
+pub fn compile(
     file: &Path,
     at: &str,
     p: &mut Problems,
+    sources: &mut Sources,
     known: impl Fn(&str) -> Result<(), String>,
-) {
-    for (i, plan) in keys.plans() {
-        if let Err(why) = known(plan) {
-            p.add(at, format!("{}: keys[{i}].plan: {why}", file.display()));
+) -> Option<ApiKeys> {
+    let read = read_all(file, sources);
+    for problem in read.problems {
+        p.add(at, format!("{}: {problem}", file.display()));
+    }
+    for (i, why) in plan_problems(&read.plans, known) {
+        p.add(at, format!("{}: keys[{i}].plan: {why}", file.display()));
+    }
+    read.keys
+}
+
+/// What is wrong with the plans of `keys`, by the index of the key: a plan `known` refuses, or
+/// a consumer's key on another plan than the consumer's first key.
+fn plan_problems(
+    keys: &[KeyPlan],
+    known: impl Fn(&str) -> Result<(), String>,
+) -> Vec<(usize, String)> {
+    let mut problems = Vec::new();
+    let mut first: HashMap<&str, (usize, Option<&str>)> = HashMap::new();
+    for key in keys {
+        let plan = key.plan.as_deref();
+        if let Some(Err(why)) = plan.map(&known) {
+            problems.push((key.index, why));
+            continue;
+        }
+        let Some(consumer) = key.consumer.as_deref() else {
+            continue;
+        };
+        match first.get(consumer) {
+            Some(&(earlier, named)) if named != plan => problems.push((
+                key.index,
+                format!(
+                    "consumer {consumer:?} is on plan {} by keys[{earlier}]: one consumer has one plan",
+                    named.unwrap_or("(the default)"),
+                ),
+            )),
+            Some(_) => {}
+            None => {
+                first.insert(consumer, (key.index, plan));
+            }
         }
     }
+    problems
 }
 
 #[cfg(test)]
@@ -159,6 +248,8 @@ mod tests {
 
     const ACME: &str = "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
     const BOLT: &str = "sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824";
+    const CARL: &str = "sha256:69bfe1e6e44821df7f8a0927bd7e61ef208fdb25deaa4353450bc3fb904abd52";
+    const DORA: &str = "sha256:69db31976ead37b85cc42a49c95fd06eec99cfd9b7ff219a25c0f59cb4049343";
 
     fn problems(yaml: &str) -> Vec<String> {
         match from_yaml(yaml) {
@@ -215,8 +306,8 @@ mod tests {
         let long = "c".repeat(129);
         assert_eq!(
             problems(&format!(
-                "keys:\n- {{ hash: \"{ACME}\" }}\n- {{ hash: \"{ACME}\", consumer: \"\" }}\n\
-                 - {{ hash: \"{ACME}\", consumer: {long} }}\n- {{ hash: \"{ACME}\", consumer: acme corp }}\n"
+                "keys:\n- {{ hash: \"{ACME}\" }}\n- {{ hash: \"{BOLT}\", consumer: \"\" }}\n\
+                 - {{ hash: \"{CARL}\", consumer: {long} }}\n- {{ hash: \"{DORA}\", consumer: acme corp }}\n"
             )),
             [
                 "keys[0].consumer: required",
@@ -241,14 +332,15 @@ mod tests {
     }
 
     #[test]
-    fn unknown_keys_are_all_reported_with_the_rules() {
+    fn unknown_keys_are_all_reported_with_the_rules_and_the_nearest_known_key() {
         assert_eq!(
             problems(&format!(
-                "key: []\nkeys:\n- {{ hash: \"{ACME}\", consumer: acme, plna: pro }}\n- {{ hash: x, consumer: acme }}\n"
+                "key: []\nkeys:\n- {{ hash: \"{ACME}\", consumer: acme, plna: pro }}\n- {{ hash: x, consumer: acme, colour: red }}\n"
             )),
             [
-                "key: unknown key",
-                "keys[0].plna: unknown key",
+                "key: unknown key: did you mean `keys`?",
+                "keys[0].plna: unknown key: did you mean `plan`?",
+                "keys[1].colour: unknown key",
                 "keys[1].hash: invalid hash \"x\": expected sha256: and 64 hex digits, as `sluice hash-key` prints",
             ]
         );
@@ -256,18 +348,56 @@ mod tests {
 
     #[test]
     fn a_file_that_is_not_a_key_list_is_explained() {
-        let wrong_type = problems(&format!(
-            "keys:\n- {{ hash: \"{ACME}\", consumer: acme, disabled: maybe }}\n"
-        ));
-        assert_eq!(wrong_type.len(), 1);
-        assert!(
-            wrong_type[0].starts_with("keys[0].disabled: invalid type: string \"maybe\""),
-            "{wrong_type:?}"
+        assert_eq!(
+            problems(&format!(
+                "keys:\n- {{ hash: \"{ACME}\", consumer: acme, disabled: maybe }}\n- just a string\n- {{ hash: \"{BOLT}\", consumer: bolt }}\n"
+            )),
+            [
+                "keys[0].disabled: expected true or false, got \"maybe\"",
+                "keys[1]: expected a table (key: value), got \"just a string\"",
+            ]
         );
-        let missing = problems("{}");
-        assert!(missing[0].contains("missing field `keys`"), "{missing:?}");
+        assert_eq!(problems("{}"), ["keys: required"]);
         let empty = problems("");
         assert_eq!(empty.len(), 1, "{empty:?}");
+        assert_eq!(problems("keys: [").len(), 1, "not YAML");
+    }
+
+    #[test]
+    fn every_mistake_of_a_file_is_told_in_one_read() {
+        let file = from_yaml_all(&format!(
+            "keys:\n\
+             - {{ hash: \"{ACME}\", consumer: acme, plan: pro, disabled: maybe }}\n\
+             - {{ hash: \"{BOLT}\", consumer: acme corp, plan: gold }}\n\
+             - {{ hash: \"{ACME}\", consumer: bolt, plan: gold }}\n\
+             - {{ hash: abc, consumer: carl, plan: silver }}\n"
+        ));
+        assert!(file.keys.is_none());
+        let told: Vec<String> = file.problems.iter().map(Problem::to_string).collect();
+        assert_eq!(
+            told,
+            [
+                "keys[0].disabled: expected true or false, got \"maybe\"",
+                "keys[1].consumer: invalid consumer id \"acme corp\": use visible ASCII characters, without spaces",
+                "keys[2].hash: the same hash as keys[0]: list each key once",
+                "keys[3].hash: invalid hash \"abc\": expected sha256: and 64 hex digits, as `sluice hash-key` prints",
+            ]
+        );
+        let plans: Vec<(usize, Option<&str>, Option<&str>)> = file
+            .plans
+            .iter()
+            .map(|k| (k.index, k.consumer.as_deref(), k.plan.as_deref()))
+            .collect();
+        assert_eq!(
+            plans,
+            [
+                (0, Some("acme"), Some("pro")),
+                (1, None, Some("gold")),
+                (2, Some("bolt"), Some("gold")),
+                (3, Some("carl"), Some("silver")),
+            ],
+            "every key's plan is kept for the plans' check, whatever else is wrong with it"
+        );
     }
 
     #[test]
@@ -280,7 +410,8 @@ mod tests {
             &file,
             "identity.api_keys.file",
             &mut p,
-            &mut Sources::default()
+            &mut Sources::default(),
+            |_| Ok(())
         )
         .is_none());
         assert_eq!(
@@ -296,7 +427,8 @@ mod tests {
             &missing,
             "identity.api_keys.file",
             &mut p,
-            &mut Sources::default()
+            &mut Sources::default(),
+            |_| Ok(())
         )
         .is_none());
         assert_eq!(
@@ -309,28 +441,46 @@ mod tests {
     }
 
     #[test]
-    fn plans_are_checked_with_the_callers_rule() {
-        let keys = from_yaml(&format!(
-            "keys:\n- {{ hash: \"{ACME}\", consumer: acme, plan: gold }}\n- {{ hash: \"{BOLT}\", consumer: bolt, plan: pro }}\n"
-        ))
+    fn plans_are_checked_with_the_callers_rule_even_in_a_file_with_other_problems() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("keys.yaml");
+        std::fs::write(
+            &file,
+            format!(
+                "keys:\n\
+                 - {{ hash: \"{ACME}\", consumer: acme, plan: gold }}\n\
+                 - {{ hash: \"{BOLT}\", consumer: bolt, plan: pro }}\n\
+                 - {{ hash: abc, consumer: bolt }}\n\
+                 - {{ hash: \"{ACME}\", consumer: acme, plan: silver }}\n"
+            ),
+        )
         .unwrap();
         let mut p = Problems::default();
-        check_plans(
-            &keys,
-            Path::new("/k.yaml"),
+        let known = |plan: &str| {
+            if plan == "pro" {
+                Ok(())
+            } else {
+                Err(format!("unknown plan {plan:?}: the plans are pro"))
+            }
+        };
+        let keys = compile(
+            &file,
             "identity.api_keys.file",
             &mut p,
-            |plan| {
-                if plan == "pro" {
-                    Ok(())
-                } else {
-                    Err(format!("unknown plan {plan:?}: the plans are pro"))
-                }
-            },
+            &mut Sources::default(),
+            known,
         );
+        assert!(keys.is_none());
+        let shown = file.display();
         assert_eq!(
             p.lines(),
-            ["identity.api_keys.file: /k.yaml: keys[0].plan: unknown plan \"gold\": the plans are pro"]
+            [
+                format!("identity.api_keys.file: {shown}: keys[2].hash: invalid hash \"abc\": expected sha256: and 64 hex digits, as `sluice hash-key` prints"),
+                format!("identity.api_keys.file: {shown}: keys[3].hash: the same hash as keys[0]: list each key once"),
+                format!("identity.api_keys.file: {shown}: keys[0].plan: unknown plan \"gold\": the plans are pro"),
+                format!("identity.api_keys.file: {shown}: keys[2].plan: consumer \"bolt\" is on plan pro by keys[1]: one consumer has one plan"),
+                format!("identity.api_keys.file: {shown}: keys[3].plan: unknown plan \"silver\": the plans are pro"),
+            ]
         );
     }
 }

@@ -2,7 +2,6 @@
 //! request header presents a key. The file is read when the configuration is compiled, so
 //! `sluice -t` checks it and every reload (SIGHUP) reads it again.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use http::header::HeaderName;
@@ -14,6 +13,7 @@ use crate::caller::api_keys::{ApiKeys, DEFAULT_HEADER};
 
 /// The section as written.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawApiKeys {
     /// The file of hashed keys; relative to the directory sluice was started in.
     pub file: Option<String>,
@@ -24,17 +24,17 @@ pub struct RawApiKeys {
 /// The section compiled: the keys read from the file, and where a request presents one.
 #[derive(Debug, Clone)]
 pub struct ApiKeySettings {
-    /// The file the keys were read from (absolute), for messages.
-    pub file: PathBuf,
     pub header: HeaderName,
     pub keys: Arc<ApiKeys>,
 }
 
-/// Compiles `raw` found at `at` (e.g. `identity.api_keys`), reading the key file; every
-/// problem is added to `p`, those of the file under `AT.file`.
+/// Compiles `raw` found at `at` (e.g. `identity.api_keys`), reading the key file and checking
+/// its plans with `known` (`Err` says why a name is not a plan); every problem is added to `p`,
+/// those of the file under `AT.file`.
 pub fn compile_api_keys(
     raw: RawApiKeys,
     at: &str,
+    known: impl Fn(&str) -> Result<(), String>,
     p: &mut Problems,
     read: &mut Sources,
 ) -> Option<ApiKeySettings> {
@@ -55,9 +55,8 @@ pub fn compile_api_keys(
         return None;
     };
     let file = super::paths::absolute(file);
-    let keys = super::api_key_file::compile(&file, &file_at, p, read);
+    let keys = super::api_key_file::compile(&file, &file_at, p, read, known);
     Some(ApiKeySettings {
-        file,
         header: header?,
         keys: Arc::new(keys?),
     })
@@ -72,11 +71,17 @@ mod tests {
 
     fn compiled(yaml: &str) -> (Option<ApiKeySettings>, Vec<String>) {
         problems_of(yaml, |raw: RawApiKeys, p: &mut Problems| {
-            compile_api_keys(raw, "identity.api_keys", p, &mut Sources::default())
+            compile_api_keys(
+                raw,
+                "identity.api_keys",
+                |_| Ok(()),
+                p,
+                &mut Sources::default(),
+            )
         })
     }
 
-    fn key_file(text: &str) -> (tempfile::TempDir, PathBuf) {
+    fn key_file(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("keys.yaml");
         std::fs::write(&file, text).unwrap();
@@ -90,7 +95,6 @@ mod tests {
         assert!(problems.is_empty(), "{problems:?}");
         let settings = settings.unwrap();
         assert_eq!(settings.header, "x-api-key");
-        assert_eq!(settings.file, file);
         assert_eq!(&*settings.keys.verify(b"abc").unwrap().consumer, "acme");
         let (settings, _) = compiled(&format!("{{ file: {}, header: X-Key }}", file.display()));
         assert_eq!(settings.unwrap().header, "x-key");

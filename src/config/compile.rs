@@ -10,8 +10,8 @@ use super::listeners::socket_addr;
 use super::model::Config;
 use super::observe::{compile_access_log, compile_request_id, compile_tracing};
 use super::problem::Problems;
-use super::raw::{RawAdmin, RawConfig, RawPath, RawRoute, RawSecret};
-use super::redis::{RedisSettings, DEFAULT_KEY_PREFIX};
+use super::raw::{RawAdmin, RawConfig, RawPath, RawRls, RawRoute, RawSecret};
+use super::redis::{RedisInForce, RedisSettings, DEFAULT_KEY_PREFIX};
 use super::routes::{self, RouteDefaults};
 use super::sources::Sources;
 use crate::caller::address::{TrustedProxies, DEFAULT_IPV6_PREFIX};
@@ -21,14 +21,22 @@ use crate::route::keys::KeySecret;
 use crate::route::path::PathRules;
 use crate::route::table::RouteTable;
 
-/// Compiles what of `raw` compiles, adding every problem found to `p`: what start would check
-/// next (certificates, users, directories) can be checked on it even when `p` is not empty.
-pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems, read: &mut Sources) -> Config {
+/// Compiles what of `raw` compiles with the `redis:` settings `redis_from` says are in force,
+/// adding every problem found to `p`: what start would check next (certificates, users,
+/// directories) can be checked on it even when `p` is not empty.
+pub fn compile_all(
+    source: &Path,
+    raw: RawConfig,
+    redis_from: RedisInForce<'_>,
+    p: &mut Problems,
+    read: &mut Sources,
+) -> Config {
     let serves_rls = raw.rls.is_some();
     let server = super::server::check(raw.server, p);
     let listen = super::listeners::compile(raw.listen, !serves_rls, p);
     let (admin_listen, admin_token, admin_audit_log) = compile_admin(raw.admin, p, read);
-    let redis = raw.redis.map(|redis| super::redis::compile(redis, p, read));
+    let in_file = raw.redis.map(|redis| super::redis::compile(redis, p, read));
+    let (redis, pending_upgrade) = super::redis::in_force(in_file, redis_from);
     let failure_mode = compile_failure_mode(raw.failure_mode, p);
     let (key_prefix, secret) = compile_keys(redis.as_ref(), raw.key_secret, p, read);
     let trusted_proxies = compile_trusted_proxies(&raw.trusted_proxies, raw.ipv6_prefix, p);
@@ -40,18 +48,6 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems, read: &mut S
     let access_log = compile_access_log(raw.access_log, p);
     let request_id = compile_request_id(raw.request_id, p);
     let tracing = compile_tracing(raw.tracing, p);
-    let rls = super::rls::compile(
-        raw.rls,
-        super::rls::RlsDefaults {
-            failure_mode,
-            key_prefix: &key_prefix,
-            secret: secret.keys(),
-            instances,
-            base: &directory_of(source),
-        },
-        p,
-        read,
-    );
     let defaults = RouteDefaults {
         key_prefix: &key_prefix,
         secret,
@@ -59,6 +55,7 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems, read: &mut S
         failure_mode,
         verifiers: &consumers,
     };
+    let rls = compile_rls(raw.rls, source, defaults, p, read);
     let routes = compile_routes(raw.routes, defaults, serves_rls, p);
     Config {
         source: source.to_path_buf(),
@@ -69,6 +66,8 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems, read: &mut S
         admin_audit_log,
         instances,
         redis,
+        pending_upgrade,
+        key_secret: secret,
         failure_mode,
         trusted_proxies,
         consumers,
@@ -81,6 +80,25 @@ pub fn compile_all(source: &Path, raw: RawConfig, p: &mut Problems, read: &mut S
         watch: raw.watch.unwrap_or(false),
         routes,
     }
+}
+
+/// `rls:`, its counters keyed as the routes' are (`defaults`), a relative `config_dir` taken
+/// from the directory of `source`.
+fn compile_rls(
+    raw: Option<RawRls>,
+    source: &Path,
+    defaults: RouteDefaults<'_>,
+    p: &mut Problems,
+    read: &mut Sources,
+) -> Option<super::rls::RlsSettings> {
+    let rls_defaults = super::rls::RlsDefaults {
+        failure_mode: defaults.failure_mode,
+        key_prefix: defaults.key_prefix,
+        secret: defaults.secret.keys(),
+        instances: defaults.instances,
+        base: &directory_of(source),
+    };
+    super::rls::compile(raw, rls_defaults, p, read)
 }
 
 /// `failure_mode:`, `allow` unless set.
@@ -250,7 +268,13 @@ mod tests {
 
     fn config(yaml: &str) -> (Option<Config>, Vec<String>) {
         problems_of(yaml, |raw: RawConfig, p: &mut Problems| {
-            let config = compile_all(Path::new("t.yaml"), raw, p, &mut Sources::default());
+            let config = compile_all(
+                Path::new("t.yaml"),
+                raw,
+                RedisInForce::File,
+                p,
+                &mut Sources::default(),
+            );
             p.is_empty().then_some(config)
         })
     }
@@ -321,5 +345,158 @@ mod tests {
             problems,
             ["watch: expected true or false, got \"sometimes\""]
         );
+    }
+
+    /// `text` read into the configuration's raw model as `misfits.rs` reads it: what reads, and
+    /// every misfit told.
+    fn read_misfits(
+        text: &str,
+    ) -> (
+        Option<super::super::misfits::Read<RawConfig>>,
+        Vec<(String, String)>,
+    ) {
+        let mut p = Problems::default();
+        let read = super::super::misfits::read(text, &mut p);
+        let told = p.0.into_iter().map(|x| (x.path, x.message)).collect();
+        (read, told)
+    }
+
+    #[test]
+    fn every_misfit_of_one_route_is_told_in_one_read() {
+        let text = "routes:\n  - name: a\n    limiter_timeout_ms: fast\n    shadow: [1]\n    upstream: { servers: [127.0.0.1:1], retries: -1 }\n    limits:\n      - { name: l, rate: 1/s, burst: 1.5 }\n      - { name: m, rate: [1] }\n  - name: b\n";
+        let (read, told) = read_misfits(text);
+        let told: std::collections::BTreeMap<String, String> = told.into_iter().collect();
+        let paths: Vec<&str> = told.keys().map(String::as_str).collect();
+        assert_eq!(
+            paths,
+            [
+                "routes[0].limiter_timeout_ms",
+                "routes[0].limits[0].burst",
+                "routes[0].limits[1].rate",
+                "routes[0].shadow",
+                "routes[0].upstream.retries",
+            ]
+        );
+        assert_eq!(
+            told["routes[0].upstream.retries"],
+            "expected a whole number ≥ 0, got -1"
+        );
+        assert_eq!(
+            told["routes[0].limits[0].burst"],
+            "expected a whole number ≥ 0, got 1.5 (a decimal)"
+        );
+        let read = read.expect("the rest reads");
+        assert_eq!(read.raw.routes.len(), 2, "both routes kept");
+        assert_eq!(read.raw.routes[0].limits.len(), 2, "both limits kept");
+        assert!(read.misfits.follows("routes[0].limits[1].rate"));
+        assert!(!read.misfits.follows("routes[0].limits[1].name"));
+        assert!(!read.misfits.follows("routes[0].limiter_timeout_msx"));
+    }
+
+    #[test]
+    fn a_route_of_the_wrong_shape_keeps_the_others_in_place() {
+        let (read, told) = read_misfits("routes:\n  - just a string\n  - name: b\n");
+        assert_eq!(
+            told,
+            [(
+                "routes[0]".to_string(),
+                "expected a table (key: value), got \"just a string\"".to_string()
+            )]
+        );
+        let read = read.expect("the rest reads");
+        assert_eq!(read.raw.routes.len(), 2);
+        assert_eq!(read.raw.routes[1].name.as_deref(), Some("b"));
+    }
+
+    /// A file with a misspelled key in every table of the configuration.
+    const MISSPELLED: &str = "\
+acess_log: {}
+access_log: { smaple: 1 }
+server: { threds: 1 }
+listen:
+  - adr: 127.0.0.1:1
+    tls:
+      certificats: []
+      client_auth: { mod: required }
+      certificates: [{ crt: a }]
+admin: { tokn: x }
+redis: { key_prefx: a, tls: { kye: a }, password: { flie: a } }
+addresses: { alow: [] }
+identity:
+  plan: []
+  api_keys: { hedaer: x }
+  jwt: { audiences: a }
+  mtls: { consumr: subject_cn }
+path: { encoded_slsh: keep }
+request_id: { headr: x }
+tracing: { endpont: x }
+rls: { config_dri: x }
+routes:
+  - limiter_timeout: 1
+    match: { path_prefx: /a }
+    upstream: { retrys: 1, tls: { verfy: true } }
+    auth: { mdoe: required }
+    adaptive_concurrency: { min_limt: 1 }
+    addresses: { dney: [] }
+    limits:
+      - algoritm: gcra
+        cost_from_response: { headr: x }
+        plans: { pro: { brust: 1 } }
+";
+
+    /// Each misspelled key of [`MISSPELLED`] and the known key it is told to be.
+    const MEANT: &[(&str, &str)] = &[
+        ("acess_log", "access_log"),
+        ("access_log.smaple", "sample"),
+        ("server.threds", "threads"),
+        ("listen[0].adr", "addr"),
+        ("listen[0].tls.certificats", "certificates"),
+        ("listen[0].tls.client_auth.mod", "mode"),
+        ("listen[0].tls.certificates[0].crt", "cert"),
+        ("admin.tokn", "token"),
+        ("redis.key_prefx", "key_prefix"),
+        ("redis.tls.kye", "key"),
+        ("redis.password.flie", "file"),
+        ("addresses.alow", "allow"),
+        ("identity.plan", "plans"),
+        ("identity.api_keys.hedaer", "header"),
+        ("identity.jwt.audiences", "audience"),
+        ("identity.mtls.consumr", "consumer"),
+        ("path.encoded_slsh", "encoded_slash"),
+        ("request_id.headr", "header"),
+        ("tracing.endpont", "endpoint"),
+        ("rls.config_dri", "config_dir"),
+        ("routes[0].limiter_timeout", "limiter_timeout_ms"),
+        ("routes[0].match.path_prefx", "path_prefix"),
+        ("routes[0].upstream.retrys", "retries"),
+        ("routes[0].upstream.tls.verfy", "verify"),
+        ("routes[0].auth.mdoe", "mode"),
+        ("routes[0].adaptive_concurrency.min_limt", "min_limit"),
+        ("routes[0].addresses.dney", "deny"),
+        ("routes[0].limits[0].algoritm", "algorithm"),
+        ("routes[0].limits[0].cost_from_response.headr", "header"),
+        ("routes[0].limits[0].plans.pro.brust", "burst"),
+    ];
+
+    #[test]
+    fn an_unknown_key_of_every_table_is_told_with_the_nearest_known_key() {
+        let (read, told) = read_misfits(MISSPELLED);
+        assert!(read.is_some(), "the rest reads");
+        let wrong: Vec<&(String, String)> = told
+            .iter()
+            .filter(|(_, message)| !message.starts_with("unknown key: did you mean `"))
+            .collect();
+        assert!(wrong.is_empty(), "{wrong:?}");
+        let told: std::collections::BTreeMap<&str, &str> = told
+            .iter()
+            .map(|(path, message)| (path.as_str(), message.as_str()))
+            .collect();
+        for &(path, known) in MEANT {
+            assert_eq!(
+                told.get(path).copied(),
+                Some(format!("unknown key: did you mean `{known}`?").as_str()),
+                "{path} in {told:#?}"
+            );
+        }
     }
 }

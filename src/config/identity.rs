@@ -4,8 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::api_key_file::check_plans;
-use super::api_keys::{compile_api_keys, ApiKeySettings};
+use super::api_keys::compile_api_keys;
 use super::choice::chosen;
 use super::jwt::compile_jwt;
 use super::problem::{check_name, Problems};
@@ -31,13 +30,16 @@ pub fn compile(
     let mut raw = raw.unwrap_or_default();
     let written = raw.api_keys.is_some() || raw.jwt.is_some() || raw.mtls.is_some();
     let plans = compile_plans(&raw, p);
+    let known = |name: &str| {
+        plans
+            .find(name)
+            .map(|_| ())
+            .ok_or_else(|| format!("unknown plan {name:?}: {}", known_plans(&plans)))
+    };
     let api_keys = raw
         .api_keys
         .take()
-        .and_then(|keys| compile_api_keys(keys, "identity.api_keys", p, read));
-    if let Some(keys) = &api_keys {
-        check_key_plans(keys, &plans, p);
-    }
+        .and_then(|keys| compile_api_keys(keys, "identity.api_keys", known, p, read));
     let api_keys = api_keys.map(|settings| KeyCheck {
         header: settings.header,
         keys: settings.keys,
@@ -99,37 +101,6 @@ fn compile_mtls(raw: RawMtls, plans: &Plans, p: &mut Problems) -> Option<Certifi
         field,
         plans: by_consumer,
     })
-}
-
-/// Every plan the key file names is declared, and the keys of one consumer name one plan.
-fn check_key_plans(settings: &ApiKeySettings, plans: &Plans, p: &mut Problems) {
-    let at = "identity.api_keys.file";
-    let file = &settings.file;
-    check_plans(&settings.keys, file, at, p, |name| {
-        plans
-            .find(name)
-            .map(|_| ())
-            .ok_or_else(|| format!("unknown plan {name:?}: {}", known_plans(plans)))
-    });
-    let mut first: HashMap<&str, (usize, Option<&str>)> = HashMap::new();
-    for (i, key) in settings.keys.keys() {
-        let plan = key.plan.as_deref();
-        match first.get(&*key.consumer) {
-            Some(&(earlier, named)) if named != plan => p.add(
-                at,
-                format!(
-                    "{}: keys[{i}].plan: consumer {:?} is on plan {} by keys[{earlier}]: one consumer has one plan",
-                    file.display(),
-                    key.consumer,
-                    named.unwrap_or("(the default)"),
-                ),
-            ),
-            Some(_) => {}
-            None => {
-                first.insert(&key.consumer, (i, plan));
-            }
-        }
-    }
 }
 
 /// The claims `claim:NAME` key parts of `routes` name, each once: what verified tokens keep.

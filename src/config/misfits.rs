@@ -4,21 +4,24 @@
 //! stopped at, until it reads. Each misfit is a problem at its YAML path in an operator's words
 //! (`expected a whole number ≥ 0, got -1`: `wording.rs`); compile then reads it as a key not
 //! written, and what compile says at or under its path (`rate: required`) follows from the
-//! misfit and is dropped ([`Read::follows`]). A misfit inside a list of tables (a route that is
+//! misfit and is dropped ([`Misfits::follows`]). A misfit inside a list of tables (a route that is
 //! a string) leaves an empty table in its place, so the items after it keep their positions.
+//! A key a table does not know is a misfit too (every table denies unknown keys), told with the
+//! known key nearest to it (`wording.rs`). Any file read into serde structs is read so: the
+//! configuration, and the file of API keys (`api_key_file.rs`).
 
+use serde::de::DeserializeOwned;
 use serde_yaml::Value;
 
 use super::problem::{self, Problems};
-use super::raw::RawConfig;
 use super::wording;
 
 /// Misfits reported at most before the file is given up on.
 const MAX_MISFITS: usize = 200;
 
 /// A file as read: its raw model, and the values left out as misfits.
-pub struct Read {
-    pub raw: RawConfig,
+pub struct Read<T> {
+    pub raw: T,
     pub misfits: Misfits,
 }
 
@@ -40,9 +43,26 @@ fn under(path: &str, at: &str) -> bool {
         || at.is_empty()
 }
 
+/// Reads `text` into a `T` as [`read`] does, and compiles what reads with `compile`: what
+/// compile says at or under a misfit's path (`rate: required` of a `rate` of the wrong type)
+/// follows from the misfit, which is the problem, and is dropped. `None` when nothing reads.
+pub fn read_and_compile<T: DeserializeOwned, C>(
+    text: &str,
+    p: &mut Problems,
+    compile: impl FnOnce(T, &mut Problems) -> C,
+) -> Option<C> {
+    let read = read(text, p)?;
+    let before = p.0.len();
+    let compiled = compile(read.raw, p);
+    let said = p.0.split_off(before);
+    let misfits = read.misfits;
+    p.0.extend(said.into_iter().filter(|x| !misfits.follows(&x.path)));
+    Some(compiled)
+}
+
 /// Reads `text`, reporting its unknown keys and every misfit to `p`; `None` when it is not YAML
 /// (the syntax error reported) or has more misfits than are worth telling.
-pub fn read(text: &str, p: &mut Problems) -> Option<Read> {
+pub fn read<T: DeserializeOwned>(text: &str, p: &mut Problems) -> Option<Read<T>> {
     let mut misfits = Misfits::default();
     let first = match attempt(text, p) {
         Ok(raw) => return Some(Read { raw, misfits }),
@@ -80,12 +100,12 @@ pub fn read(text: &str, p: &mut Problems) -> Option<Read> {
     None
 }
 
-/// Deserializes `text` with the path of what stops it; each unknown key is added to `p` once
-/// the whole text reads.
-fn attempt(
+/// Deserializes `text` with the path of what stops it; each key a table ignores (none does:
+/// they deny unknown keys, which are misfits) is added to `p` once the whole text reads.
+fn attempt<T: DeserializeOwned>(
     text: &str,
     p: &mut Problems,
-) -> Result<RawConfig, serde_path_to_error::Error<serde_yaml::Error>> {
+) -> Result<T, serde_path_to_error::Error<serde_yaml::Error>> {
     let mut unknown = Problems::default();
     let deserializer = serde_yaml::Deserializer::from_str(text);
     let mut unknown_key = |key: serde_ignored::Path<'_>| {
@@ -139,58 +159,19 @@ fn remove(value: &mut Value, path: &serde_path_to_error::Path) -> bool {
 mod tests {
     use super::*;
 
-    fn problems(text: &str) -> (Option<Read>, Vec<(String, String)>) {
+    /// A table of one key, for what a file that does not read says.
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Shape {
+        routes: Option<Vec<String>>,
+    }
+
+    fn problems(text: &str) -> (Option<Read<Shape>>, Vec<(String, String)>) {
         let mut p = Problems::default();
         let read = read(text, &mut p);
         let told = p.0.into_iter().map(|x| (x.path, x.message)).collect();
         (read, told)
-    }
-
-    #[test]
-    fn every_misfit_of_one_route_is_told_in_one_read() {
-        let text = "routes:\n  - name: a\n    limiter_timeout_ms: fast\n    shadow: [1]\n    upstream: { servers: [127.0.0.1:1], retries: -1 }\n    limits:\n      - { name: l, rate: 1/s, burst: 1.5 }\n      - { name: m, rate: [1] }\n  - name: b\n";
-        let (read, told) = problems(text);
-        let told: std::collections::BTreeMap<String, String> = told.into_iter().collect();
-        let paths: Vec<&str> = told.keys().map(String::as_str).collect();
-        assert_eq!(
-            paths,
-            [
-                "routes[0].limiter_timeout_ms",
-                "routes[0].limits[0].burst",
-                "routes[0].limits[1].rate",
-                "routes[0].shadow",
-                "routes[0].upstream.retries",
-            ]
-        );
-        assert_eq!(
-            told["routes[0].upstream.retries"],
-            "expected a whole number ≥ 0, got -1"
-        );
-        assert_eq!(
-            told["routes[0].limits[0].burst"],
-            "expected a whole number ≥ 0, got 1.5 (a decimal)"
-        );
-        let read = read.expect("the rest reads");
-        assert_eq!(read.raw.routes.len(), 2, "both routes kept");
-        assert_eq!(read.raw.routes[0].limits.len(), 2, "both limits kept");
-        assert!(read.misfits.follows("routes[0].limits[1].rate"));
-        assert!(!read.misfits.follows("routes[0].limits[1].name"));
-        assert!(!read.misfits.follows("routes[0].limiter_timeout_msx"));
-    }
-
-    #[test]
-    fn a_route_of_the_wrong_shape_keeps_the_others_in_place() {
-        let (read, told) = problems("routes:\n  - just a string\n  - name: b\n");
-        assert_eq!(
-            told,
-            [(
-                "routes[0]".to_string(),
-                "expected a table (key: value), got \"just a string\"".to_string()
-            )]
-        );
-        let read = read.expect("the rest reads");
-        assert_eq!(read.raw.routes.len(), 2);
-        assert_eq!(read.raw.routes[1].name.as_deref(), Some("b"));
     }
 
     #[test]

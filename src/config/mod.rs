@@ -7,7 +7,9 @@
 //! closed choice (algorithms, modes, ...). Unknown keys, unknown names of a choice, values of
 //! the wrong type and problems found while compiling are all reported together, each with the
 //! file and the YAML path: when serde stops at a value of the wrong type, the file is read again
-//! without it (`misfits.rs`), and what reads is compiled.
+//! without it (`misfits.rs`), and what reads is compiled. A reload compiles the file with the
+//! `redis:` settings in force ([`Config::reload`]); what it changes that waits for a graceful
+//! upgrade is `pending.rs`'s.
 
 pub(crate) mod adaptive;
 pub(crate) mod addresses;
@@ -23,6 +25,7 @@ pub(crate) mod misfits;
 pub(crate) mod model;
 pub(crate) mod observe;
 pub mod paths;
+pub(crate) mod pending;
 pub(crate) mod problem;
 pub(crate) mod rate;
 pub(crate) mod raw;
@@ -40,8 +43,9 @@ pub(crate) mod wording;
 use std::path::Path;
 
 pub use model::Config;
+pub use pending::PendingChange;
 pub use problem::{ConfigError, Problem, Problems};
-pub use redis::RedisSettings;
+pub use redis::{RedisInForce, RedisSettings};
 pub use server::ServerSettings;
 pub use sources::Sources;
 
@@ -52,11 +56,33 @@ impl Config {
         all_or_error(path, Config::load_all(path, sources))
     }
 
+    /// Reads and compiles `path` for a reload of a process whose `redis:` settings are
+    /// `running` (`None`: in-process), which a reload keeps until a graceful upgrade: the
+    /// configuration's keys and `redis` are those in force, the file's `redis:` is still
+    /// checked, and what it changes is in `pending_upgrade`.
+    pub fn reload(
+        path: &Path,
+        sources: &mut Sources,
+        running: Option<&RedisSettings>,
+    ) -> Result<Config, ConfigError> {
+        let redis_from = RedisInForce::Running(running);
+        all_or_error(path, Config::read_in_force(path, sources, redis_from))
+    }
+
     /// Reads and compiles what of `path` compiles, with every problem found: what `sluice -t`
     /// checks further. No config when the file cannot be read or is not YAML.
     pub fn load_all(path: &Path, sources: &mut Sources) -> (Option<Config>, Vec<Problem>) {
+        Config::read_in_force(path, sources, RedisInForce::File)
+    }
+
+    /// [`Config::load_all`] with the `redis:` settings `redis_from` says are in force.
+    fn read_in_force(
+        path: &Path,
+        sources: &mut Sources,
+        redis_from: RedisInForce<'_>,
+    ) -> (Option<Config>, Vec<Problem>) {
         match sources.read_to_string(path) {
-            Ok(text) => Config::compile_text(path, &text, sources),
+            Ok(text) => Config::compile_text(path, &text, redis_from, sources),
             Err(e) => (
                 None,
                 vec![Problem::new("", format!("cannot read the file: {e}"))],
@@ -69,7 +95,7 @@ impl Config {
     pub fn from_yaml(path: &Path, text: &str) -> Result<Config, ConfigError> {
         all_or_error(
             path,
-            Config::compile_text(path, text, &mut Sources::default()),
+            Config::compile_text(path, text, RedisInForce::File, &mut Sources::default()),
         )
     }
 
@@ -77,22 +103,14 @@ impl Config {
     fn compile_text(
         path: &Path,
         text: &str,
+        redis_from: RedisInForce<'_>,
         sources: &mut Sources,
     ) -> (Option<Config>, Vec<Problem>) {
         let mut problems = Problems::default();
-        let Some(read) = misfits::read(text, &mut problems) else {
-            return (None, problems.0);
-        };
-        let before = problems.0.len();
-        let config = compile::compile_all(path, read.raw, &mut problems, sources);
-        // What compile says of a value read as not written (`rate: required`) follows from
-        // its misfit, which is the problem.
-        let compiled = problems.0.split_off(before);
-        let misfits = read.misfits;
-        problems
-            .0
-            .extend(compiled.into_iter().filter(|x| !misfits.follows(&x.path)));
-        (Some(config), problems.0)
+        let config = misfits::read_and_compile(text, &mut problems, |raw, p| {
+            compile::compile_all(path, raw, redis_from, p, sources)
+        });
+        (config, problems.0)
     }
 }
 

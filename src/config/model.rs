@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use super::listeners::Listener;
 use super::observe::{AccessLogSettings, RequestIdSettings, TracingSettings};
+use super::pending::PendingChange;
 use super::redis::RedisSettings;
 use super::rls::RlsSettings;
 use super::server::ServerSettings;
@@ -14,6 +15,7 @@ use crate::caller::consumers::Verifiers;
 use crate::limiter::script::Algorithms;
 use crate::limiter::FailureMode;
 use crate::limiter::Secret;
+use crate::route::keys::KeySecret;
 use crate::route::path::PathRules;
 use crate::route::table::RouteTable;
 
@@ -28,8 +30,16 @@ pub struct Config {
     pub admin_token: Option<Secret>,
     /// Where the quota admin API appends its audit lines (`admin.audit_log`); `None`: stdout.
     pub admin_audit_log: Option<PathBuf>,
-    /// `None`: limits run in-process.
+    /// The `redis:` settings in force (`None`: limits run in-process): the file's at start, and
+    /// after a reload still those the process started with ([`PendingChange`]).
     pub redis: Option<RedisSettings>,
+    /// What the file changes that the running process keeps until a graceful upgrade
+    /// (`sluice -u`): `redis:` settings, listeners, `server:`, `tracing:`. Empty at start; a
+    /// reload fills it (`runtime/reload.rs`), `/readyz` and the dashboard show it.
+    pub pending_upgrade: Vec<PendingChange>,
+    /// The key of every key hash (`key_secret`, else the key prefix): a change makes every
+    /// key anew.
+    pub key_secret: KeySecret,
     /// The gateways sharing the limits (`instances:`): `failure_mode: local` enforces
     /// `limit / instances`.
     pub instances: u64,

@@ -16,6 +16,7 @@ use super::problem::Problems;
 const MAX_LOGGED_HEADERS: usize = 16;
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawAccessLog {
     pub enabled: Option<bool>,
     pub path: Option<String>,
@@ -25,6 +26,7 @@ pub struct RawAccessLog {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawRequestId {
     pub enabled: Option<bool>,
     pub header: Option<String>,
@@ -32,6 +34,7 @@ pub struct RawRequestId {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawTracing {
     pub enabled: Option<bool>,
     pub endpoint: Option<String>,

@@ -82,6 +82,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     parse_period(text.trim()).map_err(|reason| format!("invalid duration {text:?}: {reason}"))
 }
 
+/// The units a period may be written in, and their length in milliseconds.
+const UNITS: [(&str, u64); 5] = [
+    ("ms", 1),
+    ("s", 1_000),
+    ("m", 60_000),
+    ("h", 3_600_000),
+    ("d", 86_400_000),
+];
+
 fn parse_period(text: &str) -> Result<Duration, String> {
     let digits_end = text
         .find(|c: char| !c.is_ascii_digit())
@@ -97,22 +106,37 @@ fn parse_period(text: &str) -> Result<Duration, String> {
     if multiple == 0 {
         return Err("the period must be longer than zero".to_string());
     }
-    let unit_ms: u64 = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => {
-            return Err(format!(
-                "unknown period unit {unit:?}: use ms, s, m, h or d"
-            ))
-        }
+    let Some(&(_, unit_ms)) = UNITS.iter().find(|(name, _)| *name == unit) else {
+        return Err(unknown_unit(number, unit));
     };
     multiple
         .checked_mul(unit_ms)
         .map(Duration::from_millis)
         .ok_or_else(|| format!("period {text:?} is too large"))
+}
+
+/// Why a period whose unit is `unit` (after the number `number`) is not one: no unit at all is
+/// told as such (`30` → `write 30s`), else the units there are.
+fn unknown_unit(number: &str, unit: &str) -> String {
+    let names: Vec<&str> = UNITS.iter().map(|(name, _)| *name).collect();
+    if unit.is_empty() && !number.is_empty() {
+        let others: Vec<&str> = names.iter().copied().filter(|&n| n != "s").collect();
+        return format!(
+            "no unit after {number}: write {number}s (or {})",
+            others.join(", ")
+        );
+    }
+    if unit.is_empty() {
+        return format!(
+            "empty: write a number and a unit, e.g. 30s ({})",
+            names.join(", ")
+        );
+    }
+    let (last, first) = names.split_last().unwrap_or((&"", &[]));
+    format!(
+        "unknown period unit {unit:?}: use {} or {last}",
+        first.join(", ")
+    )
 }
 
 #[cfg(test)]
@@ -174,6 +198,22 @@ mod tests {
         assert!(parse_rate("10/fortnight")
             .unwrap_err()
             .contains("unknown period unit"));
+        assert_eq!(
+            parse_rate("10/30").unwrap_err(),
+            "invalid rate \"10/30\": no unit after 30: write 30s (or ms, m, h, d)"
+        );
+        assert_eq!(
+            parse_duration("30").unwrap_err(),
+            "invalid duration \"30\": no unit after 30: write 30s (or ms, m, h, d)"
+        );
+        assert_eq!(
+            parse_duration("").unwrap_err(),
+            "invalid duration \"\": empty: write a number and a unit, e.g. 30s (ms, s, m, h, d)"
+        );
+        assert_eq!(
+            parse_duration("2w").unwrap_err(),
+            "invalid duration \"2w\": unknown period unit \"w\": use ms, s, m, h or d"
+        );
         assert!(parse_rate("10/0s")
             .unwrap_err()
             .contains("longer than zero"));

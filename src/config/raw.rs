@@ -2,8 +2,9 @@
 //!
 //! Nothing here is validated beyond YAML types; `compile.rs` turns these into types that
 //! cannot be wrong. A closed choice (`algorithm`, `mode`, ...) is a [`Spelled`] enum: known, or
-//! the spelling compile reports with the accepted names (`choice.rs`). Unknown keys are collected by `serde_ignored` (see `mod.rs`) so that all
-//! of them are reported at once, with their paths.
+//! the spelling compile reports with the accepted names (`choice.rs`). Every table denies unknown
+//! keys: each is a misfit (`misfits.rs`), told with its path and the known key nearest to it, and
+//! all of them are reported at once.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -24,6 +25,7 @@ use super::observe::{RawAccessLog, RawRequestId, RawTracing};
 use super::server::ServerSettings;
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawConfig {
     #[serde(default)]
     pub server: ServerSettings,
@@ -51,6 +53,7 @@ pub struct RawConfig {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawRls {
     pub listen: Option<String>,
     pub config_dir: Option<String>,
@@ -60,11 +63,13 @@ pub struct RawRls {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawPath {
     pub encoded_slash: Option<Spelled<EncodedSlash>>,
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawAdmin {
     pub listen: Option<String>,
     pub token: Option<RawSecret>,
@@ -72,6 +77,7 @@ pub struct RawAdmin {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawRedis {
     pub mode: Option<Spelled<RedisMode>>,
     pub url: Option<String>,
@@ -89,6 +95,7 @@ pub struct RawRedis {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawRoute {
     pub name: Option<String>,
     #[serde(rename = "match")]
@@ -108,6 +115,7 @@ pub struct RawRoute {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawMatch {
     pub path_prefix: Option<String>,
     pub path: Option<String>,
@@ -116,6 +124,7 @@ pub struct RawMatch {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawUpstream {
     #[serde(default)]
     pub servers: Vec<String>,
@@ -132,6 +141,7 @@ pub struct RawUpstream {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawUpstreamTls {
     pub sni: Option<String>,
     pub verify: Option<bool>,
@@ -141,6 +151,7 @@ pub struct RawUpstreamTls {
 }
 
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawLimit {
     pub name: Option<String>,
     pub key: Option<Vec<String>>,
@@ -217,6 +228,7 @@ impl<'de> Deserialize<'de> for RawOverride {
 
 /// `identity:`: the plans there are, and the verifiers of credentials.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawIdentity {
     #[serde(default)]
     pub plans: Vec<String>,
@@ -229,6 +241,7 @@ pub struct RawIdentity {
 /// `identity.jwt`: where the keys come from, which algorithms, issuers, audiences and claims
 /// (compiled by `jwt.rs`).
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawJwt {
     pub jwks_file: Option<String>,
     pub jwks_url: Option<String>,
@@ -255,6 +268,7 @@ pub enum OneOrMany {
 /// `identity.mtls`: which field of a verified client certificate names the consumer, and the
 /// plans of consumers so named.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawMtls {
     pub consumer: Option<Spelled<CertificateField>>,
     #[serde(default)]
@@ -300,6 +314,7 @@ impl<'de> Deserialize<'de> for RawAuth {
 
 /// `cost_from_response:` of a limit: the header (or trailer) the upstream reports the cost in.
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawResponseCost {
     pub header: Option<String>,
     pub estimate: Option<u64>,

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use super::choice::{chosen, RedisMode, Spelled};
+use super::pending::PendingChange;
 use super::problem::{check_name, millis_within, Problems};
 use super::raw::RawRedis;
 use super::sources::Sources;
@@ -25,6 +26,113 @@ pub struct RedisSettings {
     pub key_prefix: String,
     /// The most decisions one script call carries when requests queue (1: one call each).
     pub max_batch: usize,
+}
+
+/// Which `redis:` settings a configuration is compiled with: its keys, their prefix and the
+/// settings it reports (`Config.redis`) are those in force.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum RedisInForce<'a> {
+    /// The file's: at start (and `sluice -u`), and for `sluice -t`.
+    #[default]
+    File,
+    /// Those the process runs with (`None`: in-process), which a reload keeps until a graceful
+    /// upgrade: the file's are still compiled and checked, and what they change is pending.
+    Running(Option<&'a RedisSettings>),
+}
+
+/// The settings in force of a file whose `redis:` compiles to `file`, and what of the file's
+/// waits for a graceful upgrade.
+pub fn in_force(
+    file: Option<RedisSettings>,
+    from: RedisInForce<'_>,
+) -> (Option<RedisSettings>, Vec<PendingChange>) {
+    match from {
+        RedisInForce::File => (file, Vec::new()),
+        RedisInForce::Running(running) => {
+            let pending = RedisSettings::changes(running, file.as_ref());
+            (running.cloned(), pending)
+        }
+    }
+}
+
+impl RedisSettings {
+    /// What `file` changes against `running`, setting by setting (`redis` alone when the
+    /// section is added or removed); URLs and secrets are named, never shown.
+    pub fn changes(
+        running: Option<&RedisSettings>,
+        file: Option<&RedisSettings>,
+    ) -> Vec<PendingChange> {
+        let describe = |settings: Option<&RedisSettings>| match settings {
+            Some(settings) => format!("Redis, {} mode", settings.topology.mode()),
+            None => "none: limits in-process".to_string(),
+        };
+        match (running, file) {
+            (None, None) => Vec::new(),
+            (Some(running), Some(file)) => running.differences(file),
+            _ => vec![PendingChange {
+                path: "redis",
+                values: Some((describe(running), describe(file))),
+            }],
+        }
+    }
+
+    /// Each setting `file` has another value of.
+    fn differences(&self, file: &RedisSettings) -> Vec<PendingChange> {
+        let mut changes = Vec::new();
+        let mut differ = |path, changed: bool, values: Option<(String, String)>| {
+            if changed {
+                changes.push(PendingChange { path, values });
+            }
+        };
+        let (a, b) = (&self.topology, &file.topology);
+        let modes = (a.mode().to_string(), b.mode().to_string());
+        differ("redis.mode", modes.0 != modes.1, Some(modes));
+        match (a, b) {
+            (Topology::Standalone { url }, Topology::Standalone { url: other }) => {
+                differ("redis.url", url != other, None);
+            }
+            (Topology::Cluster { nodes }, Topology::Cluster { nodes: other }) => {
+                differ("redis.nodes", nodes != other, None);
+            }
+            (
+                Topology::Sentinel {
+                    sentinels,
+                    master_name,
+                },
+                Topology::Sentinel {
+                    sentinels: others,
+                    master_name: other,
+                },
+            ) => {
+                differ("redis.sentinels", sentinels != others, None);
+                let names = (master_name.clone(), other.clone());
+                differ("redis.master_name", names.0 != names.1, Some(names));
+            }
+            _ => {}
+        }
+        differ(
+            "redis.username",
+            self.auth.username != file.auth.username,
+            None,
+        );
+        differ(
+            "redis.password",
+            self.auth.password != file.auth.password,
+            None,
+        );
+        differ("redis.tls", self.auth.tls != file.auth.tls, None);
+        let ms = |settings: &RedisSettings| format!("{} ms", settings.timeout.as_millis());
+        differ(
+            "redis.timeout_ms",
+            self.timeout != file.timeout,
+            Some((ms(self), ms(file))),
+        );
+        let prefixes = (self.key_prefix.clone(), file.key_prefix.clone());
+        differ("redis.key_prefix", prefixes.0 != prefixes.1, Some(prefixes));
+        let batches = (self.max_batch.to_string(), file.max_batch.to_string());
+        differ("redis.max_batch", batches.0 != batches.1, Some(batches));
+        changes
+    }
 }
 
 pub fn compile(raw: RawRedis, p: &mut Problems, read: &mut Sources) -> RedisSettings {
@@ -282,6 +390,54 @@ mod tests {
             problems,
             ["redis.master_password: master_password is another spelling of password: give only one"]
         );
+    }
+
+    fn settings(yaml: &str) -> RedisSettings {
+        let (settings, problems) = problems_of(yaml, compile);
+        assert!(problems.is_empty(), "{problems:?}");
+        settings
+    }
+
+    #[test]
+    fn changes_are_named_setting_by_setting_without_urls_or_secrets() {
+        let running = settings("url: redis://:pw-one@127.0.0.1/0\nkey_prefix: a\n");
+        let file = settings(
+            "url: redis://:pw-two@127.0.0.1/0\nkey_prefix: b\ntimeout_ms: 50\npassword: x\n",
+        );
+        let changes = RedisSettings::changes(Some(&running), Some(&file));
+        let told: Vec<String> = changes.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            told,
+            [
+                "redis.url",
+                "redis.password",
+                "redis.timeout_ms (25 ms → 50 ms)",
+                "redis.key_prefix (a → b)",
+            ]
+        );
+        assert!(RedisSettings::changes(Some(&running), Some(&running)).is_empty());
+        assert!(RedisSettings::changes(None, None).is_empty());
+        let added = RedisSettings::changes(None, Some(&file));
+        assert_eq!(
+            added.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["redis (none: limits in-process → Redis, standalone mode)"]
+        );
+        let cluster = settings("mode: cluster\nnodes: [redis://127.0.0.1:7000/]\n");
+        let told = RedisSettings::changes(Some(&running), Some(&cluster));
+        assert_eq!(told[0].to_string(), "redis.mode (standalone → cluster)");
+    }
+
+    #[test]
+    fn a_reload_keeps_the_settings_in_force_and_says_what_waits() {
+        let running = settings("url: redis://127.0.0.1/0\nkey_prefix: a\n");
+        let file = settings("url: redis://127.0.0.1/0\nkey_prefix: b\n");
+        let (kept, pending) = in_force(Some(file.clone()), RedisInForce::Running(Some(&running)));
+        assert_eq!(kept, Some(running.clone()));
+        assert_eq!(pending[0].path, "redis.key_prefix");
+        let (start, pending) = in_force(Some(file.clone()), RedisInForce::File);
+        assert_eq!((start, pending.len()), (Some(file), 0));
+        let (kept, pending) = in_force(None, RedisInForce::Running(Some(&running)));
+        assert_eq!((kept, pending[0].path), (Some(running), "redis"));
     }
 
     #[test]

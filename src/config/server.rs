@@ -44,6 +44,7 @@ fn in_runtime_directory((name, fallback): (&str, &str)) -> String {
 
 /// The subset of Pingora's `ServerConf` an operator may set; `None` keeps sluice's default.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ServerSettings {
     pub threads: Option<usize>,
     pub pid_file: Option<String>,

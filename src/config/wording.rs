@@ -1,6 +1,7 @@
 //! serde's messages in an operator's words: the Rust type names serde says it expected become
 //! what an operator writes (a whole number, a list, a table), and a value of the wrong type is
-//! told as `expected WHAT, got WHAT WAS WRITTEN` ([`misfit`]).
+//! told as `expected WHAT, got WHAT WAS WRITTEN` ([`misfit`]), and an unknown key with the known
+//! key nearest to it, when it is near enough to be a misspelling (`did you mean`).
 
 /// serde's names of the types it expected, and an operator's words for them.
 const WORDS: &[(&str, &str)] = &[
@@ -65,8 +66,9 @@ pub fn misfit(error: &serde_path_to_error::Error<serde_yaml::Error>) -> (String,
     let path = yaml_path(error.path());
     let inner = error.inner();
     let mut message = inner.to_string();
-    // serde_yaml's own text: `PATH: MESSAGE at line L column C`.
-    if let Some(rest) = message.strip_prefix(&format!("{path}: ")) {
+    // serde_yaml's own text: `PATH: MESSAGE at line L column C`, its path the misfit's or,
+    // for a key a table refuses, the table's.
+    if let Some(rest) = ancestors(&path).find_map(|at| message.strip_prefix(&format!("{at}: "))) {
         message = rest.to_string();
     }
     if let Some(location) = inner.location() {
@@ -87,7 +89,7 @@ pub fn misfit(error: &serde_path_to_error::Error<serde_yaml::Error>) -> (String,
         }
     };
     if message.starts_with("unknown field") {
-        return (below(key(&message)), "unknown key".to_string());
+        return (below(key(&message)), unknown_key(&message));
     }
     if message.starts_with("missing field") {
         return (below(key(&message)), "required".to_string());
@@ -96,6 +98,42 @@ pub fn misfit(error: &serde_path_to_error::Error<serde_yaml::Error>) -> (String,
         return (below(key(&message)), "written twice".to_string());
     }
     (path, type_error(&message))
+}
+
+/// `path` and the paths above it, nearest first (`a.b[0]`, `a.b`, `a`); none for the root.
+fn ancestors(path: &str) -> impl Iterator<Item = &str> {
+    let cuts = path.rmatch_indices(['.', '[']).map(|(at, _)| at);
+    std::iter::once(path.len())
+        .chain(cuts)
+        .map(move |end| &path[..end])
+        .filter(|at| !at.is_empty())
+}
+
+/// serde's `unknown field `KEY`, expected one of `A`, `B`` (or `expected `A``, or `there are
+/// no fields`) as `unknown key`, with the known key nearest to `KEY` when there is one.
+fn unknown_key(message: &str) -> String {
+    // The quoted names: the unknown key first, then the keys its table knows.
+    let mut quoted = message.split('`').skip(1).step_by(2);
+    let unknown = quoted.next().unwrap_or_default();
+    match nearest(unknown, quoted) {
+        Some(known) => format!("unknown key: did you mean `{known}`?"),
+        None => "unknown key".to_string(),
+    }
+}
+
+/// The name of `known` nearest to `unknown` (Damerau-Levenshtein), if it is at most a third of
+/// `unknown`'s characters (at least one) away: a misspelling, not another word. The first
+/// listed wins a tie.
+pub fn nearest<'a>(unknown: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let most = (unknown.chars().count() / 3).max(1);
+    let mut best: Option<(usize, &str)> = None;
+    for name in known {
+        let distance = strsim::damerau_levenshtein(unknown, name);
+        if distance <= most && best.is_none_or(|(least, _)| distance < least) {
+            best = Some((distance, name));
+        }
+    }
+    best.map(|(_, name)| name)
 }
 
 /// The path of a misfit as the rest of the configuration's problems write it
@@ -260,8 +298,38 @@ mod tests {
             );
         }
         assert_eq!(
-            misfit_of::<Strict>("known: 1\nunknwon: 2"),
-            ("unknwon".to_string(), "unknown key".to_string())
+            misfit_of::<Strict>("known: 1\nknwon: 2"),
+            (
+                "knwon".to_string(),
+                "unknown key: did you mean `known`?".to_string()
+            )
+        );
+        assert_eq!(
+            misfit_of::<Strict>("known: 1\nother: 2"),
+            ("other".to_string(), "unknown key".to_string())
+        );
+    }
+
+    #[test]
+    fn the_nearest_known_key_is_suggested_only_when_near_enough() {
+        let known = ["algorithm", "access_log", "rate", "burst", "max_delay"];
+        assert_eq!(nearest("algoritm", known), Some("algorithm"));
+        assert_eq!(nearest("acess_log", known), Some("access_log"));
+        assert_eq!(nearest("brust", known), Some("burst"), "a swap is one edit");
+        assert_eq!(nearest("rte", known), Some("rate"));
+        assert_eq!(nearest("colour", known), None);
+        assert_eq!(nearest("ab", known), None, "a short key needs a near name");
+        assert_eq!(
+            unknown_key("unknown field `algoritm`, expected one of `name`, `algorithm`, `rate`"),
+            "unknown key: did you mean `algorithm`?"
+        );
+        assert_eq!(
+            unknown_key("unknown field `lsten`, expected `listen`"),
+            "unknown key: did you mean `listen`?"
+        );
+        assert_eq!(
+            unknown_key("unknown field `x`, there are no fields"),
+            "unknown key"
         );
     }
 }

@@ -2,7 +2,9 @@
 //! (`200` when the limiter backend answers, or when it does not and the failure mode still
 //! serves; `503` when it does not and the failure mode refuses traffic, and while routes verify
 //! callers with a JWT verifier that has no keys yet). The failure mode and the verifier are
-//! those in force: a reload that changes them changes what `/readyz` says. Behind `admin.token`:
+//! those in force: a reload that changes them changes what `/readyz` says. What the file
+//! changes that waits for a graceful upgrade is a line of its own (`pending upgrade (sluice
+//! -u): redis.key_prefix`), whatever the status. Behind `admin.token`:
 //! the usage API (`/v1/quota`, `usage.rs`) and the quota admin API (`/v1/quota/reset`,
 //! `/v1/quota/credit`, `/v1/quota/overrides`, `quota_admin.rs`) and the explain endpoint
 //! (`/v1/explain`, `explain.rs`), and the dashboard (`/ui/`, `dashboard/`). The APIs refuse
@@ -48,15 +50,22 @@ impl AdminApp {
         }
     }
 
-    /// `/readyz`: whether this gateway should get traffic now.
+    /// `/readyz`: whether this gateway should get traffic now, and what waits for an upgrade.
     async fn readiness(&self) -> Response<Vec<u8>> {
+        let (status, mut said) = self.ready_now().await;
+        said.push_str(&pending_line(&self.live.load().config.pending_upgrade));
+        text(status, said)
+    }
+
+    /// Whether this gateway should get traffic now: its status and its line.
+    async fn ready_now(&self) -> (u16, String) {
         if self.drain.is_draining() {
             // SIGTERM: it still serves until grace_period_seconds ends; send new traffic elsewhere.
-            return text(503, "not ready: shutting down (SIGTERM), draining\n".into());
+            return (503, "not ready: shutting down (SIGTERM), draining\n".into());
         }
         if self.live.load().awaits_jwt_keys() {
             // Every token would be refused (503): send the traffic to a gateway that has keys.
-            return text(
+            return (
                 503,
                 "not ready: no JWT verification keys yet (identity.jwt.jwks_url has not answered)\n"
                     .into(),
@@ -66,9 +75,9 @@ impl AdminApp {
         let readiness = self.policy.readiness().await;
         let failure_mode = self.live.load().config.failure_mode;
         match readiness {
-            Readiness::Ready => text(200, format!("ready: {backend} limiter\n")),
+            Readiness::Ready => (200, format!("ready: {backend} limiter\n")),
             // The failure mode refuses traffic: send it to a gateway that can decide.
-            Readiness::Unavailable(reason) if failure_mode.refuses() => text(
+            Readiness::Unavailable(reason) if failure_mode.refuses() => (
                 503,
                 format!(
                     "not ready: {backend} limiter unavailable ({reason}); failure_mode {} refuses requests\n",
@@ -76,7 +85,7 @@ impl AdminApp {
                 ),
             ),
             // The failure mode is deciding for Redis: the gateway still serves, degraded.
-            Readiness::Unavailable(reason) => text(
+            Readiness::Unavailable(reason) => (
                 200,
                 format!(
                     "degraded: {backend} limiter unavailable ({reason}); failure_mode {} applies\n",
@@ -85,6 +94,16 @@ impl AdminApp {
             ),
         }
     }
+}
+
+/// The line `/readyz` adds for what the file changes that waits for a graceful upgrade; none
+/// when nothing does.
+fn pending_line(pending: &[crate::config::PendingChange]) -> String {
+    if pending.is_empty() {
+        return String::new();
+    }
+    let paths: Vec<&str> = pending.iter().map(|change| change.path).collect();
+    format!("pending upgrade (sluice -u): {}\n", paths.join(", "))
 }
 
 impl AdminApp {

@@ -225,7 +225,7 @@ pub fn run(
     // One clock for the process: the limiter's and every request's.
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let policy = Arc::new(build_policy(&config, Arc::clone(&clock))?);
-    log::info!("{}", config.summary());
+    log_start(&config);
     let wiring = Wiring::of(&config);
     let tls = Arc::new(TlsListeners::load(&config, &mut read).map_err(|e| e.to_string())?);
     let snapshot = Snapshot::build(config, Arc::clone(&clock), Handover::default(), &mut read)
@@ -269,6 +269,18 @@ pub fn run(
         shutdown_signal: signals,
     });
     std::process::exit(0)
+}
+
+/// What a start (and a graceful upgrade) puts in force: the summary, and the key prefix every
+/// count in Redis is kept under (a reload keeps it: `runtime/reload.rs`).
+fn log_start(config: &Config) {
+    log::info!("{}", config.summary());
+    if let Some(redis) = &config.redis {
+        log::info!(
+            "redis: key prefix {}: every counter, credit id and quota override is kept under it",
+            redis.key_prefix
+        );
+    }
 }
 
 /// The configuration service: it reloads on SIGHUP and when a file `read` noted changes (with

@@ -8,8 +8,12 @@
 //!
 //! What a running process cannot change in place — listeners (their addresses and protocols;
 //! their certificates do reload), the admin listener, the `server:`, `redis:` and `tracing:`
-//! sections — is logged as needing a graceful upgrade (`sluice -u`, `systemctl reload`), and
-//! keeps its old value until then.
+//! sections — keeps its old value until a graceful upgrade (`sluice -u`, `systemctl reload`):
+//! the reloaded file is compiled with the `redis:` settings in force (its keys, their prefix,
+//! what the dashboard shows), its own are checked, and each setting it changes is logged with
+//! what it will do when it takes effect (a new key prefix: every counter starts anew) and
+//! listed as pending (`Config.pending_upgrade`: `/readyz`, the dashboard). A changed
+//! `key_secret` applies at once, and the log says that every counter starts anew with it.
 //!
 //! SIGUSR1 opens the access log file again by name (logrotate); a reload does too, since the new
 //! configuration opens its own.
@@ -32,7 +36,7 @@ use pingora::services::ServiceReadyNotifier;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::sources::Sources;
-use crate::config::{Config, ConfigError, RedisSettings, ServerSettings};
+use crate::config::{Config, ConfigError, PendingChange, RedisSettings, ServerSettings};
 use crate::exchange::site::Handover;
 use crate::limiter::clock::Clock;
 use crate::limiter::Policy;
@@ -68,6 +72,46 @@ impl RestartOnly {
             rls_listen: config.rls.as_ref().map(|rls| rls.listen),
         }
     }
+
+    /// The sections `now` (a reloaded file's) changes against these, each waiting for a
+    /// graceful upgrade. Not `redis:`: a reload compiles the file with the settings in force
+    /// and names what waits setting by setting.
+    fn changed_in(&self, now: &RestartOnly) -> Vec<PendingChange> {
+        let sections = [
+            ("listen", now.listen != self.listen),
+            ("admin.listen", now.admin_listen != self.admin_listen),
+            ("server", now.server != self.server),
+            ("tracing", now.tracing != self.tracing),
+            ("rls.listen", now.rls_listen != self.rls_listen),
+        ];
+        let changed = sections.into_iter().filter(|(_, changed)| *changed);
+        changed
+            .map(|(path, _)| PendingChange { path, values: None })
+            .collect()
+    }
+}
+
+/// What the log says of a setting the file changes that waits for a graceful upgrade, and of
+/// what it does when it takes effect.
+fn waiting(change: &PendingChange) -> String {
+    let mut line = format!(
+        "`{}` changed in the file{}; the running value stays until a graceful upgrade (sluice -u)",
+        change.path,
+        match &change.values {
+            Some((running, file)) => format!(" ({running} → {file})"),
+            None => String::new(),
+        }
+    );
+    match (change.path, &change.values) {
+        ("redis.key_prefix", Some((_, file))) => line.push_str(&format!(
+            "; when it takes effect every counter (monthly quotas included), credit id and override starts anew under {file}"
+        )),
+        ("redis", _) => {
+            line.push_str("; when it takes effect every counter (monthly quotas included) starts anew")
+        }
+        _ => {}
+    }
+    line
 }
 
 /// The listeners' certificates as a reload sees them (`edge::tls::TlsListeners` implements
@@ -136,19 +180,12 @@ impl ConfigService {
     }
 
     async fn try_reload(&self, read: &mut Sources) -> Result<(), ConfigError> {
-        let config = Config::load(&self.path, read)?;
+        let mut config = Config::reload(&self.path, read, self.started_with.redis.as_ref())?;
         let now = RestartOnly::of(&config);
-        let fixed = [
-            ("listen", now.listen != self.started_with.listen),
-            ("admin", now.admin_listen != self.started_with.admin_listen),
-            ("redis", now.redis != self.started_with.redis),
-            ("server", now.server != self.started_with.server),
-            ("tracing", now.tracing != self.started_with.tracing),
-            ("rls.listen", now.rls_listen != self.started_with.rls_listen),
-        ];
-        for (section, _) in fixed.iter().filter(|(_, changed)| *changed) {
-            log::warn!("reload: `{section}` changed; it takes effect with a graceful upgrade (sluice -u), not a reload");
-        }
+        config
+            .pending_upgrade
+            .extend(self.started_with.changed_in(&now));
+        let secret_changed = self.live.load().config.key_secret != config.key_secret;
         let summary = config.summary();
         // Every certificate is read and checked before anything changes.
         let swap_certificates = self.tls.prepare(&config, read)?;
@@ -169,6 +206,12 @@ impl ConfigService {
             .metrics
             .retire_series_missing_from(&snapshot.metrics);
         log::info!("reload: {summary}");
+        for change in &snapshot.config.pending_upgrade {
+            log::warn!("reload: {}", waiting(change));
+        }
+        if secret_changed {
+            log::warn!("reload: `key_secret` changed and applies now: it keys every key's hash, so every counter (monthly quotas included) and credit id starts anew");
+        }
         Ok(())
     }
 
@@ -298,5 +341,32 @@ async fn next_signal(signals: &mut Option<tokio::signal::unix::Signal>) {
             signals.recv().await;
         }
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_waiting_key_prefix_says_that_counters_start_anew_when_it_takes_effect() {
+        let prefix = PendingChange {
+            path: "redis.key_prefix",
+            values: Some(("a".into(), "b".into())),
+        };
+        assert_eq!(
+            waiting(&prefix),
+            "`redis.key_prefix` changed in the file (a → b); the running value stays until a \
+             graceful upgrade (sluice -u); when it takes effect every counter (monthly quotas \
+             included), credit id and override starts anew under b"
+        );
+        let url = PendingChange {
+            path: "redis.url",
+            values: None,
+        };
+        assert_eq!(
+            waiting(&url),
+            "`redis.url` changed in the file; the running value stays until a graceful upgrade (sluice -u)"
+        );
     }
 }

@@ -25,8 +25,8 @@ use crate::upstream::pool::Pool;
 const BARS_SECONDS: usize = 120;
 const MINUTE: usize = 60;
 
-/// The overview: version, uptime, configuration generation and reloads, Redis and its
-/// breaker, readiness.
+/// The overview: version, uptime, configuration generation and reloads, Redis (the settings in
+/// force) and its breaker, what waits for a graceful upgrade, readiness.
 pub fn overview(site: &Site<Pool>, readiness: (u16, &str)) -> String {
     let uptime = SystemTime::now()
         .duration_since(*STARTED)
@@ -45,10 +45,7 @@ pub fn overview(site: &Site<Pool>, readiness: (u16, &str)) -> String {
             ago(r.at)
         ),
     };
-    let ready = match readiness.0 {
-        200 => format!("<span class=\"ok\">{}</span>", esc(readiness.1.trim())),
-        _ => format!("<span class=\"bad\">{}</span>", esc(readiness.1.trim())),
-    };
+    let ready = ready(readiness);
     let config = &site.config;
     let body = facts(&[
         ("Version", esc(env!("CARGO_PKG_VERSION"))),
@@ -62,6 +59,7 @@ pub fn overview(site: &Site<Pool>, readiness: (u16, &str)) -> String {
         ),
         ("Last reload", last),
         ("Limiter", limiter(site)),
+        ("Waits for an upgrade", waiting(&config.pending_upgrade)),
         ("Failure mode", esc(config.failure_mode.label())),
         ("Readiness", ready),
         ("Routes", config.routes.in_file_order().len().to_string()),
@@ -88,6 +86,15 @@ pub fn overview(site: &Site<Pool>, readiness: (u16, &str)) -> String {
     )
 }
 
+/// What `/readyz` says, its first line: what waits for an upgrade has a row of its own.
+fn ready((status, said): (u16, &str)) -> String {
+    let said = esc(said.lines().next().unwrap_or_default().trim());
+    match status {
+        200 => format!("<span class=\"ok\">{said}</span>"),
+        _ => format!("<span class=\"bad\">{said}</span>"),
+    }
+}
+
 /// Where the limits live: Redis (redacted, with its breaker) or in-process.
 fn limiter(site: &Site<Pool>) -> String {
     let Some(redis) = &site.config.redis else {
@@ -104,6 +111,30 @@ fn limiter(site: &Site<Pool>) -> String {
         esc(&topology),
         redis.timeout.as_millis(),
         esc(&redis.key_prefix)
+    )
+}
+
+/// What the file changes that the running process keeps until a graceful upgrade, with the
+/// values in force and the file's where they may be shown.
+fn waiting(pending: &[crate::config::PendingChange]) -> String {
+    if pending.is_empty() {
+        return "nothing: the file is in force".to_string();
+    }
+    let changes: Vec<String> = pending
+        .iter()
+        .map(|change| match &change.values {
+            Some((running, file)) => format!(
+                "<code>{}</code> ({} in force, {} in the file)",
+                esc(change.path),
+                esc(running),
+                esc(file)
+            ),
+            None => format!("<code>{}</code>", esc(change.path)),
+        })
+        .collect();
+    format!(
+        "{}: the running values stay until a graceful upgrade (<code>sluice -u</code>)",
+        changes.join(", ")
     )
 }
 

@@ -356,3 +356,22 @@ fn every_mistake_of_one_route_is_told_in_one_run_in_an_operators_words() {
         ],
     );
 }
+
+#[test]
+fn common_limits_are_refused_where_one_key_cannot_serve_every_route() {
+    assert_problems(
+        "common_limits.yaml",
+        &[
+            "limits[1].key: a common limit counts one bucket for every route that uses it: its key cannot name the route",
+            "limits[2].split: a common limit is one bucket whichever route a request takes: it cannot be split",
+            "limits[3].name: duplicate common limit name \"monthly\"",
+            "limits[5].use: use: names a common limit from a route's limits; here, define it",
+            "routes[0].limits[0].use: no common limit named \"montly\": did you mean `monthly`? (limits: monthly, per_route, hot, by_ip)",
+            "routes[0].limits[1].rate: a use: entry names a common limit and nothing else: set it where the limit is defined",
+            "routes[2].limits: limit per_consumer lacks [client_ip] of the common limits' key [client_ip]: every limit of a route that uses a common limit is counted in that caller's Redis Cluster slot (add the parts, or scope: local)",
+            "routes[3].limits[2].name: duplicate limit name \"monthly\" in this route",
+            "routes[3].limits: the common limits a route uses must be keyed on the same parts: by_ip is keyed on [client_ip], another on [consumer]",
+            "routes[4].limits[0].use: consumer needs the route to verify callers: auth: required or optional",
+        ],
+    );
+}

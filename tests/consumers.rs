@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use redis::Commands;
 use support::api_keys::KeyFile;
 use support::config::{route, Config, Route};
-use support::limits::{calendar, fixed_window, gcra};
+use support::limits::{calendar, common, fixed_window, gcra, uses};
 use support::{http_get, metric, Gateway, RedisServer, Upstream};
 
 /// The admin token of these tests' usage API.
@@ -438,4 +438,94 @@ fn a_monthly_quota_beside_a_burst_limit_is_charged_exactly_what_was_served() {
     assert_eq!(usage["limits"][0]["remaining"], 1000 - served, "{usage}");
     let lapsed = metric(&gateway.metrics(), "sluice_lease_units_lapsed_total", &[]);
     assert_eq!(lapsed, 0.0);
+}
+
+/// One quota over several routes: a monthly quota defined once (`limits:` at the top) and used
+/// by two routes counts one bucket per consumer, whichever route and gateway a request takes;
+/// each route's own limit stays its own; Redis holds one key of the quota per consumer.
+#[test]
+fn a_common_quota_counts_one_bucket_over_every_route_that_uses_it() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let file = KeyFile::write(&keys());
+    let config = identity(&file)
+        .set(
+            "limits",
+            common(&[calendar("monthly", "10/month", "UTC")
+                .key(&["consumer"])
+                .set("plans", "{ pro: { rate: 15/month } }")]),
+        )
+        .route(
+            route("orders")
+                .prefix("/orders/")
+                .set("auth", "required")
+                .limit(uses("monthly"))
+                .limit(fixed_window("per_path", "4/h").key(&["consumer", "path"])),
+        )
+        .route(
+            route("billing")
+                .prefix("/billing/")
+                .set("auth", "required")
+                .limit(uses("monthly")),
+        );
+    let one = Gateway::start(&config.yaml(), &upstream, Some(&redis));
+    let two = Gateway::start(&config.yaml(), &upstream, Some(&redis));
+    one.wait_ready();
+    two.wait_ready();
+    let mut admitted: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for i in 0..24 {
+        for (consumer, key) in [("alice", KEY_A1), ("bob", KEY_B)] {
+            let (gateway, path) = match i % 3 {
+                0 => (&one, format!("/orders/{}", i % 2)),
+                1 => (&two, "/billing/x".to_string()),
+                _ => (&two, format!("/orders/{}", i % 2)),
+            };
+            let status = get_with_key(gateway, &path, key).status;
+            assert!(status == 200 || status == 429, "{status}");
+            if status == 200 {
+                let route = if path.starts_with("/orders/") {
+                    "orders"
+                } else {
+                    "billing"
+                };
+                *admitted.entry((consumer, route)).or_default() += 1;
+            }
+        }
+    }
+    let total = |consumer| -> usize {
+        admitted
+            .iter()
+            .filter(|((c, _), _)| *c == consumer)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    assert_eq!(
+        total("alice"),
+        10,
+        "free: 10 a month over both routes: {admitted:?}"
+    );
+    assert_eq!(
+        total("bob"),
+        15,
+        "pro: 15 a month over both routes: {admitted:?}"
+    );
+    assert!(admitted[&("alice", "billing")] > 0 && admitted[&("alice", "orders")] > 0);
+    assert!(
+        admitted[&("bob", "orders")] <= 8,
+        "orders' own limit, 4 an hour per path: {admitted:?}"
+    );
+    let mut connection = redis.connection();
+    let quota_keys: Vec<String> = connection.keys("*@monthly*").expect("KEYS");
+    assert_eq!(quota_keys.len(), 2, "one key per consumer: {quota_keys:?}");
+    let own: Vec<String> = connection.keys("*:orders:per_path*").expect("KEYS");
+    assert!(!own.is_empty(), "the route's own limit, named after it");
+    for key in quota_keys.iter().chain(&own) {
+        assert!(key.starts_with("t:{@."), "tagged by the consumer: {key}");
+    }
+    let policy = get_with_key(&one, "/billing/x", KEY_A1);
+    assert_eq!(policy.status, 429);
+    assert_eq!(
+        policy.header("ratelimit-policy"),
+        Some("\"monthly\";q=10;w=2592000")
+    );
 }

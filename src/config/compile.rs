@@ -41,19 +41,21 @@ pub fn compile_all(
     let (key_prefix, secret) = compile_keys(redis.as_ref(), raw.key_secret, p, read);
     let trusted_proxies = compile_trusted_proxies(&raw.trusted_proxies, raw.ipv6_prefix, p);
     let addresses = super::addresses::compile("addresses", raw.addresses, p);
-    let claim_names = super::identity::claim_names(&raw.routes);
+    let claim_names = super::identity::claim_names(&raw.routes, &raw.limits);
     let consumers = super::identity::compile(raw.identity, claim_names, p, read);
     let paths = compile_paths(raw.path, p);
     let instances = compile_instances(raw.instances, p);
     let access_log = compile_access_log(raw.access_log, p);
     let request_id = compile_request_id(raw.request_id, p);
     let tracing = compile_tracing(raw.tracing, p);
+    let common = super::common::compile(raw.limits, consumers.plans(), p);
     let defaults = RouteDefaults {
         key_prefix: &key_prefix,
         secret,
         instances,
         failure_mode,
         verifiers: &consumers,
+        common: &common,
     };
     let rls = compile_rls(raw.rls, source, defaults, p, read);
     let routes = compile_routes(raw.routes, defaults, serves_rls, p);

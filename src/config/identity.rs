@@ -104,11 +104,15 @@ fn compile_mtls(raw: RawMtls, plans: &Plans, p: &mut Problems) -> Option<Certifi
 }
 
 /// The claims `claim:NAME` key parts of `routes` name, each once: what verified tokens keep.
-pub fn claim_names(routes: &[super::raw::RawRoute]) -> Vec<Arc<str>> {
+pub fn claim_names(
+    routes: &[super::raw::RawRoute],
+    common: &[super::raw::RawLimit],
+) -> Vec<Arc<str>> {
     let mut names: Vec<Arc<str>> = Vec::new();
     let texts = routes
         .iter()
         .flat_map(|route| &route.limits)
+        .chain(common)
         .flat_map(|limit| limit.key.iter().flatten());
     for name in texts.filter_map(|text| text.strip_prefix("claim:")) {
         if !names.iter().any(|n| **n == *name) {

@@ -94,9 +94,10 @@ pub(crate) fn compile_limit(
     let (name, algorithm, cost, parts, scope) = (name?, algorithm?, cost?, parts?, scope?);
     let spec = KeySpec {
         limit: fingerprinted(&name, &algorithm),
-        parts,
         on_missing,
         shards,
+        local: scope == Scope::Local,
+        ..KeySpec::new("", parts)
     };
     let limit = Limit {
         name: name.into(),

@@ -16,6 +16,7 @@ pub(crate) mod addresses;
 pub mod api_key_file;
 pub(crate) mod api_keys;
 pub(crate) mod choice;
+pub(crate) mod common;
 pub(crate) mod compile;
 pub(crate) mod identity;
 pub(crate) mod jwt;

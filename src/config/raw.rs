@@ -48,6 +48,9 @@ pub struct RawConfig {
     pub rls: Option<RawRls>,
     /// Reload when the file, or a file it names, changes (`reload.rs`).
     pub watch: Option<bool>,
+    /// Common limits: each defined once, one bucket for every route that uses it (`use:`).
+    #[serde(default)]
+    pub limits: Vec<RawLimit>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
 }
@@ -153,6 +156,9 @@ pub struct RawUpstreamTls {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimit {
+    /// A route's entry that names a common limit (`limits:` at the top) and nothing else.
+    #[serde(rename = "use")]
+    pub uses: Option<String>,
     pub name: Option<String>,
     pub key: Option<Vec<String>>,
     pub on_missing: Option<Spelled<OnMissingName>>,
@@ -178,6 +184,41 @@ pub struct RawLimit {
     pub plans: Option<BTreeMap<String, RawOverride>>,
     /// Per consumer: other parameters, or `off`.
     pub consumers: Option<BTreeMap<String, RawOverride>>,
+}
+
+impl RawLimit {
+    /// The fields written besides `use` (a `use:` entry may have none).
+    pub fn fields_beside_use(&self) -> Vec<&'static str> {
+        let written = [
+            ("name", self.name.is_some()),
+            ("key", self.key.is_some()),
+            ("on_missing", self.on_missing.is_some()),
+            ("algorithm", self.algorithm.is_some()),
+            ("rate", self.rate.is_some()),
+            ("time_zone", self.time_zone.is_some()),
+            ("burst", self.burst.is_some()),
+            ("capacity", self.capacity.is_some()),
+            ("max_delay", self.max_delay.is_some()),
+            ("max", self.max.is_some()),
+            ("lease", self.lease.is_some()),
+            ("cost", self.cost.is_some()),
+            ("cost_header", self.cost_header.is_some()),
+            ("cost_max", self.cost_max.is_some()),
+            ("shadow", self.shadow.is_some()),
+            ("headers", self.headers.is_some()),
+            ("split", self.split.is_some()),
+            ("mode", self.mode.is_some()),
+            ("lease_units", self.lease_units.is_some()),
+            ("scope", self.scope.is_some()),
+            ("cost_from_response", self.cost_from_response.is_some()),
+            ("plans", self.plans.is_some()),
+            ("consumers", self.consumers.is_some()),
+        ];
+        written
+            .into_iter()
+            .filter_map(|(field, set)| set.then_some(field))
+            .collect()
+    }
 }
 
 /// A limit's parameters for one plan or consumer: `off` (the limit does not apply), or the

@@ -6,13 +6,14 @@ use std::collections::HashSet;
 use http::Method;
 
 use super::adaptive;
+use super::common::{CommonLimits, Found};
 use super::identity::compile_auth;
 use super::problem::{millis_within, required_name, Problems};
 use super::raw::{RawLimit, RawMatch, RawRoute};
 use super::tiers::{self, LimitVariants, TierSettings};
-use crate::caller::consumers::{AuthMode, Plans, Verifiers};
+use crate::caller::consumers::{AuthMode, Verifiers};
 use crate::limiter::FailureMode;
-use crate::route::keys::{KeySecret, KeySpec, RouteKeys};
+use crate::route::keys::{canonical_parts, KeyPart, KeySecret, KeySpec, RouteKeys};
 use crate::route::path::{normalize, PathRules};
 use crate::route::table::{HostMatch, PathMatch, Route, RouteMatch};
 
@@ -28,6 +29,8 @@ pub struct RouteDefaults<'a> {
     pub failure_mode: FailureMode,
     /// The plans routes may name, and the verifiers their `auth:` needs.
     pub verifiers: &'a Verifiers,
+    /// The common limits routes may use (`limits:` at the top).
+    pub common: &'a CommonLimits,
 }
 
 /// Limits keyed on the caller (`consumer`, `claim:NAME`) need a route that verifies callers
@@ -45,9 +48,11 @@ fn check_callers_are_known(
         let Some(limit) = limit else {
             continue;
         };
-        if let Some(part) = limit.written().1.parts.iter().find(|part| part.is_caller()) {
+        let spec = limit.written().1;
+        if let Some(part) = spec.parts.iter().find(|part| part.is_caller()) {
+            let field = if spec.common { "use" } else { "key" };
             p.add(
-                format!("{at}.limits[{i}].key"),
+                format!("{at}.limits[{i}].{field}"),
                 format!("{part} needs the route to verify callers: auth: required or optional"),
             );
         }
@@ -64,7 +69,7 @@ pub fn compile(
     let name = required_name(raw.name, &format!("{at}.name"), p);
     let matcher = compile_match(at, raw.matcher, p);
     let upstream = super::upstreams::compile(at, raw.upstream, p);
-    let limits = compile_limits(at, raw.limits, defaults.verifiers.plans(), p);
+    let limits = compile_limits(at, raw.limits, defaults, p);
     let failure_mode = raw
         .failure_mode
         .as_ref()
@@ -117,11 +122,12 @@ pub fn compile(
 
 /// `limits:` of the route at `at`: at most [`MAX_LIMITS_PER_ROUTE`], each name once, split
 /// limits cut into the same number of shards; each compiled as written and per plan and
-/// consumer, `None` for one that does not compile (its problems reported).
+/// consumer, or the common limit a `use:` entry names, `None` for one that does not compile
+/// (its problems reported).
 fn compile_limits(
     at: &str,
     raw: Vec<RawLimit>,
-    plans: &Plans,
+    defaults: RouteDefaults<'_>,
     p: &mut Problems,
 ) -> Vec<Option<LimitVariants>> {
     if raw.len() > MAX_LIMITS_PER_ROUTE {
@@ -132,7 +138,7 @@ fn compile_limits(
     }
     let mut limit_names = HashSet::new();
     for (i, raw_limit) in raw.iter().enumerate() {
-        if let Some(name) = &raw_limit.name {
+        if let Some(name) = raw_limit.name.as_ref().or(raw_limit.uses.as_ref()) {
             if !limit_names.insert(name.clone()) {
                 p.add(
                     format!("{at}.limits[{i}].name"),
@@ -141,10 +147,100 @@ fn compile_limits(
             }
         }
     }
-    let compiled = tiers::compile_limits(at, raw, plans, p);
+    let compiled: Vec<Option<LimitVariants>> = raw
+        .into_iter()
+        .enumerate()
+        .map(|(i, raw)| {
+            let at = format!("{at}.limits[{i}]");
+            match raw.uses.clone() {
+                Some(name) => used(&at, &name, &raw, defaults.common, p),
+                None => tiers::compile_variants(&at, raw, defaults.verifiers.plans(), p),
+            }
+        })
+        .collect();
     let specs: Vec<&KeySpec> = compiled.iter().flatten().map(|l| l.written().1).collect();
     check_shards(at, &specs, p);
+    check_common(at, &specs, p);
     compiled
+}
+
+/// The common limit a route's `use:` entry (at `at`) names; the entry names nothing else.
+fn used(
+    at: &str,
+    name: &str,
+    raw: &RawLimit,
+    common: &CommonLimits,
+    p: &mut Problems,
+) -> Option<LimitVariants> {
+    for field in raw.fields_beside_use() {
+        p.add(
+            format!("{at}.{field}"),
+            "a use: entry names a common limit and nothing else: set it where the limit is defined",
+        );
+    }
+    match common.find(name) {
+        Found::Limit(limit) => Some(limit.clone()),
+        Found::Broken => None,
+        Found::Unknown(words) => {
+            p.add(format!("{at}.use"), words);
+            None
+        }
+    }
+}
+
+/// A route that uses common limits keys every limit under their parts (`route::keys`): its
+/// common limits are keyed on the same parts, it has no split limit, and each limit of its own
+/// counted in Redis is keyed on at least those parts, so one caller's keys of one call share
+/// one Redis Cluster slot on every route.
+fn check_common(at: &str, specs: &[&KeySpec], p: &mut Problems) {
+    let Some(first) = specs.iter().find(|spec| spec.common) else {
+        return;
+    };
+    let parts = canonical_parts(&first.parts);
+    let named = |parts: &[KeyPart]| -> String {
+        let names: Vec<String> = parts.iter().map(ToString::to_string).collect();
+        format!("[{}]", names.join(", "))
+    };
+    for spec in specs.iter().filter(|spec| spec.common) {
+        if canonical_parts(&spec.parts) != parts {
+            p.add(
+                format!("{at}.limits"),
+                format!(
+                    "the common limits a route uses must be keyed on the same parts: {} is keyed on {}, another on {}",
+                    base_name(&spec.limit), named(&spec.parts), named(&parts)
+                ),
+            );
+        }
+    }
+    if specs.iter().any(|spec| spec.shards > 1) {
+        p.add(
+            format!("{at}.limits"),
+            "a route that uses a common limit cannot have split limits: each shard is a slot of its own",
+        );
+    }
+    for spec in specs.iter().filter(|spec| !spec.common && !spec.local) {
+        let missing: Vec<KeyPart> = parts
+            .iter()
+            .filter(|part| !spec.parts.contains(part))
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            p.add(
+                format!("{at}.limits"),
+                format!(
+                    "limit {} lacks {} of the common limits' key {}: every limit of a route that uses a common limit is counted in that caller's Redis Cluster slot (add the parts, or scope: local)",
+                    base_name(&spec.limit), named(&missing), named(&parts)
+                ),
+            );
+        }
+    }
+}
+
+/// A key spec's limit name without its fingerprint (`monthly.1a2b3c4d` → `monthly`).
+fn base_name(fingerprinted: &str) -> &str {
+    fingerprinted
+        .rsplit_once('.')
+        .map_or(fingerprinted, |(name, _)| name)
 }
 
 /// One request's keys are cut into one number of shards: split limits of a route agree.
@@ -278,6 +374,7 @@ mod tests {
             instances: 2,
             failure_mode: FailureMode::Deny,
             verifiers: &Verifiers::default(),
+            common: &CommonLimits::default(),
         };
         problems_of(yaml, |raw: RawRoute, p: &mut Problems| {
             compile(3, raw, defaults, p)

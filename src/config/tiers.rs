@@ -40,6 +40,7 @@ enum Pick {
 }
 
 /// One `plans:` or `consumers:` entry of a limit.
+#[derive(Clone)]
 enum Entry {
     Off,
     Params(Box<Compiled>),
@@ -48,6 +49,7 @@ enum Entry {
 }
 
 /// A limit as written, and each of its entries compiled.
+#[derive(Clone)]
 struct Variants {
     written: Compiled,
     entries: Vec<Entry>,
@@ -68,29 +70,30 @@ pub struct TierSettings<'a> {
     pub keys: &'a RouteKeys,
 }
 
-/// Compiles each limit and its entries; `None` for a limit that does not compile (reported).
-pub fn compile_limits(
-    at: &str,
-    raw: Vec<RawLimit>,
-    plans: &Plans,
-    p: &mut Problems,
-) -> Vec<Option<LimitVariants>> {
-    raw.into_iter()
-        .enumerate()
-        .map(|(i, raw)| compile_variants(&format!("{at}.limits[{i}]"), raw, plans, p))
-        .collect()
-}
-
-/// One limit of a route, as written and per plan and consumer.
+/// One limit of a route, as written and per plan and consumer. A common limit's are compiled
+/// once and copied into each route that uses it.
+#[derive(Clone)]
 pub struct LimitVariants(Variants);
 
 impl LimitVariants {
     pub fn written(&self) -> (&Limit, &KeySpec) {
         (&self.0.written.limit, &self.0.written.spec)
     }
+
+    /// The same limit as a common one: every variant keyed as one bucket across routes.
+    pub fn common(mut self) -> LimitVariants {
+        self.0.written.spec.common = true;
+        for entry in &mut self.0.entries {
+            if let Entry::Params(compiled) = entry {
+                compiled.spec.common = true;
+            }
+        }
+        self
+    }
 }
 
-fn compile_variants(
+/// Compiles a limit and its entries; `None` when it does not compile (reported).
+pub(super) fn compile_variants(
     at: &str,
     mut raw: RawLimit,
     plans: &Plans,
@@ -346,8 +349,10 @@ mod tests {
     fn tiers(limits: &str) -> (Option<Tiers>, Vec<String>) {
         problems_of(limits, |raw: Vec<RawLimit>, p: &mut Problems| {
             let plans = plans();
-            let compiled: Option<Vec<LimitVariants>> = compile_limits("routes[0]", raw, &plans, p)
+            let compiled: Option<Vec<LimitVariants>> = raw
                 .into_iter()
+                .enumerate()
+                .map(|(i, raw)| compile_variants(&format!("routes[0].limits[{i}]"), raw, &plans, p))
                 .collect();
             let compiled = compiled?;
             let specs: Vec<KeySpec> = compiled.iter().map(|l| l.written().1.clone()).collect();

@@ -13,6 +13,14 @@
 //!   `{<route>.s<i>}` instead: `i` is the digest of the parts its other limits share, modulo N
 //!   (a client always lands on the same shard, with its own keys), or a per-gateway round robin
 //!   when the route has only split limits. Still one slot per call.
+//! * a route that uses a common limit (a top-level `limits:` entry: one bucket for every route
+//!   that uses it) keys every limit under a tag no route names: `<prefix>:{@[.<tag>]}:` then
+//!   `@<limit>:<digest>` for the common limit, `<route>:<limit>:<digest>` for the route's own.
+//!   The tag is the digest of the common limit's parts (sorted), the same on every route, and
+//!   every own limit counted in Redis is keyed on at least those parts (`config/routes.rs`
+//!   checks it), so one caller's keys of one call share one Cluster slot on every route. An
+//!   own limit local to each gateway that is not keyed on them is counted untagged (its key
+//!   never reaches Redis).
 
 use std::borrow::Cow;
 use std::hash::Hasher;
@@ -254,6 +262,9 @@ pub struct LimitKey {
     middle: Box<[u8]>,
     parts: Box<[KeyPart]>,
     on_missing: OnMissing,
+    /// Keyed under no tag: an own limit local to each gateway on a route of common limits,
+    /// not keyed on their parts (the tag would split its buckets; its key never reaches Redis).
+    untagged: bool,
     /// Its parts are exactly the tag's: its digest's upper half is the tag's digest (SipHash's
     /// 64-bit result is the upper half of its 128-bit one), so the parts are hashed once.
     gives_tag: bool,
@@ -290,6 +301,33 @@ pub struct KeySpec {
     pub on_missing: OnMissing,
     /// Sub-keys (shards) of a split limit; 1 for an ordinary limit.
     pub shards: u32,
+    /// A common limit: defined at the top of the file, one bucket for every route using it.
+    pub common: bool,
+    /// Counted by each gateway, never in Redis (`scope: local`).
+    pub local: bool,
+}
+
+impl KeySpec {
+    /// An own limit of a route named `limit`, counted in Redis, keyed on `parts`.
+    pub fn new(limit: &str, parts: Vec<KeyPart>) -> KeySpec {
+        KeySpec {
+            limit: limit.to_string(),
+            parts,
+            on_missing: OnMissing::UseEmpty,
+            shards: 1,
+            common: false,
+            local: false,
+        }
+    }
+}
+
+/// The parts a common limit's key tag is made of, in one order whatever order they were
+/// written in: the same tag on every route.
+pub fn canonical_parts(parts: &[KeyPart]) -> Vec<KeyPart> {
+    let mut sorted = parts.to_vec();
+    sorted.sort_by_key(|part| part.to_string());
+    sorted.dedup();
+    sorted
 }
 
 /// The `.s<i>` suffix of each shard's hash tag, made at load.
@@ -334,8 +372,10 @@ enum TagChoice {
 /// Builds the keys of every limit of one route.
 #[derive(Debug, Clone)]
 pub struct RouteKeys {
-    /// `<prefix>:{<route>`
+    /// `<prefix>:{<route>`, or `<prefix>:{@` on a route of common limits.
     head: Box<[u8]>,
+    /// The route uses common limits: its own limits name it after the tag.
+    common_tag: bool,
     /// The route's name, what its requests' `route` part is.
     route: Box<str>,
     secret: KeySecret,
@@ -345,8 +385,19 @@ pub struct RouteKeys {
 
 impl RouteKeys {
     /// One key per spec; names are checked by the config compiler, and split limits of one
-    /// route have the same number of shards.
+    /// route have the same number of shards. A route of common limits (no split limit, its
+    /// common limits keyed on the same parts: checked at load) is tagged by their parts.
     pub fn new(prefix: &str, route: &str, secret: KeySecret, specs: &[KeySpec]) -> RouteKeys {
+        if let Some(common) = specs.iter().find(|spec| spec.common) {
+            return RouteKeys {
+                head: format!("{prefix}:{{@").into_bytes().into(),
+                common_tag: true,
+                route: route.into(),
+                secret,
+                tag_parts: canonical_parts(&common.parts).into(),
+                tag_choice: TagChoice::SharedParts,
+            };
+        }
         let shards = specs.iter().map(|s| s.shards).max().unwrap_or(1);
         // With split limits, the tag follows the parts the *unsplit* limits share.
         let tagging: Vec<&KeySpec> = specs
@@ -373,6 +424,7 @@ impl RouteKeys {
         };
         RouteKeys {
             head: format!("{prefix}:{{{route}").into_bytes().into(),
+            common_tag: false,
             route: route.into(),
             secret,
             tag_parts: tag_parts.into(),
@@ -382,11 +434,20 @@ impl RouteKeys {
 
     /// How the key of the limit `spec` describes is made on this route.
     pub fn limit_key(&self, spec: &KeySpec) -> LimitKey {
+        let middle = match (self.common_tag, spec.common) {
+            (true, true) => format!(":@{}:", spec.limit),
+            (true, false) => format!(":{}:{}:", self.route, spec.limit),
+            (false, _) => format!(":{}:", spec.limit),
+        };
+        let untagged = self.common_tag
+            && !spec.common
+            && !self.tag_parts.iter().all(|part| spec.parts.contains(part));
         let mut limit = LimitKey {
-            middle: format!(":{}:", spec.limit).into_bytes().into(),
-            gives_tag: *spec.parts == *self.tag_parts,
+            middle: middle.into_bytes().into(),
+            gives_tag: !untagged && *spec.parts == *self.tag_parts,
             parts: spec.parts.clone().into(),
             on_missing: spec.on_missing,
+            untagged,
             fixed: None,
         };
         limit.fixed = self.fixed_key(&limit);
@@ -505,7 +566,10 @@ impl RouteKeys {
     pub fn key(&self, tag: &Tag, limit: &LimitKey, digest: &Digest) -> Key {
         let mut key = Key::new();
         key.extend_from_slice(&self.head);
-        key.extend_from_slice(&tag.0);
+        match limit.untagged {
+            true => key.push(b'}'),
+            false => key.extend_from_slice(&tag.0),
+        }
         key.extend_from_slice(&limit.middle);
         push_hex(&mut key, &digest.hash.as_u128().to_be_bytes());
         key
@@ -555,12 +619,10 @@ mod tests {
     }
 
     fn spec(limit: &str, list: &[&str]) -> KeySpec {
-        KeySpec {
-            limit: limit.to_string(),
-            parts: list.iter().map(|p| KeyPart::parse(p).unwrap()).collect(),
-            on_missing: OnMissing::UseEmpty,
-            shards: 1,
-        }
+        KeySpec::new(
+            limit,
+            list.iter().map(|p| KeyPart::parse(p).unwrap()).collect(),
+        )
     }
 
     fn tag(key: &[u8]) -> String {
@@ -745,6 +807,67 @@ mod tests {
             RouteKeys::new("sluice", "api", KeySecret::new("s3cret"), specs),
             specs,
         )
+    }
+
+    /// `spec` as a common limit (a top-level `limits:` entry).
+    fn common(limit: &str, list: &[&str]) -> KeySpec {
+        KeySpec {
+            common: true,
+            ..spec(limit, list)
+        }
+    }
+
+    #[test]
+    fn a_common_limit_is_one_key_on_every_route_and_each_call_one_slot() {
+        let on = |route: &str, specs: &[KeySpec]| {
+            TestKeys::new(
+                RouteKeys::new("sluice", route, KeySecret::new("s3cret"), specs),
+                specs,
+            )
+        };
+        let orders = on(
+            "orders",
+            &[
+                common("monthly", &["client_ip"]),
+                spec("per_second", &["path", "client_ip"]),
+            ],
+        );
+        let billing = on(
+            "billing",
+            &[
+                spec("per_minute", &["client_ip"]),
+                common("monthly", &["client_ip"]),
+                KeySpec {
+                    local: true,
+                    ..spec("ceiling", &["route"])
+                },
+            ],
+        );
+        let h = HeaderMap::new();
+        let text = |k: &Key| String::from_utf8(k.to_vec()).unwrap();
+        let (a, b) = (facts("10.0.0.1", "/x", &h), facts("10.0.0.2", "/x", &h));
+        let orders_a = orders.build(&a, &Rotation::default()).unwrap().keys;
+        let billing_a = billing.build(&a, &Rotation::default()).unwrap().keys;
+        let billing_b = billing.build(&b, &Rotation::default()).unwrap().keys;
+        assert_eq!(orders_a[0], billing_a[1], "one bucket whichever route");
+        assert_ne!(billing_a[1], billing_b[1], "one per caller");
+        assert!(
+            text(&orders_a[0]).starts_with("sluice:{@."),
+            "{}",
+            text(&orders_a[0])
+        );
+        assert!(text(&orders_a[0]).contains("}:@monthly:"));
+        assert!(text(&orders_a[1]).contains("}:orders:per_second:"));
+        assert_eq!(tag(&orders_a[0]), tag(&orders_a[1]), "one slot per call");
+        assert_eq!(tag(&billing_a[0]), tag(&billing_a[1]));
+        assert_ne!(tag(&billing_a[1]), tag(&billing_b[1]), "callers spread");
+        // The local ceiling is not keyed on the caller: untagged, one bucket for all callers.
+        assert_eq!(billing_a[2], billing_b[2]);
+        assert!(text(&billing_a[2]).starts_with("sluice:{@}:billing:ceiling:"));
+        // A route of its own limits only keeps the layout it always had.
+        let own = on("orders", &[spec("per_second", &["path", "client_ip"])]);
+        let built = own.build(&a, &Rotation::default()).unwrap().keys;
+        assert!(text(&built[0]).starts_with("sluice:{orders."));
     }
 
     #[test]

@@ -55,6 +55,19 @@ pub fn calendar(name: &str, rate: &str, time_zone: &str) -> Limit {
         .set("time_zone", time_zone)
 }
 
+/// A route's entry that uses the common limit `name` (`limits:` at the top of the file).
+pub fn uses(name: &str) -> Limit {
+    Limit {
+        fields: vec![("use".to_string(), name.to_string())],
+    }
+}
+
+/// The YAML list of common limits `limits` (for the top-level `limits:` key).
+pub fn common(limits: &[Limit]) -> String {
+    let listed: Vec<String> = limits.iter().map(ToString::to_string).collect();
+    format!("[{}]", listed.join(", "))
+}
+
 pub fn concurrency(name: &str, max: u64) -> Limit {
     limit(name, "concurrency").set("max", max)
 }

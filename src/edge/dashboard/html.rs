@@ -3,7 +3,9 @@
 
 use std::fmt::Write;
 
-/// `text` safe inside HTML text and double-quoted attributes.
+/// `text` safe inside HTML text and double-quoted attributes, with its bidirectional controls
+/// neutralised: each is written as visible text (`[U+202E]`), so a consumer id or a key can
+/// neither reorder what follows it on the page nor pass for another name.
 pub fn esc(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
@@ -13,10 +15,20 @@ pub fn esc(text: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
+            c if is_bidi_control(c) => {
+                let _ = write!(out, "[U+{:04X}]", u32::from(c));
+            }
             c => out.push(c),
         }
     }
     out
+}
+
+/// The characters that change the direction of the text around them: the Arabic letter mark,
+/// the left-to-right and right-to-left marks, embeddings, overrides and isolates (Unicode
+/// bidirectional algorithm, UAX #9).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 /// The views, in the navigation's order: path and title.
@@ -108,4 +120,23 @@ pub fn bars(values: &[(u64, u64)], class: &str) -> String {
     }
     out.push_str("</svg>");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bidi_controls_are_shown_not_obeyed() {
+        let id = "evil\u{202E}gpj.exe";
+        assert_eq!(esc(id), "evil[U+202E]gpj.exe");
+        let every = "\u{061C}\u{200E}\u{200F}\u{202A}\u{202B}\u{202C}\u{202D}\u{202E}\u{2066}\u{2067}\u{2068}\u{2069}";
+        let shown = esc(every);
+        assert!(shown.chars().all(|c| c.is_ascii_graphic()), "{shown}");
+        assert_eq!(shown.matches("[U+").count(), 12, "{shown}");
+        assert_eq!(
+            esc("<a href=\"x\">é</a>"),
+            "&lt;a href=&quot;x&quot;&gt;é&lt;/a&gt;"
+        );
+    }
 }

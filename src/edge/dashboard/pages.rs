@@ -267,8 +267,8 @@ fn limit_row(shown: &Value) -> Vec<String> {
             other => other.to_string(),
         })
     };
-    let quota = match (shown.get("quota"), shown.get("window_seconds")) {
-        (Some(Value::Number(q)), Some(Value::Number(w))) => format!("{q} per {w} s"),
+    let quota = match (shown.get("quota"), shown.get("per")) {
+        (Some(Value::Number(q)), Some(Value::String(per))) => format!("{q} per {per}"),
         _ => text("parameters"),
     };
     let flags: Vec<&str> = ["shadow", "hidden", "priced_by_response"]

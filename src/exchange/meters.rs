@@ -135,15 +135,17 @@ impl LimitMeters {
         self.outcomes[outcome as usize].inc();
     }
 
-    /// What the limit said so far, as the dashboard groups it: admitted (allowed, also
-    /// locally or by the failure mode), refused (limited, also locally or by the failure
-    /// mode), shadow-limited.
+    /// What the limit said so far, as the dashboard groups it: allowed, limited and
+    /// shadow-limited when it decided; admitted or refused by the failure mode (nothing could
+    /// decide, or the in-process fallback did) when it could not.
     pub fn totals(&self) -> Counts {
         let at = |outcome: Outcome| self.outcomes[outcome as usize].get();
         Counts {
-            allowed: at(Outcome::Allowed) + at(Outcome::LocalAllowed) + at(Outcome::ErrorAllowed),
-            limited: at(Outcome::Limited) + at(Outcome::LocalLimited) + at(Outcome::ErrorDenied),
+            allowed: at(Outcome::Allowed),
+            limited: at(Outcome::Limited),
             shadow: at(Outcome::ShadowLimited),
+            failure_admitted: at(Outcome::ErrorAllowed) + at(Outcome::LocalAllowed),
+            failure_refused: at(Outcome::ErrorDenied) + at(Outcome::LocalLimited),
         }
     }
 
@@ -555,6 +557,28 @@ mod tests {
             .with_label_values(&["meters_fresh", Outcome::Allowed.label()])
             .get();
         assert_eq!(allowed, 2, "the handle counts into the labelled series");
+    }
+
+    #[test]
+    fn the_failure_modes_answers_are_counted_apart_from_the_limits_decisions() {
+        let config = config(&["meters_outage"]);
+        let handles = handles(&config);
+        let meters = handles[0].limit_at(0).expect("one limit");
+        for outcome in Outcome::ALL {
+            meters.count(outcome);
+        }
+        meters.count(Outcome::ErrorAllowed);
+        let totals = meters.totals();
+        assert_eq!(
+            (totals.allowed, totals.limited, totals.shadow),
+            (1, 1, 1),
+            "only what the limit decided"
+        );
+        assert_eq!(
+            (totals.failure_admitted, totals.failure_refused),
+            (3, 2),
+            "error_allowed twice and local_allowed; error_denied and local_limited"
+        );
     }
 
     #[test]

@@ -20,13 +20,48 @@ pub const RELOADS_KEPT: usize = 10;
 /// The longest text one top-k entry keeps (a key, a consumer id), in bytes.
 const MAX_ENTRY: usize = 256;
 
-/// Decisions of one second: allowed (`allowed`, `local_allowed`, `error_allowed`), limited
-/// (`limited`, `local_limited`, `error_denied`), shadow-limited.
+/// Decisions of one limit (in one second, or since the start): what it decided — allowed,
+/// limited, shadow-limited — apart from what the failure mode answered while the limiter could
+/// not decide (admitted: `error_allowed`, `local_allowed`; refused: `error_denied`,
+/// `local_limited`), so an outage never reads as ordinary traffic.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {
     pub allowed: u64,
     pub limited: u64,
     pub shadow: u64,
+    pub failure_admitted: u64,
+    pub failure_refused: u64,
+}
+
+impl Counts {
+    /// What was counted after `earlier` (totals read from the same counters).
+    pub fn since(self, earlier: Counts) -> Counts {
+        Counts {
+            allowed: self.allowed.saturating_sub(earlier.allowed),
+            limited: self.limited.saturating_sub(earlier.limited),
+            shadow: self.shadow.saturating_sub(earlier.shadow),
+            failure_admitted: self
+                .failure_admitted
+                .saturating_sub(earlier.failure_admitted),
+            failure_refused: self.failure_refused.saturating_sub(earlier.failure_refused),
+        }
+    }
+
+    /// Both counted together.
+    pub fn plus(self, other: Counts) -> Counts {
+        Counts {
+            allowed: self.allowed + other.allowed,
+            limited: self.limited + other.limited,
+            shadow: self.shadow + other.shadow,
+            failure_admitted: self.failure_admitted + other.failure_admitted,
+            failure_refused: self.failure_refused + other.failure_refused,
+        }
+    }
+
+    /// What the failure mode answered, admitted or refused.
+    pub fn by_failure_mode(self) -> u64 {
+        self.failure_admitted + self.failure_refused
+    }
 }
 
 /// One `(route, limit)` series: its totals at the last sample, and its last seconds.
@@ -64,11 +99,7 @@ impl DecisionHistory {
                 totals,
                 seconds: VecDeque::with_capacity(HISTORY_SECONDS),
             });
-            let second = Counts {
-                allowed: totals.allowed.saturating_sub(one.totals.allowed),
-                limited: totals.limited.saturating_sub(one.totals.limited),
-                shadow: totals.shadow.saturating_sub(one.totals.shadow),
-            };
+            let second = totals.since(one.totals);
             if one.seconds.len() == HISTORY_SECONDS {
                 one.seconds.pop_front();
             }
@@ -300,7 +331,7 @@ mod tests {
         let totals = |allowed, limited| Counts {
             allowed,
             limited,
-            shadow: 0,
+            ..Counts::default()
         };
         let (r, a, b): (Arc<str>, Arc<str>, Arc<str>) = ("r".into(), "a".into(), "b".into());
         history.record([(r.clone(), a.clone(), totals(5, 1))]);
@@ -311,13 +342,28 @@ mod tests {
         let series = history.series();
         assert_eq!(series[0].seconds, [Counts::default(), totals(4, 3)]);
         assert_eq!(series[0].totals, totals(9, 4));
+        let outage = Counts {
+            failure_admitted: 6,
+            failure_refused: 2,
+            ..totals(9, 4)
+        };
+        history.record([
+            (r.clone(), a.clone(), outage),
+            (r.clone(), b.clone(), totals(1, 0)),
+        ]);
+        let second = history.series()[0].seconds[2];
+        assert_eq!(
+            (second.allowed, second.limited, second.by_failure_mode()),
+            (0, 0, 8),
+            "answers of the failure mode are neither allowed nor limited"
+        );
         for _ in 0..HISTORY_SECONDS + 5 {
             history.record([(r.clone(), b.clone(), totals(1, 0))]);
         }
         let series = history.series();
         assert_eq!(series.len(), 1, "a retired, b kept");
         assert_eq!(series[0].seconds.len(), HISTORY_SECONDS, "bounded");
-        assert_eq!(history.samples(), HISTORY_SECONDS as u64 + 7);
+        assert_eq!(history.samples(), HISTORY_SECONDS as u64 + 8);
     }
 
     #[test]

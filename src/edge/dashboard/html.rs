@@ -93,28 +93,33 @@ pub fn facts(pairs: &[(&str, String)]) -> String {
     out
 }
 
-/// Per-second bars of `values` (oldest first) as an inline SVG, scaled to the largest.
-pub fn bars(values: &[(u64, u64)], class: &str) -> String {
-    let top = values.iter().map(|(a, l)| a + l).max().unwrap_or(0).max(1);
+/// The classes of a bar's parts, bottom to top: allowed, limited, answered by the failure mode.
+const BAR_PARTS: [&str; 3] = ["allowed", "limited", "failure"];
+
+/// Per-second stacked bars of `values` (oldest first; each second allowed, limited and
+/// answered by the failure mode) as an inline SVG, scaled to the largest second.
+pub fn bars(values: &[[u64; 3]], class: &str) -> String {
+    let top = values
+        .iter()
+        .map(|v| v.iter().sum::<u64>())
+        .max()
+        .unwrap_or(0)
+        .max(1);
     let mut out = format!(
         "<svg class=\"bars {class}\" viewBox=\"0 0 {} 30\" preserveAspectRatio=\"none\" role=\"img\" aria-label=\"per second\">",
         values.len().max(1)
     );
-    for (x, (allowed, limited)) in values.iter().enumerate() {
-        let height = |n: u64| (n as f64 * 30.0 / top as f64).max(if n > 0 { 1.0 } else { 0.0 });
-        let (a, l) = (height(*allowed), height(*limited));
-        if a > 0.0 {
+    for (x, second) in values.iter().enumerate() {
+        let mut bottom = 30.0;
+        for (part, n) in BAR_PARTS.iter().zip(second) {
+            let height = match *n {
+                0 => continue,
+                n => (n as f64 * 30.0 / top as f64).max(1.0),
+            };
+            bottom -= height;
             let _ = write!(
                 out,
-                "<rect class=\"allowed\" x=\"{x}\" y=\"{:.2}\" width=\"1\" height=\"{a:.2}\"/>",
-                30.0 - a
-            );
-        }
-        if l > 0.0 {
-            let _ = write!(
-                out,
-                "<rect class=\"limited\" x=\"{x}\" y=\"{:.2}\" width=\"1\" height=\"{l:.2}\"/>",
-                30.0 - a - l
+                "<rect class=\"{part}\" x=\"{x}\" y=\"{bottom:.2}\" width=\"1\" height=\"{height:.2}\"/>"
             );
         }
     }
@@ -138,5 +143,20 @@ mod tests {
             esc("<a href=\"x\">é</a>"),
             "&lt;a href=&quot;x&quot;&gt;é&lt;/a&gt;"
         );
+    }
+
+    #[test]
+    fn a_seconds_bar_stacks_allowed_limited_and_the_failure_modes_answers() {
+        let svg = bars(&[[2, 1, 3], [0, 0, 0]], "");
+        assert_eq!(svg.matches("<rect").count(), 3, "{svg}");
+        for (part, y, height) in [
+            ("allowed", "20.00", "10.00"),
+            ("limited", "15.00", "5.00"),
+            ("failure", "0.00", "15.00"),
+        ] {
+            let rect =
+                format!("class=\"{part}\" x=\"0\" y=\"{y}\" width=\"1\" height=\"{height}\"");
+            assert!(svg.contains(&rect), "{part}: {svg}");
+        }
     }
 }

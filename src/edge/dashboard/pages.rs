@@ -317,98 +317,114 @@ fn parameters(shown: &Value) -> String {
     said.collect::<Vec<_>>().join(", ")
 }
 
+/// The live view's numbers of a series, in its columns' order: each count of the last
+/// minute, then since the start (`data-field` names, as `/ui/live.json` has them).
+const LIVE_FIELDS: [(&str, &str); 5] = [
+    ("allowed", "Allowed"),
+    ("limited", "Limited"),
+    ("failure_admitted", "Failure mode admitted"),
+    ("failure_refused", "Failure mode refused"),
+    ("shadow", "Shadow"),
+];
+
+/// The count `field` (of [`LIVE_FIELDS`]) of `counts`.
+fn count(counts: &Counts, field: &str) -> u64 {
+    match field {
+        "allowed" => counts.allowed,
+        "limited" => counts.limited,
+        "failure_admitted" => counts.failure_admitted,
+        "failure_refused" => counts.failure_refused,
+        _ => counts.shadow,
+    }
+}
+
 /// The live view: each limit's decisions over the last minutes, redrawn by `app.js`.
 pub fn live() -> String {
-    let head = [
-        "Route",
-        "Limit",
-        "Allowed (60 s)",
-        "Limited (60 s)",
-        "Shadow (60 s)",
-        "Allowed (total)",
-        "Limited (total)",
-        "Shadow (total)",
-        "Last 2 minutes",
-    ];
-    let mut rows = String::new();
-    for series in DECISIONS.recent(MINUTE.max(BARS_SECONDS)) {
-        let minute = last(&series, MINUTE);
-        let id = esc(&format!("{}/{}", series.route, series.limit));
-        let _ = write!(
-            rows,
-            "<tr data-series=\"{id}\"><td>{}</td><td>{}</td>",
-            esc(&series.route),
-            esc(&series.limit)
-        );
-        let numbers = [
-            ("minute_allowed", minute.allowed),
-            ("minute_limited", minute.limited),
-            ("minute_shadow", minute.shadow),
-            ("total_allowed", series.totals.allowed),
-            ("total_limited", series.totals.limited),
-            ("total_shadow", series.totals.shadow),
-        ];
-        for (field, n) in numbers {
-            let _ = write!(rows, "<td class=\"num\" data-field=\"{field}\">{n}</td>");
+    let mut header = String::from("<th>Route</th><th>Limit</th>");
+    for (span, title) in [("60 s", "minute"), ("total", "total")] {
+        for (field, name) in LIVE_FIELDS {
+            let _ = write!(
+                header,
+                "<th class=\"num {field}\" title=\"{title}\">{name} ({span})</th>"
+            );
         }
-        let shown = seconds(&series, BARS_SECONDS);
-        let _ = write!(
-            rows,
-            "<td data-field=\"bars\">{}</td></tr>",
-            bars(&shown, "")
-        );
     }
-    let mut header = String::new();
-    for cell in head {
-        let _ = write!(header, "<th>{cell}</th>");
-    }
+    header.push_str("<th>Last 2 minutes</th>");
+    let rows: String = DECISIONS
+        .recent(MINUTE.max(BARS_SECONDS))
+        .iter()
+        .map(live_row)
+        .collect();
     let body = format!(
-        "<p class=\"muted\">Per limit, sampled each second from the counters <code>/metrics</code> exports (<code>sluice_limit_decisions_total</code>): allowed counts <code>allowed</code>, <code>local_allowed</code> and <code>error_allowed</code>; limited <code>limited</code>, <code>local_limited</code> and <code>error_denied</code>; shadow <code>shadow_limited</code> (admitted: what a shadow limit would have refused). <span id=\"updated\"></span></p>\
+        "<p class=\"muted\">Per limit, sampled each second from the counters <code>/metrics</code> exports (<code>sluice_limit_decisions_total</code>): allowed counts <code>allowed</code>, limited <code>limited</code>, shadow <code>shadow_limited</code> (admitted: what a shadow limit would have refused). While the limiter cannot decide, the failure mode answers, and those answers have columns of their own: admitted counts <code>error_allowed</code> and <code>local_allowed</code>, refused <code>error_denied</code> and <code>local_limited</code> (the in-process fallback at this gateway's share). Bars: <span class=\"allowed\">allowed</span>, <span class=\"limited\">limited</span>, <span class=\"failure\">failure mode</span>. <span id=\"updated\"></span></p>\
          <table id=\"live\"><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"
     );
     page("Live decisions", "/ui/live", &body)
 }
 
+/// One series of the live view as a table row.
+fn live_row(series: &Series) -> String {
+    let minute = last(series, MINUTE);
+    let id = esc(&format!("{}/{}", series.route, series.limit));
+    let mut row = format!(
+        "<tr data-series=\"{id}\"><td>{}</td><td>{}</td>",
+        esc(&series.route),
+        esc(&series.limit)
+    );
+    for (span, counts) in [("minute", &minute), ("total", &series.totals)] {
+        for (field, _) in LIVE_FIELDS {
+            let n = count(counts, field);
+            let _ = write!(
+                row,
+                "<td class=\"num {field}\" data-field=\"{span}_{field}\">{n}</td>"
+            );
+        }
+    }
+    let shown = seconds(series, BARS_SECONDS);
+    let _ = write!(
+        row,
+        "<td data-field=\"bars\">{}</td></tr>",
+        bars(&shown, "")
+    );
+    row
+}
+
 /// The sum of the last `n` seconds of `series`.
 fn last(series: &Series, n: usize) -> Counts {
     let skip = series.seconds.len().saturating_sub(n);
-    series
-        .seconds
-        .iter()
-        .skip(skip)
-        .fold(Counts::default(), |sum, s| Counts {
-            allowed: sum.allowed + s.allowed,
-            limited: sum.limited + s.limited,
-            shadow: sum.shadow + s.shadow,
-        })
+    let seconds = series.seconds.iter().skip(skip);
+    seconds.fold(Counts::default(), |sum, second| sum.plus(*second))
 }
 
-/// The last `n` seconds of `series`, as (allowed, limited).
-fn seconds(series: &Series, n: usize) -> Vec<(u64, u64)> {
+/// The last `n` seconds of `series`, as (allowed, limited, answered by the failure mode).
+fn seconds(series: &Series, n: usize) -> Vec<[u64; 3]> {
     let skip = series.seconds.len().saturating_sub(n);
     series
         .seconds
         .iter()
         .skip(skip)
-        .map(|s| (s.allowed, s.limited))
+        .map(|s| [s.allowed, s.limited, s.by_failure_mode()])
         .collect()
 }
 
 /// `/ui/live.json`: what the live view shows, for `app.js`.
 pub fn live_json() -> Value {
+    let counts = |c: Counts| {
+        let fields = LIVE_FIELDS
+            .iter()
+            .map(|(field, _)| (*field, count(&c, field)));
+        Value::Object(fields.map(|(f, n)| (f.to_string(), json!(n))).collect())
+    };
     let series: Vec<Value> = DECISIONS
         .recent(MINUTE.max(BARS_SECONDS))
         .iter()
         .map(|series| {
-            let minute = last(series, MINUTE);
-            let shown: Vec<[u64; 2]> = seconds(series, BARS_SECONDS).into_iter().map(|(a, l)| [a, l]).collect();
-            let counts = |c: Counts| json!({ "allowed": c.allowed, "limited": c.limited, "shadow": c.shadow });
             json!({
                 "route": &*series.route,
                 "limit": &*series.limit,
                 "totals": counts(series.totals),
-                "last_minute": counts(minute),
-                "seconds": shown,
+                "last_minute": counts(last(series, MINUTE)),
+                "seconds": seconds(series, BARS_SECONDS),
             })
         })
         .collect();

@@ -169,7 +169,7 @@ fn the_dashboard_loads_clean_in_a_browser_moves_with_traffic_and_explains() {
     visit.page_is_clean("overview");
     let text = visit.text("document.body.innerText");
     assert!(
-        text.contains("generation 1") && text.contains("ready: redis limiter"),
+        text.contains("generation 1") && text.contains("Ready: the redis limiter answers"),
         "{text}"
     );
     assert!(text.contains("breaker closed"), "{text}");

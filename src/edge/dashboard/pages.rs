@@ -9,8 +9,10 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 
 use super::html::{bars, esc, facts, page, table};
+use crate::edge::readiness::ReadyState;
 use crate::exchange::Site;
 use crate::limiter::topology::redacted_url;
+use crate::limiter::FailureMode;
 use crate::limiter::Topology;
 use crate::observe::live::{
     Counts, Series, DECISIONS, LIMITED_CONSUMERS, LIMITED_KEYS, RELOADS, STARTED,
@@ -27,7 +29,7 @@ const MINUTE: usize = 60;
 
 /// The overview: version, uptime, configuration generation and reloads, Redis (the settings in
 /// force) and its breaker, what waits for a graceful upgrade, readiness.
-pub fn overview(site: &Site<Pool>, readiness: (u16, &str)) -> String {
+pub fn overview(site: &Site<Pool>, readiness: &ReadyState) -> String {
     let uptime = SystemTime::now()
         .duration_since(*STARTED)
         .map_or(0, |d| d.as_secs());
@@ -60,7 +62,7 @@ pub fn overview(site: &Site<Pool>, readiness: (u16, &str)) -> String {
         ("Last reload", last),
         ("Limiter", limiter(site)),
         ("Waits for an upgrade", waiting(&config.pending_upgrade)),
-        ("Failure mode", esc(config.failure_mode.label())),
+        ("Failure mode", failure_modes(site)),
         ("Readiness", ready),
         ("Routes", config.routes.in_file_order().len().to_string()),
     ]);
@@ -86,13 +88,40 @@ pub fn overview(site: &Site<Pool>, readiness: (u16, &str)) -> String {
     )
 }
 
-/// What `/readyz` says, its first line: what waits for an upgrade has a row of its own.
-fn ready((status, said): (u16, &str)) -> String {
-    let said = esc(said.lines().next().unwrap_or_default().trim());
-    match status {
-        200 => format!("<span class=\"ok\">{said}</span>"),
-        _ => format!("<span class=\"bad\">{said}</span>"),
+/// The gateway's readiness in its own colour and words (what waits for an upgrade has a row
+/// of its own).
+fn ready(state: &ReadyState) -> String {
+    let name = state.name();
+    format!(
+        "<span id=\"readiness\" class=\"state state-{name}\" data-state=\"{name}\">{}</span> <span class=\"muted\">(<code>/readyz</code>: {})</span>",
+        esc(&state.words()),
+        state.status()
+    )
+}
+
+/// The failure mode of the configuration, and the routes that set another: what an outage of
+/// the limiter does to each.
+fn failure_modes(site: &Site<Pool>) -> String {
+    let default = site.config.failure_mode;
+    let mut others: Vec<(FailureMode, Vec<String>)> = Vec::new();
+    for route in site.config.routes.in_file_order() {
+        let mode = route.tiers.default().rules.failure_mode();
+        if mode == default {
+            continue;
+        }
+        match others.iter_mut().find(|(m, _)| *m == mode) {
+            Some((_, names)) => names.push(esc(&route.name)),
+            None => others.push((mode, vec![esc(&route.name)])),
+        }
     }
+    if others.is_empty() {
+        return format!("{} on every route", esc(default.label()));
+    }
+    let mut said = format!("{} by default", esc(default.label()));
+    for (mode, names) in &others {
+        let _ = write!(said, "; {} on {}", esc(mode.label()), names.join(", "));
+    }
+    said
 }
 
 /// Where the limits live: Redis (redacted, with its breaker) or in-process.

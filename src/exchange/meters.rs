@@ -210,6 +210,12 @@ impl RouteMetrics {
         }
     }
 
+    /// The requests shed so far, per plan slot (0: no plan, then each plan in order); empty
+    /// for a route without adaptive concurrency.
+    pub fn shed_by_plan(&self) -> Vec<u64> {
+        self.shed.iter().map(IntCounter::get).collect()
+    }
+
     /// Adds the per-plan and auth-failure handles of a route that verifies callers.
     pub fn with_callers(mut self, route: &str, plans: &Plans) -> RouteMetrics {
         let slots = std::iter::once(NO_PLAN).chain(plans.names().iter().map(|n| &**n));

@@ -9,7 +9,9 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 
 use super::html::{bars, esc, facts, page, table};
+use crate::caller::consumers::NO_PLAN;
 use crate::edge::readiness::ReadyState;
+use crate::exchange::site::RouteRuntime;
 use crate::exchange::Site;
 use crate::limiter::topology::redacted_url;
 use crate::limiter::FailureMode;
@@ -250,8 +252,63 @@ fn route_section(site: &Site<Pool>, route: &Route) -> String {
             rows,
         ));
     }
+    if let Some(runtime) = site.route(route.index) {
+        out.push_str(&adaptive(site, runtime));
+    }
     out.push_str(&table(&["Upstream server", "Health"], servers));
     out
+}
+
+/// A route's adaptive concurrency on this gateway: the limit admissions meet now (pinned to
+/// the minimum while a baseline is measured), the baseline, the requests in flight, the bounds,
+/// and the requests shed per plan. Nothing for a route without it.
+fn adaptive(site: &Site<Pool>, runtime: &RouteRuntime<Pool>) -> String {
+    let Some(limiter) = &runtime.adaptive else {
+        return String::new();
+    };
+    let stats = limiter.stats();
+    let limit = match stats.probing {
+        true => format!(
+            "{} (probing the baseline: pinned to the minimum)",
+            stats.limit
+        ),
+        false => stats.limit.to_string(),
+    };
+    let baseline = stats.baseline.map_or("not measured yet".to_string(), |b| {
+        format!("{:.1} ms", b.as_secs_f64() * 1000.0)
+    });
+    let plans =
+        std::iter::once(NO_PLAN).chain(site.config.consumers.plans().names().iter().map(|n| &**n));
+    let shed: Vec<String> = plans
+        .zip(runtime.metrics.shed_by_plan())
+        .map(|(plan, n)| format!("{} {n}", esc(plan)))
+        .collect();
+    let cells = [
+        ("limit", limit),
+        ("baseline", baseline),
+        ("in_flight", stats.in_flight.to_string()),
+        (
+            "bounds",
+            format!("{} to {}", stats.min_limit, stats.max_limit),
+        ),
+        ("shed", shed.join(", ")),
+    ];
+    let row = cells
+        .into_iter()
+        .map(|(field, text)| format!("<span data-field=\"{field}\">{text}</span>"))
+        .collect();
+    let head = [
+        "Adaptive concurrency limit",
+        "Baseline latency",
+        "In flight",
+        "Limit between",
+        "Shed by plan",
+    ];
+    format!(
+        "<div class=\"adaptive\" data-route=\"{}\">{}</div>",
+        esc(&runtime.route.name),
+        table(&head, [row])
+    )
 }
 
 fn auth(route: &Route) -> &'static str {

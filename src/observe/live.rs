@@ -137,6 +137,80 @@ impl DecisionHistory {
     }
 }
 
+/// How many seconds of upstream errors are kept per server and kind: the dashboard's "recent".
+pub const ERROR_SECONDS: usize = 60;
+
+/// One server's failed attempts of one kind: the counter's value at the last sample, and how
+/// many each second added.
+#[derive(Debug, Clone)]
+struct ErrorSeries {
+    server: Arc<str>,
+    kind: &'static str,
+    total: u64,
+    seconds: VecDeque<u64>,
+}
+
+/// A server's failed upstream attempts of one kind: in the last [`ERROR_SECONDS`], and since
+/// the start (the counter at the last sample).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerErrorCount {
+    pub kind: &'static str,
+    pub recent: u64,
+    pub total: u64,
+}
+
+/// Every upstream server's failed attempts per kind over the last [`ERROR_SECONDS`], sampled
+/// from `sluice_upstream_server_errors_total` (so the two agree), at most [`MAX_SERIES`]
+/// series.
+#[derive(Debug, Default)]
+pub struct ErrorHistory {
+    series: Mutex<Vec<ErrorSeries>>,
+}
+
+impl ErrorHistory {
+    /// Records one second: each `(server, kind, total)` as read from its counter. Series not
+    /// in `now` are dropped (a reload removed the server); new ones start at their total.
+    pub fn record(&self, now: impl IntoIterator<Item = (Arc<str>, &'static str, u64)>) {
+        let mut series = lock(&self.series);
+        let mut next = Vec::with_capacity(series.len());
+        for (server, kind, total) in now.into_iter().take(MAX_SERIES) {
+            let kept = series
+                .iter()
+                .position(|s| s.server == server && s.kind == kind)
+                .map(|at| series.swap_remove(at));
+            let mut one = kept.unwrap_or_else(|| ErrorSeries {
+                server,
+                kind,
+                total,
+                seconds: VecDeque::with_capacity(ERROR_SECONDS),
+            });
+            if one.seconds.len() == ERROR_SECONDS {
+                one.seconds.pop_front();
+            }
+            one.seconds.push_back(total.saturating_sub(one.total));
+            one.total = total;
+            next.push(one);
+        }
+        *series = next;
+    }
+
+    /// The kinds of failed attempts `server` has had since the start, with how many were in
+    /// the last [`ERROR_SECONDS`].
+    pub fn of(&self, server: &str) -> Vec<ServerErrorCount> {
+        let series = lock(&self.series);
+        let of_server = series
+            .iter()
+            .filter(|s| &*s.server == server && s.total > 0);
+        of_server
+            .map(|s| ServerErrorCount {
+                kind: s.kind,
+                recent: s.seconds.iter().sum(),
+                total: s.total,
+            })
+            .collect()
+    }
+}
+
 /// One entry of a top-k: what it names and how often it was limited (an over-estimate of at
 /// most `error`, as space-saving counts).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -283,6 +357,8 @@ pub static DECISIONS: LazyLock<DecisionHistory> = LazyLock::new(DecisionHistory:
 pub static LIMITED_KEYS: LazyLock<TopK> = LazyLock::new(TopK::default);
 /// The consumers denied most.
 pub static LIMITED_CONSUMERS: LazyLock<TopK> = LazyLock::new(TopK::default);
+/// Each upstream server's failed attempts per second (fed by `runtime::sampler`).
+pub static SERVER_ERRORS: LazyLock<ErrorHistory> = LazyLock::new(ErrorHistory::default);
 /// The reloads since the start.
 pub static RELOADS: LazyLock<Reloads> = LazyLock::new(Reloads::default);
 /// When the process started (the dashboard's uptime).
@@ -364,6 +440,40 @@ mod tests {
         assert_eq!(series.len(), 1, "a retired, b kept");
         assert_eq!(series[0].seconds.len(), HISTORY_SECONDS, "bounded");
         assert_eq!(history.samples(), HISTORY_SECONDS as u64 + 8);
+    }
+
+    #[test]
+    fn a_servers_recent_errors_are_those_of_its_last_minute() {
+        let history = ErrorHistory::default();
+        let (a, b): (Arc<str>, Arc<str>) = ("10.0.0.1:80".into(), "10.0.0.2:80".into());
+        history.record([(a.clone(), "refused", 4), (b.clone(), "refused", 0)]);
+        assert_eq!(
+            history.of("10.0.0.1:80"),
+            [ServerErrorCount {
+                kind: "refused",
+                recent: 0,
+                total: 4
+            }],
+            "counted before the first sample: not recent"
+        );
+        history.record([(a.clone(), "refused", 6), (b.clone(), "refused", 0)]);
+        assert_eq!(history.of("10.0.0.1:80")[0].recent, 2);
+        assert!(
+            history.of("10.0.0.2:80").is_empty(),
+            "no error, nothing to say"
+        );
+        for _ in 0..ERROR_SECONDS {
+            history.record([(a.clone(), "refused", 6)]);
+        }
+        assert_eq!(
+            history.of("10.0.0.1:80"),
+            [ServerErrorCount {
+                kind: "refused",
+                recent: 0,
+                total: 6
+            }],
+            "a minute later"
+        );
     }
 
     #[test]

@@ -111,8 +111,8 @@ pub fn bars(values: &[[u64; 3]], class: &str) -> String {
     );
     for (x, second) in values.iter().enumerate() {
         let mut bottom = 30.0;
-        for (part, n) in BAR_PARTS.iter().zip(second) {
-            let height = match *n {
+        for (i, part) in BAR_PARTS.iter().enumerate() {
+            let height = match second[i] {
                 0 => continue,
                 n => (n as f64 * 30.0 / top as f64).max(1.0),
             };

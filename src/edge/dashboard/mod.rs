@@ -127,7 +127,7 @@ async fn view(
             let state = window.readiness.await;
             html(pages::overview(&snapshot.site, &state))
         }
-        "/ui/routes" => html(pages::routes(&snapshot.site)),
+        "/ui/routes" => html(pages::routes(&snapshot.site, snapshot.health())),
         "/ui/live" => html(pages::live()),
         "/ui/live.json" => respond(200, "application/json", pages::live_json().to_string()),
         "/ui/top" => html(pages::top()),

@@ -17,12 +17,14 @@ use crate::limiter::topology::redacted_url;
 use crate::limiter::FailureMode;
 use crate::limiter::Topology;
 use crate::observe::live::{
-    Counts, Series, DECISIONS, LIMITED_CONSUMERS, LIMITED_KEYS, RELOADS, STARTED,
+    Counts, Series, ServerErrorCount, DECISIONS, LIMITED_CONSUMERS, LIMITED_KEYS, RELOADS,
+    SERVER_ERRORS, STARTED,
 };
 use crate::observe::metrics::BREAKER_STATE;
 use crate::route::describe;
 use crate::route::table::Route;
 use crate::route::tiers::TierId;
+use crate::upstream::health::{HealthRecord, HealthState};
 use crate::upstream::pool::Pool;
 
 /// How many seconds the live view shows as bars, and sums as "the last minute".
@@ -210,13 +212,75 @@ fn ago(at: u64) -> String {
     format!("{} ago", duration(now.saturating_sub(at)))
 }
 
-/// Every route: what it matches, its tiers and limits, its upstream with each server's health.
-pub fn routes(site: &Site<Pool>) -> String {
-    let mut body = String::new();
+/// Every upstream server once (its health, the routes that list it, its recent errors), then
+/// every route: what it matches, its tiers and limits, its adaptive concurrency, its upstream.
+pub fn routes(site: &Site<Pool>, health: &HealthRecord) -> String {
+    let mut body = upstream_servers(health);
     for route in site.config.routes.in_file_order() {
         body.push_str(&route_section(site, route));
     }
     page("Routes", "/ui/routes", &body)
+}
+
+/// The "Upstream servers" table: each server once, whatever the routes that list it.
+fn upstream_servers(health: &HealthRecord) -> String {
+    let rows = health.servers().iter().map(|server| {
+        let routes: Vec<String> = server.routes().iter().map(|r| esc(r)).collect();
+        let (recent, total) = errors(server.server);
+        vec![
+            format!("<code>{}</code>", server.server),
+            health_state(server.state()),
+            routes.join(", "),
+            recent,
+            total,
+        ]
+    });
+    let head = [
+        "Server",
+        "Health",
+        "Routes",
+        "Errors (60 s)",
+        "Errors (since start)",
+    ];
+    format!(
+        "<h2>Upstream servers</h2><p class=\"muted\">Each server once: its state is the same on every route that lists it (checked when one of them has <code>health_check_interval_ms</code>; a server no route checks is <em>not checked</em>, and every request may still meet it: its errors tell). Errors are failed attempts (<code>sluice_upstream_server_errors_total</code>), sampled each second.</p><div id=\"upstream-servers\">{}</div>",
+        table(&head, rows)
+    )
+}
+
+/// A server's health state, in its colour and words.
+fn health_state(state: HealthState) -> String {
+    let name = state.name();
+    format!(
+        "<span class=\"health health-{name}\" data-field=\"health\" data-state=\"{name}\">{}</span>",
+        state.words()
+    )
+}
+
+/// A server's failed attempts by kind, in the last minute and since the start, as cells.
+fn errors(server: std::net::SocketAddr) -> (String, String) {
+    let counts = SERVER_ERRORS.of(&server.to_string());
+    let said = |n: fn(&ServerErrorCount) -> u64| {
+        let said: Vec<String> = counts
+            .iter()
+            .filter(|c| n(c) > 0)
+            .map(|c| format!("{} {}", n(c), c.kind))
+            .collect();
+        match said.is_empty() {
+            true => "none".to_string(),
+            false => said.join(", "),
+        }
+    };
+    (
+        format!(
+            "<span data-field=\"recent_errors\">{}</span>",
+            said(|c| c.recent)
+        ),
+        format!(
+            "<span data-field=\"total_errors\">{}</span>",
+            said(|c| c.total)
+        ),
+    )
 }
 
 fn route_section(site: &Site<Pool>, route: &Route) -> String {
@@ -226,12 +290,13 @@ fn route_section(site: &Site<Pool>, route: &Route) -> String {
     let servers: Vec<Vec<String>> = health
         .unwrap_or_default()
         .into_iter()
-        .map(|(server, healthy)| {
-            let health = match healthy {
-                true => "<span class=\"ok\">healthy</span>",
-                false => "<span class=\"bad\">unhealthy</span>",
-            };
-            vec![format!("<code>{server}</code>"), health.to_string()]
+        .map(|(server, state)| {
+            let (recent, _) = errors(server);
+            vec![
+                format!("<code>{server}</code>"),
+                health_state(state),
+                recent,
+            ]
         })
         .collect();
     let mut out = format!(
@@ -255,7 +320,13 @@ fn route_section(site: &Site<Pool>, route: &Route) -> String {
     if let Some(runtime) = site.route(route.index) {
         out.push_str(&adaptive(site, runtime));
     }
-    out.push_str(&table(&["Upstream server", "Health"], servers));
+    let head = ["Upstream server", "Health", "Errors (60 s)"];
+    let _ = write!(
+        out,
+        "<div class=\"route-upstream\" data-route=\"{}\">{}</div>",
+        esc(&route.name),
+        table(&head, servers)
+    );
     out
 }
 
@@ -277,11 +348,14 @@ fn adaptive(site: &Site<Pool>, runtime: &RouteRuntime<Pool>) -> String {
     let baseline = stats.baseline.map_or("not measured yet".to_string(), |b| {
         format!("{:.1} ms", b.as_secs_f64() * 1000.0)
     });
-    let plans =
-        std::iter::once(NO_PLAN).chain(site.config.consumers.plans().names().iter().map(|n| &**n));
-    let shed: Vec<String> = plans
-        .zip(runtime.metrics.shed_by_plan())
-        .map(|(plan, n)| format!("{} {n}", esc(plan)))
+    let plans = site.config.consumers.plans().names();
+    let plan = |slot: usize| match slot {
+        0 => NO_PLAN,
+        slot => plans.get(slot - 1).map_or("?", |name| &**name),
+    };
+    let shed_by_plan = runtime.metrics.shed_by_plan().into_iter().enumerate();
+    let shed: Vec<String> = shed_by_plan
+        .map(|(slot, n)| format!("{} {n}", esc(plan(slot))))
         .collect();
     let cells = [
         ("limit", limit),

@@ -1,7 +1,8 @@
 //! The dashboard's live views, in bounded memory whatever the traffic: each limit's decisions
 //! per second over the last [`HISTORY_SECONDS`] (sampled from the counters `/metrics` exports,
-//! so the two agree), the most limited keys and consumers (a space-saving top-k, fed only by
-//! denials), and the last reloads with their results. Process-wide, as the metric families
+//! so the two agree), each upstream server's failed attempts over the last minute (sampled the
+//! same way), the most limited keys and consumers (a space-saving top-k, fed only by denials),
+//! and the last reloads with their results. Process-wide, as the metric families
 //! are: a reload keeps them.
 
 use std::collections::VecDeque;

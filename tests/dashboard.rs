@@ -4,8 +4,15 @@
 //! the configuration's generation and a rejected reload's problems; every view loads
 //! with no console error and requests nothing from anywhere but the admin listener; the live
 //! decisions move under traffic and agree with `/metrics`; the most limited consumer shows;
-//! the explain form answers for a limited consumer. With `SLUICE_SCREENSHOTS=DIR` set, each
-//! view is saved there as a PNG (docs/dashboard/ holds the ones docs/operations.md shows).
+//! the explain form answers for a limited consumer. And an outage shown as it is: readiness
+//! ready, then degraded in another colour; a calendar quota in its words and zone; adaptive
+//! concurrency probing, then measured; each upstream server one state on every route ("not
+//! checked" where no route checks it, avoided by every route while a check finds it dead) with
+//! its errors as `/metrics` counts them; a consumer id's bidi control shown, not obeyed; with
+//! Redis stopped, the failure mode's answers in columns of their own (and in `/ui/live.json`)
+//! while allowed and limited stay, and the log warns of both `allow` and `deny`. With
+//! `SLUICE_SCREENSHOTS=DIR` set, each view is saved there as a PNG (docs/dashboard/ holds the
+//! ones docs/operations.md shows).
 
 mod support;
 
@@ -15,8 +22,9 @@ use std::time::Duration;
 use support::api_keys::KeyFile;
 use support::browser::{Browser, PageReport};
 use support::config::{route, Config};
-use support::limits::fixed_window;
-use support::{http_call, http_get, metric, Gateway, RedisServer, Upstream};
+use support::limits::{calendar, fixed_window};
+use support::tokens::{claims, now, Algorithm, TestKey};
+use support::{free_port, http_call, http_get, metric, Gateway, Launch, RedisServer, Upstream};
 
 const TOKEN: &str = "dashboard-admin-token-0123456789";
 const ALICE: &str = "sk_alice_dashboard_key_000001";
@@ -169,7 +177,7 @@ fn the_dashboard_loads_clean_in_a_browser_moves_with_traffic_and_explains() {
     visit.page_is_clean("overview");
     let text = visit.text("document.body.innerText");
     assert!(
-        text.contains("generation 1") && text.contains("ready: redis limiter"),
+        text.contains("generation 1") && text.contains("Ready: the redis limiter answers"),
         "{text}"
     );
     assert!(text.contains("breaker closed"), "{text}");
@@ -193,7 +201,12 @@ fn the_dashboard_loads_clean_in_a_browser_moves_with_traffic_and_explains() {
     visit.shot("overview");
 
     let text = visit.view("routes");
-    for shown in ["per_consumer", "path prefix /api/", "plan pro", "healthy"] {
+    for shown in [
+        "per_consumer",
+        "path prefix /api/",
+        "plan pro",
+        "not checked",
+    ] {
         assert!(text.contains(shown), "routes show {shown}: {text}");
     }
     assert!(!text.contains(TOKEN), "no secret rendered");
@@ -413,4 +426,358 @@ fn the_dashboard_is_off_without_a_token_signs_in_by_cookie_and_only_reads() {
         live["series"].as_array().is_some_and(|s| s.len() == 3)
     };
     support::eventually(Duration::from_secs(30), "every limit sampled", sampled);
+}
+
+/// The HMAC secret of the outage test's bearer tokens.
+const HMAC_SECRET: &str = "a-dashboard-hmac-secret-of-32-bytes!";
+/// A consumer id that would reverse the text after it, were it rendered raw.
+const EVIL: &str = "evil\u{202E}gpj.exe";
+
+/// The outage test's gateway: `quota` (bearer tokens, a monthly calendar quota in
+/// Europe/Paris and 2/h per consumer, adaptive concurrency, `failure_mode: allow`), `login`
+/// (`failure_mode: deny`), `dead` (two dead servers, no check) and `checked` (the upstream and
+/// one of the dead servers, checked).
+fn outage_body(dead_a: &str, dead_b: &str) -> String {
+    let adaptive = "{ min_limit: 2, max_limit: 50, probe_requests: 2, probe_interval: 1h }";
+    Config::new()
+        .redis("REDIS_URL")
+        .failure_mode("allow")
+        .set(
+            "identity",
+            format!("{{ jwt: {{ hmac_secret: \"{HMAC_SECRET}\", algorithms: [HS256] }} }}"),
+        )
+        .set("admin", format!("{{ token: {TOKEN} }}"))
+        .route(
+            route("quota")
+                .prefix("/quota/")
+                .set("auth", "required")
+                .set("failure_mode", "allow")
+                .set("adaptive_concurrency", adaptive)
+                .limit(
+                    calendar("monthly", "1000/month", "Europe/Paris")
+                        .key(&["consumer"])
+                        .set("mode", "exact"),
+                )
+                .limit(
+                    fixed_window("per_consumer", "2/h")
+                        .key(&["consumer"])
+                        .set("mode", "exact"),
+                ),
+        )
+        .route(
+            route("login")
+                .prefix("/login/")
+                .set("failure_mode", "deny")
+                .limit(
+                    fixed_window("per_address", "100/h")
+                        .key(&["client_ip"])
+                        .set("mode", "exact"),
+                ),
+        )
+        .route(
+            route("dead")
+                .prefix("/dead/")
+                .upstream(format!("{{ servers: [{dead_a}, {dead_b}], retries: 0 }}")),
+        )
+        .route(route("checked").prefix("/checked/").upstream(format!(
+            "{{ servers: [UPSTREAM, {dead_b}], health_check_interval_ms: 100 }}"
+        )))
+        .yaml()
+}
+
+/// A request to `path` with the bearer token of `consumer`: its status.
+fn as_consumer(gateway: &Gateway, path: &str, consumer: &str) -> u16 {
+    let key = TestKey::hmac(HMAC_SECRET.as_bytes(), Algorithm::HS256, None);
+    let token = key.sign(&claims(consumer, "sluice-tests", "dashboard", now()));
+    let bearer = format!("Bearer {token}");
+    http_get(gateway.proxy, path, None, &[("authorization", &bearer)]).status
+}
+
+/// The count `/metrics` says for `decision` of `route`'s `limit`.
+fn decisions(gateway: &Gateway, route: &str, limit: &str, decision: &str) -> f64 {
+    let labels = [("route", route), ("limit", limit), ("decision", decision)];
+    metric(&gateway.metrics(), "sluice_limit_decisions_total", &labels)
+}
+
+/// The readiness the overview draws: its state and its colours.
+fn readiness(visit: &mut Visit) -> (String, String) {
+    visit.view("");
+    let state = visit.text("document.getElementById('readiness').dataset.state");
+    let colour = visit.text(
+        "(s => s.color + ' on ' + s.backgroundColor)(getComputedStyle(document.getElementById('readiness')))",
+    );
+    (state, colour)
+}
+
+#[test]
+fn the_dashboard_shows_an_outage_as_it_is() {
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let (dead_a, dead_b) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let launch = Launch {
+        capture_log: true,
+        ..Launch::default()
+    };
+    let body = outage_body(&dead_a, &dead_b);
+    let gateway = Gateway::launch(&body, &upstream, Some(&redis), &launch);
+    gateway.wait_ready();
+    let (shots, _kept) = screenshots();
+    let mut visit = Visit {
+        browser: Browser::start(),
+        origin: format!("http://{}/", gateway.admin),
+        shots,
+        key_hash: HMAC_SECRET.to_string(),
+    };
+    let overview = visit.sign_in(TOKEN);
+    clean(&overview, &visit.origin, "overview");
+    let (state, ready_colour) = readiness(&mut visit);
+    assert_eq!(state, "ready");
+    let text = visit.text("document.body.innerText");
+    assert!(
+        text.contains("allow by default; deny on login"),
+        "each route's failure mode: {text}"
+    );
+
+    adaptive_concurrency_shows_its_probe_then_its_baseline(&mut visit, &gateway);
+    let servers = [upstream.addr.to_string(), dead_a, dead_b];
+    upstream_servers_have_one_state_and_their_errors(&mut visit, &gateway, &servers);
+    let text = visit.view("routes");
+    assert!(text.contains("1000 per month in Europe/Paris"), "{text}");
+    assert!(text.contains("2 per 3600 s"), "{text}");
+    visit.shot("upstream-health");
+
+    let text = visit.view("top");
+    assert!(text.contains("evil[U+202E]gpj.exe"), "{text}");
+    let markup = visit.text("document.documentElement.outerHTML");
+    assert!(
+        !markup.contains('\u{202E}'),
+        "no bidi control reaches the page"
+    );
+
+    // Redis goes away: the overview says degraded, in another colour.
+    visit.view("live");
+    let before = [
+        (
+            "quota/monthly",
+            "allowed",
+            decisions(&gateway, "quota", "monthly", "allowed"),
+        ),
+        (
+            "quota/monthly",
+            "limited",
+            decisions(&gateway, "quota", "monthly", "limited"),
+        ),
+        (
+            "login/per_address",
+            "allowed",
+            decisions(&gateway, "login", "per_address", "allowed"),
+        ),
+    ];
+    for (series, field, n) in before {
+        let holds = format!("{} === '{n}'", cell(series, &format!("total_{field}")));
+        visit.browser.wait_for(
+            &holds,
+            Duration::from_secs(10),
+            &format!("{series} {field} before"),
+        );
+    }
+    redis.stop();
+    support::eventually(Duration::from_secs(10), "degraded", || {
+        http_get(gateway.admin, "/readyz", None, &[])
+            .body
+            .starts_with("degraded")
+    });
+    let (state, degraded_colour) = readiness(&mut visit);
+    assert_eq!(state, "degraded");
+    assert_ne!(
+        degraded_colour, ready_colour,
+        "degraded is not drawn as ready"
+    );
+    let text = visit.text("document.getElementById('readiness').innerText");
+    assert!(text.starts_with("Degraded"), "{text}");
+    visit.shot("overview-degraded");
+
+    failure_mode_answers_have_their_own_columns(&mut visit, &gateway, &before);
+    let log = || gateway.log();
+    support::eventually(Duration::from_secs(10), "both outage warnings", || {
+        let log = log();
+        log.contains("failure_mode=allow: requests admitted unchecked")
+            && log.contains("failure_mode=deny: requests refused with 503")
+    });
+    let last = visit.browser.take_report();
+    assert!(
+        last.console_errors.is_empty(),
+        "late: {:?}",
+        last.console_errors
+    );
+}
+
+/// The quota route's adaptive concurrency: probing at its minimum before any request, then,
+/// once two requests answered (the probe's), its baseline, at the limit `/metrics` says. The
+/// same requests make the consumer with a bidi control in its id the most limited one.
+fn adaptive_concurrency_shows_its_probe_then_its_baseline(visit: &mut Visit, gateway: &Gateway) {
+    let field = |name: &str| {
+        format!("document.querySelector('.adaptive[data-route=\"quota\"] [data-field=\"{name}\"]').textContent")
+    };
+    visit.view("routes");
+    assert!(
+        visit.text(&field("limit")).starts_with("2 (probing"),
+        "{}",
+        visit.text(&field("limit"))
+    );
+    assert_eq!(visit.text(&field("baseline")), "not measured yet");
+    let statuses: Vec<u16> = (0..3)
+        .map(|_| as_consumer(gateway, "/quota/x", EVIL))
+        .collect();
+    assert_eq!(statuses, [200, 200, 429], "2/h per consumer");
+    visit.view("routes");
+    let baseline = visit.text(&field("baseline"));
+    assert!(
+        baseline.ends_with(" ms"),
+        "measured by the two answered: {baseline}"
+    );
+    let limit = metric(
+        &gateway.metrics(),
+        "sluice_adaptive_concurrency_limit",
+        &[("route", "quota")],
+    );
+    assert_eq!(
+        visit.text(&field("limit")),
+        limit.to_string(),
+        "as /metrics says"
+    );
+    assert_eq!(visit.text(&field("in_flight")), "0");
+    assert_eq!(visit.text(&field("bounds")), "2 to 50");
+    assert_eq!(visit.text(&field("shed")), "none 0");
+}
+
+/// Each server has one state, on the "Upstream servers" table and on every route listing it:
+/// the upstream and `dead_b` checked (healthy, unhealthy), `dead_a` not checked. Requests to
+/// the `dead` route meet `dead_a` only (no route dials `dead_b` while it fails), and its errors
+/// show beside it as `/metrics` counts them.
+fn upstream_servers_have_one_state_and_their_errors(
+    visit: &mut Visit,
+    gateway: &Gateway,
+    [live, dead_a, dead_b]: &[String; 3],
+) {
+    for _ in 0..2 {
+        assert_eq!(gateway.get("/dead/x").status, 502);
+    }
+    let server_errors = |server: &str| {
+        let labels = [("server", server), ("kind", "refused")];
+        metric(
+            &gateway.metrics(),
+            "sluice_upstream_server_errors_total",
+            &labels,
+        )
+    };
+    assert_eq!((server_errors(dead_a), server_errors(dead_b)), (2.0, 0.0));
+    let recent = |server: &str| {
+        format!(
+            "[...document.querySelectorAll('#upstream-servers tr')].filter(r => r.querySelector('code')?.textContent === '{server}').map(r => r.querySelector('[data-field=recent_errors]').textContent).join()"
+        )
+    };
+    support::eventually(Duration::from_secs(10), "the errors sampled", || {
+        visit.view("routes");
+        visit.text(&recent(dead_a)) == "2 refused"
+    });
+    assert_eq!(visit.text(&recent(dead_b)), "none");
+    let states = visit.text(
+        "JSON.stringify([...document.querySelectorAll('#upstream-servers tr, .route-upstream tr')]\
+         .filter(r => r.querySelector('code') && r.querySelector('[data-field=health]'))\
+         .map(r => [r.querySelector('code').textContent, r.querySelector('[data-field=health]').dataset.state]))",
+    );
+    let states: Vec<(String, String)> = serde_json::from_str(&states).expect("JSON");
+    let of = |server: &str| {
+        let mut of: Vec<&str> = states
+            .iter()
+            .filter(|(s, _)| s == server)
+            .map(|(_, state)| state.as_str())
+            .collect();
+        of.dedup();
+        of
+    };
+    assert_eq!(of(dead_a), ["not-checked"], "{states:?}");
+    assert_eq!(
+        of(dead_b),
+        ["unhealthy"],
+        "on both routes and the table: {states:?}"
+    );
+    assert_eq!(of(live), ["healthy"], "{states:?}");
+    assert_eq!(
+        states.iter().filter(|(s, _)| s == dead_b).count(),
+        3,
+        "the table, the dead route, the checked route"
+    );
+}
+
+/// While Redis is down, bob's requests on `quota` are admitted by `failure_mode: allow` and
+/// the requests to `login` refused by `deny`: the live view's failure mode columns (and
+/// `/ui/live.json`) move to what `/metrics` counts, its allowed and limited stay as `before`.
+fn failure_mode_answers_have_their_own_columns(
+    visit: &mut Visit,
+    gateway: &Gateway,
+    before: &[(&str, &str, f64)],
+) {
+    visit.view("live");
+    for _ in 0..3 {
+        assert_eq!(
+            as_consumer(gateway, "/quota/x", "bob"),
+            200,
+            "admitted unchecked"
+        );
+        assert_eq!(gateway.get("/login/x").status, 503, "refused");
+    }
+    let admitted = decisions(gateway, "quota", "monthly", "error_allowed");
+    let refused = decisions(gateway, "login", "per_address", "error_denied");
+    assert_eq!((admitted, refused), (3.0, 3.0));
+    let expected = [
+        ("quota/monthly", "total_failure_admitted", admitted),
+        ("quota/monthly", "minute_failure_admitted", admitted),
+        ("login/per_address", "total_failure_refused", refused),
+    ];
+    for (series, field, n) in expected {
+        let holds = format!("{} === '{n}'", cell(series, field));
+        visit.browser.wait_for(
+            &holds,
+            Duration::from_secs(10),
+            &format!("{series} {field}"),
+        );
+    }
+    for (series, field, n) in before {
+        let shown = visit.text(&cell(series, &format!("total_{field}")));
+        assert_eq!(
+            shown,
+            n.to_string(),
+            "{series} {field} does not move in the outage"
+        );
+    }
+    let failure_bar =
+        "document.querySelector('tr[data-series=\"login/per_address\"] rect.failure') !== null";
+    visit
+        .browser
+        .wait_for(failure_bar, Duration::from_secs(5), "a failure mode bar");
+    visit.shot("live-outage");
+    let live = visit
+        .browser
+        .eval("fetch('/ui/live.json', { credentials: 'same-origin' }).then(r => r.json())");
+    let series = |route: &str, limit: &str| {
+        let all = live["series"].as_array().expect("series");
+        all.iter()
+            .find(|s| s["route"] == route && s["limit"] == limit)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        series("quota", "monthly")["totals"]["failure_admitted"],
+        admitted as u64
+    );
+    assert_eq!(
+        series("login", "per_address")["totals"]["failure_refused"],
+        refused as u64
+    );
+    assert_eq!(series("login", "per_address")["totals"]["limited"], 0);
 }

@@ -102,6 +102,7 @@ fn explained_remaining_is_what_she_then_gets(gateway: &Gateway) -> Value {
         ),
         (5.into(), 3600.into())
     );
+    assert_eq!(per_consumer["per"], "3600 s", "the window in words");
     assert_eq!(per_consumer["key"], serde_json::json!(["consumer"]));
     let said = ask(gateway, ALICE);
     assert_eq!(said.status, 200);

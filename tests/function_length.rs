@@ -15,7 +15,7 @@ const MAX_TEST_LINES: usize = 80;
 const MAX_HOOK_LINES: usize = 40;
 
 /// The files whose non-test code may call `.zip(`, and why.
-const ZIPS: [(&str, &str); 7] = [
+const ZIPS: [(&str, &str); 6] = [
     (
         "limiter/pairs.rs",
         "the one join of per-limit sequences, which refuses unequal lengths",
@@ -36,10 +36,6 @@ const ZIPS: [(&str, &str); 7] = [
     (
         "edge/proxy/forwarding.rs",
         "a fixed table of header spellings and their values",
-    ),
-    (
-        "upstream/pool.rs",
-        "per route (pools built from the routes in file order), not per limit",
     ),
 ];
 

@@ -21,6 +21,9 @@ fn every_series_appears_with_its_labels_after_known_traffic() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
     let dead = format!("127.0.0.1:{}", free_port());
+    // Another: a server a route checks is avoided by every route that lists it (one state per
+    // server), and the "dead" route must dial its own to be refused.
+    let checked_dead = format!("127.0.0.1:{}", free_port());
     let body = Config::new()
         .redis(redis.url())
         .route(
@@ -35,7 +38,7 @@ fn every_series_appears_with_its_labels_after_known_traffic() {
                 .upstream(format!("{{ servers: [{dead}], retries: 0 }}")),
         )
         .route(route("checked").prefix("/checked").upstream(format!(
-            "{{ servers: [UPSTREAM, {dead}], health_check_interval_ms: 100 }}"
+            "{{ servers: [UPSTREAM, {checked_dead}], health_check_interval_ms: 100 }}"
         )))
         .yaml();
     let gateway = Gateway::start(&body, &upstream, Some(&redis));
@@ -104,6 +107,15 @@ fn every_series_appears_with_its_labels_after_known_traffic() {
     };
     assert_eq!((errors("refused"), errors("timeout")), (1.0, 0.0));
     assert_eq!(
+        metric(
+            &metrics,
+            "sluice_upstream_server_errors_total",
+            &[("server", &dead), ("kind", "refused")]
+        ),
+        1.0,
+        "and counted for the server that refused"
+    );
+    assert_eq!(
         metric(&metrics, "sluice_requests_in_flight", &[("route", "api")]),
         0.0,
         "every request has ended"
@@ -120,7 +132,11 @@ fn every_series_appears_with_its_labels_after_known_traffic() {
         )
     };
     assert_eq!(healthy(&upstream.addr.to_string()), 1.0);
-    assert_eq!(healthy(&dead), 0.0, "the dead server fails its checks");
+    assert_eq!(
+        healthy(&checked_dead),
+        0.0,
+        "the dead server fails its checks"
+    );
     assert_eq!(
         metric(&metrics, "sluice_upstream_healthy", &[("route", "api")]),
         1.0,
@@ -148,6 +164,10 @@ fn every_series_appears_with_its_labels_after_known_traffic() {
     assert!(!metrics.contains("limit=\"canary\""), "{metrics}");
     assert!(!metrics.contains("route=\"dead\""));
     assert!(!metrics.contains("route=\"checked\""));
+    assert!(
+        !metrics.contains(&format!("server=\"{dead}\"")),
+        "a server no route lists any more: its errors' series go too"
+    );
     assert_eq!(
         api("per_client", "allowed"),
         3.0,

@@ -25,6 +25,7 @@ use crate::edge::dashboard::{self, Window};
 use crate::edge::drain::Drain;
 use crate::edge::proxy::head_count::HeadCount;
 use crate::edge::quota_admin::{self, Caller};
+use crate::edge::readiness::ReadyState;
 use crate::edge::usage::UsageError;
 use crate::exchange::Cut;
 use crate::limiter::{Policy, Readiness};
@@ -52,46 +53,39 @@ impl AdminApp {
 
     /// `/readyz`: whether this gateway should get traffic now, and what waits for an upgrade.
     async fn readiness(&self) -> Response<Vec<u8>> {
-        let (status, mut said) = self.ready_now().await;
+        let state = self.ready_now().await;
+        let mut said = state.line();
         said.push_str(&pending_line(&self.live.load().config.pending_upgrade));
-        text(status, said)
+        text(state.status(), said)
     }
 
-    /// Whether this gateway should get traffic now: its status and its line.
-    async fn ready_now(&self) -> (u16, String) {
+    /// Whether this gateway should get traffic now.
+    async fn ready_now(&self) -> ReadyState {
         if self.drain.is_draining() {
             // SIGTERM: it still serves until grace_period_seconds ends; send new traffic elsewhere.
-            return (503, "not ready: shutting down (SIGTERM), draining\n".into());
+            return ReadyState::Draining;
         }
         if self.live.load().awaits_jwt_keys() {
             // Every token would be refused (503): send the traffic to a gateway that has keys.
-            return (
-                503,
-                "not ready: no JWT verification keys yet (identity.jwt.jwks_url has not answered)\n"
-                    .into(),
-            );
+            return ReadyState::AwaitingKeys;
         }
         let backend = self.policy.backend();
         let readiness = self.policy.readiness().await;
         let failure_mode = self.live.load().config.failure_mode;
         match readiness {
-            Readiness::Ready => (200, format!("ready: {backend} limiter\n")),
+            Readiness::Ready => ReadyState::Ready { backend },
             // The failure mode refuses traffic: send it to a gateway that can decide.
-            Readiness::Unavailable(reason) if failure_mode.refuses() => (
-                503,
-                format!(
-                    "not ready: {backend} limiter unavailable ({reason}); failure_mode {} refuses requests\n",
-                    failure_mode.label()
-                ),
-            ),
+            Readiness::Unavailable(reason) if failure_mode.refuses() => ReadyState::Refusing {
+                backend,
+                reason,
+                failure_mode,
+            },
             // The failure mode is deciding for Redis: the gateway still serves, degraded.
-            Readiness::Unavailable(reason) => (
-                200,
-                format!(
-                    "degraded: {backend} limiter unavailable ({reason}); failure_mode {} applies\n",
-                    failure_mode.label()
-                ),
-            ),
+            Readiness::Unavailable(reason) => ReadyState::Degraded {
+                backend,
+                reason,
+                failure_mode,
+            },
         }
     }
 }
@@ -107,13 +101,6 @@ fn pending_line(pending: &[crate::config::PendingChange]) -> String {
 }
 
 impl AdminApp {
-    /// What `/readyz` says now: its status and its line.
-    async fn readiness_said(&self) -> (u16, String) {
-        let answer = self.readiness().await;
-        let said = String::from_utf8_lossy(answer.body()).into_owned();
-        (answer.status().as_u16(), said)
-    }
-
     /// The configuration in force, when the caller has the admin token; else the answer.
     fn authorized(&self, session: &ServerSession) -> Result<Arc<Snapshot>, Box<Response<Vec<u8>>>> {
         let snapshot = self.live.load_full();
@@ -225,7 +212,7 @@ impl ServeHttp for AdminApp {
                 let window = Window {
                     policy: &self.policy,
                     live: &self.live,
-                    readiness: Box::pin(self.readiness_said()),
+                    readiness: Box::pin(self.ready_now()),
                 };
                 dashboard::serve(session, window).await
             }

@@ -4,7 +4,9 @@
 //! exchange's answers out, `respond.rs` the one place answers become responses); `listening`
 //! binds first and reports readiness; `tls` serves each listener's certificates and verifies
 //! client certificates; `drain` is SIGTERM's graceful shutdown; `admin`, `usage`, `quota_admin`,
-//! `explain` and `dashboard` answer the admin listener (`admin_http`: its token's check, its responses); `rls` is Envoy's rate limit service over gRPC.
+//! `explain` and `dashboard` answer the admin listener (`admin_http`: its token's check, its responses;
+//! `readiness`: the one state `/readyz` and the dashboard both tell); `rls` is Envoy's rate limit
+//! service over gRPC.
 
 pub(crate) mod admin;
 mod admin_http;
@@ -14,6 +16,7 @@ pub mod explain;
 pub(crate) mod listening;
 pub(crate) mod proxy;
 pub(crate) mod quota_admin;
+pub(crate) mod readiness;
 pub(crate) mod rls;
 mod rls_metadata;
 pub mod server;

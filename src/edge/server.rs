@@ -81,7 +81,8 @@ pub fn preflight(config: &Config, read: &mut Sources) -> Result<Vec<String>, Con
             Vec::new()
         }
     };
-    if let Err(mut found) = crate::upstream::pool::Pools::build(&config.routes, read) {
+    let gauges = crate::upstream::health::unregistered_gauge;
+    if let Err(mut found) = crate::upstream::pool::Pools::build(&config.routes, read, gauges) {
         problems.append(&mut found);
     }
     if let Some(access_log) = &config.access_log {

@@ -20,6 +20,7 @@ use crate::observe::metrics::{
     LIMIT_DECISIONS, PLAN_REQUESTS, REQUESTS, REQUESTS_IN_FLIGHT, REQUEST_DURATION,
     RESPONSE_COST_REPORTS, RESPONSE_COST_UNITS, RLS_LIMIT_DECISIONS, RLS_REQUESTS,
     UPSTREAM_DURATION, UPSTREAM_ERRORS, UPSTREAM_HEALTHY, UPSTREAM_RESPONSES,
+    UPSTREAM_SERVER_ERRORS,
 };
 use crate::route::descriptors::Domains;
 use crate::route::table::RouteTable;
@@ -98,6 +99,35 @@ pub struct RouteMetrics {
     callers: Option<CallerMeters>,
     /// Of a route with adaptive concurrency: requests shed, per plan slot (0: none).
     shed: Box<[IntCounter]>,
+    /// Failed attempts per server of the route's upstream, by kind (the series are the
+    /// server's, whatever the route).
+    servers: Box<[ServerErrors]>,
+}
+
+/// The handles of one upstream server's failed attempts, by [`UpstreamError`].
+#[derive(Clone)]
+pub struct ServerErrors {
+    pub server: SocketAddr,
+    kinds: [IntCounter; UpstreamError::COUNT],
+}
+
+impl ServerErrors {
+    fn new(server: SocketAddr) -> ServerErrors {
+        let name = server.to_string();
+        ServerErrors {
+            server,
+            kinds: std::array::from_fn(|i| {
+                let kind = UpstreamError::ALL[i].label();
+                UPSTREAM_SERVER_ERRORS.with_label_values(&[name.as_str(), kind])
+            }),
+        }
+    }
+
+    /// Each kind's label and its count so far.
+    pub fn totals(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        let kinds = UpstreamError::ALL.iter();
+        kinds.map(|kind| (kind.label(), self.kinds[*kind as usize].get()))
+    }
 }
 
 struct CallerMeters {
@@ -135,15 +165,17 @@ impl LimitMeters {
         self.outcomes[outcome as usize].inc();
     }
 
-    /// What the limit said so far, as the dashboard groups it: admitted (allowed, also
-    /// locally or by the failure mode), refused (limited, also locally or by the failure
-    /// mode), shadow-limited.
+    /// What the limit said so far, as the dashboard groups it: allowed, limited and
+    /// shadow-limited when it decided; admitted or refused by the failure mode (nothing could
+    /// decide, or the in-process fallback did) when it could not.
     pub fn totals(&self) -> Counts {
         let at = |outcome: Outcome| self.outcomes[outcome as usize].get();
         Counts {
-            allowed: at(Outcome::Allowed) + at(Outcome::LocalAllowed) + at(Outcome::ErrorAllowed),
-            limited: at(Outcome::Limited) + at(Outcome::LocalLimited) + at(Outcome::ErrorDenied),
+            allowed: at(Outcome::Allowed),
+            limited: at(Outcome::Limited),
             shadow: at(Outcome::ShadowLimited),
+            failure_admitted: at(Outcome::ErrorAllowed) + at(Outcome::LocalAllowed),
+            failure_refused: at(Outcome::ErrorDenied) + at(Outcome::LocalLimited),
         }
     }
 
@@ -188,7 +220,14 @@ impl RouteMetrics {
                 .collect(),
             callers: None,
             shed: Box::new([]),
+            servers: Box::new([]),
         }
+    }
+
+    /// Adds the handles of the route's upstream `servers`: their failed attempts.
+    pub fn with_servers(mut self, servers: &[SocketAddr]) -> RouteMetrics {
+        self.servers = servers.iter().map(|s| ServerErrors::new(*s)).collect();
+        self
     }
 
     /// Adds the handles of a route with adaptive concurrency: requests shed per plan.
@@ -206,6 +245,12 @@ impl RouteMetrics {
         if let Some(counter) = self.shed.get(slot) {
             counter.inc();
         }
+    }
+
+    /// The requests shed so far, per plan slot (0: no plan, then each plan in order); empty
+    /// for a route without adaptive concurrency.
+    pub fn shed_by_plan(&self) -> Vec<u64> {
+        self.shed.iter().map(IntCounter::get).collect()
     }
 
     /// Adds the per-plan and auth-failure handles of a route that verifies callers.
@@ -274,8 +319,13 @@ impl RouteMetrics {
         self.upstream_duration.observe(duration.as_secs_f64());
     }
 
-    pub fn count_upstream_error(&self, kind: UpstreamError) {
+    /// A failed upstream attempt of kind `kind`, at `server` when one was dialed.
+    pub fn count_upstream_error(&self, kind: UpstreamError, server: Option<SocketAddr>) {
         self.upstream_errors[kind as usize].inc();
+        let Some(server) = server else { return };
+        if let Some(errors) = self.servers.iter().find(|errors| errors.server == server) {
+            errors.kinds[kind as usize].inc();
+        }
     }
 
     pub fn count_client_error(&self, kind: ClientError) {
@@ -303,6 +353,8 @@ impl Drop for InFlight {
 /// (`snapshot::RouteRuntime`).
 pub struct Metrics {
     unmatched: RouteMetrics,
+    /// Every upstream server's failed attempts, each server once: what the dashboard samples.
+    servers: Box<[ServerErrors]>,
     /// Every labelled series this configuration exports, to retire those the next one drops.
     series: Series,
 }
@@ -315,6 +367,8 @@ struct Series {
     plans: Vec<(String, String)>,
     limits: Vec<(String, String)>,
     servers: Vec<(String, String)>,
+    /// Every upstream server, once.
+    upstream_servers: Vec<String>,
     /// Routes with adaptive concurrency, and (route, plan) of their shed counters.
     adaptive: Vec<String>,
     shed: Vec<(String, String)>,
@@ -327,6 +381,7 @@ impl Metrics {
     /// The series of `routes`, whose callers may be on `plans`.
     pub fn new(routes: &RouteTable, plans: &Plans) -> Metrics {
         let mut series = Series::default();
+        let mut servers = Vec::new();
         for route in routes.in_file_order() {
             let limits = route.tiers.written();
             series.routes.push(route.name.to_string());
@@ -346,6 +401,10 @@ impl Metrics {
                 series
                     .servers
                     .push((route.name.to_string(), server.to_string()));
+                if !servers.iter().any(|s: &ServerErrors| s.server == *server) {
+                    servers.push(ServerErrors::new(*server));
+                    series.upstream_servers.push(server.to_string());
+                }
             }
             if route.adaptive.is_some() {
                 series.adaptive.push(route.name.to_string());
@@ -356,6 +415,7 @@ impl Metrics {
         }
         Metrics {
             unmatched: RouteMetrics::new(UNMATCHED_ROUTE, []),
+            servers: servers.into(),
             series,
         }
     }
@@ -378,6 +438,11 @@ impl Metrics {
             limit: ADAPTIVE_LIMIT.with_label_values(&[route]),
             baseline_seconds: ADAPTIVE_BASELINE.with_label_values(&[route]),
         }
+    }
+
+    /// Every upstream server's failed attempts, each server once.
+    pub fn server_errors(&self) -> &[ServerErrors] {
+        &self.servers
     }
 
     /// The health gauge of `server` in `route`'s pool.
@@ -434,19 +499,27 @@ impl Metrics {
             }
             let _ = RESPONSE_COST_UNITS.remove_label_values(&[route, limit]);
         }
-        for (route, server) in self
-            .series
-            .servers
-            .iter()
-            .filter(|s| !next.servers.contains(s))
-        {
-            let _ = UPSTREAM_HEALTHY.remove_label_values(&[route, server]);
-        }
+        self.retire_server_series_missing_from(next);
         self.retire_adaptive_series_missing_from(next);
         self.retire_rls_series_missing_from(next);
     }
 
-    /// The rate limit service's part of [`Metrics::retire_series_missing_from`].
+    /// The upstream servers' part of [`Metrics::retire_series_missing_from`]: each route's
+    /// health gauge of a server, and the errors of a server no route lists any more.
+    fn retire_server_series_missing_from(&self, next: &Series) {
+        let gone = |pair: &&(String, String)| !next.servers.contains(pair);
+        for (route, server) in self.series.servers.iter().filter(gone) {
+            let _ = UPSTREAM_HEALTHY.remove_label_values(&[route, server]);
+        }
+        let gone = |server: &&String| !next.upstream_servers.contains(server);
+        for server in self.series.upstream_servers.iter().filter(gone) {
+            for kind in UpstreamError::ALL {
+                let _ = UPSTREAM_SERVER_ERRORS.remove_label_values(&[server, kind.label()]);
+            }
+        }
+    }
+
+    /// Adaptive concurrency's part of [`Metrics::retire_series_missing_from`].
     fn retire_adaptive_series_missing_from(&self, next: &Series) {
         for route in self
             .series
@@ -555,6 +628,28 @@ mod tests {
             .with_label_values(&["meters_fresh", Outcome::Allowed.label()])
             .get();
         assert_eq!(allowed, 2, "the handle counts into the labelled series");
+    }
+
+    #[test]
+    fn the_failure_modes_answers_are_counted_apart_from_the_limits_decisions() {
+        let config = config(&["meters_outage"]);
+        let handles = handles(&config);
+        let meters = handles[0].limit_at(0).expect("one limit");
+        for outcome in Outcome::ALL {
+            meters.count(outcome);
+        }
+        meters.count(Outcome::ErrorAllowed);
+        let totals = meters.totals();
+        assert_eq!(
+            (totals.allowed, totals.limited, totals.shadow),
+            (1, 1, 1),
+            "only what the limit decided"
+        );
+        assert_eq!(
+            (totals.failure_admitted, totals.failure_refused),
+            (3, 2),
+            "error_allowed twice and local_allowed; error_denied and local_limited"
+        );
     }
 
     #[test]

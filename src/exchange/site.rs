@@ -51,7 +51,8 @@ impl<S: Servers> RouteRuntime<S> {
     /// The runtime of `route`, whose servers are `servers`.
     fn new(route: &Arc<Route>, servers: &S, context: &RouteContext<'_>) -> RouteRuntime<S> {
         let plans = context.config.consumers.plans();
-        let mut metrics = RouteMetrics::new(&route.name, route.tiers.written());
+        let mut metrics = RouteMetrics::new(&route.name, route.tiers.written())
+            .with_servers(&route.upstream.servers);
         if route.auth.mode != AuthMode::Off {
             metrics = metrics.with_callers(&route.name, plans);
         }

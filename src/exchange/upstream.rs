@@ -19,6 +19,9 @@ pub(super) struct Attempts {
     failed: Vec<SocketAddr>,
     /// The server last chosen.
     pub(super) server: Option<SocketAddr>,
+    /// The server of the attempt under way: `None` once no server was left to choose (a
+    /// failure then is no server's).
+    dialed: Option<SocketAddr>,
     /// When the first attempt began.
     started: Option<Instant>,
     /// From the first attempt to the upstream's response head.
@@ -57,10 +60,12 @@ impl<S: Servers> Exchange<S> {
             .servers
             .pick(&self.balance_key, &self.upstream.failed)
         else {
+            self.upstream.dialed = None;
             self.answer = Some(Answer::UpstreamUnreachable);
             return Err(Answer::UpstreamUnreachable);
         };
         self.upstream.server = Some(server);
+        self.upstream.dialed = Some(server);
         let now = self.site.clock.instant();
         self.upstream.started.get_or_insert(now);
         let left = self
@@ -100,7 +105,7 @@ impl<S: Servers> Exchange<S> {
         };
         if retry || retried {
             if let Some(kind) = kind {
-                self.count_upstream_error(kind);
+                self.count_upstream_error(kind, server);
             }
         }
         retry
@@ -111,7 +116,7 @@ impl<S: Servers> Exchange<S> {
     /// body too large, a deadline run out), or `fallback`.
     pub fn fail_upstream(&mut self, kind: Option<UpstreamError>, fallback: Answer) -> Answer {
         if let Some(kind) = kind {
-            self.count_upstream_error(kind);
+            self.count_upstream_error(kind, self.upstream.dialed);
         }
         // A timed-out upstream is overloaded or hung: the adaptive limit is cut. Other
         // failures only give the place back.
@@ -145,10 +150,12 @@ impl<S: Servers> Exchange<S> {
         Some(*self.answer.get_or_insert(answer))
     }
 
-    fn count_upstream_error(&mut self, kind: UpstreamError) {
+    /// Counts a failed attempt of kind `kind` for the route, and for `server` when the
+    /// attempt had one.
+    fn count_upstream_error(&mut self, kind: UpstreamError, server: Option<SocketAddr>) {
         self.upstream.error = Some(kind);
         if let Some(runtime) = &self.route {
-            runtime.metrics.count_upstream_error(kind);
+            runtime.metrics.count_upstream_error(kind, server);
         }
     }
 

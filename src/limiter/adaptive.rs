@@ -54,6 +54,21 @@ pub struct AdaptiveMeters {
     pub baseline_seconds: Gauge,
 }
 
+/// Where one route's limiter stands: [`AdaptiveConcurrency::stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdaptiveStats {
+    /// The limit admissions meet now (the minimum while probing).
+    pub limit: u32,
+    /// A baseline is being measured: admissions are pinned to the minimum.
+    pub probing: bool,
+    /// The last baseline latency measured; `None` before the first probe ends.
+    pub baseline: Option<Duration>,
+    /// Requests admitted and not yet answered by the upstream.
+    pub in_flight: u32,
+    pub min_limit: u32,
+    pub max_limit: u32,
+}
+
 /// One route's adaptive concurrency limit on this gateway.
 pub struct AdaptiveConcurrency {
     settings: AdaptiveSettings,
@@ -76,6 +91,8 @@ pub struct AdaptiveConcurrency {
     shed: AtomicBool,
     /// A request timed out at the upstream since the sample window began: the limit is cut.
     timed_out: AtomicBool,
+    /// The baseline latency in microseconds (0: none measured yet), read without the lock.
+    baseline_us: AtomicU64,
     state: Mutex<Gradient>,
     meters: AdaptiveMeters,
 }
@@ -162,6 +179,7 @@ impl AdaptiveConcurrency {
             peak: AtomicU32::new(0),
             shed: AtomicBool::new(false),
             timed_out: AtomicBool::new(false),
+            baseline_us: AtomicU64::new(0),
             state: Mutex::new(Gradient {
                 samples: Vec::new(),
                 window_started: now,
@@ -187,6 +205,20 @@ impl AdaptiveConcurrency {
         match self.probing.load(Ordering::Acquire) {
             0 => self.limit.load(Ordering::Acquire),
             _ => self.settings.min_limit,
+        }
+    }
+
+    /// Where the limiter stands now, read without its lock (each number as it is at its read):
+    /// what the dashboard shows.
+    pub fn stats(&self) -> AdaptiveStats {
+        let baseline_us = self.baseline_us.load(Ordering::Acquire);
+        AdaptiveStats {
+            limit: self.limit(),
+            probing: self.probing.load(Ordering::Acquire) != 0,
+            baseline: (baseline_us > 0).then(|| Duration::from_micros(baseline_us)),
+            in_flight: self.in_flight.load(Ordering::Acquire),
+            min_limit: self.settings.min_limit,
+            max_limit: self.settings.max_limit,
         }
     }
 
@@ -352,6 +384,8 @@ impl AdaptiveConcurrency {
         if let Some(baseline) = baseline {
             state.baseline = Some(baseline);
             self.meters.baseline_seconds.set(baseline.as_secs_f64());
+            let micros = u64::try_from(baseline.as_micros()).unwrap_or(u64::MAX);
+            self.baseline_us.store(micros.max(1), Ordering::Release);
         }
         state.next_probe = now + self.settings.probe_interval;
         state.window_started = now;
@@ -601,5 +635,27 @@ mod tests {
             "timeouts are not latencies: still probing"
         );
         assert_eq!(limiter.meters.baseline_seconds.get(), 0.02);
+    }
+
+    #[test]
+    fn its_stats_say_the_limit_the_probe_the_baseline_and_what_is_in_flight() {
+        let (limiter, _clock) = limiter(1, 0.0);
+        let probing = limiter.stats();
+        assert_eq!(
+            (probing.limit, probing.probing, probing.baseline),
+            (2, true, None),
+            "pinned to the minimum until a baseline is known"
+        );
+        assert_eq!((probing.min_limit, probing.max_limit), (2, 100));
+        let (risen, _clock) = risen(3);
+        let held = risen.admit(0).expect("a place");
+        let stats = risen.stats();
+        assert!(!stats.probing);
+        assert_eq!(stats.baseline, Some(Duration::from_millis(20)));
+        assert_eq!(stats.limit, risen.limit());
+        assert!(stats.limit > 2, "raised while latency holds: {stats:?}");
+        assert_eq!(stats.in_flight, 1);
+        drop(held);
+        assert_eq!(risen.stats().in_flight, 0);
     }
 }

@@ -80,8 +80,8 @@ pub struct Policy<E = Engine> {
     local_scope: Option<LocalLimiter>,
     clock: Arc<dyn Clock>,
     meters: PolicyMeters,
-    /// Unix second of the last limiter error logged: at most one line per second.
-    last_error_log: AtomicU64,
+    /// The limiter errors warned about: at most one line a second per consequence.
+    warnings: Warnings,
 }
 
 /// Who decided an admitted request's limits, and so gives back and settles what they took.
@@ -110,7 +110,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
             local_scope,
             clock,
             meters,
-            last_error_log: AtomicU64::new(0),
+            warnings: Warnings::default(),
         }
     }
 
@@ -234,7 +234,10 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
             },
             Err(error) => {
                 self.meters.error(&error);
-                if self.first_error_this_second() {
+                if self
+                    .warnings
+                    .first_this_second(Consequence::AlwaysRefused, self.second())
+                {
                     log::warn!("limits local to this gateway: {error}; the request is refused");
                 }
                 Verdict::undecided(Outcome::ErrorDenied)
@@ -337,15 +340,12 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         error: LimiterError,
     ) -> Verdict {
         let rules = asked.rules;
-        self.report(&error, rules.failure_mode());
+        let consequence = Consequence::of(&error, rules.failure_mode(), self.fallback.is_some());
+        self.report(&error, consequence);
         let refused = Verdict::undecided(Outcome::ErrorDenied);
-        if error.always_denies() {
-            return refused;
-        }
-        match (rules.failure_mode(), &self.fallback) {
-            (FailureMode::Allow, _) => Verdict::undecided(Outcome::ErrorAllowed),
-            (FailureMode::Deny, _) | (FailureMode::Local, None) => refused,
-            (FailureMode::Local, Some(fallback)) => {
+        match (consequence, &self.fallback) {
+            (Consequence::Admitted, _) => Verdict::undecided(Outcome::ErrorAllowed),
+            (Consequence::InProcess, Some(fallback)) => {
                 let result = {
                     let entries = asked.entries(Scale::Share);
                     let shares = LimitRequest {
@@ -358,11 +358,12 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
                 match result.and_then(|decision| judged(asked, decision, Decider::Fallback)) {
                     Ok(verdict) => verdict,
                     Err(error) => {
-                        self.report(&error, rules.failure_mode());
+                        self.report(&error, Consequence::Refused(FailureMode::Local));
                         refused
                     }
                 }
             }
+            _ => refused,
         }
     }
 
@@ -418,7 +419,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
             Taker::InProcess(limiter) => limiter.release(&request).await,
         };
         if let Err(error) = released {
-            self.report(&error, asked.rules.failure_mode());
+            self.report(&error, Consequence::NotReleased);
         }
     }
 
@@ -523,27 +524,107 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
             Taker::InProcess(limiter) => limiter.settle(&settlements).await,
         };
         if let Err(error) = settled {
-            self.report(&error, asked.rules.failure_mode());
+            self.report(&error, Consequence::NotSettled);
         }
     }
 
-    /// Whether no limiter error was logged yet this second (and now one is).
-    fn first_error_this_second(&self) -> bool {
-        let second = (self.clock.now_us() / 1_000_000).max(0) as u64;
-        self.last_error_log.swap(second, Ordering::Relaxed) != second
+    /// The Unix second now, by the policy's clock.
+    fn second(&self) -> u64 {
+        (self.clock.now_us() / 1_000_000).max(0) as u64
     }
 
-    /// Counts an error by kind and logs it, at most once a second.
-    fn report(&self, error: &LimiterError, failure_mode: FailureMode) {
+    /// Counts an error by kind and logs it with what it meant for requests, at most once a
+    /// second for each [`Consequence`].
+    fn report(&self, error: &LimiterError, consequence: Consequence) {
         self.meters.error(error);
-        if self.first_error_this_second() {
+        if self.warnings.first_this_second(consequence, self.second()) {
             log::warn!(
-                "rate limiter unavailable ({}): {}: {error}; failure_mode={} applies",
+                "rate limiter unavailable ({}): {}: {error}; {}",
                 error.kind(),
                 self.engine.target(),
-                failure_mode.label()
+                consequence.words()
             );
         }
+    }
+}
+
+/// What a limiter error meant for the requests that met it. Each is warned about apart, so
+/// an outage on routes that fail open never hides one on routes that fail closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Consequence {
+    /// `failure_mode: allow`: the request went upstream without its limits.
+    Admitted,
+    /// The failure mode refused the request (`503`): `deny`, or `local` when the in-process
+    /// fallback could not decide either.
+    Refused(FailureMode),
+    /// An error that refuses whatever the failure mode: the in-process limiter cannot track
+    /// more keys.
+    AlwaysRefused,
+    /// `failure_mode: local`: the in-process fallback decided, at this gateway's share.
+    InProcess,
+    /// An ended request's units were not settled (given back or charged).
+    NotSettled,
+    /// An ended request's concurrency slots were not released.
+    NotReleased,
+}
+
+impl Consequence {
+    const COUNT: usize = 6;
+
+    /// What `error` means for a request of a route failing by `mode`, when the policy has an
+    /// in-process fallback or not.
+    fn of(error: &LimiterError, mode: FailureMode, fallback: bool) -> Consequence {
+        match (error.always_denies(), mode) {
+            (true, _) => Consequence::AlwaysRefused,
+            (false, FailureMode::Allow) => Consequence::Admitted,
+            (false, FailureMode::Local) if fallback => Consequence::InProcess,
+            (false, mode) => Consequence::Refused(mode),
+        }
+    }
+
+    /// Its place among the warnings' seconds.
+    fn slot(self) -> usize {
+        match self {
+            Consequence::Admitted => 0,
+            Consequence::Refused(_) => 1,
+            Consequence::AlwaysRefused => 2,
+            Consequence::InProcess => 3,
+            Consequence::NotSettled => 4,
+            Consequence::NotReleased => 5,
+        }
+    }
+
+    /// The warning's words for it.
+    fn words(self) -> String {
+        match self {
+            Consequence::Admitted => "failure_mode=allow: requests admitted unchecked".into(),
+            Consequence::Refused(mode) => {
+                format!("failure_mode={}: requests refused with 503", mode.label())
+            }
+            Consequence::AlwaysRefused => {
+                "requests refused with 503 whatever the failure mode".into()
+            }
+            Consequence::InProcess => {
+                "failure_mode=local: limits enforced in-process at this gateway's share".into()
+            }
+            Consequence::NotSettled => {
+                "units of ended requests not settled (given back or charged)".into()
+            }
+            Consequence::NotReleased => "concurrency slots of ended requests not released".into(),
+        }
+    }
+}
+
+/// The Unix second each [`Consequence`] was last warned about.
+#[derive(Default)]
+struct Warnings {
+    last: [AtomicU64; Consequence::COUNT],
+}
+
+impl Warnings {
+    /// Whether `consequence` was not warned about yet in `second` (and now it is).
+    fn first_this_second(&self, consequence: Consequence, second: u64) -> bool {
+        self.last[consequence.slot()].swap(second, Ordering::Relaxed) != second
     }
 }
 
@@ -1148,5 +1229,54 @@ mod tests {
         );
         assert_eq!(outcome(1), Some(Outcome::ErrorAllowed));
         assert_eq!(errors(&f.meters, "timeout"), 1);
+    }
+
+    #[test]
+    fn each_consequence_of_an_outage_is_warned_in_its_own_words_and_second() {
+        let down = || LimiterError::Timeout(25);
+        let of = |mode, fallback| Consequence::of(&down(), mode, fallback);
+        assert_eq!(of(FailureMode::Allow, true), Consequence::Admitted);
+        assert_eq!(
+            of(FailureMode::Deny, true),
+            Consequence::Refused(FailureMode::Deny)
+        );
+        assert_eq!(of(FailureMode::Local, true), Consequence::InProcess);
+        let full = LimiterError::LocalCapacity(1);
+        let always = Consequence::of(&full, FailureMode::Allow, true);
+        assert_eq!(always, Consequence::AlwaysRefused);
+        assert_eq!(
+            Consequence::Admitted.words(),
+            "failure_mode=allow: requests admitted unchecked"
+        );
+        assert_eq!(
+            Consequence::Refused(FailureMode::Deny).words(),
+            "failure_mode=deny: requests refused with 503"
+        );
+        assert_eq!(
+            Consequence::InProcess.words(),
+            "failure_mode=local: limits enforced in-process at this gateway's share"
+        );
+        let warnings = Warnings::default();
+        assert!(warnings.first_this_second(Consequence::Admitted, 7));
+        assert!(
+            !warnings.first_this_second(Consequence::Admitted, 7),
+            "once a second"
+        );
+        let refused = Consequence::Refused(FailureMode::Deny);
+        assert!(
+            warnings.first_this_second(refused, 7),
+            "a route failing closed is told in the same second as one failing open"
+        );
+        for other in [
+            Consequence::InProcess,
+            Consequence::NotSettled,
+            Consequence::NotReleased,
+        ] {
+            assert!(warnings.first_this_second(other, 7), "{other:?}");
+        }
+        assert!(
+            warnings.first_this_second(Consequence::Admitted, 8),
+            "and again the next second"
+        );
     }
 }

@@ -1,7 +1,8 @@
 //! The dashboard's live views, in bounded memory whatever the traffic: each limit's decisions
 //! per second over the last [`HISTORY_SECONDS`] (sampled from the counters `/metrics` exports,
-//! so the two agree), the most limited keys and consumers (a space-saving top-k, fed only by
-//! denials), and the last reloads with their results. Process-wide, as the metric families
+//! so the two agree), each upstream server's failed attempts over the last minute (sampled the
+//! same way), the most limited keys and consumers (a space-saving top-k, fed only by denials),
+//! and the last reloads with their results. Process-wide, as the metric families
 //! are: a reload keeps them.
 
 use std::collections::VecDeque;
@@ -20,13 +21,48 @@ pub const RELOADS_KEPT: usize = 10;
 /// The longest text one top-k entry keeps (a key, a consumer id), in bytes.
 const MAX_ENTRY: usize = 256;
 
-/// Decisions of one second: allowed (`allowed`, `local_allowed`, `error_allowed`), limited
-/// (`limited`, `local_limited`, `error_denied`), shadow-limited.
+/// Decisions of one limit (in one second, or since the start): what it decided — allowed,
+/// limited, shadow-limited — apart from what the failure mode answered while the limiter could
+/// not decide (admitted: `error_allowed`, `local_allowed`; refused: `error_denied`,
+/// `local_limited`), so an outage never reads as ordinary traffic.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {
     pub allowed: u64,
     pub limited: u64,
     pub shadow: u64,
+    pub failure_admitted: u64,
+    pub failure_refused: u64,
+}
+
+impl Counts {
+    /// What was counted after `earlier` (totals read from the same counters).
+    pub fn since(self, earlier: Counts) -> Counts {
+        Counts {
+            allowed: self.allowed.saturating_sub(earlier.allowed),
+            limited: self.limited.saturating_sub(earlier.limited),
+            shadow: self.shadow.saturating_sub(earlier.shadow),
+            failure_admitted: self
+                .failure_admitted
+                .saturating_sub(earlier.failure_admitted),
+            failure_refused: self.failure_refused.saturating_sub(earlier.failure_refused),
+        }
+    }
+
+    /// Both counted together.
+    pub fn plus(self, other: Counts) -> Counts {
+        Counts {
+            allowed: self.allowed + other.allowed,
+            limited: self.limited + other.limited,
+            shadow: self.shadow + other.shadow,
+            failure_admitted: self.failure_admitted + other.failure_admitted,
+            failure_refused: self.failure_refused + other.failure_refused,
+        }
+    }
+
+    /// What the failure mode answered, admitted or refused.
+    pub fn by_failure_mode(self) -> u64 {
+        self.failure_admitted + self.failure_refused
+    }
 }
 
 /// One `(route, limit)` series: its totals at the last sample, and its last seconds.
@@ -64,11 +100,7 @@ impl DecisionHistory {
                 totals,
                 seconds: VecDeque::with_capacity(HISTORY_SECONDS),
             });
-            let second = Counts {
-                allowed: totals.allowed.saturating_sub(one.totals.allowed),
-                limited: totals.limited.saturating_sub(one.totals.limited),
-                shadow: totals.shadow.saturating_sub(one.totals.shadow),
-            };
+            let second = totals.since(one.totals);
             if one.seconds.len() == HISTORY_SECONDS {
                 one.seconds.pop_front();
             }
@@ -103,6 +135,80 @@ impl DecisionHistory {
     /// How many seconds were sampled since the start.
     pub fn samples(&self) -> u64 {
         self.samples.load(Ordering::Relaxed)
+    }
+}
+
+/// How many seconds of upstream errors are kept per server and kind: the dashboard's "recent".
+pub const ERROR_SECONDS: usize = 60;
+
+/// One server's failed attempts of one kind: the counter's value at the last sample, and how
+/// many each second added.
+#[derive(Debug, Clone)]
+struct ErrorSeries {
+    server: Arc<str>,
+    kind: &'static str,
+    total: u64,
+    seconds: VecDeque<u64>,
+}
+
+/// A server's failed upstream attempts of one kind: in the last [`ERROR_SECONDS`], and since
+/// the start (the counter at the last sample).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerErrorCount {
+    pub kind: &'static str,
+    pub recent: u64,
+    pub total: u64,
+}
+
+/// Every upstream server's failed attempts per kind over the last [`ERROR_SECONDS`], sampled
+/// from `sluice_upstream_server_errors_total` (so the two agree), at most [`MAX_SERIES`]
+/// series.
+#[derive(Debug, Default)]
+pub struct ErrorHistory {
+    series: Mutex<Vec<ErrorSeries>>,
+}
+
+impl ErrorHistory {
+    /// Records one second: each `(server, kind, total)` as read from its counter. Series not
+    /// in `now` are dropped (a reload removed the server); new ones start at their total.
+    pub fn record(&self, now: impl IntoIterator<Item = (Arc<str>, &'static str, u64)>) {
+        let mut series = lock(&self.series);
+        let mut next = Vec::with_capacity(series.len());
+        for (server, kind, total) in now.into_iter().take(MAX_SERIES) {
+            let kept = series
+                .iter()
+                .position(|s| s.server == server && s.kind == kind)
+                .map(|at| series.swap_remove(at));
+            let mut one = kept.unwrap_or_else(|| ErrorSeries {
+                server,
+                kind,
+                total,
+                seconds: VecDeque::with_capacity(ERROR_SECONDS),
+            });
+            if one.seconds.len() == ERROR_SECONDS {
+                one.seconds.pop_front();
+            }
+            one.seconds.push_back(total.saturating_sub(one.total));
+            one.total = total;
+            next.push(one);
+        }
+        *series = next;
+    }
+
+    /// The kinds of failed attempts `server` has had since the start, with how many were in
+    /// the last [`ERROR_SECONDS`].
+    pub fn of(&self, server: &str) -> Vec<ServerErrorCount> {
+        let series = lock(&self.series);
+        let of_server = series
+            .iter()
+            .filter(|s| &*s.server == server && s.total > 0);
+        of_server
+            .map(|s| ServerErrorCount {
+                kind: s.kind,
+                recent: s.seconds.iter().sum(),
+                total: s.total,
+            })
+            .collect()
     }
 }
 
@@ -252,6 +358,8 @@ pub static DECISIONS: LazyLock<DecisionHistory> = LazyLock::new(DecisionHistory:
 pub static LIMITED_KEYS: LazyLock<TopK> = LazyLock::new(TopK::default);
 /// The consumers denied most.
 pub static LIMITED_CONSUMERS: LazyLock<TopK> = LazyLock::new(TopK::default);
+/// Each upstream server's failed attempts per second (fed by `runtime::sampler`).
+pub static SERVER_ERRORS: LazyLock<ErrorHistory> = LazyLock::new(ErrorHistory::default);
 /// The reloads since the start.
 pub static RELOADS: LazyLock<Reloads> = LazyLock::new(Reloads::default);
 /// When the process started (the dashboard's uptime).
@@ -300,7 +408,7 @@ mod tests {
         let totals = |allowed, limited| Counts {
             allowed,
             limited,
-            shadow: 0,
+            ..Counts::default()
         };
         let (r, a, b): (Arc<str>, Arc<str>, Arc<str>) = ("r".into(), "a".into(), "b".into());
         history.record([(r.clone(), a.clone(), totals(5, 1))]);
@@ -311,13 +419,62 @@ mod tests {
         let series = history.series();
         assert_eq!(series[0].seconds, [Counts::default(), totals(4, 3)]);
         assert_eq!(series[0].totals, totals(9, 4));
+        let outage = Counts {
+            failure_admitted: 6,
+            failure_refused: 2,
+            ..totals(9, 4)
+        };
+        history.record([
+            (r.clone(), a.clone(), outage),
+            (r.clone(), b.clone(), totals(1, 0)),
+        ]);
+        let second = history.series()[0].seconds[2];
+        assert_eq!(
+            (second.allowed, second.limited, second.by_failure_mode()),
+            (0, 0, 8),
+            "answers of the failure mode are neither allowed nor limited"
+        );
         for _ in 0..HISTORY_SECONDS + 5 {
             history.record([(r.clone(), b.clone(), totals(1, 0))]);
         }
         let series = history.series();
         assert_eq!(series.len(), 1, "a retired, b kept");
         assert_eq!(series[0].seconds.len(), HISTORY_SECONDS, "bounded");
-        assert_eq!(history.samples(), HISTORY_SECONDS as u64 + 7);
+        assert_eq!(history.samples(), HISTORY_SECONDS as u64 + 8);
+    }
+
+    #[test]
+    fn a_servers_recent_errors_are_those_of_its_last_minute() {
+        let history = ErrorHistory::default();
+        let (a, b): (Arc<str>, Arc<str>) = ("10.0.0.1:80".into(), "10.0.0.2:80".into());
+        history.record([(a.clone(), "refused", 4), (b.clone(), "refused", 0)]);
+        assert_eq!(
+            history.of("10.0.0.1:80"),
+            [ServerErrorCount {
+                kind: "refused",
+                recent: 0,
+                total: 4
+            }],
+            "counted before the first sample: not recent"
+        );
+        history.record([(a.clone(), "refused", 6), (b.clone(), "refused", 0)]);
+        assert_eq!(history.of("10.0.0.1:80")[0].recent, 2);
+        assert!(
+            history.of("10.0.0.2:80").is_empty(),
+            "no error, nothing to say"
+        );
+        for _ in 0..ERROR_SECONDS {
+            history.record([(a.clone(), "refused", 6)]);
+        }
+        assert_eq!(
+            history.of("10.0.0.1:80"),
+            [ServerErrorCount {
+                kind: "refused",
+                recent: 0,
+                total: 6
+            }],
+            "a minute later"
+        );
     }
 
     #[test]

@@ -242,7 +242,7 @@ pub static ADAPTIVE_SHED: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub static UPSTREAM_HEALTHY: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     register_int_gauge_vec!(
         "sluice_upstream_healthy",
-        "1 when the route's upstream server passes its health checks (always 1 without checks), else 0.",
+        "1 while the route's upstream server may be dialed (it passes its health checks, or no route checks it), 0 while it fails them; one state per server whatever the route.",
         &["route", "server"]
     )
     .expect("sluice_upstream_healthy registers once")
@@ -255,6 +255,15 @@ pub static UPSTREAM_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
         &["route", "kind"]
     )
     .expect("sluice_upstream_errors_total registers once")
+});
+
+pub static UPSTREAM_SERVER_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_upstream_server_errors_total",
+        "Failed upstream attempts by server and kind (refused, timeout, reset, tls, unreachable), whatever the route: what the dashboard shows beside each server's health.",
+        &["server", "kind"]
+    )
+    .expect("sluice_upstream_server_errors_total registers once")
 });
 
 pub static CLIENT_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -351,7 +360,7 @@ pub fn lease_meters() -> LeaseMeters {
 }
 
 /// Every family sluice exports (the process collector's besides).
-fn families() -> [&'static dyn Collector; 33] {
+fn families() -> [&'static dyn Collector; 34] {
     [
         &*ADMIN_CHANGES,
         &*REQUESTS,
@@ -380,6 +389,7 @@ fn families() -> [&'static dyn Collector; 33] {
         &*ADAPTIVE_SHED,
         &*UPSTREAM_HEALTHY,
         &*UPSTREAM_ERRORS,
+        &*UPSTREAM_SERVER_ERRORS,
         &*CLIENT_ERRORS,
         &*ACCESS_LOG_DROPPED,
         &*RESPONSE_COST_REPORTS,

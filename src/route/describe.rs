@@ -47,6 +47,7 @@ pub fn limit(limit: &Limit, key: &LimitKey) -> Value {
         "parameters": parameters(&limit.algorithm),
         "quota": limit.policy.map(|(quota, _)| quota),
         "window_seconds": limit.policy.map(|(_, window)| window),
+        "per": limit.policy.map(|(_, window)| per(&limit.algorithm, window)),
         "cost": cost,
         "key": parts,
         "scope": match limit.scope { Scope::Shared => "shared", Scope::Local => "local" },
@@ -55,6 +56,24 @@ pub fn limit(limit: &Limit, key: &LimitKey) -> Value {
         "hidden": limit.hidden,
         "priced_by_response": limit.priced_by_response.is_some(),
     })
+}
+
+/// What a limit's quota is counted per, in words: a calendar period with its zone (`month in
+/// Europe/Paris`), an aligned period (`2592000 s aligned to the epoch`), or the window
+/// `RateLimit-Policy` states (`3600 s`). `window_seconds` is that window for every limit (a
+/// month counts as 30 days there): this says what it stands for.
+fn per(algorithm: &Algorithm, window_seconds: u64) -> String {
+    match algorithm {
+        Algorithm::Calendar {
+            period: Period::Calendar(periods),
+            ..
+        } => periods.describe(),
+        Algorithm::Calendar {
+            period: Period::Aligned { length_us },
+            ..
+        } => format!("{} s aligned to the epoch", length_us / 1_000_000),
+        _ => format!("{window_seconds} s"),
+    }
 }
 
 /// An algorithm's parameters, in milliseconds and units.
@@ -91,5 +110,33 @@ fn parameters(algorithm: &Algorithm) -> Value {
         Algorithm::Concurrency { max, slot_ttl_us } => {
             json!({ "max": max, "slot_ttl_ms": ms(slot_ttl_us) })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::algorithm::{CalendarPeriods, CalendarUnit};
+
+    #[test]
+    fn a_quota_is_told_per_its_calendar_period_and_zone_or_its_window() {
+        let paris = CalendarPeriods::of(CalendarUnit::Month, "Europe/Paris").expect("a zone");
+        let monthly = Algorithm::Calendar {
+            limit: 1000,
+            period: Period::Calendar(paris),
+        };
+        assert_eq!(per(&monthly, 2_592_000), "month in Europe/Paris");
+        let aligned = Algorithm::Calendar {
+            limit: 1000,
+            period: Period::Aligned {
+                length_us: 2_592_000_000_000,
+            },
+        };
+        assert_eq!(per(&aligned, 2_592_000), "2592000 s aligned to the epoch");
+        let hourly = Algorithm::FixedWindow {
+            limit: 3,
+            window_us: 3_600_000_000,
+        };
+        assert_eq!(per(&hourly, 3600), "3600 s");
     }
 }

@@ -1,12 +1,13 @@
-//! Samples each limit's decision counters once a second into the dashboard's history
-//! (`observe::live::DECISIONS`): the configuration in force names the series, its metric
-//! handles give their values, so the live view and `/metrics` count the same decisions.
+//! Samples each limit's decision counters and each upstream server's error counters once a
+//! second into the dashboard's histories (`observe::live::DECISIONS`, `SERVER_ERRORS`): the
+//! configuration in force names the series, its metric handles give their values, so the
+//! dashboard and `/metrics` count the same decisions and errors.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::observe::live::{Counts, DECISIONS};
+use crate::observe::live::{Counts, DECISIONS, SERVER_ERRORS};
 use crate::runtime::snapshot::Live;
 
 /// How often the counters are sampled.
@@ -42,4 +43,13 @@ pub fn sample(live: &Live) {
         }
     }
     DECISIONS.record(now);
+    let servers = snapshot.site.metrics.server_errors().iter();
+    let errors = servers.flat_map(|errors| {
+        let server: Arc<str> = errors.server.to_string().into();
+        let totals = errors.totals().collect::<Vec<_>>();
+        totals
+            .into_iter()
+            .map(move |(kind, total)| (Arc::clone(&server), kind, total))
+    });
+    SERVER_ERRORS.record(errors);
 }

@@ -22,7 +22,8 @@ use crate::exchange::meters::Metrics;
 use crate::exchange::site::{Handover, Site};
 use crate::limiter::clock::Clock;
 use crate::observe::metrics;
-use crate::upstream::pool::{HealthChecks, Pool, Pools};
+use crate::upstream::health::{HealthChecks, HealthRecord};
+use crate::upstream::pool::{Pool, Pools};
 
 /// A site and what keeps it current while it is in force: its routes' pools (Pingora's load
 /// balancers) with their health checks, and its JWKS refresh.
@@ -55,11 +56,13 @@ impl Snapshot {
         handover: Handover<'_>,
         read: &mut Sources,
     ) -> Result<Snapshot, ConfigError> {
-        let mut pools = Pools::build(&config.routes, read).map_err(|problems| ConfigError {
-            file: config.source.clone(),
-            problems,
-        })?;
-        pools.report_health(&config.routes, Metrics::upstream_health);
+        let pools =
+            Pools::build(&config.routes, read, Metrics::upstream_health).map_err(|problems| {
+                ConfigError {
+                    file: config.source.clone(),
+                    problems,
+                }
+            })?;
         let servers: Vec<Pool> = pools.iter().cloned().collect();
         Ok(Snapshot {
             site: Arc::new(Site::build(config, &servers, clock, handover)?),
@@ -96,6 +99,11 @@ impl Snapshot {
                 count_fetch(&outcome);
             }
         }
+    }
+
+    /// Each upstream server's health, once whatever the routes that list it.
+    pub fn health(&self) -> &HealthRecord {
+        self.pools.health()
     }
 
     /// Whether routes verify callers while the JWT verifier has no key from its JWKS URL (it has

@@ -2,25 +2,30 @@
 // the live view's numbers and bars every two seconds; every page reads the same without it.
 "use strict";
 
+// The classes of a second's stacked parts, bottom to top (as html.rs draws them).
+const PARTS = ["allowed", "limited", "failure"];
+// The live view's counts, as its cells' data-field names end (as pages.rs writes them).
+const FIELDS = ["allowed", "limited", "failure_admitted", "failure_refused", "shadow"];
+
 function bars(seconds) {
-  const top = Math.max(1, ...seconds.map((s) => s[0] + s[1]));
+  const top = Math.max(1, ...seconds.map((s) => s.reduce((a, b) => a + b, 0)));
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("class", "bars");
   svg.setAttribute("viewBox", "0 0 " + Math.max(1, seconds.length) + " 30");
   svg.setAttribute("preserveAspectRatio", "none");
   seconds.forEach((s, x) => {
-    const a = s[0] > 0 ? Math.max(1, (s[0] * 30) / top) : 0;
-    const l = s[1] > 0 ? Math.max(1, (s[1] * 30) / top) : 0;
-    for (const [cls, h, y] of [["allowed", a, 30 - a], ["limited", l, 30 - a - l]]) {
-      if (h > 0) {
-        const r = document.createElementNS(ns, "rect");
-        r.setAttribute("class", cls);
-        r.setAttribute("x", x); r.setAttribute("y", y);
-        r.setAttribute("width", 1); r.setAttribute("height", h);
-        svg.appendChild(r);
-      }
-    }
+    let bottom = 30;
+    PARTS.forEach((cls, i) => {
+      if (!(s[i] > 0)) return;
+      const h = Math.max(1, (s[i] * 30) / top);
+      bottom -= h;
+      const r = document.createElementNS(ns, "rect");
+      r.setAttribute("class", cls);
+      r.setAttribute("x", x); r.setAttribute("y", bottom);
+      r.setAttribute("width", 1); r.setAttribute("height", h);
+      svg.appendChild(r);
+    });
   });
   return svg;
 }
@@ -43,7 +48,7 @@ async function refreshLive() {
   for (const series of live.series) {
     const row = table.querySelector('tr[data-series="' + CSS.escape(series.route + "/" + series.limit) + '"]');
     if (!row) { unseen += 1; continue; }
-    for (const field of ["allowed", "limited", "shadow"]) {
+    for (const field of FIELDS) {
       row.querySelector('[data-field="minute_' + field + '"]').textContent = series.last_minute[field];
       row.querySelector('[data-field="total_' + field + '"]').textContent = series.totals[field];
     }

@@ -22,6 +22,7 @@ use subtle::ConstantTimeEq;
 
 use crate::edge::admin_http::{bearer_matches, response};
 use crate::edge::explain::{self, Described};
+use crate::edge::readiness::ReadyState;
 use crate::limiter::Policy;
 use crate::runtime::snapshot::Live;
 
@@ -35,11 +36,12 @@ const MAX_FORM_BODY: usize = 16 * 1024;
 /// Nothing but the dashboard's own files, and no framing.
 const POLICY: &str = "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-/// What `/readyz` says (its status and line), asked only when the overview is shown.
-pub type Readiness<'a> = Pin<Box<dyn Future<Output = (u16, String)> + Send + 'a>>;
+/// Whether the gateway should get traffic now (what `/readyz` tells), asked only when the
+/// overview is shown.
+pub type Readiness<'a> = Pin<Box<dyn Future<Output = ReadyState> + Send + 'a>>;
 
-/// What the dashboard reads: the limiter, the configuration in force, and what `/readyz`
-/// says.
+/// What the dashboard reads: the limiter, the configuration in force, and the gateway's
+/// readiness.
 pub struct Window<'a> {
     pub policy: &'a Arc<Policy>,
     pub live: &'a Live,
@@ -122,10 +124,10 @@ async fn view(
     let html = |body: String| respond(200, "text/html; charset=utf-8", body);
     match path {
         "/ui/" => {
-            let (status, said) = window.readiness.await;
-            html(pages::overview(&snapshot.site, (status, &said)))
+            let state = window.readiness.await;
+            html(pages::overview(&snapshot.site, &state))
         }
-        "/ui/routes" => html(pages::routes(&snapshot.site)),
+        "/ui/routes" => html(pages::routes(&snapshot.site, snapshot.health())),
         "/ui/live" => html(pages::live()),
         "/ui/live.json" => respond(200, "application/json", pages::live_json().to_string()),
         "/ui/top" => html(pages::top()),

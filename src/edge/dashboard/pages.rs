@@ -9,16 +9,22 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 
 use super::html::{bars, esc, facts, page, table};
+use crate::caller::consumers::NO_PLAN;
+use crate::edge::readiness::ReadyState;
+use crate::exchange::site::RouteRuntime;
 use crate::exchange::Site;
 use crate::limiter::topology::redacted_url;
+use crate::limiter::FailureMode;
 use crate::limiter::Topology;
 use crate::observe::live::{
-    Counts, Series, DECISIONS, LIMITED_CONSUMERS, LIMITED_KEYS, RELOADS, STARTED,
+    Counts, Series, ServerErrorCount, DECISIONS, LIMITED_CONSUMERS, LIMITED_KEYS, RELOADS,
+    SERVER_ERRORS, STARTED,
 };
 use crate::observe::metrics::BREAKER_STATE;
 use crate::route::describe;
 use crate::route::table::Route;
 use crate::route::tiers::TierId;
+use crate::upstream::health::{HealthRecord, HealthState};
 use crate::upstream::pool::Pool;
 
 /// How many seconds the live view shows as bars, and sums as "the last minute".
@@ -27,7 +33,7 @@ const MINUTE: usize = 60;
 
 /// The overview: version, uptime, configuration generation and reloads, Redis (the settings in
 /// force) and its breaker, what waits for a graceful upgrade, readiness.
-pub fn overview(site: &Site<Pool>, readiness: (u16, &str)) -> String {
+pub fn overview(site: &Site<Pool>, readiness: &ReadyState) -> String {
     let uptime = SystemTime::now()
         .duration_since(*STARTED)
         .map_or(0, |d| d.as_secs());
@@ -60,7 +66,7 @@ pub fn overview(site: &Site<Pool>, readiness: (u16, &str)) -> String {
         ("Last reload", last),
         ("Limiter", limiter(site)),
         ("Waits for an upgrade", waiting(&config.pending_upgrade)),
-        ("Failure mode", esc(config.failure_mode.label())),
+        ("Failure mode", failure_modes(site)),
         ("Readiness", ready),
         ("Routes", config.routes.in_file_order().len().to_string()),
     ]);
@@ -86,13 +92,40 @@ pub fn overview(site: &Site<Pool>, readiness: (u16, &str)) -> String {
     )
 }
 
-/// What `/readyz` says, its first line: what waits for an upgrade has a row of its own.
-fn ready((status, said): (u16, &str)) -> String {
-    let said = esc(said.lines().next().unwrap_or_default().trim());
-    match status {
-        200 => format!("<span class=\"ok\">{said}</span>"),
-        _ => format!("<span class=\"bad\">{said}</span>"),
+/// The gateway's readiness in its own colour and words (what waits for an upgrade has a row
+/// of its own).
+fn ready(state: &ReadyState) -> String {
+    let name = state.name();
+    format!(
+        "<span id=\"readiness\" class=\"state state-{name}\" data-state=\"{name}\">{}</span> <span class=\"muted\">(<code>/readyz</code>: {})</span>",
+        esc(&state.words()),
+        state.status()
+    )
+}
+
+/// The failure mode of the configuration, and the routes that set another: what an outage of
+/// the limiter does to each.
+fn failure_modes(site: &Site<Pool>) -> String {
+    let default = site.config.failure_mode;
+    let mut others: Vec<(FailureMode, Vec<String>)> = Vec::new();
+    for route in site.config.routes.in_file_order() {
+        let mode = route.tiers.default().rules.failure_mode();
+        if mode == default {
+            continue;
+        }
+        match others.iter_mut().find(|(m, _)| *m == mode) {
+            Some((_, names)) => names.push(esc(&route.name)),
+            None => others.push((mode, vec![esc(&route.name)])),
+        }
     }
+    if others.is_empty() {
+        return format!("{} on every route", esc(default.label()));
+    }
+    let mut said = format!("{} by default", esc(default.label()));
+    for (mode, names) in &others {
+        let _ = write!(said, "; {} on {}", esc(mode.label()), names.join(", "));
+    }
+    said
 }
 
 /// Where the limits live: Redis (redacted, with its breaker) or in-process.
@@ -179,13 +212,75 @@ fn ago(at: u64) -> String {
     format!("{} ago", duration(now.saturating_sub(at)))
 }
 
-/// Every route: what it matches, its tiers and limits, its upstream with each server's health.
-pub fn routes(site: &Site<Pool>) -> String {
-    let mut body = String::new();
+/// Every upstream server once (its health, the routes that list it, its recent errors), then
+/// every route: what it matches, its tiers and limits, its adaptive concurrency, its upstream.
+pub fn routes(site: &Site<Pool>, health: &HealthRecord) -> String {
+    let mut body = upstream_servers(health);
     for route in site.config.routes.in_file_order() {
         body.push_str(&route_section(site, route));
     }
     page("Routes", "/ui/routes", &body)
+}
+
+/// The "Upstream servers" table: each server once, whatever the routes that list it.
+fn upstream_servers(health: &HealthRecord) -> String {
+    let rows = health.servers().iter().map(|server| {
+        let routes: Vec<String> = server.routes().iter().map(|r| esc(r)).collect();
+        let (recent, total) = errors(server.server);
+        vec![
+            format!("<code>{}</code>", server.server),
+            health_state(server.state()),
+            routes.join(", "),
+            recent,
+            total,
+        ]
+    });
+    let head = [
+        "Server",
+        "Health",
+        "Routes",
+        "Errors (60 s)",
+        "Errors (since start)",
+    ];
+    format!(
+        "<h2>Upstream servers</h2><p class=\"muted\">Each server once: its state is the same on every route that lists it (checked when one of them has <code>health_check_interval_ms</code>; a server no route checks is <em>not checked</em>, and every request may still meet it: its errors tell). Errors are failed attempts (<code>sluice_upstream_server_errors_total</code>), sampled each second.</p><div id=\"upstream-servers\">{}</div>",
+        table(&head, rows)
+    )
+}
+
+/// A server's health state, in its colour and words.
+fn health_state(state: HealthState) -> String {
+    let name = state.name();
+    format!(
+        "<span class=\"health health-{name}\" data-field=\"health\" data-state=\"{name}\">{}</span>",
+        state.words()
+    )
+}
+
+/// A server's failed attempts by kind, in the last minute and since the start, as cells.
+fn errors(server: std::net::SocketAddr) -> (String, String) {
+    let counts = SERVER_ERRORS.of(&server.to_string());
+    let said = |n: fn(&ServerErrorCount) -> u64| {
+        let said: Vec<String> = counts
+            .iter()
+            .filter(|c| n(c) > 0)
+            .map(|c| format!("{} {}", n(c), c.kind))
+            .collect();
+        match said.is_empty() {
+            true => "none".to_string(),
+            false => said.join(", "),
+        }
+    };
+    (
+        format!(
+            "<span data-field=\"recent_errors\">{}</span>",
+            said(|c| c.recent)
+        ),
+        format!(
+            "<span data-field=\"total_errors\">{}</span>",
+            said(|c| c.total)
+        ),
+    )
 }
 
 fn route_section(site: &Site<Pool>, route: &Route) -> String {
@@ -195,12 +290,13 @@ fn route_section(site: &Site<Pool>, route: &Route) -> String {
     let servers: Vec<Vec<String>> = health
         .unwrap_or_default()
         .into_iter()
-        .map(|(server, healthy)| {
-            let health = match healthy {
-                true => "<span class=\"ok\">healthy</span>",
-                false => "<span class=\"bad\">unhealthy</span>",
-            };
-            vec![format!("<code>{server}</code>"), health.to_string()]
+        .map(|(server, state)| {
+            let (recent, _) = errors(server);
+            vec![
+                format!("<code>{server}</code>"),
+                health_state(state),
+                recent,
+            ]
         })
         .collect();
     let mut out = format!(
@@ -221,8 +317,72 @@ fn route_section(site: &Site<Pool>, route: &Route) -> String {
             rows,
         ));
     }
-    out.push_str(&table(&["Upstream server", "Health"], servers));
+    if let Some(runtime) = site.route(route.index) {
+        out.push_str(&adaptive(site, runtime));
+    }
+    let head = ["Upstream server", "Health", "Errors (60 s)"];
+    let _ = write!(
+        out,
+        "<div class=\"route-upstream\" data-route=\"{}\">{}</div>",
+        esc(&route.name),
+        table(&head, servers)
+    );
     out
+}
+
+/// A route's adaptive concurrency on this gateway: the limit admissions meet now (pinned to
+/// the minimum while a baseline is measured), the baseline, the requests in flight, the bounds,
+/// and the requests shed per plan. Nothing for a route without it.
+fn adaptive(site: &Site<Pool>, runtime: &RouteRuntime<Pool>) -> String {
+    let Some(limiter) = &runtime.adaptive else {
+        return String::new();
+    };
+    let stats = limiter.stats();
+    let limit = match stats.probing {
+        true => format!(
+            "{} (probing the baseline: pinned to the minimum)",
+            stats.limit
+        ),
+        false => stats.limit.to_string(),
+    };
+    let baseline = stats.baseline.map_or("not measured yet".to_string(), |b| {
+        format!("{:.1} ms", b.as_secs_f64() * 1000.0)
+    });
+    let plans = site.config.consumers.plans().names();
+    let plan = |slot: usize| match slot {
+        0 => NO_PLAN,
+        slot => plans.get(slot - 1).map_or("?", |name| &**name),
+    };
+    let shed_by_plan = runtime.metrics.shed_by_plan().into_iter().enumerate();
+    let shed: Vec<String> = shed_by_plan
+        .map(|(slot, n)| format!("{} {n}", esc(plan(slot))))
+        .collect();
+    let cells = [
+        ("limit", limit),
+        ("baseline", baseline),
+        ("in_flight", stats.in_flight.to_string()),
+        (
+            "bounds",
+            format!("{} to {}", stats.min_limit, stats.max_limit),
+        ),
+        ("shed", shed.join(", ")),
+    ];
+    let row = cells
+        .into_iter()
+        .map(|(field, text)| format!("<span data-field=\"{field}\">{text}</span>"))
+        .collect();
+    let head = [
+        "Adaptive concurrency limit",
+        "Baseline latency",
+        "In flight",
+        "Limit between",
+        "Shed by plan",
+    ];
+    format!(
+        "<div class=\"adaptive\" data-route=\"{}\">{}</div>",
+        esc(&runtime.route.name),
+        table(&head, [row])
+    )
 }
 
 fn auth(route: &Route) -> &'static str {
@@ -267,8 +427,8 @@ fn limit_row(shown: &Value) -> Vec<String> {
             other => other.to_string(),
         })
     };
-    let quota = match (shown.get("quota"), shown.get("window_seconds")) {
-        (Some(Value::Number(q)), Some(Value::Number(w))) => format!("{q} per {w} s"),
+    let quota = match (shown.get("quota"), shown.get("per")) {
+        (Some(Value::Number(q)), Some(Value::String(per))) => format!("{q} per {per}"),
         _ => text("parameters"),
     };
     let flags: Vec<&str> = ["shadow", "hidden", "priced_by_response"]
@@ -317,98 +477,114 @@ fn parameters(shown: &Value) -> String {
     said.collect::<Vec<_>>().join(", ")
 }
 
+/// The live view's numbers of a series, in its columns' order: each count of the last
+/// minute, then since the start (`data-field` names, as `/ui/live.json` has them).
+const LIVE_FIELDS: [(&str, &str); 5] = [
+    ("allowed", "Allowed"),
+    ("limited", "Limited"),
+    ("failure_admitted", "Failure mode admitted"),
+    ("failure_refused", "Failure mode refused"),
+    ("shadow", "Shadow"),
+];
+
+/// The count `field` (of [`LIVE_FIELDS`]) of `counts`.
+fn count(counts: &Counts, field: &str) -> u64 {
+    match field {
+        "allowed" => counts.allowed,
+        "limited" => counts.limited,
+        "failure_admitted" => counts.failure_admitted,
+        "failure_refused" => counts.failure_refused,
+        _ => counts.shadow,
+    }
+}
+
 /// The live view: each limit's decisions over the last minutes, redrawn by `app.js`.
 pub fn live() -> String {
-    let head = [
-        "Route",
-        "Limit",
-        "Allowed (60 s)",
-        "Limited (60 s)",
-        "Shadow (60 s)",
-        "Allowed (total)",
-        "Limited (total)",
-        "Shadow (total)",
-        "Last 2 minutes",
-    ];
-    let mut rows = String::new();
-    for series in DECISIONS.recent(MINUTE.max(BARS_SECONDS)) {
-        let minute = last(&series, MINUTE);
-        let id = esc(&format!("{}/{}", series.route, series.limit));
-        let _ = write!(
-            rows,
-            "<tr data-series=\"{id}\"><td>{}</td><td>{}</td>",
-            esc(&series.route),
-            esc(&series.limit)
-        );
-        let numbers = [
-            ("minute_allowed", minute.allowed),
-            ("minute_limited", minute.limited),
-            ("minute_shadow", minute.shadow),
-            ("total_allowed", series.totals.allowed),
-            ("total_limited", series.totals.limited),
-            ("total_shadow", series.totals.shadow),
-        ];
-        for (field, n) in numbers {
-            let _ = write!(rows, "<td class=\"num\" data-field=\"{field}\">{n}</td>");
+    let mut header = String::from("<th>Route</th><th>Limit</th>");
+    for (span, title) in [("60 s", "minute"), ("total", "total")] {
+        for (field, name) in LIVE_FIELDS {
+            let _ = write!(
+                header,
+                "<th class=\"num {field}\" title=\"{title}\">{name} ({span})</th>"
+            );
         }
-        let shown = seconds(&series, BARS_SECONDS);
-        let _ = write!(
-            rows,
-            "<td data-field=\"bars\">{}</td></tr>",
-            bars(&shown, "")
-        );
     }
-    let mut header = String::new();
-    for cell in head {
-        let _ = write!(header, "<th>{cell}</th>");
-    }
+    header.push_str("<th>Last 2 minutes</th>");
+    let rows: String = DECISIONS
+        .recent(MINUTE.max(BARS_SECONDS))
+        .iter()
+        .map(live_row)
+        .collect();
     let body = format!(
-        "<p class=\"muted\">Per limit, sampled each second from the counters <code>/metrics</code> exports (<code>sluice_limit_decisions_total</code>): allowed counts <code>allowed</code>, <code>local_allowed</code> and <code>error_allowed</code>; limited <code>limited</code>, <code>local_limited</code> and <code>error_denied</code>; shadow <code>shadow_limited</code> (admitted: what a shadow limit would have refused). <span id=\"updated\"></span></p>\
+        "<p class=\"muted\">Per limit, sampled each second from the counters <code>/metrics</code> exports (<code>sluice_limit_decisions_total</code>): allowed counts <code>allowed</code>, limited <code>limited</code>, shadow <code>shadow_limited</code> (admitted: what a shadow limit would have refused). While the limiter cannot decide, the failure mode answers, and those answers have columns of their own: admitted counts <code>error_allowed</code> and <code>local_allowed</code>, refused <code>error_denied</code> and <code>local_limited</code> (the in-process fallback at this gateway's share). Bars: <span class=\"allowed\">allowed</span>, <span class=\"limited\">limited</span>, <span class=\"failure\">failure mode</span>. <span id=\"updated\"></span></p>\
          <table id=\"live\"><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>"
     );
     page("Live decisions", "/ui/live", &body)
 }
 
+/// One series of the live view as a table row.
+fn live_row(series: &Series) -> String {
+    let minute = last(series, MINUTE);
+    let id = esc(&format!("{}/{}", series.route, series.limit));
+    let mut row = format!(
+        "<tr data-series=\"{id}\"><td>{}</td><td>{}</td>",
+        esc(&series.route),
+        esc(&series.limit)
+    );
+    for (span, counts) in [("minute", &minute), ("total", &series.totals)] {
+        for (field, _) in LIVE_FIELDS {
+            let n = count(counts, field);
+            let _ = write!(
+                row,
+                "<td class=\"num {field}\" data-field=\"{span}_{field}\">{n}</td>"
+            );
+        }
+    }
+    let shown = seconds(series, BARS_SECONDS);
+    let _ = write!(
+        row,
+        "<td data-field=\"bars\">{}</td></tr>",
+        bars(&shown, "")
+    );
+    row
+}
+
 /// The sum of the last `n` seconds of `series`.
 fn last(series: &Series, n: usize) -> Counts {
     let skip = series.seconds.len().saturating_sub(n);
-    series
-        .seconds
-        .iter()
-        .skip(skip)
-        .fold(Counts::default(), |sum, s| Counts {
-            allowed: sum.allowed + s.allowed,
-            limited: sum.limited + s.limited,
-            shadow: sum.shadow + s.shadow,
-        })
+    let seconds = series.seconds.iter().skip(skip);
+    seconds.fold(Counts::default(), |sum, second| sum.plus(*second))
 }
 
-/// The last `n` seconds of `series`, as (allowed, limited).
-fn seconds(series: &Series, n: usize) -> Vec<(u64, u64)> {
+/// The last `n` seconds of `series`, as (allowed, limited, answered by the failure mode).
+fn seconds(series: &Series, n: usize) -> Vec<[u64; 3]> {
     let skip = series.seconds.len().saturating_sub(n);
     series
         .seconds
         .iter()
         .skip(skip)
-        .map(|s| (s.allowed, s.limited))
+        .map(|s| [s.allowed, s.limited, s.by_failure_mode()])
         .collect()
 }
 
 /// `/ui/live.json`: what the live view shows, for `app.js`.
 pub fn live_json() -> Value {
+    let counts = |c: Counts| {
+        let fields = LIVE_FIELDS
+            .iter()
+            .map(|(field, _)| (*field, count(&c, field)));
+        Value::Object(fields.map(|(f, n)| (f.to_string(), json!(n))).collect())
+    };
     let series: Vec<Value> = DECISIONS
         .recent(MINUTE.max(BARS_SECONDS))
         .iter()
         .map(|series| {
-            let minute = last(series, MINUTE);
-            let shown: Vec<[u64; 2]> = seconds(series, BARS_SECONDS).into_iter().map(|(a, l)| [a, l]).collect();
-            let counts = |c: Counts| json!({ "allowed": c.allowed, "limited": c.limited, "shadow": c.shadow });
             json!({
                 "route": &*series.route,
                 "limit": &*series.limit,
                 "totals": counts(series.totals),
-                "last_minute": counts(minute),
-                "seconds": shown,
+                "last_minute": counts(last(series, MINUTE)),
+                "seconds": seconds(series, BARS_SECONDS),
             })
         })
         .collect();

@@ -528,4 +528,49 @@ fn a_common_quota_counts_one_bucket_over_every_route_that_uses_it() {
         policy.header("ratelimit-policy"),
         Some("\"monthly\";q=10;w=2592000")
     );
+    let bearer = format!("Bearer {TOKEN}");
+    let admin = |gateway: &Gateway, path: &str| -> serde_json::Value {
+        let answer = http_get(gateway.admin, path, None, &[("authorization", &bearer)]);
+        assert_eq!(answer.status, 200, "{path}: {}", answer.body);
+        serde_json::from_str(&answer.body).expect("JSON")
+    };
+    // Explain tells the same limit, as common, on both routes, with what the bucket has left.
+    for path in ["/orders/0", "/billing/x"] {
+        let explained = admin(
+            &two,
+            &format!("/v1/explain?host=localhost&path={path}&consumer=bob&plan=pro"),
+        );
+        let monthly = &explained["limits"][0];
+        assert_eq!(monthly["name"], "monthly", "{explained}");
+        assert_eq!(monthly["common"], true);
+        assert_eq!(monthly["remaining"], 0, "{explained}");
+    }
+    // The dashboard's live view counts the bucket once, under (common): the two routes' counts
+    // added, as /metrics counts them per route.
+    let metrics = two.metrics();
+    let allowed_on = |route| {
+        metric(
+            &metrics,
+            "sluice_limit_decisions_total",
+            &[
+                ("route", route),
+                ("limit", "monthly"),
+                ("decision", "allowed"),
+            ],
+        )
+    };
+    let counted = allowed_on("orders") + allowed_on("billing");
+    support::eventually(
+        std::time::Duration::from_secs(10),
+        "the live view samples the common limit once",
+        || {
+            let live = admin(&two, "/ui/live.json");
+            let series = live["series"].as_array().cloned().unwrap_or_default();
+            let monthly: Vec<&serde_json::Value> =
+                series.iter().filter(|s| s["limit"] == "monthly").collect();
+            monthly.len() == 1
+                && monthly[0]["route"] == "(common)"
+                && monthly[0]["totals"]["allowed"].as_f64() == Some(counted)
+        },
+    );
 }

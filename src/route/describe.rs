@@ -51,6 +51,7 @@ pub fn limit(limit: &Limit, key: &LimitKey) -> Value {
         "cost": cost,
         "key": parts,
         "scope": match limit.scope { Scope::Shared => "shared", Scope::Local => "local" },
+        "common": key.common(),
         "mode": match limit.leased { Some(_) => "leased", None => "exact" },
         "shadow": limit.shadow,
         "hidden": limit.hidden,

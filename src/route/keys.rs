@@ -262,6 +262,8 @@ pub struct LimitKey {
     middle: Box<[u8]>,
     parts: Box<[KeyPart]>,
     on_missing: OnMissing,
+    /// A common limit's: one bucket for every route that uses it.
+    common: bool,
     /// Keyed under no tag: an own limit local to each gateway on a route of common limits,
     /// not keyed on their parts (the tag would split its buckets; its key never reaches Redis).
     untagged: bool,
@@ -447,6 +449,7 @@ impl RouteKeys {
             gives_tag: !untagged && *spec.parts == *self.tag_parts,
             parts: spec.parts.clone().into(),
             on_missing: spec.on_missing,
+            common: spec.common,
             untagged,
             fixed: None,
         };
@@ -580,6 +583,11 @@ impl LimitKey {
     /// Its digest is the route's tag's (see [`RouteKeys::tag`]).
     pub fn gives_tag(&self) -> bool {
         self.gives_tag
+    }
+
+    /// Whether it is a common limit's (one bucket for every route that uses it).
+    pub fn common(&self) -> bool {
+        self.common
     }
 
     /// The parts it is made of, as written.

@@ -28,9 +28,15 @@ pub async fn keep(live: &Live) {
     }
 }
 
-/// One sample: every `(route, limit)` series of the configuration in force, with its totals.
+/// The route name of a common limit's series: one bucket for every route that uses it, so one
+/// series, its routes' counts added up. Not a route's name (those have no parentheses).
+pub const COMMON: &str = "(common)";
+
+/// One sample: every `(route, limit)` series of the configuration in force, with its totals;
+/// a common limit's once, under [`COMMON`].
 pub fn sample(live: &Live) {
     let snapshot = live.load_full();
+    let common: Arc<str> = COMMON.into();
     let mut now: Vec<(Arc<str>, Arc<str>, Counts)> = Vec::new();
     for runtime in snapshot.routes.iter() {
         let route = &runtime.route;
@@ -39,7 +45,14 @@ pub fn sample(live: &Live) {
                 continue;
             };
             let name = Arc::clone(&limit.limit.exact.name);
-            now.push((Arc::clone(&route.name), name, meters.totals()));
+            if !limit.key.common() {
+                now.push((Arc::clone(&route.name), name, meters.totals()));
+                continue;
+            }
+            match now.iter_mut().find(|(r, l, _)| *r == common && *l == name) {
+                Some((_, _, totals)) => *totals = totals.plus(meters.totals()),
+                None => now.push((Arc::clone(&common), name, meters.totals())),
+            }
         }
     }
     DECISIONS.record(now);

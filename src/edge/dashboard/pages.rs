@@ -431,7 +431,7 @@ fn limit_row(shown: &Value) -> Vec<String> {
         (Some(Value::Number(q)), Some(Value::String(per))) => format!("{q} per {per}"),
         _ => text("parameters"),
     };
-    let flags: Vec<&str> = ["shadow", "hidden", "priced_by_response"]
+    let flags: Vec<&str> = ["common", "shadow", "hidden", "priced_by_response"]
         .into_iter()
         .filter(|flag| shown.get(*flag) == Some(&Value::Bool(true)))
         .collect();

@@ -9,10 +9,11 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use support::api_keys::KeyFile;
 use support::config::{route, Config};
 use support::limits::fixed_window;
+use support::tokens::{claims, now, write_jwks, Algorithm, Family, TestKey};
 use support::{http_call, http_get, metric, Gateway, RedisServer, Upstream};
 
 const TOKEN: &str = "test-admin-token-0123456789";
@@ -68,6 +69,11 @@ fn audit_lines(path: &Path) -> Vec<Value> {
 
 /// A gateway config: alice on plan free, 3/h per consumer, exact; admin token; audit to `audit`.
 fn body(keys: &KeyFile, audit: &Path, redis: bool) -> String {
+    body_with(keys, audit, redis, "")
+}
+
+/// [`body`] with `more` in `identity:` (e.g. `, jwt: {...}`).
+fn body_with(keys: &KeyFile, audit: &Path, redis: bool, more: &str) -> String {
     let mut config = Config::new();
     if redis {
         config = config.redis("REDIS_URL");
@@ -76,7 +82,7 @@ fn body(keys: &KeyFile, audit: &Path, redis: bool) -> String {
         .set(
             "identity",
             format!(
-                "{{ plans: [free], default_plan: free, api_keys: {{ file: {} }} }}",
+                "{{ plans: [free], default_plan: free, api_keys: {{ file: {} }}{more} }}",
                 keys.path.display()
             ),
         )
@@ -93,7 +99,12 @@ fn body(keys: &KeyFile, audit: &Path, redis: bool) -> String {
                         .key(&["consumer"])
                         .set("mode", "exact"),
                 )
-                .limit(fixed_window("per_address", "100/h").key(&["client_ip"])),
+                .limit(fixed_window("per_address", "100/h").key(&["client_ip"]))
+                .limit(
+                    fixed_window("per_gateway", "1000/h")
+                        .key(&["consumer"])
+                        .set("scope", "local"),
+                ),
         )
         .route(
             route("open")
@@ -234,7 +245,7 @@ fn resets_credits_and_overrides_hold_on_every_gateway_at_once() {
         (
             "PUT",
             "/v1/quota/overrides?route=api&limit=nope&quota=off&ttl_seconds=60",
-            409,
+            404,
         ),
         (
             "PUT",
@@ -310,6 +321,101 @@ fn resets_credits_and_overrides_hold_on_every_gateway_at_once() {
     );
 }
 
+/// The `detail` of a problem answer.
+fn detail(answer: &Value) -> &str {
+    answer["detail"].as_str().unwrap_or_default()
+}
+
+#[test]
+fn what_the_api_cannot_do_is_refused_and_credit_ids_are_bytes() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let keys = KeyFile::write(&[(ALICE, "alice", Some("free"), false)]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let audit = dir.path().join("audit.jsonl");
+    let a = Gateway::start(&body(&keys, &audit, true), &upstream, Some(&redis));
+    let b = Gateway::start(&body(&keys, &audit, true), &upstream, Some(&redis));
+    a.wait_ready();
+    b.wait_ready();
+
+    // A consumer no key, no identity.mtls.plans entry and no limit names: 404 naming it, for
+    // every call that names a consumer.
+    let unknown = [
+        ("GET", "/v1/quota?route=api&consumer=mallory"),
+        ("POST", "/v1/quota/reset?route=api&consumer=mallory"),
+        (
+            "POST",
+            "/v1/quota/credit?route=api&limit=per_consumer&consumer=mallory&units=1&id=c-1",
+        ),
+        (
+            "PUT",
+            "/v1/quota/overrides?route=api&limit=per_consumer&consumer=mallory&quota=off&ttl_seconds=60",
+        ),
+    ];
+    for (method, call) in unknown {
+        let (status, answer) = admin(&a, method, call);
+        assert_eq!(status, 404, "{method} {call}: {answer}");
+        assert!(detail(&answer).contains("\"mallory\""), "{answer}");
+    }
+    assert_eq!(
+        admin(&a, "GET", "/v1/quota/overrides").1["overrides"],
+        json!([])
+    );
+
+    // A limit local to each gateway: one answer for every write; removing an override of it
+    // is still a removal (none is in force).
+    let local = [
+        ("POST", "/v1/quota/reset?route=api&limit=per_gateway&consumer=alice"),
+        (
+            "POST",
+            "/v1/quota/credit?route=api&limit=per_gateway&consumer=alice&units=1&id=c-2",
+        ),
+        (
+            "PUT",
+            "/v1/quota/overrides?route=api&limit=per_gateway&consumer=alice&quota=off&ttl_seconds=60",
+        ),
+    ];
+    let words = "limit \"per_gateway\" is local to each gateway (scope: local): the quota admin API changes only what every gateway shares";
+    for (method, call) in local {
+        let (status, answer) = admin(&b, method, call);
+        assert_eq!((status, detail(&answer)), (409, words), "{method} {call}");
+    }
+    let delete = "/v1/quota/overrides?route=api&limit=per_gateway&consumer=alice";
+    assert_eq!(admin(&b, "DELETE", delete).0, 404, "no such override");
+
+    // Two ids that are not UTF-8 are two credits; the same bytes again are one.
+    for _ in 0..3 {
+        assert_eq!(ask(&a).status, 200);
+    }
+    assert_eq!(ask(&b).status, 429);
+    let credit = |id: &str| {
+        let call =
+            format!("/v1/quota/credit?route=api&limit=per_consumer&consumer=alice&units=1&id={id}");
+        admin(&a, "POST", &call).1
+    };
+    let ff = credit("%FF");
+    assert_eq!(
+        (&ff["credit"], &ff["id"]),
+        (&json!("credited"), &json!("%FF")),
+        "{ff}"
+    );
+    assert_eq!(ff["id_encoding"], "percent");
+    assert_eq!(credit("%FE")["credit"], "credited", "another id");
+    assert_eq!(credit("%FF")["credit"], "repeated");
+    assert_eq!(admitted_after_change(&[&b, &a], 4), 2);
+    let lines = audit_lines(&audit);
+    let credited: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["action"] == "credit" && l["result"] == "applied")
+        .collect();
+    assert_eq!(credited.len(), 2, "{lines:?}");
+    assert_eq!(credited[1]["id"], "%FE");
+    // A query that is not one: not audited.
+    let (status, answer) = admin(&a, "POST", "/v1/quota/reset?route=api&consumer=%FF");
+    assert_eq!(status, 400, "{answer}");
+    assert!(detail(&answer).contains("consumer"), "{answer}");
+}
+
 #[test]
 fn the_in_process_backend_answers_the_same_calls() {
     let upstream = Upstream::start();
@@ -358,4 +464,44 @@ fn the_in_process_backend_answers_the_same_calls() {
         "this gateway applies its own write at once"
     );
     assert_eq!(audit_lines(&audit).len(), 6, "one line per write");
+}
+
+#[test]
+fn a_consumer_only_tokens_name_is_taken_and_a_reset_that_finds_nothing_of_it_is_404() {
+    let upstream = Upstream::start();
+    let keys = KeyFile::write(&[(ALICE, "alice", Some("free"), false)]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (audit, jwks) = (dir.path().join("audit.jsonl"), dir.path().join("jwks.json"));
+    let key = TestKey::generate(Family::P256, Algorithm::ES256, Some("k1"));
+    write_jwks(&jwks, &[&key]);
+    let jwt = format!(
+        ", jwt: {{ jwks_file: {}, algorithms: [ES256] }}",
+        jwks.display()
+    );
+    let gateway = Gateway::start(&body_with(&keys, &audit, false, &jwt), &upstream, None);
+    gateway.wait_ready();
+    // No list holds tok-user, but a token may name it: its usage is read, its overrides taken.
+    let (status, usage) = admin(&gateway, "GET", "/v1/quota?route=api&consumer=tok-user");
+    assert_eq!(status, 200, "{usage}");
+    // A reset that finds nothing counted for it: no request may ever have been its.
+    let reset = "/v1/quota/reset?route=api&consumer=tok-user";
+    let (status, answer) = admin(&gateway, "POST", reset);
+    assert_eq!(status, 404, "{answer}");
+    assert!(detail(&answer).contains("\"tok-user\""), "{answer}");
+    let token = key.sign(&claims("tok-user", "any", "any", now()));
+    let authorization = format!("Bearer {token}");
+    let served = http_get(
+        gateway.proxy,
+        "/api/x",
+        None,
+        &[("authorization", &authorization)],
+    );
+    assert_eq!(served.status, 200, "{}", served.body);
+    let (status, answer) = admin(&gateway, "POST", reset);
+    // per_consumer and per_gateway: without Redis, the limits local to each gateway are all.
+    assert_eq!(
+        (status, &answer["keys_reset"]),
+        (200, &json!(2)),
+        "{answer}"
+    );
 }

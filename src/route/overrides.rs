@@ -40,31 +40,48 @@ impl QuotaOverride {
     }
 
     /// Checks it against `routes`: the route and its limit exist, the consumer's id is within
-    /// bounds, and the limit can run at the quota. `Err`: why not, in words.
-    pub fn check(&self, routes: &RouteTable) -> Result<(), String> {
+    /// bounds, and the limit can run at the quota. `Ok`: the limit as written.
+    pub fn check<'r>(&self, routes: &'r RouteTable) -> Result<&'r Limit, Unfit> {
         let route = routes
             .named(&self.route)
-            .ok_or_else(|| format!("no route named {:?}", self.route))?;
+            .ok_or_else(|| Unfit::NoRoute(self.route.clone()))?;
         let written = route
             .tiers
             .written()
             .find(|limit| *limit.name == *self.limit);
-        let limit = written
-            .ok_or_else(|| format!("route {:?} has no limit named {:?}", self.route, self.limit))?;
+        let limit = written.ok_or_else(|| Unfit::NoLimit {
+            route: self.route.clone(),
+            limit: self.limit.clone(),
+        })?;
         if let Some(id) = &self.consumer {
             if id.is_empty() || id.len() > MAX_CONSUMER_ID {
-                return Err(format!("consumer: 1 to {MAX_CONSUMER_ID} bytes"));
+                return Err(Unfit::ConsumerBounds);
             }
             if route.auth.mode == AuthMode::Off {
-                let name = &self.route;
-                return Err(format!("route {name:?} does not verify callers (auth: off): no request of it has a consumer"));
+                return Err(Unfit::NoConsumers(self.route.clone()));
             }
         }
-        match self.quota {
-            Some(quota) => limit.with_quota(quota).map(|_| ()),
-            None => Ok(()),
+        if let Some(quota) = self.quota {
+            limit.with_quota(quota).map_err(Unfit::Quota)?;
         }
+        Ok(limit)
     }
+}
+
+/// Why an override cannot apply to the routes it names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unfit {
+    #[error("no route named {0:?}")]
+    NoRoute(String),
+    #[error("route {route:?} has no limit named {limit:?}")]
+    NoLimit { route: String, limit: String },
+    #[error("consumer: 1 to {MAX_CONSUMER_ID} bytes")]
+    ConsumerBounds,
+    #[error("route {0:?} does not verify callers (auth: off): no request of it has a consumer")]
+    NoConsumers(String),
+    /// The limit cannot run at the quota (in words).
+    #[error("{0}")]
+    Quota(String),
 }
 
 /// The overrides of one configuration: per route (by its index), the tiers its callers meet.

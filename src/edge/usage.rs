@@ -11,7 +11,7 @@ use serde::Serialize;
 use smallvec::SmallVec;
 
 use crate::caller::consumers::{Consumer, PlanId, Via, MAX_CONSUMER_ID};
-use crate::config::Config;
+use crate::exchange::Site;
 use crate::limiter::fields::whole_seconds;
 use crate::limiter::{LimitRecords, LimitStatus, Policy};
 use crate::route::keys::{RequestFacts, Rotation};
@@ -112,7 +112,7 @@ pub async fn quota(
         .routes
         .named(&route_name)
         .ok_or_else(|| usage_error(404, format!("no route named {route_name:?}")))?;
-    let consumer = named_consumer(config, &id, query.plan.as_deref())?;
+    let consumer = named_consumer(&snapshot.site, &id, query.plan.as_deref())?;
     if config.knows_consumer(&id).is_none() {
         return Err(usage_error(404, Unnamed::Unknown(id).to_string()));
     }
@@ -160,15 +160,18 @@ impl From<Unnamed> for UsageError {
 }
 
 /// The consumer named `id` (1 to [`MAX_CONSUMER_ID`] bytes), on the plan named `plan` or
-/// its own: who the admin APIs speak of (known or not: see `Config::knows_consumer`).
-pub(crate) fn named_consumer(
-    config: &Config,
+/// its own (the one a plan override puts it on, while one applies): who the admin APIs speak
+/// of (known or not: see `Config::knows_consumer`).
+pub(crate) fn named_consumer<S>(
+    site: &Site<S>,
     id: &str,
     plan: Option<&str>,
 ) -> Result<Consumer, Unnamed> {
+    let config = &site.config;
     if id.is_empty() || id.len() > MAX_CONSUMER_ID {
         return Err(Unnamed::Bounds);
     }
+    let plan_named = plan.is_some();
     let plan = match plan {
         Some(name) => Some(
             config
@@ -179,11 +182,15 @@ pub(crate) fn named_consumer(
         ),
         None => config.consumers.plan_of(id),
     };
-    Ok(Consumer {
+    let consumer = Consumer {
         id: id.into(),
         plan,
         claims: SmallVec::new(),
         via: Via::ApiKey,
+    };
+    Ok(match plan_named {
+        true => consumer,
+        false => site.on_plan_in_force(consumer),
     })
 }
 

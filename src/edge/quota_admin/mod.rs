@@ -2,11 +2,13 @@
 //! `POST /v1/quota/reset` and `POST /v1/quota/credit` change a consumer's (or a client
 //! address's, or a route's) usage of its limits; `GET`, `PUT` and `DELETE /v1/quota/overrides`
 //! list, set and remove temporary overrides (a limit lifted, or at another quota, until they
-//! expire). Each write changes the state where the limits live (one atomic call of
+//! expire); `PUT` and `DELETE /v1/quota/plans` put a consumer on another plan until a time, and
+//! back. Each write changes the state where the limits live (one atomic call of
 //! `lua/admin.lua` in Redis, or the in-process backend), so it holds on every gateway at once;
-//! overrides reach every gateway within a second (`runtime::overrides`). Each write is
-//! audited (a JSON line: who, what, before and after) and counted
-//! (`sluice_admin_changes_total`).
+//! overrides of both kinds reach every gateway within a second (`runtime::overrides`). Each
+//! write is audited (a JSON line: who, what, before and after) and counted
+//! (`sluice_admin_changes_total`). The query is parsed once (`params.rs`); every refusal is an
+//! [`AdminError`] (`error.rs`).
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -15,12 +17,14 @@ use http::{HeaderMap, Method};
 use serde_json::{json, Value};
 
 use crate::caller::consumers::Known;
+use crate::caller::consumers::MAX_CONSUMER_ID;
 use crate::config::Config;
 use crate::edge::usage::{UsageError, UNKNOWN};
 use crate::limiter::admin::credit_kind;
+use crate::limiter::admin::MAX_OVERRIDES;
 use crate::limiter::{Credited, Policy, Put, QuotaStore};
 use crate::observe::metrics::ADMIN_CHANGES;
-use crate::route::overrides::{QuotaOverride, Unfit};
+use crate::route::overrides::{Override, PlanOverride, QuotaOverride, Unfit};
 use crate::runtime::overrides::{admin_tables, refresh};
 use crate::runtime::snapshot::Live;
 pub use error::AdminError;
@@ -77,6 +81,8 @@ enum Call {
     ListOverrides,
     SetOverride,
     DeleteOverride,
+    SetPlan,
+    DeletePlan,
 }
 
 impl Call {
@@ -89,6 +95,9 @@ impl Call {
             ("/v1/quota/overrides", &Method::PUT) => Call::SetOverride,
             ("/v1/quota/overrides", &Method::DELETE) => Call::DeleteOverride,
             ("/v1/quota/overrides", _) => return Err(AdminError::Method("GET, PUT or DELETE")),
+            ("/v1/quota/plans", &Method::PUT) => Call::SetPlan,
+            ("/v1/quota/plans", &Method::DELETE) => Call::DeletePlan,
+            ("/v1/quota/plans", _) => return Err(AdminError::Method("PUT or DELETE")),
             ("/v1/quota/reset" | "/v1/quota/credit", _) => return Err(AdminError::Method("POST")),
             _ => return Err(AdminError::NoCall),
         })
@@ -102,6 +111,8 @@ impl Call {
             Call::ListOverrides => "list",
             Call::SetOverride => "override_set",
             Call::DeleteOverride => "override_delete",
+            Call::SetPlan => "plan_set",
+            Call::DeletePlan => "plan_delete",
         }
     }
 }
@@ -123,6 +134,8 @@ pub async fn serve(
         Call::ListOverrides => list(policy, live).await?,
         Call::SetOverride => set(policy, live, asked).await?,
         Call::DeleteOverride => remove(policy, live, asked).await?,
+        Call::SetPlan => set_plan(policy, live, asked).await?,
+        Call::DeletePlan => remove_plan(policy, live, asked).await?,
     };
     Ok(answer.to_string())
 }
@@ -139,6 +152,7 @@ fn subject(params: &Params, caller: &Caller) -> serde_json::Map<String, Value> {
         ("route", params.route.as_deref()),
         ("limit", params.limit.as_deref()),
         ("consumer", params.consumer.as_deref()),
+        ("plan", params.plan.as_deref()),
         ("client_ip", params.client_ip_text()),
     ] {
         if let Some(value) = value {
@@ -308,7 +322,7 @@ fn extend(line: &mut serde_json::Map<String, Value>, change: &Value) {
     }
 }
 
-/// `GET /v1/quota/overrides`: the overrides in force.
+/// `GET /v1/quota/overrides`: the overrides in force, of limits and of plans (`kind`).
 async fn list(policy: &Policy, live: &Live) -> Result<Value, AdminError> {
     let snapshot = live.load_full();
     let listed = policy
@@ -317,23 +331,68 @@ async fn list(policy: &Policy, live: &Live) -> Result<Value, AdminError> {
         .await
         .map_err(AdminError::unread)?;
     let overrides = listed.overrides.iter().filter_map(|stored| {
-        let one: QuotaOverride = serde_json::from_str(&stored.value).ok()?;
+        let one: Override = serde_json::from_str(&stored.value).ok()?;
         Some(shown(&one, stored.left_ms.div_ceil(1000)))
     });
     Ok(json!({ "overrides": overrides.collect::<Vec<_>>() }))
 }
 
-/// An override as the API shows it: `quota` a number or `"off"`.
-fn shown(one: &QuotaOverride, expires_in_seconds: u64) -> Value {
-    let quota = one.quota.map_or(json!("off"), |q| json!(q));
-    json!({
-        "route": one.route,
-        "limit": one.limit,
-        "consumer": one.consumer,
-        "quota": quota,
-        "expires_in_seconds": expires_in_seconds,
-        "actor": one.actor,
-    })
+/// An override as the API shows it: its kind; a limit's `quota` a number or `"off"`.
+fn shown(one: &Override, expires_in_seconds: u64) -> Value {
+    match one {
+        Override::Limit(one) => json!({
+            "kind": "limit",
+            "route": one.route,
+            "limit": one.limit,
+            "consumer": one.consumer,
+            "quota": one.quota.map_or(json!("off"), |q| json!(q)),
+            "expires_in_seconds": expires_in_seconds,
+            "actor": one.actor,
+        }),
+        Override::Plan(one) => json!({
+            "kind": "plan",
+            "consumer": one.consumer,
+            "plan": one.plan,
+            "expires_in_seconds": expires_in_seconds,
+            "actor": one.actor,
+        }),
+    }
+}
+
+/// Stores `one` for `lifetime`: the override it replaced, if one was in force.
+async fn put(
+    policy: &Policy,
+    config: &Config,
+    one: &Override,
+    lifetime: std::time::Duration,
+) -> Result<Option<Override>, AdminError> {
+    let value =
+        serde_json::to_string(one).map_err(|e| AdminError::Internal(e.to_string().into()))?;
+    let tables = admin_tables(config);
+    let put = policy
+        .engine()
+        .put_override(&tables, &one.field(), &value, lifetime)
+        .await
+        .map_err(AdminError::unwritten)?;
+    let Put::Stored { previous } = put else {
+        return Err(AdminError::OverridesFull(MAX_OVERRIDES));
+    };
+    Ok(previous.and_then(|p| serde_json::from_str::<Override>(&p).ok()))
+}
+
+/// Removes the override stored under `field`: the one removed (`Err` when none was in force).
+async fn delete(
+    policy: &Policy,
+    config: &Config,
+    field: &str,
+) -> Result<Option<Override>, AdminError> {
+    let removed = policy
+        .engine()
+        .delete_override(&admin_tables(config), field)
+        .await
+        .map_err(AdminError::unwritten)?;
+    let removed = removed.ok_or(AdminError::NoOverride)?;
+    Ok(serde_json::from_str::<Override>(&removed).ok())
 }
 
 /// The override a `PUT` or `DELETE` names.
@@ -384,24 +443,11 @@ async fn set(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, Ad
             return Err(AdminError::LocalLimit(one.limit.clone()));
         }
         known(config, params)?;
-        let value =
-            serde_json::to_string(&one).map_err(|e| AdminError::Internal(e.to_string().into()))?;
-        let tables = admin_tables(config);
-        let put = policy
-            .engine()
-            .put_override(&tables, &one.field(), &value, lifetime)
-            .await
-            .map_err(AdminError::unwritten)?;
-        let Put::Stored { previous } = put else {
-            return Err(AdminError::OverridesFull(
-                crate::limiter::admin::MAX_OVERRIDES,
-            ));
-        };
+        let previous = put(policy, config, &Override::Limit(one.clone()), lifetime).await?;
         apply_now(policy, live).await;
-        let previous = previous.and_then(|p| serde_json::from_str::<QuotaOverride>(&p).ok());
         let before = previous.map(|p| shown(&p, 0));
-        let change = json!({ "before": before, "after": shown(&one, lifetime.as_secs()) });
-        Ok((change, "applied"))
+        let after = shown(&Override::Limit(one), lifetime.as_secs());
+        Ok((json!({ "before": before, "after": after }), "applied"))
     };
     concluded(config, asked, written.await)
 }
@@ -414,17 +460,72 @@ async fn remove(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value,
     let (params, caller) = (asked.1, asked.2);
     let written = async {
         let one = named_override(params, caller)?;
-        let tables = admin_tables(config);
-        let previous = policy
-            .engine()
-            .delete_override(&tables, &one.field())
-            .await
-            .map_err(AdminError::unwritten)?;
-        let previous = previous.ok_or(AdminError::NoOverride)?;
+        let previous = delete(policy, config, &one.field()).await?;
         apply_now(policy, live).await;
-        let before = serde_json::from_str::<QuotaOverride>(&previous)
-            .ok()
-            .map(|p| shown(&p, 0));
+        let before = previous.map(|p| shown(&p, 0));
+        Ok((json!({ "before": before, "after": null }), "applied"))
+    };
+    concluded(config, asked, written.await)
+}
+
+/// The plan override a `PUT` names: a known consumer (1 to 256 bytes) and a plan of the
+/// configuration.
+fn named_plan(
+    config: &Config,
+    params: &Params,
+    caller: &Caller,
+) -> Result<PlanOverride, AdminError> {
+    let consumer = params.consumer()?;
+    if consumer.is_empty() || consumer.len() > MAX_CONSUMER_ID {
+        return Err(AdminError::Malformed {
+            name: "consumer",
+            why: format!("1 to {MAX_CONSUMER_ID} bytes").into(),
+        });
+    }
+    let plan = params.plan()?;
+    if config.consumers.plans().find(plan).is_none() {
+        return Err(AdminError::NoPlan(plan.to_string()));
+    }
+    known(config, params)?;
+    Ok(PlanOverride {
+        consumer: consumer.to_string(),
+        plan: plan.to_string(),
+        actor: caller.actor.clone(),
+    })
+}
+
+/// `PUT /v1/quota/plans`: a consumer on another plan, on every route, until `until` (or for
+/// `ttl_seconds`): its requests meet that plan's limits exactly, as that plan's consumers do.
+async fn set_plan(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, AdminError> {
+    let snapshot = live.load_full();
+    let config = &snapshot.config;
+    let (params, caller) = (asked.1, asked.2);
+    let written = async {
+        let one = Override::Plan(named_plan(config, params, caller)?);
+        let lifetime = params.lifetime(jiff::Timestamp::now())?;
+        let previous = put(policy, config, &one, lifetime).await?;
+        apply_now(policy, live).await;
+        let before = previous.map(|p| shown(&p, 0));
+        let after = shown(&one, lifetime.as_secs());
+        Ok((json!({ "before": before, "after": after }), "applied"))
+    };
+    concluded(config, asked, written.await)
+}
+
+/// `DELETE /v1/quota/plans`: the consumer back on its own plan.
+async fn remove_plan(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, AdminError> {
+    let snapshot = live.load_full();
+    let config = &snapshot.config;
+    let params = asked.1;
+    let written = async {
+        let one = PlanOverride {
+            consumer: params.consumer()?.to_string(),
+            plan: String::new(),
+            actor: None,
+        };
+        let previous = delete(policy, config, &one.field()).await?;
+        apply_now(policy, live).await;
+        let before = previous.map(|p| shown(&p, 0));
         Ok((json!({ "before": before, "after": null }), "applied"))
     };
     concluded(config, asked, written.await)

@@ -123,6 +123,16 @@ impl Params {
         required(self.limit.as_deref(), "limit", "")
     }
 
+    /// `consumer`, for the calls that must name one.
+    pub fn consumer(&self) -> Result<&str, AdminError> {
+        required(self.consumer.as_deref(), "consumer", "")
+    }
+
+    /// `plan`, for the calls that must name one.
+    pub fn plan(&self) -> Result<&str, AdminError> {
+        required(self.plan.as_deref(), "plan", "")
+    }
+
     /// `client_ip`, when named: an IP address.
     pub fn client_ip(&self) -> Result<Option<IpAddr>, AdminError> {
         let Some(text) = self.client_ip.as_deref() else {

@@ -73,7 +73,7 @@ pub(super) fn target<'a>(
         .named(name)
         .ok_or_else(|| AdminError::NoRoute(name.to_string()))?;
     let facts = Facts {
-        consumer: consumer_of(config, params)?,
+        consumer: consumer_of(snapshot, params)?,
         client_ip: client_ip_of(config, params)?,
     };
     if facts.consumer.is_some() && route.auth.mode == AuthMode::Off {
@@ -165,18 +165,19 @@ fn only(configured: &Tier, overridden: Option<&Tier>, chosen: &[usize], instance
 }
 
 /// The consumer a call names, on the plan it names or its own.
-fn consumer_of(config: &Config, params: &Params) -> Result<Option<Consumer>, AdminError> {
+fn consumer_of(snapshot: &Snapshot, params: &Params) -> Result<Option<Consumer>, AdminError> {
     let Some(id) = params.consumer.as_deref() else {
         return Ok(None);
     };
-    let consumer =
-        named_consumer(config, id, params.plan.as_deref()).map_err(|unnamed| match unnamed {
+    let consumer = named_consumer(&snapshot.site, id, params.plan.as_deref()).map_err(
+        |unnamed| match unnamed {
             Unnamed::NoPlan(plan) => AdminError::NoPlan(plan),
             Unnamed::Bounds | Unnamed::Unknown(_) => AdminError::Malformed {
                 name: "consumer",
                 why: unnamed.to_string().into(),
             },
-        })?;
+        },
+    )?;
     Ok(Some(consumer))
 }
 

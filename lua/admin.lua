@@ -20,8 +20,9 @@
 -- override_put    KEYS[1]: the overrides hash, KEYS[2]: the admin epoch key (one hash tag).
 --                 ARGV[3]: the field (which route, limit and consumer), ARGV[4]: the override
 --                 (JSON), ARGV[5]: its lifetime in ms, ARGV[6]: the most overrides the hash
---                 may hold. Reply: the previous value in force or false. The value stored is
---                 "<expiry in ms on Redis's clock> <JSON>"; the expired ones are dropped when
+--                 may hold. Reply: {1, the previous value in force or ""}, or {0, ""} when the
+--                 hash holds ARGV[6] overrides in force (nothing is written). The value stored
+--                 is "<expiry in ms on Redis's clock> <JSON>"; the expired ones are dropped when
 --                 the hash is full. Counts one more change in the epoch.
 -- override_delete KEYS[1]: the overrides hash, KEYS[2]: the admin epoch key. ARGV[3]: the
 --                 field. Reply: the value removed, if it was in force, or false. Counts one
@@ -110,7 +111,7 @@ elseif op == 'override_put' then
       end
     end
     if redis.call('HLEN', KEYS[1]) >= most then
-      return redis.error_reply('ERR sluice: overrides full: at most ' .. most .. ' at once')
+      return {0, ''}
     end
   end
   redis.call('HSET', KEYS[1], ARGV[3], fmt(now_ms + lifetime) .. ' ' .. ARGV[4])
@@ -118,7 +119,7 @@ elseif op == 'override_put' then
     redis.call('PEXPIRE', KEYS[1], lifetime)
   end
   announce(KEYS[2])
-  return previous or false
+  return {1, previous or ''}
 elseif op == 'override_delete' then
   if #KEYS ~= 2 then
     return redis.error_reply('ERR sluice: override_delete expects the overrides and epoch keys')

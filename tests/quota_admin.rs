@@ -9,10 +9,11 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use support::api_keys::KeyFile;
 use support::config::{route, Config};
-use support::limits::fixed_window;
+use support::limits::{fixed_window, gcra};
+use support::tokens::{claims, now, write_jwks, Algorithm, Family, TestKey};
 use support::{http_call, http_get, metric, Gateway, RedisServer, Upstream};
 
 const TOKEN: &str = "test-admin-token-0123456789";
@@ -68,6 +69,11 @@ fn audit_lines(path: &Path) -> Vec<Value> {
 
 /// A gateway config: alice on plan free, 3/h per consumer, exact; admin token; audit to `audit`.
 fn body(keys: &KeyFile, audit: &Path, redis: bool) -> String {
+    body_with(keys, audit, redis, "")
+}
+
+/// [`body`] with `more` in `identity:` (e.g. `, jwt: {...}`).
+fn body_with(keys: &KeyFile, audit: &Path, redis: bool, more: &str) -> String {
     let mut config = Config::new();
     if redis {
         config = config.redis("REDIS_URL");
@@ -76,7 +82,7 @@ fn body(keys: &KeyFile, audit: &Path, redis: bool) -> String {
         .set(
             "identity",
             format!(
-                "{{ plans: [free], default_plan: free, api_keys: {{ file: {} }} }}",
+                "{{ plans: [free], default_plan: free, api_keys: {{ file: {} }}{more} }}",
                 keys.path.display()
             ),
         )
@@ -93,7 +99,12 @@ fn body(keys: &KeyFile, audit: &Path, redis: bool) -> String {
                         .key(&["consumer"])
                         .set("mode", "exact"),
                 )
-                .limit(fixed_window("per_address", "100/h").key(&["client_ip"])),
+                .limit(fixed_window("per_address", "100/h").key(&["client_ip"]))
+                .limit(
+                    fixed_window("per_gateway", "1000/h")
+                        .key(&["consumer"])
+                        .set("scope", "local"),
+                ),
         )
         .route(
             route("open")
@@ -234,7 +245,7 @@ fn resets_credits_and_overrides_hold_on_every_gateway_at_once() {
         (
             "PUT",
             "/v1/quota/overrides?route=api&limit=nope&quota=off&ttl_seconds=60",
-            409,
+            404,
         ),
         (
             "PUT",
@@ -310,6 +321,101 @@ fn resets_credits_and_overrides_hold_on_every_gateway_at_once() {
     );
 }
 
+/// The `detail` of a problem answer.
+fn detail(answer: &Value) -> &str {
+    answer["detail"].as_str().unwrap_or_default()
+}
+
+#[test]
+fn what_the_api_cannot_do_is_refused_and_credit_ids_are_bytes() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let keys = KeyFile::write(&[(ALICE, "alice", Some("free"), false)]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let audit = dir.path().join("audit.jsonl");
+    let a = Gateway::start(&body(&keys, &audit, true), &upstream, Some(&redis));
+    let b = Gateway::start(&body(&keys, &audit, true), &upstream, Some(&redis));
+    a.wait_ready();
+    b.wait_ready();
+
+    // A consumer no key, no identity.mtls.plans entry and no limit names: 404 naming it, for
+    // every call that names a consumer.
+    let unknown = [
+        ("GET", "/v1/quota?route=api&consumer=mallory"),
+        ("POST", "/v1/quota/reset?route=api&consumer=mallory"),
+        (
+            "POST",
+            "/v1/quota/credit?route=api&limit=per_consumer&consumer=mallory&units=1&id=c-1",
+        ),
+        (
+            "PUT",
+            "/v1/quota/overrides?route=api&limit=per_consumer&consumer=mallory&quota=off&ttl_seconds=60",
+        ),
+    ];
+    for (method, call) in unknown {
+        let (status, answer) = admin(&a, method, call);
+        assert_eq!(status, 404, "{method} {call}: {answer}");
+        assert!(detail(&answer).contains("\"mallory\""), "{answer}");
+    }
+    assert_eq!(
+        admin(&a, "GET", "/v1/quota/overrides").1["overrides"],
+        json!([])
+    );
+
+    // A limit local to each gateway: one answer for every write; removing an override of it
+    // is still a removal (none is in force).
+    let local = [
+        ("POST", "/v1/quota/reset?route=api&limit=per_gateway&consumer=alice"),
+        (
+            "POST",
+            "/v1/quota/credit?route=api&limit=per_gateway&consumer=alice&units=1&id=c-2",
+        ),
+        (
+            "PUT",
+            "/v1/quota/overrides?route=api&limit=per_gateway&consumer=alice&quota=off&ttl_seconds=60",
+        ),
+    ];
+    let words = "limit \"per_gateway\" is local to each gateway (scope: local): the quota admin API changes only what every gateway shares";
+    for (method, call) in local {
+        let (status, answer) = admin(&b, method, call);
+        assert_eq!((status, detail(&answer)), (409, words), "{method} {call}");
+    }
+    let delete = "/v1/quota/overrides?route=api&limit=per_gateway&consumer=alice";
+    assert_eq!(admin(&b, "DELETE", delete).0, 404, "no such override");
+
+    // Two ids that are not UTF-8 are two credits; the same bytes again are one.
+    for _ in 0..3 {
+        assert_eq!(ask(&a).status, 200);
+    }
+    assert_eq!(ask(&b).status, 429);
+    let credit = |id: &str| {
+        let call =
+            format!("/v1/quota/credit?route=api&limit=per_consumer&consumer=alice&units=1&id={id}");
+        admin(&a, "POST", &call).1
+    };
+    let ff = credit("%FF");
+    assert_eq!(
+        (&ff["credit"], &ff["id"]),
+        (&json!("credited"), &json!("%FF")),
+        "{ff}"
+    );
+    assert_eq!(ff["id_encoding"], "percent");
+    assert_eq!(credit("%FE")["credit"], "credited", "another id");
+    assert_eq!(credit("%FF")["credit"], "repeated");
+    assert_eq!(admitted_after_change(&[&b, &a], 4), 2);
+    let lines = audit_lines(&audit);
+    let credited: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["action"] == "credit" && l["result"] == "applied")
+        .collect();
+    assert_eq!(credited.len(), 2, "{lines:?}");
+    assert_eq!(credited[1]["id"], "%FE");
+    // A query that is not one: not audited.
+    let (status, answer) = admin(&a, "POST", "/v1/quota/reset?route=api&consumer=%FF");
+    assert_eq!(status, 400, "{answer}");
+    assert!(detail(&answer).contains("consumer"), "{answer}");
+}
+
 #[test]
 fn the_in_process_backend_answers_the_same_calls() {
     let upstream = Upstream::start();
@@ -358,4 +464,288 @@ fn the_in_process_backend_answers_the_same_calls() {
         "this gateway applies its own write at once"
     );
     assert_eq!(audit_lines(&audit).len(), 6, "one line per write");
+}
+
+#[test]
+fn a_consumer_only_tokens_name_is_taken_and_a_reset_that_finds_nothing_of_it_is_404() {
+    let upstream = Upstream::start();
+    let keys = KeyFile::write(&[(ALICE, "alice", Some("free"), false)]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (audit, jwks) = (dir.path().join("audit.jsonl"), dir.path().join("jwks.json"));
+    let key = TestKey::generate(Family::P256, Algorithm::ES256, Some("k1"));
+    write_jwks(&jwks, &[&key]);
+    let jwt = format!(
+        ", jwt: {{ jwks_file: {}, algorithms: [ES256] }}",
+        jwks.display()
+    );
+    let gateway = Gateway::start(&body_with(&keys, &audit, false, &jwt), &upstream, None);
+    gateway.wait_ready();
+    // No list holds tok-user, but a token may name it: its usage is read, its overrides taken.
+    let (status, usage) = admin(&gateway, "GET", "/v1/quota?route=api&consumer=tok-user");
+    assert_eq!(status, 200, "{usage}");
+    // A reset that finds nothing counted for it: no request may ever have been its.
+    let reset = "/v1/quota/reset?route=api&consumer=tok-user";
+    let (status, answer) = admin(&gateway, "POST", reset);
+    assert_eq!(status, 404, "{answer}");
+    assert!(detail(&answer).contains("\"tok-user\""), "{answer}");
+    let token = key.sign(&claims("tok-user", "any", "any", now()));
+    let authorization = format!("Bearer {token}");
+    let served = http_get(
+        gateway.proxy,
+        "/api/x",
+        None,
+        &[("authorization", &authorization)],
+    );
+    assert_eq!(served.status, 200, "{}", served.body);
+    let (status, answer) = admin(&gateway, "POST", reset);
+    // per_consumer and per_gateway: without Redis, the limits local to each gateway are all.
+    assert_eq!(
+        (status, &answer["keys_reset"]),
+        (200, &json!(2)),
+        "{answer}"
+    );
+}
+
+const BOB: &str = "sk_bob_quota_admin_key_00002";
+
+/// Plans free and pro (alice on free, bob on pro); route `api` (a per-consumer quota and a
+/// per-second GCRA, each with pro's own parameters), route `other` (pro's own quota), route
+/// `pro_only` (only pro may call it).
+fn plans_body(keys: &KeyFile, audit: &Path, redis: bool) -> String {
+    let mut config = Config::new();
+    if redis {
+        config = config.redis("REDIS_URL");
+    }
+    let consumer = |limit: support::limits::Limit, pro: &str| {
+        limit
+            .key(&["consumer"])
+            .set("mode", "exact")
+            .set("plans", format!("{{ pro: {{ {pro} }} }}"))
+    };
+    config
+        .set(
+            "identity",
+            format!(
+                "{{ plans: [free, pro], default_plan: free, api_keys: {{ file: {} }} }}",
+                keys.path.display()
+            ),
+        )
+        .set(
+            "admin",
+            format!("{{ token: {TOKEN}, audit_log: {} }}", audit.display()),
+        )
+        .route(
+            route("api")
+                .prefix("/api/")
+                .set("auth", "required")
+                .limit(consumer(fixed_window("per_consumer", "3/h"), "rate: 6/h"))
+                .limit(consumer(
+                    gcra("per_second", "5/s").burst(5),
+                    "rate: 20/s, burst: 21",
+                )),
+        )
+        .route(
+            route("other")
+                .prefix("/other/")
+                .set("auth", "required")
+                .limit(consumer(fixed_window("daily", "2/h"), "rate: 4/h")),
+        )
+        .route(
+            route("pro_only")
+                .prefix("/pro/")
+                .set("auth", "{ mode: required, plans: [pro] }"),
+        )
+        .yaml()
+}
+
+/// `key`'s request for `path` through `gateway`.
+fn ask_as(gateway: &Gateway, key: &str, path: &str) -> support::Response {
+    http_get(gateway.proxy, path, None, &[("x-api-key", key)])
+}
+
+/// The `RateLimit-Policy` `key` meets on `path` through `gateway` (one request).
+fn policy_of(gateway: &Gateway, key: &str, path: &str) -> String {
+    let answer = ask_as(gateway, key, path);
+    answer
+        .header("ratelimit-policy")
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Asks until alice meets `expected` on `path` through `gateway` (within 5 s).
+fn alice_meets(gateway: &Gateway, path: &str, expected: &str) {
+    support::eventually(Duration::from_secs(5), "alice's policy", || {
+        policy_of(gateway, ALICE, path) == expected
+    });
+}
+
+#[test]
+fn a_plan_override_puts_a_consumer_on_another_plan_on_every_route_and_every_gateway() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let keys = KeyFile::write(&[
+        (ALICE, "alice", Some("free"), false),
+        (BOB, "bob", Some("pro"), false),
+    ]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (audit_a, audit_b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+    let a = Gateway::start(&plans_body(&keys, &audit_a, true), &upstream, Some(&redis));
+    let b = Gateway::start(&plans_body(&keys, &audit_b, true), &upstream, Some(&redis));
+    a.wait_ready();
+    b.wait_ready();
+    let pro_api = policy_of(&a, BOB, "/api/x");
+    let free_api = policy_of(&a, ALICE, "/api/x");
+    assert!(pro_api.contains("\"per_consumer\";q=6;"), "{pro_api}");
+    assert_ne!(pro_api, free_api);
+    assert_eq!(ask_as(&b, ALICE, "/pro/x").status, 403, "not on pro");
+
+    // Refused at their cause.
+    let refusals = [
+        (
+            "PUT",
+            "/v1/quota/plans?consumer=alice&plan=gold&ttl_seconds=60",
+            404,
+        ),
+        (
+            "PUT",
+            "/v1/quota/plans?consumer=mallory&plan=pro&ttl_seconds=60",
+            404,
+        ),
+        ("PUT", "/v1/quota/plans?consumer=alice&plan=pro", 400),
+        (
+            "PUT",
+            "/v1/quota/plans?consumer=alice&plan=pro&until=2020-01-01T00:00:00Z",
+            400,
+        ),
+        ("DELETE", "/v1/quota/plans?consumer=alice", 404),
+        ("GET", "/v1/quota/plans?consumer=alice", 405),
+    ];
+    for (method, call, expected) in refusals {
+        let (status, answer) = admin(&a, method, call);
+        assert_eq!(status, expected, "{method} {call}: {answer}");
+    }
+
+    // Alice on pro for an hour, in one call through a: every route, on both gateways.
+    let until = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3600);
+    let call = format!("/v1/quota/plans?consumer=alice&plan=pro&until={until}");
+    let (status, set) = admin(&a, "PUT", &call);
+    assert_eq!(status, 200, "{set}");
+    assert_eq!(
+        (&set["after"]["plan"], &set["before"]),
+        (&json!("pro"), &Value::Null)
+    );
+    alice_meets(&b, "/api/x", &pro_api);
+    alice_meets(&a, "/api/x", &pro_api);
+    assert_eq!(
+        ask_as(&b, ALICE, "/pro/x").status,
+        200,
+        "auth.plans reads pro"
+    );
+    // Exactly pro's quota on the other route, counted across both gateways: 4 an hour (the
+    // polls above and below included; before b read the change she met free's 2 on the same key).
+    let pro_other = policy_of(&a, BOB, "/other/x");
+    let mut admitted = 0;
+    support::eventually(Duration::from_secs(5), "b reads the plan", || {
+        let answer = ask_as(&b, ALICE, "/other/x");
+        admitted += usize::from(answer.status == 200);
+        answer.header("ratelimit-policy") == Some(pro_other.as_str())
+    });
+    for i in 0..8 {
+        let gateway = [&a, &b][i % 2];
+        admitted += usize::from(ask_as(gateway, ALICE, "/other/x").status == 200);
+    }
+    assert_eq!(admitted, 4, "pro's 4 an hour, not free's 2 scaled");
+
+    // Listed, audited and counted.
+    let (_, listed) = admin(&b, "GET", "/v1/quota/overrides");
+    let one = &listed["overrides"][0];
+    assert_eq!(
+        (&one["kind"], &one["consumer"], &one["plan"], &one["actor"]),
+        (
+            &json!("plan"),
+            &json!("alice"),
+            &json!("pro"),
+            &json!("ops")
+        ),
+        "{listed}"
+    );
+    let left = one["expires_in_seconds"].as_u64().unwrap_or_default();
+    assert!((3590..=3600).contains(&left), "{listed}");
+    let line = audit_lines(&audit_a)
+        .into_iter()
+        .find(|l| l["action"] == "plan_set" && l["result"] == "applied")
+        .expect("the plan override's audit line");
+    assert_eq!(
+        (&line["consumer"], &line["plan"]),
+        (&json!("alice"), &json!("pro"))
+    );
+    let set_count = metric(
+        &a.metrics(),
+        "sluice_admin_changes_total",
+        &[("action", "plan_set"), ("result", "applied")],
+    );
+    assert_eq!(set_count, 1.0);
+
+    // Removed: back on free everywhere.
+    let (status, removed) = admin(&b, "DELETE", "/v1/quota/plans?consumer=alice");
+    assert_eq!(
+        (status, &removed["before"]["plan"]),
+        (200, &json!("pro")),
+        "{removed}"
+    );
+    alice_meets(&a, "/api/x", &free_api);
+    alice_meets(&b, "/api/x", &free_api);
+    assert_eq!(ask_as(&a, ALICE, "/pro/x").status, 403);
+    let deleted = audit_lines(&audit_b)
+        .into_iter()
+        .filter(|l| l["action"] == "plan_delete" && l["result"] == "applied")
+        .count();
+    assert_eq!(deleted, 1);
+
+    // Expiring: a second's override lapses on both gateways without another call.
+    let (status, _) = admin(
+        &a,
+        "PUT",
+        "/v1/quota/plans?consumer=alice&plan=pro&ttl_seconds=1",
+    );
+    assert_eq!(status, 200);
+    alice_meets(&b, "/api/x", &pro_api);
+    alice_meets(&b, "/api/x", &free_api);
+    alice_meets(&a, "/api/x", &free_api);
+    assert_eq!(
+        admin(&a, "GET", "/v1/quota/overrides").1["overrides"],
+        json!([])
+    );
+}
+
+#[test]
+fn the_in_process_backend_puts_a_consumer_on_another_plan_too() {
+    let upstream = Upstream::start();
+    let keys = KeyFile::write(&[
+        (ALICE, "alice", Some("free"), false),
+        (BOB, "bob", Some("pro"), false),
+    ]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let audit = dir.path().join("audit.jsonl");
+    let gateway = Gateway::start(&plans_body(&keys, &audit, false), &upstream, None);
+    gateway.wait_ready();
+    let pro_api = policy_of(&gateway, BOB, "/api/x");
+    let free_api = policy_of(&gateway, ALICE, "/api/x");
+    let call = "/v1/quota/plans?consumer=alice&plan=pro&ttl_seconds=60";
+    assert_eq!(admin(&gateway, "PUT", call).0, 200);
+    assert_eq!(
+        policy_of(&gateway, ALICE, "/api/x"),
+        pro_api,
+        "applied at once"
+    );
+    let (_, usage) = admin(&gateway, "GET", "/v1/quota?route=api&consumer=alice");
+    assert_eq!(
+        usage["plan"], "pro",
+        "the usage API reads the plan in force: {usage}"
+    );
+    assert_eq!(
+        admin(&gateway, "DELETE", "/v1/quota/plans?consumer=alice").0,
+        200
+    );
+    assert_eq!(policy_of(&gateway, ALICE, "/api/x"), free_api);
 }

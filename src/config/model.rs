@@ -11,7 +11,7 @@ use super::redis::RedisSettings;
 use super::rls::RlsSettings;
 use super::server::ServerSettings;
 use crate::caller::address::TrustedProxies;
-use crate::caller::consumers::Verifiers;
+use crate::caller::consumers::{Known, Verifiers};
 use crate::limiter::script::Algorithms;
 use crate::limiter::FailureMode;
 use crate::limiter::Secret;
@@ -74,6 +74,16 @@ impl Config {
             .map(|route| route.tiers.algorithms())
             .chain(domains.map(|domain| domain.algorithms()))
             .fold(Algorithms::default(), Algorithms::with)
+    }
+
+    /// What the configuration knows of consumer `id`: listed (by the API-key file,
+    /// `identity.mtls.plans` or a limit's `consumers:`), possible (a JWT or client certificate
+    /// verifier may name consumers no list holds), or `None`: no request can be its.
+    pub fn knows_consumer(&self, id: &str) -> Option<Known> {
+        if self.consumers.lists(id) || self.routes.names_consumer(id) {
+            return Some(Known::Listed);
+        }
+        self.consumers.names_unlisted().then_some(Known::Possible)
     }
 
     /// One line for `sluice -t` and the log.

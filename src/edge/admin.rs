@@ -6,7 +6,7 @@
 //! changes that waits for a graceful upgrade is a line of its own (`pending upgrade (sluice
 //! -u): redis.key_prefix`), whatever the status. Behind `admin.token`:
 //! the usage API (`/v1/quota`, `usage.rs`) and the quota admin API (`/v1/quota/reset`,
-//! `/v1/quota/credit`, `/v1/quota/overrides`, `quota_admin.rs`) and the explain endpoint
+//! `/v1/quota/credit`, `/v1/quota/overrides`, `/v1/quota/plans`, `quota_admin/`) and the explain endpoint
 //! (`/v1/explain`, `explain.rs`), and the dashboard (`/ui/`, `dashboard/`). The APIs refuse
 //! as `application/problem+json`. Request heads are read as the proxy reads them
 //! (`proxy/head_count.rs`): a target over 8 KiB gets `414`, too many or too large header
@@ -156,7 +156,8 @@ impl AdminApp {
         answer_json(explained.await.map(|answer| answer.to_string()))
     }
 
-    /// `/v1/quota/reset`, `/v1/quota/credit`, `/v1/quota/overrides`: the quota admin API, for
+    /// `/v1/quota/reset`, `/v1/quota/credit`, `/v1/quota/overrides`, `/v1/quota/plans`: the
+    /// quota admin API, for
     /// a caller with the admin token.
     async fn quota_admin(&self, session: &ServerSession, path: &str) -> Response<Vec<u8>> {
         if let Err(answer) = self.authorized(session) {
@@ -216,7 +217,10 @@ impl ServeHttp for AdminApp {
                 };
                 dashboard::serve(session, window).await
             }
-            path @ ("/v1/quota/reset" | "/v1/quota/credit" | "/v1/quota/overrides") => {
+            path @ ("/v1/quota/reset"
+            | "/v1/quota/credit"
+            | "/v1/quota/overrides"
+            | "/v1/quota/plans") => {
                 let path = path.to_string();
                 self.quota_admin(session, &path).await
             }

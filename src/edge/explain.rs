@@ -163,7 +163,7 @@ fn explained<S: Servers>(
 ) -> Result<Exchange<S>, UsageError> {
     let parts = described.parts()?;
     let presumed: Option<Consumer> = match &described.consumer {
-        Some((id, plan)) => Some(named_consumer(&site.config, id, plan.as_deref())?),
+        Some((id, plan)) => Some(named_consumer(site.as_ref(), id, plan.as_deref())?),
         None => None,
     };
     let head = Head {

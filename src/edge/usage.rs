@@ -11,7 +11,7 @@ use serde::Serialize;
 use smallvec::SmallVec;
 
 use crate::caller::consumers::{Consumer, PlanId, Via, MAX_CONSUMER_ID};
-use crate::config::Config;
+use crate::exchange::Site;
 use crate::limiter::fields::whole_seconds;
 use crate::limiter::{LimitRecords, LimitStatus, Policy};
 use crate::route::keys::{RequestFacts, Rotation};
@@ -112,7 +112,10 @@ pub async fn quota(
         .routes
         .named(&route_name)
         .ok_or_else(|| usage_error(404, format!("no route named {route_name:?}")))?;
-    let consumer = named_consumer(config, &id, query.plan.as_deref())?;
+    let consumer = named_consumer(&snapshot.site, &id, query.plan.as_deref())?;
+    if config.knows_consumer(&id).is_none() {
+        return Err(usage_error(404, Unnamed::Unknown(id).to_string()));
+    }
     let (plans, plan) = (config.consumers.plans(), consumer.plan);
     // The tier the consumer meets now: a quota override in force changes it.
     let (tier_id, overridden) = snapshot.tier_for(route, Some(&consumer));
@@ -130,34 +133,64 @@ pub async fn quota(
         .map_err(|e| usage_error(500, format!("cannot write the answer: {e}")))
 }
 
+/// Why the admin APIs cannot speak of the consumer a call names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Unnamed {
+    #[error("consumer: 1 to {MAX_CONSUMER_ID} bytes")]
+    Bounds,
+    #[error("no plan named {0:?}")]
+    NoPlan(String),
+    /// No verifier lists it and none could name it (see `Config::knows_consumer`).
+    #[error("no consumer named {id:?} is known: {reason}", id = .0, reason = UNKNOWN)]
+    Unknown(String),
+}
+
+/// Why a consumer is unknown, in words.
+pub(crate) const UNKNOWN: &str =
+    "no API key, identity.mtls.plans entry or limit's consumers: entry names it, and no verifier (JWT, client certificates) could";
+
+impl From<Unnamed> for UsageError {
+    fn from(unnamed: Unnamed) -> UsageError {
+        let status = match unnamed {
+            Unnamed::Bounds => 400,
+            Unnamed::NoPlan(_) | Unnamed::Unknown(_) => 404,
+        };
+        usage_error(status, unnamed.to_string())
+    }
+}
+
 /// The consumer named `id` (1 to [`MAX_CONSUMER_ID`] bytes), on the plan named `plan` or
-/// its own: who the admin APIs speak of.
-pub(crate) fn named_consumer(
-    config: &Config,
+/// its own (the one a plan override puts it on, while one applies): who the admin APIs speak
+/// of (known or not: see `Config::knows_consumer`).
+pub(crate) fn named_consumer<S>(
+    site: &Site<S>,
     id: &str,
     plan: Option<&str>,
-) -> Result<Consumer, UsageError> {
+) -> Result<Consumer, Unnamed> {
+    let config = &site.config;
     if id.is_empty() || id.len() > MAX_CONSUMER_ID {
-        return Err(usage_error(
-            400,
-            format!("consumer: 1 to {MAX_CONSUMER_ID} bytes"),
-        ));
+        return Err(Unnamed::Bounds);
     }
+    let plan_named = plan.is_some();
     let plan = match plan {
         Some(name) => Some(
             config
                 .consumers
                 .plans()
                 .find(name)
-                .ok_or_else(|| usage_error(404, format!("no plan named {name:?}")))?,
+                .ok_or_else(|| Unnamed::NoPlan(name.to_string()))?,
         ),
         None => config.consumers.plan_of(id),
     };
-    Ok(Consumer {
+    let consumer = Consumer {
         id: id.into(),
         plan,
         claims: SmallVec::new(),
         via: Via::ApiKey,
+    };
+    Ok(match plan_named {
+        true => consumer,
+        false => site.on_plan_in_force(consumer),
     })
 }
 

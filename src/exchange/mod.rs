@@ -261,12 +261,13 @@ impl<S: Servers> Exchange<S> {
             client_certificate: head.client_certificate,
         };
         let now = self.site.clock.now_us().max(0) as u64 / 1_000_000;
-        match self
-            .site
-            .config
-            .consumers
-            .identify(&credentials, now, self.site.jwt.as_deref())
-        {
+        let identified =
+            self.site
+                .config
+                .consumers
+                .identify(&credentials, now, self.site.jwt.as_deref());
+        // A plan override puts the consumer on its plan before anything reads the plan.
+        match identified.map(|found| found.map(|c| self.site.on_plan_in_force(c))) {
             Ok(Some(consumer)) if route.auth.admits(&consumer) => Ok(Some(consumer)),
             Ok(Some(_)) => Err(Answer::AuthFailed(AuthFailure::PlanNotAllowed)),
             Ok(None) if route.auth.mode == AuthMode::Required => {

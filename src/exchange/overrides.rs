@@ -9,13 +9,14 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
-use crate::route::overrides::{CompiledOverrides, QuotaOverride};
+use crate::caller::consumers::Plans;
+use crate::route::overrides::{CompiledOverrides, Override};
 use crate::route::table::RouteTable;
 
 /// One override read, and when it expires on this gateway's clock.
 #[derive(Debug, Clone)]
 pub struct Read {
-    pub one: QuotaOverride,
+    pub one: Override,
     pub until: Instant,
 }
 
@@ -76,12 +77,11 @@ impl OverrideList {
         self.version.load(Ordering::Acquire)
     }
 
-    /// The list in force, compiled for `routes`.
-    pub fn compile(&self, routes: &RouteTable, instances: u64) -> CompiledOverrides {
+    /// The list in force, compiled for `routes` and `plans`.
+    pub fn compile(&self, config: (&RouteTable, &Plans), instances: u64) -> CompiledOverrides {
         let version = self.version();
-        let overrides: Vec<QuotaOverride> =
-            self.list.load().iter().map(|r| r.one.clone()).collect();
-        CompiledOverrides::compile(&overrides, routes, instances, version)
+        let overrides: Vec<Override> = self.list.load().iter().map(|r| r.one.clone()).collect();
+        CompiledOverrides::compile(&overrides, config, instances, version)
     }
 }
 
@@ -91,15 +91,16 @@ mod tests {
 
     use super::*;
     use crate::limiter::clock::{Clock, ManualClock};
+    use crate::route::overrides::QuotaOverride;
 
     fn read(limit: &str, until: Instant) -> Read {
-        let one = QuotaOverride {
+        let one = Override::Limit(QuotaOverride {
             route: "r".into(),
             limit: limit.into(),
             consumer: None,
             quota: None,
             actor: None,
-        };
+        });
         Read { one, until }
     }
 
@@ -119,7 +120,7 @@ mod tests {
         assert!(!list.expire(now));
         assert!(list.expire(later), "a expires although nothing was read");
         assert!(list.version() > version);
-        let compiled = list.compile(&RouteTable::new(Vec::new()), 1);
+        let compiled = list.compile((&RouteTable::new(Vec::new()), &Plans::default()), 1);
         assert!(compiled.is_empty());
         assert!(list.see_epoch(3) && !list.see_epoch(3));
     }

@@ -115,6 +115,19 @@ pub struct Site<S> {
     compiled_overrides: ArcSwap<CompiledOverrides>,
 }
 
+impl<S> Site<S> {
+    /// `consumer` on the plan a plan override puts it on, while one applies (before its tier
+    /// is chosen, whether its plan may use a route is asked, and its plan is counted, logged
+    /// and sent upstream).
+    pub fn on_plan_in_force(&self, mut consumer: Consumer) -> Consumer {
+        let compiled = self.compiled_overrides.load();
+        if let Some(plan) = compiled.plan_of(&consumer.id) {
+            consumer.plan = Some(plan);
+        }
+        consumer
+    }
+}
+
 /// What a new site takes over from the one in force, said in one place: the keys its JWT
 /// verifier fetched from a JWKS URL, when the new configuration names the same URL (they stay
 /// in force until its next fetch); and each route's adaptive concurrency limiter, when the
@@ -220,7 +233,8 @@ impl<S: Servers> Site<S> {
         }
         let access_log = open_access_log(&config)?;
         let overrides = handover.overrides.cloned().unwrap_or_default();
-        let compiled = overrides.compile(&config.routes, config.instances);
+        let compiled =
+            overrides.compile((&config.routes, config.consumers.plans()), config.instances);
         Ok(Site {
             overrides,
             compiled_overrides: ArcSwap::from_pointee(compiled),
@@ -261,9 +275,10 @@ impl<S: Servers> Site<S> {
         if self.compiled_overrides.load().version == self.overrides.version() {
             return;
         }
+        let config = &self.config;
         let compiled = self
             .overrides
-            .compile(&self.config.routes, self.config.instances);
+            .compile((&config.routes, config.consumers.plans()), config.instances);
         let compiled = Arc::new(compiled);
         // Two compiling at once: the newer list wins, whichever stores last.
         self.compiled_overrides
@@ -335,7 +350,7 @@ mod tests {
     #[test]
     fn a_site_compiles_the_overrides_in_force_into_the_tiers_its_callers_meet() {
         use crate::exchange::overrides::Read;
-        use crate::route::overrides::QuotaOverride;
+        use crate::route::overrides::{Override, QuotaOverride};
         let yaml = "listen: [127.0.0.1:1]\n\
              routes: [{ name: r, match: { path_prefix: / }, upstream: { servers: [127.0.0.1:1] }, \
              limits: [{ name: a, rate: 10/m, algorithm: fixed_window }, { name: b, rate: 5/s }] }]\n";
@@ -350,13 +365,13 @@ mod tests {
         );
         let until = site.clock.instant() + std::time::Duration::from_secs(60);
         let one = |limit: &str, quota| Read {
-            one: QuotaOverride {
+            one: Override::Limit(QuotaOverride {
                 route: "r".into(),
                 limit: limit.into(),
                 consumer: None,
                 quota,
                 actor: None,
-            },
+            }),
             until,
         };
         site.overrides

@@ -32,6 +32,15 @@ pub enum Credited {
     Repeated,
 }
 
+/// What storing an override did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Put {
+    /// Stored, in place of `previous` (the value in force under its field, if any).
+    Stored { previous: Option<String> },
+    /// Not stored: [`MAX_OVERRIDES`] are in force.
+    Full,
+}
+
 /// One override in force as stored: which route, limit and consumer (`field`), what it says
 /// (`value`, JSON), and how long it has left.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,12 +62,13 @@ pub fn credit_kind(algorithm: &Algorithm) -> Option<(&'static str, u64)> {
 }
 
 /// The key that remembers credit `id` of `key`: the state key (so the same hash tag, one
-/// Cluster slot) and a hash of the id, never the caller's bytes.
-pub fn credit_id_key(key: &[u8], id: &str) -> Vec<u8> {
+/// Cluster slot) and a hash of the id's bytes (any bytes: two ids that differ in one byte are
+/// two credits), never the caller's bytes. A UTF-8 id hashes its text's bytes, as it always did.
+pub fn credit_id_key(key: &[u8], id: &[u8]) -> Vec<u8> {
     let mut remembered = Vec::with_capacity(key.len() + 40);
     remembered.extend_from_slice(key);
     remembered.extend_from_slice(b":credit:");
-    remembered.extend_from_slice(format!("{:032x}", xxh3_128(id.as_bytes())).as_bytes());
+    remembered.extend_from_slice(format!("{:032x}", xxh3_128(id)).as_bytes());
     remembered
 }
 
@@ -119,7 +129,7 @@ pub trait QuotaStore: Send + Sync {
         algorithm: &Algorithm,
         key: &[u8],
         units: u64,
-        id: &str,
+        id: &[u8],
     ) -> impl Future<Output = Result<Credited, LimiterError>> + Send;
 
     /// Counts a reset or credit in the admin epoch (overrides set or removed count too).
@@ -133,15 +143,15 @@ pub trait QuotaStore: Send + Sync {
     fn epoch(&self, tables: &AdminTables)
         -> impl Future<Output = Result<u64, LimiterError>> + Send;
 
-    /// Stores override `value` under `field` of the overrides table for `lifetime`: the
-    /// previous value in force, if any. Refused when [`MAX_OVERRIDES`] are in force.
+    /// Stores override `value` under `field` of the overrides table for `lifetime`, with the
+    /// previous value in force, if any; [`Put::Full`] when [`MAX_OVERRIDES`] are in force.
     fn put_override(
         &self,
         tables: &AdminTables,
         field: &str,
         value: &str,
         lifetime: Duration,
-    ) -> impl Future<Output = Result<Option<String>, LimiterError>> + Send;
+    ) -> impl Future<Output = Result<Put, LimiterError>> + Send;
 
     /// Removes `field`'s override: the value it had, if it was in force.
     fn delete_override(
@@ -174,7 +184,7 @@ impl AdminBook {
     pub fn remember_credit(
         &mut self,
         key: &[u8],
-        id: &str,
+        id: &[u8],
         now_us: i64,
     ) -> Result<bool, LimiterError> {
         let hash = xxh3_128(&credit_id_key(key, id));
@@ -199,19 +209,19 @@ impl AdminBook {
         value: &str,
         lifetime: Duration,
         now_us: i64,
-    ) -> Result<Option<String>, LimiterError> {
+    ) -> Put {
         self.drop_expired(now_us);
         if !self.overrides.contains_key(field) && self.overrides.len() >= MAX_OVERRIDES {
-            return Err(LimiterError::Reply(format!(
-                "overrides full: at most {MAX_OVERRIDES} at once"
-            )));
+            return Put::Full;
         }
         let until = now_us.saturating_add(lifetime.as_micros() as i64);
         self.epoch += 1;
         let previous = self
             .overrides
             .insert(field.to_string(), (value.to_string(), until));
-        Ok(previous.map(|(value, _)| value))
+        Put::Stored {
+            previous: previous.map(|(value, _)| value),
+        }
     }
 
     /// Removes an override (see [`QuotaStore::delete_override`]).
@@ -248,16 +258,22 @@ mod tests {
     #[test]
     fn a_credit_id_counts_once_while_remembered() {
         let mut book = AdminBook::default();
-        assert_eq!(book.remember_credit(b"k", "c-1", 0).ok(), Some(true));
-        assert_eq!(book.remember_credit(b"k", "c-1", 1_000).ok(), Some(false));
-        assert_eq!(book.remember_credit(b"k", "c-2", 1_000).ok(), Some(true));
+        assert_eq!(book.remember_credit(b"k", b"c-1", 0).ok(), Some(true));
+        assert_eq!(book.remember_credit(b"k", b"c-1", 1_000).ok(), Some(false));
+        assert_eq!(book.remember_credit(b"k", b"c-2", 1_000).ok(), Some(true));
         assert_eq!(
-            book.remember_credit(b"j", "c-1", 1_000).ok(),
+            book.remember_credit(b"j", b"c-1", 1_000).ok(),
             Some(true),
             "another key"
         );
+        assert_eq!(book.remember_credit(b"k", b"\xff", 1_000).ok(), Some(true));
+        assert_eq!(
+            book.remember_credit(b"k", b"\xfe", 1_000).ok(),
+            Some(true),
+            "two ids that are not UTF-8 are two ids"
+        );
         let later = CREDIT_MEMORY.as_micros() as i64 + 1;
-        assert_eq!(book.remember_credit(b"k", "c-1", later).ok(), Some(true));
+        assert_eq!(book.remember_credit(b"k", b"c-1", later).ok(), Some(true));
     }
 
     #[test]
@@ -280,9 +296,17 @@ mod tests {
     fn overrides_expire_and_report_what_they_replace() {
         let mut book = AdminBook::default();
         let second = Duration::from_secs(1);
-        assert_eq!(book.put_override("f", "a", second, 0).ok(), Some(None));
-        let replaced = book.put_override("f", "b", second, 10).ok().flatten();
-        assert_eq!(replaced.as_deref(), Some("a"));
+        assert_eq!(
+            book.put_override("f", "a", second, 0),
+            Put::Stored { previous: None }
+        );
+        let replaced = book.put_override("f", "b", second, 10);
+        assert_eq!(
+            replaced,
+            Put::Stored {
+                previous: Some("a".into())
+            }
+        );
         let listed = book.overrides(500_000);
         assert_eq!(listed.len(), 1);
         assert_eq!((listed[0].value.as_str(), listed[0].left_ms), ("b", 500));
@@ -292,10 +316,20 @@ mod tests {
 
     #[test]
     fn a_credit_id_key_keeps_the_state_key_s_hash_tag_and_hides_the_id() {
-        let key = credit_id_key(b"p:{r\x01t}l:x", "order-42");
+        let key = credit_id_key(b"p:{r\x01t}l:x", b"order-42");
         assert!(key.starts_with(b"p:{r\x01t}l:x:credit:"));
         assert!(!key.windows(8).any(|w| w == b"order-42"));
-        assert_eq!(credit_id_key(b"k", "a"), credit_id_key(b"k", "a"));
-        assert_ne!(credit_id_key(b"k", "a"), credit_id_key(b"k", "b"));
+        assert_eq!(credit_id_key(b"k", b"a"), credit_id_key(b"k", b"a"));
+        assert_ne!(credit_id_key(b"k", b"a"), credit_id_key(b"k", b"b"));
+        assert_ne!(credit_id_key(b"k", b"\xff"), credit_id_key(b"k", b"\xfe"));
+        // A UTF-8 id hashes as its text always did: ids remembered in Redis stay valid.
+        assert_eq!(
+            credit_id_key(b"k", b"order-42"),
+            [
+                &b"k:credit:"[..],
+                format!("{:032x}", xxh3_128(b"order-42")).as_bytes()
+            ]
+            .concat()
+        );
     }
 }

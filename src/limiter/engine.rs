@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::admin::{AdminTables, Credited, Listed, QuotaStore};
+use super::admin::{AdminTables, Credited, Listed, Put, QuotaStore};
 use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
@@ -164,7 +164,7 @@ impl QuotaStore for Engine {
         algorithm: &Algorithm,
         key: &[u8],
         units: u64,
-        id: &str,
+        id: &[u8],
     ) -> Result<Credited, LimiterError> {
         match self {
             Engine::Local(local) => local.credit(algorithm, key, units, id).await,
@@ -192,7 +192,7 @@ impl QuotaStore for Engine {
         field: &str,
         value: &str,
         lifetime: Duration,
-    ) -> Result<Option<String>, LimiterError> {
+    ) -> Result<Put, LimiterError> {
         match self {
             Engine::Local(local) => local.put_override(tables, field, value, lifetime).await,
             Engine::Redis(redis) => {

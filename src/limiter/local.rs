@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use smallvec::SmallVec;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::admin::{AdminBook, AdminTables, Credited, Listed, QuotaStore};
+use super::admin::{AdminBook, AdminTables, Credited, Listed, Put, QuotaStore};
 use super::algorithm::{self, Algorithm, Change, Settled, State, Write};
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
@@ -380,7 +380,7 @@ impl QuotaStore for LocalLimiter {
         algorithm: &Algorithm,
         key: &[u8],
         units: u64,
-        id: &str,
+        id: &[u8],
     ) -> Result<Credited, LimiterError> {
         let now_us = self.clock.now_us();
         if !self.book().remember_credit(key, id, now_us)? {
@@ -404,9 +404,9 @@ impl QuotaStore for LocalLimiter {
         field: &str,
         value: &str,
         lifetime: std::time::Duration,
-    ) -> Result<Option<String>, LimiterError> {
+    ) -> Result<Put, LimiterError> {
         let now_us = self.clock.now_us();
-        self.book().put_override(field, value, lifetime, now_us)
+        Ok(self.book().put_override(field, value, lifetime, now_us))
     }
 
     async fn delete_override(

@@ -42,7 +42,7 @@ pub(crate) mod topology;
 pub(crate) mod verdict;
 pub(crate) mod warm;
 
-pub use admin::{AdminTables, Credited, Listed, QuotaStore, StoredOverride};
+pub use admin::{AdminTables, Credited, Listed, Put, QuotaStore, StoredOverride};
 pub use algorithm::{Algorithm, Change};
 pub use backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 pub use coalesce::Coalescing;

@@ -119,6 +119,14 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         &self.engine
     }
 
+    /// Whether a write where the limits live (the quota admin API's reset, credit and
+    /// override) reaches `limit` for every gateway: a shared limit's state is the engine's; a
+    /// limit local to each gateway (`scope: local`) beside a shared engine is this gateway's
+    /// own, which no one write reaches on the others. An in-process engine holds every limit.
+    pub fn admin_reaches(&self, limit: &Limit) -> bool {
+        limit.scope == Scope::Shared || self.local_scope.is_none()
+    }
+
     /// The backend's name (`redis`, `local`).
     pub fn backend(&self) -> &'static str {
         self.engine.name()
@@ -1116,6 +1124,19 @@ mod tests {
             scope: Scope::Local,
             ..limit
         }
+    }
+
+    #[test]
+    fn an_admin_write_reaches_what_every_gateway_shares() {
+        let (shared, per_gateway) = (limit("quota", window(1)), local(limit("g", gcra(1, 2))));
+        let beside_a_shared_engine = shared_engine();
+        assert!(beside_a_shared_engine.policy.admin_reaches(&shared));
+        assert!(!beside_a_shared_engine.policy.admin_reaches(&per_gateway));
+        let in_process = in_process();
+        assert!(
+            in_process.policy.admin_reaches(&per_gateway),
+            "one gateway holds all"
+        );
     }
 
     #[tokio::test]

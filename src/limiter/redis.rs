@@ -28,7 +28,7 @@ const IDLE_CHECK: Duration = Duration::from_secs(1);
 /// decision: the decision deadline does not bound it).
 const LOAD_BOUND: Duration = Duration::from_secs(2);
 
-use super::admin::{self, AdminTables, Credited, Listed, QuotaStore};
+use super::admin::{self, AdminTables, Credited, Listed, Put, QuotaStore};
 use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
@@ -587,7 +587,7 @@ impl QuotaStore for RedisLimiter {
         algorithm: &Algorithm,
         key: &[u8],
         units: u64,
-        id: &str,
+        id: &[u8],
     ) -> Result<Credited, LimiterError> {
         let Some((kind, emission_us)) = admin::credit_kind(algorithm) else {
             return Err(LimiterError::Reply(format!(
@@ -620,12 +620,19 @@ impl QuotaStore for RedisLimiter {
         field: &str,
         value: &str,
         lifetime: Duration,
-    ) -> Result<Option<String>, LimiterError> {
+    ) -> Result<Put, LimiterError> {
         let lifetime = lifetime.as_millis().max(1).to_string();
         let most = admin::MAX_OVERRIDES.to_string();
         let args = [field, value, &lifetime, &most];
         let keys = [tables.overrides.as_bytes(), tables.epoch.as_bytes()];
-        self.admin("override_put", &keys, &args).await
+        // 1 and the previous value ("" for none), or 0 when the table is full.
+        let (stored, previous): (i64, String) = self.admin("override_put", &keys, &args).await?;
+        Ok(match stored {
+            0 => Put::Full,
+            _ => Put::Stored {
+                previous: (!previous.is_empty()).then_some(previous),
+            },
+        })
     }
 
     async fn delete_override(

@@ -137,6 +137,11 @@ impl RouteTable {
         self.routes.iter().find(|route| *route.name == *name)
     }
 
+    /// Whether a limit of some route has a `consumers:` entry for consumer `id`.
+    pub fn names_consumer(&self, id: &str) -> bool {
+        self.routes.iter().any(|route| route.tiers.has_own(id))
+    }
+
     /// Routes in file order.
     pub fn in_file_order(&self) -> Vec<&Arc<Route>> {
         let mut routes: Vec<_> = self.routes.iter().collect();

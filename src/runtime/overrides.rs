@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::exchange::overrides::Read;
 use crate::limiter::{AdminTables, LimiterError, Policy, QuotaStore};
-use crate::route::overrides::QuotaOverride;
+use crate::route::overrides::Override;
 use crate::runtime::snapshot::Live;
 
 /// How often every gateway reads the admin epoch.
@@ -42,7 +42,7 @@ pub async fn refresh(policy: &Policy, live: &Live) -> Result<(), LimiterError> {
         .overrides(&admin_tables(&snapshot.config))
         .await?;
     let overrides = listed.overrides.iter().filter_map(|stored| {
-        let parsed = serde_json::from_str::<QuotaOverride>(&stored.value);
+        let parsed = serde_json::from_str::<Override>(&stored.value);
         if let Err(e) = &parsed {
             log::warn!("quota override {} is not one: {e}; ignored", stored.field);
         }

@@ -91,6 +91,18 @@ impl Plans {
     }
 }
 
+/// What the configuration knows of a consumer named by an operator (the admin APIs): see
+/// `Config::knows_consumer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Known {
+    /// Listed: an API key, an `identity.mtls.plans` entry or a limit's `consumers:` entry names
+    /// it.
+    Listed,
+    /// Not listed, but a verifier that cannot list its consumers (JWT claims, client
+    /// certificates) may name it.
+    Possible,
+}
+
 /// Which credential identified a consumer (the access log's and the metrics' `via`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, IntoStaticStr, VariantArray)]
 #[strum(serialize_all = "snake_case")]

@@ -177,6 +177,27 @@ impl Verifiers {
         by_certificate.copied().or_else(|| self.plans.of(named))
     }
 
+    /// Whether a verifier that lists its consumers names consumer `id`: a key of the API-key
+    /// file (revoked or not), or an `identity.mtls.plans` entry.
+    pub fn lists(&self, id: &str) -> bool {
+        let by_key = self.api_keys.as_ref().is_some_and(|check| {
+            let mut keys = check.keys.keys();
+            keys.any(|(_, key)| &*key.consumer == id)
+        });
+        by_key
+            || self
+                .certificates
+                .as_ref()
+                .is_some_and(|c| c.plans.contains_key(id))
+    }
+
+    /// Whether a verifier names consumers it cannot list: bearer tokens (a claim of any token
+    /// that verifies) or client certificates (a field of any certificate the listener
+    /// verifies).
+    pub fn names_unlisted(&self) -> bool {
+        self.jwt.is_some() || self.certificates.is_some()
+    }
+
     /// The `WWW-Authenticate` value of a `401` for `failure`.
     pub fn challenge(&self, failure: AuthFailure) -> Option<&HeaderValue> {
         self.challenges.get(failure as usize)?.as_ref()

@@ -2,38 +2,39 @@
 //! `POST /v1/quota/reset` and `POST /v1/quota/credit` change a consumer's (or a client
 //! address's, or a route's) usage of its limits; `GET`, `PUT` and `DELETE /v1/quota/overrides`
 //! list, set and remove temporary overrides (a limit lifted, or at another quota, until they
-//! expire). Each write changes the state where the limits live (one atomic call of
+//! expire); `PUT` and `DELETE /v1/quota/plans` put a consumer on another plan until a time, and
+//! back. Each write changes the state where the limits live (one atomic call of
 //! `lua/admin.lua` in Redis, or the in-process backend), so it holds on every gateway at once;
-//! overrides reach every gateway within a second (`runtime::overrides`). Each write is
-//! audited (a JSON line: who, what, before and after) and counted
-//! (`sluice_admin_changes_total`).
+//! overrides of both kinds reach every gateway within a second (`runtime::overrides`). Each
+//! write is audited (a JSON line: who, what, before and after) and counted
+//! (`sluice_admin_changes_total`). The query is parsed once (`params.rs`); every refusal is an
+//! [`AdminError`] (`error.rs`).
 
-use std::borrow::Cow;
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::time::Duration;
 
 use http::{HeaderMap, Method};
 use serde_json::{json, Value};
 
+use crate::caller::consumers::Known;
+use crate::caller::consumers::MAX_CONSUMER_ID;
 use crate::config::Config;
-use crate::edge::usage::UsageError;
+use crate::edge::usage::{UsageError, UNKNOWN};
 use crate::limiter::admin::credit_kind;
-use crate::limiter::{Credited, Policy, QuotaStore};
+use crate::limiter::admin::MAX_OVERRIDES;
+use crate::limiter::{Credited, Policy, Put, QuotaStore};
 use crate::observe::metrics::ADMIN_CHANGES;
-use crate::route::overrides::QuotaOverride;
+use crate::route::overrides::{Override, PlanOverride, QuotaOverride, Unfit};
 use crate::runtime::overrides::{admin_tables, refresh};
 use crate::runtime::snapshot::Live;
+pub use error::AdminError;
+use params::{Params, Quota};
 use target::{after_write, remaining, target};
 
+mod error;
+mod params;
 mod target;
 
-/// The longest an override may last: 30 days.
-const MAX_OVERRIDE_SECONDS: u64 = 30 * 24 * 3600;
-/// The most units one credit gives back.
-const MAX_CREDIT_UNITS: u64 = 1_000_000_000;
-/// The longest credit id.
-const MAX_CREDIT_ID: usize = 128;
 /// The longest `X-Audit-Actor`.
 const MAX_ACTOR: usize = 128;
 
@@ -53,10 +54,7 @@ impl Caller {
         let visible = |b: &u8| b.is_ascii_graphic() || *b == b' ';
         let bytes = value.as_bytes();
         if bytes.is_empty() || bytes.len() > MAX_ACTOR || !bytes.iter().all(visible) {
-            return Err(refused(
-                400,
-                "X-Audit-Actor: 1 to 128 visible ASCII characters",
-            ));
+            return Err(AdminError::Actor.into());
         }
         let actor = String::from_utf8_lossy(bytes).into_owned();
         Ok(Caller {
@@ -66,54 +64,57 @@ impl Caller {
     }
 }
 
-pub(super) fn refused(status: u16, reason: impl Into<Cow<'static, str>>) -> UsageError {
-    UsageError {
-        status,
-        reason: reason.into(),
+impl From<AdminError> for UsageError {
+    fn from(refusal: AdminError) -> UsageError {
+        UsageError {
+            status: refusal.status(),
+            reason: refusal.to_string().into(),
+        }
     }
 }
 
-/// What a call names: the query's parameters.
-#[derive(Debug, Default)]
-pub(super) struct Params {
-    pub(super) route: Option<String>,
-    pub(super) limit: Option<String>,
-    pub(super) consumer: Option<String>,
-    pub(super) plan: Option<String>,
-    pub(super) client_ip: Option<String>,
-    pub(super) units: Option<String>,
-    pub(super) id: Option<String>,
-    pub(super) quota: Option<String>,
-    pub(super) ttl_seconds: Option<String>,
+/// The calls of the API: what the path and method ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Reset,
+    Credit,
+    ListOverrides,
+    SetOverride,
+    DeleteOverride,
+    SetPlan,
+    DeletePlan,
 }
 
-fn parse(query: Option<&str>) -> Result<Params, UsageError> {
-    let mut params = Params::default();
-    for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-        let slot = match &*name {
-            "route" => &mut params.route,
-            "limit" => &mut params.limit,
-            "consumer" => &mut params.consumer,
-            "plan" => &mut params.plan,
-            "client_ip" => &mut params.client_ip,
-            "units" => &mut params.units,
-            "id" => &mut params.id,
-            "quota" => &mut params.quota,
-            "ttl_seconds" => &mut params.ttl_seconds,
-            _ => return Err(refused(400, format!("unknown parameter {name:?}"))),
-        };
-        *slot = Some(value.into_owned());
+impl Call {
+    /// The call at `path` with `method`.
+    fn of(path: &str, method: &Method) -> Result<Call, AdminError> {
+        Ok(match (path, method) {
+            ("/v1/quota/reset", &Method::POST) => Call::Reset,
+            ("/v1/quota/credit", &Method::POST) => Call::Credit,
+            ("/v1/quota/overrides", &Method::GET) => Call::ListOverrides,
+            ("/v1/quota/overrides", &Method::PUT) => Call::SetOverride,
+            ("/v1/quota/overrides", &Method::DELETE) => Call::DeleteOverride,
+            ("/v1/quota/overrides", _) => return Err(AdminError::Method("GET, PUT or DELETE")),
+            ("/v1/quota/plans", &Method::PUT) => Call::SetPlan,
+            ("/v1/quota/plans", &Method::DELETE) => Call::DeletePlan,
+            ("/v1/quota/plans", _) => return Err(AdminError::Method("PUT or DELETE")),
+            ("/v1/quota/reset" | "/v1/quota/credit", _) => return Err(AdminError::Method("POST")),
+            _ => return Err(AdminError::NoCall),
+        })
     }
-    Ok(params)
-}
 
-/// A whole number from `min` to `max` named `name`.
-fn number(text: Option<&str>, name: &str, (min, max): (u64, u64)) -> Result<u64, UsageError> {
-    let text = text.ok_or_else(|| refused(400, format!("{name} is required")))?;
-    text.parse::<u64>()
-        .ok()
-        .filter(|n| (min..=max).contains(n))
-        .ok_or_else(|| refused(400, format!("{name}: a whole number from {min} to {max}")))
+    /// Its `action` in the audit and in `sluice_admin_changes_total`.
+    fn action(self) -> &'static str {
+        match self {
+            Call::Reset => "reset",
+            Call::Credit => "credit",
+            Call::ListOverrides => "list",
+            Call::SetOverride => "override_set",
+            Call::DeleteOverride => "override_delete",
+            Call::SetPlan => "plan_set",
+            Call::DeletePlan => "plan_delete",
+        }
+    }
 }
 
 /// Serves one call of the quota admin API at `path`: the JSON answer, or why not.
@@ -124,19 +125,23 @@ pub async fn serve(
     query: Option<&str>,
     caller: &Caller,
 ) -> Result<String, UsageError> {
-    let params = parse(query)?;
-    let answer = match (path, method) {
-        ("/v1/quota/reset", &Method::POST) => reset(policy, live, &params, caller).await?,
-        ("/v1/quota/credit", &Method::POST) => credit(policy, live, &params, caller).await?,
-        ("/v1/quota/overrides", &Method::GET) => list(policy, live).await?,
-        ("/v1/quota/overrides", &Method::PUT) => set(policy, live, &params, caller).await?,
-        ("/v1/quota/overrides", &Method::DELETE) => remove(policy, live, &params, caller).await?,
-        ("/v1/quota/overrides", _) => return Err(refused(405, "use GET, PUT or DELETE")),
-        ("/v1/quota/reset" | "/v1/quota/credit", _) => return Err(refused(405, "use POST")),
-        _ => return Err(refused(404, "not found")),
+    let call = Call::of(path, method)?;
+    let params = Params::parse(query)?;
+    let asked = (call, &params, caller);
+    let answer = match call {
+        Call::Reset => reset(policy, live, asked).await?,
+        Call::Credit => credit(policy, live, asked).await?,
+        Call::ListOverrides => list(policy, live).await?,
+        Call::SetOverride => set(policy, live, asked).await?,
+        Call::DeleteOverride => remove(policy, live, asked).await?,
+        Call::SetPlan => set_plan(policy, live, asked).await?,
+        Call::DeletePlan => remove_plan(policy, live, asked).await?,
     };
     Ok(answer.to_string())
 }
+
+/// A write as asked: the call, its parameters and who calls.
+type Asked<'a> = (Call, &'a Params, &'a Caller);
 
 /// The common part of an audit line and of the answer: who changed what.
 fn subject(params: &Params, caller: &Caller) -> serde_json::Map<String, Value> {
@@ -144,10 +149,11 @@ fn subject(params: &Params, caller: &Caller) -> serde_json::Map<String, Value> {
     what.insert("actor".into(), json!(caller.actor));
     what.insert("peer".into(), json!(caller.peer));
     for (name, value) in [
-        ("route", &params.route),
-        ("limit", &params.limit),
-        ("consumer", &params.consumer),
-        ("client_ip", &params.client_ip),
+        ("route", params.route.as_deref()),
+        ("limit", params.limit.as_deref()),
+        ("consumer", params.consumer.as_deref()),
+        ("plan", params.plan.as_deref()),
+        ("client_ip", params.client_ip_text()),
     ] {
         if let Some(value) = value {
             what.insert(name.into(), json!(value));
@@ -185,15 +191,16 @@ fn audit(config: &Config, action: &str, result: &str, mut line: serde_json::Map<
 }
 
 /// What a write did, or why it did not: its change and result.
-type Written = Result<(Value, &'static str), UsageError>;
+type Written = Result<(Value, &'static str), AdminError>;
 
 /// The end of every write: its audit line and count, and the answer (the line itself), or the
 /// refusal, audited too.
 fn concluded(
     config: &Config,
-    (action, params, caller): (&str, &Params, &Caller),
+    (call, params, caller): Asked<'_>,
     written: Written,
-) -> Result<Value, UsageError> {
+) -> Result<Value, AdminError> {
+    let action = call.action();
     match written {
         Ok((change, result)) => {
             let mut line = subject(params, caller);
@@ -201,48 +208,35 @@ fn concluded(
             audit(config, action, result, line.clone());
             Ok(Value::Object(line))
         }
-        Err(refusal) => Err(audit_refusal(config, action, params, caller, refusal)),
+        Err(refusal) => {
+            let mut line = subject(params, caller);
+            line.insert("reason".into(), json!(refusal.to_string()));
+            audit(config, action, refusal.result(), line);
+            Err(refusal)
+        }
     }
 }
 
-/// Audits a write that did not happen, and passes its refusal on.
-fn audit_refusal(
-    config: &Config,
-    action: &str,
-    params: &Params,
-    caller: &Caller,
-    refusal: UsageError,
-) -> UsageError {
-    let result = if refusal.status >= 500 {
-        "failed"
-    } else {
-        "refused"
+/// The consumer a write names, when it names one: `Err` when no request can be its. A
+/// consumer no list holds but a verifier may name (JWT, client certificates) is taken.
+fn known(config: &Config, params: &Params) -> Result<Option<Known>, AdminError> {
+    let Some(id) = params.consumer.as_deref() else {
+        return Ok(None);
     };
-    let mut line = subject(params, caller);
-    line.insert("reason".into(), json!(&*refusal.reason));
-    audit(config, action, result, line);
-    refusal
-}
-
-fn unwritten(e: crate::limiter::LimiterError) -> UsageError {
-    // The store's own refusal (the most overrides in force) is the caller's to mend.
-    if e.to_string().contains("overrides full") {
-        return refused(409, e.to_string());
+    match config.knows_consumer(id) {
+        Some(known) => Ok(Some(known)),
+        None => Err(AdminError::UnknownConsumer(id.to_string(), UNKNOWN)),
     }
-    refused(503, format!("the limiter cannot be written: {e}"))
 }
 
 /// `POST /v1/quota/reset`: every named limit back to its full quota.
-async fn reset(
-    policy: &Policy,
-    live: &Live,
-    params: &Params,
-    caller: &Caller,
-) -> Result<Value, UsageError> {
+async fn reset(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, AdminError> {
     let snapshot = live.load_full();
     let config = &snapshot.config;
+    let params = asked.1;
     let written = async {
-        let target = target(&snapshot, params, policy.backend() == "redis")?;
+        let known = known(config, params)?;
+        let target = target(&snapshot, params, policy)?;
         let before = remaining(policy, &target).await?;
         let records = target.facts.records(&target)?;
         let keys: Vec<&[u8]> = target
@@ -250,53 +244,58 @@ async fn reset(
             .iter()
             .map(|&i| &records[i].ask.key[..])
             .collect();
-        let existed = policy.engine().reset(&keys).await.map_err(unwritten)?;
+        let engine = policy.engine();
+        let existed = engine.reset(&keys).await.map_err(AdminError::unwritten)?;
+        if existed == 0 && known == Some(Known::Possible) {
+            // Nothing of its was counted: no request may have been its at all.
+            let id = params.consumer.clone().unwrap_or_default();
+            return Err(AdminError::UnknownConsumer(id, UNLISTED_WITHOUT_USAGE));
+        }
         announce(policy, config).await;
         let after = after_write(policy, &target).await;
         let change = json!({ "before": before, "after": after, "keys_reset": existed });
         Ok((change, "applied"))
     };
-    concluded(config, ("reset", params, caller), written.await)
+    concluded(config, asked, written.await)
 }
 
+/// Why a reset of a consumer no list holds, which found nothing counted, is a `404`.
+const UNLISTED_WITHOUT_USAGE: &str = "no API key, identity.mtls.plans entry or limit's consumers: entry names it, and nothing is counted for it on this route";
+
 /// `POST /v1/quota/credit`: units given back to one limit, once per id.
-async fn credit(
-    policy: &Policy,
-    live: &Live,
-    params: &Params,
-    caller: &Caller,
-) -> Result<Value, UsageError> {
+async fn credit(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, AdminError> {
     let snapshot = live.load_full();
     let config = &snapshot.config;
+    let params = asked.1;
     let written = async {
-        if params.limit.is_none() {
-            return Err(refused(400, "limit is required"));
-        }
-        let units = number(params.units.as_deref(), "units", (1, MAX_CREDIT_UNITS))?;
-        let id = params
-            .id
-            .as_deref()
-            .filter(|id| !id.is_empty() && id.len() <= MAX_CREDIT_ID)
-            .ok_or_else(|| refused(400, format!("id is required: 1 to {MAX_CREDIT_ID} bytes, the same for a credit sent again")))?;
-        let target = target(&snapshot, params, policy.backend() == "redis")?;
+        params.limit()?;
+        let units = params.units()?;
+        let id = params.id()?;
+        known(config, params)?;
+        let target = target(&snapshot, params, policy)?;
         let index = target.chosen[0];
         let algorithm = &target.tier.limits[index].limit.exact.algorithm;
         if credit_kind(algorithm).is_none() {
-            return Err(refused(409, "credit applies to gcra, token_bucket, leaky_bucket, fixed_window and calendar limits; reset the others"));
+            return Err(AdminError::NotCreditable);
         }
         let before = remaining(policy, &target).await?;
         let records = target.facts.records(&target)?;
         let key = &records[index].ask.key[..];
         let credited = policy
             .engine()
-            .credit(algorithm, key, units, id)
+            .credit(algorithm, key, units, id.bytes())
             .await
-            .map_err(unwritten)?;
+            .map_err(AdminError::unwritten)?;
         if credited == Credited::Changed {
             announce(policy, config).await;
         }
         let after = after_write(policy, &target).await;
-        let mut change = json!({ "units": units, "id": id, "before": before, "after": after });
+        let (shown, encoded) = id.shown();
+        let mut change = json!({ "units": units, "id": shown, "before": before, "after": after });
+        if encoded {
+            // Not UTF-8: its bytes, percent-encoded.
+            change["id_encoding"] = json!("percent");
+        }
         let (result, said) = match credited {
             Credited::Changed => ("applied", "credited"),
             Credited::NothingUsed => ("applied", "nothing_used"),
@@ -305,7 +304,7 @@ async fn credit(
         change["credit"] = json!(said);
         Ok((change, result))
     };
-    concluded(config, ("credit", params, caller), written.await)
+    concluded(config, asked, written.await)
 }
 
 /// Tells every gateway a reset or credit happened (they forget the denials they cached), and
@@ -323,119 +322,213 @@ fn extend(line: &mut serde_json::Map<String, Value>, change: &Value) {
     }
 }
 
-/// `GET /v1/quota/overrides`: the overrides in force.
-async fn list(policy: &Policy, live: &Live) -> Result<Value, UsageError> {
+/// `GET /v1/quota/overrides`: the overrides in force, of limits and of plans (`kind`).
+async fn list(policy: &Policy, live: &Live) -> Result<Value, AdminError> {
     let snapshot = live.load_full();
     let listed = policy
         .engine()
         .overrides(&admin_tables(&snapshot.config))
         .await
-        .map_err(|e| refused(503, format!("the limiter cannot be read: {e}")))?;
+        .map_err(AdminError::unread)?;
     let overrides = listed.overrides.iter().filter_map(|stored| {
-        let one: QuotaOverride = serde_json::from_str(&stored.value).ok()?;
+        let one: Override = serde_json::from_str(&stored.value).ok()?;
         Some(shown(&one, stored.left_ms.div_ceil(1000)))
     });
     Ok(json!({ "overrides": overrides.collect::<Vec<_>>() }))
 }
 
-/// An override as the API shows it: `quota` a number or `"off"`.
-fn shown(one: &QuotaOverride, expires_in_seconds: u64) -> Value {
-    let quota = one.quota.map_or(json!("off"), |q| json!(q));
-    json!({
-        "route": one.route,
-        "limit": one.limit,
-        "consumer": one.consumer,
-        "quota": quota,
-        "expires_in_seconds": expires_in_seconds,
-        "actor": one.actor,
-    })
+/// An override as the API shows it: its kind; a limit's `quota` a number or `"off"`.
+fn shown(one: &Override, expires_in_seconds: u64) -> Value {
+    match one {
+        Override::Limit(one) => json!({
+            "kind": "limit",
+            "route": one.route,
+            "limit": one.limit,
+            "consumer": one.consumer,
+            "quota": one.quota.map_or(json!("off"), |q| json!(q)),
+            "expires_in_seconds": expires_in_seconds,
+            "actor": one.actor,
+        }),
+        Override::Plan(one) => json!({
+            "kind": "plan",
+            "consumer": one.consumer,
+            "plan": one.plan,
+            "expires_in_seconds": expires_in_seconds,
+            "actor": one.actor,
+        }),
+    }
+}
+
+/// Stores `one` for `lifetime`: the override it replaced, if one was in force.
+async fn put(
+    policy: &Policy,
+    config: &Config,
+    one: &Override,
+    lifetime: std::time::Duration,
+) -> Result<Option<Override>, AdminError> {
+    let value =
+        serde_json::to_string(one).map_err(|e| AdminError::Internal(e.to_string().into()))?;
+    let tables = admin_tables(config);
+    let put = policy
+        .engine()
+        .put_override(&tables, &one.field(), &value, lifetime)
+        .await
+        .map_err(AdminError::unwritten)?;
+    let Put::Stored { previous } = put else {
+        return Err(AdminError::OverridesFull(MAX_OVERRIDES));
+    };
+    Ok(previous.and_then(|p| serde_json::from_str::<Override>(&p).ok()))
+}
+
+/// Removes the override stored under `field`: the one removed (`Err` when none was in force).
+async fn delete(
+    policy: &Policy,
+    config: &Config,
+    field: &str,
+) -> Result<Option<Override>, AdminError> {
+    let removed = policy
+        .engine()
+        .delete_override(&admin_tables(config), field)
+        .await
+        .map_err(AdminError::unwritten)?;
+    let removed = removed.ok_or(AdminError::NoOverride)?;
+    Ok(serde_json::from_str::<Override>(&removed).ok())
 }
 
 /// The override a `PUT` or `DELETE` names.
-fn named_override(params: &Params, caller: &Caller) -> Result<QuotaOverride, UsageError> {
-    let route = params
-        .route
-        .clone()
-        .ok_or_else(|| refused(400, "route is required"))?;
-    let limit = params
-        .limit
-        .clone()
-        .ok_or_else(|| refused(400, "limit is required"))?;
+fn named_override(params: &Params, caller: &Caller) -> Result<QuotaOverride, AdminError> {
     Ok(QuotaOverride {
-        route,
-        limit,
+        route: params.route()?.to_string(),
+        limit: params.limit()?.to_string(),
         consumer: params.consumer.clone(),
         quota: None,
         actor: caller.actor.clone(),
     })
 }
 
-/// `PUT /v1/quota/overrides`: a limit lifted (`quota=off`) or at another quota, for
-/// `ttl_seconds`.
-async fn set(
-    policy: &Policy,
-    live: &Live,
-    params: &Params,
-    caller: &Caller,
-) -> Result<Value, UsageError> {
-    let snapshot = live.load_full();
-    let config = &snapshot.config;
-    let written = async {
-        let mut one = named_override(params, caller)?;
-        one.quota = match params.quota.as_deref() {
-            Some("off") => None,
-            quota => Some(number(quota, "quota (or off)", (1, u64::MAX))?),
-        };
-        let ttl = number(
-            params.ttl_seconds.as_deref(),
-            "ttl_seconds",
-            (1, MAX_OVERRIDE_SECONDS),
-        )?;
-        one.check(&config.routes).map_err(|why| refused(409, why))?;
-        let value = serde_json::to_string(&one).map_err(|e| refused(500, e.to_string()))?;
-        let tables = admin_tables(config);
-        let lifetime = Duration::from_secs(ttl);
-        let engine = policy.engine();
-        let previous = engine
-            .put_override(&tables, &one.field(), &value, lifetime)
-            .await
-            .map_err(unwritten)?;
-        apply_now(policy, live).await;
-        let previous = previous.and_then(|p| serde_json::from_str::<QuotaOverride>(&p).ok());
-        let before = previous.map(|p| shown(&p, 0));
-        let change = json!({ "before": before, "after": shown(&one, ttl) });
-        Ok((change, "applied"))
-    };
-    concluded(config, ("override_set", params, caller), written.await)
+/// Why an override of `limit` cannot apply, as the API refuses it.
+fn unfit(why: Unfit, limit: &str) -> AdminError {
+    match why {
+        Unfit::NoRoute(route) => AdminError::NoRoute(route),
+        Unfit::NoLimit { limit, .. } => AdminError::NoLimit(limit),
+        Unfit::ConsumerBounds => AdminError::Malformed {
+            name: "consumer",
+            why: why.to_string().into(),
+        },
+        Unfit::NoConsumers(route) => AdminError::NoConsumers(route),
+        Unfit::Quota(reason) => AdminError::Quota {
+            limit: limit.to_string(),
+            why: reason,
+        },
+    }
 }
 
-/// `DELETE /v1/quota/overrides`: the limit back to its configured quota.
-async fn remove(
-    policy: &Policy,
-    live: &Live,
-    params: &Params,
-    caller: &Caller,
-) -> Result<Value, UsageError> {
+/// `PUT /v1/quota/overrides`: a limit lifted (`quota=off`) or at another quota, for
+/// `ttl_seconds` or until `until`.
+async fn set(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, AdminError> {
     let snapshot = live.load_full();
     let config = &snapshot.config;
+    let (params, caller) = (asked.1, asked.2);
+    let written = async {
+        let mut one = named_override(params, caller)?;
+        one.quota = match params.quota()? {
+            Quota::Off => None,
+            Quota::Units(units) => Some(units),
+        };
+        let lifetime = params.lifetime(jiff::Timestamp::now())?;
+        let limit = one
+            .check(&config.routes)
+            .map_err(|why| unfit(why, &one.limit))?;
+        if !policy.admin_reaches(limit) {
+            return Err(AdminError::LocalLimit(one.limit.clone()));
+        }
+        known(config, params)?;
+        let previous = put(policy, config, &Override::Limit(one.clone()), lifetime).await?;
+        apply_now(policy, live).await;
+        let before = previous.map(|p| shown(&p, 0));
+        let after = shown(&Override::Limit(one), lifetime.as_secs());
+        Ok((json!({ "before": before, "after": after }), "applied"))
+    };
+    concluded(config, asked, written.await)
+}
+
+/// `DELETE /v1/quota/overrides`: the limit back to its configured quota (an override of a
+/// limit local to each gateway, set before it was one, can be removed too).
+async fn remove(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, AdminError> {
+    let snapshot = live.load_full();
+    let config = &snapshot.config;
+    let (params, caller) = (asked.1, asked.2);
     let written = async {
         let one = named_override(params, caller)?;
-        let tables = admin_tables(config);
-        let previous = policy
-            .engine()
-            .delete_override(&tables, &one.field())
-            .await
-            .map_err(unwritten)?;
-        let Some(previous) = previous else {
-            return Err(refused(404, "no such override in force"));
-        };
+        let previous = delete(policy, config, &one.field()).await?;
         apply_now(policy, live).await;
-        let before = serde_json::from_str::<QuotaOverride>(&previous)
-            .ok()
-            .map(|p| shown(&p, 0));
+        let before = previous.map(|p| shown(&p, 0));
         Ok((json!({ "before": before, "after": null }), "applied"))
     };
-    concluded(config, ("override_delete", params, caller), written.await)
+    concluded(config, asked, written.await)
+}
+
+/// The plan override a `PUT` names: a known consumer (1 to 256 bytes) and a plan of the
+/// configuration.
+fn named_plan(
+    config: &Config,
+    params: &Params,
+    caller: &Caller,
+) -> Result<PlanOverride, AdminError> {
+    let consumer = params.consumer()?;
+    if consumer.is_empty() || consumer.len() > MAX_CONSUMER_ID {
+        return Err(AdminError::Malformed {
+            name: "consumer",
+            why: format!("1 to {MAX_CONSUMER_ID} bytes").into(),
+        });
+    }
+    let plan = params.plan()?;
+    if config.consumers.plans().find(plan).is_none() {
+        return Err(AdminError::NoPlan(plan.to_string()));
+    }
+    known(config, params)?;
+    Ok(PlanOverride {
+        consumer: consumer.to_string(),
+        plan: plan.to_string(),
+        actor: caller.actor.clone(),
+    })
+}
+
+/// `PUT /v1/quota/plans`: a consumer on another plan, on every route, until `until` (or for
+/// `ttl_seconds`): its requests meet that plan's limits exactly, as that plan's consumers do.
+async fn set_plan(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, AdminError> {
+    let snapshot = live.load_full();
+    let config = &snapshot.config;
+    let (params, caller) = (asked.1, asked.2);
+    let written = async {
+        let one = Override::Plan(named_plan(config, params, caller)?);
+        let lifetime = params.lifetime(jiff::Timestamp::now())?;
+        let previous = put(policy, config, &one, lifetime).await?;
+        apply_now(policy, live).await;
+        let before = previous.map(|p| shown(&p, 0));
+        let after = shown(&one, lifetime.as_secs());
+        Ok((json!({ "before": before, "after": after }), "applied"))
+    };
+    concluded(config, asked, written.await)
+}
+
+/// `DELETE /v1/quota/plans`: the consumer back on its own plan.
+async fn remove_plan(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, AdminError> {
+    let snapshot = live.load_full();
+    let config = &snapshot.config;
+    let params = asked.1;
+    let written = async {
+        let one = PlanOverride {
+            consumer: params.consumer()?.to_string(),
+            plan: String::new(),
+            actor: None,
+        };
+        let previous = delete(policy, config, &one.field()).await?;
+        apply_now(policy, live).await;
+        let before = previous.map(|p| shown(&p, 0));
+        Ok((json!({ "before": before, "after": null }), "applied"))
+    };
+    concluded(config, asked, written.await)
 }
 
 /// Applies the overrides in force on this gateway now (the others read them within a second).

@@ -7,11 +7,12 @@ use std::net::{IpAddr, Ipv4Addr};
 use http::HeaderMap;
 use serde_json::{json, Value};
 
-use super::{refused, Params};
+use super::error::AdminError;
+use super::params::Params;
 use crate::caller::consumers::{AuthMode, Consumer};
 use crate::config::Config;
-use crate::edge::usage::{named_consumer, UsageError};
-use crate::limiter::{LimitRecords, Policy, Scope};
+use crate::edge::usage::{named_consumer, Unnamed};
+use crate::limiter::{LimitRecords, Policy};
 use crate::route::keys::{RequestFacts, Rotation};
 use crate::route::table::Route;
 use crate::route::tiers::Tier;
@@ -37,7 +38,7 @@ pub(super) struct Facts {
 
 impl Facts {
     /// The records of the target's limits for these facts: each limit's key.
-    pub(super) fn records(&self, target: &Target<'_>) -> Result<LimitRecords, UsageError> {
+    pub(super) fn records(&self, target: &Target<'_>) -> Result<LimitRecords, AdminError> {
         let headers = HeaderMap::new();
         let facts = RequestFacts {
             client_ip: self.client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
@@ -53,55 +54,44 @@ impl Facts {
         target
             .tier
             .records(&facts, &Rotation::default())
-            .map_err(|undecidable| refused(409, undecidable.0))
+            .map_err(|undecidable| AdminError::Undecidable(undecidable.0))
     }
 }
 
-/// The route, the caller and the limits a reset or credit names. With Redis, limits local to
-/// each gateway (`scope: local`) are not the admin API's: no one call reaches every gateway's.
+/// The route, the caller and the limits a reset or credit names. Limits the policy says no
+/// write reaches on every gateway (`scope: local` beside Redis) are not the admin API's.
 /// Routes with split limits are refused: a split limit's shard is not the caller's alone.
 pub(super) fn target<'a>(
     snapshot: &'a Snapshot,
     params: &Params,
-    shared: bool,
-) -> Result<Target<'a>, UsageError> {
+    policy: &Policy,
+) -> Result<Target<'a>, AdminError> {
     let config = &snapshot.config;
-    let name = params
-        .route
-        .as_deref()
-        .ok_or_else(|| refused(400, "route is required"))?;
+    let name = params.route()?;
     let route = config
         .routes
         .named(name)
-        .ok_or_else(|| refused(404, format!("no route named {name:?}")))?;
+        .ok_or_else(|| AdminError::NoRoute(name.to_string()))?;
     let facts = Facts {
-        consumer: consumer_of(config, params)?,
+        consumer: consumer_of(snapshot, params)?,
         client_ip: client_ip_of(config, params)?,
     };
     if facts.consumer.is_some() && route.auth.mode == AuthMode::Off {
         // Its requests have no consumer: a `consumer` key part is their address.
-        return Err(refused(
-            409,
-            "the route does not verify callers (auth: off): its requests have no consumer",
-        ));
+        return Err(AdminError::NoConsumers(name.to_string()));
     }
     let (id, overridden) = snapshot.tier_for(route, facts.consumer.as_ref());
     let configured = route.tiers.get(id);
     if configured.keys.has_split_limits() {
-        return Err(refused(
-            409,
-            "the route has split limits: their shards are not one caller's",
-        ));
+        return Err(AdminError::SplitLimits);
     }
-    let eligible = |index: usize| {
-        let limit = &configured.limits[index];
-        let (consumer, client_ip) = (facts.consumer.is_some(), facts.client_ip.is_some());
-        let keyed = configured
-            .keys
-            .follows_from(&limit.key, consumer, client_ip);
-        keyed && !(shared && limit.limit.exact.scope == Scope::Local)
+    let named = (facts.consumer.is_some(), facts.client_ip.is_some());
+    let keyed = |index: usize| {
+        let key = &configured.limits[index].key;
+        configured.keys.follows_from(key, named.0, named.1)
     };
-    let chosen = chosen_limits(configured, params, eligible)?;
+    let reached = |index: usize| policy.admin_reaches(&configured.limits[index].limit.exact);
+    let chosen = chosen_limits(configured, params, (keyed, reached))?;
     let tier = only(configured, overridden.as_deref(), &chosen, config.instances);
     let positions = chosen.iter().map(|&i| configured.limits[i].position);
     let chosen = positions
@@ -115,34 +105,35 @@ pub(super) fn target<'a>(
     })
 }
 
-/// The limits of `tier` a call names (`limit=`, or every one `eligible`): their indices.
+/// The limits of `tier` a call names (`limit=`, or every one keyed on what is named and
+/// reached by a write): their indices. A limit no write reaches is refused by name, in the
+/// same words whatever the call.
 fn chosen_limits(
     tier: &Tier,
     params: &Params,
-    eligible: impl Fn(usize) -> bool,
-) -> Result<Vec<usize>, UsageError> {
+    (keyed, reached): (impl Fn(usize) -> bool, impl Fn(usize) -> bool),
+) -> Result<Vec<usize>, AdminError> {
+    let local =
+        |index: usize| AdminError::LocalLimit(tier.limits[index].limit.exact.name.to_string());
     let Some(name) = params.limit.as_deref() else {
-        let all: Vec<usize> = (0..tier.limits.len()).filter(|&i| eligible(i)).collect();
-        if all.is_empty() {
-            return Err(refused(
-                409,
-                "no limit of the route is keyed on what is named alone",
-            ));
-        }
-        return Ok(all);
+        let all = (0..tier.limits.len()).filter(|&i| keyed(i));
+        let (all, unreached): (Vec<usize>, Vec<usize>) = all.partition(|&i| reached(i));
+        return match (all.is_empty(), unreached.first()) {
+            (false, _) => Ok(all),
+            (true, Some(&index)) => Err(local(index)),
+            (true, None) => Err(AdminError::NoneKeyed),
+        };
     };
     let index = tier
         .limits
         .iter()
         .position(|l| *l.limit.exact.name == *name)
-        .ok_or_else(|| {
-            refused(
-                404,
-                format!("the caller meets no limit named {name:?} on this route"),
-            )
-        })?;
-    if !eligible(index) {
-        return Err(refused(409, format!("limit {name:?} is not keyed on what is named alone (consumer, client_ip, route and const: parts; scope: local limits are each gateway's own)")));
+        .ok_or_else(|| AdminError::NoLimit(name.to_string()))?;
+    if !reached(index) {
+        return Err(local(index));
+    }
+    if !keyed(index) {
+        return Err(AdminError::NotKeyed(name.to_string()));
     }
     Ok(vec![index])
 }
@@ -174,39 +165,41 @@ fn only(configured: &Tier, overridden: Option<&Tier>, chosen: &[usize], instance
 }
 
 /// The consumer a call names, on the plan it names or its own.
-fn consumer_of(config: &Config, params: &Params) -> Result<Option<Consumer>, UsageError> {
+fn consumer_of(snapshot: &Snapshot, params: &Params) -> Result<Option<Consumer>, AdminError> {
     let Some(id) = params.consumer.as_deref() else {
         return Ok(None);
     };
-    named_consumer(config, id, params.plan.as_deref()).map(Some)
+    let consumer = named_consumer(&snapshot.site, id, params.plan.as_deref()).map_err(
+        |unnamed| match unnamed {
+            Unnamed::NoPlan(plan) => AdminError::NoPlan(plan),
+            Unnamed::Bounds | Unnamed::Unknown(_) => AdminError::Malformed {
+                name: "consumer",
+                why: unnamed.to_string().into(),
+            },
+        },
+    )?;
+    Ok(Some(consumer))
 }
 
 /// The client address a call names, as requests from it are keyed (canonical, an IPv6
 /// address grouped to `ipv6_prefix`).
-fn client_ip_of(config: &Config, params: &Params) -> Result<Option<IpAddr>, UsageError> {
-    let Some(text) = params.client_ip.as_deref() else {
-        return Ok(None);
-    };
-    let ip = text.parse::<IpAddr>();
-    let ip = ip.map_err(|_| refused(400, format!("client_ip: {text:?} is not an IP address")))?;
-    Ok(Some(config.trusted_proxies.key_address(ip)))
+fn client_ip_of(config: &Config, params: &Params) -> Result<Option<IpAddr>, AdminError> {
+    let ip = params.client_ip()?;
+    Ok(ip.map(|ip| config.trusted_proxies.key_address(ip)))
 }
 
 /// What each chosen limit has left, read without consuming (`null`: not read).
 pub(super) async fn remaining(
     policy: &Policy,
     target: &Target<'_>,
-) -> Result<Vec<Value>, UsageError> {
+) -> Result<Vec<Value>, AdminError> {
     let mut records = target.facts.records(target)?;
     {
         let mut asked = target
             .tier
             .asked(&mut records)
-            .ok_or_else(|| refused(500, "the limits changed while read"))?;
-        policy
-            .peek(&mut asked)
-            .await
-            .map_err(|e| refused(503, format!("the limiter cannot be read: {e}")))?;
+            .ok_or(AdminError::Internal("the limits changed while read".into()))?;
+        policy.peek(&mut asked).await.map_err(AdminError::unread)?;
     }
     let left = |&index: &usize| {
         let status = records.get(index).and_then(|r| r.status.as_ref());

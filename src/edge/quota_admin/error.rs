@@ -1,0 +1,164 @@
+//! Why a quota admin call changes nothing: one enum, and one mapping from each refusal to its
+//! HTTP status (`status`) and its words (`Display`), which the answer (a problem) and the audit
+//! line (`reason`) both say. A refusal is chosen where its cause is found, never from an
+//! error's text.
+
+use std::borrow::Cow;
+
+use crate::limiter::LimiterError;
+
+/// Why a quota admin call changes nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    // 400: the call is not one the API takes.
+    #[error("unknown parameter {0:?}")]
+    UnknownParameter(String),
+    #[error("{0} is given more than once")]
+    RepeatedParameter(&'static str),
+    #[error("{0}: not UTF-8 text (only id may be any bytes)")]
+    NotText(&'static str),
+    #[error("{name} is required{also}")]
+    Missing {
+        name: &'static str,
+        /// What the call says of it besides (e.g. its bounds), or nothing.
+        also: &'static str,
+    },
+    #[error("{name}: {why}")]
+    Malformed {
+        name: &'static str,
+        why: Cow<'static, str>,
+    },
+    #[error("X-Audit-Actor: 1 to 128 visible ASCII characters")]
+    Actor,
+    #[error("give one of until and ttl_seconds, not both")]
+    TwoExpiries,
+
+    // 404: what the call names does not exist.
+    #[error("not found")]
+    NoCall,
+    #[error("no route named {0:?}")]
+    NoRoute(String),
+    #[error("the caller meets no limit named {0:?} on this route")]
+    NoLimit(String),
+    #[error("no plan named {0:?}")]
+    NoPlan(String),
+    #[error("no consumer named {0:?} is known: {1}")]
+    UnknownConsumer(String, &'static str),
+    #[error("no such override in force")]
+    NoOverride,
+
+    // 405
+    #[error("use {0}")]
+    Method(&'static str),
+
+    // 409: the call names something the API cannot change so.
+    #[error("limit {0:?} is local to each gateway (scope: local): the quota admin API changes only what every gateway shares")]
+    LocalLimit(String),
+    #[error("limit {0:?} is not keyed on what is named alone (consumer, client_ip, route and const: parts)")]
+    NotKeyed(String),
+    #[error("no limit of the route is keyed on what is named alone")]
+    NoneKeyed,
+    #[error("route {0:?} does not verify callers (auth: off): its requests have no consumer")]
+    NoConsumers(String),
+    #[error("the route has split limits: their shards are not one caller's")]
+    SplitLimits,
+    #[error("credit applies to gcra, token_bucket, leaky_bucket, fixed_window and calendar limits; reset the others")]
+    NotCreditable,
+    #[error("overrides full: at most {0} at once")]
+    OverridesFull(usize),
+    #[error("{0}")]
+    Undecidable(&'static str),
+    #[error("limit {limit:?}: {why}")]
+    Quota { limit: String, why: String },
+
+    // 500, 503: the gateway could not do it.
+    #[error("{0}")]
+    Internal(Cow<'static, str>),
+    #[error("the limiter cannot be {doing}: {error}")]
+    Unavailable {
+        doing: &'static str,
+        error: LimiterError,
+    },
+}
+
+impl AdminError {
+    /// The answer's HTTP status: the one place a refusal gets it.
+    pub fn status(&self) -> u16 {
+        use AdminError::*;
+        match self {
+            UnknownParameter(_)
+            | RepeatedParameter(_)
+            | NotText(_)
+            | Missing { .. }
+            | Malformed { .. }
+            | Actor
+            | TwoExpiries => 400,
+            NoCall | NoRoute(_) | NoLimit(_) | NoPlan(_) | UnknownConsumer(..) | NoOverride => 404,
+            Method(_) => 405,
+            LocalLimit(_)
+            | NotKeyed(_)
+            | NoneKeyed
+            | NoConsumers(_)
+            | SplitLimits
+            | NotCreditable
+            | OverridesFull(_)
+            | Undecidable(_)
+            | Quota { .. } => 409,
+            Internal(_) => 500,
+            Unavailable { .. } => 503,
+        }
+    }
+
+    /// The audit's and the metric's `result` of a call refused so: `failed` when the gateway
+    /// could not do it, `refused` when the call could not be done.
+    pub fn result(&self) -> &'static str {
+        match self.status() >= 500 {
+            true => "failed",
+            false => "refused",
+        }
+    }
+
+    /// The limiter could not be written.
+    pub fn unwritten(error: LimiterError) -> AdminError {
+        AdminError::Unavailable {
+            doing: "written",
+            error,
+        }
+    }
+
+    /// The limiter could not be read.
+    pub fn unread(error: LimiterError) -> AdminError {
+        AdminError::Unavailable {
+            doing: "read",
+            error,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_refusal_has_one_status() {
+        let cases = [
+            (AdminError::UnknownParameter("x".into()), 400),
+            (AdminError::NotText("consumer"), 400),
+            (AdminError::UnknownConsumer("bob".into(), "why"), 404),
+            (AdminError::LocalLimit("per_gateway".into()), 409),
+            (AdminError::OverridesFull(1000), 409),
+            (AdminError::unwritten(LimiterError::Timeout(5)), 503),
+        ];
+        for (error, status) in cases {
+            assert_eq!(error.status(), status, "{error}");
+        }
+        assert_eq!(
+            AdminError::LocalLimit("g".into()).to_string(),
+            "limit \"g\" is local to each gateway (scope: local): the quota admin API changes only what every gateway shares"
+        );
+        assert_eq!(
+            AdminError::unread(LimiterError::Timeout(5)).result(),
+            "failed"
+        );
+    }
+}

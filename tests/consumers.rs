@@ -10,7 +10,7 @@ use redis::Commands;
 use support::api_keys::KeyFile;
 use support::config::{route, Config, Route};
 use support::limits::{calendar, common, fixed_window, gcra, uses};
-use support::{http_get, metric, Gateway, RedisServer, Upstream};
+use support::{http_call, http_get, metric, Gateway, RedisServer, Upstream};
 
 /// The admin token of these tests' usage API.
 const TOKEN: &str = "test-admin-token-0123456789";
@@ -544,6 +544,47 @@ fn a_common_quota_counts_one_bucket_over_every_route_that_uses_it() {
         assert_eq!(monthly["name"], "monthly", "{explained}");
         assert_eq!(monthly["common"], true);
         assert_eq!(monthly["remaining"], 0, "{explained}");
+    }
+    // The usage API shows the bucket once without a route, and as common on a route.
+    let usage = admin(&one, "/v1/quota?consumer=alice");
+    let listed = usage["limits"].as_array().cloned().unwrap_or_default();
+    assert_eq!(listed.len(), 1, "{usage}");
+    assert_eq!(listed[0]["name"], "monthly");
+    assert_eq!(listed[0]["common"], true);
+    assert_eq!(listed[0]["remaining"], 0, "{usage}");
+    let on_orders = admin(&one, "/v1/quota?consumer=alice&route=orders");
+    assert_eq!(on_orders["limits"][0]["common"], true, "{on_orders}");
+    assert!(
+        on_orders["limits"][1].get("common").is_none(),
+        "{on_orders}"
+    );
+    // The quota admin API names a common limit without a route: one reset gives alice her
+    // month back on both routes, and one override sets its quota on both.
+    let call = |method: &str, path: &str| {
+        http_call(one.admin, method, path, None, &[("authorization", &bearer)])
+    };
+    let reset = call("POST", "/v1/quota/reset?consumer=alice&limit=monthly");
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    assert_eq!(get_with_key(&two, "/billing/x", KEY_A1).status, 200);
+    let set = call(
+        "PUT",
+        "/v1/quota/overrides?consumer=alice&limit=monthly&quota=12&ttl_seconds=60",
+    );
+    assert_eq!(set.status, 200, "{}", set.body);
+    for (gateway, path) in [
+        (&one, "/orders/1"),
+        (&two, "/billing/x"),
+        (&two, "/orders/0"),
+    ] {
+        support::eventually(
+            std::time::Duration::from_secs(10),
+            "the override reaches every route using the limit, on every gateway",
+            || {
+                get_with_key(gateway, path, KEY_A1)
+                    .header("ratelimit-policy")
+                    .is_some_and(|p| p.starts_with("\"monthly\";q=12;w=2592000"))
+            },
+        );
     }
     // The dashboard's live view counts the bucket once, under (common): the two routes' counts
     // added, as /metrics counts them per route.

@@ -1,10 +1,12 @@
 //! The usage API: `GET /v1/quota?consumer=ID&route=NAME[&plan=NAME]` on the admin listener —
 //! each limit a consumer meets on a route, with its quota, what remains and when it resets,
-//! read without consuming anything (a peek at the backend that keeps the counts). The admin
-//! listener checks the admin token first (`admin.rs`).
+//! read without consuming anything (a peek at the backend that keeps the counts); without
+//! `route`, each common limit the consumer meets, once (one bucket over every route using
+//! it). The admin listener checks the admin token first (`admin.rs`).
 
 use std::borrow::Cow;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 
 use http::HeaderMap;
 use serde::Serialize;
@@ -15,7 +17,7 @@ use crate::exchange::Site;
 use crate::limiter::fields::whole_seconds;
 use crate::limiter::{LimitRecords, LimitStatus, Policy};
 use crate::route::keys::{RequestFacts, Rotation};
-use crate::route::table::Route;
+use crate::route::table::{Route, RouteTable};
 use crate::route::tiers::{Tier, TierLimit};
 use crate::runtime::snapshot::Snapshot;
 
@@ -60,19 +62,22 @@ fn parse(query: Option<&str>) -> Result<Query, UsageError> {
     Ok(parsed)
 }
 
-/// The answer: the consumer's limits on the route.
+/// The answer: the consumer's limits on the route (`None`: its common limits).
 #[derive(Debug, Serialize)]
 struct Usage<'a> {
     consumer: &'a str,
     plan: Option<&'a str>,
-    route: &'a str,
-    limits: Vec<LimitUsage<'a>>,
+    route: Option<&'a str>,
+    limits: Vec<LimitUsage>,
 }
 
 /// One limit: what its quota is and what remains, or why it cannot be read for a consumer.
 #[derive(Debug, Serialize)]
-struct LimitUsage<'a> {
-    name: &'a str,
+struct LimitUsage {
+    name: String,
+    /// A common limit: one bucket over every route that uses it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    common: bool,
     /// The quota: units per window (`RateLimit-Policy`'s `q`), for limits that are rates.
     #[serde(skip_serializing_if = "Option::is_none")]
     limit: Option<u64>,
@@ -105,32 +110,69 @@ pub async fn quota(
                 format!("consumer is required: 1 to {MAX_CONSUMER_ID} bytes"),
             )
         })?;
-    let route_name = query
-        .route
-        .ok_or_else(|| usage_error(400, "route is required"))?;
-    let route = config
-        .routes
-        .named(&route_name)
-        .ok_or_else(|| usage_error(404, format!("no route named {route_name:?}")))?;
+    let routes = asked_routes(&config.routes, query.route.as_deref())?;
     let consumer = named_consumer(&snapshot.site, &id, query.plan.as_deref())?;
     if config.knows_consumer(&id).is_none() {
         return Err(usage_error(404, Unnamed::Unknown(id).to_string()));
     }
     let (plans, plan) = (config.consumers.plans(), consumer.plan);
-    // The tier the consumer meets now: a quota override in force changes it.
-    let (tier_id, overridden) = snapshot.tier_for(route, Some(&consumer));
-    let tier = overridden
-        .as_deref()
-        .unwrap_or_else(|| route.tiers.get(tier_id));
-    let limits = peek(policy, route, tier, &consumer).await?;
+    let mut limits: Vec<LimitUsage> = Vec::new();
+    for route in routes {
+        // The tier the consumer meets now: a quota override in force changes it.
+        let (tier_id, overridden) = snapshot.tier_for(route, Some(&consumer));
+        let tier = overridden
+            .as_deref()
+            .unwrap_or_else(|| route.tiers.get(tier_id));
+        let mut read = peek(policy, route, tier, &consumer).await?;
+        if query.route.is_none() {
+            read.retain(|l| l.common && !limits.iter().any(|known| known.name == l.name));
+        }
+        limits.extend(read);
+    }
     let usage = Usage {
         consumer: &id,
         plan: plan.map(|plan: PlanId| plans.name(plan)),
-        route: &route.name,
+        route: query.route.as_deref(),
         limits,
     };
     serde_json::to_string(&usage)
         .map_err(|e| usage_error(500, format!("cannot write the answer: {e}")))
+}
+
+/// The routes a query reads: the one it names, or (none named) one route using each common
+/// limit, which reaches its one bucket.
+fn asked_routes<'r>(
+    routes: &'r RouteTable,
+    named: Option<&str>,
+) -> Result<Vec<&'r Arc<Route>>, UsageError> {
+    if let Some(name) = named {
+        let route = routes.named(name);
+        return route
+            .map(|route| vec![route])
+            .ok_or_else(|| usage_error(404, format!("no route named {name:?}")));
+    }
+    let mut using: Vec<&Arc<Route>> = Vec::new();
+    for route in routes.in_file_order() {
+        let common = route
+            .tiers
+            .default()
+            .limits
+            .iter()
+            .filter(|l| l.key.common());
+        let new = common
+            .map(|l| &l.limit.exact.name)
+            .any(|name| !using.iter().any(|r| r.tiers.uses_common(name)));
+        if new {
+            using.push(route);
+        }
+    }
+    match using.is_empty() {
+        true => Err(usage_error(
+            400,
+            "route is required (no route uses a common limit)",
+        )),
+        false => Ok(using),
+    }
 }
 
 /// Why the admin APIs cannot speak of the consumer a call names.
@@ -195,12 +237,12 @@ pub(crate) fn named_consumer<S>(
 }
 
 /// Reads the limits of `tier`, which `consumer` meets on `route`, from the backend.
-async fn peek<'a>(
+async fn peek(
     policy: &Policy,
     route: &Route,
-    tier: &'a Tier,
+    tier: &Tier,
     consumer: &Consumer,
-) -> Result<Vec<LimitUsage<'a>>, UsageError> {
+) -> Result<Vec<LimitUsage>, UsageError> {
     let headers = HeaderMap::new();
     let facts = RequestFacts {
         client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
@@ -238,9 +280,11 @@ async fn peek<'a>(
         .into_iter()
         .filter(|(limit, _)| !limit.limit.exact.hidden);
     let usage = shown.map(|(limit, status)| {
-        let (readable, limit) = (readable(limit), &limit.limit.exact);
+        let (readable, common) = (readable(limit), limit.key.common());
+        let limit = &limit.limit.exact;
         LimitUsage {
-            name: &limit.name,
+            name: limit.name.to_string(),
+            common,
             limit: limit.policy.map(|(quota, _)| quota),
             window_seconds: limit.policy.map(|(_, window)| window),
             remaining: status.map(|s| s.remaining),

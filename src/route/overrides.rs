@@ -42,6 +42,14 @@ impl QuotaOverride {
         serde_json::to_string(&parts).unwrap_or_default()
     }
 
+    /// Whether it overrides a common limit that `route` uses too (the one bucket has one quota
+    /// on every route: an override set through one route applies on all of them).
+    fn reaches_common(&self, routes: &RouteTable, route: &Route) -> bool {
+        let through = routes.named(&self.route);
+        through.is_some_and(|through| through.tiers.uses_common(&self.limit))
+            && route.tiers.uses_common(&self.limit)
+    }
+
     /// Checks it against `routes`: the route and its limit exist, the consumer's id is within
     /// bounds, and the limit can run at the quota. `Ok`: the limit as written.
     pub fn check<'r>(&self, routes: &'r RouteTable) -> Result<&'r Limit, Unfit> {
@@ -173,7 +181,7 @@ impl CompiledOverrides {
             let of_route: Vec<&QuotaOverride> = limits
                 .iter()
                 .copied()
-                .filter(|o| *o.route == *route.name)
+                .filter(|o| *o.route == *route.name || o.reaches_common(routes, route))
                 .collect();
             if !of_route.is_empty() {
                 by_route.insert(route.index, RouteOverrides::of(route, &of_route, instances));

@@ -137,6 +137,14 @@ impl RouteTable {
         self.routes.iter().find(|route| *route.name == *name)
     }
 
+    /// The first route (in file order) that uses the common limit named `limit`: the one bucket
+    /// of it is reached through any of them.
+    pub fn using_common(&self, limit: &str) -> Option<&Arc<Route>> {
+        self.in_file_order()
+            .into_iter()
+            .find(|route| route.tiers.uses_common(limit))
+    }
+
     /// Whether a limit of some route has a `consumers:` entry for consumer `id`.
     pub fn names_consumer(&self, id: &str) -> bool {
         self.routes.iter().any(|route| route.tiers.has_own(id))

@@ -309,6 +309,14 @@ impl Tiers {
         self.default().limits.iter().map(|l| &l.limit.exact)
     }
 
+    /// Whether its limit named `name` is a common limit (one bucket over every route using it).
+    pub fn uses_common(&self, name: &str) -> bool {
+        let written = self.default().limits.iter();
+        written
+            .filter(|limit| limit.key.common())
+            .any(|limit| *limit.limit.exact.name == *name)
+    }
+
     /// The algorithms of its shared limits, in every tier: those its decisions may call in
     /// Redis (limits local to each gateway never are).
     pub fn algorithms(&self) -> Algorithms {

@@ -25,6 +25,7 @@ use crate::limiter::admin::MAX_OVERRIDES;
 use crate::limiter::{Credited, Policy, Put, QuotaStore};
 use crate::observe::metrics::ADMIN_CHANGES;
 use crate::route::overrides::{Override, PlanOverride, QuotaOverride, Unfit};
+use crate::route::table::RouteTable;
 use crate::runtime::overrides::{admin_tables, refresh};
 use crate::runtime::snapshot::Live;
 pub use error::AdminError;
@@ -395,10 +396,15 @@ async fn delete(
     Ok(serde_json::from_str::<Override>(&removed).ok())
 }
 
-/// The override a `PUT` or `DELETE` names.
-fn named_override(params: &Params, caller: &Caller) -> Result<QuotaOverride, AdminError> {
+/// The override a `PUT` or `DELETE` names (through `routes`: a common limit's override
+/// names the first route using it, and applies on every one).
+fn named_override(
+    params: &Params,
+    caller: &Caller,
+    routes: &RouteTable,
+) -> Result<QuotaOverride, AdminError> {
     Ok(QuotaOverride {
-        route: params.route()?.to_string(),
+        route: params.route_in(routes)?.to_string(),
         limit: params.limit()?.to_string(),
         consumer: params.consumer.clone(),
         quota: None,
@@ -430,7 +436,7 @@ async fn set(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, Ad
     let config = &snapshot.config;
     let (params, caller) = (asked.1, asked.2);
     let written = async {
-        let mut one = named_override(params, caller)?;
+        let mut one = named_override(params, caller, &config.routes)?;
         one.quota = match params.quota()? {
             Quota::Off => None,
             Quota::Units(units) => Some(units),
@@ -459,7 +465,7 @@ async fn remove(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value,
     let config = &snapshot.config;
     let (params, caller) = (asked.1, asked.2);
     let written = async {
-        let one = named_override(params, caller)?;
+        let one = named_override(params, caller, &config.routes)?;
         let previous = delete(policy, config, &one.field()).await?;
         apply_now(policy, live).await;
         let before = previous.map(|p| shown(&p, 0));

@@ -12,6 +12,7 @@ use std::time::Duration;
 use percent_encoding::{percent_decode, AsciiSet, NON_ALPHANUMERIC};
 
 use super::error::AdminError;
+use crate::route::table::RouteTable;
 
 /// The longest an override (or a plan override) may last: 30 days.
 pub const MAX_OVERRIDE_SECONDS: u64 = 30 * 24 * 3600;
@@ -113,9 +114,20 @@ impl Params {
         })
     }
 
-    /// `route`, which every call but a plan override's needs.
-    pub fn route(&self) -> Result<&str, AdminError> {
-        required(self.route.as_deref(), "route", "")
+    /// `route`, which every call but a plan override's needs; a call naming a common limit
+    /// (`limit=`) may leave it out: the first route using it reaches its one bucket.
+    pub fn route_in<'r>(&'r self, routes: &'r RouteTable) -> Result<&'r str, AdminError> {
+        let common = || {
+            let limit = self.limit.as_deref()?;
+            routes.using_common(limit).map(|route| &*route.name)
+        };
+        match self.route.as_deref() {
+            Some(route) => Ok(route),
+            None => common().map_or_else(
+                || required(None, "route", " (unless limit names a common limit)"),
+                Ok,
+            ),
+        }
     }
 
     /// `limit`, for the calls that name one.

@@ -67,7 +67,7 @@ pub(super) fn target<'a>(
     policy: &Policy,
 ) -> Result<Target<'a>, AdminError> {
     let config = &snapshot.config;
-    let name = params.route()?;
+    let name = params.route_in(&config.routes)?;
     let route = config
         .routes
         .named(name)

@@ -23,6 +23,7 @@ use subtle::ConstantTimeEq;
 use crate::edge::admin_http::{bearer_matches, response};
 use crate::edge::explain::{self, Described};
 use crate::limiter::Policy;
+use crate::runtime::durability;
 use crate::runtime::snapshot::Live;
 
 const STYLE: &str = include_str!("style.css");
@@ -123,7 +124,8 @@ async fn view(
     match path {
         "/ui/" => {
             let (status, said) = window.readiness.await;
-            html(pages::overview(&snapshot.site, (status, &said)))
+            let at_risk = durability::warning(&snapshot.config, window.policy);
+            html(pages::overview(&snapshot.site, (status, &said), at_risk.as_ref()))
         }
         "/ui/routes" => html(pages::routes(&snapshot.site)),
         "/ui/live" => html(pages::live()),

@@ -19,6 +19,7 @@ use crate::observe::metrics::BREAKER_STATE;
 use crate::route::describe;
 use crate::route::table::Route;
 use crate::route::tiers::TierId;
+use crate::runtime::durability::Warning;
 use crate::upstream::pool::Pool;
 
 /// How many seconds the live view shows as bars, and sums as "the last minute".
@@ -26,8 +27,8 @@ const BARS_SECONDS: usize = 120;
 const MINUTE: usize = 60;
 
 /// The overview: version, uptime, configuration generation and reloads, Redis (the settings in
-/// force) and its breaker, what waits for a graceful upgrade, readiness.
-pub fn overview(site: &Site<Pool>, readiness: (u16, &str)) -> String {
+/// force) and its breaker, what waits for a graceful upgrade, readiness, quotas at risk.
+pub fn overview(site: &Site<Pool>, readiness: (u16, &str), risk: Option<&Warning>) -> String {
     let uptime = SystemTime::now()
         .duration_since(*STARTED)
         .map_or(0, |d| d.as_secs());
@@ -62,6 +63,7 @@ pub fn overview(site: &Site<Pool>, readiness: (u16, &str)) -> String {
         ("Waits for an upgrade", waiting(&config.pending_upgrade)),
         ("Failure mode", esc(config.failure_mode.label())),
         ("Readiness", ready),
+        ("Quota durability", quota_durability(risk)),
         ("Routes", config.routes.in_file_order().len().to_string()),
     ]);
     let errors: Vec<Vec<String>> = reloads
@@ -92,6 +94,14 @@ fn ready((status, said): (u16, &str)) -> String {
     match status {
         200 => format!("<span class=\"ok\">{said}</span>"),
         _ => format!("<span class=\"bad\">{said}</span>"),
+    }
+}
+
+/// Whether the quotas survive Redis restarting: the warning, or that none is known at risk.
+fn quota_durability(risk: Option<&Warning>) -> String {
+    match risk {
+        Some(warning) => format!("<span class=\"bad\">{}</span>", esc(&warning.to_string())),
+        None => "no quota known at risk".to_string(),
     }
 }
 

@@ -1,8 +1,11 @@
 //! End to end: the quota admin API. Two real gateways on one real Redis: a reset, a credit and
 //! an override made through one gateway hold on both (exact: the change is made in Redis, and
-//! each gateway forgets the denials it cached); a credit sent twice counts once; every write is
-//! audited and counted, and refused without the token. The in-process backend answers the
-//! same calls.
+//! each gateway forgets the denials it cached); a credit sent twice counts once, and ids are
+//! bytes; every write is audited and counted, and refused without the token; what the API
+//! cannot do (an unknown consumer, a limit local to each gateway) is refused in one answer; a
+//! consumer is put on another plan on every route in one call, exactly that plan's limits; the
+//! overrides come back when Redis restarts empty, and quotas on a Redis without persistence are
+//! warned about. The in-process backend answers the same calls.
 
 mod support;
 
@@ -974,4 +977,35 @@ fn quotas_on_a_redis_without_persistence_are_warned_about() {
         "the warning after the reload",
         || readyz(&fast).1.contains("api/per_hour"),
     );
+}
+
+#[test]
+fn every_master_of_a_cluster_is_read() {
+    let cluster = support::topologies::RedisCluster::start();
+    let upstream = Upstream::start();
+    let config = Config::new()
+        .redis_section(&[
+            "mode: cluster",
+            &format!("nodes: [{}]", cluster.urls().join(", ")),
+            "timeout_ms: 500",
+        ])
+        .route(
+            route("api")
+                .prefix("/api/")
+                .limit(fixed_window("per_day", "1000/d")),
+        )
+        .yaml();
+    let gateway = logged(&config, &upstream, None);
+    gateway.wait_ready();
+    support::eventually(Duration::from_secs(20), "each master's reading", || {
+        let said = readyz(&gateway).1;
+        let masters = cluster.masters();
+        said.contains("api/per_day")
+            && masters.len() == 3
+            && masters.iter().all(|port| {
+                said.contains(&format!(
+                    ":{port} runs without persistence (neither AOF nor RDB)"
+                ))
+            })
+    });
 }

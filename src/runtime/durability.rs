@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::limiter::{Kept, Persistence, Policy};
+use crate::limiter::{Kept, LimiterError, Persistence, Policy};
 use crate::runtime::snapshot::Live;
 
 /// What a Redis that restarts empty costs the quotas, as docs/reliability.md says it.
@@ -80,19 +80,15 @@ pub fn warning(config: &Config, policy: &Policy) -> Option<Warning> {
 }
 
 /// Reads what the store keeps when `config` has quota limits, and logs the warning there is
-/// (`when`: why it was read). `false` when the store did not answer.
-pub async fn check(policy: &Policy, config: &Config, when: &str) -> bool {
+/// (`when`: why it was read). `Err`: the store did not answer.
+pub async fn check(policy: &Policy, config: &Config, when: &str) -> Result<(), LimiterError> {
     if config.quota_limits().is_empty() {
-        return true;
+        return Ok(());
     }
-    let reading = match policy.check_persistence().await {
-        None => return true,
-        Some(Ok(reading)) => reading,
-        Some(Err(e)) => {
-            log::info!("quota durability: cannot read what Redis persists {when} ({e})");
-            return false;
-        }
+    let Some(reading) = policy.check_persistence().await else {
+        return Ok(());
     };
+    let reading = reading?;
     match warning_of(config, &reading) {
         Some(warning) => log::warn!("{warning} [read {when}]"),
         None => {
@@ -104,18 +100,30 @@ pub async fn check(policy: &Policy, config: &Config, when: &str) -> bool {
             log::info!("quota durability: {} [read {when}]", masters.join("; "));
         }
     }
-    true
+    Ok(())
+}
+
+/// [`check`], saying in the log when the store did not answer.
+pub async fn check_now(policy: &Policy, config: &Config, when: &str) {
+    if let Err(e) = check(policy, config, when).await {
+        log::info!("quota durability: cannot read what Redis persists {when} ({e})");
+    }
 }
 
 /// The check at start, for the configuration in force: once the store answers (tried every
-/// [`RETRY`] until then), holding nothing back. Once per process (later calls return at once),
-/// from the runtime that serves requests (where the connections are made).
+/// [`RETRY`] until then; its first failure logged), holding nothing back. Once per process
+/// (later calls return at once), from the runtime that serves requests (where the
+/// connections are made).
 pub async fn check_at_start(policy: Arc<Policy>, live: Live) {
     static CHECKING: AtomicBool = AtomicBool::new(false);
     if CHECKING.swap(true, Ordering::AcqRel) {
         return;
     }
-    while !check(&policy, &live.load_full().config, "at start").await {
+    let mut said = false;
+    while let Err(e) = check(&policy, &live.load_full().config, "at start").await {
+        if !std::mem::replace(&mut said, true) {
+            log::info!("quota durability: cannot read what Redis persists yet ({e}); trying again every {} s", RETRY.as_secs());
+        }
         tokio::time::sleep(RETRY).await;
     }
 }

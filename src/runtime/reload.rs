@@ -213,7 +213,7 @@ impl ConfigService {
         if secret_changed {
             log::warn!("reload: `key_secret` changed and applies now: it keys every key's hash, so every counter (monthly quotas included) and credit id starts anew");
         }
-        durability::check(&self.policy, &snapshot.config, "after a reload").await;
+        durability::check_now(&self.policy, &snapshot.config, "after a reload").await;
         Ok(())
     }
 

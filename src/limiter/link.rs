@@ -240,7 +240,7 @@ impl Link {
         let answered = replies.into_iter().map(|(address, reply)| {
             let address = redis::from_redis_value::<String>(address).ok();
             let reply = match reply {
-                Value::ServerError(error) => Err(format!("{error:?}")),
+                Value::ServerError(error) => Err(error.to_string()),
                 reply => Ok(reply),
             };
             (address, reply)

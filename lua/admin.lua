@@ -24,6 +24,13 @@
 --                 hash holds ARGV[6] overrides in force (nothing is written). The value stored
 --                 is "<expiry in ms on Redis's clock> <JSON>"; the expired ones are dropped when
 --                 the hash is full. Counts one more change in the epoch.
+-- override_restore KEYS and ARGV as override_put (ARGV[5]: what the override had left, in ms):
+--                 writes an override back only where its field holds none in force — Redis
+--                 lost the table (a restart without persistence, a flush, a failover to a
+--                 lagging replica) and a gateway holds what was in force. Reply: 1 written
+--                 (one more change in the epoch), 0 one is in force (another gateway wrote it
+--                 back, or it was set anew: nothing changes), -1 the hash holds ARGV[6]
+--                 overrides in force.
 -- override_delete KEYS[1]: the overrides hash, KEYS[2]: the admin epoch key. ARGV[3]: the
 --                 field. Reply: the value removed, if it was in force, or false. Counts one
 --                 more change in the epoch when there was one to remove.
@@ -63,6 +70,21 @@ local function announce(key)
   return epoch
 end
 
+-- Whether the overrides hash at `key` has room for one more (the expired ones dropped when
+-- it holds `most`).
+local function has_room(key, most)
+  if redis.call('HLEN', key) < most then
+    return true
+  end
+  local all = redis.call('HGETALL', key)
+  for i = 1, #all, 2 do
+    if not live(all[i + 1]) then
+      redis.call('HDEL', key, all[i])
+    end
+  end
+  return redis.call('HLEN', key) < most
+end
+
 if op == 'reset' then
   local existed = 0
   for i = 1, #KEYS do
@@ -97,28 +119,30 @@ elseif op == 'credit' then
   end
   redis.call('HSET', KEYS[1], 'n', fmt(math.max(n - units, 0)))
   return 1
-elseif op == 'override_put' then
+elseif op == 'override_put' or op == 'override_restore' then
   local lifetime, most = tonumber(ARGV[5]), tonumber(ARGV[6])
   if #KEYS ~= 2 or not lifetime or lifetime < 1 or not most then
-    return redis.error_reply('ERR sluice: override_put expects a field, a value, a lifetime and a bound')
+    return redis.error_reply('ERR sluice: ' .. op .. ' expects a field, a value, a lifetime and a bound')
   end
   local previous = live(redis.call('HGET', KEYS[1], ARGV[3]))
-  if not previous and redis.call('HLEN', KEYS[1]) >= most then
-    local all = redis.call('HGETALL', KEYS[1])
-    for i = 1, #all, 2 do
-      if not live(all[i + 1]) then
-        redis.call('HDEL', KEYS[1], all[i])
-      end
+  local restoring = op == 'override_restore'
+  if restoring and previous then
+    return 0
+  end
+  if not previous and not has_room(KEYS[1], most) then
+    if restoring then
+      return -1
     end
-    if redis.call('HLEN', KEYS[1]) >= most then
-      return {0, ''}
-    end
+    return {0, ''}
   end
   redis.call('HSET', KEYS[1], ARGV[3], fmt(now_ms + lifetime) .. ' ' .. ARGV[4])
   if redis.call('PTTL', KEYS[1]) < lifetime then
     redis.call('PEXPIRE', KEYS[1], lifetime)
   end
   announce(KEYS[2])
+  if restoring then
+    return 1
+  end
   return {1, previous or ''}
 elseif op == 'override_delete' then
   if #KEYS ~= 2 then

@@ -947,7 +947,8 @@ fn keys_under(redis: &RedisServer, prefix: &str) -> usize {
 /// sets `key_secret` applies it, and the log says that every count starts anew.
 #[test]
 fn a_reload_that_changes_the_key_prefix_keeps_the_one_in_force_and_every_count() {
-    let redis = RedisServer::start();
+    // Run as docs/deploy.md says for quotas: /readyz then says nothing of their durability.
+    let redis = RedisServer::start_with_args(&["--appendonly", "yes"]);
     let upstream = Upstream::start();
     let launch = Launch {
         capture_log: true,

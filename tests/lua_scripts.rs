@@ -1908,3 +1908,38 @@ fn overrides_carry_their_expiry_and_every_change_counts_in_the_epoch() {
     let epoch_ttl = pttl(&mut con, keys[1]);
     assert!(epoch_ttl > 0, "the epoch lives {epoch_ttl} ms");
 }
+
+#[test]
+fn an_override_is_written_back_only_where_none_is_in_force() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let keys = ["{p:admin}:overrides", "{p:admin}:epoch"];
+    let restore = |con: &mut redis::Connection, field: &str, value: &str, at: u64| -> i64 {
+        admin(
+            con,
+            "override_restore",
+            &keys,
+            at,
+            &[field, value, "1000", "2"],
+        )
+    };
+    assert_eq!(restore(&mut con, "f", "{\"a\":1}", T0), 1, "written back");
+    let epoch: u64 = con.get(keys[1]).unwrap();
+    assert!(epoch >= T0, "a change counted in the epoch");
+    assert_eq!(
+        restore(&mut con, "f", "{\"a\":2}", T0),
+        0,
+        "one is in force"
+    );
+    let stored: String = con.hget(keys[0], "f").unwrap();
+    assert_eq!(stored, format!("{} {{\"a\":1}}", T0 / MS + 1000));
+    let unchanged: u64 = con.get(keys[1]).unwrap();
+    assert_eq!(unchanged, epoch, "nothing written, nothing counted");
+    assert_eq!(restore(&mut con, "g", "{}", T0), 1);
+    assert_eq!(restore(&mut con, "h", "{}", T0), -1, "at most 2 in force");
+    assert_eq!(
+        restore(&mut con, "f", "{\"a\":3}", T0 + 2 * SEC),
+        1,
+        "expired: written again"
+    );
+}

@@ -1,8 +1,11 @@
 //! End to end: the quota admin API. Two real gateways on one real Redis: a reset, a credit and
 //! an override made through one gateway hold on both (exact: the change is made in Redis, and
-//! each gateway forgets the denials it cached); a credit sent twice counts once; every write is
-//! audited and counted, and refused without the token. The in-process backend answers the
-//! same calls.
+//! each gateway forgets the denials it cached); a credit sent twice counts once, and ids are
+//! bytes; every write is audited and counted, and refused without the token; what the API
+//! cannot do (an unknown consumer, a limit local to each gateway) is refused in one answer; a
+//! consumer is put on another plan on every route in one call, exactly that plan's limits; the
+//! overrides come back when Redis restarts empty, and quotas on a Redis without persistence are
+//! warned about. The in-process backend answers the same calls.
 
 mod support;
 
@@ -14,7 +17,7 @@ use support::api_keys::KeyFile;
 use support::config::{route, Config};
 use support::limits::{fixed_window, gcra};
 use support::tokens::{claims, now, write_jwks, Algorithm, Family, TestKey};
-use support::{http_call, http_get, metric, Gateway, RedisServer, Upstream};
+use support::{http_call, http_get, metric, Gateway, Launch, RedisServer, Upstream};
 
 const TOKEN: &str = "test-admin-token-0123456789";
 const ALICE: &str = "sk_alice_quota_admin_key_0001";
@@ -748,4 +751,261 @@ fn the_in_process_backend_puts_a_consumer_on_another_plan_too() {
         200
     );
     assert_eq!(policy_of(&gateway, ALICE, "/api/x"), free_api);
+}
+
+/// The audit lines of `paths` together.
+fn audit_lines_of(paths: &[&Path]) -> Vec<Value> {
+    paths.iter().flat_map(|path| audit_lines(path)).collect()
+}
+
+/// The overrides `gateway` lists (none while it cannot read them: Redis restarting).
+fn listed(gateway: &Gateway) -> Vec<Value> {
+    let (_, listed) = admin(gateway, "GET", "/v1/quota/overrides");
+    listed["overrides"].as_array().cloned().unwrap_or_default()
+}
+
+/// A gateway whose log (at `info`) is kept for [`Gateway::log`].
+fn logged(body: &str, upstream: &Upstream, redis: Option<&RedisServer>) -> Gateway {
+    let launch = Launch {
+        capture_log: true,
+        log_level: Some("info"),
+        ..Launch::default()
+    };
+    Gateway::launch(body, upstream, redis, &launch)
+}
+
+#[test]
+fn overrides_held_by_the_gateways_come_back_when_redis_restarts_empty() {
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let keys = KeyFile::write(&[
+        (ALICE, "alice", Some("free"), false),
+        (BOB, "bob", Some("pro"), false),
+    ]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (audit_a, audit_b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+    let a = logged(&plans_body(&keys, &audit_a, true), &upstream, Some(&redis));
+    let b = logged(&plans_body(&keys, &audit_b, true), &upstream, Some(&redis));
+    a.wait_ready();
+    b.wait_ready();
+    let pro_api = policy_of(&a, BOB, "/api/x");
+    // Alice on pro, with her own quota of 3 on `other`; and an override set, then deleted.
+    let calls = [
+        (
+            "PUT",
+            "/v1/quota/plans?consumer=alice&plan=pro&ttl_seconds=600",
+        ),
+        (
+            "PUT",
+            "/v1/quota/overrides?route=other&limit=daily&consumer=alice&quota=3&ttl_seconds=600",
+        ),
+        (
+            "PUT",
+            "/v1/quota/overrides?route=api&limit=per_consumer&quota=off&ttl_seconds=600",
+        ),
+        ("DELETE", "/v1/quota/overrides?route=api&limit=per_consumer"),
+    ];
+    for (method, call) in calls {
+        let (status, answer) = admin(&a, method, call);
+        assert_eq!(status, 200, "{method} {call}: {answer}");
+    }
+    let other = "\"daily\";q=3;";
+    for gateway in [&a, &b] {
+        alice_meets(gateway, "/api/x", &pro_api);
+        support::eventually(Duration::from_secs(5), "the override of other", || {
+            policy_of(gateway, ALICE, "/other/x").contains(other)
+        });
+        support::eventually(Duration::from_secs(5), "the deletion", || {
+            policy_of(gateway, BOB, "/api/x").contains("\"per_consumer\"")
+        });
+    }
+    let before = listed(&a);
+    assert_eq!(before.len(), 2, "{before:?}");
+
+    // Redis restarts empty: the gateways write back what they hold.
+    redis.restart(&[]);
+    support::eventually(Duration::from_secs(10), "the overrides back", || {
+        listed(&b).len() == 2
+    });
+    for one in listed(&b) {
+        let was = before
+            .iter()
+            .find(|w| w["kind"] == one["kind"])
+            .expect("the same kinds");
+        let (left, had) = (&one["expires_in_seconds"], &was["expires_in_seconds"]);
+        assert!(left.as_u64() <= had.as_u64(), "{one} after {was}");
+        assert_eq!(
+            (&one["consumer"], &one["actor"]),
+            (&json!("alice"), &json!("ops"))
+        );
+    }
+    alice_meets(&b, "/api/x", &pro_api);
+    alice_meets(&a, "/api/x", &pro_api);
+    assert!(policy_of(&b, ALICE, "/other/x").contains(other));
+    assert!(
+        policy_of(&a, BOB, "/api/x").contains("\"per_consumer\""),
+        "the deleted override stays deleted"
+    );
+    // One `restored` line per override, across both gateways; and it is counted.
+    let restored = || {
+        let lines = audit_lines_of(&[&audit_a, &audit_b]);
+        let restored: Vec<Value> = lines
+            .into_iter()
+            .filter(|l| l["action"] == "restore" && l["result"] == "restored")
+            .collect();
+        restored
+    };
+    support::eventually(Duration::from_secs(5), "the restore's audit", || {
+        restored().len() == 2
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let lines = restored();
+    let kinds: Vec<&Value> = lines.iter().map(|l| &l["kind"]).collect();
+    assert_eq!(
+        lines.len(),
+        2,
+        "once per override, whoever wrote it: {lines:?}"
+    );
+    assert!(
+        kinds.contains(&&json!("plan")) && kinds.contains(&&json!("limit")),
+        "{lines:?}"
+    );
+    let counted: f64 = [&a, &b]
+        .iter()
+        .map(|g| {
+            let labels = [("action", "restore"), ("result", "restored")];
+            metric(&g.metrics(), "sluice_admin_changes_total", &labels)
+        })
+        .sum();
+    assert_eq!(counted, 2.0);
+    let said = format!("{}{}", a.log(), b.log());
+    assert!(said.contains("Redis lost its admin tables"), "{said}");
+    assert!(
+        said.contains("calendar quotas included, was lost"),
+        "{said}"
+    );
+}
+
+/// `/readyz` of `gateway`: its status and text.
+fn readyz(gateway: &Gateway) -> (u16, String) {
+    let answer = http_get(gateway.admin, "/readyz", None, &[]);
+    (answer.status, answer.body)
+}
+
+#[test]
+fn quotas_on_a_redis_without_persistence_are_warned_about() {
+    let upstream = Upstream::start();
+    let keys = KeyFile::write(&[(ALICE, "alice", Some("free"), false)]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let audit = dir.path().join("audit.jsonl");
+
+    // The test Redis runs without persistence: a quota limit (3 an hour) is at risk, said in
+    // the log, on /readyz (still ready) and on the dashboard.
+    let plain = RedisServer::start();
+    let gateway = logged(&plans_body(&keys, &audit, true), &upstream, Some(&plain));
+    gateway.wait_ready();
+    support::eventually(Duration::from_secs(10), "the warning", || {
+        readyz(&gateway).1.contains("quota durability:")
+    });
+    let (status, said) = readyz(&gateway);
+    assert_eq!(status, 200, "{said}");
+    assert!(said.starts_with("ready:"), "{said}");
+    assert!(
+        said.contains("runs without persistence (neither AOF nor RDB)"),
+        "{said}"
+    );
+    assert!(
+        said.contains("api/per_consumer") && said.contains("appendfsync everysec"),
+        "{said}"
+    );
+    assert!(
+        gateway.log().contains("runs without persistence"),
+        "{}",
+        gateway.log()
+    );
+    let headers = [("authorization", BEARER)];
+    let overview = http_call(gateway.admin, "GET", "/ui/", None, &headers).body;
+    assert!(overview.contains("Quota durability"), "{overview}");
+    assert!(overview.contains("runs without persistence"), "{overview}");
+
+    // With an append-only file: nothing to say.
+    let durable = RedisServer::start_with_args(&["--appendonly", "yes"]);
+    let kept = logged(&plans_body(&keys, &audit, true), &upstream, Some(&durable));
+    kept.wait_ready();
+    support::eventually(Duration::from_secs(10), "the reading", || {
+        kept.log().contains("keeps an append-only file")
+    });
+    assert!(
+        !readyz(&kept).1.contains("quota durability"),
+        "{}",
+        readyz(&kept).1
+    );
+
+    // CONFIG renamed away, as managed Redis does: it cannot tell.
+    let managed = RedisServer::start_with_args(&["--rename-command", "CONFIG", ""]);
+    let unsure = logged(&plans_body(&keys, &audit, true), &upstream, Some(&managed));
+    unsure.wait_ready();
+    support::eventually(Duration::from_secs(10), "cannot tell", || {
+        readyz(&unsure)
+            .1
+            .contains("cannot tell whether it persists")
+    });
+
+    // No quota limit, nothing to say; a reload that adds one reads Redis again.
+    let rates = Config::new()
+        .redis("REDIS_URL")
+        .route(
+            route("api")
+                .prefix("/api/")
+                .limit(gcra("per_second", "5/s")),
+        )
+        .yaml();
+    let fast = logged(&rates, &upstream, Some(&plain));
+    fast.wait_ready();
+    assert!(!readyz(&fast).1.contains("quota durability"));
+    let hourly = Config::new()
+        .redis("REDIS_URL")
+        .route(
+            route("api")
+                .prefix("/api/")
+                .limit(fixed_window("per_hour", "100/h")),
+        )
+        .yaml();
+    assert!(fast.reload(&hourly), "{}", fast.log());
+    support::eventually(
+        Duration::from_secs(10),
+        "the warning after the reload",
+        || readyz(&fast).1.contains("api/per_hour"),
+    );
+}
+
+#[test]
+fn every_master_of_a_cluster_is_read() {
+    let cluster = support::topologies::RedisCluster::start();
+    let upstream = Upstream::start();
+    let config = Config::new()
+        .redis_section(&[
+            "mode: cluster",
+            &format!("nodes: [{}]", cluster.urls().join(", ")),
+            "timeout_ms: 500",
+        ])
+        .route(
+            route("api")
+                .prefix("/api/")
+                .limit(fixed_window("per_day", "1000/d")),
+        )
+        .yaml();
+    let gateway = logged(&config, &upstream, None);
+    gateway.wait_ready();
+    support::eventually(Duration::from_secs(20), "each master's reading", || {
+        let said = readyz(&gateway).1;
+        let masters = cluster.masters();
+        said.contains("api/per_day")
+            && masters.len() == 3
+            && masters.iter().all(|port| {
+                said.contains(&format!(
+                    ":{port} runs without persistence (neither AOF nor RDB)"
+                ))
+            })
+    });
 }

@@ -13,8 +13,8 @@ use super::server::ServerSettings;
 use crate::caller::address::TrustedProxies;
 use crate::caller::consumers::{Known, Verifiers};
 use crate::limiter::script::Algorithms;
-use crate::limiter::FailureMode;
 use crate::limiter::Secret;
+use crate::limiter::{FailureMode, Scope};
 use crate::route::keys::KeySecret;
 use crate::route::path::PathRules;
 use crate::route::table::RouteTable;
@@ -74,6 +74,32 @@ impl Config {
             .map(|route| route.tiers.algorithms())
             .chain(domains.map(|domain| domain.algorithms()))
             .fold(Algorithms::default(), Algorithms::with)
+    }
+
+    /// Its limits that are quotas (`Limit::is_quota`: a calendar period, or state kept an
+    /// hour or more) shared by every gateway, on routes (any plan's or consumer's parameters)
+    /// and in rate limit service domains: `route/limit` and `domain/limit`, each once, in file
+    /// order. What a Redis that restarts empty would give back in full.
+    pub fn quota_limits(&self) -> Vec<String> {
+        let mut quotas: Vec<String> = Vec::new();
+        for route in self.routes.in_file_order() {
+            let limits = route.tiers.all().iter().flat_map(|tier| tier.limits.iter());
+            for limit in limits.map(|l| &l.limit.exact) {
+                let named = format!("{}/{}", route.name, limit.name);
+                let shared = limit.scope == Scope::Shared;
+                if shared && limit.is_quota() && !quotas.contains(&named) {
+                    quotas.push(named);
+                }
+            }
+        }
+        let domains = self.rls.iter().flat_map(|rls| rls.domains.iter());
+        for domain in domains {
+            let named = domain
+                .quota_limits()
+                .map(|limit| format!("{}/{limit}", domain.name));
+            quotas.extend(named);
+        }
+        quotas
     }
 
     /// What the configuration knows of consumer `id`: listed (by the API-key file,

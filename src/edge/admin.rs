@@ -4,7 +4,8 @@
 //! callers with a JWT verifier that has no keys yet). The failure mode and the verifier are
 //! those in force: a reload that changes them changes what `/readyz` says. What the file
 //! changes that waits for a graceful upgrade is a line of its own (`pending upgrade (sluice
-//! -u): redis.key_prefix`), whatever the status. Behind `admin.token`:
+//! -u): redis.key_prefix`), whatever the status; so are quota limits on a Redis that keeps
+//! nothing across a restart (`runtime::durability`). Behind `admin.token`:
 //! the usage API (`/v1/quota`, `usage.rs`) and the quota admin API (`/v1/quota/reset`,
 //! `/v1/quota/credit`, `/v1/quota/overrides`, `/v1/quota/plans`, `quota_admin/`) and the explain endpoint
 //! (`/v1/explain`, `explain.rs`), and the dashboard (`/ui/`, `dashboard/`). The APIs refuse
@@ -29,6 +30,7 @@ use crate::edge::readiness::ReadyState;
 use crate::edge::usage::UsageError;
 use crate::exchange::Cut;
 use crate::limiter::{Policy, Readiness};
+use crate::runtime::durability;
 use crate::runtime::snapshot::{Live, Snapshot};
 
 pub struct AdminApp {
@@ -54,8 +56,13 @@ impl AdminApp {
     /// `/readyz`: whether this gateway should get traffic now, and what waits for an upgrade.
     async fn readiness(&self) -> Response<Vec<u8>> {
         let state = self.ready_now().await;
+        let snapshot = self.live.load();
         let mut said = state.line();
-        said.push_str(&pending_line(&self.live.load().config.pending_upgrade));
+        said.push_str(&pending_line(&snapshot.config.pending_upgrade));
+        // A quota at risk in Redis is a line of its own: it changes nothing of the status.
+        if let Some(warning) = durability::warning(&snapshot.config, &self.policy) {
+            said.push_str(&format!("{warning}\n"));
+        }
         text(state.status(), said)
     }
 

@@ -432,8 +432,8 @@ fn add_proxies(
 /// One proxy service on `listeners`, behind the front door's deadlines; it connects to Redis
 /// as it starts, from its own runtime, rather than at the first request, and keeps the
 /// connections usable while idle (`Policy::keep_connections`); the quota overrides in force are
-/// read from then on (`runtime::overrides`), and the dashboard's live decisions sampled
-/// (`runtime::sampler`).
+/// read from then on (`runtime::overrides`), what Redis persists is read once it answers
+/// (`runtime::durability`), and the dashboard's live decisions sampled (`runtime::sampler`).
 fn proxy_service(
     server: &Server,
     wiring: &Wiring,
@@ -476,6 +476,10 @@ fn proxy_service(
             tokio::spawn(async move { keeper.keep_connections().await });
             let (policy, live) = (Arc::clone(&policy), Arc::clone(&live));
             let sampled = Arc::clone(&live);
+            let durable = (Arc::clone(&policy), Arc::clone(&live));
+            tokio::spawn(crate::runtime::durability::check_at_start(
+                durable.0, durable.1,
+            ));
             tokio::spawn(async move { crate::runtime::overrides::keep(&policy, &live).await });
             tokio::spawn(async move { crate::runtime::sampler::keep(&sampled).await });
         })

@@ -68,6 +68,13 @@ impl OverrideList {
         self.epoch.swap(epoch, Ordering::AcqRel) != epoch
     }
 
+    /// The overrides held in force at `now` (what a gateway writes back when the store lost
+    /// them).
+    pub fn held(&self, now: Instant) -> Vec<Read> {
+        let held = self.list.load();
+        held.iter().filter(|r| r.until > now).cloned().collect()
+    }
+
     /// The admin epoch last read.
     pub fn seen_epoch(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)

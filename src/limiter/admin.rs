@@ -41,6 +41,18 @@ pub enum Put {
     Full,
 }
 
+/// What writing an override back did (see [`QuotaStore::restore_override`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restored {
+    /// Written: its field held no override in force.
+    Written,
+    /// Not written: its field holds one in force (written back by another gateway, or set
+    /// anew since).
+    Present,
+    /// Not written: [`MAX_OVERRIDES`] are in force.
+    Full,
+}
+
 /// One override in force as stored: which route, limit and consumer (`field`), what it says
 /// (`value`, JSON), and how long it has left.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,6 +165,19 @@ pub trait QuotaStore: Send + Sync {
         lifetime: Duration,
     ) -> impl Future<Output = Result<Put, LimiterError>> + Send;
 
+    /// Writes override `value` back under `field` for `lifetime` (what it had left), only
+    /// where the field holds no override in force: the table was lost (a Redis restarted
+    /// without persistence) and the gateways hold what was in force. Idempotent: of several
+    /// gateways writing the same override back, one write lands. Counts a change in the epoch
+    /// when written.
+    fn restore_override(
+        &self,
+        tables: &AdminTables,
+        field: &str,
+        value: &str,
+        lifetime: Duration,
+    ) -> impl Future<Output = Result<Restored, LimiterError>> + Send;
+
     /// Removes `field`'s override: the value it had, if it was in force.
     fn delete_override(
         &self,
@@ -224,6 +249,25 @@ impl AdminBook {
         }
     }
 
+    /// Writes an override back where none is in force (see
+    /// [`QuotaStore::restore_override`]).
+    pub fn restore_override(
+        &mut self,
+        field: &str,
+        value: &str,
+        lifetime: Duration,
+        now_us: i64,
+    ) -> Restored {
+        self.drop_expired(now_us);
+        if self.overrides.contains_key(field) {
+            return Restored::Present;
+        }
+        match self.put_override(field, value, lifetime, now_us) {
+            Put::Stored { .. } => Restored::Written,
+            Put::Full => Restored::Full,
+        }
+    }
+
     /// Removes an override (see [`QuotaStore::delete_override`]).
     pub fn delete_override(&mut self, field: &str, now_us: i64) -> Option<String> {
         self.drop_expired(now_us);
@@ -274,6 +318,28 @@ mod tests {
         );
         let later = CREDIT_MEMORY.as_micros() as i64 + 1;
         assert_eq!(book.remember_credit(b"k", b"c-1", later).ok(), Some(true));
+    }
+
+    #[test]
+    fn an_override_is_written_back_only_where_none_is_in_force() {
+        let mut book = AdminBook::default();
+        let second = Duration::from_secs(1);
+        assert_eq!(
+            book.restore_override("f", "a", second, 0),
+            Restored::Written
+        );
+        assert_eq!(
+            book.restore_override("f", "b", second, 10),
+            Restored::Present
+        );
+        assert_eq!(book.overrides(10)[0].value, "a", "the one in force stays");
+        let epoch = book.epoch;
+        assert_eq!(
+            book.restore_override("f", "c", second, 1_000_001),
+            Restored::Written,
+            "expired"
+        );
+        assert_eq!(book.epoch, epoch + 1);
     }
 
     #[test]

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::admin::{AdminTables, Credited, Listed, Put, QuotaStore};
+use super::admin::{AdminTables, Credited, Listed, Put, QuotaStore, Restored};
 use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
@@ -23,6 +23,7 @@ use super::error::LimiterError;
 use super::guard::{BehindBreaker, GuardMeters, Guarded};
 use super::leased::{LeaseMeters, Leased};
 use super::local::LocalLimiter;
+use super::persistence::Persistence;
 use super::redis::RedisLimiter;
 use super::request::LimitRequest;
 use super::script::Algorithms;
@@ -95,6 +96,23 @@ impl Engine {
         match self {
             Engine::Local(_) => true,
             Engine::Redis(redis) => redis.backend.scripts_loaded_within(bound).await,
+        }
+    }
+
+    /// Reads what Redis keeps across a restart (every master), and keeps the reading; `None`
+    /// in-process (nothing outlives the process).
+    pub async fn check_persistence(&self) -> Option<Result<Arc<Persistence>, LimiterError>> {
+        match self {
+            Engine::Local(_) => None,
+            Engine::Redis(redis) => Some(redis.backend.persistence().await),
+        }
+    }
+
+    /// What Redis keeps across a restart, as last read.
+    pub fn persistence(&self) -> Option<Arc<Persistence>> {
+        match self {
+            Engine::Local(_) => None,
+            Engine::Redis(redis) => redis.backend.last_persistence(),
         }
     }
 
@@ -198,6 +216,24 @@ impl QuotaStore for Engine {
             Engine::Redis(redis) => {
                 let backend = &redis.backend;
                 backend.put_override(tables, field, value, lifetime).await
+            }
+        }
+    }
+
+    async fn restore_override(
+        &self,
+        tables: &AdminTables,
+        field: &str,
+        value: &str,
+        lifetime: Duration,
+    ) -> Result<Restored, LimiterError> {
+        match self {
+            Engine::Local(local) => local.restore_override(tables, field, value, lifetime).await,
+            Engine::Redis(redis) => {
+                let backend = &redis.backend;
+                backend
+                    .restore_override(tables, field, value, lifetime)
+                    .await
             }
         }
     }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::algorithm::{Algorithm, MAX_SLIDING_LOG_LIMIT};
+use super::algorithm::{Algorithm, Period, MAX_SLIDING_LOG_LIMIT};
 use super::rate::Rate;
 
 /// Limits a route can have without its per-request vectors touching the heap.
@@ -161,7 +161,28 @@ pub struct Leasing {
 /// least this many Redis calls. Below it, the key is decided exactly.
 pub const AUTO_MIN_UNITS: u64 = 4;
 
+/// How long a limit's state must be remembered for the limit to be a quota: an hour.
+pub const QUOTA_MEMORY_US: u64 = 3_600_000_000;
+
 impl Limit {
+    /// Whether it is a quota: a calendar period, or state remembered an hour or more (a window
+    /// of an hour or more; a GCRA whose burst spans an hour or more) — what a store that
+    /// restarts empty would visibly give back, in full, to every caller.
+    pub fn is_quota(&self) -> bool {
+        match self.algorithm {
+            Algorithm::Calendar {
+                period: Period::Aligned { length_us },
+                ..
+            } => length_us >= QUOTA_MEMORY_US,
+            Algorithm::Calendar { .. } => true,
+            Algorithm::FixedWindow { window_us, .. }
+            | Algorithm::SlidingWindow { window_us, .. }
+            | Algorithm::SlidingLog { window_us, .. } => window_us >= QUOTA_MEMORY_US,
+            Algorithm::Gcra { tolerance_us, .. } => tolerance_us >= QUOTA_MEMORY_US,
+            Algorithm::Concurrency { .. } => false,
+        }
+    }
+
     /// A limit with a fixed cost and the policy implied by `rate` (tests and tools).
     pub fn new(name: &str, algorithm: Algorithm, cost: u64, rate: Rate) -> Limit {
         Limit {
@@ -274,6 +295,45 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn a_quota_is_a_calendar_period_or_state_kept_an_hour_or_more() {
+        let rate = Rate::new(10, Duration::from_secs(1)).unwrap();
+        let of = |algorithm| Limit::new("q", algorithm, 1, rate).is_quota();
+        let hour = QUOTA_MEMORY_US;
+        assert!(of(Algorithm::FixedWindow {
+            limit: 1,
+            window_us: hour
+        }));
+        assert!(!of(Algorithm::SlidingWindow {
+            limit: 1,
+            window_us: hour - 1
+        }));
+        assert!(of(Algorithm::Gcra {
+            emission_us: 86_400,
+            tolerance_us: 86_400_000_000,
+            max_delay_us: 0
+        }));
+        assert!(!of(Algorithm::Gcra {
+            emission_us: 100_000,
+            tolerance_us: 1_000_000,
+            max_delay_us: 0
+        }));
+        assert!(of(Algorithm::Calendar {
+            limit: 1,
+            period: Period::Aligned { length_us: hour }
+        }));
+        assert!(!of(Algorithm::Calendar {
+            limit: 1,
+            period: Period::Aligned {
+                length_us: 1_000_000
+            }
+        }));
+        assert!(!of(Algorithm::Concurrency {
+            max: 1,
+            slot_ttl_us: hour * 2
+        }));
+    }
 
     #[test]
     fn a_share_divides_rates_and_counts_but_keeps_at_least_one_unit() {

@@ -22,6 +22,7 @@ use redis::aio::{
 };
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, ClientTlsConfig, Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline,
@@ -76,6 +77,10 @@ impl ConnectionLike for Connection {
         }
     }
 }
+
+/// One master's reply to a command sent to every master: its address (a Cluster's masters),
+/// and the reply, or the error it answered in words.
+pub type Answered = (Option<String>, Result<Value, String>);
 
 /// The way to Redis for one topology.
 pub enum Link {
@@ -203,6 +208,44 @@ impl Link {
             Link::Cluster(link) => link.connection().await.map(Connection::Cluster),
             Link::Sentinel(link) => link.connection().await.map(Connection::Sentinel),
         }
+    }
+
+    /// `cmd`'s reply from every master: the one server, the master the Sentinels name, or
+    /// each master of a Cluster (by its address; `None` for the one master of the others).
+    /// A reply that is an error (a command renamed or refused) is that master's, in words;
+    /// `Err` when a master cannot be reached.
+    pub async fn on_every_master(&self, cmd: &Cmd) -> Result<Vec<Answered>, LimiterError> {
+        let reached = |e: redis::RedisError| {
+            let unreached = e.is_io_error() || e.is_connection_dropped() || e.is_timeout();
+            match unreached || e.is_connection_refusal() {
+                true => Err(LimiterError::Connection(e.to_string())),
+                false => Ok(Err(e.to_string())),
+            }
+        };
+        let Link::Cluster(link) = self else {
+            let mut connection = self.connection().await?;
+            let reply = match cmd.query_async::<Value>(&mut connection).await {
+                Ok(reply) => Ok(reply),
+                Err(e) => reached(e)?,
+            };
+            return Ok(vec![(None, reply)]);
+        };
+        let mut connection = link.connection().await?;
+        let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        let replies = match connection.route_command(cmd.clone(), routing).await {
+            Ok(Value::Map(replies)) => replies,
+            Ok(other) => vec![(Value::Nil, other)],
+            Err(e) => return Ok(vec![(None, reached(e)?)]),
+        };
+        let answered = replies.into_iter().map(|(address, reply)| {
+            let address = redis::from_redis_value::<String>(address).ok();
+            let reply = match reply {
+                Value::ServerError(error) => Err(error.to_string()),
+                reply => Ok(reply),
+            };
+            (address, reply)
+        });
+        Ok(answered.collect())
     }
 
     /// The address and settings of a standalone server (the other topologies name several).

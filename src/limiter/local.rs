@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use smallvec::SmallVec;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::admin::{AdminBook, AdminTables, Credited, Listed, Put, QuotaStore};
+use super::admin::{AdminBook, AdminTables, Credited, Listed, Put, QuotaStore, Restored};
 use super::algorithm::{self, Algorithm, Change, Settled, State, Write};
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
@@ -407,6 +407,17 @@ impl QuotaStore for LocalLimiter {
     ) -> Result<Put, LimiterError> {
         let now_us = self.clock.now_us();
         Ok(self.book().put_override(field, value, lifetime, now_us))
+    }
+
+    async fn restore_override(
+        &self,
+        _tables: &AdminTables,
+        field: &str,
+        value: &str,
+        lifetime: std::time::Duration,
+    ) -> Result<Restored, LimiterError> {
+        let now_us = self.clock.now_us();
+        Ok(self.book().restore_override(field, value, lifetime, now_us))
     }
 
     async fn delete_override(

@@ -27,6 +27,7 @@ pub(crate) mod limit;
 pub(crate) mod link;
 pub mod local;
 pub(crate) mod pairs;
+pub mod persistence;
 pub(crate) mod policy;
 pub(crate) mod rate;
 pub(crate) mod record;
@@ -42,7 +43,7 @@ pub(crate) mod topology;
 pub(crate) mod verdict;
 pub(crate) mod warm;
 
-pub use admin::{AdminTables, Credited, Listed, Put, QuotaStore, StoredOverride};
+pub use admin::{AdminTables, Credited, Listed, Put, QuotaStore, Restored, StoredOverride};
 pub use algorithm::{Algorithm, Change};
 pub use backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 pub use coalesce::Coalescing;
@@ -56,6 +57,7 @@ pub use limit::{
     LIMITS_INLINE,
 };
 pub use pairs::{paired, paired_mut};
+pub use persistence::{Kept, Persistence};
 pub use policy::{Policy, PolicyMeters};
 pub use rate::Rate;
 pub use record::{

@@ -24,6 +24,7 @@ use super::error::{ErrorKind, LimiterError};
 use super::id::RequestId;
 use super::limit::{Limit, Scope, LIMITS_INLINE};
 use super::local::LocalLimiter;
+use super::persistence::Persistence;
 use super::record::{Asked, LimitRecord, Scale};
 use super::request::{Entries, Entry, LimitRequest};
 use super::rules::{FailureMode, LimitRules};
@@ -742,6 +743,18 @@ impl Policy<Engine> {
     /// Waits, at most `bound`, until every decision script wanted is loaded: whether it is.
     pub async fn scripts_loaded_within(&self, bound: Duration) -> bool {
         self.engine.scripts_loaded_within(bound).await
+    }
+
+    /// Reads what the limits' store keeps across a restart (Redis: every master), and keeps
+    /// the reading; `None` when the limits live in this process.
+    pub async fn check_persistence(&self) -> Option<Result<Arc<Persistence>, LimiterError>> {
+        self.engine.check_persistence().await
+    }
+
+    /// What the limits' store keeps across a restart, as last read (`None`: not read yet, or
+    /// in-process).
+    pub fn persistence(&self) -> Option<Arc<Persistence>> {
+        self.engine.persistence()
     }
 }
 

@@ -21,6 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
+
 /// How often idle connections are checked (`keep_connections`).
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
@@ -28,7 +30,11 @@ const IDLE_CHECK: Duration = Duration::from_secs(1);
 /// decision: the decision deadline does not bound it).
 const LOAD_BOUND: Duration = Duration::from_secs(2);
 
-use super::admin::{self, AdminTables, Credited, Listed, Put, QuotaStore};
+/// How long reading what every master persists may take (two commands per master; not a
+/// decision, so not its deadline).
+const PERSISTENCE_BOUND: Duration = Duration::from_secs(2);
+
+use super::admin::{self, AdminTables, Credited, Listed, Put, QuotaStore, Restored};
 use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
@@ -36,7 +42,8 @@ use super::coalesce::{Coalescer, Coalescing, Execute};
 use super::decision::Decision;
 use super::direct::{DirectLink, Loan, Resp};
 use super::error::{ErrorKind, LimiterError};
-use super::link::{Connection, Link};
+use super::link::{Answered, Connection, Link};
+use super::persistence::{Kept, Persistence};
 use super::request::LimitRequest;
 use super::script::{self, Algorithms, Call, DecisionScript, Invoke};
 use super::topology::{RedisAuth, Topology};
@@ -67,6 +74,8 @@ pub struct RedisLimiter {
     /// The clock decisions and settlements run on: `None`, Redis's own (`TIME`, production);
     /// else this one, sent with each call (deterministic tests, servers that forbid `TIME`).
     clock: Option<Arc<dyn Clock>>,
+    /// What every master persists, as last read (`persistence`).
+    persistence: ArcSwapOption<Persistence>,
 }
 
 /// What a batch of decisions needs to reach Redis: the link, the lane's direct connection (a
@@ -318,6 +327,7 @@ impl RedisLimiter {
             admin: redis::Script::new(script::ADMIN_SOURCE),
             deadline,
             clock,
+            persistence: ArcSwapOption::empty(),
         })
     }
 
@@ -574,6 +584,61 @@ impl RedisLimiter {
     }
 }
 
+impl RedisLimiter {
+    /// Reads what every master keeps across a restart (`INFO persistence`, `CONFIG GET save`),
+    /// and keeps the reading for [`RedisLimiter::last_persistence`]. `Err`: a master did not
+    /// answer.
+    pub async fn persistence(&self) -> Result<Arc<Persistence>, LimiterError> {
+        let read = async {
+            let info = self
+                .link
+                .on_every_master(redis::cmd("INFO").arg("persistence"))
+                .await?;
+            let save = self
+                .link
+                .on_every_master(redis::cmd("CONFIG").arg("GET").arg("save"))
+                .await?;
+            Ok((info, save))
+        };
+        let bound = self.deadline.max(PERSISTENCE_BOUND);
+        let (info, save) = self.within_deadline(Some(bound), read).await?;
+        let reading = Arc::new(self.reading(info, save));
+        self.persistence.store(Some(Arc::clone(&reading)));
+        Ok(reading)
+    }
+
+    /// What every master persists, as [`RedisLimiter::persistence`] last read it.
+    pub fn last_persistence(&self) -> Option<Arc<Persistence>> {
+        self.persistence.load_full()
+    }
+
+    /// Each master's `INFO persistence` and `CONFIG GET save` replies, by its address (this
+    /// backend's target for the one master of a server or Sentinel set).
+    fn reading(&self, info: Vec<Answered>, save: Vec<Answered>) -> Persistence {
+        let name = |address: Option<String>| address.unwrap_or_else(|| self.target.clone());
+        let mut saves: Vec<(String, Result<redis::Value, String>)> = save
+            .into_iter()
+            .map(|(a, reply)| (name(a), reply))
+            .collect();
+        let masters = info.into_iter().map(|(address, info)| {
+            let address = name(address);
+            let text =
+                info.and_then(|v| redis::from_redis_value::<String>(v).map_err(|e| e.to_string()));
+            let at = saves.iter().position(|(a, _)| *a == address);
+            let save = at.map(|at| saves.swap_remove(at).1);
+            let save = save.unwrap_or_else(|| Err("no answer".into()));
+            let kept = Kept::of(
+                text.as_deref().map_err(String::as_str),
+                save.as_ref().map_err(String::as_str),
+            );
+            (address, kept)
+        });
+        Persistence {
+            masters: masters.collect(),
+        }
+    }
+}
+
 impl QuotaStore for RedisLimiter {
     async fn reset(&self, keys: &[&[u8]]) -> Result<u64, LimiterError> {
         if keys.is_empty() {
@@ -632,6 +697,25 @@ impl QuotaStore for RedisLimiter {
             _ => Put::Stored {
                 previous: (!previous.is_empty()).then_some(previous),
             },
+        })
+    }
+
+    async fn restore_override(
+        &self,
+        tables: &AdminTables,
+        field: &str,
+        value: &str,
+        lifetime: Duration,
+    ) -> Result<Restored, LimiterError> {
+        let lifetime = lifetime.as_millis().max(1).to_string();
+        let most = admin::MAX_OVERRIDES.to_string();
+        let args = [field, value, &lifetime, &most];
+        let keys = [tables.overrides.as_bytes(), tables.epoch.as_bytes()];
+        let written: i64 = self.admin("override_restore", &keys, &args).await?;
+        Ok(match written {
+            1 => Restored::Written,
+            0 => Restored::Present,
+            _ => Restored::Full,
         })
     }
 

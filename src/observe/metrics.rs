@@ -58,7 +58,7 @@ pub static LIMITER_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub static ADMIN_CHANGES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "sluice_admin_changes_total",
-        "Quota admin API writes, by action (reset, credit, override_set, override_delete, plan_set, plan_delete) and result (applied, repeated, refused, failed).",
+        "Quota admin API writes, by action (reset, credit, override_set, override_delete, plan_set, plan_delete; restore) and result (applied, repeated, refused, failed; restored).",
         &["action", "result"]
     )
     .expect("sluice_admin_changes_total registers once")

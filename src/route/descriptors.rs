@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 use std::hash::Hasher;
 
 use crate::limiter::script::Algorithms;
-use crate::limiter::{push_hex, Key, Limit, PolicyLimit};
+use crate::limiter::{push_hex, Key, Limit, PolicyLimit, Scope};
 
 /// The most descriptors one request may carry, and entries one descriptor may have.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -237,6 +237,9 @@ pub struct Domain {
     names: Box<[String]>,
     /// The algorithms of its limits.
     algorithms: Algorithms,
+    /// The names of its limits that are quotas (`Limit::is_quota`) shared by every gateway,
+    /// each once.
+    quotas: Box<[String]>,
 }
 
 impl Node {
@@ -255,12 +258,16 @@ impl Domain {
     /// The domain `name` of the tree under `root`; each rule learns its place among the
     /// domain's limit names.
     pub fn new(name: String, mut root: Node) -> Domain {
-        let mut names = Vec::new();
+        let (mut names, mut quotas) = (Vec::new(), Vec::new());
         let mut algorithms = Algorithms::default();
         root.walk_mut(&mut |node| match &node.rule {
             Some(Rule::Limited(limit)) => {
                 names.push(limit.name.clone());
-                algorithms = algorithms.with(Algorithms::of(&limit.limit.exact.algorithm));
+                let exact = &limit.limit.exact;
+                algorithms = algorithms.with(Algorithms::of(&exact.algorithm));
+                if exact.is_quota() && exact.scope == Scope::Shared {
+                    quotas.push(limit.name.clone());
+                }
             }
             Some(Rule::Blocked { name, .. }) => names.push(name.clone()),
             Some(Rule::Unlimited) | None => {}
@@ -277,17 +284,26 @@ impl Domain {
             Some(Rule::Blocked { name, series, .. }) => *series = place(name),
             Some(Rule::Unlimited) | None => {}
         });
+        quotas.sort_unstable();
+        quotas.dedup();
         Domain {
             name,
             root,
             names: names.into(),
             algorithms,
+            quotas: quotas.into(),
         }
     }
 
     /// The algorithms of its limits: those a call may use, in any combination.
     pub fn algorithms(&self) -> Algorithms {
         self.algorithms
+    }
+
+    /// The names of its limits that are quotas shared by every gateway (a calendar period, or
+    /// state kept an hour or more), each once, sorted.
+    pub fn quota_limits(&self) -> impl Iterator<Item = &str> {
+        self.quotas.iter().map(String::as_str)
     }
 
     /// The names of its limits (`rate_limit.name`, or the descriptor path), each once, sorted:

@@ -1,10 +1,12 @@
 //! What runs while a configuration is in force: the snapshot (a site, its health checks and JWKS
 //! refresh; `snapshot`), the configuration service that builds the next one on SIGHUP or when a
 //! file it read changes and swaps it in (`reload`), the keeper of the quota overrides in force
-//! (`overrides`), the sampler of the dashboard's live decisions (`sampler`), and `-d`'s
-//! launcher (`daemon`).
+//! (`overrides`, which writes them back when Redis lost them), whether the quotas in force
+//! survive Redis restarting (`durability`), the sampler of the dashboard's live decisions
+//! (`sampler`), and `-d`'s launcher (`daemon`).
 
 pub mod daemon;
+pub mod durability;
 pub mod overrides;
 pub(crate) mod reload;
 pub mod sampler;

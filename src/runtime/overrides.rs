@@ -1,21 +1,35 @@
 //! Keeps this gateway's quota overrides in step with the table where the limits live: every
 //! second (and at once after this gateway's own admin write) it reads the overrides in force
 //! and the admin epoch, hands the list to the configuration in force, which compiles it into
-//! the tiers its callers meet, and forgets the denials its deny cache holds when either changed
-//! (a reset, credit or override may have made them wrong). So a change made through any
-//! gateway applies on every gateway within [`EVERY`] and one read.
+//! the tiers its callers meet and the plans its consumers are on, and forgets the denials its
+//! deny cache holds when either changed (a reset, credit or override may have made them wrong).
+//! So a change made through any gateway applies on every gateway within [`EVERY`] and one read.
+//!
+//! The epoch only grows (`lua/admin.lua`), and lives longer than any override: one read lower
+//! than the last seen means Redis lost the admin tables (a restart without persistence, a
+//! flush, a failover to a lagging replica). The gateway then writes back the overrides it holds
+//! that the table lacks, each with what it had left (one write lands of the several gateways
+//! that try), audits each it wrote as `restored`, says in the log that the counts were lost
+//! too, and reads what Redis persists again (`runtime::durability`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
 
 use crate::config::Config;
 use crate::exchange::overrides::Read;
-use crate::limiter::{AdminTables, LimiterError, Policy, QuotaStore};
+use crate::limiter::{AdminTables, LimiterError, Listed, Policy, QuotaStore, Restored};
 use crate::route::overrides::Override;
-use crate::runtime::snapshot::Live;
+use crate::runtime::durability;
+use crate::runtime::snapshot::{Live, Snapshot};
 
 /// How often every gateway reads the admin epoch.
 pub const EVERY: Duration = Duration::from_secs(1);
+
+/// How long the admin epoch lives after the last change (`lua/admin.lua`'s `ANNOUNCED_MS`):
+/// longer than any override.
+const EPOCH_LIFETIME_US: u64 = 30 * 24 * 3600 * 1_000_000;
 
 /// Every this many checks the overrides are read whatever the epoch says (a bound on a change
 /// missed by a read racing it).
@@ -36,11 +50,15 @@ pub async fn refresh(policy: &Policy, live: &Live) -> Result<(), LimiterError> {
     static READING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _one_at_a_time = READING.lock().await;
     let snapshot = live.load_full();
-    let read_at = Instant::now();
-    let listed = policy
-        .engine()
-        .overrides(&admin_tables(&snapshot.config))
-        .await?;
+    let tables = admin_tables(&snapshot.config);
+    let mut read_at = Instant::now();
+    let mut listed = policy.engine().overrides(&tables).await?;
+    let seen = snapshot.overrides.seen_epoch();
+    if lost(listed.epoch, seen, unix_now_us()) {
+        restore(policy, &snapshot, &listed, seen).await?;
+        read_at = Instant::now();
+        listed = policy.engine().overrides(&tables).await?;
+    }
     let overrides = listed.overrides.iter().filter_map(|stored| {
         let parsed = serde_json::from_str::<Override>(&stored.value);
         if let Err(e) = &parsed {
@@ -56,6 +74,89 @@ pub async fn refresh(policy: &Policy, live: &Live) -> Result<(), LimiterError> {
         policy.engine().forget_denials();
     }
     Ok(())
+}
+
+/// Whether an epoch `read` below the one `seen` means the admin tables were lost: not when the
+/// one seen lapsed by itself ([`EPOCH_LIFETIME_US`] after it was written, when no override
+/// written before it is left).
+fn lost(read: u64, seen: u64, now_us: u64) -> bool {
+    read < seen && now_us < seen.saturating_add(EPOCH_LIFETIME_US)
+}
+
+/// Microseconds since the Unix epoch on this gateway's clock (an epoch is at least Redis's
+/// time when it was written).
+fn unix_now_us() -> u64 {
+    let since = SystemTime::now().duration_since(UNIX_EPOCH);
+    since.map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Redis lost the admin tables (its epoch read `listed.epoch`, below `seen`): writes back the
+/// overrides this gateway holds that `listed` lacks, audits each written, says so in the log,
+/// and reads what Redis persists again. `Err`: a write failed (the next read tries again).
+async fn restore(
+    policy: &Policy,
+    snapshot: &Snapshot,
+    listed: &Listed,
+    seen: u64,
+) -> Result<(), LimiterError> {
+    let now = Instant::now();
+    let missing: Vec<Read> = snapshot
+        .overrides
+        .held(now)
+        .into_iter()
+        .filter(|held| {
+            let field = held.one.field();
+            !listed.overrides.iter().any(|stored| stored.field == field)
+        })
+        .collect();
+    log::warn!(
+        "quota admin: Redis lost its admin tables (the admin epoch read {}, below the {seen} last seen: a restart without persistence, a flush or a failover to a lagging replica); every count kept there, calendar quotas included, was lost with them; writing back the {} overrides this gateway holds",
+        listed.epoch,
+        missing.len()
+    );
+    let tables = admin_tables(&snapshot.config);
+    for held in &missing {
+        let left = held.until.saturating_duration_since(now);
+        let value = serde_json::to_string(&held.one).unwrap_or_default();
+        let engine = policy.engine();
+        match engine
+            .restore_override(&tables, &held.one.field(), &value, left)
+            .await?
+        {
+            Restored::Written => audit_restored(&snapshot.config, &held.one, left),
+            Restored::Present => {}
+            Restored::Full => log::warn!(
+                "quota admin: override {} is not written back: the table is full",
+                held.one.field()
+            ),
+        }
+    }
+    let when = "after Redis lost its admin tables";
+    durability::check_now(policy, &snapshot.config, when).await;
+    Ok(())
+}
+
+/// The audit line (and count) of an override this gateway wrote back: `restore`, `restored`.
+fn audit_restored(config: &Config, one: &Override, left: Duration) {
+    let mut line = match serde_json::to_value(one) {
+        Ok(serde_json::Value::Object(fields)) => fields,
+        _ => serde_json::Map::new(),
+    };
+    if let Override::Limit(limit) = one {
+        line.insert(
+            "quota".into(),
+            limit.quota.map_or(json!("off"), |q| json!(q)),
+        );
+    }
+    line.insert("kind".into(), json!(one.kind()));
+    line.insert("expires_in_seconds".into(), json!(left.as_secs()));
+    line.insert("peer".into(), json!(null));
+    line.insert(
+        "reason".into(),
+        json!("Redis lost the overrides table; this gateway held it in force"),
+    );
+    let path = config.admin_audit_log.as_deref();
+    crate::observe::audit::write(path, "restore", "restored", line);
 }
 
 /// Reads the admin epoch (one `GET`), and everything again only when it changed since the
@@ -98,5 +199,27 @@ pub async fn keep(policy: &Policy, live: &Live) {
             }
             Err(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_epoch_below_the_one_seen_is_a_loss_unless_the_one_seen_lapsed() {
+        let seen = 1_700_000_000_000_000;
+        assert!(
+            lost(0, seen, seen + 1_000_000),
+            "gone: a restart without persistence"
+        );
+        assert!(
+            lost(seen - 5, seen, seen + 1_000_000),
+            "behind: a lagging replica"
+        );
+        assert!(!lost(seen, seen, seen + 1_000_000));
+        assert!(!lost(seen + 1, seen, seen + 1_000_000), "a change since");
+        assert!(!lost(0, seen, seen + EPOCH_LIFETIME_US), "lapsed by itself");
+        assert!(!lost(0, 0, seen), "nothing seen yet");
     }
 }

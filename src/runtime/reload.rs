@@ -41,6 +41,7 @@ use crate::exchange::site::Handover;
 use crate::limiter::clock::Clock;
 use crate::limiter::Policy;
 use crate::observe::{live, metrics};
+use crate::runtime::durability;
 use crate::runtime::snapshot::{Live, Snapshot};
 
 /// How often `watch: true` reads the configuration's files again; a change reloads once it has
@@ -212,6 +213,7 @@ impl ConfigService {
         if secret_changed {
             log::warn!("reload: `key_secret` changed and applies now: it keys every key's hash, so every counter (monthly quotas included) and credit id starts anew");
         }
+        durability::check_now(&self.policy, &snapshot.config, "after a reload").await;
         Ok(())
     }
 

@@ -24,6 +24,7 @@ use crate::edge::admin_http::{bearer_matches, response};
 use crate::edge::explain::{self, Described};
 use crate::edge::readiness::ReadyState;
 use crate::limiter::Policy;
+use crate::runtime::durability;
 use crate::runtime::snapshot::Live;
 
 const STYLE: &str = include_str!("style.css");
@@ -125,7 +126,8 @@ async fn view(
     match path {
         "/ui/" => {
             let state = window.readiness.await;
-            html(pages::overview(&snapshot.site, &state))
+            let at_risk = durability::warning(&snapshot.config, window.policy);
+            html(pages::overview(&snapshot.site, &state, at_risk.as_ref()))
         }
         "/ui/routes" => html(pages::routes(&snapshot.site, snapshot.health())),
         "/ui/live" => html(pages::live()),

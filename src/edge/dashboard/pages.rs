@@ -25,6 +25,7 @@ use crate::route::describe;
 use crate::route::table::Route;
 use crate::route::tiers::TierId;
 use crate::upstream::health::{HealthRecord, HealthState};
+use crate::runtime::durability::Warning;
 use crate::upstream::pool::Pool;
 
 /// How many seconds the live view shows as bars, and sums as "the last minute".
@@ -32,8 +33,8 @@ const BARS_SECONDS: usize = 120;
 const MINUTE: usize = 60;
 
 /// The overview: version, uptime, configuration generation and reloads, Redis (the settings in
-/// force) and its breaker, what waits for a graceful upgrade, readiness.
-pub fn overview(site: &Site<Pool>, readiness: &ReadyState) -> String {
+/// force) and its breaker, what waits for a graceful upgrade, readiness, quotas at risk.
+pub fn overview(site: &Site<Pool>, readiness: &ReadyState, risk: Option<&Warning>) -> String {
     let uptime = SystemTime::now()
         .duration_since(*STARTED)
         .map_or(0, |d| d.as_secs());
@@ -68,6 +69,7 @@ pub fn overview(site: &Site<Pool>, readiness: &ReadyState) -> String {
         ("Waits for an upgrade", waiting(&config.pending_upgrade)),
         ("Failure mode", failure_modes(site)),
         ("Readiness", ready),
+        ("Quota durability", quota_durability(risk)),
         ("Routes", config.routes.in_file_order().len().to_string()),
     ]);
     let errors: Vec<Vec<String>> = reloads
@@ -126,6 +128,14 @@ fn failure_modes(site: &Site<Pool>) -> String {
         let _ = write!(said, "; {} on {}", esc(mode.label()), names.join(", "));
     }
     said
+}
+
+/// Whether the quotas survive Redis restarting: the warning, or that none is known at risk.
+fn quota_durability(risk: Option<&Warning>) -> String {
+    match risk {
+        Some(warning) => format!("<span class=\"bad\">{}</span>", esc(&warning.to_string())),
+        None => "no quota known at risk".to_string(),
+    }
 }
 
 /// Where the limits live: Redis (redacted, with its breaker) or in-process.

@@ -10,9 +10,6 @@
 //! (`sluice_admin_changes_total`). The query is parsed once (`params.rs`); every refusal is an
 //! [`AdminError`] (`error.rs`).
 
-use std::fs::OpenOptions;
-use std::io::Write;
-
 use http::{HeaderMap, Method};
 use serde_json::{json, Value};
 
@@ -23,7 +20,6 @@ use crate::edge::usage::{UsageError, UNKNOWN};
 use crate::limiter::admin::credit_kind;
 use crate::limiter::admin::MAX_OVERRIDES;
 use crate::limiter::{Credited, Policy, Put, QuotaStore};
-use crate::observe::metrics::ADMIN_CHANGES;
 use crate::route::overrides::{Override, PlanOverride, QuotaOverride, Unfit};
 use crate::route::table::RouteTable;
 use crate::runtime::overrides::{admin_tables, refresh};
@@ -164,31 +160,8 @@ fn subject(params: &Params, caller: &Caller) -> serde_json::Map<String, Value> {
 }
 
 /// Counts a write and writes its audit line (`action`, `result` and the rest of `line`).
-fn audit(config: &Config, action: &str, result: &str, mut line: serde_json::Map<String, Value>) {
-    ADMIN_CHANGES.with_label_values(&[action, result]).inc();
-    line.insert(
-        "time".into(),
-        json!(format!("{:.3}", jiff::Timestamp::now())),
-    );
-    line.insert("audit".into(), json!("quota"));
-    line.insert("action".into(), json!(action));
-    line.insert("result".into(), json!(result));
-    let mut text = Value::Object(line).to_string();
-    text.push('\n');
-    let written = match &config.admin_audit_log {
-        Some(path) => OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .and_then(|mut file| file.write_all(text.as_bytes())),
-        None => std::io::stdout().lock().write_all(text.as_bytes()),
-    };
-    if let Err(e) = written {
-        log::error!(
-            "quota admin: cannot write the audit line ({e}): {}",
-            text.trim_end()
-        );
-    }
+fn audit(config: &Config, action: &str, result: &str, line: serde_json::Map<String, Value>) {
+    crate::observe::audit::write(config.admin_audit_log.as_deref(), action, result, line);
 }
 
 /// What a write did, or why it did not: its change and result.

@@ -586,6 +586,29 @@ fn a_common_quota_counts_one_bucket_over_every_route_that_uses_it() {
             },
         );
     }
+    // Set again through another route, it is the same one override (the bucket's), listed once
+    // for every route using the limit, and removed through either.
+    let again = call(
+        "PUT",
+        "/v1/quota/overrides?route=billing&consumer=alice&limit=monthly&quota=13&ttl_seconds=60",
+    );
+    assert_eq!(again.status, 200, "{}", again.body);
+    let listed = admin(&one, "/v1/quota/overrides");
+    let overrides = listed["overrides"].as_array().cloned().unwrap_or_default();
+    assert_eq!(overrides.len(), 1, "{listed}");
+    assert_eq!(overrides[0]["route"], "(common)");
+    assert_eq!(overrides[0]["quota"], 13);
+    let removed = call(
+        "DELETE",
+        "/v1/quota/overrides?route=orders&consumer=alice&limit=monthly",
+    );
+    assert_eq!(removed.status, 200, "{}", removed.body);
+    let listed = admin(&one, "/v1/quota/overrides");
+    assert_eq!(
+        listed["overrides"].as_array().map(Vec::len),
+        Some(0),
+        "{listed}"
+    );
     // The dashboard's live view counts the bucket once, under (common): the two routes' counts
     // added, as /metrics counts them per route.
     let metrics = two.metrics();

@@ -884,6 +884,22 @@ fn overrides_held_by_the_gateways_come_back_when_redis_restarts_empty() {
         said.contains("calendar quotas included, was lost"),
         "{said}"
     );
+
+    // Restarted empty again, and written to at once, before any gateway's next read: the write
+    // reads the epoch first, so the loss is still found and the overrides come back with it.
+    redis.restart(&[]);
+    let bob_off =
+        "/v1/quota/overrides?route=api&limit=per_consumer&consumer=bob&quota=off&ttl_seconds=600";
+    support::eventually(
+        Duration::from_secs(10),
+        "a write once Redis answers",
+        || admin(&a, "PUT", bob_off).0 == 200,
+    );
+    support::eventually(
+        Duration::from_secs(10),
+        "the overrides back beside it",
+        || listed(&b).len() == 3,
+    );
 }
 
 /// `/readyz` of `gateway`: its status and text.

@@ -10,7 +10,9 @@ use super::problem::{required_name, Problems};
 use super::rate::{parse_calendar_rate, parse_duration, parse_rate};
 use super::raw::{RawLimit, RawResponseCost};
 use crate::limiter::algorithm::{CalendarPeriods, Period};
-use crate::limiter::{Algorithm, Cost, Leasing, Limit, Rate, ResponsePrice, Scope, AUTO_MIN_UNITS};
+use crate::limiter::{
+    Algorithm, Cost, Leasing, Limit, Rate, ResponsePrice, Scope, AUTO_MIN_UNITS, QUOTA_MEMORY_US,
+};
 use crate::route::keys::{KeyPart, KeySpec, OnMissing};
 use crate::route::pricing::CostHeaders;
 
@@ -295,6 +297,27 @@ const DEFAULT_LEASE_DIVISOR: u64 = 10;
 /// fixed window, the calendar), not to limits priced by the response (a lease is spent before
 /// any response). `auto`, the default, leases where they apply and says nothing where they do
 /// not; `leased` says so.
+/// Why `mode: auto` decides a limit exactly, if it does: leases do not apply, or it is priced
+/// by the response, or it is a GCRA quota. A GCRA takes back only the units that are still its
+/// key's last; the others free themselves as their slots pass, within the burst: for a rate,
+/// moments; for a GCRA whose burst spans an hour or more (a quota), hours of a caller's quota
+/// (`mode: leased` still leases it).
+fn auto_declines(
+    mode: LimitMode,
+    algorithm: &Algorithm,
+    leasable: bool,
+    raw: &RawLimit,
+) -> Option<&'static str> {
+    let gcra_quota = matches!(*algorithm, Algorithm::Gcra { tolerance_us, .. } if tolerance_us >= QUOTA_MEMORY_US);
+    if mode != LimitMode::Auto || (leasable && !gcra_quota && raw.cost_from_response.is_none()) {
+        return None;
+    }
+    Some(match leasable && gcra_quota && raw.cost_from_response.is_none() {
+        true => "a gcra, token_bucket or leaky_bucket whose burst spans an hour or more is decided exactly under mode: auto (its unspent units could stay charged for hours): set mode: leased to lease it",
+        false => "applies only to a limit that can be leased: gcra, token_bucket, leaky_bucket (without max_delay), fixed_window or calendar, not priced by the response",
+    })
+}
+
 fn compile_leasing(
     at: &str,
     raw: &RawLimit,
@@ -317,12 +340,9 @@ fn compile_leasing(
         Algorithm::FixedWindow { .. } | Algorithm::Calendar { .. } => true,
         _ => false,
     };
-    if mode == LimitMode::Auto && (!leasable || raw.cost_from_response.is_some()) {
+    if let Some(why) = auto_declines(mode, algorithm, leasable, raw) {
         if raw.lease_units.is_some() {
-            p.add(
-                format!("{at}.lease_units"),
-                "applies only to a limit that can be leased: gcra, token_bucket, leaky_bucket (without max_delay), fixed_window or calendar, not priced by the response",
-            );
+            p.add(format!("{at}.lease_units"), why);
         }
         return None;
     }
@@ -913,9 +933,18 @@ mod tests {
             "{ name: c, algorithm: concurrency, max: 100 }",
             "{ name: t, rate: 1000/m, cost_from_response: { header: x-usage-tokens } }",
             "{ name: e, rate: 1000/s, mode: exact }",
+            "{ name: daily, rate: 10000/d, burst: 9999 }",
         ] {
             assert_eq!(leasing(exact), None, "{exact}");
         }
+        // A GCRA quota (its burst spans an hour or more) is leased only when asked for.
+        assert_eq!(
+            leasing("{ name: daily, rate: 10000/d, burst: 9999, mode: leased }"),
+            Some(Leasing {
+                max_units: 1000,
+                min_units: 1
+            })
+        );
         let (_, problems) = limit("{ name: e, rate: 1000/s, mode: exact, lease_units: 5 }");
         assert_eq!(
             problems,

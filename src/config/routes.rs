@@ -12,7 +12,7 @@ use super::problem::{millis_within, required_name, Problems};
 use super::raw::{RawLimit, RawMatch, RawRoute};
 use super::tiers::{self, LimitVariants, TierSettings};
 use crate::caller::consumers::{AuthMode, Verifiers};
-use crate::limiter::FailureMode;
+use crate::limiter::{FailureMode, Limit};
 use crate::route::keys::{canonical_parts, KeyPart, KeySecret, KeySpec, RouteKeys};
 use crate::route::path::{normalize, PathRules};
 use crate::route::table::{HostMatch, PathMatch, Route, RouteMatch};
@@ -158,9 +158,10 @@ fn compile_limits(
             }
         })
         .collect();
-    let specs: Vec<&KeySpec> = compiled.iter().flatten().map(|l| l.written().1).collect();
+    let written: Vec<(&Limit, &KeySpec)> = compiled.iter().flatten().map(|l| l.written()).collect();
+    let specs: Vec<&KeySpec> = written.iter().map(|(_, spec)| *spec).collect();
     check_shards(at, &specs, p);
-    check_common(at, &specs, p);
+    check_common(at, &written, p);
     compiled
 }
 
@@ -192,8 +193,9 @@ fn used(
 /// common limits are keyed on the same parts, it has no split limit, and each limit of its own
 /// counted in Redis is keyed on at least those parts, so one caller's keys of one call share
 /// one Redis Cluster slot on every route.
-fn check_common(at: &str, specs: &[&KeySpec], p: &mut Problems) {
-    let Some(first) = specs.iter().find(|spec| spec.common) else {
+fn check_common(at: &str, limits: &[(&Limit, &KeySpec)], p: &mut Problems) {
+    let mut common = limits.iter().filter(|(_, spec)| spec.common);
+    let Some((_, first)) = common.next() else {
         return;
     };
     let parts = canonical_parts(&first.parts);
@@ -201,24 +203,27 @@ fn check_common(at: &str, specs: &[&KeySpec], p: &mut Problems) {
         let names: Vec<String> = parts.iter().map(ToString::to_string).collect();
         format!("[{}]", names.join(", "))
     };
-    for spec in specs.iter().filter(|spec| spec.common) {
+    for (limit, spec) in common {
         if canonical_parts(&spec.parts) != parts {
             p.add(
                 format!("{at}.limits"),
                 format!(
                     "the common limits a route uses must be keyed on the same parts: {} is keyed on {}, another on {}",
-                    base_name(&spec.limit), named(&spec.parts), named(&parts)
+                    limit.name, named(&spec.parts), named(&parts)
                 ),
             );
         }
     }
-    if specs.iter().any(|spec| spec.shards > 1) {
+    if limits.iter().any(|(_, spec)| spec.shards > 1) {
         p.add(
             format!("{at}.limits"),
             "a route that uses a common limit cannot have split limits: each shard is a slot of its own",
         );
     }
-    for spec in specs.iter().filter(|spec| !spec.common && !spec.local) {
+    for (limit, spec) in limits
+        .iter()
+        .filter(|(_, spec)| !spec.common && !spec.local)
+    {
         let missing: Vec<KeyPart> = parts
             .iter()
             .filter(|part| !spec.parts.contains(part))
@@ -229,18 +234,11 @@ fn check_common(at: &str, specs: &[&KeySpec], p: &mut Problems) {
                 format!("{at}.limits"),
                 format!(
                     "limit {} lacks {} of the common limits' key {}: every limit of a route that uses a common limit is counted in that caller's Redis Cluster slot (add the parts, or scope: local)",
-                    base_name(&spec.limit), named(&missing), named(&parts)
+                    limit.name, named(&missing), named(&parts)
                 ),
             );
         }
     }
-}
-
-/// A key spec's limit name without its fingerprint (`monthly.1a2b3c4d` → `monthly`).
-fn base_name(fingerprinted: &str) -> &str {
-    fingerprinted
-        .rsplit_once('.')
-        .map_or(fingerprinted, |(name, _)| name)
 }
 
 /// One request's keys are cut into one number of shards: split limits of a route agree.

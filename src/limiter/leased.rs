@@ -429,6 +429,10 @@ impl Holding {
             .saturating_mul(1000)
             .saturating_sub(REPLY_ROUNDING_US);
         self.until = now + micros(ahead_us);
+        if matches!(self.lapse, Lapse::Close { .. }) && self.units == 0 {
+            // A window's units are spendable until it closes: so are any put back into it.
+            self.lapse_at = self.until;
+        }
         self.topped_up_at = now;
         self.spent_since_top_up = cost;
         self.last_used = now;
@@ -761,16 +765,40 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
     }
 }
 
-/// Whether `answer` denied a lease one of `plans` asked for (its statuses are the asked plans',
-/// in order).
-fn lease_denied(plans: &Plans<'_, '_>, answer: &Decision) -> bool {
-    let mut statuses = answer.statuses.iter();
-    plans.iter().any(|plan| match plan.step {
-        Step::Ask { size, .. } => {
-            statuses.next().is_some_and(|status| !status.allowed) && size != LeaseSize::NONE
+/// The places, among the asked plans (in order), of the leases `answer` denied.
+fn denied_leases(plans: &Plans<'_, '_>, answer: &Decision) -> SmallVec<[usize; LIMITS_INLINE]> {
+    let asked = plans.iter().filter_map(|plan| match plan.step {
+        Step::Ask { size, .. } => Some(size != LeaseSize::NONE),
+        Step::Held { .. } => None,
+    });
+    let denied = |place: usize| answer.statuses.get(place).is_some_and(|s| !s.allowed);
+    asked
+        .enumerate()
+        .filter(|&(place, leasing)| leasing && denied(place))
+        .map(|(place, _)| place)
+        .collect()
+}
+
+/// Which of a call's asked limits keep the units their lease took, by their place among the
+/// asked ones: none when the call was asked again exactly; all but those asked again when only
+/// shadow limits denied their leases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LeasesKept(u64);
+
+impl LeasesKept {
+    const ALL: LeasesKept = LeasesKept(u64::MAX);
+    const NONE: LeasesKept = LeasesKept(0);
+
+    fn stands(self, place: usize) -> bool {
+        place < 64 && self.0 & (1 << place) != 0
+    }
+
+    fn without(self, place: usize) -> LeasesKept {
+        match place < 64 {
+            true => LeasesKept(self.0 & !(1 << place)),
+            false => self,
         }
-        Step::Held { .. } => false,
-    })
+    }
 }
 
 /// A status for a step the code above never produces (the answer's length is checked first):
@@ -845,8 +873,8 @@ impl<L: Limiter, S: SettleUnits + 'static> Limiter for Leased<L, S> {
         }
         let mut unspent = Vec::new();
         let answered = self.ask_backend(request, &plans, &mut unspent).await;
-        let decided = answered.map(|(answer, leasing)| {
-            let statuses = self.merge(&plans, &answer, leasing, now, &mut unspent);
+        let decided = answered.map(|(answer, kept)| {
+            let statuses = self.merge(&plans, &answer, kept, now, &mut unspent);
             request.decision(statuses)
         });
         if !unspent.is_empty() {
@@ -920,16 +948,32 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
         request: &LimitRequest<'_>,
         plans: &Plans<'_, '_>,
         unspent: &mut Vec<Unspent>,
-    ) -> Result<(Decision, bool), LimiterError> {
+    ) -> Result<(Decision, LeasesKept), LimiterError> {
         let mut answer = self.ask(request, plans, false).await;
-        // The larger ask stands only if it was allowed, and every lease in it too (a shadow
-        // limit's denial does not deny the request); otherwise ask once more, exactly.
-        let mut leasing = plans
+        let leasing = plans
             .iter()
             .any(|plan| matches!(plan.step, Step::Ask { size, .. } if size != LeaseSize::NONE));
-        if leasing && matches!(&answer, Ok(d) if !d.allowed() || lease_denied(plans, d)) {
-            answer = self.ask(request, plans, true).await;
-            leasing = false;
+        let mut kept = match leasing {
+            true => LeasesKept::ALL,
+            false => LeasesKept::NONE,
+        };
+        match &mut answer {
+            // A denied call wrote nothing: ask once more, exactly, so a request is never denied
+            // for units it did not need.
+            Ok(d) if leasing && !d.allowed() => {
+                answer = self.ask(request, plans, true).await;
+                kept = LeasesKept::NONE;
+            }
+            // Allowed, but a shadow limit denied its lease: the call wrote every other limit
+            // (asking all again would charge them twice) and nothing of that one, which is asked
+            // again alone, at its own cost.
+            Ok(d) if leasing => {
+                for place in denied_leases(plans, d) {
+                    self.ask_alone(request, plans, place, d).await;
+                    kept = kept.without(place);
+                }
+            }
+            _ => {}
         }
         let asked = plans
             .iter()
@@ -947,7 +991,38 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
         if answer.is_err() {
             self.unwind(plans, unspent);
         }
-        answer.map(|answer| (answer, leasing))
+        answer.map(|answer| (answer, kept))
+    }
+
+    /// Asks the limit at `place` among the asked plans again, alone and at its own cost, and
+    /// writes its answer into `answer` (unless the backend could not decide: then it stands
+    /// denied, having consumed nothing).
+    async fn ask_alone(
+        &self,
+        request: &LimitRequest<'_>,
+        plans: &Plans<'_, '_>,
+        place: usize,
+        answer: &mut Decision,
+    ) {
+        let asked = plans
+            .iter()
+            .filter(|plan| matches!(plan.step, Step::Ask { .. }));
+        let Some(plan) = asked.clone().nth(place) else {
+            return;
+        };
+        let alone = [*plan.entry];
+        let decided = self
+            .inner
+            .check(&LimitRequest {
+                entries: &alone,
+                ..*request
+            })
+            .await;
+        if let (Ok(decided), Some(status)) = (decided, answer.statuses.get_mut(place)) {
+            if let Some(&fresh) = decided.statuses.first() {
+                *status = fresh;
+            }
+        }
     }
 
     /// Every limit's status: held ones as paid (their units put back if the request is denied
@@ -957,13 +1032,14 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
         &self,
         plans: &Plans<'_, '_>,
         answer: &Decision,
-        leasing: bool,
+        leases: LeasesKept,
         now: Instant,
         unspent: &mut Vec<Unspent>,
     ) -> Statuses {
         let allowed = answer.allowed();
-        // The asked limits' statuses, in order (one per asked limit: checked by ask_backend).
-        let mut answered = answer.statuses.iter();
+        // The asked limits' statuses, in order (one per asked limit: checked by ask_backend),
+        // each with its place among them.
+        let mut answered = answer.statuses.iter().enumerate();
         let mut statuses = Statuses::new();
         for &Plan { entry, step } in plans {
             let status = match step {
@@ -974,9 +1050,9 @@ impl<L: Limiter, S: SettleUnits + 'static> Leased<L, S> {
                     status
                 }
                 Step::Ask { size, topping_up } => match answered.next() {
-                    Some(status) => {
+                    Some((place, status)) => {
                         // A shadow limit that denied consumed nothing, even in an allowed request.
-                        let kept = if allowed && leasing && status.allowed {
+                        let kept = if allowed && leases.stands(place) && status.allowed {
                             size.held
                         } else {
                             0
@@ -1369,6 +1445,28 @@ mod tests {
         );
         let unspent = holdings.put_back(&one(&limit), e).expect("no holding left");
         assert_eq!((unspent.units, unspent.mark_us), (1, 2_500_000));
+    }
+
+    #[test]
+    fn a_windows_unit_put_back_into_a_holding_made_meanwhile_is_spendable_until_it_closes() {
+        let t0 = ManualClock::new(0).instant();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let holdings = Holdings::new(10, LeaseMeters::unregistered());
+        let [limit] = leased(window(100), 10);
+        let leasing = limit.leased.expect("leased");
+        holdings.take(&limit, leasing, KEY, 1, t0);
+        holdings.credit_top_up(KEY, 3, 1, &answer(90, 60_000, 60_000_000), t0);
+        // A takes a unit and waits on its other limits; the idle holding is swept meanwhile.
+        let a = taken(holdings.take(&limit, leasing, KEY, 1, ms(1)));
+        holdings.sweep(ms(300));
+        // B finds no holding: a new one, asked exactly, nothing kept, in the same window.
+        holdings.take(&limit, leasing, KEY, 1, ms(400));
+        holdings.credit_top_up(KEY, 0, 1, &answer(80, 59_000, 60_000_000), ms(400));
+        // A is denied: its unit goes into B's holding, spendable until the window closes.
+        assert!(holdings.put_back(&one(&limit), a).is_none());
+        let mut holding = holdings.holdings.get_mut(KEY).expect("held");
+        assert_eq!(holding.lapse(ms(500)), 0, "not lapsed at once");
+        assert_eq!(holding.units, 1);
     }
 
     #[test]

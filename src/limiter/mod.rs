@@ -54,7 +54,7 @@ pub use id::RequestId;
 pub use key::{push_hex, Key, KEY_INLINE};
 pub use limit::{
     BadCost, Cost, CostReport, Leasing, Limit, ResponsePrice, Scope, Sent, AUTO_MIN_UNITS,
-    LIMITS_INLINE,
+    LIMITS_INLINE, QUOTA_MEMORY_US,
 };
 pub use pairs::{paired, paired_mut};
 pub use persistence::{Kept, Persistence};

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::caller::consumers::{AuthMode, Consumer, PlanId, Plans, MAX_CONSUMER_ID};
 use crate::limiter::Limit;
-use crate::route::table::{Route, RouteTable};
+use crate::route::table::{Route, RouteTable, COMMON};
 use crate::route::tiers::{Tier, TierId};
 
 /// One override as stored and listed.
@@ -42,20 +42,30 @@ impl QuotaOverride {
         serde_json::to_string(&parts).unwrap_or_default()
     }
 
-    /// Whether it overrides a common limit that `route` uses too (the one bucket has one quota
-    /// on every route: an override set through one route applies on all of them).
-    fn reaches_common(&self, routes: &RouteTable, route: &Route) -> bool {
-        let through = routes.named(&self.route);
-        through.is_some_and(|through| through.tiers.uses_common(&self.limit))
-            && route.tiers.uses_common(&self.limit)
+    /// Whether it applies on `route`: the route it names, or, for a common limit's (named
+    /// [`COMMON`]: one bucket, one quota), every route that uses that limit.
+    fn applies_on(&self, route: &Route) -> bool {
+        match self.route == COMMON {
+            true => route.tiers.uses_common(&self.limit),
+            false => *self.route == *route.name,
+        }
     }
 
-    /// Checks it against `routes`: the route and its limit exist, the consumer's id is within
-    /// bounds, and the limit can run at the quota. `Ok`: the limit as written.
+    /// Checks it against `routes`: the route (every route using the common limit, for a common
+    /// limit's) and its limit exist, the consumer's id is within bounds, and the limit can run
+    /// at the quota. `Ok`: the limit as written.
     pub fn check<'r>(&self, routes: &'r RouteTable) -> Result<&'r Limit, Unfit> {
-        let route = routes
-            .named(&self.route)
-            .ok_or_else(|| Unfit::NoRoute(self.route.clone()))?;
+        let named = match self.route == COMMON {
+            // A consumer's override needs a route using it that verifies callers.
+            true => routes
+                .in_file_order()
+                .into_iter()
+                .filter(|route| route.tiers.uses_common(&self.limit))
+                .find(|route| route.auth.mode != AuthMode::Off || self.consumer.is_none())
+                .or_else(|| routes.using_common(&self.limit)),
+            false => routes.named(&self.route),
+        };
+        let route = named.ok_or_else(|| Unfit::NoRoute(self.route.clone()))?;
         let written = route
             .tiers
             .written()
@@ -181,7 +191,7 @@ impl CompiledOverrides {
             let of_route: Vec<&QuotaOverride> = limits
                 .iter()
                 .copied()
-                .filter(|o| *o.route == *route.name || o.reaches_common(routes, route))
+                .filter(|o| o.applies_on(route))
                 .collect();
             if !of_route.is_empty() {
                 by_route.insert(route.index, RouteOverrides::of(route, &of_route, instances));

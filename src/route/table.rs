@@ -117,6 +117,10 @@ pub struct RouteTable {
     routes: Vec<Arc<Route>>,
 }
 
+/// What stands for "every route that uses it" where a route is named (a common limit's
+/// override, its series on the dashboard): no route's name has parentheses.
+pub const COMMON: &str = "(common)";
+
 impl RouteTable {
     pub fn new(mut routes: Vec<Route>) -> RouteTable {
         routes.sort_by_key(|r| std::cmp::Reverse(r.matcher.specificity()));

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::observe::live::{Counts, DECISIONS, SERVER_ERRORS};
+use crate::route::table::COMMON;
 use crate::runtime::snapshot::Live;
 
 /// How often the counters are sampled.
@@ -28,12 +29,8 @@ pub async fn keep(live: &Live) {
     }
 }
 
-/// The route name of a common limit's series: one bucket for every route that uses it, so one
-/// series, its routes' counts added up. Not a route's name (those have no parentheses).
-pub const COMMON: &str = "(common)";
-
 /// One sample: every `(route, limit)` series of the configuration in force, with its totals;
-/// a common limit's once, under [`COMMON`].
+/// a common limit's once, under [`COMMON`]: one bucket, its routes' counts added up.
 pub fn sample(live: &Live) {
     let snapshot = live.load_full();
     let common: Arc<str> = COMMON.into();

@@ -24,8 +24,8 @@ use crate::observe::metrics::BREAKER_STATE;
 use crate::route::describe;
 use crate::route::table::Route;
 use crate::route::tiers::TierId;
-use crate::upstream::health::{HealthRecord, HealthState};
 use crate::runtime::durability::Warning;
+use crate::upstream::health::{HealthRecord, HealthState};
 use crate::upstream::pool::Pool;
 
 /// How many seconds the live view shows as bars, and sums as "the last minute".

@@ -21,7 +21,7 @@ use crate::limiter::admin::credit_kind;
 use crate::limiter::admin::MAX_OVERRIDES;
 use crate::limiter::{Credited, Policy, Put, QuotaStore};
 use crate::route::overrides::{Override, PlanOverride, QuotaOverride, Unfit};
-use crate::route::table::RouteTable;
+use crate::route::table::{RouteTable, COMMON};
 use crate::runtime::overrides::{admin_tables, refresh};
 use crate::runtime::snapshot::Live;
 pub use error::AdminError;
@@ -125,6 +125,12 @@ pub async fn serve(
     let call = Call::of(path, method)?;
     let params = Params::parse(query)?;
     let asked = (call, &params, caller);
+    if call != Call::ListOverrides {
+        // A write moves the admin epoch on: read it first, so a Redis that lost the admin
+        // tables since the last read is found (and the overrides restored) before the write
+        // could hide it. No write while it cannot be read.
+        refresh(policy, live).await.map_err(AdminError::unread)?;
+    }
     let answer = match call {
         Call::Reset => reset(policy, live, asked).await?,
         Call::Credit => credit(policy, live, asked).await?,
@@ -369,15 +375,24 @@ async fn delete(
     Ok(serde_json::from_str::<Override>(&removed).ok())
 }
 
-/// The override a `PUT` or `DELETE` names (through `routes`: a common limit's override
-/// names the first route using it, and applies on every one).
+/// The override a `PUT` or `DELETE` names (through `routes`): a common limit's, named through
+/// any route that uses it or none, is one override for every route using it (named
+/// [`COMMON`]).
 fn named_override(
     params: &Params,
     caller: &Caller,
     routes: &RouteTable,
 ) -> Result<QuotaOverride, AdminError> {
+    let through = params.route_in(routes)?;
+    let limit = params.limit()?;
+    let common = routes
+        .named(through)
+        .is_some_and(|route| route.tiers.uses_common(limit));
     Ok(QuotaOverride {
-        route: params.route_in(routes)?.to_string(),
+        route: match common {
+            true => COMMON.to_string(),
+            false => through.to_string(),
+        },
         limit: params.limit()?.to_string(),
         consumer: params.consumer.clone(),
         quota: None,

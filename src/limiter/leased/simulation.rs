@@ -44,14 +44,16 @@ pub enum Mode {
     Leased,
 }
 
-/// One limit of the route: its algorithm at one of three sizes, its mode, and whether each
-/// client has its own key (else one key for all).
+/// One limit of the route: its algorithm at one of three sizes, its mode, whether each client
+/// has its own key (else one key for all), and whether it is a shadow limit (decided and
+/// counted, never denying: it consumes only what it allows).
 #[derive(Debug, Clone, Copy)]
 pub struct Spec {
     pub kind: Kind,
     pub size: usize,
     pub mode: Mode,
     pub per_client: bool,
+    pub shadow: bool,
 }
 
 impl Spec {
@@ -101,6 +103,7 @@ impl Spec {
         let algorithm = self.algorithm();
         let rate = Rate::new(1, std::time::Duration::from_secs(1)).expect("a rate");
         let mut limit = Limit::new(&format!("l{index}"), algorithm, 1, rate);
+        limit.shadow = self.shadow;
         let leasable = matches!(
             algorithm,
             Algorithm::Gcra { .. } | Algorithm::FixedWindow { .. } | Algorithm::Calendar { .. }
@@ -305,6 +308,11 @@ impl<L: Limiter, S: SettleUnits + 'static, B: Stored> World<L, S, B> {
         let to_us = self.clock.now_us();
         if decision.allowed() {
             for (limit, &cost) in costs.iter().enumerate() {
+                // A shadow limit that denied consumed nothing.
+                let consumed = decision.statuses.get(limit).is_some_and(|s| s.allowed);
+                if self.specs[limit].shadow && !consumed {
+                    continue;
+                }
                 self.admitted[limit].push(Admitted {
                     from_us,
                     to_us,

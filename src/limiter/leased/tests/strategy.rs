@@ -15,12 +15,16 @@ fn spec() -> impl Strategy<Value = Spec> {
         Just(Kind::SlidingLog),
     ];
     let modes = prop_oneof![Just(Mode::Exact), Just(Mode::Auto), Just(Mode::Leased)];
-    (kinds, 0..3usize, modes, any::<bool>()).prop_map(|(kind, size, mode, per_client)| Spec {
-        kind,
-        size,
-        mode,
-        per_client,
-    })
+    let shadow = prop_oneof![4 => Just(false), 1 => Just(true)];
+    (kinds, 0..3usize, modes, any::<bool>(), shadow).prop_map(
+        |(kind, size, mode, per_client, shadow)| Spec {
+            kind,
+            size,
+            mode,
+            per_client,
+            shadow,
+        },
+    )
 }
 
 /// Bursts of up to `requests` requests (three in four phases), or silences up to 2.5 s.

@@ -87,7 +87,7 @@ static ALLOCATOR: MiMalloc = MiMalloc;
 /// Prints the decision script holding the algorithms named in `names` (comma-separated; empty:
 /// all of them), as a script or as a function library.
 fn print_script(names: &str, library: bool) -> ExitCode {
-    use sluice::limiter::script::{decision_script, decision_source, Algorithms};
+    use sluice::limiter::redis::script::{decision_script, decision_source, Algorithms};
     let algorithms = if names.is_empty() {
         Some(Algorithms::ALL)
     } else {

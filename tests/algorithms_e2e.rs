@@ -287,7 +287,7 @@ fn admitted(gateway: &Gateway, n: usize) -> usize {
 /// is exact, so Redis counts the 8 alone: with leases (no mode: auto) the gateway may hold
 /// units of 100/d that it gives back only once the key is idle, and whether any are left to
 /// give back depends on how the 8 fell into top-ups (units held across a reload are
-/// `tests/scale_out.rs`'s and `limiter/leased.rs`'s).
+/// `tests/scale_out.rs`'s and `limiter/leased/`'s).
 #[test]
 fn a_reload_keeps_the_usage_of_a_limit_whose_state_keeps_its_meaning() {
     let redis = RedisServer::start();

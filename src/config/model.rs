@@ -12,7 +12,7 @@ use super::rls::RlsSettings;
 use super::server::ServerSettings;
 use crate::caller::address::TrustedProxies;
 use crate::caller::consumers::{Known, Verifiers};
-use crate::limiter::script::Algorithms;
+use crate::limiter::redis::script::Algorithms;
 use crate::limiter::Secret;
 use crate::limiter::{FailureMode, Scope};
 use crate::route::keys::KeySecret;
@@ -66,7 +66,7 @@ pub struct Config {
 
 impl Config {
     /// Every algorithm its limits use, on routes and in rate limit service domains: the
-    /// decision scripts its requests may call are those of their sets (`limiter::warm`).
+    /// decision scripts its requests may call are those of their sets (`limiter::redis::warm`).
     pub fn algorithms(&self) -> Algorithms {
         let routes = self.routes.in_file_order().into_iter();
         let domains = self.rls.iter().flat_map(|rls| rls.domains.iter());

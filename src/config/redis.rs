@@ -15,7 +15,7 @@ use crate::limiter::{RedisAuth, RedisTls, Topology};
 
 pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 25;
 pub const DEFAULT_KEY_PREFIX: &str = "sluice";
-/// Decisions one script call may carry (`limiter::coalesce`).
+/// Decisions one script call may carry (`limiter::redis::coalesce`).
 pub const DEFAULT_MAX_BATCH: usize = 32;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,7 +24,7 @@ pub trait Limiter: Send + Sync {
         request: &LimitRequest<'_>,
     ) -> impl Future<Output = Result<Decision, LimiterError>> + Send;
 
-    /// Units of `key` this gateway holds unspent (leases, `leased.rs`): counted as used where
+    /// Units of `key` this gateway holds unspent (leases, `leased/`): counted as used where
     /// the limit is counted, still this gateway's to admit. None for a limiter that holds none.
     fn held_units(&self, _key: &[u8]) -> u64 {
         0

@@ -17,17 +17,17 @@ use super::admin::{AdminTables, Credited, Listed, Put, QuotaStore, Restored};
 use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
-use super::coalesce::Coalescing;
 use super::decision::Decision;
 use super::error::LimiterError;
 use super::guard::{BehindBreaker, GuardMeters, Guarded};
 use super::leased::{LeaseMeters, Leased};
 use super::local::LocalLimiter;
-use super::persistence::Persistence;
+use super::redis::coalesce::Coalescing;
+use super::redis::persistence::Persistence;
+use super::redis::script::Algorithms;
+use super::redis::topology::{RedisAuth, Topology};
 use super::redis::RedisLimiter;
 use super::request::LimitRequest;
-use super::script::Algorithms;
-use super::topology::{RedisAuth, Topology};
 
 /// What decides in Redis: the backend behind its deny cache and breaker, then its leases (whose
 /// unspent units go back through the breaker).
@@ -84,7 +84,7 @@ impl Engine {
     }
 
     /// The configuration in force uses `algorithms`: Redis loads their decision scripts
-    /// before readiness says ready (`warm.rs`); the in-process backend runs none.
+    /// before readiness says ready (`redis/warm.rs`); the in-process backend runs none.
     pub fn want_scripts(&self, algorithms: Algorithms) {
         if let Engine::Redis(redis) = self {
             redis.backend.want_scripts(algorithms);
@@ -117,7 +117,7 @@ impl Engine {
     }
 
     /// Forgets every denial the deny cache holds: a reset, credit or override elsewhere may
-    /// have made them wrong (`admin.rs`).
+    /// have made them wrong (`admin/`).
     pub fn forget_denials(&self) {
         if let Engine::Redis(redis) = self {
             redis.decide.inner().forget_denials();

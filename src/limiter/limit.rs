@@ -138,7 +138,7 @@ pub struct Limit {
     /// body and the usage API (a guard whose numbers are not the client's business).
     pub hidden: bool,
     /// `mode: leased` or `auto` (the default where leases apply): taken from Redis in leases
-    /// and spent locally (`leased.rs`); `None`: exact, one decision in Redis per request.
+    /// and spent locally (`leased/`); `None`: exact, one decision in Redis per request.
     pub leased: Option<Leasing>,
     /// `cost_from_response`: the cost is the estimate at admission, settled by the response.
     pub priced_by_response: Option<ResponsePrice>,

@@ -61,7 +61,7 @@ pub struct LocalLimiter {
     clock: Arc<dyn Clock>,
     shard_capacity: usize,
     max_keys: usize,
-    /// The admin API's credit ids and overrides (`admin.rs`).
+    /// The admin API's credit ids and overrides (`admin/`).
     book: Mutex<AdminBook>,
 }
 

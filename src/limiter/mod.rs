@@ -1,9 +1,22 @@
 //! The limiter layer. [`policy`] owns the verdict on a request: it asks the configured
 //! [`engine`] (Redis behind its deny cache, breaker and leases, or in-process) to decide every
 //! limit of a route at once, consuming only if all allow, and applies the route's failure mode
-//! when it cannot. Below it: the seam ([`backend`]), the backends ([`redis`], whose decisions
-//! queue into batches in [`coalesce`], and [`local`]) and their decorators ([`guard`], [`leased`]), and the vocabulary they share (limits, asks,
-//! statuses, decisions, errors, the algorithms).
+//! when it cannot.
+//!
+//! The files directly in this folder are the decision core: the policy and the engine it
+//! calls, the seam ([`backend`]), the in-process backend ([`local`]) and the deny cache and
+//! breaker ([`guard`]), and the vocabulary they share (limits, rates, keys, asks, records,
+//! statuses, decisions, verdicts, errors, secrets, the clock, the [`algorithm`]s). The rest
+//! lives in rooms, each a folder with its own `//!`:
+//!
+//! * [`redis`]: the Redis backend and its plumbing: the links to one server, a Cluster or
+//!   Sentinels, the decision lane's direct connection, the topology, the Lua scripts, the
+//!   coalescer that sends queued decisions as one call, the script warmer, and what the
+//!   masters persist.
+//! * [`leased`]: leased quotas, a decorator that spends units a gateway holds, and its
+//!   simulation.
+//! * [`adaptive`]: adaptive concurrency, a route's in-flight limit that follows its upstream.
+//! * [`admin`]: the quota admin API's store (resets, credits, overrides) in either backend.
 //!
 //! This file only names the modules and re-exports their main types; the modules reach each
 //! other directly, never through here.
@@ -13,9 +26,7 @@ pub mod admin;
 pub mod algorithm;
 pub(crate) mod backend;
 pub mod clock;
-pub(crate) mod coalesce;
 pub(crate) mod decision;
-pub(crate) mod direct;
 pub(crate) mod engine;
 pub(crate) mod error;
 pub(crate) mod fields;
@@ -24,29 +35,29 @@ pub(crate) mod id;
 pub(crate) mod key;
 pub mod leased;
 pub(crate) mod limit;
-pub(crate) mod link;
 pub mod local;
 pub(crate) mod pairs;
-pub mod persistence;
 pub(crate) mod policy;
 pub(crate) mod rate;
 pub(crate) mod record;
 pub mod redis;
 pub(crate) mod request;
 pub(crate) mod rules;
-pub mod script;
 pub(crate) mod secret;
 pub(crate) mod status;
 #[cfg(test)]
 pub(crate) mod testing;
-pub(crate) mod topology;
 pub(crate) mod verdict;
-pub(crate) mod warm;
 
+/// The decision scripts, also at their path from before the Redis room (tests and benches).
+pub use self::redis::script;
+
+pub use self::redis::coalesce::Coalescing;
+pub use self::redis::persistence::{Kept, Persistence};
+pub use self::redis::topology::{RedisAuth, RedisTls, Topology};
 pub use admin::{AdminTables, Credited, Listed, Put, QuotaStore, Restored, StoredOverride};
 pub use algorithm::{Algorithm, Change};
 pub use backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
-pub use coalesce::Coalescing;
 pub use decision::{Decision, Retry, Source, Statuses};
 pub use engine::Engine;
 pub use error::{ErrorKind, LimiterError};
@@ -57,7 +68,6 @@ pub use limit::{
     LIMITS_INLINE, QUOTA_MEMORY_US,
 };
 pub use pairs::{paired, paired_mut};
-pub use persistence::{Kept, Persistence};
 pub use policy::{Policy, PolicyMeters};
 pub use rate::Rate;
 pub use record::{
@@ -67,5 +77,4 @@ pub use request::{asks, entries, Ask, Asks, Entry, LimitRequest};
 pub use rules::{FailureMode, LimitRules};
 pub use secret::Secret;
 pub use status::LimitStatus;
-pub use topology::{RedisAuth, RedisTls, Topology};
 pub use verdict::{Answered, Decider, Outcome, Verdict};

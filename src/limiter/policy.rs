@@ -24,11 +24,11 @@ use super::error::{ErrorKind, LimiterError};
 use super::id::RequestId;
 use super::limit::{Limit, Scope, LIMITS_INLINE};
 use super::local::LocalLimiter;
-use super::persistence::Persistence;
 use super::record::{Asked, LimitRecord, Scale};
+use super::redis::persistence::Persistence;
+use super::redis::script::Algorithms;
 use super::request::{Entries, Entry, LimitRequest};
 use super::rules::{FailureMode, LimitRules};
-use super::script::Algorithms;
 use super::verdict::{Decider, Outcome, Verdict};
 
 /// What the policy counts: how long deciding takes (by what answered), and why it failed.
@@ -115,7 +115,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         }
     }
 
-    /// What decides: the quota admin API writes through it (`admin.rs`).
+    /// What decides: the quota admin API writes through it (`admin/`).
     pub fn engine(&self) -> &E {
         &self.engine
     }

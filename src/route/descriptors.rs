@@ -16,7 +16,7 @@ use siphasher::sip128::{Hasher128, SipHasher13};
 use smallvec::SmallVec;
 use std::hash::Hasher;
 
-use crate::limiter::script::Algorithms;
+use crate::limiter::redis::script::Algorithms;
 use crate::limiter::{push_hex, Key, Limit, PolicyLimit, Scope};
 
 /// The most descriptors one request may carry, and entries one descriptor may have.

@@ -11,7 +11,7 @@ use http::header::HeaderValue;
 use crate::caller::consumers::Consumer;
 use smallvec::SmallVec;
 
-use crate::limiter::script::Algorithms;
+use crate::limiter::redis::script::Algorithms;
 use crate::limiter::{
     fields, paired, paired_mut, Asked, Limit, LimitRecord, LimitRecords, LimitRules, PolicyLimit,
     Scope, LIMITS_INLINE,

@@ -13,7 +13,7 @@ use crate::caller::consumers::NO_PLAN;
 use crate::edge::readiness::ReadyState;
 use crate::exchange::site::RouteRuntime;
 use crate::exchange::Site;
-use crate::limiter::topology::redacted_url;
+use crate::limiter::redis::topology::redacted_url;
 use crate::limiter::FailureMode;
 use crate::limiter::Topology;
 use crate::observe::live::{

@@ -22,7 +22,7 @@ pub use state::{Settled, State, Write};
 pub enum Change {
     /// Units taken and not spent go back, quoting the mark the taking call replied.
     GiveBack { units: u64, mark_us: i64 },
-    /// A lease's unspent units go back (`limiter/leased.rs`), quoting the mark of the top-up
+    /// A lease's unspent units go back (`limiter/leased/`), quoting the mark of the top-up
     /// that took them: as [`Change::GiveBack`], except that a GCRA key gives them back only
     /// while they are still the last units it took (its TAT is the mark). Another gateway's
     /// leased units may sit after them on the TAT's timeline, spendable until their own slots

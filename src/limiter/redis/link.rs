@@ -29,8 +29,8 @@ use redis::{
     RedisConnectionInfo, RedisFuture, TlsCertificates, TlsMode, Value,
 };
 
-use super::error::{ErrorKind, LimiterError};
 use super::topology::{RedisAuth, Topology};
+use crate::limiter::error::{ErrorKind, LimiterError};
 
 /// How long a (re)connect attempt may take in the background; requests never wait for it
 /// beyond their own deadline.

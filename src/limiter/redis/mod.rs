@@ -1,3 +1,10 @@
+//! The Redis room: the backend ([`RedisLimiter`], this file) and the plumbing only it uses —
+//! the links ([`link`]: one server, a Cluster, Sentinels; [`direct`]: the decision lane's own
+//! connection), the [`topology`], the Lua scripts ([`script`]), the batching of queued
+//! decisions ([`coalesce`]), the loading of scripts ahead of use ([`warm`]) and what the
+//! masters keep across a restart ([`persistence`]). Of the decision core, only the engine
+//! (which builds the backend) and the policy (the script sets, persistence) reach in here.
+//!
 //! Redis backend: every limit of a route in one call of a decision script (`script.rs`: the
 //! one holding exactly the algorithms of the batch), under a deadline; requests that arrive
 //! while a call is in flight go together in the next one (`coalesce.rs`). The call is an
@@ -16,6 +23,14 @@
 //! checks them every second in the background, not by the next request. The same keeper loads
 //! the decision scripts the configuration may call before readiness says ready and before a
 //! reload takes effect (`warm.rs`), so the first decision does not pay their load.
+
+pub(crate) mod coalesce;
+pub(crate) mod direct;
+pub(crate) mod link;
+pub mod persistence;
+pub mod script;
+pub(crate) mod topology;
+pub(crate) mod warm;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -38,16 +53,16 @@ use super::admin::{self, AdminTables, Credited, Listed, Put, QuotaStore, Restore
 use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
-use super::coalesce::{Coalescer, Coalescing, Execute};
 use super::decision::Decision;
-use super::direct::{DirectLink, Loan, Resp};
 use super::error::{ErrorKind, LimiterError};
-use super::link::{Answered, Connection, Link};
-use super::persistence::{Kept, Persistence};
 use super::request::LimitRequest;
-use super::script::{self, Algorithms, Call, DecisionScript, Invoke};
-use super::topology::{RedisAuth, Topology};
-use super::warm::{Scripts, Warmth};
+use coalesce::{Coalescer, Coalescing, Execute};
+use direct::{DirectLink, Loan, Resp};
+use link::{Answered, Connection, Link};
+use persistence::{Kept, Persistence};
+use script::{Algorithms, Call, DecisionScript, Invoke};
+use topology::{RedisAuth, Topology};
+use warm::{Scripts, Warmth};
 
 /// Times a batch is sent while Redis answers that it does not know the script or function. A
 /// refused call never ran, so each try is safe; a flush that lands between a load and its call

@@ -9,7 +9,7 @@
 //! when it uses one algorithm, three for two, at most 63.
 //!
 //! [`Warmth`] is what the Redis backend knows of them: the scripts wanted (by the configuration
-//! in force) and those the server is known to hold. The connection keeper (`redis.rs`) loads
+//! in force) and those the server is known to hold. The connection keeper (`mod.rs`) loads
 //! what is wanted and not held, woken at once when a reload wants more. It forgets what the
 //! server holds when the connection breaks (a restarted server may have lost them) and when a
 //! call finds one missing (`FUNCTION FLUSH`, `SCRIPT FLUSH`), and loads them again.

@@ -5,34 +5,37 @@ use std::sync::OnceLock;
 
 use smallvec::SmallVec;
 
-use super::algorithm::{Algorithm, Change};
-use super::clock::{Clock, SystemClock};
-use super::decision::{Decision, Statuses};
-use super::error::LimiterError;
-use super::id::RequestId;
-use super::limit::Limit;
-use super::request::LimitRequest;
-use super::status::LimitStatus;
+use crate::limiter::algorithm::{Algorithm, Change};
+use crate::limiter::clock::{Clock, SystemClock};
+use crate::limiter::decision::{Decision, Statuses};
+use crate::limiter::error::LimiterError;
+use crate::limiter::id::RequestId;
+use crate::limiter::limit::Limit;
+use crate::limiter::request::LimitRequest;
+use crate::limiter::status::LimitStatus;
 
 /// The helpers every script starts with.
-const PRELUDE: &str = include_str!("../../lua/prelude.lua");
+const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 
 /// Each algorithm's name (`Algorithm::script_name`) and file, in the order of [`Algorithms`]'
 /// bits.
 const ALGORITHM_FILES: [(&str, &str); 6] = [
-    ("gcra", include_str!("../../lua/gcra.lua")),
-    ("fixed_window", include_str!("../../lua/fixed_window.lua")),
-    ("calendar", include_str!("../../lua/calendar.lua")),
+    ("gcra", include_str!("../../../lua/gcra.lua")),
+    (
+        "fixed_window",
+        include_str!("../../../lua/fixed_window.lua"),
+    ),
+    ("calendar", include_str!("../../../lua/calendar.lua")),
     (
         "sliding_window",
-        include_str!("../../lua/sliding_window.lua"),
+        include_str!("../../../lua/sliding_window.lua"),
     ),
-    ("sliding_log", include_str!("../../lua/sliding_log.lua")),
-    ("concurrency", include_str!("../../lua/concurrency.lua")),
+    ("sliding_log", include_str!("../../../lua/sliding_log.lua")),
+    ("concurrency", include_str!("../../../lua/concurrency.lua")),
 ];
 
 /// The driver deciding a batch of requests (`lua/check.lua`).
-const DRIVER: &str = include_str!("../../lua/check.lua");
+const DRIVER: &str = include_str!("../../../lua/check.lua");
 
 /// A set of algorithms: which ones a decision script holds. Redis runs a script's whole text on
 /// every call, so each algorithm a script holds costs every call that does not use it (its
@@ -191,13 +194,13 @@ pub enum Invoke {
 /// Settles units earlier calls took: gives back the unspent, charges the overspent
 /// (`lua/settle.lua`, which writes a charge with the algorithms' own commit functions).
 pub const SETTLE_SOURCE: &str = concat!(
-    include_str!("../../lua/prelude.lua"),
+    include_str!("../../../lua/prelude.lua"),
     "\n",
-    include_str!("../../lua/gcra.lua"),
+    include_str!("../../../lua/gcra.lua"),
     "\n",
-    include_str!("../../lua/fixed_window.lua"),
+    include_str!("../../../lua/fixed_window.lua"),
     "\n",
-    include_str!("../../lua/settle.lua"),
+    include_str!("../../../lua/settle.lua"),
 );
 
 /// The four arguments of one key's change in a settle call (`lua/settle.lua`): what it settles
@@ -227,13 +230,13 @@ pub fn settle_args(algorithm: &Algorithm, change: Change) -> (&'static str, u64,
 /// The quota admin API's writes: reset, credit once per id, the overrides table
 /// (`lua/admin.lua`).
 pub const ADMIN_SOURCE: &str = concat!(
-    include_str!("../../lua/prelude.lua"),
+    include_str!("../../../lua/prelude.lua"),
     "\n",
-    include_str!("../../lua/admin.lua"),
+    include_str!("../../../lua/admin.lua"),
 );
 
 /// Returns a request's concurrency leases.
-pub const RELEASE_SOURCE: &str = include_str!("../../lua/release.lua");
+pub const RELEASE_SOURCE: &str = include_str!("../../../lua/release.lua");
 
 /// Integers per limit in the reply.
 pub const REPLY_STRIDE: usize = 6;

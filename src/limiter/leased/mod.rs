@@ -36,6 +36,10 @@
 //!   (`credit_top_up`); a settlement is only what goes to the backend.
 //! * A denied top-up is asked again once with the exact costs: a request is never denied for
 //!   units it did not need.
+//!
+//! The leases' room: the decorator (this file), the [`simulation`] of gateways leasing from one
+//! backend (test support, shared with `tests/leases.rs`), and the property tests in `tests/`
+//! (`strategy.rs` draws the cases for both).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Once};

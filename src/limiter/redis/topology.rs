@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::secret::Secret;
+use crate::limiter::secret::Secret;
 
 /// How sluice reaches Redis (`redis.mode`).
 #[derive(Clone, PartialEq, Eq)]

@@ -20,9 +20,9 @@ use prometheus::Histogram;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use super::decision::Statuses;
-use super::error::LimiterError;
 use super::script::{self, Call};
+use crate::limiter::decision::Statuses;
+use crate::limiter::error::LimiterError;
 
 /// Redis Cluster's number of hash slots.
 const SLOTS: usize = 16_384;
@@ -199,7 +199,7 @@ impl<E: Execute> Coalescer<E> {
 impl<E: Execute> Coalescer<E> {
     /// One call deciding `call` alone, sent at once from the caller's task: `max_batch: 1` (calls
     /// in flight together are pipelined on the connection, none waits for another's reply), or
-    /// an idle lane. The executor keeps the deadline (`redis.rs`: `within`).
+    /// an idle lane. The executor keeps the deadline (`mod.rs`: `within`).
     async fn decide_alone(&self, call: &Call, deadline: Duration) -> Result<Batched, LimiterError> {
         self.coalescing.sizes.observe(1.0);
         let flat = self.executor.execute(&[call], deadline).await?;

@@ -501,8 +501,8 @@ mod tests {
 
     #[test]
     fn a_batch_in_resp_is_byte_for_byte_the_redis_rs_command() {
+        use crate::limiter::redis::script::{self, Algorithms, Call, Invoke};
         use crate::limiter::request::{entries, LimitRequest};
-        use crate::limiter::script::{self, Algorithms, Call, Invoke};
         use crate::limiter::testing::{asks, concurrency, gcra, limit, window};
         let limits = [
             limit("a", gcra(10, 3)),

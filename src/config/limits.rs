@@ -105,7 +105,7 @@ pub(crate) fn compile_limit(
         name: name.into(),
         algorithm,
         cost,
-        policy: rate.map(|rate| rate.policy()),
+        advertised: rate.map(|rate| rate.advertised()),
         shadow: raw.shadow.unwrap_or(false),
         hidden: visibility? == HeaderVisibility::Hide,
         leased,
@@ -736,7 +736,7 @@ mod tests {
             }
         );
         assert_eq!(
-            (compiled.policy, compiled.cost),
+            (compiled.advertised, compiled.cost),
             (Some((10, 1)), Cost::Fixed(1))
         );
     }
@@ -761,7 +761,7 @@ mod tests {
             limit("{ name: q, algorithm: calendar, rate: 100000/month, time_zone: Europe/Berlin }");
         assert!(problems.is_empty(), "{problems:?}");
         let compiled = compiled.unwrap();
-        assert_eq!(compiled.policy, Some((100_000, 30 * 86_400)));
+        assert_eq!(compiled.advertised, Some((100_000, 30 * 86_400)));
         assert_eq!(
             compiled.algorithm.state_meaning(),
             "calendar:month@Europe/Berlin"

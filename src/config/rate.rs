@@ -165,7 +165,7 @@ mod tests {
     fn calendar_rates_name_a_calendar_unit() {
         let (rate, unit) = parse_calendar_rate("100000/month").unwrap();
         assert_eq!((rate.count.get(), unit), (100_000, CalendarUnit::Month));
-        assert_eq!(rate.policy(), (100_000, 30 * 86_400));
+        assert_eq!(rate.advertised(), (100_000, 30 * 86_400));
         assert_eq!(
             parse_calendar_rate(" 5 / week ").unwrap().1,
             CalendarUnit::Week

@@ -285,8 +285,8 @@ async fn peek(
         LimitUsage {
             name: limit.name.to_string(),
             common,
-            limit: limit.policy.map(|(quota, _)| quota),
-            window_seconds: limit.policy.map(|(_, window)| window),
+            limit: limit.advertised.map(|(quota, _)| quota),
+            window_seconds: limit.advertised.map(|(_, window)| window),
             remaining: status.map(|s| s.remaining),
             reset_seconds: status.map(|s| whole_seconds(s.reset_after_ms)),
             unavailable: (!readable)

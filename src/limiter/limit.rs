@@ -130,7 +130,7 @@ pub struct Limit {
     pub cost: Cost,
     /// What the `RateLimit-Policy` header advertises: quota `q` per `w` seconds; `None` for
     /// limits that are not rates (concurrency).
-    pub policy: Option<(u64, u64)>,
+    pub advertised: Option<(u64, u64)>,
     /// Decided and counted, never enforced: a denial lets the request through (and consumes
     /// nothing from this limit), for rolling out new limits safely.
     pub shadow: bool,
@@ -189,7 +189,7 @@ impl Limit {
             name: name.into(),
             algorithm,
             cost: Cost::Fixed(cost),
-            policy: Some(rate.policy()),
+            advertised: Some(rate.advertised()),
             shadow: false,
             hidden: false,
             leased: None,
@@ -207,7 +207,7 @@ impl Limit {
     /// The quota policy clients are told of (`RateLimit-Policy`, `RateLimit`,
     /// `violated-policies`): a shown limit's, if it is a rate (not concurrency).
     pub fn advertised_policy(&self) -> Option<(u64, u64)> {
-        self.policy.filter(|_| self.shown())
+        self.advertised.filter(|_| self.shown())
     }
 
     /// This limit at another quota (the quota admin API's overrides): `quota` units per the
@@ -222,56 +222,20 @@ impl Limit {
             return Err("a quota is at least 1 (use off to lift the limit)".into());
         }
         let written = self
-            .policy
+            .advertised
             .map_or(self.algorithm.capacity(), |(q, _)| q)
             .max(1);
-        let scale = |count: u64| {
-            let scaled = u128::from(count) * u128::from(quota) / u128::from(written);
-            u64::try_from(scaled).unwrap_or(u64::MAX).max(1)
-        };
-        let algorithm = match self.algorithm {
-            Algorithm::Gcra {
-                emission_us,
-                tolerance_us,
-                max_delay_us,
-            } => {
-                let scaled = u128::from(emission_us) * u128::from(written) / u128::from(quota);
-                let emission_us = u64::try_from(scaled).unwrap_or(u64::MAX).max(1);
-                Algorithm::Gcra {
-                    emission_us,
-                    tolerance_us: tolerance_us.max(emission_us),
-                    max_delay_us,
-                }
-            }
-            Algorithm::FixedWindow { limit, window_us } => Algorithm::FixedWindow {
-                limit: scale(limit),
-                window_us,
-            },
-            Algorithm::Calendar { limit, period } => Algorithm::Calendar {
-                limit: scale(limit),
-                period,
-            },
-            Algorithm::SlidingWindow { limit, window_us } => Algorithm::SlidingWindow {
-                limit: scale(limit),
-                window_us,
-            },
-            Algorithm::SlidingLog { limit, .. } if scale(limit) > MAX_SLIDING_LOG_LIMIT => {
+        let algorithm = self.algorithm.scaled(quota, written);
+        if let Algorithm::SlidingLog { limit, .. } = algorithm {
+            if limit > MAX_SLIDING_LOG_LIMIT {
                 return Err(format!(
                     "a sliding log keeps one entry per unit: at most {MAX_SLIDING_LOG_LIMIT}"
-                ))
+                ));
             }
-            Algorithm::SlidingLog { limit, window_us } => Algorithm::SlidingLog {
-                limit: scale(limit),
-                window_us,
-            },
-            Algorithm::Concurrency { max, slot_ttl_us } => Algorithm::Concurrency {
-                max: scale(max),
-                slot_ttl_us,
-            },
-        };
+        }
         Ok(Limit {
             algorithm,
-            policy: self.policy.map(|(_, window)| (quota, window)),
+            advertised: self.advertised.map(|(_, window)| (quota, window)),
             leased: None,
             ..self.clone()
         })
@@ -440,7 +404,7 @@ mod tests {
                 max_delay_us: 0
             }
         );
-        assert_eq!(faster.policy, Some((40, 1)));
+        assert_eq!(faster.advertised, Some((40, 1)));
         let slower = gcra.with_quota(1).expect("a quota").algorithm;
         let Algorithm::Gcra {
             emission_us,

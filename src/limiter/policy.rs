@@ -85,6 +85,28 @@ pub struct Policy<E = Engine> {
     warnings: Warnings,
 }
 
+/// How a request's limits are split between this gateway's own limiter and the engine
+/// ([`Policy::split`]).
+#[derive(Clone, Copy)]
+enum Split<'a> {
+    /// One part: every limit goes to the engine (limits local to this gateway are the
+    /// engine's own when it is in-process).
+    Whole,
+    /// Two parts: the limits local to this gateway, decided first by its own limiter, then
+    /// the shared ones by the engine.
+    InTwo(&'a LocalLimiter),
+}
+
+/// What is done with a request's limits after its decision, part by part with whoever took
+/// their units ([`Policy::with_takers`]).
+#[derive(Clone, Copy)]
+enum After {
+    /// Give back the concurrency slots.
+    Release,
+    /// Give back or charge what the change says of each limit.
+    Settle(SettleBy),
+}
+
 /// Who decided an admitted request's limits, and so gives back and settles what they took.
 #[derive(Clone, Copy)]
 enum Taker<'a> {
@@ -154,16 +176,53 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         } else {
             RequestId::default()
         };
-        match self.local_scope(&asked.rules) {
-            Some(local) => self.decide_in_two(local, asked, id).await,
-            None => self.decide_by_engine(asked, id).await,
+        match self.split(&asked.rules) {
+            Split::InTwo(local) => self.decide_in_two(local, asked, id).await,
+            Split::Whole => self.decide_by_engine(asked, id).await,
         }
     }
 
-    /// The limiter of the limits local to this gateway, when `rules`' limits are decided in
-    /// two parts: some are local and the engine is shared.
-    fn local_scope(&self, rules: &LimitRules) -> Option<&LocalLimiter> {
-        self.local_scope.as_ref().filter(|_| rules.has_local_scope)
+    /// How `rules`' limits are split: in two parts when some are local to this gateway and
+    /// the engine is shared. Deciding, reading, releasing and settling all ask this, and go
+    /// through the parts in its order.
+    fn split(&self, rules: &LimitRules) -> Split<'_> {
+        match self.local_scope.as_ref().filter(|_| rules.has_local_scope) {
+            Some(local) => Split::InTwo(local),
+            None => Split::Whole,
+        }
+    }
+
+    /// Does `after` on each part of `asked` that holds something `verdict` took, with whoever
+    /// took it: the whole set with the request's decider, or the limits local to this gateway
+    /// with its own limiter (when they held units) and then the shared ones with the decider.
+    async fn with_takers(&self, asked: &mut Asked<'_>, verdict: &Verdict, after: After) {
+        let decider = self.taker(verdict.decider);
+        match self.split(&asked.rules) {
+            Split::Whole => self.after(asked, verdict, decider, after).await,
+            Split::InTwo(local) => {
+                if verdict.local_scope_held {
+                    let here = Some((Scale::Exact, Taker::InProcess(local)));
+                    self.after(&asked.scoped(Scope::Local), verdict, here, after)
+                        .await;
+                }
+                self.after(&asked.scoped(Scope::Shared), verdict, decider, after)
+                    .await;
+            }
+        }
+    }
+
+    /// Does `after` on `asked`'s limits with `taker`, who decided them.
+    async fn after(
+        &self,
+        asked: &Asked<'_>,
+        verdict: &Verdict,
+        taker: Option<(Scale, Taker<'_>)>,
+        after: After,
+    ) {
+        match after {
+            After::Release => self.release(asked, verdict, taker).await,
+            After::Settle(change) => self.settle_part(asked, verdict, taker, change).await,
+        }
     }
 
     /// The limits local to this gateway first, in-process: when one denies, the shared limits
@@ -313,7 +372,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     /// used. Limits local to this gateway are read from its own limiter. The usage API's read:
     /// the statuses go into the records.
     pub async fn peek(&self, asked: &mut Asked<'_>) -> Result<(), LimiterError> {
-        let Some(local) = self.local_scope(&asked.rules) else {
+        let Split::InTwo(local) = self.split(&asked.rules) else {
             return self.peek_engine(asked).await;
         };
         {
@@ -389,19 +448,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     /// The request has ended (response finished or client gone): gives back the concurrency
     /// slots it took, to whoever decided it.
     pub async fn finish(&self, asked: &mut Asked<'_>, verdict: &Verdict) {
-        let Some(local) = self.local_scope(&asked.rules) else {
-            return self
-                .release(asked, verdict, self.taker(verdict.decider))
-                .await;
-        };
-        if verdict.local_scope_held {
-            let taker = Some((Scale::Exact, Taker::InProcess(local)));
-            self.release(&asked.scoped(Scope::Local), verdict, taker)
-                .await;
-        }
-        let taker = self.taker(verdict.decider);
-        self.release(&asked.scoped(Scope::Shared), verdict, taker)
-            .await;
+        self.with_takers(asked, verdict, After::Release).await;
     }
 
     /// Gives back the concurrency slots `asked`'s limits took, to `taker` (who decided them).
@@ -468,17 +515,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     /// gateway's own limiter for limits local to it (when they were decided apart), the
     /// request's decider for the others.
     async fn settle(&self, asked: &mut Asked<'_>, verdict: &Verdict, change: SettleBy) {
-        let Some(local) = self.local_scope(&asked.rules) else {
-            let taker = self.taker(verdict.decider);
-            return self.settle_part(asked, verdict, taker, change).await;
-        };
-        if verdict.local_scope_held {
-            let taker = Some((Scale::Exact, Taker::InProcess(local)));
-            self.settle_part(&asked.scoped(Scope::Local), verdict, taker, change)
-                .await;
-        }
-        let taker = self.taker(verdict.decider);
-        self.settle_part(&asked.scoped(Scope::Shared), verdict, taker, change)
+        self.with_takers(asked, verdict, After::Settle(change))
             .await;
     }
 

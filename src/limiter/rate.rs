@@ -27,7 +27,7 @@ impl Rate {
 
     /// `(q, w)` of the IETF `RateLimit-Policy` field: the count per the period in whole seconds
     /// (rounded up, at least 1).
-    pub fn policy(&self) -> (u64, u64) {
+    pub fn advertised(&self) -> (u64, u64) {
         (
             self.count.get(),
             (self.period.as_millis() as u64).div_ceil(1000).max(1),

@@ -97,14 +97,27 @@ impl Algorithm {
     /// One of `k` equal shares: rates and counts divided by `k` (at least one unit remains), the
     /// burst window kept, so `k` shares together never admit more than the whole.
     pub fn share(&self, k: u64) -> Algorithm {
-        let k = k.max(1);
+        self.scaled(1, k.max(1))
+    }
+
+    /// Rates and counts multiplied by `times / per` (rounded down, at least one unit; `per` at
+    /// least 1), the windows, periods, delays and slot lifetimes kept; a GCRA's burst window
+    /// keeps at least one emission. What a gateway's share ([`Algorithm::share`]) and a
+    /// quota override (`Limit::with_quota`) both are.
+    pub fn scaled(&self, times: u64, per: u64) -> Algorithm {
+        let (times, per) = (u128::from(times.max(1)), u128::from(per.max(1)));
+        let count = |count: u64| {
+            let scaled = u128::from(count) * times / per;
+            u64::try_from(scaled).unwrap_or(u64::MAX).max(1)
+        };
         match *self {
             Algorithm::Gcra {
                 emission_us,
                 tolerance_us,
                 max_delay_us,
             } => {
-                let emission_us = emission_us.saturating_mul(k);
+                let scaled = u128::from(emission_us) * per / times;
+                let emission_us = u64::try_from(scaled).unwrap_or(u64::MAX).max(1);
                 Algorithm::Gcra {
                     emission_us,
                     tolerance_us: tolerance_us.max(emission_us),
@@ -112,23 +125,23 @@ impl Algorithm {
                 }
             }
             Algorithm::FixedWindow { limit, window_us } => Algorithm::FixedWindow {
-                limit: (limit / k).max(1),
+                limit: count(limit),
                 window_us,
             },
             Algorithm::SlidingWindow { limit, window_us } => Algorithm::SlidingWindow {
-                limit: (limit / k).max(1),
+                limit: count(limit),
                 window_us,
             },
             Algorithm::Calendar { limit, period } => Algorithm::Calendar {
-                limit: (limit / k).max(1),
+                limit: count(limit),
                 period,
             },
             Algorithm::SlidingLog { limit, window_us } => Algorithm::SlidingLog {
-                limit: (limit / k).max(1),
+                limit: count(limit),
                 window_us,
             },
             Algorithm::Concurrency { max, slot_ttl_us } => Algorithm::Concurrency {
-                max: (max / k).max(1),
+                max: count(max),
                 slot_ttl_us,
             },
         }

@@ -81,7 +81,8 @@ pub struct AdaptiveConcurrency {
     limit: AtomicU32,
     /// Every request admitted and not yet ended.
     in_flight: AtomicU32,
-    /// The probe in progress (its epoch), or 0.
+    /// The probe in progress (its epoch), or 0: the one record of whether a probe runs, read
+    /// without the lock by admissions and changed only under it.
     probing: AtomicU64,
     /// The requests admitted during the probe in progress and not yet ended: only they count
     /// against its pinned limit, so requests that outlive their admission (streams, long
@@ -106,16 +107,10 @@ struct Gradient {
     samples: Vec<Duration>,
     window_started: Instant,
     baseline: Option<Duration>,
-    /// The baseline being measured, if one is.
-    probe: Option<Probe>,
+    /// The latencies of the probe in progress (`AdaptiveConcurrency::probing` says which
+    /// one, if any): only requests admitted during it are its samples.
+    probe_samples: Vec<Duration>,
     next_probe: Instant,
-}
-
-/// A baseline measurement in progress: admissions are pinned to the minimum meanwhile.
-struct Probe {
-    /// Only requests admitted during the probe are its samples.
-    epoch: u64,
-    samples: Vec<Duration>,
 }
 
 /// A request admitted to the upstream: it counts in flight until dropped.
@@ -188,10 +183,7 @@ impl AdaptiveConcurrency {
                 samples: Vec::new(),
                 window_started: now,
                 baseline: None,
-                probe: Some(Probe {
-                    epoch: 1,
-                    samples: Vec::new(),
-                }),
+                probe_samples: Vec::new(),
                 next_probe: now,
             }),
             settings,
@@ -292,7 +284,7 @@ impl AdaptiveConcurrency {
             Err(TryLockError::WouldBlock) => return,
         };
         let now = self.clock.instant();
-        if state.probe.is_some() {
+        if self.probing.load(Ordering::Acquire) != 0 {
             if let Some(latency) = latency {
                 self.probe_sample(&mut state, epoch, latency, now);
             }
@@ -358,10 +350,7 @@ impl AdaptiveConcurrency {
     /// Pins admissions to the minimum and measures the baseline again.
     fn begin_probe(&self, state: &mut Gradient) {
         let epoch = self.epochs.fetch_add(1, Ordering::AcqRel) + 1;
-        state.probe = Some(Probe {
-            epoch,
-            samples: Vec::new(),
-        });
+        state.probe_samples.clear();
         state.samples.clear();
         self.probe_in_flight.store(0, Ordering::Release);
         self.probing.store(epoch, Ordering::Release);
@@ -371,20 +360,18 @@ impl AdaptiveConcurrency {
     /// A sample during a probe: once it has enough of its own, the baseline is their median
     /// and admissions meet the limit again.
     fn probe_sample(&self, state: &mut Gradient, epoch: u64, latency: Duration, now: Instant) {
-        let Some(probe) = state.probe.as_mut() else {
-            return;
-        };
-        if epoch != probe.epoch {
+        let probing = self.probing.load(Ordering::Acquire);
+        if probing == 0 || epoch != probing {
             return;
         }
-        if probe.samples.len() < MAX_SAMPLES {
-            probe.samples.push(latency);
+        if state.probe_samples.len() < MAX_SAMPLES {
+            state.probe_samples.push(latency);
         }
-        if probe.samples.len() < self.settings.probe_requests as usize {
+        if state.probe_samples.len() < self.settings.probe_requests as usize {
             return;
         }
-        let baseline = percentile(&mut probe.samples, 0.5);
-        state.probe = None;
+        let baseline = percentile(&mut state.probe_samples, 0.5);
+        state.probe_samples.clear();
         if let Some(baseline) = baseline {
             state.baseline = Some(baseline);
             self.meters.baseline_seconds.set(baseline.as_secs_f64());

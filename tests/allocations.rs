@@ -427,7 +427,7 @@ descriptors:
 
 #[test]
 fn the_rate_limit_services_decision_allocates_nothing_per_descriptor() {
-    use sluice::exchange::rls::{decide, Descriptor, PerDescriptor, Scope};
+    use sluice::exchange::rls::{decide, Descriptor, PerDescriptor, ServiceWide};
     let dir = tempfile::tempdir().expect("a temporary directory");
     std::fs::write(dir.path().join("d.yaml"), RLS_DOMAIN).expect("write the domain");
     let yaml = format!(
@@ -438,7 +438,7 @@ fn the_rate_limit_services_decision_allocates_nothing_per_descriptor() {
     let config = Config::from_yaml(Path::new("rls.yaml"), &yaml).expect("config");
     let rls = config.rls.as_ref().expect("an rls section");
     let domain = rls.domains.get("d").expect("the domain");
-    let scope = Scope {
+    let scope = ServiceWide {
         key_prefix: &rls.key_prefix,
         secret: rls.secret,
         failure_mode: rls.failure_mode,

@@ -90,7 +90,7 @@ impl ReadyState {
                 "Degraded: the {backend} limiter is unavailable ({reason}); serving by failure_mode {}: {}",
                 failure_mode.label(),
                 match failure_mode {
-                    FailureMode::Local => "limits enforced in-process at this gateway's share",
+                    FailureMode::Fallback => "limits enforced in-process at this gateway's share",
                     _ => "requests admitted without their limits",
                 }
             ),

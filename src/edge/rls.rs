@@ -169,7 +169,8 @@ impl RateLimitService for RlsHandler {
         let hits = u64::from(request.hits_addend.max(1));
         let meters = snapshot.rls_metrics.get(&request.domain);
         let deciders = (&*self.policy, meters);
-        let decided = rls::decide(domain, scope(settings), deciders, &descriptors, hits).await;
+        let decided =
+            rls::decide(domain, service_wide(settings), deciders, &descriptors, hits).await;
         let code = if decided.over {
             Code::OverLimit
         } else {
@@ -189,8 +190,8 @@ impl RateLimitService for RlsHandler {
 }
 
 /// What the `rls:` section says of every domain's counters.
-fn scope(settings: &RlsSettings) -> rls::Scope<'_> {
-    rls::Scope {
+fn service_wide(settings: &RlsSettings) -> rls::ServiceWide<'_> {
+    rls::ServiceWide {
         key_prefix: &settings.key_prefix,
         secret: settings.secret,
         failure_mode: settings.failure_mode,

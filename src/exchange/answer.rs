@@ -28,10 +28,10 @@ pub enum Answer {
     /// The caller's credential is missing or does not verify (`401`), the verified caller may
     /// not pass (`403`), or a token cannot be verified yet for want of keys (`503`).
     AuthFailed(AuthFailure),
-    /// A limit denied the request (its decision says which, and until when); `locally`: the
+    /// A limit denied the request (its decision says which, and until when); `by_fallback`: the
     /// in-process fallback decided while Redis was away.
     Limited {
-        locally: bool,
+        by_fallback: bool,
     },
     /// The limiter could not decide, and the route's failure mode refuses.
     LimiterUnavailable,
@@ -197,8 +197,8 @@ impl Answer {
     /// The answer of a request its limiter `outcome` refused; `None` when it was admitted.
     pub fn refusing(outcome: Outcome) -> Option<Answer> {
         match outcome {
-            Outcome::Limited => Some(Answer::Limited { locally: false }),
-            Outcome::LocalLimited => Some(Answer::Limited { locally: true }),
+            Outcome::Limited => Some(Answer::Limited { by_fallback: false }),
+            Outcome::FallbackLimited => Some(Answer::Limited { by_fallback: true }),
             Outcome::ErrorDenied => Some(Answer::LimiterUnavailable),
             _ => None,
         }
@@ -376,8 +376,8 @@ mod tests {
                 Some("unauthenticated"),
             ),
             (Answer::Unreadable, 400, 13, Some("bad_request")),
-            (Answer::Limited { locally: false }, 429, 8, None),
-            (Answer::Limited { locally: true }, 429, 8, None),
+            (Answer::Limited { by_fallback: false }, 429, 8, None),
+            (Answer::Limited { by_fallback: true }, 429, 8, None),
             (Answer::LimiterUnavailable, 503, 14, None),
             (Answer::Shed, 503, 14, Some("shed")),
             (Answer::UpstreamUnreachable, 502, 14, None),

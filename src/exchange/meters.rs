@@ -174,8 +174,8 @@ impl LimitMeters {
             allowed: at(Outcome::Allowed),
             limited: at(Outcome::Limited),
             shadow: at(Outcome::ShadowLimited),
-            failure_admitted: at(Outcome::ErrorAllowed) + at(Outcome::LocalAllowed),
-            failure_refused: at(Outcome::ErrorDenied) + at(Outcome::LocalLimited),
+            failure_admitted: at(Outcome::ErrorAllowed) + at(Outcome::FallbackAllowed),
+            failure_refused: at(Outcome::ErrorDenied) + at(Outcome::FallbackLimited),
         }
     }
 

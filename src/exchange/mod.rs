@@ -337,7 +337,7 @@ impl<S: Servers> Exchange<S> {
         }
         if matches!(
             decided,
-            Decided::Limiter(Outcome::Limited | Outcome::LocalLimited)
+            Decided::Limiter(Outcome::Limited | Outcome::FallbackLimited)
         ) {
             self.note_limited();
         }

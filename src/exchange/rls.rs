@@ -12,7 +12,7 @@ use crate::route::descriptors::{key, DescriptorLimit, Domain, Entry, Rule, Unit}
 /// What the `rls:` section says of every domain: where its counters live and what applies
 /// when the limiter cannot decide.
 #[derive(Debug, Clone, Copy)]
-pub struct Scope<'a> {
+pub struct ServiceWide<'a> {
     pub key_prefix: &'a str,
     pub secret: (u64, u64),
     pub failure_mode: FailureMode,
@@ -78,12 +78,12 @@ struct Matches<'a> {
 /// the call and each limit said is counted on `meters`, the domain's handles.
 pub async fn decide<'a>(
     domain: &'a Domain,
-    scope: Scope<'_>,
+    service: ServiceWide<'_>,
     (policy, meters): (&Policy, Option<&DomainMetrics>),
     descriptors: &[Descriptor<'_>],
     hits: u64,
 ) -> RlsReply<'a> {
-    let mut matches = match_rules(domain, scope, descriptors, hits);
+    let mut matches = match_rules(domain, service, descriptors, hits);
     let blocked = !matches.blocked.is_empty();
     // A blocked descriptor refuses the call: the others are only read (cost 0), so nothing is
     // consumed, as with any denied call.
@@ -93,7 +93,7 @@ pub async fn decide<'a>(
         }
     }
     drop_replaced(&mut matches.matched);
-    let verdict = decide_limits(&mut matches.matched, scope, policy).await;
+    let verdict = decide_limits(&mut matches.matched, service, policy).await;
     let quotas_over = every_quota_over(&matches.matched);
     let outcome = if blocked || quotas_over {
         Outcome::Limited
@@ -134,7 +134,7 @@ fn every_quota_over(matched: &[Matched<'_>]) -> bool {
 /// fixes by itself.
 fn match_rules<'a>(
     domain: &'a Domain,
-    scope: Scope<'_>,
+    service: ServiceWide<'_>,
     descriptors: &[Descriptor<'_>],
     hits: u64,
 ) -> Matches<'a> {
@@ -153,8 +153,8 @@ fn match_rules<'a>(
         match rule {
             Rule::Limited(limit) => {
                 let key = key(
-                    scope.key_prefix,
-                    scope.secret,
+                    service.key_prefix,
+                    service.secret,
                     &domain.name,
                     limit,
                     &descriptor.entries,
@@ -200,9 +200,13 @@ fn drop_replaced(matched: &mut PerDescriptor<Matched<'_>>) {
 
 /// Every matched limit decided in one policy call, all or nothing: the same decision entry as
 /// a route's request, each limit compiled at load paired with the call's record of it.
-async fn decide_limits(matched: &mut [Matched<'_>], scope: Scope<'_>, policy: &Policy) -> Verdict {
+async fn decide_limits(
+    matched: &mut [Matched<'_>],
+    service: ServiceWide<'_>,
+    policy: &Policy,
+) -> Verdict {
     let exact = matched.iter().map(|m| &m.limit.limit.exact);
-    let rules = LimitRules::new(exact, scope.failure_mode, None);
+    let rules = LimitRules::new(exact, service.failure_mode, None);
     let pairs = matched.iter_mut().map(|m| (&m.limit.limit, &mut m.record));
     let asked = &mut Asked::new(&rules, pairs);
     let verdict = policy.decide(asked).await;

@@ -426,7 +426,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
                 match result.and_then(|decision| judged(asked, decision, Decider::Fallback)) {
                     Ok(verdict) => verdict,
                     Err(error) => {
-                        self.report(&error, Consequence::Refused(FailureMode::Local));
+                        self.report(&error, Consequence::Refused(FailureMode::Fallback));
                         refused
                     }
                 }
@@ -623,7 +623,7 @@ impl Consequence {
         match (error.always_denies(), mode) {
             (true, _) => Consequence::AlwaysRefused,
             (false, FailureMode::Allow) => Consequence::Admitted,
-            (false, FailureMode::Local) if fallback => Consequence::InProcess,
+            (false, FailureMode::Fallback) if fallback => Consequence::InProcess,
             (false, mode) => Consequence::Refused(mode),
         }
     }
@@ -746,15 +746,15 @@ fn judged(
     decision: Decision,
     decider: Decider,
 ) -> Result<Verdict, LimiterError> {
-    let locally = decider == Decider::Fallback;
+    let by_fallback = decider == Decider::Fallback;
     let outcome = match (
         decision.allowed(),
-        locally,
+        by_fallback,
         decision.shadow_denied_by.is_some(),
     ) {
-        (false, true, _) => Outcome::LocalLimited,
+        (false, true, _) => Outcome::FallbackLimited,
         (false, false, _) => Outcome::Limited,
-        (true, true, _) => Outcome::LocalAllowed,
+        (true, true, _) => Outcome::FallbackAllowed,
         (true, false, true) => Outcome::ShadowLimited,
         (true, false, false) => Outcome::Allowed,
     };
@@ -963,17 +963,17 @@ mod tests {
     async fn local_enforces_this_gateways_share_in_process() {
         let f = unavailable(timeout);
         // 10 per second with a burst of 9, shared by 2 gateways: 5 per second each.
-        let routes = set(vec![limit("l", gcra(10, 9))], FailureMode::Local);
+        let routes = set(vec![limit("l", gcra(10, 9))], FailureMode::Fallback);
         let ask = asks(&[b"k"], &[1]);
         let mut outcomes = Vec::new();
         for _ in 0..6 {
             outcomes.push(routes.decide(&f.policy, &ask).await.outcome);
         }
-        assert_eq!(outcomes[..5], [Outcome::LocalAllowed; 5]);
+        assert_eq!(outcomes[..5], [Outcome::FallbackAllowed; 5]);
         let denied = routes.decide(&f.policy, &ask).await;
         assert_eq!(
             (denied.outcome, denied.decider),
-            (Outcome::LocalLimited, Decider::Fallback)
+            (Outcome::FallbackLimited, Decider::Fallback)
         );
         assert!(denied.records[0]
             .status
@@ -983,7 +983,7 @@ mod tests {
         f.clock.advance_by(Duration::from_millis(200));
         assert_eq!(
             routes.decide(&f.policy, &ask).await.outcome,
-            Outcome::LocalAllowed
+            Outcome::FallbackAllowed
         );
     }
 
@@ -1004,7 +1004,7 @@ mod tests {
 
     async fn slots_go_back<E: Limiter + ReleaseSlots + SettleUnits + Backend>(f: Fixture<E>) {
         // One in flight per key (the share of 2 gateways keeps at least one slot).
-        let routes = set(vec![limit("c", concurrency(1))], FailureMode::Local);
+        let routes = set(vec![limit("c", concurrency(1))], FailureMode::Fallback);
         let ask = asks(&[b"k"], &[1]);
         let mut first = routes.decide(&f.policy, &ask).await;
         assert!(first.admitted());
@@ -1134,7 +1134,7 @@ mod tests {
     #[tokio::test]
     async fn the_fallback_settles_what_it_decided() {
         let f = unavailable(timeout);
-        let routes = set(vec![priced(5)], FailureMode::Local);
+        let routes = set(vec![priced(5)], FailureMode::Fallback);
         let ask = asks(&[b"k"], &[5]);
         let mut verdict = routes.decide(&f.policy, &ask).await;
         assert_eq!(verdict.decider, Decider::Fallback);
@@ -1311,7 +1311,7 @@ mod tests {
             of(FailureMode::Deny, true),
             Consequence::Refused(FailureMode::Deny)
         );
-        assert_eq!(of(FailureMode::Local, true), Consequence::InProcess);
+        assert_eq!(of(FailureMode::Fallback, true), Consequence::InProcess);
         let full = LimiterError::LocalCapacity(1);
         let always = Consequence::of(&full, FailureMode::Allow, true);
         assert_eq!(always, Consequence::AlwaysRefused);

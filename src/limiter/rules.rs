@@ -25,8 +25,11 @@ use super::limit::{Limit, Scope};
 pub enum FailureMode {
     Allow,
     Deny,
-    /// Enforce the limits in-process at `limit / instances` while Redis is unavailable.
-    Local,
+    /// Enforce the limits in-process at `limit / instances` while Redis is unavailable: the
+    /// in-process fallback. The configuration spells it `local`, its only other meaning beside
+    /// `scope: local` (docs/architecture.md's glossary).
+    #[strum(serialize = "local")]
+    Fallback,
 }
 
 impl FailureMode {

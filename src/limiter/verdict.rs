@@ -15,8 +15,8 @@ pub enum Outcome {
     Allowed = 0,
     Limited = 1,
     ShadowLimited = 2,
-    LocalAllowed = 3,
-    LocalLimited = 4,
+    FallbackAllowed = 3,
+    FallbackLimited = 4,
     ErrorAllowed = 5,
     ErrorDenied = 6,
 }
@@ -26,8 +26,8 @@ impl Outcome {
         Outcome::Allowed,
         Outcome::Limited,
         Outcome::ShadowLimited,
-        Outcome::LocalAllowed,
-        Outcome::LocalLimited,
+        Outcome::FallbackAllowed,
+        Outcome::FallbackLimited,
         Outcome::ErrorAllowed,
         Outcome::ErrorDenied,
     ];
@@ -37,8 +37,8 @@ impl Outcome {
             Outcome::Allowed => "allowed",
             Outcome::Limited => "limited",
             Outcome::ShadowLimited => "shadow_limited",
-            Outcome::LocalAllowed => "local_allowed",
-            Outcome::LocalLimited => "local_limited",
+            Outcome::FallbackAllowed => "local_allowed",
+            Outcome::FallbackLimited => "local_limited",
             Outcome::ErrorAllowed => "error_allowed",
             Outcome::ErrorDenied => "error_denied",
         }
@@ -48,7 +48,7 @@ impl Outcome {
     pub fn admitted(self) -> bool {
         !matches!(
             self,
-            Outcome::Limited | Outcome::LocalLimited | Outcome::ErrorDenied
+            Outcome::Limited | Outcome::FallbackLimited | Outcome::ErrorDenied
         )
     }
 
@@ -59,8 +59,8 @@ impl Outcome {
             self,
             Outcome::ErrorAllowed
                 | Outcome::ErrorDenied
-                | Outcome::LocalAllowed
-                | Outcome::LocalLimited
+                | Outcome::FallbackAllowed
+                | Outcome::FallbackLimited
         )
     }
 
@@ -69,10 +69,10 @@ impl Outcome {
     pub(crate) fn of(allowed: bool, shadow: bool, local: bool) -> Outcome {
         match (allowed, shadow, local) {
             (true, _, false) => Outcome::Allowed,
-            (true, _, true) => Outcome::LocalAllowed,
+            (true, _, true) => Outcome::FallbackAllowed,
             (false, true, _) => Outcome::ShadowLimited,
             (false, false, false) => Outcome::Limited,
-            (false, false, true) => Outcome::LocalLimited,
+            (false, false, true) => Outcome::FallbackLimited,
         }
     }
 }
@@ -153,7 +153,7 @@ mod tests {
     fn refused_outcomes_are_the_ones_not_admitted() {
         let refused = [
             Outcome::Limited,
-            Outcome::LocalLimited,
+            Outcome::FallbackLimited,
             Outcome::ErrorDenied,
         ];
         for outcome in Outcome::ALL {

@@ -134,7 +134,7 @@ async fn a_limit_admits_then_answers_429_with_what_it_said() {
     let (exchange, admission) = g.admit("/t/a").await;
     assert_eq!(
         admission,
-        Admission::Answered(Answer::Limited { locally: false })
+        Admission::Answered(Answer::Limited { by_fallback: false })
     );
     assert_eq!(exchange.decided(), Decided::Limiter(Outcome::Limited));
     let said = exchange.limits_said().expect("a decision");
@@ -197,7 +197,7 @@ async fn a_concurrency_slot_goes_back_when_the_request_ends() {
     let (_, second) = g.admit("/t").await;
     assert_eq!(
         second,
-        Admission::Answered(Answer::Limited { locally: false })
+        Admission::Answered(Answer::Limited { by_fallback: false })
     );
     first.end(&g.policy, Some(200)).await;
     assert_eq!(g.admit("/t").await.1, ADMITTED);
@@ -220,7 +220,7 @@ async fn a_response_reporting_its_cost_settles_the_estimate() {
     let (_, refused) = g.admit("/t").await;
     assert_eq!(
         refused,
-        Admission::Answered(Answer::Limited { locally: false })
+        Admission::Answered(Answer::Limited { by_fallback: false })
     );
 }
 
@@ -336,7 +336,7 @@ async fn when_the_limiter_cannot_decide_the_routes_failure_mode_does() {
             Admission::Answered(Answer::LimiterUnavailable),
             Outcome::ErrorDenied,
         ),
-        ("local", ADMITTED, Outcome::LocalAllowed),
+        ("local", ADMITTED, Outcome::FallbackAllowed),
     ] {
         let route = format!("{upstream}\n    failure_mode: {mode}");
         let g = gateway_down(route_config(&format!("down_{mode}"), &route, limits));
@@ -353,9 +353,12 @@ async fn when_the_limiter_cannot_decide_the_routes_failure_mode_does() {
     let (refused, admission) = g.admit("/t").await;
     assert_eq!(
         admission,
-        Admission::Answered(Answer::Limited { locally: true })
+        Admission::Answered(Answer::Limited { by_fallback: true })
     );
-    assert_eq!(refused.decided(), Decided::Limiter(Outcome::LocalLimited));
+    assert_eq!(
+        refused.decided(),
+        Decided::Limiter(Outcome::FallbackLimited)
+    );
     g.clock.advance_by(Duration::from_secs(3600));
     assert_eq!(
         g.admit("/t").await.1,

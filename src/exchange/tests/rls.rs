@@ -9,7 +9,7 @@ use crate::config::problem::Problems;
 use crate::config::rls_files::{self, Sharing};
 use crate::config::sources::Sources;
 use crate::exchange::meters::rls_metrics;
-use crate::exchange::rls::{decide, Descriptor, PerDescriptor, RlsReply, Scope, Shown};
+use crate::exchange::rls::{decide, Descriptor, PerDescriptor, RlsReply, ServiceWide, Shown};
 use crate::limiter::clock::ManualClock;
 use crate::limiter::local::LocalLimiter;
 use crate::limiter::{Engine, FailureMode, Policy, PolicyMeters};
@@ -87,7 +87,7 @@ impl Service {
     }
 
     async fn ask(&self, keys: &[&str]) -> RlsReply<'_> {
-        let scope = Scope {
+        let service = ServiceWide {
             key_prefix: "t",
             secret: (1, 2),
             failure_mode: FailureMode::Deny,
@@ -96,7 +96,7 @@ impl Service {
         let meters = metrics.get(&self.domain().name);
         let descriptors = call(keys);
         let deciders = (&self.policy, meters);
-        decide(self.domain(), scope, deciders, &descriptors, 1).await
+        decide(self.domain(), service, deciders, &descriptors, 1).await
     }
 
     /// Remaining units of each descriptor of a call.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::identity::known_plans;
 use super::problem::Problems;
 use super::raw::{RawLimit, RawOverride, RawParams};
-use crate::caller::consumers::Plans;
+use crate::caller::consumers::{PlanSlot, Plans};
 use crate::limiter::{Limit, LimitRules, PolicyLimit};
 use crate::route::keys::{KeySpec, RouteKeys};
 use crate::route::pricing::CostHeaders;
@@ -217,8 +217,8 @@ pub fn build(limits: &[LimitVariants], settings: &TierSettings<'_>, p: &mut Prob
     };
     let written = vec![Pick::Written; limits.len()];
     builder.tier(&written);
-    let plan_slots = settings.plans.len() + 1;
-    let by_plan: Vec<TierId> = (0..plan_slots)
+    let plans = settings.plans.len();
+    let by_plan: Vec<TierId> = PlanSlot::all(plans)
         .map(|slot| builder.tier(&builder.picks(slot, None)))
         .collect();
     let consumers: BTreeSet<&Arc<str>> =
@@ -226,7 +226,7 @@ pub fn build(limits: &[LimitVariants], settings: &TierSettings<'_>, p: &mut Prob
     let by_consumer = consumers
         .into_iter()
         .map(|consumer| {
-            let tiers: Box<[TierId]> = (0..plan_slots)
+            let tiers: Box<[TierId]> = PlanSlot::all(plans)
                 .map(|slot| builder.tier(&builder.picks(slot, Some(consumer))))
                 .collect();
             (Arc::clone(consumer), tiers)
@@ -252,13 +252,15 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    /// What each limit is for a caller in plan slot `slot` (0: no plan) who is `consumer`.
-    fn picks(&self, slot: usize, consumer: Option<&Arc<str>>) -> Vec<Pick> {
+    /// What each limit is for a caller in plan slot `slot` who is `consumer`.
+    fn picks(&self, slot: PlanSlot, consumer: Option<&Arc<str>>) -> Vec<Pick> {
         self.limits
             .iter()
             .map(|LimitVariants(v)| {
                 let own = consumer.and_then(|c| v.by_consumer.get(c));
-                let plan = slot.checked_sub(1).and_then(|plan| v.by_plan.get(&plan));
+                let plan = slot
+                    .plan()
+                    .and_then(|plan| v.by_plan.get(&usize::from(plan.0)));
                 match own.or(plan).map(|&entry| (entry, &v.entries[entry])) {
                     Some((_, Entry::Off)) => Pick::Off,
                     Some((entry, Entry::Params(_))) => Pick::Entry(entry),
@@ -294,17 +296,17 @@ impl Builder<'_> {
             chosen.push((position as u8, compiled.clone()));
         }
         let s = self.settings;
-        let limits: Box<[TierLimit]> = chosen
+        let limits: Box<[Arc<TierLimit>]> = chosen
             .into_iter()
             .map(|(position, compiled)| {
                 let mut limit = compiled.limit;
                 limit.shadow |= s.shadow;
-                TierLimit {
+                Arc::new(TierLimit {
                     limit: PolicyLimit::new(limit, s.instances),
                     key: s.keys.limit_key(&compiled.spec),
                     costs: compiled.headers,
                     position: Position(position),
-                }
+                })
             })
             .collect();
         let exact = || limits.iter().map(|l| &l.limit.exact);
@@ -339,7 +341,8 @@ mod tests {
     use crate::caller::consumers::{test_consumer as consumer, Consumer, PlanId};
     use crate::config::problem::problems_of;
     use crate::limiter::FailureMode;
-    use crate::route::keys::KeySecret;
+    use crate::limiter::Mismatch;
+    use crate::route::keys::{KeySecret, RequestFacts, Rotation};
 
     fn plans() -> Plans {
         Plans::new(vec!["free".into(), "pro".into()], Some(PlanId(0)))
@@ -394,6 +397,43 @@ mod tests {
   plans:
     pro: off
 ";
+
+    #[test]
+    fn a_requests_limits_come_each_beside_its_record_and_records_of_another_length_mismatch() {
+        let tiers = tiers(TIERED).0.expect("tiers");
+        let tier = tiers.shared(TierId(0));
+        let headers = http::HeaderMap::new();
+        let carol = consumer("carol", None);
+        let facts = RequestFacts {
+            client_ip: std::net::Ipv4Addr::LOCALHOST.into(),
+            method: "GET",
+            host: "h",
+            path: "/t",
+            query: None,
+            headers: &headers,
+            route: "r",
+            consumer: Some(&carol),
+            claim_names: &[],
+        };
+        let met = tier.met(&facts, &Rotation::default()).expect("keys");
+        let records = tier.records(&facts, &Rotation::default()).expect("keys");
+        assert_eq!((met.len(), records.len()), (2, 2));
+        for (index, met) in met.iter().enumerate() {
+            assert!(
+                Arc::ptr_eq(&met.limit, &tier.limits[index]),
+                "its own limit"
+            );
+            assert_eq!(met.record, records[index]);
+        }
+        let mut fewer = records[..1].to_vec();
+        let mismatch = Mismatch {
+            at: "a tier's limits and records",
+            left: 2,
+            right: 1,
+        };
+        assert_eq!(tier.asked(&mut fewer).err(), Some(mismatch));
+        assert_eq!(tier.said(&fewer).err(), Some(mismatch));
+    }
 
     #[test]
     fn each_caller_meets_its_most_specific_limits_and_never_also_the_default() {

@@ -15,7 +15,8 @@ use smallvec::SmallVec;
 use crate::caller::consumers::{Consumer, PlanId, Via, MAX_CONSUMER_ID};
 use crate::exchange::Site;
 use crate::limiter::fields::whole_seconds;
-use crate::limiter::{LimitRecords, LimitStatus, Policy};
+use crate::limiter::{LimitRecords, LimitStatus, Mismatch, Policy};
+use crate::observe::metrics;
 use crate::route::keys::{RequestFacts, Rotation};
 use crate::route::table::{Route, RouteTable};
 use crate::route::tiers::{Tier, TierLimit};
@@ -26,6 +27,12 @@ use crate::runtime::snapshot::Snapshot;
 pub struct UsageError {
     pub status: u16,
     pub reason: Cow<'static, str>,
+}
+
+/// The `500` of records that are not one per limit of their tier (a bug): counted and logged.
+fn unfit(mismatch: Mismatch) -> UsageError {
+    metrics::mismatch(&mismatch);
+    usage_error(500, "the limits changed while read")
 }
 
 fn usage_error(status: u16, reason: impl Into<Cow<'static, str>>) -> UsageError {
@@ -257,24 +264,23 @@ async fn peek(
     };
     let readable = |limit: &TierLimit| tier.keys.follows_from_caller(&limit.key);
     let mut records = LimitRecords::new();
-    if tier.limits.iter().any(readable) {
+    if tier.limits.iter().any(|limit| readable(limit)) {
         records = tier
             .records(&facts, &Rotation::default())
             .map_err(|undecidable| usage_error(400, undecidable.0))?;
-        let mut asked = tier
-            .asked(&mut records)
-            .ok_or_else(|| usage_error(500, "the limits changed while read".to_string()))?;
+        let mut asked = tier.asked(&mut records).map_err(unfit)?;
         policy
             .peek(&mut asked)
             .await
             .map_err(|e| usage_error(503, format!("the limiter cannot be read: {e}")))?;
     }
-    // Nothing read: no record, and no status for any limit.
     let statuses: Vec<(&TierLimit, Option<&LimitStatus>)> = match tier.said(&records) {
-        Some(said) => said
+        Ok(said) => said
             .map(|(limit, record)| (limit, record.status.as_ref().filter(|_| readable(limit))))
             .collect(),
-        None => tier.limits.iter().map(|limit| (limit, None)).collect(),
+        // Nothing read: no record, and no status for any limit.
+        Err(_) if records.is_empty() => tier.limits.iter().map(|limit| (&**limit, None)).collect(),
+        Err(mismatch) => return Err(unfit(mismatch)),
     };
     let shown = statuses
         .into_iter()

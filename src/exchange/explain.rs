@@ -39,7 +39,7 @@ impl<S: Servers> Exchange<S> {
     /// Reads what each limit the request would ask has left, consuming nothing.
     pub async fn peek<E: Seam>(&mut self, policy: &Policy<E>) -> Result<(), LimiterError> {
         match &self.route {
-            Some(runtime) => self.limits.peek(&runtime.route, policy).await,
+            Some(_) => self.limits.peek(policy).await,
             None => Ok(()),
         }
     }
@@ -102,11 +102,8 @@ impl<S: Servers> Exchange<S> {
     /// Every limit of the tier met: as configured, its key and cost for this request, and
     /// what it has left when read.
     fn limits_shown(&self, route: &Route) -> Vec<Value> {
-        let tier = self.limits.tier(route);
-        let records = self.limits.records();
-        let shown = tier.limits.iter().enumerate().map(|(index, limit)| {
+        let shown = self.limits.shown(route).map(|(limit, record)| {
             let mut shown = describe::limit(&limit.limit.exact, &limit.key);
-            let record = records.get(index);
             let status = record.and_then(|record| record.status.as_ref());
             let asked = json!({
                 "stored_key": record.map(|r| String::from_utf8_lossy(&r.ask.key).into_owned()),

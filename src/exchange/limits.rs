@@ -1,5 +1,6 @@
-//! One request's limits, from its keys to its end: the tier it met (chosen once), one record
-//! per limit of that tier, and what the policy made of them. Asked, decided, read by the
+//! One request's limits, from its keys to its end: the tier it met (resolved once, and held
+//! to the request's end whatever a reload does meanwhile), each limit of it beside the
+//! request's record of it, and what the policy made of them. Asked, decided, read by the
 //! answer and the headers, then consumed once by [`RequestLimits::end`]: each limit counted
 //! under its own series, its slots given back and its response cost settled.
 
@@ -8,27 +9,24 @@ use std::sync::Arc;
 use http::header::{HeaderMap, HeaderValue};
 
 use crate::limiter::{
-    deciding, paired_mut, Answered, Deciding, LimitRecord, LimitRecords, LimiterError, Outcome,
-    Policy, Retry, Verdict,
+    deciding, Answered, Deciding, LimitRecord, LimiterError, Outcome, Policy, Retry, Verdict,
 };
 use crate::route::keys::RequestFacts;
 use crate::route::table::Route;
-use crate::route::tiers::{Tier, TierId, TierLimit, Undecidable};
+use crate::route::tiers::{LimitMet, LimitsMet, Tier, TierId, TierLimit, Undecidable};
 
 use super::meters::RouteMetrics;
 use super::site::RouteRuntime;
 use super::Seam;
 
-/// One request's limits: the tier it meets, a record per limit of it, the verdict on them.
+/// One request's limits: the tier it meets, each limit of it beside its record, the verdict.
 #[derive(Debug, Default)]
 pub(crate) struct RequestLimits {
-    /// Which of its route's tiers the request meets (by its consumer and plan).
-    tier: TierId,
-    /// That tier as a quota override changed it, while one applies (`route::overrides`).
-    overridden: Option<Arc<Tier>>,
-    /// One per limit of the tier; empty when the request was not asked (exempt, unlimited, or
-    /// answered before its limits).
-    records: LimitRecords,
+    /// The tier the request meets; `None` until it meets one.
+    met: Option<Met>,
+    /// Each limit of the tier beside the request's record of it; empty when the request was
+    /// not asked (exempt, unlimited, or answered before its limits).
+    limits: LimitsMet,
     /// The policy's verdict; `None` when the request was answered before any limit.
     verdict: Option<Verdict>,
     /// The request was held for shaping and its client left: its units went back.
@@ -37,27 +35,37 @@ pub(crate) struct RequestLimits {
     ended: bool,
 }
 
-/// What a request's limits said: its route, the tier it met, each limit's record, and what
-/// answered. What the `RateLimit` headers, a `429`'s body and a gRPC answer are written from.
+/// The tier a request met, resolved once: which of its route's tiers (by its consumer and
+/// plan), and that tier as the request holds it (as a quota override changed it, while one
+/// applies).
+#[derive(Debug)]
+struct Met {
+    id: TierId,
+    tier: Arc<Tier>,
+    overridden: bool,
+}
+
+/// What a request's limits said: its route, the tier it met, each limit with its record, and
+/// what answered. What the `RateLimit` headers, a `429`'s body and a gRPC answer are written
+/// from.
 #[derive(Clone, Copy)]
 pub struct LimitsSaid<'a> {
     pub route: &'a Route,
     tier: &'a Tier,
-    records: &'a [LimitRecord],
+    limits: &'a [LimitMet],
     answered: Answered,
 }
 
 impl<'a> LimitsSaid<'a> {
     /// Each limit the request met, with what it said.
     pub fn iter(&self) -> impl Iterator<Item = (&'a TierLimit, &'a LimitRecord)> + 'a {
-        self.tier.said(self.records).into_iter().flatten()
+        pairs(self.limits)
     }
 
     /// The limit that denied the request (the longest wait), if one did.
     pub fn denied(&self) -> Option<&'a TierLimit> {
-        let (index, record) = deciding(self.records)?;
-        let limit = self.tier.limits.get(index);
-        limit.filter(|_| record.deciding == Some(Deciding::Denied))
+        let (limit, record) = deciding(self.iter())?;
+        (record.deciding == Some(Deciding::Denied)).then_some(limit)
     }
 
     /// Every quota policy (a rate, not concurrency) that denied the request and that clients
@@ -82,50 +90,67 @@ impl<'a> LimitsSaid<'a> {
     }
 }
 
-/// The tier a request meets: `overridden`, or its route's tier `id`.
-fn tier_met<'a>(overridden: &'a Option<Arc<Tier>>, id: TierId, route: &'a Route) -> &'a Tier {
-    overridden.as_deref().unwrap_or_else(|| route.tiers.get(id))
+/// Each limit of `limits` with the request's record of it.
+fn pairs(limits: &[LimitMet]) -> impl Iterator<Item = (&TierLimit, &LimitRecord)> {
+    limits.iter().map(|met| (&*met.limit, &met.record))
 }
 
 impl RequestLimits {
-    /// The request meets `tier` of its route, or `overridden`, that tier as a quota override
-    /// changed it.
-    pub fn meet(&mut self, (tier, overridden): (TierId, Option<Arc<Tier>>)) {
-        self.tier = tier;
-        self.overridden = overridden;
+    /// The request meets tier `id` of `route`, or `overridden`, that tier as a quota override
+    /// changed it: resolved here, once, and held to the request's end.
+    pub fn meet(&mut self, route: &Route, (id, overridden): (TierId, Option<Arc<Tier>>)) {
+        let (tier, overridden) = match overridden {
+            Some(tier) => (tier, true),
+            None => (Arc::clone(route.tiers.shared(id)), false),
+        };
+        self.met = Some(Met {
+            id,
+            tier,
+            overridden,
+        });
     }
 
-    /// The id of the tier the request meets, and whether a quota override changes it.
+    /// The id of the tier the request meets, and whether a quota override changes it (the
+    /// route's default, unchanged, before it meets one).
     pub fn met(&self) -> (TierId, bool) {
-        (self.tier, self.overridden.is_some())
+        self.met
+            .as_ref()
+            .map_or((TierId::default(), false), |met| (met.id, met.overridden))
     }
 
-    /// One record per limit of its tier, once asked.
-    pub fn records(&self) -> &[LimitRecord] {
-        &self.records
-    }
-
-    /// Reads what each limit asked has left into its record, consuming nothing.
-    pub async fn peek<E: Seam>(
-        &mut self,
-        route: &Route,
-        policy: &Policy<E>,
-    ) -> Result<(), LimiterError> {
-        let tier = tier_met(&self.overridden, self.tier, route);
-        match tier.asked(&mut self.records) {
-            Some(mut asked) if !asked.limits.is_empty() => policy.peek(&mut asked).await,
-            _ => Ok(()),
+    /// The tier the request meets (`route`'s default before it meets one).
+    pub fn tier<'a>(&'a self, route: &'a Route) -> &'a Tier {
+        match &self.met {
+            Some(met) => &met.tier,
+            None => route.tiers.default(),
         }
     }
 
-    /// The tier the request meets: the one place its id is looked up.
-    pub fn tier<'a>(&'a self, route: &'a Route) -> &'a Tier {
-        tier_met(&self.overridden, self.tier, route)
+    /// Each limit of its tier with the record of it, once asked (`None` before).
+    pub fn shown<'a>(
+        &'a self,
+        route: &'a Route,
+    ) -> impl Iterator<Item = (&'a TierLimit, Option<&'a LimitRecord>)> + 'a {
+        let asked = pairs(&self.limits).map(|(limit, record)| (limit, Some(record)));
+        let tier = self.limits.is_empty().then(|| self.tier(route));
+        let unasked = tier.into_iter().flat_map(|tier| tier.limits.iter());
+        asked.chain(unasked.map(|limit| (&**limit, None)))
+    }
+
+    /// Reads what each limit asked has left into its record, consuming nothing.
+    pub async fn peek<E: Seam>(&mut self, policy: &Policy<E>) -> Result<(), LimiterError> {
+        let Some(met) = &self.met else {
+            return Ok(());
+        };
+        match self.limits.is_empty() {
+            true => Ok(()),
+            false => policy.peek(&mut met.tier.asking(&mut self.limits)).await,
+        }
     }
 
     /// Whether the request's tier has limits.
-    pub fn limited(&self, route: &Route) -> bool {
-        !self.tier(route).is_empty()
+    pub fn limited(&self) -> bool {
+        self.met.as_ref().is_some_and(|met| !met.tier.is_empty())
     }
 
     /// What the request asks of each limit of its tier (`explaining`: without taking a turn
@@ -136,21 +161,22 @@ impl RequestLimits {
         facts: &RequestFacts<'_>,
         explaining: bool,
     ) -> Result<(), Undecidable> {
-        let tier = self.tier(&runtime.route);
-        let rotation = runtime.rotation(self.tier);
-        self.records = match explaining {
-            true => tier.records(facts, &rotation.copy())?,
-            false => tier.records(facts, rotation)?,
+        let Some(met) = &self.met else {
+            return Ok(());
+        };
+        let rotation = runtime.rotation(met.id);
+        self.limits = match explaining {
+            true => met.tier.met(facts, &rotation.copy())?,
+            false => met.tier.met(facts, rotation)?,
         };
         Ok(())
     }
 
     /// The policy's verdict on the request's limits, kept.
-    pub async fn decide<E: Seam>(&mut self, route: &Route, policy: &Policy<E>) -> &Verdict {
-        let tier = tier_met(&self.overridden, self.tier, route);
-        let verdict = match tier.asked(&mut self.records) {
-            Some(mut asked) => policy.decide(&mut asked).await,
-            // Records of another tier cannot be: they were made from this one.
+    pub async fn decide<E: Seam>(&mut self, policy: &Policy<E>) -> &Verdict {
+        let verdict = match &self.met {
+            Some(met) => policy.decide(&mut met.tier.asking(&mut self.limits)).await,
+            // A request decided before it met a tier cannot be (admission meets it first).
             None => Verdict::undecided(Outcome::ErrorDenied),
         };
         self.verdict.insert(verdict)
@@ -162,27 +188,22 @@ impl RequestLimits {
 
     /// The admitted request will not go upstream (its client left while it was held for
     /// shaping): the units it reserved go back.
-    pub async fn abandon<E: Seam>(&mut self, route: &Route, policy: &Policy<E>) {
-        if let Some(verdict) = &self.verdict {
-            let tier = tier_met(&self.overridden, self.tier, route);
-            if let Some(mut asked) = tier.asked(&mut self.records) {
-                policy.give_back_abandoned(&mut asked, verdict).await;
-            }
+    pub async fn abandon<E: Seam>(&mut self, policy: &Policy<E>) {
+        if let (Some(verdict), Some(met)) = (&self.verdict, &self.met) {
+            let asked = &mut met.tier.asking(&mut self.limits);
+            policy.give_back_abandoned(asked, verdict).await;
         }
         self.abandoned = true;
     }
 
     /// Reads what `headers` (a response head, or its trailers) say the response cost, into the
     /// record of each limit priced by the response.
-    pub fn read_reports(&mut self, route: &Route, headers: &HeaderMap) {
-        let tier = tier_met(&self.overridden, self.tier, route);
-        if !tier.rules.priced_by_response() {
+    pub fn read_reports(&mut self, headers: &HeaderMap) {
+        let priced = |met: &Met| met.tier.rules.priced_by_response();
+        if !self.met.as_ref().is_some_and(priced) {
             return;
         }
-        for (limit, record) in paired_mut(&tier.limits, &mut self.records)
-            .into_iter()
-            .flatten()
-        {
+        for LimitMet { limit, record } in &mut self.limits {
             let exact = &limit.limit.exact;
             limit.costs.read_report(exact, headers, &mut record.report);
         }
@@ -190,14 +211,13 @@ impl RequestLimits {
 
     /// The request has ended: counts what each limit said (and what the response reported it
     /// cost), gives back its concurrency slots and settles its response's cost. Once.
-    pub async fn end<E: Seam>(&mut self, route: &Route, meters: &RouteMetrics, policy: &Policy<E>) {
+    pub async fn end<E: Seam>(&mut self, meters: &RouteMetrics, policy: &Policy<E>) {
         let Some(verdict) = self.verdict.as_ref().filter(|_| !self.ended) else {
             return;
         };
         self.ended = true;
-        let tier = tier_met(&self.overridden, self.tier, route);
         let reported = verdict.admitted() && !self.abandoned;
-        for (limit, record) in tier.said(&self.records).into_iter().flatten() {
+        for (limit, record) in pairs(&self.limits) {
             let Some(meters) = meters.limit(limit.position) else {
                 continue;
             };
@@ -208,8 +228,9 @@ impl RequestLimits {
                 meters.count_report(record.report);
             }
         }
-        if let Some(mut asked) = tier.asked(&mut self.records) {
-            policy.end(&mut asked, verdict, self.abandoned).await;
+        if let Some(met) = &self.met {
+            let asked = &mut met.tier.asking(&mut self.limits);
+            policy.end(asked, verdict, self.abandoned).await;
         }
     }
 
@@ -219,31 +240,29 @@ impl RequestLimits {
         Some(LimitsSaid {
             route,
             tier: self.tier(route),
-            records: &self.records,
+            limits: &self.limits,
             answered,
         })
     }
 
     /// The name of the limit that decided: the one that denied, or the shadow limit that
     /// would have.
-    pub fn deciding_limit<'a>(&'a self, route: &'a Route) -> Option<&'a str> {
-        let (index, _) = deciding(&self.records)?;
-        let limit = self.tier(route).limits.get(index)?;
+    pub fn deciding_limit(&self) -> Option<&str> {
+        let (limit, _) = deciding(pairs(&self.limits))?;
         Some(&limit.limit.exact.name)
     }
 
     /// The limit that denied the request and the key it was asked at, if one did.
-    pub fn denied_key<'a>(&'a self, route: &'a Route) -> Option<(&'a str, &'a [u8])> {
-        let (index, record) = deciding(&self.records)?;
-        let limit = self.tier(route).limits.get(index)?;
+    pub fn denied_key(&self) -> Option<(&str, &[u8])> {
+        let (limit, record) = deciding(pairs(&self.limits))?;
         (record.deciding == Some(Deciding::Denied))
             .then(|| (&*limit.limit.exact.name, &record.ask.key[..]))
     }
 
     /// The failure mode that applied, when the limiter could not decide.
-    pub fn failure_mode(&self, route: &Route) -> Option<&'static str> {
+    pub fn failure_mode(&self) -> Option<&'static str> {
         let verdict = self.verdict.as_ref()?;
-        let mode = self.tier(route).rules.failure_mode();
+        let mode = self.met.as_ref()?.tier.rules.failure_mode();
         verdict.outcome.by_failure_mode().then(|| mode.label())
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use prometheus::{Histogram, IntCounter, IntGauge};
 use strum::EnumCount;
 
-use crate::caller::consumers::{AuthFailure, AuthMode, PlanId, Plans, NO_PLAN};
+use crate::caller::consumers::{AuthFailure, AuthMode, PlanId, PlanSlot, Plans};
 use crate::exchange::answer::{ClientError, Decided, UpstreamError};
 use crate::limiter::adaptive::AdaptiveMeters;
 use crate::limiter::{CostReport, Limit, Outcome};
@@ -232,7 +232,7 @@ impl RouteMetrics {
 
     /// Adds the handles of a route with adaptive concurrency: requests shed per plan.
     pub fn with_shedding(mut self, route: &str, plans: &Plans) -> RouteMetrics {
-        let slots = std::iter::once(NO_PLAN).chain(plans.names().iter().map(|n| &**n));
+        let slots = plans.slot_labels();
         self.shed = slots
             .map(|plan| ADAPTIVE_SHED.with_label_values(&[route, plan]))
             .collect();
@@ -241,13 +241,12 @@ impl RouteMetrics {
 
     /// A request of a caller on `plan` was shed.
     pub fn count_shed(&self, plan: Option<PlanId>) {
-        let slot = plan.map_or(0, |plan| usize::from(plan.0) + 1);
-        if let Some(counter) = self.shed.get(slot) {
+        if let Some(counter) = self.shed.get(PlanSlot::of(plan).index()) {
             counter.inc();
         }
     }
 
-    /// The requests shed so far, per plan slot (0: no plan, then each plan in order); empty
+    /// The requests shed so far, per [`PlanSlot`], in order; empty
     /// for a route without adaptive concurrency.
     pub fn shed_by_plan(&self) -> Vec<u64> {
         self.shed.iter().map(IntCounter::get).collect()
@@ -255,7 +254,7 @@ impl RouteMetrics {
 
     /// Adds the per-plan and auth-failure handles of a route that verifies callers.
     pub fn with_callers(mut self, route: &str, plans: &Plans) -> RouteMetrics {
-        let slots = std::iter::once(NO_PLAN).chain(plans.names().iter().map(|n| &**n));
+        let slots = plans.slot_labels();
         self.callers = Some(CallerMeters {
             by_plan: slots
                 .map(|plan| {
@@ -279,8 +278,7 @@ impl RouteMetrics {
         failure: Option<AuthFailure>,
     ) {
         let Some(callers) = &self.callers else { return };
-        let slot = plan.map_or(0, |plan| usize::from(plan.0) + 1);
-        if let Some(counters) = callers.by_plan.get(slot) {
+        if let Some(counters) = callers.by_plan.get(PlanSlot::of(plan).index()) {
             counters[decided.index()].inc();
         }
         if let Some(failure) = failure {
@@ -386,7 +384,7 @@ impl Metrics {
             let limits = route.tiers.written();
             series.routes.push(route.name.to_string());
             if route.auth.mode != AuthMode::Off {
-                for plan in std::iter::once(NO_PLAN).chain(plans.names().iter().map(|n| &**n)) {
+                for plan in plans.slot_labels() {
                     series
                         .plans
                         .push((route.name.to_string(), plan.to_string()));
@@ -408,7 +406,7 @@ impl Metrics {
             }
             if route.adaptive.is_some() {
                 series.adaptive.push(route.name.to_string());
-                for plan in std::iter::once(NO_PLAN).chain(plans.names().iter().map(|n| &**n)) {
+                for plan in plans.slot_labels() {
                     series.shed.push((route.name.to_string(), plan.to_string()));
                 }
             }

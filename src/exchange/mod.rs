@@ -148,7 +148,7 @@ impl<S: Servers> Exchange<S> {
                 delay: Duration::ZERO,
             };
         }
-        let verdict = self.limits.decide(&route.route, policy).await;
+        let verdict = self.limits.decide(policy).await;
         let refusal = Answer::refusing(verdict.outcome);
         let delay = verdict.delay;
         match refusal {
@@ -225,8 +225,8 @@ impl<S: Servers> Exchange<S> {
     ) -> Result<(), Answer> {
         let (req, route) = (head.parts, &routed.route);
         self.consumer = consumer;
-        self.limits
-            .meet(self.site.tier_for(route, self.consumer.as_ref()));
+        let tier = self.site.tier_for(route, self.consumer.as_ref());
+        self.limits.meet(route, tier);
         let facts = RequestFacts {
             client_ip: routed.client,
             method: req.method.as_str(),
@@ -241,7 +241,7 @@ impl<S: Servers> Exchange<S> {
         if let Some(parts) = route.upstream.hash_parts() {
             self.balance_key = keys::digest_parts(&facts, parts).to_be_bytes();
         }
-        if self.limits.limited(route) && !self.exempt {
+        if self.limits.limited() && !self.exempt {
             let runtime = self.route.as_deref().ok_or(Answer::Internal)?;
             self.limits
                 .ask(runtime, &facts, explaining)
@@ -312,8 +312,8 @@ impl<S: Servers> Exchange<S> {
     /// The admitted request will not go upstream (its client left while it was held for
     /// shaping): the units it reserved go back.
     pub async fn abandon<E: Seam>(&mut self, policy: &Policy<E>) {
-        if let Some(runtime) = &self.route {
-            self.limits.abandon(&runtime.route, policy).await;
+        if self.route.is_some() {
+            self.limits.abandon(policy).await;
         }
     }
 
@@ -350,8 +350,7 @@ impl<S: Servers> Exchange<S> {
         // A place still held (no response head came) goes back, unsampled.
         self.permit = None;
         if let Some(runtime) = &self.route {
-            let route = &runtime.route;
-            self.limits.end(route, &runtime.metrics, policy).await;
+            self.limits.end(&runtime.metrics, policy).await;
         }
         self.in_flight = None;
     }
@@ -379,7 +378,7 @@ impl<S: Servers> Exchange<S> {
         let Some(route) = self.route() else {
             return;
         };
-        if let Some((limit, key)) = self.limits.denied_key(route) {
+        if let Some((limit, key)) = self.limits.denied_key() {
             if let Ok(key) = std::str::from_utf8(key) {
                 live::LIMITED_KEYS.count(&[&route.name, "/", limit, " ", key]);
             }
@@ -447,12 +446,12 @@ impl<S: Servers> Exchange<S> {
     /// The name of the limit that decided: the one that denied, or the shadow limit that
     /// would have.
     pub fn deciding_limit(&self) -> Option<&str> {
-        self.limits.deciding_limit(self.route()?)
+        self.limits.deciding_limit()
     }
 
     /// The failure mode that applied, when the limiter could not decide.
     pub fn failure_mode(&self) -> Option<&'static str> {
-        self.limits.failure_mode(self.route()?)
+        self.limits.failure_mode()
     }
 
     /// The `WWW-Authenticate` challenge of `answer`, when it is a `401`.

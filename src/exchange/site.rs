@@ -206,7 +206,7 @@ impl<S: Servers> Site<S> {
         handover: Handover<'_>,
     ) -> Result<Site<S>, ConfigError> {
         let routes = config.routes.in_file_order();
-        let Some(pairs) = paired(&routes, servers) else {
+        let Ok(pairs) = paired("routes and upstreams", &routes, servers) else {
             let detail = format!("{} upstreams for {} routes", servers.len(), routes.len());
             return Err(ConfigError::single(&config.source, "routes", detail));
         };

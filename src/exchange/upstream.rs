@@ -228,8 +228,6 @@ impl<S: Servers> Exchange<S> {
     /// Reads what `headers` say the response cost, for each limit of the route priced by the
     /// response.
     fn read_cost_reports(&mut self, headers: &HeaderMap) {
-        if let Some(runtime) = self.route.as_ref() {
-            self.limits.read_reports(&runtime.route, headers);
-        }
+        self.limits.read_reports(headers);
     }
 }

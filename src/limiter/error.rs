@@ -2,6 +2,8 @@
 
 use strum::{EnumCount, IntoStaticStr, VariantArray};
 
+use super::pairs::Mismatch;
+
 /// Why a limiter could not decide. `kind()` is the metric label.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LimiterError {
@@ -17,6 +19,10 @@ pub enum LimiterError {
     LocalCapacity(usize),
     #[error("the Redis circuit breaker is open")]
     BreakerOpen,
+    /// A limiter's answer that is not one for one with the limits it was asked (a bug): counted
+    /// as a `reply`, as any reply that does not fit what was asked.
+    #[error("limiter reply does not fit its call: {0}")]
+    Mismatch(#[from] Mismatch),
 }
 
 /// The kind of a [`LimiterError`]: the `kind` label of `sluice_limiter_errors_total` (its
@@ -71,7 +77,7 @@ impl LimiterError {
             LimiterError::Timeout(_) => ErrorKind::Timeout,
             LimiterError::Connection(_) => ErrorKind::Connection,
             LimiterError::Server { kind, .. } => *kind,
-            LimiterError::Reply(_) => ErrorKind::Reply,
+            LimiterError::Reply(_) | LimiterError::Mismatch(_) => ErrorKind::Reply,
             LimiterError::LocalCapacity(_) => ErrorKind::LocalCapacity,
             LimiterError::BreakerOpen => ErrorKind::BreakerOpen,
         }

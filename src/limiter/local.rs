@@ -26,7 +26,7 @@ use super::clock::Clock;
 use super::decision::{Decision, Statuses};
 use super::error::LimiterError;
 use super::limit::LIMITS_INLINE;
-use super::pairs::paired_mut;
+use super::pairs::{paired_mut, Mismatch};
 use super::request::{Entry, LimitRequest};
 use super::status::LimitStatus;
 
@@ -120,12 +120,12 @@ impl LocalLimiter {
         let statuses = decide_each(request, &guards, &mut steps, now_us);
         let decision = request.decision(statuses);
         if !decision.allowed() {
-            let statuses = peeked(request, &guards, &steps, decision, now_us);
+            let statuses = peeked(request, &guards, &steps, decision, now_us)?;
             return Ok(request.decision(statuses));
         }
         // Make room for new keys before writing anything, so a full map fails atomically.
         self.make_room(&mut guards, &steps, now_us)?;
-        Ok(write_each(&mut guards, steps, decision, now_us))
+        write_each(&mut guards, steps, decision, now_us)
     }
 
     /// Sweeps the expired state of each full shard a new key goes to; fails if one stays full.
@@ -273,10 +273,10 @@ fn peeked(
     steps: &Steps<'_, '_>,
     decision: Decision,
     now_us: i64,
-) -> Statuses {
+) -> Result<Statuses, Mismatch> {
     let mut statuses = decision.statuses;
     // One status per step: `decide_each` made them so.
-    for (step, status) in paired_mut(steps, &mut statuses).into_iter().flatten() {
+    for (step, status) in paired_mut("local steps and statuses", steps, &mut statuses)? {
         if status.allowed {
             let state = live(&guards[step.slot], step.entry.key, now_us);
             let peek = step
@@ -292,7 +292,7 @@ fn peeked(
             };
         }
     }
-    statuses
+    Ok(statuses)
 }
 
 /// Stores what every limit of an allowed request writes; each status gets its key's mark.
@@ -301,12 +301,10 @@ fn write_each(
     steps: Steps<'_, '_>,
     mut decision: Decision,
     now_us: i64,
-) -> Decision {
+) -> Result<Decision, LimiterError> {
     // One status per step: `decide_each` made them so.
-    for (step, status) in paired_mut(&steps, &mut decision.statuses)
-        .into_iter()
-        .flatten()
-    {
+    let at = "local steps and statuses";
+    for (step, status) in paired_mut(at, &steps, &mut decision.statuses)? {
         if let Some(write) = &step.write {
             status.mark_us = write.state.mark_us();
         }
@@ -316,7 +314,7 @@ fn write_each(
             store(&mut guards[step.slot], step.entry.key, write, now_us);
         }
     }
-    decision
+    Ok(decision)
 }
 
 /// Stores `write` as the state of `key`, allocating the key only on its first sighting.

@@ -67,7 +67,7 @@ pub use limit::{
     BadCost, Cost, CostReport, Leasing, Limit, ResponsePrice, Scope, Sent, AUTO_MIN_UNITS,
     LIMITS_INLINE, QUOTA_MEMORY_US,
 };
-pub use pairs::{paired, paired_mut};
+pub use pairs::{paired, paired_mut, Mismatch};
 pub use policy::{Policy, PolicyMeters};
 pub use rate::Rate;
 pub use record::{

@@ -389,15 +389,19 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
 
     /// [`Policy::peek`] of limits the engine decides.
     async fn peek_engine(&self, asked: &mut Asked<'_>) -> Result<(), LimiterError> {
-        let mut decision = read(&self.engine, asked, RequestId::random()).await?;
-        // Statuses the limits do not match one for one are refused by `take`.
-        let pairs = super::pairs::paired_mut(&asked.limits, &mut decision.statuses);
-        for (asked, status) in pairs.into_iter().flatten() {
+        let decision = read(&self.engine, asked, RequestId::random()).await?;
+        // Statuses the limits do not match one for one are refused by `take`; those taken are
+        // each in its limit's record.
+        asked.take(decision)?;
+        for asked in &mut asked.limits {
+            let Some(status) = asked.record.status.as_mut() else {
+                continue;
+            };
             if asked.limit.exact.leased.is_some() {
                 status.remaining += self.engine.held_units(&asked.record.ask.key);
             }
         }
-        asked.take(decision).map(drop)
+        Ok(())
     }
 
     /// The limiter could not decide: the route's failure mode does.
@@ -886,7 +890,7 @@ mod tests {
 
     impl Set {
         fn asked<'a>(&'a self, records: &'a mut [LimitRecord]) -> Asked<'a> {
-            let pairs = crate::limiter::pairs::paired_mut(&self.limits, records);
+            let pairs = crate::limiter::pairs::paired_mut("test", &self.limits, records);
             Asked::new(&self.rules, pairs.expect("one record per limit"))
         }
 

@@ -198,18 +198,44 @@ impl<'a> Asked<'a> {
     }
 }
 
-/// The record that decided among `records`: the one that denied, else the shadow limit that
-/// would have; with its place.
-pub fn deciding<'a>(
-    records: impl IntoIterator<Item = &'a LimitRecord>,
-) -> Option<(usize, &'a LimitRecord)> {
+/// The limit that decided among `limits`, each beside its record: the one that denied, else
+/// the shadow limit that would have; with its record.
+pub fn deciding<'a, L>(
+    limits: impl IntoIterator<Item = (L, &'a LimitRecord)>,
+) -> Option<(L, &'a LimitRecord)> {
     let mut shadow = None;
-    for (index, record) in records.into_iter().enumerate() {
+    for (limit, record) in limits {
         match record.deciding {
-            Some(Deciding::Denied) => return Some((index, record)),
-            Some(Deciding::ShadowDenied) => shadow = shadow.or(Some((index, record))),
+            Some(Deciding::Denied) => return Some((limit, record)),
+            Some(Deciding::ShadowDenied) => shadow = shadow.or(Some((limit, record))),
             None => {}
         }
     }
     shadow
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(deciding: Option<Deciding>) -> LimitRecord {
+        LimitRecord {
+            deciding,
+            ..LimitRecord::new(Key::from_slice(b"k"), 1)
+        }
+    }
+
+    #[test]
+    fn the_deciding_limit_comes_with_its_record_a_denial_before_a_shadow_one() {
+        let (none, shadow, denied) = (
+            record(None),
+            record(Some(Deciding::ShadowDenied)),
+            record(Some(Deciding::Denied)),
+        );
+        let all = [("a", &none), ("b", &shadow), ("c", &denied)];
+        assert_eq!(deciding(all), Some(("c", &denied)));
+        let shadows = [("a", &none), ("b", &shadow), ("c", &shadow)];
+        assert_eq!(deciding(shadows), Some(("b", &shadow)));
+        assert_eq!(deciding([("a", &none)]), None);
+    }
 }

@@ -24,7 +24,7 @@ pub type Asks = SmallVec<[Ask; LIMITS_INLINE]>;
 /// One ask per key, at the matching cost (tools and tests; requests get theirs from their
 /// route's tier, `Tier::records`). Panics when there are not as many costs as keys.
 pub fn asks(keys: &[&[u8]], costs: &[u64]) -> Asks {
-    paired(keys, costs)
+    paired("keys and costs", keys, costs)
         .expect("one cost per key")
         .map(|(key, &cost)| Ask {
             key: Key::from_slice(key),
@@ -47,7 +47,7 @@ pub type Entries<'a> = SmallVec<[Entry<'a>; LIMITS_INLINE]>;
 /// Pairs each limit with an ask for it (tools and tests; requests pair theirs in
 /// `Asked::entries`). Panics when there are not as many asks as limits.
 pub fn entries<'a>(limits: &'a [Limit], asks: &'a [Ask]) -> Entries<'a> {
-    paired(limits, asks)
+    paired("limits and asks", limits, asks)
         .expect("one ask per limit")
         .map(|(limit, ask)| Entry {
             limit,

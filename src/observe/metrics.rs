@@ -16,7 +16,7 @@ use prometheus::{
 
 use crate::limiter::guard::GuardMeters;
 use crate::limiter::leased::LeaseMeters;
-use crate::limiter::{Coalescing, ErrorKind, PolicyMeters};
+use crate::limiter::{Coalescing, ErrorKind, Mismatch, PolicyMeters};
 
 pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
@@ -283,6 +283,22 @@ pub static ACCESS_LOG_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
     .expect("sluice_access_log_dropped_total registers once")
 });
 
+pub static INTERNAL_MISMATCHES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_internal_mismatches_total",
+        "Per-limit sequences that should have been one for one and were not (a bug, logged where met), by what was paired.",
+        &["at"]
+    )
+    .expect("sluice_internal_mismatches_total registers once")
+});
+
+/// Counts `found`, two per-limit sequences that were not one for one, and logs it with what
+/// was paired and their lengths: a bug, never hidden by pairing the shorter sequence.
+pub fn mismatch(found: &Mismatch) {
+    INTERNAL_MISMATCHES.with_label_values(&[found.at]).inc();
+    log::error!("internal mismatch (a bug, please report it): {found}");
+}
+
 pub static RESPONSE_COST_REPORTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "sluice_response_cost_reports_total",
@@ -360,7 +376,7 @@ pub fn lease_meters() -> LeaseMeters {
 }
 
 /// Every family sluice exports (the process collector's besides).
-fn families() -> [&'static dyn Collector; 34] {
+fn families() -> [&'static dyn Collector; 35] {
     [
         &*ADMIN_CHANGES,
         &*REQUESTS,
@@ -392,6 +408,7 @@ fn families() -> [&'static dyn Collector; 34] {
         &*UPSTREAM_SERVER_ERRORS,
         &*CLIENT_ERRORS,
         &*ACCESS_LOG_DROPPED,
+        &*INTERNAL_MISMATCHES,
         &*RESPONSE_COST_REPORTS,
         &*RESPONSE_COST_UNITS,
         &*RLS_REQUESTS,
@@ -471,6 +488,19 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+
+    #[test]
+    fn a_mismatch_is_counted_by_what_was_paired() {
+        let at = "test: limits and records";
+        let counted = || INTERNAL_MISMATCHES.with_label_values(&[at]).get();
+        let before = counted();
+        mismatch(&Mismatch {
+            at,
+            left: 2,
+            right: 1,
+        });
+        assert_eq!(counted(), before + 1);
+    }
 
     /// A collector built in another process (as one built before `sluice -d` forks) reports
     /// the process that scrapes, not the one it was built for.

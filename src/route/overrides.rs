@@ -287,7 +287,7 @@ fn plans_of(list: &[Override], plans: &Plans) -> HashMap<Box<str>, PlanId> {
 
 /// Every tier of `route` with `overrides` applied, in order.
 fn tiers_with(route: &Route, overrides: &[&QuotaOverride], instances: u64) -> Box<[Arc<Tier>]> {
-    let apply = |tier: &Tier| with(tier, overrides, instances);
+    let apply = |tier: &Arc<Tier>| with(tier, overrides, instances);
     route.tiers.all().iter().map(apply).collect()
 }
 

@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use http::header::HeaderValue;
 
-use crate::caller::consumers::Consumer;
+use crate::caller::consumers::{Consumer, PlanSlot};
 use smallvec::SmallVec;
 
 use crate::limiter::redis::script::Algorithms;
 use crate::limiter::{
-    fields, paired, paired_mut, Asked, Limit, LimitRecord, LimitRecords, LimitRules, PolicyLimit,
-    Scope, LIMITS_INLINE,
+    fields, paired, paired_mut, Asked, Limit, LimitRecord, LimitRecords, LimitRules, Mismatch,
+    PolicyLimit, Scope, LIMITS_INLINE,
 };
 use crate::route::keys::{Digest, LimitKey, MissingPart, RequestFacts, Rotation, RouteKeys};
 use crate::route::pricing::CostHeaders;
@@ -49,11 +49,23 @@ pub struct TierLimit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Position(pub u8);
 
+/// One limit of a request's tier beside the request's record of it, from its ask to its end
+/// (as the rate limit service's matched descriptors carry theirs): never joined by position.
+/// The limit is shared with the tier, so a request keeps the limits it met across a reload.
+#[derive(Debug, Clone)]
+pub struct LimitMet {
+    pub limit: Arc<TierLimit>,
+    pub record: LimitRecord,
+}
+
+/// A request's limits, each beside its record, inline for routes of ordinary size.
+pub type LimitsMet = SmallVec<[LimitMet; LIMITS_INLINE]>;
+
 /// The limits one kind of caller meets on a route, with everything a request needs of them.
 #[derive(Debug)]
 pub struct Tier {
     /// Its limits, in the route's order: the only per-limit sequence of a tier.
-    pub limits: Box<[TierLimit]>,
+    pub limits: Box<[Arc<TierLimit>]>,
     pub rules: LimitRules,
     /// The route's hash tag and key head (each tier runs its own round robin).
     pub keys: RouteKeys,
@@ -67,7 +79,7 @@ pub struct Tier {
 
 /// One limit's digest of a request, before the tag is known.
 struct Pending<'a> {
-    limit: &'a TierLimit,
+    limit: &'a Arc<TierLimit>,
     digest: Digest,
 }
 
@@ -92,8 +104,35 @@ impl Tier {
         facts: &RequestFacts<'_>,
         rotation: &Rotation,
     ) -> Result<LimitRecords, Undecidable> {
+        let mut records = LimitRecords::new();
+        self.each_record(facts, rotation, |_, record| records.push(record))?;
+        Ok(records)
+    }
+
+    /// [`Tier::records`], each beside its limit: what a request carries from its ask to its
+    /// end.
+    pub fn met(
+        &self,
+        facts: &RequestFacts<'_>,
+        rotation: &Rotation,
+    ) -> Result<LimitsMet, Undecidable> {
+        let mut met = LimitsMet::new();
+        self.each_record(facts, rotation, |limit, record| {
+            let limit = Arc::clone(limit);
+            met.push(LimitMet { limit, record });
+        })?;
+        Ok(met)
+    }
+
+    /// Makes the record of each limit, in order, and gives it to `keep` with its limit.
+    fn each_record(
+        &self,
+        facts: &RequestFacts<'_>,
+        rotation: &Rotation,
+        mut keep: impl FnMut(&Arc<TierLimit>, LimitRecord),
+    ) -> Result<(), Undecidable> {
         if self.limits.iter().all(|limit| limit.key.fixed().is_some()) {
-            return self.fixed_records(facts);
+            return self.fixed_records(facts, keep);
         }
         let pending = self
             .limits
@@ -106,40 +145,54 @@ impl Tier {
             .map_err(|MissingPart| Undecidable(MISSING_PART))?;
         let giver = pending.iter().find(|p| p.limit.key.gives_tag());
         let tag = self.keys.tag(facts, giver.map(|p| &p.digest), rotation);
-        let mut records = LimitRecords::new();
         for Pending { limit, digest } in &pending {
             let cost = cost_of(limit, facts)?;
             let key = self.keys.key(&tag, &limit.key, digest);
-            records.push(LimitRecord::new(key, if digest.skipped { 0 } else { cost }));
+            keep(
+                limit,
+                LimitRecord::new(key, if digest.skipped { 0 } else { cost }),
+            );
         }
-        Ok(records)
+        Ok(())
     }
 
-    /// [`Tier::records`] of a tier whose every key was made at load (per-route limits): only
-    /// the costs are the request's.
-    fn fixed_records(&self, facts: &RequestFacts<'_>) -> Result<LimitRecords, Undecidable> {
-        let mut records = LimitRecords::new();
+    /// [`Tier::each_record`] of a tier whose every key was made at load (per-route limits):
+    /// only the costs are the request's.
+    fn fixed_records(
+        &self,
+        facts: &RequestFacts<'_>,
+        mut keep: impl FnMut(&Arc<TierLimit>, LimitRecord),
+    ) -> Result<(), Undecidable> {
         for limit in self.limits.iter() {
             let cost = cost_of(limit, facts)?;
             let key = limit.key.fixed().cloned().unwrap_or_default();
-            records.push(LimitRecord::new(key, cost));
+            keep(limit, LimitRecord::new(key, cost));
         }
-        Ok(records)
+        Ok(())
     }
 
-    /// The policy's view of `records` (this tier's, one per limit): `None` when they are not.
-    pub fn asked<'a>(&'a self, records: &'a mut [LimitRecord]) -> Option<Asked<'a>> {
-        let pairs = paired_mut(&self.limits, records)?;
-        Some(Asked::new(&self.rules, pairs.map(|(l, r)| (&l.limit, r))))
+    /// The policy's view of `met`, limits this tier's [`Tier::met`] made, each beside its
+    /// record: under this tier's rules.
+    pub fn asking<'a>(&'a self, met: &'a mut [LimitMet]) -> Asked<'a> {
+        let pairs = met.iter_mut().map(|m| (&m.limit.limit, &mut m.record));
+        Asked::new(&self.rules, pairs)
     }
 
-    /// This tier's limits, each with the record of it among `records`: `None` when they are
-    /// not this tier's.
+    /// The policy's view of `records` (this tier's, one per limit, as [`Tier::records`] made
+    /// them; tools and tests): `Err` when they are not one per limit.
+    pub fn asked<'a>(&'a self, records: &'a mut [LimitRecord]) -> Result<Asked<'a>, Mismatch> {
+        let pairs = paired_mut("a tier's limits and records", &self.limits, records)?;
+        Ok(Asked::new(&self.rules, pairs.map(|(l, r)| (&l.limit, r))))
+    }
+
+    /// This tier's limits, each with the record of it among `records` (tools): `Err` when
+    /// they are not one per limit.
     pub fn said<'a, 'r>(
         &'a self,
         records: &'r [LimitRecord],
-    ) -> Option<impl Iterator<Item = (&'a TierLimit, &'r LimitRecord)>> {
-        paired(&self.limits, records)
+    ) -> Result<impl Iterator<Item = (&'a TierLimit, &'r LimitRecord)>, Mismatch> {
+        let pairs = paired("a tier's limits and records", &self.limits, records)?;
+        Ok(pairs.map(|(limit, record)| (&**limit, record)))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -151,16 +204,16 @@ impl Tier {
     /// `RateLimit-Policy` are those of the new limits; keys and series stay the limits'.
     pub fn changed(&self, changes: &[(Position, Option<Limit>)], instances: u64) -> Tier {
         let change = |limit: &TierLimit| changes.iter().rev().find(|(at, _)| *at == limit.position);
-        let limits: Box<[TierLimit]> = self
+        let limits: Box<[Arc<TierLimit>]> = self
             .limits
             .iter()
             .filter_map(|limit| match change(limit) {
-                None => Some(limit.clone()),
+                None => Some(Arc::clone(limit)),
                 Some((_, None)) => None,
-                Some((_, Some(changed))) => Some(TierLimit {
+                Some((_, Some(changed))) => Some(Arc::new(TierLimit {
                     limit: PolicyLimit::new(changed.clone(), instances),
-                    ..limit.clone()
-                }),
+                    ..TierLimit::clone(limit)
+                })),
             })
             .collect();
         let exact = || limits.iter().map(|l| &l.limit.exact);
@@ -209,9 +262,10 @@ pub struct TierId(pub u16);
 /// Every tier of one route, and which caller meets which.
 #[derive(Debug)]
 pub struct Tiers {
-    /// `tiers[0]` is the route's default: every limit as written.
-    tiers: Box<[Tier]>,
-    /// Per plan, by [`crate::caller::consumers::PlanId`] + 1 (0: no plan), the tier its consumers meet.
+    /// `tiers[0]` is the route's default: every limit as written. Shared, so a request holds
+    /// the tier it met to its end, whatever a reload does meanwhile.
+    tiers: Box<[Arc<Tier>]>,
+    /// Per plan, by its [`PlanSlot`], the tier its consumers meet.
     by_plan: Box<[TierId]>,
     /// Per overridden consumer, the tier it meets, by its plan as above.
     by_consumer: HashMap<Arc<str>, Box<[TierId]>>,
@@ -231,7 +285,7 @@ impl Tiers {
     /// One tier for everyone.
     pub fn single(tier: Tier) -> Tiers {
         Tiers {
-            tiers: Box::new([tier]),
+            tiers: Box::new([Arc::new(tier)]),
             by_plan: Box::new([]),
             by_consumer: HashMap::new(),
         }
@@ -245,7 +299,7 @@ impl Tiers {
         by_consumer: HashMap<Arc<str>, Box<[TierId]>>,
     ) -> Tiers {
         Tiers {
-            tiers: tiers.into(),
+            tiers: tiers.into_iter().map(Arc::new).collect(),
             by_plan: by_plan.into(),
             by_consumer,
         }
@@ -256,20 +310,20 @@ impl Tiers {
         let Some(consumer) = consumer else {
             return TierId(0);
         };
-        let plan = consumer.plan.map_or(0, |plan| usize::from(plan.0) + 1);
+        let slot = PlanSlot::of(consumer.plan);
         let by_plan = match self.by_consumer.get(&consumer.id) {
             Some(own) => own,
             None => &self.by_plan,
         };
-        by_plan.get(plan).copied().unwrap_or_default()
+        by_plan.get(slot.index()).copied().unwrap_or_default()
     }
 
-    /// Which callers meet tier `id` by their plan: slot 0 for callers without a plan, then
-    /// each plan's index + 1 (consumers with tiers of their own aside).
-    pub fn plan_slots_of(&self, id: TierId) -> Vec<usize> {
-        let slots = (0..self.by_plan.len().max(1))
-            .filter(|&slot| self.by_plan.get(slot).copied().unwrap_or_default() == id);
-        slots.collect()
+    /// Which callers meet tier `id` by their plan (consumers with tiers of their own aside).
+    pub fn plan_slots_of(&self, id: TierId) -> Vec<PlanSlot> {
+        let plans = self.by_plan.len().saturating_sub(1);
+        let meets =
+            |slot: &PlanSlot| self.by_plan.get(slot.index()).copied().unwrap_or_default() == id;
+        PlanSlot::all(plans).filter(meets).collect()
     }
 
     /// Whether consumer `id` has tiers of its own (`consumers.overrides`), not its plan's.
@@ -279,9 +333,13 @@ impl Tiers {
 
     /// The tier `id` (the default for an id of another configuration).
     pub fn get(&self, id: TierId) -> &Tier {
-        self.tiers
-            .get(usize::from(id.0))
-            .unwrap_or_else(|| self.default())
+        self.shared(id)
+    }
+
+    /// [`Tiers::get`], as the tier is shared: what a request holds to its end.
+    pub fn shared(&self, id: TierId) -> &Arc<Tier> {
+        let tiers = &self.tiers;
+        tiers.get(usize::from(id.0)).unwrap_or(&tiers[0])
     }
 
     /// The tiers consumer `id` can meet, whatever its plan (its own row, or the plans').
@@ -294,7 +352,7 @@ impl Tiers {
     }
 
     /// Every tier, by [`TierId`].
-    pub fn all(&self) -> &[Tier] {
+    pub fn all(&self) -> &[Arc<Tier>] {
         &self.tiers
     }
 

@@ -33,6 +33,38 @@ pub const NO_PLAN: &str = "none";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PlanId(pub u8);
 
+/// A caller's row in a table kept per plan (a route's tiers by plan, its per-plan metric
+/// handles): row 0 for callers without a plan, then one row per plan, in `identity.plans`
+/// order (plan `n` at row `n + 1`). The one place that encoding is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PlanSlot(usize);
+
+impl PlanSlot {
+    /// The row of callers without a plan.
+    pub const NO_PLAN: PlanSlot = PlanSlot(0);
+
+    /// The row of callers on `plan` (`None`: without a plan).
+    pub fn of(plan: Option<PlanId>) -> PlanSlot {
+        PlanSlot(plan.map_or(0, |plan| usize::from(plan.0) + 1))
+    }
+
+    /// Every row of a table kept for `plans` plans, in order (the no-plan row first).
+    pub fn all(plans: usize) -> impl Iterator<Item = PlanSlot> {
+        (0..=plans).map(PlanSlot)
+    }
+
+    /// The plan of this row; `None` for the no-plan row.
+    pub fn plan(self) -> Option<PlanId> {
+        let plan = self.0.checked_sub(1)?;
+        u8::try_from(plan).ok().map(PlanId)
+    }
+
+    /// Its index in the table.
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
 /// The plans a configuration declares, and the one a consumer without a plan is on.
 #[derive(Debug, Clone, Default)]
 pub struct Plans {
@@ -70,6 +102,11 @@ impl Plans {
     /// The plan's name as a header value.
     pub fn header_value(&self, plan: PlanId) -> Option<&http::HeaderValue> {
         self.values.get(usize::from(plan.0))
+    }
+
+    /// The `plan` label of each [`PlanSlot`], in order: [`NO_PLAN`], then each plan's name.
+    pub fn slot_labels(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(NO_PLAN).chain(self.names.iter().map(|name| &**name))
     }
 
     pub fn names(&self) -> &[Arc<str>] {
@@ -313,6 +350,19 @@ impl AuthFailure {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_plan_slot_is_its_plan_after_the_no_plan_row() {
+        assert_eq!(PlanSlot::of(None), PlanSlot::NO_PLAN);
+        assert_eq!(PlanSlot::of(None).plan(), None);
+        assert_eq!(PlanSlot::of(Some(PlanId(0))).index(), 1);
+        assert_eq!(PlanSlot::of(Some(PlanId(4))).plan(), Some(PlanId(4)));
+        let all: Vec<_> = PlanSlot::all(2).map(PlanSlot::plan).collect();
+        assert_eq!(all, [None, Some(PlanId(0)), Some(PlanId(1))]);
+        let plans = Plans::new(vec!["free".into(), "pro".into()], None);
+        let labels: Vec<_> = plans.slot_labels().collect();
+        assert_eq!(labels, [NO_PLAN, "free", "pro"]);
+    }
     use super::*;
 
     fn plans() -> Plans {

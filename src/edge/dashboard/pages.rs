@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 
 use super::html::{bars, esc, facts, page, table};
-use crate::caller::consumers::NO_PLAN;
+use crate::caller::consumers::{PlanSlot, NO_PLAN};
 use crate::edge::readiness::ReadyState;
 use crate::exchange::site::RouteRuntime;
 use crate::exchange::Site;
@@ -359,13 +359,19 @@ fn adaptive(site: &Site<Pool>, runtime: &RouteRuntime<Pool>) -> String {
         format!("{:.1} ms", b.as_secs_f64() * 1000.0)
     });
     let plans = site.config.consumers.plans().names();
-    let plan = |slot: usize| match slot {
-        0 => NO_PLAN,
-        slot => plans.get(slot - 1).map_or("?", |name| &**name),
+    let plan = |slot: PlanSlot| match slot.plan() {
+        None => NO_PLAN,
+        Some(plan) => plans.get(usize::from(plan.0)).map_or("?", |name| &**name),
     };
-    let shed_by_plan = runtime.metrics.shed_by_plan().into_iter().enumerate();
-    let shed: Vec<String> = shed_by_plan
-        .map(|(slot, n)| format!("{} {n}", esc(plan(slot))))
+    let shed_by_plan = runtime.metrics.shed_by_plan();
+    let shed: Vec<String> = PlanSlot::all(plans.len())
+        .filter_map(|slot| {
+            Some(format!(
+                "{} {}",
+                esc(plan(slot)),
+                shed_by_plan.get(slot.index())?
+            ))
+        })
         .collect();
     let cells = [
         ("limit", limit),
@@ -414,12 +420,9 @@ fn tier_callers(site: &Site<Pool>, route: &Route, id: TierId) -> String {
         .tiers
         .plan_slots_of(id)
         .into_iter()
-        .map(|slot| match slot {
-            0 => "callers without a plan".to_string(),
-            slot => format!(
-                "plan {}",
-                plans.name(crate::caller::consumers::PlanId((slot - 1) as u8))
-            ),
+        .map(|slot| match slot.plan() {
+            None => "callers without a plan".to_string(),
+            Some(plan) => format!("plan {}", plans.name(plan)),
         })
         .collect();
     match names.is_empty() {

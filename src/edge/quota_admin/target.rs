@@ -13,6 +13,7 @@ use crate::caller::consumers::{AuthMode, Consumer};
 use crate::config::Config;
 use crate::edge::usage::{named_consumer, Unnamed};
 use crate::limiter::{LimitRecords, Policy};
+use crate::observe::metrics;
 use crate::route::keys::{RequestFacts, Rotation};
 use crate::route::table::Route;
 use crate::route::tiers::Tier;
@@ -195,10 +196,10 @@ pub(super) async fn remaining(
 ) -> Result<Vec<Value>, AdminError> {
     let mut records = target.facts.records(target)?;
     {
-        let mut asked = target
-            .tier
-            .asked(&mut records)
-            .ok_or(AdminError::Internal("the limits changed while read".into()))?;
+        let mut asked = target.tier.asked(&mut records).map_err(|mismatch| {
+            metrics::mismatch(&mismatch);
+            AdminError::Internal("the limits changed while read".into())
+        })?;
         policy.peek(&mut asked).await.map_err(AdminError::unread)?;
     }
     let left = |&index: &usize| {

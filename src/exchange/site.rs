@@ -419,6 +419,31 @@ mod tests {
         );
     }
 
+    #[test]
+    fn every_site_of_a_process_counts_into_the_live_views_it_was_handed() {
+        let lasting = Lasting::new(Arc::new(ManualClock::default()));
+        let build = |handover| {
+            let yaml = "listen: [127.0.0.1:1]\n\
+                 routes: [{ name: r, match: { path_prefix: / }, upstream: { servers: [127.0.0.1:1] } }]\n";
+            let config = Config::from_yaml(Path::new("site.yaml"), yaml).expect("a valid config");
+            let servers = InOrder::of(&config.routes);
+            Site::build(config, &servers, &lasting, handover).expect("a site")
+        };
+        let first = build(Handover::default());
+        first.views.limited_consumers.count(&["alice"]);
+        let next = build(Handover::of(&first));
+        assert!(
+            Arc::ptr_eq(&first.views, &next.views),
+            "a reload keeps them"
+        );
+        assert_eq!(next.views.limited_consumers.top()[0].name, "alice");
+        let other = Lasting::new(Arc::new(ManualClock::default()));
+        assert!(
+            other.views.limited_consumers.top().is_empty(),
+            "no static between them"
+        );
+    }
+
     /// A site whose route `r` has adaptive concurrency of at least `min_limit`.
     fn adaptive_site(min_limit: u32, handover: Handover<'_>) -> Site<InOrder> {
         let yaml = format!(

@@ -329,7 +329,7 @@ fn a_request_through_the_exchange_allocates_nothing() {
     let snapshot = Arc::new(
         Snapshot::build(
             config,
-            Arc::new(sluice::limiter::clock::SystemClock),
+            &sluice::exchange::Lasting::new(Arc::new(sluice::limiter::clock::SystemClock)),
             Default::default(),
             &mut Default::default(),
         )

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use crate::caller::consumers::Consumer;
 use crate::config::{Config, Sources};
 use crate::edge::usage::{named_consumer, UsageError};
-use crate::exchange::site::Handover;
+use crate::exchange::site::{Handover, Lasting};
 use crate::exchange::{Exchange, Head, Site};
 use crate::limiter::clock::SystemClock;
 use crate::limiter::Policy;
@@ -220,8 +220,13 @@ pub fn offline(conf: &Path, described: &Described) -> Result<Value, Unexplained>
         Config::load(conf, &mut read).map_err(|e| Unexplained::Config(e.to_string()))?;
     config.access_log = None;
     let servers = InOrder::of(&config.routes);
-    let site = Site::build(config, &servers, Arc::new(SystemClock), Handover::default())
-        .map_err(|e| Unexplained::Config(e.to_string()))?;
+    let site = Site::build(
+        config,
+        &servers,
+        &Lasting::new(Arc::new(SystemClock)),
+        Handover::default(),
+    )
+    .map_err(|e| Unexplained::Config(e.to_string()))?;
     let exchange = explained(&Arc::new(site), described)
         .map_err(|e| Unexplained::Request(e.reason.into_owned()))?;
     Ok(exchange.explanation(described.shown()))

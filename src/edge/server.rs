@@ -25,12 +25,13 @@ use crate::edge::proxy::preface::Greeting;
 use crate::edge::proxy::Gateway;
 use crate::edge::rls::RlsService;
 use crate::edge::tls::TlsListeners;
-use crate::exchange::site::Handover;
+use crate::exchange::site::{Handover, Lasting};
 use crate::limiter::clock::{Clock, SystemClock};
 use crate::limiter::local::{LocalLimiter, DEFAULT_MAX_KEYS};
 use crate::limiter::{Engine, Policy};
 use crate::observe::metrics;
 use crate::observe::traces::{TracerSlot, TracingService};
+use crate::runtime::background::Background;
 use crate::runtime::reload::{ConfigService, ListenerCertificates, RestartOnly};
 use crate::runtime::snapshot::{Live, Snapshot};
 use pingora::apps::HttpServerOptions;
@@ -189,10 +190,11 @@ fn add_rls(
 }
 
 /// What every proxy service shares: the live configuration, the limiter, the TLS listeners'
-/// certificates and the tracer.
+/// certificates and the tracer; and the background work the first of them starts.
 struct Shared {
     live: Live,
     policy: Arc<Policy>,
+    background: Arc<Background>,
     tls: Arc<TlsListeners>,
     tracing: Option<TracerSlot>,
     /// The graceful shutdown the services stop by.
@@ -223,17 +225,16 @@ pub fn run(
     // Bootstrap (taking the listeners over with -u) runs as a service after daemonizing; the
     // listeners wait for it, so a new instance waits for the sockets until SIGQUIT to the old.
     let bootstrap = server.bootstrap_as_a_service();
-    // One clock for the process: the limiter's and every request's.
+    // One clock for the process, the limiter's and every request's; the live views beside it.
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let policy = Arc::new(build_policy(&config, Arc::clone(&clock))?);
+    let lasting = Lasting::new(clock);
     log_start(&config);
     let wiring = Wiring::of(&config);
     let tls = Arc::new(TlsListeners::load(&config, &mut read).map_err(|e| e.to_string())?);
-    let snapshot = Snapshot::build(config, Arc::clone(&clock), Handover::default(), &mut read)
-        .map_err(|e| e.to_string())?;
-    let live: Live = Arc::new(ArcSwap::from_pointee(snapshot));
+    let live = live_at_start(config, &lasting, &mut read)?;
     let drain = wiring.drain();
-    let reloads = config_service(&wiring, &live, &policy, &tls, &clock, read);
+    let reloads = config_service(&wiring, &live, &policy, &tls, lasting, read);
     let configuration = add_configuration(&mut server, reloads, &drain);
     let rls = wiring.rls_listen.map(|listen| {
         let service = RlsService::new(
@@ -249,6 +250,7 @@ pub fn run(
         .clone()
         .map(|s| add_tracing(&mut server, s, &drain));
     let shared = Shared {
+        background: Arc::new(Background::new(Arc::clone(&policy), Arc::clone(&live))),
         live,
         policy: Arc::clone(&policy),
         tls,
@@ -257,8 +259,7 @@ pub fn run(
     };
     let mut before = vec![&bootstrap, &configuration];
     before.extend(tracing.as_ref().map(|(_, service)| service));
-    let proxies = add_proxies(&mut server, &wiring, &shared, &before);
-    let mut serving = proxies;
+    let mut serving = add_proxies(&mut server, &wiring, &shared, &before);
     serving.extend(rls);
     if let Some(addr) = wiring.admin_listen {
         let admin = admin_service(addr, policy, Arc::clone(&shared.live), Arc::clone(&drain));
@@ -270,6 +271,14 @@ pub fn run(
         shutdown_signal: signals,
     });
     std::process::exit(0)
+}
+
+/// The first configuration in force: `config`'s snapshot (built, not started yet), whose
+/// requests read `lasting`'s clock and count into its live views.
+fn live_at_start(config: Config, lasting: &Lasting, read: &mut Sources) -> Result<Live, String> {
+    let snapshot = Snapshot::build(config, lasting, Handover::default(), read);
+    let snapshot = snapshot.map_err(|e| e.to_string())?;
+    Ok(Arc::new(ArcSwap::from_pointee(snapshot)))
 }
 
 /// What a start (and a graceful upgrade) puts in force: the summary, and the key prefix every
@@ -285,13 +294,13 @@ fn log_start(config: &Config) {
 }
 
 /// The configuration service: it reloads on SIGHUP and when a file `read` noted changes (with
-/// `watch`), through the same clock and listeners as the start.
+/// `watch`), through the same clock, live views and listeners as the start.
 fn config_service(
     wiring: &Wiring,
     live: &Live,
     policy: &Arc<Policy>,
     tls: &Arc<TlsListeners>,
-    clock: &Arc<dyn Clock>,
+    lasting: Lasting,
     read: Sources,
 ) -> ConfigService {
     ConfigService::new(
@@ -300,7 +309,7 @@ fn config_service(
         Arc::clone(live),
         Arc::clone(policy),
         Arc::clone(tls) as Arc<dyn ListenerCertificates>,
-        Arc::clone(clock),
+        lasting,
         read,
     )
 }
@@ -422,17 +431,24 @@ fn add_proxies(
     ]
     .into_iter()
     .filter(|(_, listeners, _)| !listeners.is_empty())
-    .map(|(name, listeners, cleartext_h2)| {
-        let service = proxy_service(server, wiring, shared, name, &listeners, cleartext_h2);
-        add_bound(server, service, before)
+    .enumerate()
+    .map(|(nth, (name, listeners, cleartext_h2))| {
+        let mut service = proxy_service(server, wiring, shared, name, &listeners, cleartext_h2);
+        if nth == 0 {
+            // The background work starts once, in the runtime of the first proxy service.
+            let background = Arc::clone(&shared.background);
+            service = service.on_start(move || background.start());
+        }
+        add_bound(server, service.stopped_by(shared.drain.closing()), before)
     })
     .collect()
 }
 
-/// One proxy service on `listeners`, behind the front door's deadlines; it connects to Redis
-/// as it starts, from its own runtime, rather than at the first request, and keeps the
-/// connections usable while idle (`Policy::keep_connections`); the quota overrides in force are
-/// read from then on (`runtime::overrides`), what Redis persists is read once it answers
+/// One proxy service on `listeners`, behind the front door's deadlines. The first one's start
+/// starts the background work (`runtime::background`) in its runtime: it connects to Redis
+/// then rather than at the first request and keeps the connections usable while idle
+/// (`Policy::keep_connections`); the quota overrides in force are read from then on
+/// (`runtime::overrides`), what Redis persists is read once it answers
 /// (`runtime::durability`), and the dashboard's live decisions sampled (`runtime::sampler`).
 fn proxy_service(
     server: &Server,
@@ -469,19 +485,5 @@ fn proxy_service(
         }
         addresses.push(address);
     }
-    let (policy, live) = (Arc::clone(&shared.policy), Arc::clone(&shared.live));
     BoundFirst::new(service, addresses)
-        .on_start(move || {
-            let keeper = Arc::clone(&policy);
-            tokio::spawn(async move { keeper.keep_connections().await });
-            let (policy, live) = (Arc::clone(&policy), Arc::clone(&live));
-            let sampled = Arc::clone(&live);
-            let durable = (Arc::clone(&policy), Arc::clone(&live));
-            tokio::spawn(crate::runtime::durability::check_at_start(
-                durable.0, durable.1,
-            ));
-            tokio::spawn(async move { crate::runtime::overrides::keep(&policy, &live).await });
-            tokio::spawn(async move { crate::runtime::sampler::keep(&sampled).await });
-        })
-        .stopped_by(shared.drain.closing())
 }

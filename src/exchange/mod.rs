@@ -29,7 +29,6 @@ use crate::exchange::answer::{
 };
 use crate::limiter::adaptive::Permit;
 use crate::limiter::{Backend, Limiter, Outcome, Policy, ReleaseSlots, SettleUnits, Verdict};
-use crate::observe::live;
 use crate::route::keys::{self, RequestFacts};
 use crate::route::path;
 use crate::route::table::Route;
@@ -40,7 +39,7 @@ use meters::{InFlight, RouteMetrics};
 
 pub use head::{Cut, Head, Target};
 pub use limits::LimitsSaid;
-pub use site::{RouteRuntime, Site};
+pub use site::{Lasting, RouteRuntime, Site};
 pub use upstream::Dial;
 
 /// What routing found of a request: its route, and the host, path and client its keys read.
@@ -380,11 +379,14 @@ impl<S: Servers> Exchange<S> {
         };
         if let Some((limit, key)) = self.limits.denied_key() {
             if let Ok(key) = std::str::from_utf8(key) {
-                live::LIMITED_KEYS.count(&[&route.name, "/", limit, " ", key]);
+                self.site
+                    .views
+                    .limited_keys
+                    .count(&[&route.name, "/", limit, " ", key]);
             }
         }
         if let Some(consumer) = &self.consumer {
-            live::LIMITED_CONSUMERS.count(&[&consumer.id]);
+            self.site.views.limited_consumers.count(&[&consumer.id]);
         }
     }
 

@@ -30,9 +30,17 @@ pub struct OverrideList {
     epoch: AtomicU64,
     /// One change of the list at a time: an expiry never stores over a newer read.
     changing: Mutex<()>,
+    /// One read from the store at a time (`runtime::overrides::refresh`): a slower read that
+    /// began before a write never lands after the read that saw it.
+    reading: tokio::sync::Mutex<()>,
 }
 
 impl OverrideList {
+    /// Waits for the reads from the store before this one to finish; held while reading.
+    pub async fn reading(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.reading.lock().await
+    }
+
     /// Takes `read` as the list in force (their expiries refreshed): whether the overrides
     /// changed.
     pub fn replace(&self, mut read: Vec<Read>) -> bool {

@@ -20,6 +20,7 @@ use crate::limiter::adaptive::{AdaptiveConcurrency, AdaptiveSettings};
 use crate::limiter::clock::Clock;
 use crate::limiter::paired;
 use crate::observe::access_log::{self, AccessLog};
+use crate::observe::live::LiveViews;
 use crate::observe::metrics::ACCESS_LOG_DROPPED;
 use crate::route::keys::Rotation;
 use crate::route::overrides::CompiledOverrides;
@@ -39,12 +40,31 @@ pub struct RouteRuntime<S> {
     pub adaptive: Option<Arc<AdaptiveConcurrency>>,
 }
 
+/// What lasts the whole process, built once at start (`edge::server`) and handed to every
+/// site in turn: the clock every request reads and the dashboard's live views every request
+/// counts into. Nothing of it is a static; a test builds its own.
+#[derive(Clone)]
+pub struct Lasting {
+    pub clock: Arc<dyn Clock>,
+    pub views: Arc<LiveViews>,
+}
+
+impl Lasting {
+    /// The process's `clock`, with live views empty from now.
+    pub fn new(clock: Arc<dyn Clock>) -> Lasting {
+        Lasting {
+            clock,
+            views: Arc::new(LiveViews::new()),
+        }
+    }
+}
+
 /// What builds a site's routes besides each route: the configuration, the clock, and what the
 /// site in force hands over.
 struct RouteContext<'a> {
     config: &'a Config,
     clock: &'a Arc<dyn Clock>,
-    handover: Handover<'a>,
+    handover: &'a Handover<'a>,
 }
 
 impl<S: Servers> RouteRuntime<S> {
@@ -104,11 +124,11 @@ pub struct Site<S> {
     pub rls_metrics: HashMap<String, meters::DomainMetrics>,
     /// The process's clock, the only time a request reads (a manual one in tests).
     pub(crate) clock: Arc<dyn Clock>,
+    /// The process's live views (the dashboard's): a denial counts its key and consumer here.
+    pub views: Arc<LiveViews>,
     /// The verifier of bearer tokens (`identity.jwt`): the keys in force and the tokens it
     /// verified, state of this site alone but for what a [`Handover`] passes on.
     pub(crate) jwt: Option<Arc<JwtVerifier>>,
-    /// Its routes' adaptive concurrency limiters, for the next site to take over.
-    adaptive: Box<[AdaptiveByRoute]>,
     /// The quota overrides in force (the admin API's), shared by every site in turn.
     pub overrides: Arc<OverrideList>,
     /// Those overrides compiled for this site's routes.
@@ -135,10 +155,11 @@ impl<S> Site<S> {
 /// and the quota overrides in force.
 /// Nothing else crosses a reload: pools are built and probed again, rotations and the
 /// verified-token cache start anew.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 pub struct Handover<'a> {
     jwt: Option<&'a JwtVerifier>,
-    adaptive: &'a [AdaptiveByRoute],
+    /// Read from the routes in force (each route's runtime holds its own; no second list).
+    adaptive: Vec<AdaptiveByRoute>,
     overrides: Option<&'a Arc<OverrideList>>,
 }
 
@@ -148,9 +169,13 @@ type AdaptiveByRoute = (Arc<str>, Arc<AdaptiveConcurrency>);
 impl<'a> Handover<'a> {
     /// What `previous`, the site in force, hands over.
     pub fn of<S>(previous: &'a Site<S>) -> Handover<'a> {
+        let adaptive = previous.routes.iter().filter_map(|runtime| {
+            let limiter = runtime.adaptive.as_ref()?;
+            Some((Arc::clone(&runtime.route.name), Arc::clone(limiter)))
+        });
         Handover {
             jwt: previous.jwt.as_deref(),
-            adaptive: &previous.adaptive,
+            adaptive: adaptive.collect(),
             overrides: Some(&previous.overrides),
         }
     }
@@ -160,7 +185,7 @@ impl<'a> Handover<'a> {
         &self,
         route: &str,
         settings: &AdaptiveSettings,
-    ) -> Option<&'a Arc<AdaptiveConcurrency>> {
+    ) -> Option<&Arc<AdaptiveConcurrency>> {
         let (_, limiter) = self.adaptive.iter().find(|(name, _)| &**name == route)?;
         (limiter.settings() == settings).then_some(limiter)
     }
@@ -183,7 +208,7 @@ fn open_access_log(config: &Config) -> Result<Option<AccessLog>, ConfigError> {
 }
 
 /// The JWT verifier of `config`, with the keys `handover` passes on.
-fn jwt_verifier(config: &Config, handover: Handover<'_>) -> Option<Arc<JwtVerifier>> {
+fn jwt_verifier(config: &Config, handover: &Handover<'_>) -> Option<Arc<JwtVerifier>> {
     let verifier = config.consumers.jwt_verifier()?;
     if let Some(previous) = handover.jwt {
         if verifier.keep_keys_of(previous) {
@@ -198,11 +223,11 @@ fn jwt_verifier(config: &Config, handover: Handover<'_>) -> Option<Arc<JwtVerifi
 
 impl<S: Servers> Site<S> {
     /// Builds the metric handles of `config` with `servers` (one per route, in file order) and
-    /// opens its access log.
+    /// opens its access log; its requests read `lasting`'s clock and count into its views.
     pub fn build(
         config: Config,
         servers: &[S],
-        clock: Arc<dyn Clock>,
+        lasting: &Lasting,
         handover: Handover<'_>,
     ) -> Result<Site<S>, ConfigError> {
         let routes = config.routes.in_file_order();
@@ -212,18 +237,11 @@ impl<S: Servers> Site<S> {
         };
         let context = RouteContext {
             config: &config,
-            clock: &clock,
-            handover,
+            clock: &lasting.clock,
+            handover: &handover,
         };
         let routes: Box<[Arc<RouteRuntime<S>>]> = pairs
             .map(|(&route, servers)| Arc::new(RouteRuntime::new(route, servers, &context)))
-            .collect();
-        let adaptive = routes
-            .iter()
-            .filter_map(|runtime| {
-                let limiter = runtime.adaptive.as_ref()?;
-                Some((Arc::clone(&runtime.route.name), Arc::clone(limiter)))
-            })
             .collect();
         let mut metrics = Metrics::new(&config.routes, config.consumers.plans());
         let mut rls_metrics = HashMap::new();
@@ -242,9 +260,9 @@ impl<S: Servers> Site<S> {
             metrics,
             access_log,
             rls_metrics,
-            clock,
-            jwt: jwt_verifier(&config, handover),
-            adaptive,
+            clock: Arc::clone(&lasting.clock),
+            views: Arc::clone(&lasting.views),
+            jwt: jwt_verifier(&config, &handover),
             config,
         })
     }
@@ -314,7 +332,7 @@ mod tests {
         let config = Config::from_yaml(Path::new("site.yaml"), &yaml).expect("a valid config");
         let clock = Arc::new(ManualClock::default());
         let servers = InOrder::of(&config.routes);
-        Site::build(config, &servers, clock, handover).expect("a site")
+        Site::build(config, &servers, &Lasting::new(clock), handover).expect("a site")
     }
 
     fn verifier(site: &Site<InOrder>) -> &JwtVerifier {
@@ -357,7 +375,8 @@ mod tests {
         let config = Config::from_yaml(Path::new("site.yaml"), yaml).expect("a valid config");
         let servers = InOrder::of(&config.routes);
         let clock = Arc::new(ManualClock::default());
-        let site = Site::build(config, &servers, clock, Handover::default()).expect("a site");
+        let site = Site::build(config, &servers, &Lasting::new(clock), Handover::default())
+            .expect("a site");
         let route = Arc::clone(&site.route(0).expect("route r").route);
         assert!(
             site.tier_for(&route, None).1.is_none(),
@@ -390,13 +409,38 @@ mod tests {
         let next = Site::build(
             Config::from_yaml(Path::new("site.yaml"), yaml).expect("a valid config"),
             &servers,
-            Arc::new(ManualClock::default()),
+            &Lasting::new(Arc::new(ManualClock::default())),
             Handover::of(&site),
         )
         .expect("a site");
         assert!(
             next.tier_for(&route, None).1.is_some(),
             "a reload keeps them in force"
+        );
+    }
+
+    #[test]
+    fn every_site_of_a_process_counts_into_the_live_views_it_was_handed() {
+        let lasting = Lasting::new(Arc::new(ManualClock::default()));
+        let build = |handover| {
+            let yaml = "listen: [127.0.0.1:1]\n\
+                 routes: [{ name: r, match: { path_prefix: / }, upstream: { servers: [127.0.0.1:1] } }]\n";
+            let config = Config::from_yaml(Path::new("site.yaml"), yaml).expect("a valid config");
+            let servers = InOrder::of(&config.routes);
+            Site::build(config, &servers, &lasting, handover).expect("a site")
+        };
+        let first = build(Handover::default());
+        first.views.limited_consumers.count(&["alice"]);
+        let next = build(Handover::of(&first));
+        assert!(
+            Arc::ptr_eq(&first.views, &next.views),
+            "a reload keeps them"
+        );
+        assert_eq!(next.views.limited_consumers.top()[0].name, "alice");
+        let other = Lasting::new(Arc::new(ManualClock::default()));
+        assert!(
+            other.views.limited_consumers.top().is_empty(),
+            "no static between them"
         );
     }
 
@@ -409,7 +453,7 @@ mod tests {
         let config = Config::from_yaml(Path::new("site.yaml"), &yaml).expect("a valid config");
         let clock = Arc::new(ManualClock::default());
         let servers = InOrder::of(&config.routes);
-        Site::build(config, &servers, clock, handover).expect("a site")
+        Site::build(config, &servers, &Lasting::new(clock), handover).expect("a site")
     }
 
     fn limiter(site: &Site<InOrder>) -> &Arc<AdaptiveConcurrency> {

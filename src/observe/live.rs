@@ -2,12 +2,12 @@
 //! per second over the last [`HISTORY_SECONDS`] (sampled from the counters `/metrics` exports,
 //! so the two agree), each upstream server's failed attempts over the last minute (sampled the
 //! same way), the most limited keys and consumers (a space-saving top-k, fed only by denials),
-//! and the last reloads with their results. Process-wide, as the metric families
-//! are: a reload keeps them.
+//! and the last reloads with their results. One [`LiveViews`] is built at start and handed to
+//! every site in turn (`exchange::site::Lasting`), as the clock is: a reload keeps it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How many one-second samples each series keeps: five minutes.
@@ -352,18 +352,44 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Each limit's decisions per second (fed by `runtime::sampler`).
-pub static DECISIONS: LazyLock<DecisionHistory> = LazyLock::new(DecisionHistory::default);
-/// The keys limits denied most: `route/limit key`.
-pub static LIMITED_KEYS: LazyLock<TopK> = LazyLock::new(TopK::default);
-/// The consumers denied most.
-pub static LIMITED_CONSUMERS: LazyLock<TopK> = LazyLock::new(TopK::default);
-/// Each upstream server's failed attempts per second (fed by `runtime::sampler`).
-pub static SERVER_ERRORS: LazyLock<ErrorHistory> = LazyLock::new(ErrorHistory::default);
-/// The reloads since the start.
-pub static RELOADS: LazyLock<Reloads> = LazyLock::new(Reloads::default);
-/// When the process started (the dashboard's uptime).
-pub static STARTED: LazyLock<SystemTime> = LazyLock::new(SystemTime::now);
+/// The dashboard's live views of one process, built once at start and handed down (never a
+/// static): what the exchange counts into, the sampler records, a reload notes and the
+/// dashboard shows.
+#[derive(Debug)]
+pub struct LiveViews {
+    /// Each limit's decisions per second (fed by `runtime::sampler`).
+    pub decisions: DecisionHistory,
+    /// The keys limits denied most: `route/limit key`.
+    pub limited_keys: TopK,
+    /// The consumers denied most.
+    pub limited_consumers: TopK,
+    /// Each upstream server's failed attempts per second (fed by `runtime::sampler`).
+    pub server_errors: ErrorHistory,
+    /// The reloads since the start.
+    pub reloads: Reloads,
+    /// When the process started (the dashboard's uptime).
+    pub started: SystemTime,
+}
+
+impl LiveViews {
+    /// Empty views, the uptime counting from now.
+    pub fn new() -> LiveViews {
+        LiveViews {
+            decisions: DecisionHistory::default(),
+            limited_keys: TopK::default(),
+            limited_consumers: TopK::default(),
+            server_errors: ErrorHistory::default(),
+            reloads: Reloads::default(),
+            started: SystemTime::now(),
+        }
+    }
+}
+
+impl Default for LiveViews {
+    fn default() -> LiveViews {
+        LiveViews::new()
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -9,7 +9,6 @@
 //! docs/reliability.md use ([`BOUND`], [`ADVICE`]; a test holds them to it).
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,14 +110,10 @@ pub async fn check_now(policy: &Policy, config: &Config, when: &str) {
 }
 
 /// The check at start, for the configuration in force: once the store answers (tried every
-/// [`RETRY`] until then; its first failure logged), holding nothing back. Once per process
-/// (later calls return at once), from the runtime that serves requests (where the
-/// connections are made).
+/// [`RETRY`] until then; its first failure logged), holding nothing back. Started once
+/// (`runtime::background`), from the runtime that serves requests (where the connections
+/// are made).
 pub async fn check_at_start(policy: Arc<Policy>, live: Live) {
-    static CHECKING: AtomicBool = AtomicBool::new(false);
-    if CHECKING.swap(true, Ordering::AcqRel) {
-        return;
-    }
     let mut said = false;
     while let Err(e) = check(&policy, &live.load_full().config, "at start").await {
         if !std::mem::replace(&mut said, true) {

@@ -3,8 +3,10 @@
 //! file it read changes and swaps it in (`reload`), the keeper of the quota overrides in force
 //! (`overrides`, which writes them back when Redis lost them), whether the quotas in force
 //! survive Redis restarting (`durability`), the sampler of the dashboard's live decisions
-//! (`sampler`), and `-d`'s launcher (`daemon`).
+//! (`sampler`), the one owner that starts those three and the limiter's connection keeper
+//! once (`background`), and `-d`'s launcher (`daemon`).
 
+pub mod background;
 pub mod daemon;
 pub mod durability;
 pub mod overrides;

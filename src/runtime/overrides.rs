@@ -12,7 +12,6 @@
 //! that try), audits each it wrote as `restored`, says in the log that the counts were lost
 //! too, and reads what Redis persists again (`runtime::durability`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
@@ -45,11 +44,11 @@ pub fn admin_tables(config: &Config) -> AdminTables {
 }
 
 /// Reads the overrides in force and the admin epoch once, and applies them. One read at a
-/// time: a slower read that began before a write never lands after the read that saw it.
+/// time (the list's own lock, `OverrideList::reading`): a slower read that began before a
+/// write never lands after the read that saw it.
 pub async fn refresh(policy: &Policy, live: &Live) -> Result<(), LimiterError> {
-    static READING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    let _one_at_a_time = READING.lock().await;
     let snapshot = live.load_full();
+    let _one_at_a_time = snapshot.overrides.reading().await;
     let tables = admin_tables(&snapshot.config);
     let mut read_at = Instant::now();
     let mut listed = policy.engine().overrides(&tables).await?;
@@ -172,14 +171,10 @@ async fn check(policy: &Policy, live: &Live, read_before: bool) -> Result<(), Li
     refresh(policy, live).await
 }
 
-/// Checks every [`EVERY`] for as long as its runtime runs; one task per process (later calls
-/// return at once). Each override expires on time whether or not the store answers; a failed
+/// Checks every [`EVERY`] for as long as its runtime runs; started once
+/// (`runtime::background`). Each override expires on time whether or not the store answers; a failed
 /// read keeps those last read until then, and is logged once until a read succeeds again.
 pub async fn keep(policy: &Policy, live: &Live) {
-    static KEEPING: AtomicBool = AtomicBool::new(false);
-    if KEEPING.swap(true, Ordering::AcqRel) {
-        return;
-    }
     let mut every = tokio::time::interval(EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut read_before, mut failing, mut ticks) = (false, false, 0u32);

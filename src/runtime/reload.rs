@@ -37,10 +37,9 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::config::sources::Sources;
 use crate::config::{Config, ConfigError, PendingChange, RedisSettings, ServerSettings};
-use crate::exchange::site::Handover;
-use crate::limiter::clock::Clock;
+use crate::exchange::site::{Handover, Lasting};
 use crate::limiter::Policy;
-use crate::observe::{live, metrics};
+use crate::observe::metrics;
 use crate::runtime::durability;
 use crate::runtime::snapshot::{Live, Snapshot};
 
@@ -135,8 +134,9 @@ pub struct ConfigService {
     /// The limiter: a new configuration's decision scripts are loaded before it takes effect.
     policy: Arc<Policy>,
     tls: Arc<dyn ListenerCertificates>,
-    /// The clock every snapshot's requests read.
-    clock: Arc<dyn Clock>,
+    /// The clock every snapshot's requests read and the live views they count into (a reload
+    /// is noted there too).
+    lasting: Lasting,
     /// The files the last reload (or start) read, with what it saw in them.
     sources: Mutex<Sources>,
 }
@@ -150,7 +150,7 @@ impl ConfigService {
         live: Live,
         policy: Arc<Policy>,
         tls: Arc<dyn ListenerCertificates>,
-        clock: Arc<dyn Clock>,
+        lasting: Lasting,
         read_at_start: Sources,
     ) -> ConfigService {
         // The first configuration's decision scripts are loaded before readiness says ready.
@@ -161,7 +161,7 @@ impl ConfigService {
             live,
             policy,
             tls,
-            clock,
+            lasting,
             sources: Mutex::new(read_at_start),
         }
     }
@@ -195,8 +195,7 @@ impl ConfigService {
             // held across the start below.
             let previous = self.live.load();
             let handover = Handover::of(&previous.site);
-            let clock = Arc::clone(&self.clock);
-            Arc::new(Snapshot::build(config, clock, handover, read)?)
+            Arc::new(Snapshot::build(config, &self.lasting, handover, read)?)
         };
         snapshot.start().await;
         self.warm_decisions(&snapshot).await;
@@ -288,13 +287,14 @@ impl ConfigService {
         log::info!("reload: {cause}");
         match self.reload().await {
             Ok(()) => {
-                live::RELOADS.record(cause, None);
+                self.lasting.views.reloads.record(cause, None);
                 metrics::CONFIG_RELOADS
                     .with_label_values(&["success"])
                     .inc();
             }
             Err(error) => {
-                live::RELOADS.record(cause, Some(error.to_string()));
+                let reloads = &self.lasting.views.reloads;
+                reloads.record(cause, Some(error.to_string()));
                 metrics::CONFIG_RELOADS.with_label_values(&["error"]).inc();
                 for line in error.to_string().lines() {
                     log::error!("reload rejected, keeping the running configuration: {line}");

@@ -1,26 +1,21 @@
 //! Samples each limit's decision counters and each upstream server's error counters once a
-//! second into the dashboard's histories (`observe::live::DECISIONS`, `SERVER_ERRORS`): the
+//! second into the dashboard's histories (`observe::live::LiveViews`, handed to every site): the
 //! configuration in force names the series, its metric handles give their values, so the
 //! dashboard and `/metrics` count the same decisions and errors.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::observe::live::{Counts, DECISIONS, SERVER_ERRORS};
+use crate::observe::live::Counts;
 use crate::route::table::COMMON;
 use crate::runtime::snapshot::Live;
 
 /// How often the counters are sampled.
 pub const EVERY: Duration = Duration::from_secs(1);
 
-/// Samples the counters of the configuration in force every [`EVERY`], for ever; once per
-/// process, however many proxy services start it.
+/// Samples the counters of the configuration in force every [`EVERY`], for ever (started once,
+/// by `runtime::background`).
 pub async fn keep(live: &Live) {
-    static SAMPLING: AtomicBool = AtomicBool::new(false);
-    if SAMPLING.swap(true, Ordering::AcqRel) {
-        return;
-    }
     let mut ticks = tokio::time::interval(EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -52,7 +47,7 @@ pub fn sample(live: &Live) {
             }
         }
     }
-    DECISIONS.record(now);
+    snapshot.views.decisions.record(now);
     let servers = snapshot.site.metrics.server_errors().iter();
     let errors = servers.flat_map(|errors| {
         let server: Arc<str> = errors.server.to_string().into();
@@ -61,5 +56,5 @@ pub fn sample(live: &Live) {
             .into_iter()
             .map(move |(kind, total)| (Arc::clone(&server), kind, total))
     });
-    SERVER_ERRORS.record(errors);
+    snapshot.views.server_errors.record(errors);
 }

@@ -19,8 +19,7 @@ use crate::caller::consumers::AuthMode;
 use crate::caller::jwt::{refresh_once, start_refresh, FetchOutcome, JwksRefresh};
 use crate::config::{Config, ConfigError, Sources};
 use crate::exchange::meters::Metrics;
-use crate::exchange::site::{Handover, Site};
-use crate::limiter::clock::Clock;
+use crate::exchange::site::{Handover, Lasting, Site};
 use crate::observe::metrics;
 use crate::upstream::health::{HealthChecks, HealthRecord};
 use crate::upstream::pool::{Pool, Pools};
@@ -49,10 +48,11 @@ pub type Live = Arc<ArcSwap<Snapshot>>;
 
 impl Snapshot {
     /// Builds the pools of `config` (reading their TLS files through `read`) and its site
-    /// (handles, access log), whose requests read `clock`; no check runs yet.
+    /// (handles, access log), whose requests read `lasting`'s clock and count into its live
+    /// views; no check runs yet.
     pub fn build(
         config: Config,
-        clock: Arc<dyn Clock>,
+        lasting: &Lasting,
         handover: Handover<'_>,
         read: &mut Sources,
     ) -> Result<Snapshot, ConfigError> {
@@ -65,7 +65,7 @@ impl Snapshot {
             })?;
         let servers: Vec<Pool> = pools.iter().cloned().collect();
         Ok(Snapshot {
-            site: Arc::new(Site::build(config, &servers, clock, handover)?),
+            site: Arc::new(Site::build(config, &servers, lasting, handover)?),
             pools,
             checks: Mutex::new(None),
             jwks: Mutex::new(None),

@@ -130,9 +130,12 @@ async fn view(
             html(pages::overview(&snapshot.site, &state, at_risk.as_ref()))
         }
         "/ui/routes" => html(pages::routes(&snapshot.site, snapshot.health())),
-        "/ui/live" => html(pages::live()),
-        "/ui/live.json" => respond(200, "application/json", pages::live_json().to_string()),
-        "/ui/top" => html(pages::top()),
+        "/ui/live" => html(pages::live(&snapshot.views)),
+        "/ui/live.json" => {
+            let json = pages::live_json(&snapshot.views).to_string();
+            respond(200, "application/json", json)
+        }
+        "/ui/top" => html(pages::top(&snapshot.views)),
         "/ui/explain" => html(explain_page(window.policy, snapshot, fields).await),
         _ => respond(404, "text/plain; charset=utf-8", "not found: the dashboard's views are /ui/, /ui/routes, /ui/live, /ui/top and /ui/explain\n".into()),
     }

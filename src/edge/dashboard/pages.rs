@@ -16,10 +16,7 @@ use crate::exchange::Site;
 use crate::limiter::redis::topology::redacted_url;
 use crate::limiter::FailureMode;
 use crate::limiter::Topology;
-use crate::observe::live::{
-    Counts, Series, ServerErrorCount, DECISIONS, LIMITED_CONSUMERS, LIMITED_KEYS, RELOADS,
-    SERVER_ERRORS, STARTED,
-};
+use crate::observe::live::{Counts, LiveViews, Series, ServerErrorCount};
 use crate::observe::metrics::BREAKER_STATE;
 use crate::route::describe;
 use crate::route::table::Route;
@@ -36,9 +33,9 @@ const MINUTE: usize = 60;
 /// force) and its breaker, what waits for a graceful upgrade, readiness, quotas at risk.
 pub fn overview(site: &Site<Pool>, readiness: &ReadyState, risk: Option<&Warning>) -> String {
     let uptime = SystemTime::now()
-        .duration_since(*STARTED)
+        .duration_since(site.views.started)
         .map_or(0, |d| d.as_secs());
-    let (generation, reloads) = RELOADS.history();
+    let (generation, reloads) = site.views.reloads.history();
     let last = match reloads.first() {
         None => "none since the start".to_string(),
         Some(r) if r.error.is_none() => format!(
@@ -225,7 +222,7 @@ fn ago(at: u64) -> String {
 /// Every upstream server once (its health, the routes that list it, its recent errors), then
 /// every route: what it matches, its tiers and limits, its adaptive concurrency, its upstream.
 pub fn routes(site: &Site<Pool>, health: &HealthRecord) -> String {
-    let mut body = upstream_servers(health);
+    let mut body = upstream_servers(health, &site.views);
     for route in site.config.routes.in_file_order() {
         body.push_str(&route_section(site, route));
     }
@@ -233,10 +230,10 @@ pub fn routes(site: &Site<Pool>, health: &HealthRecord) -> String {
 }
 
 /// The "Upstream servers" table: each server once, whatever the routes that list it.
-fn upstream_servers(health: &HealthRecord) -> String {
+fn upstream_servers(health: &HealthRecord, views: &LiveViews) -> String {
     let rows = health.servers().iter().map(|server| {
         let routes: Vec<String> = server.routes().iter().map(|r| esc(r)).collect();
-        let (recent, total) = errors(server.server);
+        let (recent, total) = errors(views, server.server);
         vec![
             format!("<code>{}</code>", server.server),
             health_state(server.state()),
@@ -268,8 +265,8 @@ fn health_state(state: HealthState) -> String {
 }
 
 /// A server's failed attempts by kind, in the last minute and since the start, as cells.
-fn errors(server: std::net::SocketAddr) -> (String, String) {
-    let counts = SERVER_ERRORS.of(&server.to_string());
+fn errors(views: &LiveViews, server: std::net::SocketAddr) -> (String, String) {
+    let counts = views.server_errors.of(&server.to_string());
     let said = |n: fn(&ServerErrorCount) -> u64| {
         let said: Vec<String> = counts
             .iter()
@@ -301,7 +298,7 @@ fn route_section(site: &Site<Pool>, route: &Route) -> String {
         .unwrap_or_default()
         .into_iter()
         .map(|(server, state)| {
-            let (recent, _) = errors(server);
+            let (recent, _) = errors(&site.views, server);
             vec![
                 format!("<code>{server}</code>"),
                 health_state(state),
@@ -512,7 +509,7 @@ fn count(counts: &Counts, field: &str) -> u64 {
 }
 
 /// The live view: each limit's decisions over the last minutes, redrawn by `app.js`.
-pub fn live() -> String {
+pub fn live(views: &LiveViews) -> String {
     let mut header = String::from("<th>Route</th><th>Limit</th>");
     for (span, title) in [("60 s", "minute"), ("total", "total")] {
         for (field, name) in LIVE_FIELDS {
@@ -523,7 +520,8 @@ pub fn live() -> String {
         }
     }
     header.push_str("<th>Last 2 minutes</th>");
-    let rows: String = DECISIONS
+    let rows: String = views
+        .decisions
         .recent(MINUTE.max(BARS_SECONDS))
         .iter()
         .map(live_row)
@@ -581,14 +579,15 @@ fn seconds(series: &Series, n: usize) -> Vec<[u64; 3]> {
 }
 
 /// `/ui/live.json`: what the live view shows, for `app.js`.
-pub fn live_json() -> Value {
+pub fn live_json(views: &LiveViews) -> Value {
     let counts = |c: Counts| {
         let fields = LIVE_FIELDS
             .iter()
             .map(|(field, _)| (*field, count(&c, field)));
         Value::Object(fields.map(|(f, n)| (f.to_string(), json!(n))).collect())
     };
-    let series: Vec<Value> = DECISIONS
+    let series: Vec<Value> = views
+        .decisions
         .recent(MINUTE.max(BARS_SECONDS))
         .iter()
         .map(|series| {
@@ -601,12 +600,12 @@ pub fn live_json() -> Value {
             })
         })
         .collect();
-    json!({ "samples": DECISIONS.samples(), "series": series })
+    json!({ "samples": views.decisions.samples(), "series": series })
 }
 
 /// The keys and consumers limited most since the start (space-saving top-k: a count may
 /// exceed the true one by at most its error).
-pub fn top() -> String {
+pub fn top(views: &LiveViews) -> String {
     let rows = |entries: Vec<crate::observe::live::Heavy>| {
         entries
             .into_iter()
@@ -619,14 +618,15 @@ pub fn top() -> String {
             })
             .collect::<Vec<_>>()
     };
-    let keys = rows(LIMITED_KEYS.top());
-    let consumers = rows(LIMITED_CONSUMERS.top());
+    let (limited_keys, limited_consumers) = (&views.limited_keys, &views.limited_consumers);
+    let keys = rows(limited_keys.top());
+    let consumers = rows(limited_consumers.top());
     let none = "<p class=\"muted\">Nothing limited yet.</p>";
     let section = |rows: Vec<Vec<String>>, what: &str| match rows.is_empty() {
         true => none.to_string(),
         false => table(&[what, "Times limited", "At most over by"], rows),
     };
-    let skipped = LIMITED_KEYS.skipped() + LIMITED_CONSUMERS.skipped();
+    let skipped = limited_keys.skipped() + limited_consumers.skipped();
     let body = format!(
         "<p class=\"muted\">The {k} most limited since the start, counted in bounded space (space-saving): a name new to the list takes the place of the least counted and inherits its count as its possible error. Keys are shown as stored in the limiter (digests). Denials counted while the list was busy are skipped, not waited for: {skipped} so far.</p>\
          <h2>Keys</h2>{}<h2>Consumers</h2>{}",

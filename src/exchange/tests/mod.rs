@@ -10,7 +10,7 @@ use std::time::Duration;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Request};
 
-use super::site::{Handover, Site};
+use super::site::{Handover, Lasting, Site};
 use super::{Admission, Exchange, Head, Seam};
 use crate::config::Config;
 use crate::exchange::answer::{Answer, Decided, Unasked, UpstreamError};
@@ -52,7 +52,7 @@ fn gateway(limits: &str) -> Gateway {
 fn site(config: Config, clock: &Arc<ManualClock>) -> Arc<Site<InOrder>> {
     let clock = clock.clone();
     let servers = InOrder::of(&config.routes);
-    let site = Site::build(config, &servers, clock, Handover::default());
+    let site = Site::build(config, &servers, &Lasting::new(clock), Handover::default());
     Arc::new(site.expect("a site"))
 }
 

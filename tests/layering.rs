@@ -724,3 +724,166 @@ fn the_reader_sees_grouped_uses_inline_paths_and_parents() {
         Some(vec!["a".into(), "b".into(), "a".into()])
     );
 }
+
+/// What makes a `static` state that changes while the process runs.
+const MUTABLE: &[&str] = &[
+    "Mutex", "RwLock", "Atomic", "OnceLock", "OnceCell", "LazyLock", "Cell<", "ArcSwap",
+];
+
+/// The statics docs/architecture.md's "Statics that stay" lists, each as (file, name): every
+/// static that may change while the process runs must be there, with its reason, and nothing
+/// else. The metric families' row names `observe/metrics.rs`, the registry, whole.
+fn statics_that_stay() -> Vec<(String, String)> {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md"))
+            .expect("read docs/architecture.md");
+    let section = doc
+        .split("## Statics that stay")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/architecture.md has a section \"Statics that stay\"");
+    let mut listed = Vec::new();
+    for row in section.lines().filter(|line| line.starts_with("| ")) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let (Some(names), Some(file)) = (cells.get(1), cells.get(2)) else {
+            continue;
+        };
+        let file = file.trim_matches('`');
+        for name in names.split('`').skip(1).step_by(2) {
+            if name
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c == '_' || c.is_ascii_digit())
+            {
+                listed.push((file.to_string(), name.to_string()));
+            }
+        }
+    }
+    listed
+}
+
+/// The statics declared in `code`: each one's name and its type.
+fn statics(code: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("static ") {
+        let before = rest[..at].chars().next_back();
+        rest = &rest[at + "static ".len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '\'') {
+            continue; // `'static` or a longer word
+        }
+        let declared = rest.trim_start_matches("mut ");
+        let Some((name, after)) = declared.split_once(':') else {
+            continue;
+        };
+        let name = name.trim();
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c == '_' || c.is_ascii_digit())
+        {
+            continue;
+        }
+        let ty = after.split('=').next().unwrap_or_default().trim();
+        found.push((name.to_string(), ty.to_string()));
+    }
+    found
+}
+
+#[test]
+fn no_state_lives_in_statics_but_those_the_docs_list() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let listed = statics_that_stay();
+    assert!(listed.len() >= 5, "the list was not read: {listed:?}");
+    let mut found = Vec::new();
+    let mut offenders = Vec::new();
+    for file in rust_files(&src) {
+        let at = file
+            .strip_prefix(&src)
+            .expect("under src")
+            .to_string_lossy()
+            .to_string();
+        if at == "observe/metrics.rs" || file.file_name().is_some_and(|f| f == "tests.rs") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&file).expect("read source");
+        let tests_from = source.find("#[cfg(test)]").unwrap_or(source.len());
+        for (name, ty) in statics(&code_only(&source[..tests_from])) {
+            let is_listed = listed.iter().any(|(f, n)| *f == at && *n == name);
+            if !is_listed && MUTABLE.iter().any(|state| ty.contains(state)) {
+                offenders.push(format!(
+                    "src/{at}: static {name}: {ty} is not in \"Statics that stay\""
+                ));
+            }
+            found.push((at.clone(), name));
+        }
+    }
+    for (file, name) in &listed {
+        if file != "observe/metrics.rs" && !found.iter().any(|(f, n)| f == file && n == name) {
+            offenders.push(format!(
+                "\"Statics that stay\" lists {name} in {file}, which has none"
+            ));
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
+
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read src").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files
+}
+
+#[test]
+fn the_statics_reader_sees_names_and_types() {
+    let code = code_only(
+        "static A: AtomicBool = AtomicBool::new(false);\n\
+         pub static B_2: LazyLock<X> = LazyLock::new(X::default);\n\
+         fn f(s: &'static str) {}\n\
+         thread_local! { static LINE: RefCell<Vec<u8>> = RefCell::new(Vec::new()); }\n",
+    );
+    let found = statics(&code);
+    let names: Vec<&str> = found.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["A", "B_2", "LINE"]);
+    assert_eq!(found[0].1, "AtomicBool");
+    assert_eq!(found[2].1, "RefCell<Vec<u8>>");
+}
+
+/// How code reads an error's words to choose what to do.
+const MATCHED_BY_TEXT: &[&str] = &[
+    "to_string().contains(",
+    "to_string().starts_with(",
+    "to_string().ends_with(",
+    "to_string().as_str()",
+    "to_string() ==",
+];
+
+#[test]
+fn no_error_is_chosen_by_its_text() {
+    let mut offenders = Vec::new();
+    for (module, file) in modules(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")) {
+        if file.file_name().is_some_and(|f| f == "tests.rs") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&file).expect("read source");
+        let tests_from = source.find("#[cfg(test)]").unwrap_or(source.len());
+        let code: String = code_only(&source[..tests_from])
+            .chars()
+            .filter(|c| !c.is_whitespace() || *c == ' ')
+            .collect();
+        for reading in MATCHED_BY_TEXT {
+            let reading: String = reading.chars().filter(|c| !c.is_whitespace()).collect();
+            if code.replace(' ', "").contains(&reading) {
+                offenders.push(format!("{} reads {reading}", name(&module)));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}

@@ -19,7 +19,7 @@ use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Set
 use super::clock::Clock;
 use super::decision::Decision;
 use super::error::LimiterError;
-use super::guard::{BehindBreaker, GuardMeters, Guarded};
+use super::guard::{BehindBreaker, BreakerState, GuardMeters, Guarded};
 use super::leased::{LeaseMeters, Leased};
 use super::local::LocalLimiter;
 use super::redis::coalesce::Coalescing;
@@ -121,6 +121,14 @@ impl Engine {
     pub fn forget_denials(&self) {
         if let Engine::Redis(redis) = self {
             redis.decide.inner().forget_denials();
+        }
+    }
+
+    /// The state of the circuit breaker in front of Redis; `None` in-process (no breaker).
+    pub fn breaker_state(&self) -> Option<BreakerState> {
+        match self {
+            Engine::Redis(redis) => redis.decide.inner().breaker().map(|b| b.state()),
+            Engine::Local(_) => None,
         }
     }
 

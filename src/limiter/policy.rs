@@ -21,6 +21,7 @@ use super::clock::Clock;
 use super::decision::{Decision, Source};
 use super::engine::Engine;
 use super::error::{ErrorKind, LimiterError};
+use super::guard::BreakerState;
 use super::id::RequestId;
 use super::limit::{Limit, Scope, LIMITS_INLINE};
 use super::local::LocalLimiter;
@@ -796,6 +797,11 @@ impl Policy<Engine> {
     /// in-process).
     pub fn persistence(&self) -> Option<Arc<Persistence>> {
         self.engine.persistence()
+    }
+
+    /// The state of the circuit breaker in front of the shared engine; `None` in-process.
+    pub fn breaker_state(&self) -> Option<BreakerState> {
+        self.engine.breaker_state()
     }
 }
 

@@ -127,7 +127,13 @@ async fn view(
         "/ui/" => {
             let state = window.readiness.await;
             let at_risk = durability::warning(&snapshot.config, window.policy);
-            html(pages::overview(&snapshot.site, &state, at_risk.as_ref()))
+            let breaker = window.policy.breaker_state();
+            html(pages::overview(
+                &snapshot.site,
+                &state,
+                at_risk.as_ref(),
+                breaker,
+            ))
         }
         "/ui/routes" => html(pages::routes(&snapshot.site, snapshot.health())),
         "/ui/live" => html(pages::live(&snapshot.views)),

@@ -13,11 +13,11 @@ use crate::caller::consumers::{PlanSlot, NO_PLAN};
 use crate::edge::readiness::ReadyState;
 use crate::exchange::site::RouteRuntime;
 use crate::exchange::Site;
+use crate::limiter::guard::BreakerState;
 use crate::limiter::redis::topology::redacted_url;
 use crate::limiter::FailureMode;
 use crate::limiter::Topology;
 use crate::observe::live::{Counts, LiveViews, Series, ServerErrorCount};
-use crate::observe::metrics::BREAKER_STATE;
 use crate::route::describe;
 use crate::route::table::Route;
 use crate::route::tiers::TierId;
@@ -31,7 +31,12 @@ const MINUTE: usize = 60;
 
 /// The overview: version, uptime, configuration generation and reloads, Redis (the settings in
 /// force) and its breaker, what waits for a graceful upgrade, readiness, quotas at risk.
-pub fn overview(site: &Site<Pool>, readiness: &ReadyState, risk: Option<&Warning>) -> String {
+pub fn overview(
+    site: &Site<Pool>,
+    readiness: &ReadyState,
+    risk: Option<&Warning>,
+    breaker: Option<BreakerState>,
+) -> String {
     let uptime = SystemTime::now()
         .duration_since(site.views.started)
         .map_or(0, |d| d.as_secs());
@@ -62,7 +67,7 @@ pub fn overview(site: &Site<Pool>, readiness: &ReadyState, risk: Option<&Warning
             ),
         ),
         ("Last reload", last),
-        ("Limiter", limiter(site)),
+        ("Limiter", limiter(site, breaker)),
         ("Waits for an upgrade", waiting(&config.pending_upgrade)),
         ("Failure mode", failure_modes(site)),
         ("Readiness", ready),
@@ -135,23 +140,30 @@ fn quota_durability(risk: Option<&Warning>) -> String {
     }
 }
 
-/// Where the limits live: Redis (redacted, with its breaker) or in-process.
-fn limiter(site: &Site<Pool>) -> String {
+/// Where the limits live: Redis (redacted, with the state of its `breaker` as the policy
+/// reads it) or in-process.
+fn limiter(site: &Site<Pool>, breaker: Option<BreakerState>) -> String {
     let Some(redis) = &site.config.redis else {
         return "in-process (no Redis configured)".to_string();
     };
     let topology = topology(&redis.topology);
-    let breaker = match BREAKER_STATE.get() {
-        0 => "<span class=\"ok\">closed</span> (calling Redis)",
-        1 => "<span class=\"bad\">open</span> (failing fast)",
-        _ => "<span class=\"bad\">half-open</span> (probing)",
-    };
+    let breaker = breaker_words(breaker);
     format!(
         "{}, timeout {} ms, key prefix <code>{}</code>; breaker {breaker}",
         esc(&topology),
         redis.timeout.as_millis(),
         esc(&redis.key_prefix)
     )
+}
+
+/// The breaker's state in words, coloured: closed is the only good one.
+fn breaker_words(breaker: Option<BreakerState>) -> &'static str {
+    match breaker {
+        Some(BreakerState::Closed) => "<span class=\"ok\">closed</span> (calling Redis)",
+        Some(BreakerState::Open) => "<span class=\"bad\">open</span> (failing fast)",
+        Some(BreakerState::HalfOpen) => "<span class=\"bad\">half-open</span> (probing)",
+        None => "none (the limits are decided in-process until a graceful upgrade)",
+    }
 }
 
 /// What the file changes that the running process keeps until a graceful upgrade, with the
@@ -759,6 +771,14 @@ mod tests {
             assert!(!shown.contains("s3cret"), "{shown}");
             assert!(shown.contains("10.0.0."), "{shown}");
         }
+    }
+
+    #[test]
+    fn the_breaker_is_drawn_green_only_when_closed() {
+        assert!(breaker_words(Some(BreakerState::Closed)).contains("class=\"ok\">closed"));
+        assert!(breaker_words(Some(BreakerState::Open)).contains("class=\"bad\">open"));
+        assert!(breaker_words(Some(BreakerState::HalfOpen)).contains("class=\"bad\">half-open"));
+        assert!(!breaker_words(None).contains("class=\"ok\""));
     }
 
     #[test]

@@ -31,19 +31,19 @@ use crate::edge::usage::UsageError;
 use crate::exchange::Cut;
 use crate::limiter::{Policy, Readiness};
 use crate::runtime::durability;
-use crate::runtime::snapshot::{Live, Snapshot};
+use crate::runtime::snapshot::{InForce, Snapshot};
 
 pub struct AdminApp {
     policy: Arc<Policy>,
     /// The configuration in force: its failure mode says whether an unavailable limiter makes
     /// the gateway unready.
-    live: Live,
+    live: InForce,
     /// A graceful shutdown under way makes it unready.
     drain: Arc<Drain>,
 }
 
 impl AdminApp {
-    pub fn new(policy: Arc<Policy>, live: Live, drain: Arc<Drain>) -> AdminApp {
+    pub fn new(policy: Arc<Policy>, live: InForce, drain: Arc<Drain>) -> AdminApp {
         AdminApp {
             policy,
             live,

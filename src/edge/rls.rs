@@ -28,11 +28,11 @@ use crate::config::rls::RlsSettings;
 use crate::exchange::rls;
 use crate::limiter::{fields, Policy};
 use crate::route::descriptors::{MAX_DESCRIPTORS, MAX_ENTRIES, MAX_TEXT};
-use crate::runtime::snapshot::Live;
+use crate::runtime::snapshot::InForce;
 
 /// Answers `ShouldRateLimit` from the live configuration's domains.
 pub struct RlsHandler {
-    live: Live,
+    live: InForce,
     policy: Arc<Policy>,
 }
 
@@ -202,7 +202,7 @@ fn service_wide(settings: &RlsSettings) -> rls::ServiceWide<'_> {
 /// has forked) until shutdown.
 pub struct RlsService {
     listen: SocketAddr,
-    live: Live,
+    live: InForce,
     policy: Arc<Policy>,
     upgrade: bool,
 }
@@ -210,7 +210,12 @@ pub struct RlsService {
 impl RlsService {
     /// `upgrade`: this process takes over from an old instance (`sluice -u`), which holds the
     /// port until it has handed the proxy's sockets over and stopped.
-    pub fn new(listen: SocketAddr, live: Live, policy: Arc<Policy>, upgrade: bool) -> RlsService {
+    pub fn new(
+        listen: SocketAddr,
+        live: InForce,
+        policy: Arc<Policy>,
+        upgrade: bool,
+    ) -> RlsService {
         RlsService {
             listen,
             live,

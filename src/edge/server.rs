@@ -33,7 +33,7 @@ use crate::observe::metrics;
 use crate::observe::traces::{TracerSlot, TracingService};
 use crate::runtime::background::Background;
 use crate::runtime::reload::{ConfigService, ListenerCertificates, RestartOnly};
-use crate::runtime::snapshot::{Live, Snapshot};
+use crate::runtime::snapshot::{InForce, Snapshot};
 use pingora::apps::HttpServerOptions;
 
 /// Command-line switches that change how the server starts.
@@ -192,7 +192,7 @@ fn add_rls(
 /// What every proxy service shares: the live configuration, the limiter, the TLS listeners'
 /// certificates and the tracer; and the background work the first of them starts.
 struct Shared {
-    live: Live,
+    live: InForce,
     policy: Arc<Policy>,
     background: Arc<Background>,
     tls: Arc<TlsListeners>,
@@ -275,7 +275,7 @@ pub fn run(
 
 /// The first configuration in force: `config`'s snapshot (built, not started yet), whose
 /// requests read `lasting`'s clock and count into its live views.
-fn live_at_start(config: Config, lasting: &Lasting, read: &mut Sources) -> Result<Live, String> {
+fn live_at_start(config: Config, lasting: &Lasting, read: &mut Sources) -> Result<InForce, String> {
     let snapshot = Snapshot::build(config, lasting, Handover::default(), read);
     let snapshot = snapshot.map_err(|e| e.to_string())?;
     Ok(Arc::new(ArcSwap::from_pointee(snapshot)))
@@ -297,7 +297,7 @@ fn log_start(config: &Config) {
 /// `watch`), through the same clock, live views and listeners as the start.
 fn config_service(
     wiring: &Wiring,
-    live: &Live,
+    live: &InForce,
     policy: &Arc<Policy>,
     tls: &Arc<TlsListeners>,
     lasting: Lasting,
@@ -348,7 +348,7 @@ fn add_ready_report(
 fn admin_service(
     addr: std::net::SocketAddr,
     policy: Arc<Policy>,
-    live: Live,
+    live: InForce,
     drain: Arc<Drain>,
 ) -> BoundFirst<Service<Counted<HttpServer<AdminApp>>>> {
     let finishing = drain.finishing();

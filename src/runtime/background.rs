@@ -9,18 +9,18 @@
 use std::sync::Arc;
 
 use crate::limiter::Policy;
-use crate::runtime::snapshot::Live;
+use crate::runtime::snapshot::InForce;
 use crate::runtime::{durability, overrides, sampler};
 
 /// The background work of one process, on the limiter `policy` and the configuration in
 /// force `live`.
 pub struct Background {
     policy: Arc<Policy>,
-    live: Live,
+    live: InForce,
 }
 
 impl Background {
-    pub fn new(policy: Arc<Policy>, live: Live) -> Background {
+    pub fn new(policy: Arc<Policy>, live: InForce) -> Background {
         Background { policy, live }
     }
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::limiter::{Kept, LimiterError, Persistence, Policy};
-use crate::runtime::snapshot::Live;
+use crate::runtime::snapshot::InForce;
 
 /// What a Redis that restarts empty costs the quotas, as docs/reliability.md says it.
 pub const BOUND: &str = "a Redis restarted without persistence starts empty: every quota starts over (up to a whole window or calendar period more is admitted) and counts nothing it had counted; only the overrides the gateways hold are written back";
@@ -113,7 +113,7 @@ pub async fn check_now(policy: &Policy, config: &Config, when: &str) {
 /// [`RETRY`] until then; its first failure logged), holding nothing back. Started once
 /// (`runtime::background`), from the runtime that serves requests (where the connections
 /// are made).
-pub async fn check_at_start(policy: Arc<Policy>, live: Live) {
+pub async fn check_at_start(policy: Arc<Policy>, live: InForce) {
     let mut said = false;
     while let Err(e) = check(&policy, &live.load_full().config, "at start").await {
         if !std::mem::replace(&mut said, true) {

@@ -21,7 +21,7 @@ use crate::exchange::overrides::Read;
 use crate::limiter::{AdminTables, LimiterError, Listed, Policy, QuotaStore, Restored};
 use crate::route::overrides::Override;
 use crate::runtime::durability;
-use crate::runtime::snapshot::{Live, Snapshot};
+use crate::runtime::snapshot::{InForce, Snapshot};
 
 /// How often every gateway reads the admin epoch.
 pub const EVERY: Duration = Duration::from_secs(1);
@@ -46,7 +46,7 @@ pub fn admin_tables(config: &Config) -> AdminTables {
 /// Reads the overrides in force and the admin epoch once, and applies them. One read at a
 /// time (the list's own lock, `OverrideList::reading`): a slower read that began before a
 /// write never lands after the read that saw it.
-pub async fn refresh(policy: &Policy, live: &Live) -> Result<(), LimiterError> {
+pub async fn refresh(policy: &Policy, live: &InForce) -> Result<(), LimiterError> {
     let snapshot = live.load_full();
     let _one_at_a_time = snapshot.overrides.reading().await;
     let tables = admin_tables(&snapshot.config);
@@ -160,7 +160,7 @@ fn audit_restored(config: &Config, one: &Override, left: Duration) {
 
 /// Reads the admin epoch (one `GET`), and everything again only when it changed since the
 /// last read (or nothing was read yet): a change made through any gateway counts in it.
-async fn check(policy: &Policy, live: &Live, read_before: bool) -> Result<(), LimiterError> {
+async fn check(policy: &Policy, live: &InForce, read_before: bool) -> Result<(), LimiterError> {
     // `read_before` false: nothing read yet, or a check that reads anyway.
     let snapshot = live.load_full();
     let tables = admin_tables(&snapshot.config);
@@ -174,7 +174,7 @@ async fn check(policy: &Policy, live: &Live, read_before: bool) -> Result<(), Li
 /// Checks every [`EVERY`] for as long as its runtime runs; started once
 /// (`runtime::background`). Each override expires on time whether or not the store answers; a failed
 /// read keeps those last read until then, and is logged once until a read succeeds again.
-pub async fn keep(policy: &Policy, live: &Live) {
+pub async fn keep(policy: &Policy, live: &InForce) {
     let mut every = tokio::time::interval(EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut read_before, mut failing, mut ticks) = (false, false, 0u32);

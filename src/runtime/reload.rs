@@ -41,7 +41,7 @@ use crate::exchange::site::{Handover, Lasting};
 use crate::limiter::Policy;
 use crate::observe::metrics;
 use crate::runtime::durability;
-use crate::runtime::snapshot::{Live, Snapshot};
+use crate::runtime::snapshot::{InForce, Snapshot};
 
 /// How often `watch: true` reads the configuration's files again; a change reloads once it has
 /// held for one more interval, so within about two.
@@ -130,7 +130,7 @@ pub trait ListenerCertificates: Send + Sync {
 pub struct ConfigService {
     path: PathBuf,
     started_with: RestartOnly,
-    live: Live,
+    live: InForce,
     /// The limiter: a new configuration's decision scripts are loaded before it takes effect.
     policy: Arc<Policy>,
     tls: Arc<dyn ListenerCertificates>,
@@ -147,7 +147,7 @@ impl ConfigService {
     pub fn new(
         path: PathBuf,
         started_with: RestartOnly,
-        live: Live,
+        live: InForce,
         policy: Arc<Policy>,
         tls: Arc<dyn ListenerCertificates>,
         lasting: Lasting,

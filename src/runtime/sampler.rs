@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use crate::observe::live::Counts;
 use crate::route::table::COMMON;
-use crate::runtime::snapshot::Live;
+use crate::runtime::snapshot::InForce;
 
 /// How often the counters are sampled.
 pub const EVERY: Duration = Duration::from_secs(1);
 
 /// Samples the counters of the configuration in force every [`EVERY`], for ever (started once,
 /// by `runtime::background`).
-pub async fn keep(live: &Live) {
+pub async fn keep(live: &InForce) {
     let mut ticks = tokio::time::interval(EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -26,7 +26,7 @@ pub async fn keep(live: &Live) {
 
 /// One sample: every `(route, limit)` series of the configuration in force, with its totals;
 /// a common limit's once, under [`COMMON`]: one bucket, its routes' counts added up.
-pub fn sample(live: &Live) {
+pub fn sample(live: &InForce) {
     let snapshot = live.load_full();
     let common: Arc<str> = COMMON.into();
     let mut now: Vec<(Arc<str>, Arc<str>, Counts)> = Vec::new();

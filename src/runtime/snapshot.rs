@@ -43,8 +43,8 @@ impl Deref for Snapshot {
     }
 }
 
-/// The snapshot in force; `store` a new one to reload.
-pub type Live = Arc<ArcSwap<Snapshot>>;
+/// The snapshot in force; `store` a new one to reload. Not the live views (`observe::live`).
+pub type InForce = Arc<ArcSwap<Snapshot>>;
 
 impl Snapshot {
     /// Builds the pools of `config` (reading their TLS files through `read`) and its site

@@ -25,7 +25,7 @@ use crate::edge::explain::{self, Described};
 use crate::edge::readiness::ReadyState;
 use crate::limiter::Policy;
 use crate::runtime::durability;
-use crate::runtime::snapshot::Live;
+use crate::runtime::snapshot::InForce;
 
 const STYLE: &str = include_str!("style.css");
 const SCRIPT: &str = include_str!("app.js");
@@ -45,7 +45,7 @@ pub type Readiness<'a> = Pin<Box<dyn Future<Output = ReadyState> + Send + 'a>>;
 /// readiness.
 pub struct Window<'a> {
     pub policy: &'a Arc<Policy>,
-    pub live: &'a Live,
+    pub live: &'a InForce,
     pub readiness: Readiness<'a>,
 }
 

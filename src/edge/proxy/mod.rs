@@ -34,7 +34,7 @@ use crate::exchange::answer::{Answer, ClientError, UpstreamError};
 use crate::exchange::{Admission, Cut, Dial, Exchange, Head};
 use crate::limiter::Policy;
 use crate::observe::traces::TracerSlot;
-use crate::runtime::snapshot::{Live, Snapshot};
+use crate::runtime::snapshot::{InForce, Snapshot};
 use crate::upstream::pool::Pool;
 use crate::upstream::tls::PeerTls;
 use opentelemetry_sdk::trace::SdkTracer;
@@ -81,7 +81,7 @@ impl RequestCtx {
 }
 
 pub struct Gateway {
-    live: Live,
+    live: InForce,
     policy: Arc<Policy>,
     /// Makes the requests' spans (`tracing:`), once the pipeline runs.
     tracing: Option<TracerSlot>,
@@ -91,7 +91,7 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn new(
-        live: Live,
+        live: InForce,
         policy: Arc<Policy>,
         tracing: Option<TracerSlot>,
         drain: Arc<Drain>,

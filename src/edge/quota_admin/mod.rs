@@ -23,7 +23,7 @@ use crate::limiter::{Credited, Policy, Put, QuotaStore};
 use crate::route::overrides::{Override, PlanOverride, QuotaOverride, Unfit};
 use crate::route::table::{RouteTable, COMMON};
 use crate::runtime::overrides::{admin_tables, refresh};
-use crate::runtime::snapshot::Live;
+use crate::runtime::snapshot::InForce;
 pub use error::AdminError;
 use params::{Params, Quota};
 use target::{after_write, remaining, target};
@@ -117,7 +117,7 @@ impl Call {
 /// Serves one call of the quota admin API at `path`: the JSON answer, or why not.
 pub async fn serve(
     policy: &Policy,
-    live: &Live,
+    live: &InForce,
     (path, method): (&str, &Method),
     query: Option<&str>,
     caller: &Caller,
@@ -210,7 +210,7 @@ fn known(config: &Config, params: &Params) -> Result<Option<Known>, AdminError> 
 }
 
 /// `POST /v1/quota/reset`: every named limit back to its full quota.
-async fn reset(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, AdminError> {
+async fn reset(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Value, AdminError> {
     let snapshot = live.load_full();
     let config = &snapshot.config;
     let params = asked.1;
@@ -243,7 +243,7 @@ async fn reset(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, 
 const UNLISTED_WITHOUT_USAGE: &str = "no API key, identity.mtls.plans entry or limit's consumers: entry names it, and nothing is counted for it on this route";
 
 /// `POST /v1/quota/credit`: units given back to one limit, once per id.
-async fn credit(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, AdminError> {
+async fn credit(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Value, AdminError> {
     let snapshot = live.load_full();
     let config = &snapshot.config;
     let params = asked.1;
@@ -303,7 +303,7 @@ fn extend(line: &mut serde_json::Map<String, Value>, change: &Value) {
 }
 
 /// `GET /v1/quota/overrides`: the overrides in force, of limits and of plans (`kind`).
-async fn list(policy: &Policy, live: &Live) -> Result<Value, AdminError> {
+async fn list(policy: &Policy, live: &InForce) -> Result<Value, AdminError> {
     let snapshot = live.load_full();
     let listed = policy
         .engine()
@@ -419,7 +419,7 @@ fn unfit(why: Unfit, limit: &str) -> AdminError {
 
 /// `PUT /v1/quota/overrides`: a limit lifted (`quota=off`) or at another quota, for
 /// `ttl_seconds` or until `until`.
-async fn set(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, AdminError> {
+async fn set(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Value, AdminError> {
     let snapshot = live.load_full();
     let config = &snapshot.config;
     let (params, caller) = (asked.1, asked.2);
@@ -448,7 +448,7 @@ async fn set(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, Ad
 
 /// `DELETE /v1/quota/overrides`: the limit back to its configured quota (an override of a
 /// limit local to each gateway, set before it was one, can be removed too).
-async fn remove(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, AdminError> {
+async fn remove(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Value, AdminError> {
     let snapshot = live.load_full();
     let config = &snapshot.config;
     let (params, caller) = (asked.1, asked.2);
@@ -490,7 +490,7 @@ fn named_plan(
 
 /// `PUT /v1/quota/plans`: a consumer on another plan, on every route, until `until` (or for
 /// `ttl_seconds`): its requests meet that plan's limits exactly, as that plan's consumers do.
-async fn set_plan(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, AdminError> {
+async fn set_plan(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Value, AdminError> {
     let snapshot = live.load_full();
     let config = &snapshot.config;
     let (params, caller) = (asked.1, asked.2);
@@ -507,7 +507,11 @@ async fn set_plan(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Valu
 }
 
 /// `DELETE /v1/quota/plans`: the consumer back on its own plan.
-async fn remove_plan(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, AdminError> {
+async fn remove_plan(
+    policy: &Policy,
+    live: &InForce,
+    asked: Asked<'_>,
+) -> Result<Value, AdminError> {
     let snapshot = live.load_full();
     let config = &snapshot.config;
     let params = asked.1;
@@ -526,7 +530,7 @@ async fn remove_plan(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<V
 }
 
 /// Applies the overrides in force on this gateway now (the others read them within a second).
-async fn apply_now(policy: &Policy, live: &Live) {
+async fn apply_now(policy: &Policy, live: &InForce) {
     if let Err(e) = refresh(policy, live).await {
         log::warn!(
             "quota admin: the override is stored; this gateway applies it at its next read ({e})"

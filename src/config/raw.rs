@@ -181,9 +181,9 @@ pub struct RawLimit {
     pub scope: Option<Spelled<Scope>>,
     pub cost_from_response: Option<RawResponseCost>,
     /// Per plan: other parameters, or `off`.
-    pub plans: Option<BTreeMap<String, RawOverride>>,
+    pub plans: Option<BTreeMap<String, RawEntry>>,
     /// Per consumer: other parameters, or `off`.
-    pub consumers: Option<BTreeMap<String, RawOverride>>,
+    pub consumers: Option<BTreeMap<String, RawEntry>>,
 }
 
 impl RawLimit {
@@ -224,7 +224,7 @@ impl RawLimit {
 /// A limit's parameters for one plan or consumer: `off` (the limit does not apply), or the
 /// parameters that differ (the rest, and the algorithm and key, are the limit's own).
 #[derive(Debug, Clone)]
-pub enum RawOverride {
+pub enum RawEntry {
     Off,
     Params(RawParams),
 }
@@ -239,31 +239,31 @@ pub struct RawParams {
     pub max: Option<u64>,
 }
 
-impl<'de> Deserialize<'de> for RawOverride {
+impl<'de> Deserialize<'de> for RawEntry {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct OverrideVisitor;
-        impl<'de> Visitor<'de> for OverrideVisitor {
-            type Value = RawOverride;
+        struct EntryVisitor;
+        impl<'de> Visitor<'de> for EntryVisitor {
+            type Value = RawEntry;
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("off, or { rate, burst, capacity, max_delay, max }")
             }
 
-            fn visit_str<E: de::Error>(self, value: &str) -> Result<RawOverride, E> {
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<RawEntry, E> {
                 match value {
-                    "off" => Ok(RawOverride::Off),
+                    "off" => Ok(RawEntry::Off),
                     other => Err(E::custom(format!(
                         "unknown value {other:?}: use off, or {{ rate, burst, capacity, max_delay, max }}"
                     ))),
                 }
             }
 
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawOverride, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawEntry, A::Error> {
                 RawParams::deserialize(de::value::MapAccessDeserializer::new(map))
-                    .map(RawOverride::Params)
+                    .map(RawEntry::Params)
             }
         }
-        deserializer.deserialize_any(OverrideVisitor)
+        deserializer.deserialize_any(EntryVisitor)
     }
 }
 

@@ -1,5 +1,5 @@
 //! `routes[]`: names, matches (host, path or prefix, methods), limits, failure mode and
-//! deadline overrides, and the `RateLimit-Policy` header each route sends.
+//! their own deadlines, and the `RateLimit-Policy` header each route sends.
 
 use std::collections::HashSet;
 
@@ -408,7 +408,7 @@ mod tests {
     }
 
     #[test]
-    fn matches_names_and_overrides_are_checked() {
+    fn matches_names_and_route_settings_are_checked() {
         let (compiled, problems) = route(&format!(
             "name: \"a b\"\nmatch: {{ path: /x, path_prefix: /y, host: \"bad host\", methods: [\"G T\"] }}\n{UPSTREAM}failure_mode: maybe\nlimiter_timeout_ms: 0\nlimits:\n  - {{ name: l, rate: 1/s }}\n  - {{ name: l, rate: 1/s }}\n"
         ));

@@ -11,16 +11,16 @@ use std::sync::Arc;
 
 use super::identity::known_plans;
 use super::problem::Problems;
-use super::raw::{RawLimit, RawOverride, RawParams};
+use super::raw::{RawEntry, RawLimit, RawParams};
 use crate::caller::consumers::{PlanSlot, Plans};
 use crate::limiter::{Limit, LimitRules, PolicyLimit};
 use crate::route::keys::{KeySpec, RouteKeys};
 use crate::route::pricing::CostHeaders;
 use crate::route::tiers::{policy_header, Position, Tier, TierId, TierLimit, Tiers};
 
-/// Longest consumer id an override may name (ids from credentials are bounded the same).
+/// Longest consumer id a consumer entry may name (ids from credentials are bounded the same).
 const MAX_CONSUMER_ID: usize = crate::caller::consumers::MAX_CONSUMER_ID;
-/// The most tiers one route may compile to (overrides multiply them).
+/// The most tiers one route may compile to (plan and consumer entries multiply them).
 const MAX_TIERS: usize = 1024;
 
 /// One limit compiled for one kind of caller.
@@ -183,8 +183,8 @@ fn compiled((limit, spec, headers): (Limit, KeySpec, CostHeaders)) -> Compiled {
 }
 
 /// One entry: `off`, or the limit with the entry's parameters in place of its own.
-fn compile_entry(at: &str, written: &RawLimit, entry: RawOverride, p: &mut Problems) -> Entry {
-    let RawOverride::Params(params) = entry else {
+fn compile_entry(at: &str, written: &RawLimit, entry: RawEntry, p: &mut Problems) -> Entry {
+    let RawEntry::Params(params) = entry else {
         return Entry::Off;
     };
     let RawParams {
@@ -455,7 +455,7 @@ mod tests {
         assert_eq!(
             policy(&tiers, Some(&consumer("acme", Some(1)))),
             "\"per_consumer\";q=1000;w=60",
-            "acme's override, over pro's, and pro's per_ip off still holds"
+            "acme's entry, over pro's, and pro's per_ip off still holds"
         );
         assert_eq!(
             policy(&tiers, Some(&consumer("acme", Some(0)))),

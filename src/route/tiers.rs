@@ -1,7 +1,7 @@
-//! A route's limits per kind of caller: the default set, each plan's, each overridden
+//! A route's limits per kind of caller: the default set, each plan's, each
 //! consumer's — compiled at load, so a request only picks one (most specific wins: a consumer's
-//! own override, then its plan's, then the route's default; the default never also applies to
-//! a caller a plan or a consumer override covers).
+//! own entry, then its plan's, then the route's default; the default never also applies to
+//! a caller a plan or a consumer entry covers).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,7 +33,7 @@ pub struct Undecidable(pub &'static str);
 /// One limit of a tier, with everything a request needs of it.
 #[derive(Debug, Clone)]
 pub struct TierLimit {
-    /// The tier's parameters of the limit (a plan's or a consumer's override, the route's
+    /// The tier's parameters of the limit (a plan's or a consumer's entry, the route's
     /// shadow), and one gateway's share of it.
     pub limit: PolicyLimit,
     /// How its key is made.
@@ -326,7 +326,7 @@ impl Tiers {
         PlanSlot::all(plans).filter(meets).collect()
     }
 
-    /// Whether consumer `id` has tiers of its own (`consumers.overrides`), not its plan's.
+    /// Whether consumer `id` has tiers of its own (its own `consumers:` entries), not its plan's.
     pub fn has_own(&self, id: &str) -> bool {
         self.by_consumer.contains_key(id)
     }

@@ -21,13 +21,13 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use pingora_prometheus::PrometheusHttpApp;
 
+use crate::edge::admin_error::AdminError;
 use crate::edge::admin_http::{bearer_matches, problem, response};
 use crate::edge::dashboard::{self, Window};
 use crate::edge::drain::Drain;
 use crate::edge::proxy::head_count::HeadCount;
 use crate::edge::quota_admin::{self, Caller};
 use crate::edge::readiness::ReadyState;
-use crate::edge::usage::UsageError;
 use crate::exchange::Cut;
 use crate::limiter::{Policy, Readiness};
 use crate::runtime::durability;
@@ -184,10 +184,10 @@ impl AdminApp {
 }
 
 /// `200` with the JSON answer, or the refusal's status and reason as a problem.
-fn answer_json(answer: Result<String, UsageError>) -> Response<Vec<u8>> {
+fn answer_json(answer: Result<String, AdminError>) -> Response<Vec<u8>> {
     match answer {
         Ok(json) => response(200, "application/json", json + "\n"),
-        Err(refusal) => problem(refusal.status, &refusal.reason),
+        Err(refusal) => problem(refusal.status(), &refusal.to_string()),
     }
 }
 

@@ -152,8 +152,8 @@ async fn explain_page(
         true => Some(match Described::from_form(&fields) {
             Ok(described) => explain::explain_described(policy, snapshot, &described)
                 .await
-                .map_err(|refused| refused.reason.into_owned()),
-            Err(refused) => Err(refused.reason.into_owned()),
+                .map_err(|refused| refused.to_string()),
+            Err(refused) => Err(refused.to_string()),
         }),
     };
     pages::explain(&fields, answer)

@@ -8,7 +8,7 @@
 //! overrides of both kinds reach every gateway within a second (`runtime::overrides`). Each
 //! write is audited (a JSON line: who, what, before and after) and counted
 //! (`sluice_admin_changes_total`). The query is parsed once (`params.rs`); every refusal is an
-//! [`AdminError`] (`error.rs`).
+//! [`AdminError`] (`edge/admin_error.rs`).
 
 use http::{HeaderMap, Method};
 use serde_json::{json, Value};
@@ -16,7 +16,8 @@ use serde_json::{json, Value};
 use crate::caller::consumers::Known;
 use crate::caller::consumers::MAX_CONSUMER_ID;
 use crate::config::Config;
-use crate::edge::usage::{UsageError, UNKNOWN};
+use crate::edge::admin_error::AdminError;
+use crate::edge::usage::UNKNOWN;
 use crate::limiter::admin::credit_kind;
 use crate::limiter::admin::MAX_OVERRIDES;
 use crate::limiter::{Credited, Policy, Put, QuotaStore};
@@ -24,11 +25,9 @@ use crate::route::overrides::{Override, PlanOverride, QuotaOverride, Unfit};
 use crate::route::table::{RouteTable, COMMON};
 use crate::runtime::overrides::{admin_tables, refresh};
 use crate::runtime::snapshot::Live;
-pub use error::AdminError;
 use params::{Params, Quota};
 use target::{after_write, remaining, target};
 
-mod error;
 mod params;
 mod target;
 
@@ -44,29 +43,20 @@ pub struct Caller {
 impl Caller {
     /// The caller of a request from `peer` with `headers`; `Err` when its `X-Audit-Actor` is
     /// not 1 to 128 visible ASCII characters.
-    pub fn of(peer: Option<String>, headers: &HeaderMap) -> Result<Caller, UsageError> {
+    pub fn of(peer: Option<String>, headers: &HeaderMap) -> Result<Caller, AdminError> {
         let Some(value) = headers.get("x-audit-actor") else {
             return Ok(Caller { peer, actor: None });
         };
         let visible = |b: &u8| b.is_ascii_graphic() || *b == b' ';
         let bytes = value.as_bytes();
         if bytes.is_empty() || bytes.len() > MAX_ACTOR || !bytes.iter().all(visible) {
-            return Err(AdminError::Actor.into());
+            return Err(AdminError::Actor);
         }
         let actor = String::from_utf8_lossy(bytes).into_owned();
         Ok(Caller {
             peer,
             actor: Some(actor),
         })
-    }
-}
-
-impl From<AdminError> for UsageError {
-    fn from(refusal: AdminError) -> UsageError {
-        UsageError {
-            status: refusal.status(),
-            reason: refusal.to_string().into(),
-        }
     }
 }
 
@@ -121,7 +111,7 @@ pub async fn serve(
     (path, method): (&str, &Method),
     query: Option<&str>,
     caller: &Caller,
-) -> Result<String, UsageError> {
+) -> Result<String, AdminError> {
     let call = Call::of(path, method)?;
     let params = Params::parse(query)?;
     let asked = (call, &params, caller);

@@ -7,11 +7,11 @@ use std::net::{IpAddr, Ipv4Addr};
 use http::HeaderMap;
 use serde_json::{json, Value};
 
-use super::error::AdminError;
 use super::params::Params;
 use crate::caller::consumers::{AuthMode, Consumer};
 use crate::config::Config;
-use crate::edge::usage::{named_consumer, Unnamed};
+use crate::edge::admin_error::AdminError;
+use crate::edge::usage::named_consumer;
 use crate::limiter::{LimitRecords, Policy};
 use crate::route::keys::{RequestFacts, Rotation};
 use crate::route::table::Route;
@@ -169,15 +169,7 @@ fn consumer_of(snapshot: &Snapshot, params: &Params) -> Result<Option<Consumer>,
     let Some(id) = params.consumer.as_deref() else {
         return Ok(None);
     };
-    let consumer = named_consumer(&snapshot.site, id, params.plan.as_deref()).map_err(
-        |unnamed| match unnamed {
-            Unnamed::NoPlan(plan) => AdminError::NoPlan(plan),
-            Unnamed::Bounds | Unnamed::Unknown(_) => AdminError::Malformed {
-                name: "consumer",
-                why: unnamed.to_string().into(),
-            },
-        },
-    )?;
+    let consumer = named_consumer(&snapshot.site, id, params.plan.as_deref())?;
     Ok(Some(consumer))
 }
 

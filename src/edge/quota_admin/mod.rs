@@ -20,7 +20,7 @@ use crate::edge::admin_error::AdminError;
 use crate::edge::usage::UNKNOWN;
 use crate::limiter::admin::credit_kind;
 use crate::limiter::admin::MAX_OVERRIDES;
-use crate::limiter::{Credited, Policy, Put, QuotaStore};
+use crate::limiter::{Credited, Policy, Put};
 use crate::route::overrides::{Override, PlanOverride, QuotaOverride, Unfit};
 use crate::route::table::{RouteTable, COMMON};
 use crate::runtime::overrides::{admin_tables, refresh};
@@ -214,8 +214,7 @@ async fn reset(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value, 
             .iter()
             .map(|&i| &records[i].ask.key[..])
             .collect();
-        let engine = policy.engine();
-        let existed = engine.reset(&keys).await.map_err(AdminError::unwritten)?;
+        let existed = policy.reset(&keys).await.map_err(AdminError::unwritten)?;
         if existed == 0 && known == Some(Known::Possible) {
             // Nothing of its was counted: no request may have been its at all.
             let id = params.consumer.clone().unwrap_or_default();
@@ -252,7 +251,6 @@ async fn credit(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value,
         let records = target.facts.records(&target)?;
         let key = &records[index].ask.key[..];
         let credited = policy
-            .engine()
             .credit(algorithm, key, units, id.bytes())
             .await
             .map_err(AdminError::unwritten)?;
@@ -280,10 +278,10 @@ async fn credit(policy: &Policy, live: &Live, asked: Asked<'_>) -> Result<Value,
 /// Tells every gateway a reset or credit happened (they forget the denials they cached), and
 /// this one at once.
 async fn announce(policy: &Policy, config: &Config) {
-    if let Err(e) = policy.engine().announce(&admin_tables(config)).await {
+    if let Err(e) = policy.announce(&admin_tables(config)).await {
         log::warn!("quota admin: the change is made, but other gateways may keep cached denials until they expire ({e})");
     }
-    policy.engine().forget_denials();
+    policy.forget_denials();
 }
 
 fn extend(line: &mut serde_json::Map<String, Value>, change: &Value) {
@@ -296,7 +294,6 @@ fn extend(line: &mut serde_json::Map<String, Value>, change: &Value) {
 async fn list(policy: &Policy, live: &Live) -> Result<Value, AdminError> {
     let snapshot = live.load_full();
     let listed = policy
-        .engine()
         .overrides(&admin_tables(&snapshot.config))
         .await
         .map_err(AdminError::unread)?;
@@ -340,7 +337,6 @@ async fn put(
         serde_json::to_string(one).map_err(|e| AdminError::Internal(e.to_string().into()))?;
     let tables = admin_tables(config);
     let put = policy
-        .engine()
         .put_override(&tables, &one.field(), &value, lifetime)
         .await
         .map_err(AdminError::unwritten)?;
@@ -357,7 +353,6 @@ async fn delete(
     field: &str,
 ) -> Result<Option<Override>, AdminError> {
     let removed = policy
-        .engine()
         .delete_override(&admin_tables(config), field)
         .await
         .map_err(AdminError::unwritten)?;

@@ -23,7 +23,7 @@ use pingora_prometheus::PrometheusHttpApp;
 
 use crate::edge::admin_error::AdminError;
 use crate::edge::admin_http::{bearer_matches, problem, response};
-use crate::edge::dashboard::{self, Window};
+use crate::edge::dashboard::{self, Sessions, Window};
 use crate::edge::drain::Drain;
 use crate::edge::proxy::head_count::HeadCount;
 use crate::edge::quota_admin::{self, Caller};
@@ -40,6 +40,8 @@ pub struct AdminApp {
     live: Live,
     /// A graceful shutdown under way makes it unready.
     drain: Arc<Drain>,
+    /// The key the dashboard signs its sessions with, drawn at start.
+    sessions: Sessions,
 }
 
 impl AdminApp {
@@ -50,6 +52,7 @@ impl AdminApp {
             policy,
             live,
             drain,
+            sessions: Sessions::new(),
         }
     }
 
@@ -219,6 +222,7 @@ impl ServeHttp for AdminApp {
             path if path == "/ui" || path.starts_with("/ui/") => {
                 let window = Window {
                     policy: &self.policy,
+                    sessions: &self.sessions,
                     live: &self.live,
                     readiness: Box::pin(self.ready_now()),
                 };

@@ -18,7 +18,7 @@ use crate::limiter::fields::whole_seconds;
 use crate::limiter::{LimitRecords, LimitStatus, Policy};
 use crate::route::keys::{RequestFacts, Rotation};
 use crate::route::table::{Route, RouteTable};
-use crate::route::tiers::{Tier, TierLimit};
+use crate::route::tiers::{Tier, TierLimit, Undecidable};
 use crate::runtime::snapshot::Snapshot;
 
 /// What a query asks: whose usage, on which route, on which plan.
@@ -198,6 +198,42 @@ pub(crate) fn named_consumer<S>(
     })
 }
 
+/// The records of `tier`'s limits on route `route` for what an admin call names (a consumer,
+/// a client address): each limit's key, as a request of that caller would have it. The
+/// request has no method, host, path or header: a limit keyed on one of those is not named.
+pub(crate) fn named_records(
+    tier: &Tier,
+    route: &str,
+    consumer: Option<&Consumer>,
+    client_ip: Option<IpAddr>,
+) -> Result<LimitRecords, Undecidable> {
+    let headers = HeaderMap::new();
+    let facts = RequestFacts {
+        client_ip: client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        method: "",
+        host: "",
+        path: "",
+        query: None,
+        headers: &headers,
+        route,
+        consumer,
+        claim_names: &[],
+    };
+    tier.records(&facts, &Rotation::default())
+}
+
+/// Reads what each limit of `records` (`tier`'s) has left, consuming nothing.
+pub(crate) async fn peek_records(
+    policy: &Policy,
+    tier: &Tier,
+    records: &mut LimitRecords,
+) -> Result<(), AdminError> {
+    let mut asked = tier
+        .asked(records)
+        .ok_or_else(|| AdminError::Internal("the limits changed while read".into()))?;
+    policy.peek(&mut asked).await.map_err(AdminError::unread)
+}
+
 /// Reads the limits of `tier`, which `consumer` meets on `route`, from the backend.
 async fn peek(
     policy: &Policy,
@@ -205,28 +241,12 @@ async fn peek(
     tier: &Tier,
     consumer: &Consumer,
 ) -> Result<Vec<LimitUsage>, AdminError> {
-    let headers = HeaderMap::new();
-    let facts = RequestFacts {
-        client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        method: "",
-        host: "",
-        path: "",
-        query: None,
-        headers: &headers,
-        route: &route.name,
-        consumer: Some(consumer),
-        claim_names: &[],
-    };
     let readable = |limit: &TierLimit| tier.keys.follows_from_caller(&limit.key);
     let mut records = LimitRecords::new();
     if tier.limits.iter().any(readable) {
-        records = tier
-            .records(&facts, &Rotation::default())
+        records = named_records(tier, &route.name, Some(consumer), None)
             .map_err(|undecidable| AdminError::Unkeyed(undecidable.0))?;
-        let mut asked = tier
-            .asked(&mut records)
-            .ok_or_else(|| AdminError::Internal("the limits changed while read".into()))?;
-        policy.peek(&mut asked).await.map_err(AdminError::unread)?;
+        peek_records(policy, tier, &mut records).await?;
     }
     // Nothing read: no record, and no status for any limit.
     let statuses: Vec<(&TierLimit, Option<&LimitStatus>)> = match tier.said(&records) {

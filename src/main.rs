@@ -197,7 +197,7 @@ fn explain(conf: &Path, args: ExplainArgs) -> ExitCode {
     let mut described = match Described::from_url(&args.method, &args.url, &args.headers) {
         Ok(described) => described,
         Err(why) => {
-            eprintln!("sluice: {}", why.reason);
+            eprintln!("sluice: {}", why);
             return ExitCode::from(2);
         }
     };

@@ -21,13 +21,13 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use pingora_prometheus::PrometheusHttpApp;
 
+use crate::edge::admin_error::AdminError;
 use crate::edge::admin_http::{bearer_matches, problem, response};
-use crate::edge::dashboard::{self, Window};
+use crate::edge::dashboard::{self, Sessions, Window};
 use crate::edge::drain::Drain;
 use crate::edge::proxy::head_count::HeadCount;
 use crate::edge::quota_admin::{self, Caller};
 use crate::edge::readiness::ReadyState;
-use crate::edge::usage::UsageError;
 use crate::exchange::Cut;
 use crate::limiter::{Policy, Readiness};
 use crate::runtime::durability;
@@ -40,6 +40,8 @@ pub struct AdminApp {
     live: InForce,
     /// A graceful shutdown under way makes it unready.
     drain: Arc<Drain>,
+    /// The key the dashboard signs its sessions with, drawn at start.
+    sessions: Sessions,
 }
 
 impl AdminApp {
@@ -48,6 +50,7 @@ impl AdminApp {
             policy,
             live,
             drain,
+            sessions: Sessions::new(),
         }
     }
 
@@ -182,10 +185,10 @@ impl AdminApp {
 }
 
 /// `200` with the JSON answer, or the refusal's status and reason as a problem.
-fn answer_json(answer: Result<String, UsageError>) -> Response<Vec<u8>> {
+fn answer_json(answer: Result<String, AdminError>) -> Response<Vec<u8>> {
     match answer {
         Ok(json) => response(200, "application/json", json + "\n"),
-        Err(refusal) => problem(refusal.status, &refusal.reason),
+        Err(refusal) => problem(refusal.status(), &refusal.to_string()),
     }
 }
 
@@ -217,6 +220,7 @@ impl ServeHttp for AdminApp {
             path if path == "/ui" || path.starts_with("/ui/") => {
                 let window = Window {
                     policy: &self.policy,
+                    sessions: &self.sessions,
                     live: &self.live,
                     readiness: Box::pin(self.ready_now()),
                 };

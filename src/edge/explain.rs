@@ -14,7 +14,8 @@ use serde_json::{json, Value};
 
 use crate::caller::consumers::Consumer;
 use crate::config::{Config, Sources};
-use crate::edge::usage::{named_consumer, UsageError};
+use crate::edge::admin_error::AdminError;
+use crate::edge::usage::named_consumer;
 use crate::exchange::site::{Handover, Lasting};
 use crate::exchange::{Exchange, Head, Site};
 use crate::limiter::clock::SystemClock;
@@ -40,17 +41,10 @@ pub struct Described {
     pub consumer: Option<(String, Option<String>)>,
 }
 
-fn refused(status: u16, reason: impl Into<std::borrow::Cow<'static, str>>) -> UsageError {
-    UsageError {
-        status,
-        reason: reason.into(),
-    }
-}
-
 impl Described {
     /// The request an endpoint's query describes: `method` (GET), `host`, `path` (`/`, with
     /// its query), `header` (`Name: value`, repeated), `peer` (127.0.0.1), `consumer`, `plan`.
-    pub fn from_query(query: Option<&str>) -> Result<Described, UsageError> {
+    pub fn from_query(query: Option<&str>) -> Result<Described, AdminError> {
         let fields: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or("").as_bytes())
             .into_owned()
             .collect();
@@ -59,7 +53,7 @@ impl Described {
 
     /// The request `fields` describe, as [`Described::from_query`] reads them; the dashboard's
     /// form also sends `headers`, one `Name: value` per line. Empty fields are not given.
-    pub fn from_form(fields: &[(String, String)]) -> Result<Described, UsageError> {
+    pub fn from_form(fields: &[(String, String)]) -> Result<Described, AdminError> {
         let mut described = Described {
             method: "GET".into(),
             host: String::new(),
@@ -84,25 +78,36 @@ impl Described {
                 "peer" => described.peer = peer(&value)?,
                 "consumer" => consumer = Some(value),
                 "plan" => plan = Some(value),
-                _ => return Err(refused(400, format!("unknown parameter {name:?}: use method, host, path, header, peer, consumer and plan"))),
+                _ => {
+                    return Err(AdminError::UnknownParameter {
+                        name: name.clone(),
+                        takes: ": use method, host, path, header, peer, consumer and plan",
+                    })
+                }
             }
         }
         described.consumer = consumer.map(|id| (id, plan));
         if described.host.is_empty() {
-            return Err(refused(400, "host is required"));
+            return Err(AdminError::Missing {
+                name: "host",
+                also: "",
+            });
         }
         Ok(described)
     }
 
     /// The request `sluice explain METHOD URL -H ...` describes (`URL`: `http://host/path`).
-    pub fn from_url(method: &str, url: &str, headers: &[String]) -> Result<Described, UsageError> {
-        let uri: http::Uri = url
-            .parse()
-            .map_err(|e| refused(400, format!("{url:?} is not a URL: {e}")))?;
+    pub fn from_url(method: &str, url: &str, headers: &[String]) -> Result<Described, AdminError> {
+        let uri: http::Uri =
+            url.parse()
+                .map_err(|e: http::uri::InvalidUri| AdminError::NotUrl {
+                    url: url.to_string(),
+                    why: e.to_string(),
+                })?;
         let host = uri
             .authority()
             .map(|a| a.as_str().to_string())
-            .ok_or_else(|| refused(400, format!("{url:?} names no host: give http://HOST/PATH")))?;
+            .ok_or_else(|| AdminError::NoHost(url.to_string()))?;
         let target = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
         let headers = headers
             .iter()
@@ -125,9 +130,9 @@ impl Described {
     }
 
     /// The request's head, as a listener would hand it over.
-    fn parts(&self) -> Result<Parts, UsageError> {
+    fn parts(&self) -> Result<Parts, AdminError> {
         if self.headers.len() > MAX_HEADERS {
-            return Err(refused(400, format!("at most {MAX_HEADERS} headers")));
+            return Err(AdminError::TooManyHeaders(MAX_HEADERS));
         }
         let mut request = http::Request::builder()
             .method(self.method.as_str())
@@ -138,29 +143,31 @@ impl Described {
         }
         let request = request
             .body(())
-            .map_err(|e| refused(400, format!("not a request sluice could receive: {e}")))?;
+            .map_err(|e| AdminError::NotRequest(e.to_string()))?;
         Ok(request.into_parts().0)
     }
 }
 
 /// `Name: value`.
-fn header_field(field: &str) -> Result<(String, String), UsageError> {
+fn header_field(field: &str) -> Result<(String, String), AdminError> {
     let (name, value) = field
         .split_once(':')
-        .ok_or_else(|| refused(400, format!("header {field:?}: give Name: value")))?;
+        .ok_or_else(|| AdminError::HeaderField(field.to_string()))?;
     Ok((name.trim().to_string(), value.trim().to_string()))
 }
 
-fn peer(text: &str) -> Result<IpAddr, UsageError> {
-    text.parse()
-        .map_err(|_| refused(400, format!("peer: {text:?} is not an IP address")))
+fn peer(text: &str) -> Result<IpAddr, AdminError> {
+    text.parse().map_err(|_| AdminError::Malformed {
+        name: "peer",
+        why: format!("{text:?} is not an IP address").into(),
+    })
 }
 
 /// `described` taken through admission on `site`, up to its limits' decision.
 fn explained<S: Servers>(
     site: &Arc<Site<S>>,
     described: &Described,
-) -> Result<Exchange<S>, UsageError> {
+) -> Result<Exchange<S>, AdminError> {
     let parts = described.parts()?;
     let presumed: Option<Consumer> = match &described.consumer {
         Some((id, plan)) => Some(named_consumer(site.as_ref(), id, plan.as_deref())?),
@@ -184,7 +191,7 @@ pub async fn explain(
     policy: &Policy,
     snapshot: &Snapshot,
     query: Option<&str>,
-) -> Result<Value, UsageError> {
+) -> Result<Value, AdminError> {
     explain_described(policy, snapshot, &Described::from_query(query)?).await
 }
 
@@ -193,7 +200,7 @@ pub async fn explain_described(
     policy: &Policy,
     snapshot: &Snapshot,
     described: &Described,
-) -> Result<Value, UsageError> {
+) -> Result<Value, AdminError> {
     let mut exchange = explained(&snapshot.site, described)?;
     let peeked = exchange.peek(policy).await;
     let mut answer = exchange.explanation(described.shown());
@@ -227,7 +234,7 @@ pub fn offline(conf: &Path, described: &Described) -> Result<Value, Unexplained>
         Handover::default(),
     )
     .map_err(|e| Unexplained::Config(e.to_string()))?;
-    let exchange = explained(&Arc::new(site), described)
-        .map_err(|e| Unexplained::Request(e.reason.into_owned()))?;
+    let exchange =
+        explained(&Arc::new(site), described).map_err(|e| Unexplained::Request(e.to_string()))?;
     Ok(exchange.explanation(described.shown()))
 }

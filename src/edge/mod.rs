@@ -5,10 +5,12 @@
 //! binds first and reports readiness; `tls` serves each listener's certificates and verifies
 //! client certificates; `drain` is SIGTERM's graceful shutdown; `admin`, `usage`, `quota_admin`,
 //! `explain` and `dashboard` answer the admin listener (`admin_http`: its token's check, its responses;
+//! `admin_error`: why any of their calls gets no answer, each refusal with its one status;
 //! `readiness`: the one state `/readyz` and the dashboard both tell); `rls` is Envoy's rate limit
 //! service over gRPC.
 
 pub(crate) mod admin;
+pub(crate) mod admin_error;
 mod admin_http;
 pub(crate) mod dashboard;
 pub(crate) mod drain;

@@ -4,7 +4,6 @@
 //! `route`, each common limit the consumer meets, once (one bucket over every route using
 //! it). The admin listener checks the admin token first (`admin.rs`).
 
-use std::borrow::Cow;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
@@ -13,34 +12,15 @@ use serde::Serialize;
 use smallvec::SmallVec;
 
 use crate::caller::consumers::{Consumer, PlanId, Via, MAX_CONSUMER_ID};
+use crate::edge::admin_error::AdminError;
 use crate::exchange::Site;
 use crate::limiter::fields::whole_seconds;
 use crate::limiter::{LimitRecords, LimitStatus, Mismatch, Policy};
 use crate::observe::metrics;
 use crate::route::keys::{RequestFacts, Rotation};
 use crate::route::table::{Route, RouteTable};
-use crate::route::tiers::{Tier, TierLimit};
+use crate::route::tiers::{Tier, TierLimit, Undecidable};
 use crate::runtime::snapshot::Snapshot;
-
-/// Why a usage query gets no usage: its status and a plain-word reason.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageError {
-    pub status: u16,
-    pub reason: Cow<'static, str>,
-}
-
-/// The `500` of records that are not one per limit of their tier (a bug): counted and logged.
-fn unfit(mismatch: Mismatch) -> UsageError {
-    metrics::mismatch(&mismatch);
-    usage_error(500, "the limits changed while read")
-}
-
-fn usage_error(status: u16, reason: impl Into<Cow<'static, str>>) -> UsageError {
-    UsageError {
-        status,
-        reason: reason.into(),
-    }
-}
 
 /// What a query asks: whose usage, on which route, on which plan.
 #[derive(Debug, Default)]
@@ -50,7 +30,7 @@ struct Query {
     plan: Option<String>,
 }
 
-fn parse(query: Option<&str>) -> Result<Query, UsageError> {
+fn parse(query: Option<&str>) -> Result<Query, AdminError> {
     let mut parsed = Query::default();
     for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
         let slot = match &*name {
@@ -58,10 +38,10 @@ fn parse(query: Option<&str>) -> Result<Query, UsageError> {
             "route" => &mut parsed.route,
             "plan" => &mut parsed.plan,
             _ => {
-                return Err(usage_error(
-                    400,
-                    format!("unknown parameter {name:?}: use consumer, route and plan"),
-                ))
+                return Err(AdminError::UnknownParameter {
+                    name: name.into_owned(),
+                    takes: ": use consumer, route and plan",
+                })
             }
         };
         *slot = Some(value.into_owned());
@@ -105,22 +85,17 @@ pub async fn quota(
     policy: &Policy,
     snapshot: &Snapshot,
     query: Option<&str>,
-) -> Result<String, UsageError> {
+) -> Result<String, AdminError> {
     let query = parse(query)?;
     let config = &snapshot.config;
     let id = query
         .consumer
         .filter(|id| !id.is_empty() && id.len() <= MAX_CONSUMER_ID)
-        .ok_or_else(|| {
-            usage_error(
-                400,
-                format!("consumer is required: 1 to {MAX_CONSUMER_ID} bytes"),
-            )
-        })?;
+        .ok_or(AdminError::NoConsumer)?;
     let routes = asked_routes(&config.routes, query.route.as_deref())?;
     let consumer = named_consumer(&snapshot.site, &id, query.plan.as_deref())?;
     if config.knows_consumer(&id).is_none() {
-        return Err(usage_error(404, Unnamed::Unknown(id).to_string()));
+        return Err(AdminError::UnknownConsumer(id, UNKNOWN));
     }
     let (plans, plan) = (config.consumers.plans(), consumer.plan);
     let mut limits: Vec<LimitUsage> = Vec::new();
@@ -143,7 +118,7 @@ pub async fn quota(
         limits,
     };
     serde_json::to_string(&usage)
-        .map_err(|e| usage_error(500, format!("cannot write the answer: {e}")))
+        .map_err(|e| AdminError::Internal(format!("cannot write the answer: {e}").into()))
 }
 
 /// The routes a query reads: the one it names, or (none named) one route using each common
@@ -151,12 +126,12 @@ pub async fn quota(
 fn asked_routes<'r>(
     routes: &'r RouteTable,
     named: Option<&str>,
-) -> Result<Vec<&'r Arc<Route>>, UsageError> {
+) -> Result<Vec<&'r Arc<Route>>, AdminError> {
     if let Some(name) = named {
         let route = routes.named(name);
         return route
             .map(|route| vec![route])
-            .ok_or_else(|| usage_error(404, format!("no route named {name:?}")));
+            .ok_or_else(|| AdminError::NoRoute(name.to_string()));
     }
     let mut using: Vec<&Arc<Route>> = Vec::new();
     for route in routes.in_file_order() {
@@ -174,39 +149,17 @@ fn asked_routes<'r>(
         }
     }
     match using.is_empty() {
-        true => Err(usage_error(
-            400,
-            "route is required (no route uses a common limit)",
-        )),
+        true => Err(AdminError::Missing {
+            name: "route",
+            also: " (no route uses a common limit)",
+        }),
         false => Ok(using),
     }
-}
-
-/// Why the admin APIs cannot speak of the consumer a call names.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum Unnamed {
-    #[error("consumer: 1 to {MAX_CONSUMER_ID} bytes")]
-    Bounds,
-    #[error("no plan named {0:?}")]
-    NoPlan(String),
-    /// No verifier lists it and none could name it (see `Config::knows_consumer`).
-    #[error("no consumer named {id:?} is known: {reason}", id = .0, reason = UNKNOWN)]
-    Unknown(String),
 }
 
 /// Why a consumer is unknown, in words.
 pub(crate) const UNKNOWN: &str =
     "no API key, identity.mtls.plans entry or limit's consumers: entry names it, and no verifier (JWT, client certificates) could";
-
-impl From<Unnamed> for UsageError {
-    fn from(unnamed: Unnamed) -> UsageError {
-        let status = match unnamed {
-            Unnamed::Bounds => 400,
-            Unnamed::NoPlan(_) | Unnamed::Unknown(_) => 404,
-        };
-        usage_error(status, unnamed.to_string())
-    }
-}
 
 /// The consumer named `id` (1 to [`MAX_CONSUMER_ID`] bytes), on the plan named `plan` or
 /// its own (the one a plan override puts it on, while one applies): who the admin APIs speak
@@ -215,10 +168,13 @@ pub(crate) fn named_consumer<S>(
     site: &Site<S>,
     id: &str,
     plan: Option<&str>,
-) -> Result<Consumer, Unnamed> {
+) -> Result<Consumer, AdminError> {
     let config = &site.config;
     if id.is_empty() || id.len() > MAX_CONSUMER_ID {
-        return Err(Unnamed::Bounds);
+        return Err(AdminError::Malformed {
+            name: "consumer",
+            why: format!("1 to {MAX_CONSUMER_ID} bytes").into(),
+        });
     }
     let plan_named = plan.is_some();
     let plan = match plan {
@@ -227,7 +183,7 @@ pub(crate) fn named_consumer<S>(
                 .consumers
                 .plans()
                 .find(name)
-                .ok_or_else(|| Unnamed::NoPlan(name.to_string()))?,
+                .ok_or_else(|| AdminError::NoPlan(name.to_string()))?,
         ),
         None => config.consumers.plan_of(id),
     };
@@ -243,36 +199,59 @@ pub(crate) fn named_consumer<S>(
     })
 }
 
+/// The records of `tier`'s limits on route `route` for what an admin call names (a consumer,
+/// a client address): each limit's key, as a request of that caller would have it. The
+/// request has no method, host, path or header: a limit keyed on one of those is not named.
+pub(crate) fn named_records(
+    tier: &Tier,
+    route: &str,
+    consumer: Option<&Consumer>,
+    client_ip: Option<IpAddr>,
+) -> Result<LimitRecords, Undecidable> {
+    let headers = HeaderMap::new();
+    let facts = RequestFacts {
+        client_ip: client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        method: "",
+        host: "",
+        path: "",
+        query: None,
+        headers: &headers,
+        route,
+        consumer,
+        claim_names: &[],
+    };
+    tier.records(&facts, &Rotation::default())
+}
+
+/// Reads what each limit of `records` (`tier`'s) has left, consuming nothing.
+pub(crate) async fn peek_records(
+    policy: &Policy,
+    tier: &Tier,
+    records: &mut LimitRecords,
+) -> Result<(), AdminError> {
+    let mut asked = tier.asked(records).map_err(unfit)?;
+    policy.peek(&mut asked).await.map_err(AdminError::unread)
+}
+
+/// The `500` of records that are not one per limit of their tier (a bug): counted and logged.
+fn unfit(mismatch: Mismatch) -> AdminError {
+    metrics::mismatch(&mismatch);
+    AdminError::Internal("the limits changed while read".into())
+}
+
 /// Reads the limits of `tier`, which `consumer` meets on `route`, from the backend.
 async fn peek(
     policy: &Policy,
     route: &Route,
     tier: &Tier,
     consumer: &Consumer,
-) -> Result<Vec<LimitUsage>, UsageError> {
-    let headers = HeaderMap::new();
-    let facts = RequestFacts {
-        client_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        method: "",
-        host: "",
-        path: "",
-        query: None,
-        headers: &headers,
-        route: &route.name,
-        consumer: Some(consumer),
-        claim_names: &[],
-    };
+) -> Result<Vec<LimitUsage>, AdminError> {
     let readable = |limit: &TierLimit| tier.keys.follows_from_caller(&limit.key);
     let mut records = LimitRecords::new();
     if tier.limits.iter().any(|limit| readable(limit)) {
-        records = tier
-            .records(&facts, &Rotation::default())
-            .map_err(|undecidable| usage_error(400, undecidable.0))?;
-        let mut asked = tier.asked(&mut records).map_err(unfit)?;
-        policy
-            .peek(&mut asked)
-            .await
-            .map_err(|e| usage_error(503, format!("the limiter cannot be read: {e}")))?;
+        records = named_records(tier, &route.name, Some(consumer), None)
+            .map_err(|undecidable| AdminError::Unkeyed(undecidable.0))?;
+        peek_records(policy, tier, &mut records).await?;
     }
     let statuses: Vec<(&TierLimit, Option<&LimitStatus>)> = match tier.said(&records) {
         Ok(said) => said

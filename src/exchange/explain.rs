@@ -141,18 +141,9 @@ pub fn route_shown(route: &Route) -> Value {
     json!({
         "name": &*route.name,
         "match": describe::route_match(&route.matcher),
-        "auth": auth_label(route.auth.mode),
+        "auth": route.auth.mode.label(),
         "upstream": servers,
     })
-}
-
-/// `auth:` as written.
-fn auth_label(mode: AuthMode) -> &'static str {
-    match mode {
-        AuthMode::Off => "off",
-        AuthMode::Optional => "optional",
-        AuthMode::Required => "required",
-    }
 }
 
 /// What the gateway would answer before asking the limits.

@@ -68,7 +68,7 @@ pub use limit::{
     LIMITS_INLINE, QUOTA_MEMORY_US,
 };
 pub use pairs::{paired, paired_mut, Mismatch};
-pub use policy::{Policy, PolicyMeters};
+pub use policy::{Policy, PolicyMeters, Sharing};
 pub use rate::Rate;
 pub use record::{
     deciding, Asked, AskedLimit, Deciding, LimitRecord, LimitRecords, PolicyLimit, Scale,

@@ -15,6 +15,7 @@ use prometheus::{Histogram, HistogramOpts, IntCounter};
 
 use smallvec::SmallVec;
 
+use super::admin::{AdminTables, Credited, Listed, Put, QuotaStore, Restored};
 use super::algorithm::{Algorithm, Change};
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
@@ -108,6 +109,92 @@ enum After {
     Settle(SettleBy),
 }
 
+/// Where the engine's limits live: what an admin write reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// In a store every gateway shares (Redis); limits local to each gateway (`scope: local`)
+    /// are decided beside it, in-process.
+    Shared,
+    /// In this process: the engine is in-process, and holds every limit.
+    PerGateway,
+}
+
+/// The quota admin API's operations where the limits live (`admin/`'s [`QuotaStore`]), which
+/// the policy offers so that no caller reaches its engine: resets and credits, the admin epoch
+/// that announces them, and the store of overrides.
+impl Policy<Engine> {
+    /// Deletes `keys` (each a full quota again): how many existed.
+    pub async fn reset(&self, keys: &[&[u8]]) -> Result<u64, LimiterError> {
+        self.engine.reset(keys).await
+    }
+
+    /// Gives `units` back to `key` of a limit deciding by `algorithm`, once per credit `id`.
+    pub async fn credit(
+        &self,
+        algorithm: &Algorithm,
+        key: &[u8],
+        units: u64,
+        id: &[u8],
+    ) -> Result<Credited, LimiterError> {
+        self.engine.credit(algorithm, key, units, id).await
+    }
+
+    /// Counts a reset or credit in the admin epoch, which every gateway reads.
+    pub async fn announce(&self, tables: &AdminTables) -> Result<(), LimiterError> {
+        self.engine.announce(tables).await
+    }
+
+    /// The admin epoch (one read).
+    pub async fn admin_epoch(&self, tables: &AdminTables) -> Result<u64, LimiterError> {
+        self.engine.epoch(tables).await
+    }
+
+    /// The overrides in force and the admin epoch.
+    pub async fn overrides(&self, tables: &AdminTables) -> Result<Listed, LimiterError> {
+        self.engine.overrides(tables).await
+    }
+
+    /// Stores override `value` under `field` for `lifetime` (see [`QuotaStore::put_override`]).
+    pub async fn put_override(
+        &self,
+        tables: &AdminTables,
+        field: &str,
+        value: &str,
+        lifetime: Duration,
+    ) -> Result<Put, LimiterError> {
+        self.engine
+            .put_override(tables, field, value, lifetime)
+            .await
+    }
+
+    /// Writes a lost override back (see [`QuotaStore::restore_override`]).
+    pub async fn restore_override(
+        &self,
+        tables: &AdminTables,
+        field: &str,
+        value: &str,
+        lifetime: Duration,
+    ) -> Result<Restored, LimiterError> {
+        self.engine
+            .restore_override(tables, field, value, lifetime)
+            .await
+    }
+
+    /// Removes `field`'s override: the value it had, if it was in force.
+    pub async fn delete_override(
+        &self,
+        tables: &AdminTables,
+        field: &str,
+    ) -> Result<Option<String>, LimiterError> {
+        self.engine.delete_override(tables, field).await
+    }
+
+    /// Forgets the denials this gateway cached: an admin change may have lifted them.
+    pub fn forget_denials(&self) {
+        self.engine.forget_denials();
+    }
+}
+
 /// Who decided an admitted request's limits, and so gives back and settles what they took.
 #[derive(Clone, Copy)]
 enum Taker<'a> {
@@ -138,9 +225,13 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
         }
     }
 
-    /// What decides: the quota admin API writes through it (`admin/`).
-    pub fn engine(&self) -> &E {
-        &self.engine
+    /// Whether the engine's limits are shared by every gateway (Redis) or this gateway's own
+    /// (in-process): set by [`Policy::new`] from what it built, never told by a backend's name.
+    pub fn sharing(&self) -> Sharing {
+        match self.local_scope {
+            Some(_) => Sharing::Shared,
+            None => Sharing::PerGateway,
+        }
     }
 
     /// Whether a write where the limits live (the quota admin API's reset, credit and
@@ -148,7 +239,7 @@ impl<E: Limiter + ReleaseSlots + SettleUnits + Backend> Policy<E> {
     /// limit local to each gateway (`scope: local`) beside a shared engine is this gateway's
     /// own, which no one write reaches on the others. An in-process engine holds every limit.
     pub fn admin_reaches(&self, limit: &Limit) -> bool {
-        limit.scope == Scope::Shared || self.local_scope.is_none()
+        limit.scope == Scope::Shared || self.sharing() == Sharing::PerGateway
     }
 
     /// The backend's name (`redis`, `local`).
@@ -1197,6 +1288,30 @@ mod tests {
             in_process.policy.admin_reaches(&per_gateway),
             "one gateway holds all"
         );
+        assert_eq!(beside_a_shared_engine.policy.sharing(), Sharing::Shared);
+        assert_eq!(in_process.policy.sharing(), Sharing::PerGateway);
+    }
+
+    #[tokio::test]
+    async fn the_policy_offers_the_admin_operations_where_the_limits_live() {
+        let f = in_process();
+        let tables = AdminTables::under("t");
+        let lifetime = Duration::from_secs(60);
+        let put = f.policy.put_override(&tables, "r/l/", "{}", lifetime);
+        assert_eq!(put.await.unwrap(), Put::Stored { previous: None });
+        let listed = f.policy.overrides(&tables).await.unwrap();
+        assert_eq!(listed.overrides.len(), 1);
+        assert_eq!(listed.overrides[0].field, "r/l/");
+        let epoch = f.policy.admin_epoch(&tables).await.unwrap();
+        f.policy.announce(&tables).await.unwrap();
+        assert_eq!(f.policy.admin_epoch(&tables).await.unwrap(), epoch + 1);
+        let removed = f.policy.delete_override(&tables, "r/l/").await.unwrap();
+        assert_eq!(removed.as_deref(), Some("{}"));
+        assert_eq!(
+            f.policy.delete_override(&tables, "r/l/").await.unwrap(),
+            None
+        );
+        assert_eq!(f.policy.reset(&[b"nothing".as_slice()]).await.unwrap(), 0);
     }
 
     #[tokio::test]

@@ -18,7 +18,7 @@ use serde_json::json;
 
 use crate::config::Config;
 use crate::exchange::overrides::Read;
-use crate::limiter::{AdminTables, LimiterError, Listed, Policy, QuotaStore, Restored};
+use crate::limiter::{AdminTables, LimiterError, Listed, Policy, Restored};
 use crate::route::overrides::Override;
 use crate::runtime::durability;
 use crate::runtime::snapshot::{InForce, Snapshot};
@@ -51,12 +51,12 @@ pub async fn refresh(policy: &Policy, live: &InForce) -> Result<(), LimiterError
     let _one_at_a_time = snapshot.overrides.reading().await;
     let tables = admin_tables(&snapshot.config);
     let mut read_at = Instant::now();
-    let mut listed = policy.engine().overrides(&tables).await?;
+    let mut listed = policy.overrides(&tables).await?;
     let seen = snapshot.overrides.seen_epoch();
     if lost(listed.epoch, seen, unix_now_us()) {
         restore(policy, &snapshot, &listed, seen).await?;
         read_at = Instant::now();
-        listed = policy.engine().overrides(&tables).await?;
+        listed = policy.overrides(&tables).await?;
     }
     let overrides = listed.overrides.iter().filter_map(|stored| {
         let parsed = serde_json::from_str::<Override>(&stored.value);
@@ -70,7 +70,7 @@ pub async fn refresh(policy: &Policy, live: &InForce) -> Result<(), LimiterError
     snapshot.refresh_overrides();
     let announced = snapshot.overrides.see_epoch(listed.epoch);
     if changed || announced {
-        policy.engine().forget_denials();
+        policy.forget_denials();
     }
     Ok(())
 }
@@ -117,8 +117,7 @@ async fn restore(
     for held in &missing {
         let left = held.until.saturating_duration_since(now);
         let value = serde_json::to_string(&held.one).unwrap_or_default();
-        let engine = policy.engine();
-        match engine
+        match policy
             .restore_override(&tables, &held.one.field(), &value, left)
             .await?
         {
@@ -164,7 +163,7 @@ async fn check(policy: &Policy, live: &InForce, read_before: bool) -> Result<(),
     // `read_before` false: nothing read yet, or a check that reads anyway.
     let snapshot = live.load_full();
     let tables = admin_tables(&snapshot.config);
-    let epoch = policy.engine().epoch(&tables).await?;
+    let epoch = policy.admin_epoch(&tables).await?;
     if read_before && epoch == snapshot.overrides.seen_epoch() {
         return Ok(());
     }

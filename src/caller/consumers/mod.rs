@@ -179,8 +179,18 @@ pub(crate) fn test_consumer(id: &str, plan: Option<u8>) -> Consumer {
     }
 }
 
-/// What a route asks of callers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, strum::EnumString, strum::VariantNames)]
+/// What a route asks of callers: read from `auth:` and shown (`label`) in the same words.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    strum::EnumString,
+    strum::VariantNames,
+    strum::IntoStaticStr,
+)]
 #[strum(serialize_all = "snake_case")]
 pub enum AuthMode {
     /// Credentials are not looked at (the default).
@@ -191,6 +201,14 @@ pub enum AuthMode {
     Optional,
     /// Every request carries a credential that verifies.
     Required,
+}
+
+impl AuthMode {
+    /// `auth:` as written (`off`, `optional`, `required`): how the explain answer and the
+    /// dashboard show it.
+    pub fn label(self) -> &'static str {
+        self.into()
+    }
 }
 
 /// A route's `auth:`: the mode, and the plans allowed on it (`None`: any).
@@ -364,6 +382,14 @@ mod tests {
         assert_eq!(labels, [NO_PLAN, "free", "pro"]);
     }
     use super::*;
+
+    #[test]
+    fn an_auth_mode_is_shown_as_written() {
+        for written in ["off", "optional", "required"] {
+            let mode: AuthMode = written.parse().unwrap();
+            assert_eq!(mode.label(), written);
+        }
+    }
 
     fn plans() -> Plans {
         Plans::new(vec!["free".into(), "pro".into()], Some(PlanId(0)))

@@ -13,7 +13,7 @@ mod pages;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderValue, Response};
@@ -45,6 +45,8 @@ pub type Readiness<'a> = Pin<Box<dyn Future<Output = ReadyState> + Send + 'a>>;
 /// readiness.
 pub struct Window<'a> {
     pub policy: &'a Arc<Policy>,
+    /// The key this process signs sessions with.
+    pub sessions: &'a Sessions,
     pub live: &'a InForce,
     pub readiness: Readiness<'a>,
 }
@@ -74,9 +76,9 @@ pub async fn serve(session: &mut ServerSession, window: Window<'_>) -> Response<
         );
     };
     if path == "/ui/login" {
-        return login(session, &token).await;
+        return login(session, &token, window.sessions).await;
     }
-    if !signed_in(session, &token) {
+    if !signed_in(session, &token, window.sessions) {
         return match path.ends_with(".json") {
             true => respond(
                 401,
@@ -161,24 +163,76 @@ async fn explain_page(
         true => Some(match Described::from_form(&fields) {
             Ok(described) => explain::explain_described(policy, snapshot, &described)
                 .await
-                .map_err(|refused| refused.reason.into_owned()),
-            Err(refused) => Err(refused.reason.into_owned()),
+                .map_err(|refused| refused.to_string()),
+            Err(refused) => Err(refused.to_string()),
         }),
     };
     pages::explain(&fields, answer)
 }
 
+/// Why a right token signs no browser in: there is no key to sign its session.
+const NO_KEY: &str = "This gateway cannot sign sessions (its random number generator failed at start): send Authorization: Bearer with the admin token instead.";
+
 /// How long a sign-in lasts.
 const SESSION: Duration = Duration::from_secs(12 * 3600);
 
-/// The key signing this process's sessions: random, so a restart signs everyone out.
-fn session_key() -> &'static ring::hmac::Key {
-    static KEY: OnceLock<ring::hmac::Key> = OnceLock::new();
-    KEY.get_or_init(|| {
+/// The key signing this process's sessions: random, drawn once when the admin listener is
+/// built, so a restart signs everyone out. Never a constant: when the system's random number
+/// generator fails (three tries), there is no key, sessions are refused (`503` at sign-in,
+/// said once in the log) and only `Authorization: Bearer` opens the dashboard.
+pub struct Sessions {
+    key: Option<ring::hmac::Key>,
+}
+
+impl Sessions {
+    /// A key from the system's random number generator.
+    pub fn new() -> Sessions {
         let random = ring::rand::SystemRandom::new();
-        ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &random)
-            .unwrap_or_else(|_| ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"sluice"))
-    })
+        Sessions::drawn(|bytes| ring::rand::SecureRandom::fill(&random, bytes).map_err(|_| ()))
+    }
+
+    /// A key from `fill`'s bytes, tried three times; none when it fails each time.
+    fn drawn(mut fill: impl FnMut(&mut [u8]) -> Result<(), ()>) -> Sessions {
+        let mut bytes = [0u8; 32];
+        let drawn = (0..3).any(|_| fill(&mut bytes).is_ok());
+        if !drawn {
+            log::error!("dashboard: the system's random number generator failed, so sessions cannot be signed: sign-in is refused (send Authorization: Bearer <admin.token>)");
+        }
+        Sessions {
+            key: drawn.then(|| ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes)),
+        }
+    }
+
+    /// The cookie value of a browser signed in with `token` until `until` (Unix seconds):
+    /// `until.signature`, an HMAC of both under this process's key (none without a key). Not
+    /// the token, nor a digest of it alone: it opens the dashboard and nothing else, until it
+    /// expires, the token changes or the process restarts.
+    fn value(&self, token: &str, until: u64) -> Option<String> {
+        let signed = format!("{until}\n{token}");
+        let tag = ring::hmac::sign(self.key.as_ref()?, signed.as_bytes());
+        let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        Some(format!("{until}.{hex}"))
+    }
+
+    /// Whether `value` is a session of `token` that has not expired.
+    fn valid(&self, value: &str, token: &str) -> bool {
+        let Some((until, _)) = value.split_once('.') else {
+            return false;
+        };
+        let Ok(until) = until.parse::<u64>() else {
+            return false;
+        };
+        let Some(expected) = self.value(token, until) else {
+            return false;
+        };
+        bool::from(value.as_bytes().ct_eq(expected.as_bytes())) && now() < until
+    }
+}
+
+impl Default for Sessions {
+    fn default() -> Sessions {
+        Sessions::new()
+    }
 }
 
 fn now() -> u64 {
@@ -187,31 +241,8 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The cookie value of a browser signed in with `token` until `until` (Unix seconds):
-/// `until.signature`, an HMAC of both under this process's key. Not the token, nor a digest
-/// of it alone: it opens the dashboard and nothing else, until it expires, the token
-/// changes or the process restarts.
-fn session_value(token: &str, until: u64) -> String {
-    let signed = format!("{until}\n{token}");
-    let tag = ring::hmac::sign(session_key(), signed.as_bytes());
-    let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    format!("{until}.{hex}")
-}
-
-/// Whether `value` is a session of `token` that has not expired.
-fn valid_session(value: &str, token: &str) -> bool {
-    let Some((until, _)) = value.split_once('.') else {
-        return false;
-    };
-    let Ok(until) = until.parse::<u64>() else {
-        return false;
-    };
-    let expected = session_value(token, until);
-    bool::from(value.as_bytes().ct_eq(expected.as_bytes())) && now() < until
-}
-
 /// Whether the request carries the admin token, or the cookie of a browser signed in with it.
-fn signed_in(session: &ServerSession, token: &str) -> bool {
+fn signed_in(session: &ServerSession, token: &str, sessions: &Sessions) -> bool {
     let headers = &session.req_header().headers;
     if bearer_matches(headers, token) {
         return true;
@@ -221,7 +252,7 @@ fn signed_in(session: &ServerSession, token: &str) -> bool {
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(';'))
         .filter_map(|pair| pair.trim().strip_prefix(COOKIE)?.strip_prefix('='));
-    values.any(|value| valid_session(value, token))
+    values.any(|value| sessions.valid(value, token))
 }
 
 /// The form a `POST` sent, at most [`MAX_FORM_BODY`] bytes.
@@ -247,7 +278,7 @@ async fn read_form(
 }
 
 /// `/ui/login`: the sign-in form (GET), or the token it sent checked (POST).
-async fn login(session: &mut ServerSession, token: &str) -> Response<Vec<u8>> {
+async fn login(session: &mut ServerSession, token: &str, sessions: &Sessions) -> Response<Vec<u8>> {
     if session.req_header().method != http::Method::POST {
         return respond(200, "text/html; charset=utf-8", login_form(None));
     }
@@ -262,7 +293,10 @@ async fn login(session: &mut ServerSession, token: &str) -> Response<Vec<u8>> {
         return respond(401, "text/html; charset=utf-8", refused);
     }
     let until = now() + SESSION.as_secs();
-    let value = session_value(token, until);
+    let Some(value) = sessions.value(token, until) else {
+        let refused = login_form(Some(NO_KEY));
+        return respond(503, "text/html; charset=utf-8", refused);
+    };
     let max_age = SESSION.as_secs();
     let cookie =
         format!("{COOKIE}={value}; Path=/ui; Max-Age={max_age}; HttpOnly; SameSite=Strict");
@@ -328,25 +362,52 @@ mod tests {
 
     #[test]
     fn a_session_holds_until_it_expires_or_the_token_changes() {
+        let sessions = Sessions::new();
         let token = "a-token-of-sixteen-plus";
         let later = now() + 60;
-        let value = session_value(token, later);
-        assert!(valid_session(&value, token));
+        let value = sessions.value(token, later).unwrap();
+        assert!(sessions.valid(&value, token));
         assert!(!value.contains(token), "not the token");
         assert!(
-            !valid_session(&value, "another-token-entirely"),
+            !sessions.valid(&value, "another-token-entirely"),
             "a new token signs out"
         );
-        assert!(
-            !valid_session(&session_value(token, now() - 1), token),
-            "expired"
-        );
+        let expired = sessions.value(token, now() - 1).unwrap();
+        assert!(!sessions.valid(&expired, token), "expired");
         let forged = format!(
             "{}.{}",
             later + 3600,
             value.split_once('.').map_or("", |(_, t)| t)
         );
-        assert!(!valid_session(&forged, token), "the expiry is signed");
-        assert!(!valid_session("garbage", token));
+        assert!(!sessions.valid(&forged, token), "the expiry is signed");
+        assert!(!sessions.valid("garbage", token));
+        assert!(!Sessions::new().valid(&value, token), "a restart signs out");
+    }
+
+    #[test]
+    fn without_random_bytes_there_is_no_key_and_no_session() {
+        let mut tries = 0;
+        let none = Sessions::drawn(|_| {
+            tries += 1;
+            Err(())
+        });
+        assert_eq!(tries, 3, "tried three times");
+        let token = "a-token-of-sixteen-plus";
+        assert_eq!(none.value(token, now() + 60), None, "never a constant key");
+        let signed = Sessions::new().value(token, now() + 60).unwrap();
+        assert!(!none.valid(&signed, token));
+        let mut second = 0;
+        let retried = Sessions::drawn(|bytes| {
+            second += 1;
+            bytes.fill(7);
+            if second < 2 {
+                return Err(());
+            }
+            Ok(())
+        });
+        assert!(
+            retried.value(token, now() + 60).is_some(),
+            "a retry draws one"
+        );
     }
 }

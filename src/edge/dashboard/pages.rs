@@ -411,12 +411,7 @@ fn adaptive(site: &Site<Pool>, runtime: &RouteRuntime<Pool>) -> String {
 }
 
 fn auth(route: &Route) -> &'static str {
-    use crate::caller::consumers::AuthMode;
-    match route.auth.mode {
-        AuthMode::Off => "off",
-        AuthMode::Optional => "optional",
-        AuthMode::Required => "required",
-    }
+    route.auth.mode.label()
 }
 
 /// Who meets tier `id` of `route`.

@@ -8,7 +8,7 @@
 //! overrides of both kinds reach every gateway within a second (`runtime::overrides`). Each
 //! write is audited (a JSON line: who, what, before and after) and counted
 //! (`sluice_admin_changes_total`). The query is parsed once (`params.rs`); every refusal is an
-//! [`AdminError`] (`error.rs`).
+//! [`AdminError`] (`edge/admin_error.rs`).
 
 use http::{HeaderMap, Method};
 use serde_json::{json, Value};
@@ -16,19 +16,18 @@ use serde_json::{json, Value};
 use crate::caller::consumers::Known;
 use crate::caller::consumers::MAX_CONSUMER_ID;
 use crate::config::Config;
-use crate::edge::usage::{UsageError, UNKNOWN};
+use crate::edge::admin_error::AdminError;
+use crate::edge::usage::UNKNOWN;
 use crate::limiter::admin::credit_kind;
 use crate::limiter::admin::MAX_OVERRIDES;
-use crate::limiter::{Credited, Policy, Put, QuotaStore};
+use crate::limiter::{Credited, Policy, Put};
 use crate::route::overrides::{Override, PlanOverride, QuotaOverride, Unfit};
 use crate::route::table::{RouteTable, COMMON};
 use crate::runtime::overrides::{admin_tables, refresh};
 use crate::runtime::snapshot::InForce;
-pub use error::AdminError;
 use params::{Params, Quota};
 use target::{after_write, remaining, target};
 
-mod error;
 mod params;
 mod target;
 
@@ -44,29 +43,20 @@ pub struct Caller {
 impl Caller {
     /// The caller of a request from `peer` with `headers`; `Err` when its `X-Audit-Actor` is
     /// not 1 to 128 visible ASCII characters.
-    pub fn of(peer: Option<String>, headers: &HeaderMap) -> Result<Caller, UsageError> {
+    pub fn of(peer: Option<String>, headers: &HeaderMap) -> Result<Caller, AdminError> {
         let Some(value) = headers.get("x-audit-actor") else {
             return Ok(Caller { peer, actor: None });
         };
         let visible = |b: &u8| b.is_ascii_graphic() || *b == b' ';
         let bytes = value.as_bytes();
         if bytes.is_empty() || bytes.len() > MAX_ACTOR || !bytes.iter().all(visible) {
-            return Err(AdminError::Actor.into());
+            return Err(AdminError::Actor);
         }
         let actor = String::from_utf8_lossy(bytes).into_owned();
         Ok(Caller {
             peer,
             actor: Some(actor),
         })
-    }
-}
-
-impl From<AdminError> for UsageError {
-    fn from(refusal: AdminError) -> UsageError {
-        UsageError {
-            status: refusal.status(),
-            reason: refusal.to_string().into(),
-        }
     }
 }
 
@@ -121,7 +111,7 @@ pub async fn serve(
     (path, method): (&str, &Method),
     query: Option<&str>,
     caller: &Caller,
-) -> Result<String, UsageError> {
+) -> Result<String, AdminError> {
     let call = Call::of(path, method)?;
     let params = Params::parse(query)?;
     let asked = (call, &params, caller);
@@ -224,8 +214,7 @@ async fn reset(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Valu
             .iter()
             .map(|&i| &records[i].ask.key[..])
             .collect();
-        let engine = policy.engine();
-        let existed = engine.reset(&keys).await.map_err(AdminError::unwritten)?;
+        let existed = policy.reset(&keys).await.map_err(AdminError::unwritten)?;
         if existed == 0 && known == Some(Known::Possible) {
             // Nothing of its was counted: no request may have been its at all.
             let id = params.consumer.clone().unwrap_or_default();
@@ -262,7 +251,6 @@ async fn credit(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Val
         let records = target.facts.records(&target)?;
         let key = &records[index].ask.key[..];
         let credited = policy
-            .engine()
             .credit(algorithm, key, units, id.bytes())
             .await
             .map_err(AdminError::unwritten)?;
@@ -290,10 +278,10 @@ async fn credit(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Val
 /// Tells every gateway a reset or credit happened (they forget the denials they cached), and
 /// this one at once.
 async fn announce(policy: &Policy, config: &Config) {
-    if let Err(e) = policy.engine().announce(&admin_tables(config)).await {
+    if let Err(e) = policy.announce(&admin_tables(config)).await {
         log::warn!("quota admin: the change is made, but other gateways may keep cached denials until they expire ({e})");
     }
-    policy.engine().forget_denials();
+    policy.forget_denials();
 }
 
 fn extend(line: &mut serde_json::Map<String, Value>, change: &Value) {
@@ -306,7 +294,6 @@ fn extend(line: &mut serde_json::Map<String, Value>, change: &Value) {
 async fn list(policy: &Policy, live: &InForce) -> Result<Value, AdminError> {
     let snapshot = live.load_full();
     let listed = policy
-        .engine()
         .overrides(&admin_tables(&snapshot.config))
         .await
         .map_err(AdminError::unread)?;
@@ -350,7 +337,6 @@ async fn put(
         serde_json::to_string(one).map_err(|e| AdminError::Internal(e.to_string().into()))?;
     let tables = admin_tables(config);
     let put = policy
-        .engine()
         .put_override(&tables, &one.field(), &value, lifetime)
         .await
         .map_err(AdminError::unwritten)?;
@@ -367,7 +353,6 @@ async fn delete(
     field: &str,
 ) -> Result<Option<Override>, AdminError> {
     let removed = policy
-        .engine()
         .delete_override(&admin_tables(config), field)
         .await
         .map_err(AdminError::unwritten)?;

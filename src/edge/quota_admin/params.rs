@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use percent_encoding::{percent_decode, AsciiSet, NON_ALPHANUMERIC};
 
-use super::error::AdminError;
+use crate::edge::admin_error::AdminError;
 use crate::route::table::RouteTable;
 
 /// The longest an override (or a plan override) may last: 30 days.
@@ -110,7 +110,12 @@ impl Params {
             "quota" => (&mut self.quota, "quota"),
             "ttl_seconds" => (&mut self.ttl_seconds, "ttl_seconds"),
             "until" => (&mut self.until, "until"),
-            _ => return Err(AdminError::UnknownParameter(name.to_string())),
+            _ => {
+                return Err(AdminError::UnknownParameter {
+                    name: name.to_string(),
+                    takes: "",
+                })
+            }
         })
     }
 
@@ -291,7 +296,7 @@ mod tests {
         ));
         assert!(matches!(
             Params::parse(Some("nope=1")),
-            Err(AdminError::UnknownParameter(_))
+            Err(AdminError::UnknownParameter { .. })
         ));
     }
 

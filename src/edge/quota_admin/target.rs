@@ -2,19 +2,16 @@
 //! neither), the limits of the caller's tier it changes, and the keys they are counted under —
 //! the same keys its requests meet — with what each has left, read without consuming.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
-use http::HeaderMap;
 use serde_json::{json, Value};
 
-use super::error::AdminError;
 use super::params::Params;
 use crate::caller::consumers::{AuthMode, Consumer};
 use crate::config::Config;
-use crate::edge::usage::{named_consumer, Unnamed};
+use crate::edge::admin_error::AdminError;
+use crate::edge::usage::{named_consumer, named_records, peek_records};
 use crate::limiter::{LimitRecords, Policy};
-use crate::observe::metrics;
-use crate::route::keys::{RequestFacts, Rotation};
 use crate::route::table::Route;
 use crate::route::tiers::Tier;
 use crate::runtime::snapshot::Snapshot;
@@ -40,22 +37,13 @@ pub(super) struct Facts {
 impl Facts {
     /// The records of the target's limits for these facts: each limit's key.
     pub(super) fn records(&self, target: &Target<'_>) -> Result<LimitRecords, AdminError> {
-        let headers = HeaderMap::new();
-        let facts = RequestFacts {
-            client_ip: self.client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
-            method: "",
-            host: "",
-            path: "",
-            query: None,
-            headers: &headers,
-            route: &target.route.name,
-            consumer: self.consumer.as_ref(),
-            claim_names: &[],
-        };
-        target
-            .tier
-            .records(&facts, &Rotation::default())
-            .map_err(|undecidable| AdminError::Undecidable(undecidable.0))
+        named_records(
+            &target.tier,
+            &target.route.name,
+            self.consumer.as_ref(),
+            self.client_ip,
+        )
+        .map_err(|undecidable| AdminError::Undecidable(undecidable.0))
     }
 }
 
@@ -170,15 +158,7 @@ fn consumer_of(snapshot: &Snapshot, params: &Params) -> Result<Option<Consumer>,
     let Some(id) = params.consumer.as_deref() else {
         return Ok(None);
     };
-    let consumer = named_consumer(&snapshot.site, id, params.plan.as_deref()).map_err(
-        |unnamed| match unnamed {
-            Unnamed::NoPlan(plan) => AdminError::NoPlan(plan),
-            Unnamed::Bounds | Unnamed::Unknown(_) => AdminError::Malformed {
-                name: "consumer",
-                why: unnamed.to_string().into(),
-            },
-        },
-    )?;
+    let consumer = named_consumer(&snapshot.site, id, params.plan.as_deref())?;
     Ok(Some(consumer))
 }
 
@@ -195,13 +175,7 @@ pub(super) async fn remaining(
     target: &Target<'_>,
 ) -> Result<Vec<Value>, AdminError> {
     let mut records = target.facts.records(target)?;
-    {
-        let mut asked = target.tier.asked(&mut records).map_err(|mismatch| {
-            metrics::mismatch(&mismatch);
-            AdminError::Internal("the limits changed while read".into())
-        })?;
-        policy.peek(&mut asked).await.map_err(AdminError::unread)?;
-    }
+    peek_records(policy, &target.tier, &mut records).await?;
     let left = |&index: &usize| {
         let status = records.get(index).and_then(|r| r.status.as_ref());
         let name = &*target.tier.limits[index].limit.exact.name;

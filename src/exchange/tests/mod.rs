@@ -1,6 +1,7 @@
 //! The exchange on the in-process limiter with a manual clock: no socket, no server.
 
 mod auth;
+mod explain;
 mod rls;
 
 use std::path::Path;

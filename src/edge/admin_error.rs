@@ -1,18 +1,22 @@
-//! Why a quota admin call changes nothing: one enum, and one mapping from each refusal to its
-//! HTTP status (`status`) and its words (`Display`), which the answer (a problem) and the audit
-//! line (`reason`) both say. A refusal is chosen where its cause is found, never from an
-//! error's text.
+//! Why a call of the admin APIs (the usage API, the quota admin API, the explain endpoint and
+//! the dashboard's explain form) gets no answer: one enum, and one mapping from each refusal to
+//! its HTTP status (`status`) and its words (`Display`), which the answer (a problem) and the
+//! quota admin's audit line (`reason`) both say. A refusal is chosen where its cause is found,
+//! never from an error's text.
 
 use std::borrow::Cow;
 
+use crate::caller::consumers::MAX_CONSUMER_ID;
 use crate::limiter::LimiterError;
 
-/// Why a quota admin call changes nothing.
+/// Why a call of the admin APIs gets no answer (a quota admin call changes nothing).
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
     // 400: the call is not one the API takes.
-    #[error("unknown parameter {0:?}")]
-    UnknownParameter(String),
+    /// `takes`: the parameters the API takes, as its refusal names them (`": use a, b"`), or
+    /// nothing.
+    #[error("unknown parameter {name:?}{takes}")]
+    UnknownParameter { name: String, takes: &'static str },
     #[error("{0} is given more than once")]
     RepeatedParameter(&'static str),
     #[error("{0}: not UTF-8 text (only id may be any bytes)")]
@@ -32,6 +36,22 @@ pub enum AdminError {
     Actor,
     #[error("give one of until and ttl_seconds, not both")]
     TwoExpiries,
+    #[error("consumer is required: 1 to {MAX_CONSUMER_ID} bytes")]
+    NoConsumer,
+    /// The usage API cannot build the keys of the consumer's limits.
+    #[error("{0}")]
+    Unkeyed(&'static str),
+    // The request an explanation describes is not one.
+    #[error("{url:?} is not a URL: {why}")]
+    NotUrl { url: String, why: String },
+    #[error("{0:?} names no host: give http://HOST/PATH")]
+    NoHost(String),
+    #[error("header {0:?}: give Name: value")]
+    HeaderField(String),
+    #[error("at most {0} headers")]
+    TooManyHeaders(usize),
+    #[error("not a request sluice could receive: {0}")]
+    NotRequest(String),
 
     // 404: what the call names does not exist.
     #[error("not found")]
@@ -86,13 +106,20 @@ impl AdminError {
     pub fn status(&self) -> u16 {
         use AdminError::*;
         match self {
-            UnknownParameter(_)
+            UnknownParameter { .. }
             | RepeatedParameter(_)
             | NotText(_)
             | Missing { .. }
             | Malformed { .. }
             | Actor
-            | TwoExpiries => 400,
+            | TwoExpiries
+            | NoConsumer
+            | Unkeyed(_)
+            | NotUrl { .. }
+            | NoHost(_)
+            | HeaderField(_)
+            | TooManyHeaders(_)
+            | NotRequest(_) => 400,
             NoCall | NoRoute(_) | NoLimit(_) | NoPlan(_) | UnknownConsumer(..) | NoOverride => 404,
             Method(_) => 405,
             LocalLimit(_)
@@ -142,7 +169,15 @@ mod tests {
     #[test]
     fn each_refusal_has_one_status() {
         let cases = [
-            (AdminError::UnknownParameter("x".into()), 400),
+            (
+                AdminError::UnknownParameter {
+                    name: "x".into(),
+                    takes: "",
+                },
+                400,
+            ),
+            (AdminError::NoConsumer, 400),
+            (AdminError::TooManyHeaders(64), 400),
             (AdminError::NotText("consumer"), 400),
             (AdminError::UnknownConsumer("bob".into(), "why"), 404),
             (AdminError::LocalLimit("per_gateway".into()), 409),
@@ -155,6 +190,14 @@ mod tests {
         assert_eq!(
             AdminError::LocalLimit("g".into()).to_string(),
             "limit \"g\" is local to each gateway (scope: local): the quota admin API changes only what every gateway shares"
+        );
+        let unknown = AdminError::UnknownParameter {
+            name: "x".into(),
+            takes: ": use consumer, route and plan",
+        };
+        assert_eq!(
+            unknown.to_string(),
+            "unknown parameter \"x\": use consumer, route and plan"
         );
         assert_eq!(
             AdminError::unread(LimiterError::Timeout(5)).result(),

@@ -1,0 +1,65 @@
+//! `Exchange::explain`: a request taken through admission up to its limits' decision, which
+//! consumes nothing, and the peek that reads what each limit has left.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::limiter::clock::Clock;
+
+use super::{gateway, head, Gateway, ADMITTED};
+use crate::exchange::{Exchange, Head};
+use crate::upstream::servers::InOrder;
+
+/// `path` explained on `g` (not admitted), from 192.0.2.1, with what each limit has left.
+async fn explained(g: &Gateway, path: &str) -> (Exchange<InOrder>, Value) {
+    let parts = head(path);
+    let mut exchange = Exchange::new(Arc::clone(&g.snapshot), g.clock.instant());
+    let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let head = Head {
+        parts: &parts,
+        raw_target: target.as_bytes(),
+        peer: Some([192, 0, 2, 1].into()),
+        client_certificate: None,
+        cut: Default::default(),
+    };
+    exchange.explain(&head, None);
+    exchange.peek(&g.policy).await.expect("a peek");
+    let shown = exchange.explanation(("GET", "example.com", path));
+    (exchange, shown)
+}
+
+#[tokio::test]
+async fn an_explained_request_consumes_nothing_and_tells_what_each_limit_has_left() {
+    let g = gateway("[{ name: w, key: [route], algorithm: fixed_window, rate: 2/h }]");
+    for _ in 0..3 {
+        let (_, shown) = explained(&g, "/t/a").await;
+        assert_eq!(shown["route"]["name"], "t", "{shown}");
+        assert_eq!(shown["answer"], Value::Null, "its limits decide: {shown}");
+        assert_eq!(shown["limits"][0]["name"], "w", "{shown}");
+        assert_eq!(
+            shown["limits"][0]["remaining"], 2,
+            "nothing consumed: {shown}"
+        );
+    }
+    assert_eq!(g.admit("/t/a").await.1, ADMITTED);
+    let (_, shown) = explained(&g, "/t/a").await;
+    assert_eq!(
+        shown["limits"][0]["remaining"], 1,
+        "the admitted one: {shown}"
+    );
+}
+
+#[tokio::test]
+async fn a_request_no_route_matches_is_explained_without_limits() {
+    let g = gateway("[{ name: w, key: [route], algorithm: fixed_window, rate: 2/h }]");
+    let (_, shown) = explained(&g, "/elsewhere").await;
+    assert_eq!(shown["route"], Value::Null, "{shown}");
+    assert_ne!(
+        shown["answer"],
+        Value::Null,
+        "answered before any limit: {shown}"
+    );
+    assert_eq!(shown["limits"], serde_json::json!([]), "{shown}");
+    assert_eq!(shown["request"]["path"], "/elsewhere", "{shown}");
+}

@@ -887,3 +887,46 @@ fn no_error_is_chosen_by_its_text() {
     }
     assert!(offenders.is_empty(), "{}", offenders.join("\n"));
 }
+/// The operator's surface: the admin listener's APIs and pages. They reach the limits only
+/// through the policy (its admin operations, `Policy::sharing`), never its engine.
+const ADMIN_MODULES: &[&str] = &[
+    "edge::admin",
+    "edge::usage",
+    "edge::explain",
+    "edge::quota_admin",
+    "edge::dashboard",
+];
+
+#[test]
+fn no_admin_module_reaches_the_engine() {
+    let mut offenders = Vec::new();
+    for (module, imports) in import_graph() {
+        let module_name = name(&module);
+        let admin = ADMIN_MODULES
+            .iter()
+            .any(|admin| module_name == *admin || module_name.starts_with(&format!("{admin}::")));
+        if !admin {
+            continue;
+        }
+        for imported in imports.iter().map(name) {
+            if imported == "limiter::engine" {
+                offenders.push(format!("{module_name} imports {imported}"));
+            }
+        }
+    }
+    let files = modules(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    for (module, file) in &files {
+        let module_name = name(module);
+        if !ADMIN_MODULES
+            .iter()
+            .any(|admin| module_name == *admin || module_name.starts_with(&format!("{admin}::")))
+        {
+            continue;
+        }
+        let code = code_only(&std::fs::read_to_string(file).expect("read source"));
+        if code.contains(".engine()") {
+            offenders.push(format!("{module_name} calls Policy::engine"));
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}

@@ -17,7 +17,7 @@ use crate::limiter::guard::BreakerState;
 use crate::limiter::redis::topology::redacted_url;
 use crate::limiter::FailureMode;
 use crate::limiter::Topology;
-use crate::observe::live::{Counts, LiveViews, Series, ServerErrorCount};
+use crate::observe::live::{Counts, LiveViews, Reload, Series, ServerErrorCount};
 use crate::route::describe;
 use crate::route::table::Route;
 use crate::route::tiers::TierId;
@@ -41,19 +41,7 @@ pub fn overview(
         .duration_since(site.views.started)
         .map_or(0, |d| d.as_secs());
     let (generation, reloads) = site.views.reloads.history();
-    let last = match reloads.first() {
-        None => "none since the start".to_string(),
-        Some(r) if r.error.is_none() => format!(
-            "<span class=\"ok\">in force</span> ({}, {})",
-            esc(&r.cause),
-            ago(r.at)
-        ),
-        Some(r) => format!(
-            "<span class=\"bad\">rejected</span> ({}, {}): the previous configuration stays",
-            esc(&r.cause),
-            ago(r.at)
-        ),
-    };
+    let last = last_reload(reloads.first());
     let ready = ready(readiness);
     let config = &site.config;
     let body = facts(&[
@@ -94,6 +82,23 @@ pub fn overview(
         "/ui/",
         &format!("{body}<h2>Recent reload errors</h2>{errors}"),
     )
+}
+
+/// The last reload, `None` since the start: in force, or rejected.
+fn last_reload(last: Option<&Reload>) -> String {
+    match last {
+        None => "none since the start".to_string(),
+        Some(r) if r.error.is_none() => format!(
+            "<span class=\"ok\">in force</span> ({}, {})",
+            esc(&r.cause),
+            ago(r.at)
+        ),
+        Some(r) => format!(
+            "<span class=\"bad\">rejected</span> ({}, {}): the previous configuration stays",
+            esc(&r.cause),
+            ago(r.at)
+        ),
+    }
 }
 
 /// The gateway's readiness in its own colour and words (what waits for an upgrade has a row

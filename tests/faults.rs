@@ -325,15 +325,22 @@ fn cluster_config(cluster: &RedisCluster, timeout_ms: u64) -> Config {
 }
 
 /// The cluster key of the `api` route's limit and its slot (after a first decision wrote it).
+/// A master that does not answer one query (a loaded machine) is asked again, for a bounded
+/// time.
 fn api_key(cluster: &RedisCluster) -> (String, u16) {
-    for port in cluster.masters() {
-        let keys: Vec<String> =
-            query(port, redis::cmd("KEYS").arg("*api*shared*")).unwrap_or_default();
-        if let Some(key) = keys.into_iter().next() {
-            let slot: u16 =
-                query(port, redis::cmd("CLUSTER").arg("KEYSLOT").arg(&key)).expect("KEYSLOT");
-            return (key, slot);
+    let deadline = Instant::now() + scaled(Duration::from_secs(10));
+    while Instant::now() < deadline {
+        for port in cluster.masters() {
+            let keys: Vec<String> =
+                query(port, redis::cmd("KEYS").arg("*api*shared*")).unwrap_or_default();
+            let Some(key) = keys.into_iter().next() else {
+                continue;
+            };
+            if let Some(slot) = query(port, redis::cmd("CLUSTER").arg("KEYSLOT").arg(&key)) {
+                return (key, slot);
+            }
         }
+        std::thread::sleep(Duration::from_millis(50));
     }
     panic!("no master holds the api route's key");
 }

@@ -3,6 +3,7 @@
 //! while its exchange lives, and gives it back at once when the limits refuse it.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
@@ -10,7 +11,9 @@ use super::auth::{request, token, SECRET};
 use super::{gateway_of, Gateway, ADMITTED};
 use crate::config::Config;
 use crate::exchange::answer::{Answer, Decided, Unasked};
+use crate::exchange::overrides::Read;
 use crate::exchange::Admission;
+use crate::route::overrides::{Override, PlanOverride};
 
 /// One route, `/t`, verifying tokens (plans `free`, `pro`), whose upstream holds at most 2
 /// requests while the limiter probes (`min_limit: 2`): `free` may use half of them (`reserve:
@@ -93,4 +96,32 @@ async fn an_answered_exchange_gives_its_place_back() {
     let (held, _) = g.admit_parts(&of("carol", "free")).await;
     assert_eq!(g.admit_parts(&of("carol", "free")).await.1, SHED);
     drop(held);
+}
+
+#[tokio::test]
+async fn a_plan_override_decides_the_callers_priority_until_it_expires() {
+    let g = gateway(100);
+    let one = Override::Plan(PlanOverride {
+        consumer: "carol".into(),
+        plan: "pro".into(),
+        actor: None,
+    });
+    let until = Instant::now() + Duration::from_secs(600);
+    g.snapshot.overrides.replace(vec![Read { one, until }]);
+    g.snapshot.refresh_overrides();
+
+    let (dan, admission) = g.admit_parts(&of("dan", "free")).await;
+    assert_eq!(admission, ADMITTED, "free's share");
+    let (carol, admission) = g.admit_parts(&of("carol", "free")).await;
+    assert_eq!(admission, ADMITTED, "her token says free; she is on pro");
+    assert_eq!(carol.plan(), Some("pro"));
+    drop(carol);
+
+    // Expired: her token's plan again, shed beside dan's request.
+    g.snapshot.overrides.expire(until + Duration::from_secs(1));
+    g.snapshot.refresh_overrides();
+    let (carol, admission) = g.admit_parts(&of("carol", "free")).await;
+    assert_eq!(admission, SHED);
+    assert_eq!(carol.plan(), Some("free"));
+    drop(dan);
 }

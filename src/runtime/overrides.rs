@@ -297,6 +297,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_override_held_past_its_expiry_no_longer_applies() {
+        let (policy, live) = gateway();
+        put(&policy, &live, &at("per_ip", 5)).await;
+        refresh(&policy, &live).await.expect("a read");
+        assert_eq!(quotas(&live), of(&[("per_ip", 5), ("per_path", 20)]));
+        let snapshot = live.load_full();
+        let soon = Instant::now() + Duration::from_secs(599);
+        assert!(
+            !snapshot.overrides.expire(soon),
+            "600 s left: still in force"
+        );
+        snapshot.refresh_overrides();
+        assert_eq!(quotas(&live), of(&[("per_ip", 5), ("per_path", 20)]));
+        let past = Instant::now() + Duration::from_secs(601);
+        assert!(snapshot.overrides.expire(past));
+        snapshot.refresh_overrides();
+        assert_eq!(quotas(&live), of(&[("per_ip", 50), ("per_path", 20)]));
+        assert!(
+            snapshot.overrides.held(past).is_empty(),
+            "nothing to write back"
+        );
+    }
+
+    #[tokio::test]
     async fn an_epoch_read_below_the_one_seen_writes_back_the_overrides_the_store_lost() {
         let (policy, live) = gateway();
         put(&policy, &live, &at("per_ip", 5)).await;

@@ -232,7 +232,7 @@ mod tests {
     use crate::limiter::clock::ManualClock;
     use crate::limiter::local::LocalLimiter;
     use crate::limiter::{Engine, PolicyMeters};
-    use crate::route::overrides::{Override, QuotaOverride};
+    use crate::route::overrides::{Override, PlanOverride, QuotaOverride};
 
     /// `api` verifies callers (plans `free`, `pro`) and has a limit per consumer (10 a minute,
     /// 100 on `pro`), one per address and one per path; `open` does not verify callers.
@@ -340,6 +340,25 @@ mod tests {
         snapshot.refresh_overrides();
         let acme = chosen_of(&snapshot, &policy, "route=api&consumer=acme");
         assert_eq!(acme.expect("a target"), of(&[("per_consumer", 3)]));
+        let bob = chosen_of(&snapshot, &policy, "route=api&consumer=bob");
+        assert_eq!(bob.expect("a target"), of(&[("per_consumer", 10)]));
+    }
+
+    #[test]
+    fn without_plan_a_call_reads_the_plan_a_plan_override_puts_the_consumer_on() {
+        let (policy, snapshot) = gateway();
+        let one = Override::Plan(PlanOverride {
+            consumer: "acme".into(),
+            plan: "pro".into(),
+            actor: None,
+        });
+        let until = Instant::now() + Duration::from_secs(600);
+        snapshot.overrides.replace(vec![Read { one, until }]);
+        snapshot.refresh_overrides();
+        let acme = chosen_of(&snapshot, &policy, "route=api&consumer=acme");
+        assert_eq!(acme.expect("a target"), of(&[("per_consumer", 100)]));
+        let named = chosen_of(&snapshot, &policy, "route=api&consumer=acme&plan=free");
+        assert_eq!(named.expect("a target"), of(&[("per_consumer", 10)]));
         let bob = chosen_of(&snapshot, &policy, "route=api&consumer=bob");
         assert_eq!(bob.expect("a target"), of(&[("per_consumer", 10)]));
     }

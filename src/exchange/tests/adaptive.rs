@@ -3,7 +3,7 @@
 //! while its exchange lives, and gives it back at once when the limits refuse it.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 
@@ -13,6 +13,7 @@ use crate::config::Config;
 use crate::exchange::answer::{Answer, Decided, Unasked};
 use crate::exchange::overrides::Read;
 use crate::exchange::Admission;
+use crate::limiter::clock::Clock;
 use crate::route::overrides::{Override, PlanOverride};
 
 /// One route, `/t`, verifying tokens (plans `free`, `pro`), whose upstream holds at most 2
@@ -106,7 +107,7 @@ async fn a_plan_override_decides_the_callers_priority_until_it_expires() {
         plan: "pro".into(),
         actor: None,
     });
-    let until = Instant::now() + Duration::from_secs(600);
+    let until = g.clock.instant() + Duration::from_secs(600);
     g.snapshot.overrides.replace(vec![Read { one, until }]);
     g.snapshot.refresh_overrides();
 

@@ -25,6 +25,8 @@ pub(crate) mod listeners;
 pub(crate) mod misfits;
 pub(crate) mod model;
 pub(crate) mod observe;
+#[cfg(test)]
+mod override_tiers;
 pub mod paths;
 pub(crate) mod pending;
 pub(crate) mod problem;

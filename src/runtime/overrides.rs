@@ -198,7 +198,158 @@ pub async fn keep(policy: &Policy, live: &InForce) {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use arc_swap::ArcSwap;
+
     use super::*;
+    use crate::config::Sources;
+    use crate::exchange::site::{Handover, Lasting};
+    use crate::limiter::clock::ManualClock;
+    use crate::limiter::local::LocalLimiter;
+    use crate::limiter::{Engine, PolicyMeters};
+    use crate::route::overrides::QuotaOverride;
+
+    /// One route, `api`, with a limit `per_ip` of 50 a second and `per_path` of 20, on the
+    /// in-process backend (which keeps the admin tables too).
+    fn gateway() -> (Policy, Live) {
+        let yaml = "listen: [127.0.0.1:1]\n\
+             routes: [{ name: api, match: { path_prefix: / }, upstream: { servers: [127.0.0.1:1] }, \
+             limits: [{ name: per_ip, rate: 50/s }, { name: per_path, key: [path], rate: 20/s }] }]\n";
+        let config = Config::from_yaml(Path::new("o.yaml"), yaml).expect("a valid config");
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let local = Arc::new(LocalLimiter::new(clock.clone(), 1000));
+        let meters = PolicyMeters::unregistered();
+        let policy = Policy::new(Engine::local(local), None, clock.clone(), meters);
+        let lasting = Lasting::new(clock);
+        let mut read = Sources::default();
+        let snapshot = Snapshot::build(config, &lasting, Handover::default(), &mut read);
+        let live = Arc::new(ArcSwap::from_pointee(snapshot.expect("a snapshot")));
+        (policy, live)
+    }
+
+    fn at(limit: &str, quota: u64) -> Override {
+        Override::Limit(QuotaOverride {
+            route: "api".into(),
+            limit: limit.into(),
+            consumer: None,
+            quota: Some(quota),
+            actor: None,
+        })
+    }
+
+    async fn put(policy: &Policy, live: &Live, one: &Override) {
+        let tables = admin_tables(&live.load().config);
+        let value = serde_json::to_string(one).expect("JSON");
+        let lifetime = Duration::from_secs(600);
+        let field = one.field();
+        let engine = policy.engine();
+        let put = engine.put_override(&tables, &field, &value, lifetime);
+        put.await.expect("stored");
+    }
+
+    /// The quotas every caller of `api` meets, by limit, with the overrides in force.
+    fn quotas(live: &Live) -> Vec<(String, u64)> {
+        let snapshot = live.load_full();
+        let route = snapshot.config.routes.named("api").expect("api");
+        let (id, overridden) = snapshot.tier_for(route, None);
+        let tier = overridden.unwrap_or_else(|| Arc::clone(route.tiers.shared(id)));
+        let limits = tier.limits.iter();
+        let quota = |l: &Arc<crate::route::tiers::TierLimit>| {
+            let (q, _) = l.limit.exact.advertised.expect("a rate");
+            (l.limit.exact.name.to_string(), q)
+        };
+        limits.map(quota).collect()
+    }
+
+    async fn stored(policy: &Policy, live: &Live) -> Listed {
+        let tables = admin_tables(&live.load().config);
+        policy.engine().overrides(&tables).await.expect("a read")
+    }
+
+    fn of(quotas: &[(&str, u64)]) -> Vec<(String, u64)> {
+        quotas.iter().map(|(n, q)| (n.to_string(), *q)).collect()
+    }
+
+    #[tokio::test]
+    async fn a_read_puts_the_stored_overrides_in_force_and_notes_the_epoch() {
+        let (policy, live) = gateway();
+        assert_eq!(quotas(&live), of(&[("per_ip", 50), ("per_path", 20)]));
+        put(&policy, &live, &at("per_ip", 5)).await;
+        refresh(&policy, &live).await.expect("a read");
+        assert_eq!(quotas(&live), of(&[("per_ip", 5), ("per_path", 20)]));
+        let epoch = stored(&policy, &live).await.epoch;
+        assert_eq!(live.load().overrides.seen_epoch(), epoch);
+
+        // Removed from the store: the next read drops it, and writes nothing back.
+        let tables = admin_tables(&live.load().config);
+        let field = at("per_ip", 5).field();
+        let engine = policy.engine();
+        engine
+            .delete_override(&tables, &field)
+            .await
+            .expect("removed");
+        refresh(&policy, &live).await.expect("a read");
+        assert_eq!(quotas(&live), of(&[("per_ip", 50), ("per_path", 20)]));
+        assert!(stored(&policy, &live).await.overrides.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_override_held_past_its_expiry_no_longer_applies() {
+        let (policy, live) = gateway();
+        put(&policy, &live, &at("per_ip", 5)).await;
+        refresh(&policy, &live).await.expect("a read");
+        assert_eq!(quotas(&live), of(&[("per_ip", 5), ("per_path", 20)]));
+        let snapshot = live.load_full();
+        let soon = Instant::now() + Duration::from_secs(599);
+        assert!(
+            !snapshot.overrides.expire(soon),
+            "600 s left: still in force"
+        );
+        snapshot.refresh_overrides();
+        assert_eq!(quotas(&live), of(&[("per_ip", 5), ("per_path", 20)]));
+        let past = Instant::now() + Duration::from_secs(601);
+        assert!(snapshot.overrides.expire(past));
+        snapshot.refresh_overrides();
+        assert_eq!(quotas(&live), of(&[("per_ip", 50), ("per_path", 20)]));
+        assert!(
+            snapshot.overrides.held(past).is_empty(),
+            "nothing to write back"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_epoch_read_below_the_one_seen_writes_back_the_overrides_the_store_lost() {
+        let (policy, live) = gateway();
+        put(&policy, &live, &at("per_ip", 5)).await;
+        put(&policy, &live, &at("per_path", 2)).await;
+        refresh(&policy, &live).await.expect("a read");
+        // The store loses one override (as a flush would), and this gateway has seen an epoch
+        // above the store's: the admin tables were lost.
+        let tables = admin_tables(&live.load().config);
+        let lost_one = at("per_path", 2).field();
+        let engine = policy.engine();
+        engine
+            .delete_override(&tables, &lost_one)
+            .await
+            .expect("removed");
+        let before = stored(&policy, &live).await.epoch;
+        live.load().overrides.see_epoch(unix_now_us());
+
+        refresh(&policy, &live).await.expect("a read");
+        let after = stored(&policy, &live).await;
+        let fields: Vec<&str> = after.overrides.iter().map(|o| o.field.as_str()).collect();
+        let mut expected = [at("per_ip", 5).field(), lost_one.clone()];
+        expected.sort();
+        assert_eq!(fields, expected, "the lost one is written back");
+        assert_eq!(after.epoch, before + 1, "only the missing one is written");
+        let restored = after.overrides.iter().find(|o| o.field == lost_one);
+        let left = restored.expect("restored").left_ms;
+        assert!(left > 0 && left <= 600_000, "with what it had left: {left}");
+        assert_eq!(quotas(&live), of(&[("per_ip", 5), ("per_path", 2)]));
+        assert_eq!(live.load().overrides.seen_epoch(), after.epoch);
+    }
 
     #[test]
     fn an_epoch_below_the_one_seen_is_a_loss_unless_the_one_seen_lapsed() {

@@ -192,3 +192,185 @@ pub(super) async fn after_write(policy: &Policy, target: &Target<'_>) -> Value {
         Err(_) => Value::Null,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::config::Sources;
+    use crate::exchange::overrides::Read;
+    use crate::exchange::site::{Handover, Lasting};
+    use crate::limiter::clock::ManualClock;
+    use crate::limiter::local::LocalLimiter;
+    use crate::limiter::{Engine, PolicyMeters};
+    use crate::route::overrides::{Override, PlanOverride, QuotaOverride};
+
+    /// `api` verifies callers (plans `free`, `pro`) and has a limit per consumer (10 a minute,
+    /// 100 on `pro`), one per address and one per path; `open` does not verify callers.
+    fn gateway() -> (Policy, Snapshot) {
+        let yaml = "listen: [127.0.0.1:1]\n\
+             identity: { plans: [free, pro], jwt: { hmac_secret: 0123456789abcdef0123456789abcdef, algorithms: [HS256], plan_claim: plan } }\n\
+             routes:\n\
+             \x20 - { name: api, match: { path_prefix: /api }, upstream: { servers: [127.0.0.1:1] }, auth: required, limits: [\
+             { name: per_consumer, key: [consumer], rate: 10/m, plans: { pro: { rate: 100/m } } }, \
+             { name: per_ip, key: [client_ip], rate: 50/s }, \
+             { name: per_path, key: [path], rate: 20/s }] }\n\
+             \x20 - { name: open, match: { path_prefix: /open }, upstream: { servers: [127.0.0.1:1] }, \
+             limits: [{ name: per_ip, key: [client_ip], rate: 5/s }] }\n";
+        let config = Config::from_yaml(Path::new("t.yaml"), yaml).expect("a valid config");
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let local = Arc::new(LocalLimiter::new(clock.clone(), 1000));
+        let policy = Policy::new(
+            Engine::local(local),
+            None,
+            clock.clone(),
+            PolicyMeters::unregistered(),
+        );
+        let mut read = Sources::default();
+        let snapshot =
+            Snapshot::build(config, &Lasting::new(clock), Handover::default(), &mut read);
+        (policy, snapshot.expect("a snapshot"))
+    }
+
+    /// The limits (name, quota) a call with `query` changes, or why it names none.
+    fn named(query: &str) -> Result<Vec<(String, u64)>, AdminError> {
+        let (policy, snapshot) = gateway();
+        chosen_of(&snapshot, &policy, query)
+    }
+
+    fn chosen_of(
+        snapshot: &Snapshot,
+        policy: &Policy,
+        query: &str,
+    ) -> Result<Vec<(String, u64)>, AdminError> {
+        let params = Params::parse(Some(query))?;
+        let target = target(snapshot, &params, policy)?;
+        let limit = |&i: &usize| {
+            let limit = &target.tier.limits[i].limit.exact;
+            let quota = limit.advertised.map_or(0, |(q, _)| q);
+            (limit.name.to_string(), quota)
+        };
+        Ok(target.chosen.iter().map(limit).collect())
+    }
+
+    fn of(limits: &[(&str, u64)]) -> Vec<(String, u64)> {
+        limits.iter().map(|(n, q)| (n.to_string(), *q)).collect()
+    }
+
+    #[test]
+    fn a_call_changes_every_limit_keyed_on_what_it_names_and_no_other() {
+        let consumer = named("route=api&consumer=acme").expect("a target");
+        assert_eq!(consumer, of(&[("per_consumer", 10)]));
+        let address = named("route=api&client_ip=192.0.2.7").expect("a target");
+        assert_eq!(address, of(&[("per_ip", 50)]));
+        let both = named("route=api&consumer=acme&client_ip=192.0.2.7").expect("a target");
+        assert_eq!(both, of(&[("per_consumer", 10), ("per_ip", 50)]));
+        let one = named("route=api&consumer=acme&client_ip=192.0.2.7&limit=per_ip");
+        assert_eq!(one.expect("a target"), of(&[("per_ip", 50)]));
+    }
+
+    #[test]
+    fn the_limits_are_those_of_the_plan_named_or_the_consumers_own() {
+        let own = named("route=api&consumer=acme").expect("a target");
+        assert_eq!(own, of(&[("per_consumer", 10)]));
+        let pro = named("route=api&consumer=acme&plan=pro").expect("a target");
+        assert_eq!(pro, of(&[("per_consumer", 100)]));
+        let gold = named("route=api&consumer=acme&plan=gold");
+        assert!(matches!(gold, Err(AdminError::NoPlan(p)) if p == "gold"));
+    }
+
+    #[test]
+    fn a_limit_the_call_cannot_key_or_the_route_lacks_is_refused() {
+        let path = named("route=api&consumer=acme&limit=per_path");
+        assert!(matches!(path, Err(AdminError::NotKeyed(l)) if l == "per_path"));
+        let ip = named("route=api&consumer=acme&limit=per_ip");
+        assert!(matches!(ip, Err(AdminError::NotKeyed(l)) if l == "per_ip"));
+        let gone = named("route=api&consumer=acme&limit=gone");
+        assert!(matches!(gone, Err(AdminError::NoLimit(l)) if l == "gone"));
+        assert!(matches!(named("route=api"), Err(AdminError::NoneKeyed)));
+        let open = named("route=open&consumer=acme");
+        assert!(matches!(open, Err(AdminError::NoConsumers(r)) if r == "open"));
+        assert!(matches!(
+            named("route=gone&consumer=acme"),
+            Err(AdminError::NoRoute(_))
+        ));
+    }
+
+    #[test]
+    fn a_limit_is_changed_at_the_quota_an_override_in_force_gives_it() {
+        let (policy, snapshot) = gateway();
+        let one = Override::Limit(QuotaOverride {
+            route: "api".into(),
+            limit: "per_consumer".into(),
+            consumer: Some("acme".into()),
+            quota: Some(3),
+            actor: None,
+        });
+        let until = Instant::now() + Duration::from_secs(600);
+        snapshot.overrides.replace(vec![Read { one, until }]);
+        snapshot.refresh_overrides();
+        let acme = chosen_of(&snapshot, &policy, "route=api&consumer=acme");
+        assert_eq!(acme.expect("a target"), of(&[("per_consumer", 3)]));
+        let bob = chosen_of(&snapshot, &policy, "route=api&consumer=bob");
+        assert_eq!(bob.expect("a target"), of(&[("per_consumer", 10)]));
+    }
+
+    #[test]
+    fn without_plan_a_call_reads_the_plan_a_plan_override_puts_the_consumer_on() {
+        let (policy, snapshot) = gateway();
+        let one = Override::Plan(PlanOverride {
+            consumer: "acme".into(),
+            plan: "pro".into(),
+            actor: None,
+        });
+        let until = Instant::now() + Duration::from_secs(600);
+        snapshot.overrides.replace(vec![Read { one, until }]);
+        snapshot.refresh_overrides();
+        let acme = chosen_of(&snapshot, &policy, "route=api&consumer=acme");
+        assert_eq!(acme.expect("a target"), of(&[("per_consumer", 100)]));
+        let named = chosen_of(&snapshot, &policy, "route=api&consumer=acme&plan=free");
+        assert_eq!(named.expect("a target"), of(&[("per_consumer", 10)]));
+        let bob = chosen_of(&snapshot, &policy, "route=api&consumer=bob");
+        assert_eq!(bob.expect("a target"), of(&[("per_consumer", 10)]));
+    }
+
+    #[test]
+    fn the_keys_are_those_the_consumers_requests_meet() {
+        let (policy, snapshot) = gateway();
+        let params = Params::parse(Some("route=api&consumer=acme")).expect("params");
+        let target = target(&snapshot, &params, &policy).expect("a target");
+        let records = target.facts.records(&target).expect("records");
+        let at = target.chosen[0];
+        let key = &records[at].ask.key;
+
+        // A request of acme's, from any address and for any path.
+        let route = snapshot.config.routes.named("api").expect("api");
+        let request = |id: &str| {
+            let consumer = crate::caller::consumers::test_consumer(id, None);
+            let headers = HeaderMap::new();
+            let facts = RequestFacts {
+                client_ip: IpAddr::V4(Ipv4Addr::new(198, 51, 100, 9)),
+                method: "GET",
+                host: "example.com",
+                path: "/api/x",
+                query: None,
+                headers: &headers,
+                route: "api",
+                consumer: Some(&consumer),
+                claim_names: &[],
+            };
+            let tier = route.tiers.get(route.tiers.choose(Some(&consumer)));
+            let records = tier.records(&facts, &Rotation::default()).expect("records");
+            records[0].ask.key.clone()
+        };
+        assert_eq!(
+            *key,
+            request("acme"),
+            "per_consumer is the route's first limit"
+        );
+        assert_ne!(*key, request("bob"));
+    }
+}

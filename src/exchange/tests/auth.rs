@@ -21,7 +21,7 @@ use crate::limiter::clock::Clock;
 /// The gateway's clock reads this many seconds since the epoch when a test starts.
 const START: u64 = 1_000;
 
-const SECRET: &str = "0123456789abcdef0123456789abcdef";
+pub(super) const SECRET: &str = "0123456789abcdef0123456789abcdef";
 
 /// One route, `/t`, verifying HS256 tokens signed with `SECRET`, with `auth` as written.
 fn config(auth: &str) -> Config {
@@ -35,12 +35,12 @@ fn config(auth: &str) -> Config {
 }
 
 /// `claims` signed with the route's secret.
-fn token(claims: &Value) -> String {
+pub(super) fn token(claims: &Value) -> String {
     TestKey::hmac(SECRET.as_bytes(), Algorithm::HS256, None).sign(claims)
 }
 
 /// A request for `/t`, with `Authorization: Bearer <token>` when given one.
-fn request(token: Option<&str>) -> Parts {
+pub(super) fn request(token: Option<&str>) -> Parts {
     let mut request = Request::get("/t").header("host", "example.com");
     if let Some(token) = token {
         request = request.header("authorization", format!("Bearer {token}"));

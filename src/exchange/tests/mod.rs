@@ -1,5 +1,6 @@
 //! The exchange on the in-process limiter with a manual clock: no socket, no server.
 
+mod adaptive;
 mod auth;
 mod explain;
 mod rls;

@@ -213,7 +213,7 @@ mod tests {
 
     /// One route, `api`, with a limit `per_ip` of 50 a second and `per_path` of 20, on the
     /// in-process backend (which keeps the admin tables too).
-    fn gateway() -> (Policy, Live) {
+    fn gateway() -> (Policy, InForce) {
         let yaml = "listen: [127.0.0.1:1]\n\
              routes: [{ name: api, match: { path_prefix: / }, upstream: { servers: [127.0.0.1:1] }, \
              limits: [{ name: per_ip, rate: 50/s }, { name: per_path, key: [path], rate: 20/s }] }]\n";
@@ -239,18 +239,17 @@ mod tests {
         })
     }
 
-    async fn put(policy: &Policy, live: &Live, one: &Override) {
+    async fn put(policy: &Policy, live: &InForce, one: &Override) {
         let tables = admin_tables(&live.load().config);
         let value = serde_json::to_string(one).expect("JSON");
         let lifetime = Duration::from_secs(600);
         let field = one.field();
-        let engine = policy.engine();
-        let put = engine.put_override(&tables, &field, &value, lifetime);
+        let put = policy.put_override(&tables, &field, &value, lifetime);
         put.await.expect("stored");
     }
 
     /// The quotas every caller of `api` meets, by limit, with the overrides in force.
-    fn quotas(live: &Live) -> Vec<(String, u64)> {
+    fn quotas(live: &InForce) -> Vec<(String, u64)> {
         let snapshot = live.load_full();
         let route = snapshot.config.routes.named("api").expect("api");
         let (id, overridden) = snapshot.tier_for(route, None);
@@ -263,9 +262,9 @@ mod tests {
         limits.map(quota).collect()
     }
 
-    async fn stored(policy: &Policy, live: &Live) -> Listed {
+    async fn stored(policy: &Policy, live: &InForce) -> Listed {
         let tables = admin_tables(&live.load().config);
-        policy.engine().overrides(&tables).await.expect("a read")
+        policy.overrides(&tables).await.expect("a read")
     }
 
     fn of(quotas: &[(&str, u64)]) -> Vec<(String, u64)> {
@@ -285,8 +284,7 @@ mod tests {
         // Removed from the store: the next read drops it, and writes nothing back.
         let tables = admin_tables(&live.load().config);
         let field = at("per_ip", 5).field();
-        let engine = policy.engine();
-        engine
+        policy
             .delete_override(&tables, &field)
             .await
             .expect("removed");
@@ -329,8 +327,7 @@ mod tests {
         // above the store's: the admin tables were lost.
         let tables = admin_tables(&live.load().config);
         let lost_one = at("per_path", 2).field();
-        let engine = policy.engine();
-        engine
+        policy
             .delete_override(&tables, &lost_one)
             .await
             .expect("removed");

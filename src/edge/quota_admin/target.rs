@@ -195,6 +195,9 @@ pub(super) async fn after_write(policy: &Policy, target: &Target<'_>) -> Value {
 
 #[cfg(test)]
 mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use http::HeaderMap;
     use std::path::Path;
     use std::sync::Arc;
     use std::time::{Duration, Instant};
@@ -206,6 +209,7 @@ mod tests {
     use crate::limiter::clock::ManualClock;
     use crate::limiter::local::LocalLimiter;
     use crate::limiter::{Engine, PolicyMeters};
+    use crate::route::keys::{RequestFacts, Rotation};
     use crate::route::overrides::{Override, PlanOverride, QuotaOverride};
 
     /// `api` verifies callers (plans `free`, `pro`) and has a limit per consumer (10 a minute,

@@ -19,7 +19,7 @@ use crate::limiter::{LimitRecords, LimitStatus, Mismatch, Policy};
 use crate::observe::metrics;
 use crate::route::keys::{RequestFacts, Rotation};
 use crate::route::table::{Route, RouteTable};
-use crate::route::tiers::{Tier, TierLimit, Undecidable};
+use crate::route::tiers::{LimitMet, LimitsMet, Tier, TierLimit, Undecidable};
 use crate::runtime::snapshot::Snapshot;
 
 /// What a query asks: whose usage, on which route, on which plan.
@@ -208,6 +208,32 @@ pub(crate) fn named_records(
     consumer: Option<&Consumer>,
     client_ip: Option<IpAddr>,
 ) -> Result<LimitRecords, Undecidable> {
+    named(route, consumer, client_ip, |facts| {
+        tier.records(facts, &Rotation::default())
+    })
+}
+
+/// [`named_records`], each beside its limit (as [`Tier::met`] pairs a request's): what the
+/// quota admin API reads and writes, never joined by position.
+pub(crate) fn named_met(
+    tier: &Tier,
+    route: &str,
+    consumer: Option<&Consumer>,
+    client_ip: Option<IpAddr>,
+) -> Result<LimitsMet, Undecidable> {
+    named(route, consumer, client_ip, |facts| {
+        tier.met(facts, &Rotation::default())
+    })
+}
+
+/// `make` given the facts of a request of `consumer` from `client_ip` on `route`: no method,
+/// host, path or header (a limit keyed on one cannot be named).
+fn named<T>(
+    route: &str,
+    consumer: Option<&Consumer>,
+    client_ip: Option<IpAddr>,
+    make: impl FnOnce(&RequestFacts<'_>) -> T,
+) -> T {
     let headers = HeaderMap::new();
     let facts = RequestFacts {
         client_ip: client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
@@ -220,7 +246,7 @@ pub(crate) fn named_records(
         consumer,
         claim_names: &[],
     };
-    tier.records(&facts, &Rotation::default())
+    make(&facts)
 }
 
 /// Reads what each limit of `records` (`tier`'s) has left, consuming nothing.
@@ -231,6 +257,19 @@ pub(crate) async fn peek_records(
 ) -> Result<(), AdminError> {
     let mut asked = tier.asked(records).map_err(unfit)?;
     policy.peek(&mut asked).await.map_err(AdminError::unread)
+}
+
+/// Reads what each limit of `met` (`tier`'s, as [`named_met`] made them) has left,
+/// consuming nothing.
+pub(crate) async fn peek_met(
+    policy: &Policy,
+    tier: &Tier,
+    met: &mut [LimitMet],
+) -> Result<(), AdminError> {
+    policy
+        .peek(&mut tier.asking(met))
+        .await
+        .map_err(AdminError::unread)
 }
 
 /// The `500` of records that are not one per limit of their tier (a bug): counted and logged.

@@ -208,11 +208,10 @@ async fn reset(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Valu
         let known = known(config, params)?;
         let target = target(&snapshot, params, policy)?;
         let before = remaining(policy, &target).await?;
-        let records = target.facts.records(&target)?;
+        let met = target.met()?;
         let keys: Vec<&[u8]> = target
-            .chosen
-            .iter()
-            .map(|&i| &records[i].ask.key[..])
+            .changed(&met)
+            .map(|m| &m.record.ask.key[..])
             .collect();
         let existed = policy.reset(&keys).await.map_err(AdminError::unwritten)?;
         if existed == 0 && known == Some(Known::Possible) {
@@ -242,14 +241,20 @@ async fn credit(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Val
         let id = params.id()?;
         known(config, params)?;
         let target = target(&snapshot, params, policy)?;
-        let index = target.chosen[0];
-        let algorithm = &target.tier.limits[index].limit.exact.algorithm;
+        // `limit=` names one limit: the one changed.
+        let Some(limit) = target.chosen.first() else {
+            return Err(AdminError::NoneKeyed);
+        };
+        let algorithm = &limit.limit.exact.algorithm;
         if credit_kind(algorithm).is_none() {
             return Err(AdminError::NotCreditable);
         }
         let before = remaining(policy, &target).await?;
-        let records = target.facts.records(&target)?;
-        let key = &records[index].ask.key[..];
+        let met = target.met()?;
+        let Some(changed) = target.changed(&met).next() else {
+            return Err(AdminError::Internal("the limits changed while read".into()));
+        };
+        let key = &changed.record.ask.key[..];
         let credited = policy
             .credit(algorithm, key, units, id.bytes())
             .await

@@ -3,6 +3,7 @@
 //! the same keys its requests meet — with what each has left, read without consuming.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 
@@ -10,10 +11,10 @@ use super::params::Params;
 use crate::caller::consumers::{AuthMode, Consumer};
 use crate::config::Config;
 use crate::edge::admin_error::AdminError;
-use crate::edge::usage::{named_consumer, named_records, peek_records};
-use crate::limiter::{LimitRecords, Policy};
+use crate::edge::usage::{named_consumer, named_met, peek_met};
+use crate::limiter::Policy;
 use crate::route::table::Route;
-use crate::route::tiers::Tier;
+use crate::route::tiers::{LimitMet, LimitsMet, Position, Tier, TierLimit};
 use crate::runtime::snapshot::Snapshot;
 
 /// The limits of one route a reset or credit changes, with the keys they are counted under.
@@ -23,28 +24,42 @@ pub(super) struct Target<'a> {
     /// whose digest is the route's hash tag: what their keys and a peek need, and no more (a
     /// limit keyed on a header the call cannot name does not stand in the way).
     pub(super) tier: Tier,
-    /// The indices, in `tier`, of the limits changed.
-    pub(super) chosen: Vec<usize>,
+    /// The limits changed, as `tier` holds them (the same `Arc`s), in the route's order.
+    pub(super) chosen: Vec<Arc<TierLimit>>,
     pub(super) facts: Facts,
+}
+
+impl Target<'_> {
+    /// Whether `limit` (one of `tier`'s) is one the call changes.
+    fn changes(&self, limit: &Arc<TierLimit>) -> bool {
+        self.chosen.iter().any(|chosen| Arc::ptr_eq(chosen, limit))
+    }
+
+    /// The limits of `tier` beside their records for these facts: each limit's key.
+    pub(super) fn met(&self) -> Result<LimitsMet, AdminError> {
+        let facts = &self.facts;
+        named_met(
+            &self.tier,
+            &self.route.name,
+            facts.consumer.as_ref(),
+            facts.client_ip,
+        )
+        .map_err(|undecidable| AdminError::Undecidable(undecidable.0))
+    }
+
+    /// The changed limits among `met` (this target's [`Target::met`]), each beside its record.
+    pub(super) fn changed<'m>(
+        &'m self,
+        met: &'m [LimitMet],
+    ) -> impl Iterator<Item = &'m LimitMet> + 'm {
+        met.iter().filter(|m| self.changes(&m.limit))
+    }
 }
 
 /// Who the keys are of: the consumer and the client address named.
 pub(super) struct Facts {
     consumer: Option<Consumer>,
     client_ip: Option<IpAddr>,
-}
-
-impl Facts {
-    /// The records of the target's limits for these facts: each limit's key.
-    pub(super) fn records(&self, target: &Target<'_>) -> Result<LimitRecords, AdminError> {
-        named_records(
-            &target.tier,
-            &target.route.name,
-            self.consumer.as_ref(),
-            self.client_ip,
-        )
-        .map_err(|undecidable| AdminError::Undecidable(undecidable.0))
-    }
 }
 
 /// The route, the caller and the limits a reset or credit names. Limits the policy says no
@@ -75,16 +90,15 @@ pub(super) fn target<'a>(
         return Err(AdminError::SplitLimits);
     }
     let named = (facts.consumer.is_some(), facts.client_ip.is_some());
-    let keyed = |index: usize| {
-        let key = &configured.limits[index].key;
-        configured.keys.follows_from(key, named.0, named.1)
-    };
-    let reached = |index: usize| policy.admin_reaches(&configured.limits[index].limit.exact);
+    let keyed = |limit: &TierLimit| configured.keys.follows_from(&limit.key, named.0, named.1);
+    let reached = |limit: &TierLimit| policy.admin_reaches(&limit.limit.exact);
     let chosen = chosen_limits(configured, params, (keyed, reached))?;
     let tier = only(configured, overridden.as_deref(), &chosen, config.instances);
-    let positions = chosen.iter().map(|&i| configured.limits[i].position);
-    let chosen = positions
-        .filter_map(|at| tier.limits.iter().position(|l| l.position == at))
+    let chosen = tier
+        .limits
+        .iter()
+        .filter(|limit| chosen.contains(&limit.position))
+        .cloned()
         .collect();
     Ok(Target {
         route,
@@ -95,41 +109,40 @@ pub(super) fn target<'a>(
 }
 
 /// The limits of `tier` a call names (`limit=`, or every one keyed on what is named and
-/// reached by a write): their indices. A limit no write reaches is refused by name, in the
-/// same words whatever the call.
+/// reached by a write): their places in the route. A limit no write reaches is refused by
+/// name, in the same words whatever the call.
 fn chosen_limits(
     tier: &Tier,
     params: &Params,
-    (keyed, reached): (impl Fn(usize) -> bool, impl Fn(usize) -> bool),
-) -> Result<Vec<usize>, AdminError> {
-    let local =
-        |index: usize| AdminError::LocalLimit(tier.limits[index].limit.exact.name.to_string());
+    (keyed, reached): (impl Fn(&TierLimit) -> bool, impl Fn(&TierLimit) -> bool),
+) -> Result<Vec<Position>, AdminError> {
+    let local = |limit: &TierLimit| AdminError::LocalLimit(limit.limit.exact.name.to_string());
     let Some(name) = params.limit.as_deref() else {
-        let all = (0..tier.limits.len()).filter(|&i| keyed(i));
-        let (all, unreached): (Vec<usize>, Vec<usize>) = all.partition(|&i| reached(i));
+        let all = tier.limits.iter().map(|l| &**l).filter(|&l| keyed(l));
+        let (all, unreached): (Vec<&TierLimit>, Vec<&TierLimit>) = all.partition(|&l| reached(l));
         return match (all.is_empty(), unreached.first()) {
-            (false, _) => Ok(all),
-            (true, Some(&index)) => Err(local(index)),
+            (false, _) => Ok(all.iter().map(|l| l.position).collect()),
+            (true, Some(limit)) => Err(local(limit)),
             (true, None) => Err(AdminError::NoneKeyed),
         };
     };
-    let index = tier
+    let limit = tier
         .limits
         .iter()
-        .position(|l| *l.limit.exact.name == *name)
+        .find(|l| *l.limit.exact.name == *name)
         .ok_or_else(|| AdminError::NoLimit(name.to_string()))?;
-    if !reached(index) {
-        return Err(local(index));
+    if !reached(limit) {
+        return Err(local(limit));
     }
-    if !keyed(index) {
+    if !keyed(limit) {
         return Err(AdminError::NotKeyed(name.to_string()));
     }
-    Ok(vec![index])
+    Ok(vec![limit.position])
 }
 
 /// `configured` with only the limits at `chosen` (each at the quota an override in force
 /// gives it, in `overridden`) and the one whose digest is the route's hash tag.
-fn only(configured: &Tier, overridden: Option<&Tier>, chosen: &[usize], instances: u64) -> Tier {
+fn only(configured: &Tier, overridden: Option<&Tier>, chosen: &[Position], instances: u64) -> Tier {
     let in_force = |at| {
         let limits = overridden
             .map(|tier| tier.limits.iter())
@@ -143,8 +156,7 @@ fn only(configured: &Tier, overridden: Option<&Tier>, chosen: &[usize], instance
     let changes: Vec<_> = configured
         .limits
         .iter()
-        .enumerate()
-        .filter_map(|(index, limit)| match chosen.contains(&index) {
+        .filter_map(|limit| match chosen.contains(&limit.position) {
             true => in_force(limit.position).map(|changed| (limit.position, Some(changed))),
             false if limit.key.gives_tag() => None,
             false => Some((limit.position, None)),
@@ -174,14 +186,14 @@ pub(super) async fn remaining(
     policy: &Policy,
     target: &Target<'_>,
 ) -> Result<Vec<Value>, AdminError> {
-    let mut records = target.facts.records(target)?;
-    peek_records(policy, &target.tier, &mut records).await?;
-    let left = |&index: &usize| {
-        let status = records.get(index).and_then(|r| r.status.as_ref());
-        let name = &*target.tier.limits[index].limit.exact.name;
+    let mut met = target.met()?;
+    peek_met(policy, &target.tier, &mut met).await?;
+    let left = |met: &LimitMet| {
+        let status = met.record.status.as_ref();
+        let name = &*met.limit.limit.exact.name;
         json!({ "limit": name, "remaining": status.map(|s| s.remaining) })
     };
-    Ok(target.chosen.iter().map(left).collect())
+    Ok(target.changed(&met).map(left).collect())
 }
 
 /// What each chosen limit has left after a write that happened: `null` when it cannot be
@@ -252,8 +264,8 @@ mod tests {
     ) -> Result<Vec<(String, u64)>, AdminError> {
         let params = Params::parse(Some(query))?;
         let target = target(snapshot, &params, policy)?;
-        let limit = |&i: &usize| {
-            let limit = &target.tier.limits[i].limit.exact;
+        let limit = |chosen: &Arc<TierLimit>| {
+            let limit = &chosen.limit.exact;
             let quota = limit.advertised.map_or(0, |(q, _)| q);
             (limit.name.to_string(), quota)
         };
@@ -346,9 +358,9 @@ mod tests {
         let (policy, snapshot) = gateway();
         let params = Params::parse(Some("route=api&consumer=acme")).expect("params");
         let target = target(&snapshot, &params, &policy).expect("a target");
-        let records = target.facts.records(&target).expect("records");
-        let at = target.chosen[0];
-        let key = &records[at].ask.key;
+        let met = target.met().expect("records");
+        let changed = target.changed(&met).next().expect("one limit changed");
+        let key = &changed.record.ask.key;
 
         // A request of acme's, from any address and for any path.
         let route = snapshot.config.routes.named("api").expect("api");

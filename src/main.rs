@@ -204,12 +204,16 @@ fn explain(conf: &Path, args: ExplainArgs) -> ExitCode {
     described.peer = args.peer;
     described.consumer = args.consumer.map(|id| (id, args.plan));
     match offline(conf, &described) {
-        Ok(answer) => {
-            let pretty =
-                serde_json::to_string_pretty(&answer).unwrap_or_else(|_| answer.to_string());
-            println!("{pretty}");
-            ExitCode::SUCCESS
-        }
+        Ok(answer) => match serde_json::to_string_pretty(&answer) {
+            Ok(pretty) => {
+                println!("{pretty}");
+                ExitCode::SUCCESS
+            }
+            Err(why) => {
+                eprintln!("sluice: the explanation cannot be written as JSON: {why}");
+                ExitCode::from(1)
+            }
+        },
         Err(Unexplained::Config(why)) => {
             eprintln!("{why}");
             ExitCode::from(1)

@@ -63,8 +63,9 @@ pub struct AddressLists {
     pub deny: Ranges,
 }
 
-/// Where a client stands with a route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a client stands with a route (an explanation shows it in lowercase: `denied`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Standing {
     /// In a `deny` range: refused before any limit.
     Denied,
@@ -72,6 +73,17 @@ pub enum Standing {
     Exempt,
     /// Neither: the route's limits decide.
     Limited,
+}
+
+impl Standing {
+    /// Its name, as an explanation shows it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Standing::Denied => "denied",
+            Standing::Exempt => "exempt",
+            Standing::Limited => "limited",
+        }
+    }
 }
 
 impl AddressLists {

@@ -161,7 +161,10 @@ impl AdminApp {
         };
         let req = session.req_header();
         let explained = crate::edge::explain::explain(&self.policy, &snapshot, req.uri.query());
-        answer_json(explained.await.map(|answer| answer.to_string()))
+        let json = explained.await.and_then(|answer| {
+            serde_json::to_string(&answer).map_err(|e| AdminError::Internal(e.to_string().into()))
+        });
+        answer_json(json)
     }
 
     /// `/v1/quota/reset`, `/v1/quota/credit`, `/v1/quota/overrides`, `/v1/quota/plans`: the

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::request::Parts;
-use serde_json::{json, Value};
 
 use crate::caller::consumers::Consumer;
 use crate::config::{Config, Sources};
 use crate::edge::admin_error::AdminError;
 use crate::edge::usage::named_consumer;
+use crate::exchange::explain::Explanation;
 use crate::exchange::site::{Handover, Lasting};
 use crate::exchange::{Exchange, Head, Site};
 use crate::limiter::clock::SystemClock;
@@ -191,7 +191,7 @@ pub async fn explain(
     policy: &Policy,
     snapshot: &Snapshot,
     query: Option<&str>,
-) -> Result<Value, AdminError> {
+) -> Result<Explanation, AdminError> {
     explain_described(policy, snapshot, &Described::from_query(query)?).await
 }
 
@@ -200,13 +200,11 @@ pub async fn explain_described(
     policy: &Policy,
     snapshot: &Snapshot,
     described: &Described,
-) -> Result<Value, AdminError> {
+) -> Result<Explanation, AdminError> {
     let mut exchange = explained(&snapshot.site, described)?;
     let peeked = exchange.peek(policy).await;
     let mut answer = exchange.explanation(described.shown());
-    if let (Err(e), Value::Object(fields)) = (peeked, &mut answer) {
-        fields.insert("peek_error".into(), json!(e.to_string()));
-    }
+    answer.peek_error = peeked.err().map(|e| e.to_string());
     Ok(answer)
 }
 
@@ -221,7 +219,7 @@ pub enum Unexplained {
 /// `sluice explain`: the explanation of `described` under the configuration at `conf`,
 /// without a limiter (what each limit has left is not read) and without opening anything the
 /// configuration names (its access log).
-pub fn offline(conf: &Path, described: &Described) -> Result<Value, Unexplained> {
+pub fn offline(conf: &Path, described: &Described) -> Result<Explanation, Unexplained> {
     let mut read = Sources::default();
     let mut config =
         Config::load(conf, &mut read).map_err(|e| Unexplained::Config(e.to_string()))?;

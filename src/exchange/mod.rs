@@ -8,7 +8,7 @@
 //! converts Pingora's types in and renders [`Answer`]s out.
 
 pub(crate) mod answer;
-mod explain;
+pub mod explain;
 pub(crate) mod head;
 pub(crate) mod limits;
 pub(crate) mod meters;

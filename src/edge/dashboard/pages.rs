@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use super::html::{bars, esc, facts, page, table};
 use crate::caller::consumers::{PlanSlot, NO_PLAN};
 use crate::edge::readiness::ReadyState;
+use crate::exchange::explain::Explanation;
 use crate::exchange::site::RouteRuntime;
 use crate::exchange::Site;
 use crate::limiter::guard::BreakerState;
@@ -18,7 +19,7 @@ use crate::limiter::redis::topology::redacted_url;
 use crate::limiter::FailureMode;
 use crate::limiter::Topology;
 use crate::observe::live::{Counts, LiveViews, Reload, Series, ServerErrorCount};
-use crate::route::describe;
+use crate::route::describe::{self, LimitShown, Millis, Parameters};
 use crate::route::table::Route;
 use crate::route::tiers::TierId;
 use crate::runtime::durability::Warning;
@@ -332,10 +333,10 @@ fn route_section(site: &Site<Pool>, route: &Route) -> String {
     for (index, tier) in route.tiers.all().iter().enumerate() {
         let id = TierId(index as u16);
         let _ = write!(out, "<p>{}</p>", esc(&tier_callers(site, route, id)));
-        let rows = tier.limits.iter().map(|limit| {
-            let shown = describe::limit(&limit.limit.exact, &limit.key);
-            limit_row(&shown)
-        });
+        let rows = tier
+            .limits
+            .iter()
+            .map(|limit| limit_row(&describe::limit(&limit.limit.exact, &limit.key)));
         out.push_str(&table(
             &["Limit", "Algorithm", "Quota", "Key", "Mode", "Flags"],
             rows,
@@ -441,62 +442,68 @@ fn tier_callers(site: &Site<Pool>, route: &Route, id: TierId) -> String {
 }
 
 /// One limit (as `describe::limit` tells it) as a table row.
-fn limit_row(shown: &Value) -> Vec<String> {
-    let text = |field: &str| {
-        shown.get(field).map_or(String::new(), |v| match v {
-            Value::String(s) => s.clone(),
-            Value::Null => String::new(),
-            other => other.to_string(),
-        })
+fn limit_row(shown: &LimitShown) -> Vec<String> {
+    let quota = match (shown.quota, &shown.per) {
+        (Some(quota), Some(per)) => format!("{quota} per {per}"),
+        _ => serde_json::to_string(&shown.parameters).unwrap_or_default(),
     };
-    let quota = match (shown.get("quota"), shown.get("per")) {
-        (Some(Value::Number(q)), Some(Value::String(per))) => format!("{q} per {per}"),
-        _ => text("parameters"),
-    };
-    let flags: Vec<&str> = ["common", "shadow", "hidden", "priced_by_response"]
+    let flags = [
+        ("common", shown.common),
+        ("shadow", shown.shadow),
+        ("hidden", shown.hidden),
+        ("priced_by_response", shown.priced_by_response),
+    ];
+    let flags: Vec<&str> = flags
         .into_iter()
-        .filter(|flag| shown.get(*flag) == Some(&Value::Bool(true)))
+        .filter_map(|(flag, set)| set.then_some(flag))
         .collect();
-    let key = shown
-        .get("key")
-        .and_then(Value::as_array)
-        .map_or(String::new(), |parts| {
-            let parts: Vec<&str> = parts.iter().filter_map(Value::as_str).collect();
-            parts.join(", ")
-        });
     vec![
-        esc(&text("name")),
+        esc(&shown.name),
         format!(
             "{} <span class=\"muted\">{}</span>",
-            esc(&text("algorithm")),
-            esc(&parameters(shown))
+            esc(shown.algorithm),
+            esc(&parameters(&shown.parameters))
         ),
         esc(&quota),
-        format!("<code>{}</code>", esc(&key)),
-        esc(&format!("{}, {}", text("mode"), text("scope"))),
+        format!("<code>{}</code>", esc(&shown.key.join(", "))),
+        esc(&format!("{}, {}", shown.mode.label(), shown.scope.label())),
         esc(&flags.join(", ")),
     ]
 }
 
 /// An algorithm's parameters in words: `limit 3, window 3600 s`.
-fn parameters(shown: &Value) -> String {
-    let Some(Value::Object(fields)) = shown.get("parameters") else {
-        return String::new();
-    };
-    let said = fields.iter().map(|(name, value)| {
-        let value = match value {
-            Value::String(text) => text.clone(),
-            other => other.to_string(),
-        };
-        match (name.strip_suffix("_ms"), value.parse::<f64>()) {
-            (Some(name), Ok(ms)) if ms >= 1000.0 => {
-                format!("{} {} s", name.replace('_', " "), ms / 1000.0)
-            }
-            (Some(name), _) => format!("{} {value} ms", name.replace('_', " ")),
-            (None, _) => format!("{} {value}", name.replace('_', " ")),
+fn parameters(parameters: &Parameters) -> String {
+    let said = match parameters {
+        Parameters::Gcra {
+            burst_window_ms,
+            capacity,
+            emission_ms,
+            max_delay_ms,
+        } => vec![
+            ms("burst window", *burst_window_ms),
+            format!("capacity {capacity}"),
+            ms("emission", *emission_ms),
+            ms("max delay", *max_delay_ms),
+        ],
+        Parameters::Window { limit, window_ms } => {
+            vec![format!("limit {limit}"), ms("window", *window_ms)]
         }
-    });
-    said.collect::<Vec<_>>().join(", ")
+        Parameters::Calendar { limit, period } => {
+            vec![format!("limit {limit}"), format!("period {period}")]
+        }
+        Parameters::Concurrency { max, slot_ttl_ms } => {
+            vec![format!("max {max}"), ms("slot ttl", *slot_ttl_ms)]
+        }
+    };
+    said.join(", ")
+}
+
+/// A duration named `name`: in seconds from one second up, in milliseconds below.
+fn ms(name: &str, millis: Millis) -> String {
+    match millis.ms() {
+        ms if ms >= 1000.0 => format!("{name} {} s", ms / 1000.0),
+        _ => format!("{name} {millis} ms"),
+    }
 }
 
 /// The live view's numbers of a series, in its columns' order: each count of the last
@@ -651,7 +658,7 @@ pub fn top(views: &LiveViews) -> String {
 
 /// The explain form, filled with `query`'s values, and `answer` (the explanation, or why
 /// there is none) when the form was sent.
-pub fn explain(query: &[(String, String)], answer: Option<Result<Value, String>>) -> String {
+pub fn explain(query: &[(String, String)], answer: Option<Result<Explanation, String>>) -> String {
     let value = |name: &str| {
         query
             .iter()
@@ -685,33 +692,21 @@ pub fn explain(query: &[(String, String)], answer: Option<Result<Value, String>>
     page("Explain", "/ui/explain", &format!("{intro}{form}{result}"))
 }
 
-/// A JSON value as the page shows it: text as is, nothing as a dash.
-fn as_text(value: Option<&Value>) -> String {
-    match value {
-        Some(Value::Null) | None => "—".to_string(),
-        Some(Value::String(text)) => text.clone(),
-        Some(other) => other.to_string(),
-    }
-}
-
-/// The value at `path` in `answer`.
-fn at<'a>(answer: &'a Value, path: &[&str]) -> Option<&'a Value> {
-    path.iter().try_fold(answer, |value, part| value.get(part))
+/// A value as the page shows it: nothing as a dash.
+fn or_dash(value: Option<impl ToString>) -> String {
+    value.map_or("—".to_string(), |value| value.to_string())
 }
 
 /// An explanation as facts, a table of limits and the JSON itself.
-fn explained(answer: &Value) -> String {
-    let limits = answer.get("limits").and_then(Value::as_array);
-    let rows = limits.into_iter().flatten().map(|limit| {
+fn explained(answer: &Explanation) -> String {
+    let rows = answer.limits.iter().map(|limit| {
         let mut row = limit_row(limit);
         row.truncate(3);
-        row.push(format!(
-            "<code>{}</code>",
-            esc(&as_text(limit.get("stored_key")))
-        ));
-        let remaining = esc(&as_text(limit.get("remaining")));
+        let stored_key = or_dash(limit.stored_key.as_deref());
+        row.push(format!("<code>{}</code>", esc(&stored_key)));
+        let remaining = esc(&or_dash(limit.remaining));
         row.push(format!("<span data-field=\"remaining\">{remaining}</span>"));
-        row.push(esc(&as_text(limit.get("reset_seconds"))));
+        row.push(esc(&or_dash(limit.reset_seconds)));
         row
     });
     let head = [
@@ -732,25 +727,33 @@ fn explained(answer: &Value) -> String {
 }
 
 /// What an explanation says before its limits: route, verdict, client, caller, tier.
-fn summary(answer: &Value) -> String {
-    let said = |path: &[&str]| esc(&as_text(at(answer, path)));
-    let verdict = match answer.get("answer") {
-        Some(Value::Null) | None => "<span class=\"ok\">its limits decide</span>".to_string(),
-        Some(_) => format!(
+fn summary(answer: &Explanation) -> String {
+    let said = |value: Option<&str>| esc(&or_dash(value));
+    let verdict = match &answer.answer {
+        None => "<span class=\"ok\">its limits decide</span>".to_string(),
+        Some(before) => format!(
             "<span class=\"bad\">{} {}</span>",
-            said(&["answer", "status"]),
-            said(&["answer", "detail"])
+            before.status,
+            esc(before.detail)
         ),
     };
+    let route = answer.route.as_ref();
+    let consumer = answer.consumer.as_ref();
     facts(&[
-        ("Route", said(&["route", "name"])),
-        ("Matches", said(&["route", "match"])),
+        ("Route", said(route.map(|route| &*route.name))),
+        ("Matches", said(route.map(|route| &*route.matches))),
         ("Before the limits", verdict),
-        ("Client", said(&["request", "client_ip"])),
-        ("Standing", said(&["standing"])),
-        ("Consumer", said(&["consumer", "id"])),
-        ("Plan", said(&["consumer", "plan"])),
-        ("Tier", said(&["tier", "name"])),
+        ("Client", esc(&or_dash(answer.request.client_ip))),
+        (
+            "Standing",
+            said(answer.standing.map(|standing| standing.label())),
+        ),
+        ("Consumer", said(consumer.map(|consumer| &*consumer.id))),
+        (
+            "Plan",
+            said(consumer.and_then(|consumer| consumer.plan.as_deref())),
+        ),
+        ("Tier", said(answer.tier.as_ref().map(|tier| &*tier.name))),
     ])
 }
 
@@ -783,9 +786,25 @@ mod tests {
 
     #[test]
     fn parameters_read_as_words() {
-        let shown = serde_json::json!({ "parameters": { "limit": 3, "window_ms": 3_600_000 } });
-        assert_eq!(parameters(&shown), "limit 3, window 3600 s");
-        let shown = serde_json::json!({ "parameters": { "emission_ms": 100 } });
-        assert_eq!(parameters(&shown), "emission 100 ms");
+        let window = Parameters::Window {
+            limit: 3,
+            window_ms: Millis { us: 3_600_000_000 },
+        };
+        assert_eq!(parameters(&window), "limit 3, window 3600 s");
+        let concurrency = Parameters::Concurrency {
+            max: 5,
+            slot_ttl_ms: Millis { us: 100_000 },
+        };
+        assert_eq!(parameters(&concurrency), "max 5, slot ttl 100 ms");
+        let gcra = Parameters::Gcra {
+            burst_window_ms: Millis { us: 1_500_000 },
+            capacity: 15,
+            emission_ms: Millis { us: 100_500 },
+            max_delay_ms: Millis { us: 0 },
+        };
+        assert_eq!(
+            parameters(&gcra),
+            "burst window 1.5 s, capacity 15, emission 100.5 ms, max delay 0 ms"
+        );
     }
 }

@@ -25,7 +25,8 @@ async fn explained(g: &Gateway, path: &str) -> (Exchange<InOrder>, Value) {
     };
     exchange.explain(&head, None);
     exchange.peek(&g.policy).await.expect("a peek");
-    let shown = exchange.explanation(("GET", "example.com", path));
+    let explanation = exchange.explanation(("GET", "example.com", path));
+    let shown = serde_json::to_value(explanation).expect("an explanation is JSON");
     (exchange, shown)
 }
 
@@ -62,4 +63,22 @@ async fn a_request_no_route_matches_is_explained_without_limits() {
     );
     assert_eq!(shown["limits"], serde_json::json!([]), "{shown}");
     assert_eq!(shown["request"]["path"], "/elsewhere", "{shown}");
+}
+
+/// The typed explanation, written as JSON, has the keys in the order it always had (each
+/// object's in alphabetical order, as a `serde_json::Value` writes them): same keys, same
+/// order, with or without a route, with a peek error or not.
+#[tokio::test]
+async fn an_explanation_is_written_with_its_keys_in_the_order_they_always_had() {
+    let g = gateway("[{ name: w, key: [route], algorithm: gcra, rate: 2/s, burst: 3 }]");
+    for path in ["/t/a", "/elsewhere"] {
+        let (exchange, _) = explained(&g, path).await;
+        let mut explanation = exchange.explanation(("GET", "example.com", path));
+        for peek_error in [None, Some("the limiter cannot be read".to_string())] {
+            explanation.peek_error = peek_error;
+            let written = serde_json::to_string(&explanation).expect("JSON");
+            let value = serde_json::to_value(&explanation).expect("JSON");
+            assert_eq!(written, value.to_string(), "in the order of a JSON map");
+        }
+    }
 }

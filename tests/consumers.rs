@@ -298,6 +298,14 @@ fn the_usage_api_peeks_without_consuming_and_needs_the_token() {
     );
     assert_eq!(quota("consumer=bob&route=nowhere", Some(TOKEN)).status, 404);
     assert_eq!(quota("route=api", Some(TOKEN)).status, 400);
+    // One value per parameter: a consumer named twice is not one consumer.
+    let twice = quota("consumer=bob&consumer=alice&route=api", Some(TOKEN));
+    assert_eq!(twice.status, 400, "{}", twice.body);
+    assert!(
+        twice.body.contains("consumer is given more than once"),
+        "{}",
+        twice.body
+    );
 }
 
 #[test]

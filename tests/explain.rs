@@ -189,6 +189,8 @@ fn explain_names_what_a_request_then_meets_and_consumes_nothing() {
         ("path=/api/x", Some(BEARER), 400),
         ("host=a&peer=nope", Some(BEARER), 400),
         ("host=a&colour=blue", Some(BEARER), 400),
+        ("host=a&host=b", Some(BEARER), 400),
+        ("host=a&consumer=%FF", Some(BEARER), 400),
         ("host=example.com&consumer=bob&plan=gold", Some(BEARER), 404),
     ];
     for (query, token, status) in refusals {
@@ -201,6 +203,14 @@ fn explain_names_what_a_request_then_meets_and_consumes_nothing() {
             "{problem}"
         );
     }
+    // A refusal says what is wrong, and what the endpoint takes instead.
+    let (_, unknown) = explain(&gateway, "host=a&colour=blue", Some(BEARER));
+    assert_eq!(
+        unknown["detail"],
+        "unknown parameter \"colour\": use method, host, path, header, headers, peer, consumer and plan"
+    );
+    let (_, twice) = explain(&gateway, "host=a&host=b", Some(BEARER));
+    assert_eq!(twice["detail"], "host is given more than once");
     let path = format!("/v1/explain?{ALICE_QUERY}");
     let anonymous = http_call(gateway.admin, "GET", &path, None, &[]);
     assert_eq!(

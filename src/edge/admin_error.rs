@@ -7,20 +7,23 @@
 use std::borrow::Cow;
 
 use crate::caller::consumers::MAX_CONSUMER_ID;
+use crate::edge::query::QueryError;
 use crate::limiter::LimiterError;
 
 /// Why a call of the admin APIs gets no answer (a quota admin call changes nothing).
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
     // 400: the call is not one the API takes.
-    /// `takes`: the parameters the API takes, as its refusal names them (`": use a, b"`), or
-    /// nothing.
-    #[error("unknown parameter {name:?}{takes}")]
-    UnknownParameter { name: String, takes: &'static str },
+    /// `takes`: the parameters the call takes, which its refusal names.
+    #[error("unknown parameter {name:?}{}", Listed(takes))]
+    UnknownParameter {
+        name: String,
+        takes: &'static [&'static str],
+    },
     #[error("{0} is given more than once")]
-    RepeatedParameter(&'static str),
+    RepeatedParameter(String),
     #[error("{0}: not UTF-8 text (only id may be any bytes)")]
-    NotText(&'static str),
+    NotText(String),
     #[error("{name} is required{also}")]
     Missing {
         name: &'static str,
@@ -101,6 +104,35 @@ pub enum AdminError {
     },
 }
 
+/// The parameters a call takes, as its refusal names them: `: use a, b and c`, or nothing.
+struct Listed(&'static [&'static str]);
+
+impl std::fmt::Display for Listed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Some((last, rest)) = self.0.split_last() else {
+            return Ok(());
+        };
+        match rest.is_empty() {
+            true => write!(f, ": use {last}"),
+            false => write!(f, ": use {} and {last}", rest.join(", ")),
+        }
+    }
+}
+
+impl From<QueryError> for AdminError {
+    fn from(error: QueryError) -> AdminError {
+        match error {
+            QueryError::Unknown { name, takes } => AdminError::UnknownParameter { name, takes },
+            QueryError::Repeated(name) => AdminError::RepeatedParameter(name),
+            QueryError::NotText(name) => AdminError::NotText(name),
+            QueryError::Other(why) => AdminError::Malformed {
+                name: "query",
+                why: why.into(),
+            },
+        }
+    }
+}
+
 impl AdminError {
     /// The answer's HTTP status: the one place a refusal gets it.
     pub fn status(&self) -> u16 {
@@ -172,13 +204,13 @@ mod tests {
             (
                 AdminError::UnknownParameter {
                     name: "x".into(),
-                    takes: "",
+                    takes: &[],
                 },
                 400,
             ),
             (AdminError::NoConsumer, 400),
             (AdminError::TooManyHeaders(64), 400),
-            (AdminError::NotText("consumer"), 400),
+            (AdminError::NotText("consumer".into()), 400),
             (AdminError::UnknownConsumer("bob".into(), "why"), 404),
             (AdminError::LocalLimit("per_gateway".into()), 409),
             (AdminError::OverridesFull(1000), 409),
@@ -193,12 +225,17 @@ mod tests {
         );
         let unknown = AdminError::UnknownParameter {
             name: "x".into(),
-            takes: ": use consumer, route and plan",
+            takes: &["consumer", "route", "plan"],
         };
         assert_eq!(
             unknown.to_string(),
             "unknown parameter \"x\": use consumer, route and plan"
         );
+        let one = AdminError::UnknownParameter {
+            name: "x".into(),
+            takes: &["host"],
+        };
+        assert_eq!(one.to_string(), "unknown parameter \"x\": use host");
         assert_eq!(
             AdminError::unread(LimiterError::Timeout(5)).result(),
             "failed"

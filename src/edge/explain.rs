@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::request::Parts;
+use serde::Deserialize;
 
 use crate::caller::consumers::Consumer;
 use crate::config::{Config, Sources};
@@ -25,6 +26,34 @@ use crate::upstream::servers::{InOrder, Servers};
 
 /// The most header fields one explained request carries.
 const MAX_HEADERS: usize = 64;
+
+/// The parameters that describe a request to explain: the endpoint's query (`method`, `host`,
+/// `path`, `header` as `Name: value`, repeated, `peer`, `consumer`, `plan`) and the dashboard's
+/// form, which sends `headers`, one `Name: value` per line. A value left empty (or blank) is
+/// not given.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Description {
+    pub method: Option<String>,
+    pub host: Option<String>,
+    pub path: Option<String>,
+    #[serde(default)]
+    pub header: Vec<String>,
+    pub headers: Option<String>,
+    pub peer: Option<String>,
+    pub consumer: Option<String>,
+    pub plan: Option<String>,
+}
+
+impl Description {
+    /// A field's value trimmed, when it is given (not empty nor blank).
+    pub fn given(value: &Option<String>) -> Option<&str> {
+        value
+            .as_deref()
+            .map(str::trim)
+            .filter(|text| !text.is_empty())
+    }
+}
 
 /// A request to explain, as its caller describes it.
 #[derive(Debug, Clone)]
@@ -42,58 +71,36 @@ pub struct Described {
 }
 
 impl Described {
-    /// The request an endpoint's query describes: `method` (GET), `host`, `path` (`/`, with
-    /// its query), `header` (`Name: value`, repeated), `peer` (127.0.0.1), `consumer`, `plan`.
+    /// The request an endpoint's query describes (see [`Description`]).
     pub fn from_query(query: Option<&str>) -> Result<Described, AdminError> {
-        let fields: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or("").as_bytes())
-            .into_owned()
-            .collect();
-        Described::from_form(&fields)
+        let description: Description = crate::edge::query::read(query.unwrap_or("").as_bytes())?;
+        Described::from_description(&description)
     }
 
-    /// The request `fields` describe, as [`Described::from_query`] reads them; the dashboard's
-    /// form also sends `headers`, one `Name: value` per line. Empty fields are not given.
-    pub fn from_form(fields: &[(String, String)]) -> Result<Described, AdminError> {
-        let mut described = Described {
-            method: "GET".into(),
-            host: String::new(),
-            target: "/".into(),
-            headers: Vec::new(),
-            peer: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            consumer: None,
-        };
-        let (mut consumer, mut plan) = (None, None);
-        for (name, value) in fields.iter().filter(|(_, value)| !value.trim().is_empty()) {
-            let value = value.trim().to_string();
-            match name.as_str() {
-                "method" => described.method = value,
-                "host" => described.host = value,
-                "path" => described.target = value,
-                "header" => described.headers.push(header_field(&value)?),
-                "headers" => {
-                    for line in value.lines().filter(|line| !line.trim().is_empty()) {
-                        described.headers.push(header_field(line)?);
-                    }
-                }
-                "peer" => described.peer = peer(&value)?,
-                "consumer" => consumer = Some(value),
-                "plan" => plan = Some(value),
-                _ => {
-                    return Err(AdminError::UnknownParameter {
-                        name: name.clone(),
-                        takes: ": use method, host, path, header, peer, consumer and plan",
-                    })
-                }
-            }
-        }
-        described.consumer = consumer.map(|id| (id, plan));
-        if described.host.is_empty() {
-            return Err(AdminError::Missing {
-                name: "host",
-                also: "",
-            });
-        }
-        Ok(described)
+    /// The request `description` describes: its method (GET), host (required), path (`/`,
+    /// with its query), headers, peer (127.0.0.1), consumer and plan.
+    pub fn from_description(description: &Description) -> Result<Described, AdminError> {
+        let given = Description::given;
+        let host = given(&description.host).ok_or(AdminError::Missing {
+            name: "host",
+            also: "",
+        })?;
+        let lines = description.headers.iter().flat_map(|text| text.lines());
+        let fields = description.header.iter().map(String::as_str).chain(lines);
+        let headers = fields
+            .filter(|field| !field.trim().is_empty())
+            .map(header_field)
+            .collect::<Result<_, _>>()?;
+        let consumer = given(&description.consumer).map(str::to_string);
+        let plan = given(&description.plan).map(str::to_string);
+        Ok(Described {
+            method: given(&description.method).unwrap_or("GET").to_string(),
+            host: host.to_string(),
+            target: given(&description.path).unwrap_or("/").to_string(),
+            headers,
+            peer: given(&description.peer).map_or(Ok(IpAddr::V4(Ipv4Addr::LOCALHOST)), peer)?,
+            consumer: consumer.map(|id| (id, plan)),
+        })
     }
 
     /// The request `sluice explain METHOD URL -H ...` describes (`URL`: `http://host/path`).

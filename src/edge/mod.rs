@@ -6,6 +6,7 @@
 //! client certificates; `drain` is SIGTERM's graceful shutdown; `admin`, `usage`, `quota_admin`,
 //! `explain` and `dashboard` answer the admin listener (`admin_http`: its token's check, its responses;
 //! `admin_error`: why any of their calls gets no answer, each refusal with its one status;
+//! `query`: their parameters read into typed structs;
 //! `readiness`: the one state `/readyz` and the dashboard both tell); `rls` is Envoy's rate limit
 //! service over gRPC.
 
@@ -17,6 +18,7 @@ pub(crate) mod drain;
 pub mod explain;
 pub(crate) mod listening;
 pub(crate) mod proxy;
+pub(crate) mod query;
 pub(crate) mod quota_admin;
 pub(crate) mod readiness;
 pub(crate) mod rls;

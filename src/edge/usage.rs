@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use http::HeaderMap;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
 use crate::caller::consumers::{Consumer, PlanId, Via, MAX_CONSUMER_ID};
@@ -23,30 +23,12 @@ use crate::route::tiers::{LimitMet, LimitsMet, Tier, TierLimit, Undecidable};
 use crate::runtime::snapshot::Snapshot;
 
 /// What a query asks: whose usage, on which route, on which plan.
-#[derive(Debug, Default)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Query {
     consumer: Option<String>,
     route: Option<String>,
     plan: Option<String>,
-}
-
-fn parse(query: Option<&str>) -> Result<Query, AdminError> {
-    let mut parsed = Query::default();
-    for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-        let slot = match &*name {
-            "consumer" => &mut parsed.consumer,
-            "route" => &mut parsed.route,
-            "plan" => &mut parsed.plan,
-            _ => {
-                return Err(AdminError::UnknownParameter {
-                    name: name.into_owned(),
-                    takes: ": use consumer, route and plan",
-                })
-            }
-        };
-        *slot = Some(value.into_owned());
-    }
-    Ok(parsed)
 }
 
 /// The answer: the consumer's limits on the route (`None`: its common limits).
@@ -86,7 +68,7 @@ pub async fn quota(
     snapshot: &Snapshot,
     query: Option<&str>,
 ) -> Result<String, AdminError> {
-    let query = parse(query)?;
+    let query: Query = crate::edge::query::read(query.unwrap_or("").as_bytes())?;
     let config = &snapshot.config;
     let id = query
         .consumer

@@ -18,10 +18,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderValue, Response};
 use pingora::protocols::http::ServerSession;
+use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
+use crate::edge::admin_error::AdminError;
 use crate::edge::admin_http::{bearer_matches, response};
-use crate::edge::explain::{self, Described};
+use crate::edge::explain::{self, Described, Description};
 use crate::edge::readiness::ReadyState;
 use crate::limiter::Policy;
 use crate::runtime::durability;
@@ -88,27 +90,26 @@ pub async fn serve(session: &mut ServerSession, window: Window<'_>) -> Response<
             false => redirect("/ui/login", None),
         };
     }
-    let fields = match sent_fields(session, &path, &method).await {
-        Ok(fields) => fields,
+    let sent = match sent(session, &path, &method).await {
+        Ok(sent) => sent,
         Err(refused) => return refused,
     };
-    view(&path, window, &snapshot, fields).await
+    view(&path, window, &snapshot, &sent).await
 }
 
-/// What a signed-in request sent: the explain form's `POST` body, or the query of a `GET`;
-/// anything else is refused (`405`): nothing here changes the gateway.
-async fn sent_fields(
+/// What a signed-in request sent (as `application/x-www-form-urlencoded`): the explain form's
+/// `POST` body, or the query of a `GET`; anything else is refused (`405`): nothing here
+/// changes the gateway.
+async fn sent(
     session: &mut ServerSession,
     path: &str,
     method: &http::Method,
-) -> Result<Vec<(String, String)>, Response<Vec<u8>>> {
+) -> Result<Vec<u8>, Response<Vec<u8>>> {
     match (path, method) {
         ("/ui/explain", &http::Method::POST) => read_form(session).await,
         (_, &http::Method::GET | &http::Method::HEAD) => {
             let query = session.req_header().uri.query().unwrap_or("");
-            Ok(form_urlencoded::parse(query.as_bytes())
-                .into_owned()
-                .collect())
+            Ok(query.as_bytes().to_vec())
         }
         _ => {
             let only = "the dashboard only reads: use GET (the explain form sends POST)\n";
@@ -122,7 +123,7 @@ async fn view(
     path: &str,
     window: Window<'_>,
     snapshot: &crate::runtime::snapshot::Snapshot,
-    fields: Vec<(String, String)>,
+    sent: &[u8],
 ) -> Response<Vec<u8>> {
     let html = |body: String| respond(200, "text/html; charset=utf-8", body);
     match path {
@@ -144,30 +145,29 @@ async fn view(
             respond(200, "application/json", json)
         }
         "/ui/top" => html(pages::top(&snapshot.views)),
-        "/ui/explain" => html(explain_page(window.policy, snapshot, fields).await),
+        "/ui/explain" => html(explain_page(window.policy, snapshot, sent).await),
         _ => respond(404, "text/plain; charset=utf-8", "not found: the dashboard's views are /ui/, /ui/routes, /ui/live, /ui/top and /ui/explain\n".into()),
     }
 }
 
-/// The explain form, and its answer once sent (a host given).
+/// The explain form, and its answer once sent (a host given): `sent` the form's fields.
 async fn explain_page(
     policy: &Policy,
     snapshot: &crate::runtime::snapshot::Snapshot,
-    fields: Vec<(String, String)>,
+    sent: &[u8],
 ) -> String {
-    let sent = fields
-        .iter()
-        .any(|(name, value)| name == "host" && !value.is_empty());
-    let answer = match sent {
-        false => None,
-        true => Some(match Described::from_form(&fields) {
+    let description = crate::edge::query::read::<Description>(sent).map_err(AdminError::from);
+    let answer = match &description {
+        Err(refused) => Some(Err(refused.to_string())),
+        Ok(description) if Description::given(&description.host).is_none() => None,
+        Ok(description) => Some(match Described::from_description(description) {
             Ok(described) => explain::explain_described(policy, snapshot, &described)
                 .await
                 .map_err(|refused| refused.to_string()),
             Err(refused) => Err(refused.to_string()),
         }),
     };
-    pages::explain(&fields, answer)
+    pages::explain(&description.unwrap_or_default(), answer)
 }
 
 /// Why a right token signs no browser in: there is no key to sign its session.
@@ -256,9 +256,7 @@ fn signed_in(session: &ServerSession, token: &str, sessions: &Sessions) -> bool 
 }
 
 /// The form a `POST` sent, at most [`MAX_FORM_BODY`] bytes.
-async fn read_form(
-    session: &mut ServerSession,
-) -> Result<Vec<(String, String)>, Response<Vec<u8>>> {
+async fn read_form(session: &mut ServerSession) -> Result<Vec<u8>, Response<Vec<u8>>> {
     let mut body = Vec::new();
     loop {
         match session.read_request_body().await {
@@ -274,7 +272,14 @@ async fn read_form(
             return Err(respond(413, "text/plain; charset=utf-8", said.into()));
         }
     }
-    Ok(form_urlencoded::parse(&body).into_owned().collect())
+    Ok(body)
+}
+
+/// What the sign-in form sends.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SignIn {
+    token: Option<String>,
 }
 
 /// `/ui/login`: the sign-in form (GET), or the token it sent checked (POST).
@@ -282,12 +287,11 @@ async fn login(session: &mut ServerSession, token: &str, sessions: &Sessions) ->
     if session.req_header().method != http::Method::POST {
         return respond(200, "text/html; charset=utf-8", login_form(None));
     }
-    let fields = match read_form(session).await {
-        Ok(fields) => fields,
+    let form = match read_form(session).await {
+        Ok(form) => crate::edge::query::read::<SignIn>(&form),
         Err(refused) => return refused,
     };
-    let sent = fields.iter().find(|(name, _)| name == "token");
-    let sent = sent.map_or("", |(_, value)| value.as_str());
+    let sent = form.ok().and_then(|form| form.token).unwrap_or_default();
     if !bool::from(sent.as_bytes().ct_eq(token.as_bytes())) {
         let refused = login_form(Some("That is not the admin token."));
         return respond(401, "text/html; charset=utf-8", refused);

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::html::{bars, esc, facts, page, table};
 use crate::caller::consumers::{PlanSlot, NO_PLAN};
+use crate::edge::explain::Description;
 use crate::edge::readiness::ReadyState;
 use crate::exchange::explain::Explanation;
 use crate::exchange::site::RouteRuntime;
@@ -658,14 +659,9 @@ pub fn top(views: &LiveViews) -> String {
 
 /// The explain form, filled with `query`'s values, and `answer` (the explanation, or why
 /// there is none) when the form was sent.
-pub fn explain(query: &[(String, String)], answer: Option<Result<Explanation, String>>) -> String {
-    let value = |name: &str| {
-        query
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or(String::new(), |(_, v)| esc(v))
-    };
-    let method = match value("method") {
+pub fn explain(sent: &Description, answer: Option<Result<Explanation, String>>) -> String {
+    let value = |value: &Option<String>| esc(value.as_deref().unwrap_or(""));
+    let method = match value(&sent.method) {
         m if m.is_empty() => "GET".to_string(),
         m => m,
     };
@@ -677,11 +673,11 @@ pub fn explain(query: &[(String, String)], answer: Option<Result<Explanation, St
          <label for=\"headers\">Headers</label><textarea id=\"headers\" name=\"headers\" placeholder=\"X-API-Key: ... (not shown back)\"></textarea>\
          {}{}{}<button type=\"submit\">Explain</button></form>",
         field("Method", "method", method),
-        field("Host", "host", value("host")),
-        field("Path", "path", value("path")),
-        field("Client address (peer)", "peer", value("peer")),
-        field("Consumer (instead of credentials)", "consumer", value("consumer")),
-        field("Plan", "plan", value("plan")),
+        field("Host", "host", value(&sent.host)),
+        field("Path", "path", value(&sent.path)),
+        field("Client address (peer)", "peer", value(&sent.peer)),
+        field("Consumer (instead of credentials)", "consumer", value(&sent.consumer)),
+        field("Plan", "plan", value(&sent.plan)),
     );
     let result = match answer {
         None => String::new(),

@@ -1,15 +1,17 @@
-//! The quota admin API's query, parsed in one place: each parameter percent-decoded (`+` a
-//! space) by hand, so a credit `id` stays the bytes sent (`%FF` and `%FE` are two ids; a
-//! lossy decoding would make both U+FFFD) while every other parameter must be UTF-8 text. A
-//! parameter the API does not know, one given twice, or text that is not UTF-8 makes the call
-//! not one (`400`, neither audited nor counted); the typed values (numbers within their bounds,
-//! an address, a time) are read by the call that needs them, which audits its refusal.
+//! The quota admin API's query, read into one struct (`edge::query`): a credit `id` stays the
+//! bytes sent (`%FF` and `%FE` are two ids; a lossy decoding would make both U+FFFD) while
+//! every other parameter must be UTF-8 text. A parameter the API does not know, one given twice,
+//! or text that is not UTF-8 makes the call not one (`400`, neither audited nor counted); the
+//! typed values (numbers within their bounds, an address, a time) are read by the call that
+//! needs them, which audits its refusal.
 
 use std::borrow::Cow;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use percent_encoding::{percent_decode, AsciiSet, NON_ALPHANUMERIC};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
+use serde::Deserialize;
+use serde_bytes::ByteBuf;
 
 use crate::edge::admin_error::AdminError;
 use crate::route::table::RouteTable;
@@ -60,7 +62,8 @@ pub enum Quota {
 
 /// What a call names: the query's parameters, each as sent (decoded), checked for its form
 /// by the accessor that reads it.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Params {
     pub route: Option<String>,
     pub limit: Option<String>,
@@ -68,7 +71,7 @@ pub struct Params {
     pub plan: Option<String>,
     client_ip: Option<String>,
     units: Option<String>,
-    id: Option<Vec<u8>>,
+    id: Option<ByteBuf>,
     quota: Option<String>,
     ttl_seconds: Option<String>,
     until: Option<String>,
@@ -77,46 +80,7 @@ pub struct Params {
 impl Params {
     /// The parameters of `query`: `Err` when it is not a call of the API.
     pub fn parse(query: Option<&str>) -> Result<Params, AdminError> {
-        let mut params = Params::default();
-        let pairs = query
-            .unwrap_or("")
-            .split('&')
-            .filter(|pair| !pair.is_empty());
-        for pair in pairs {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let name = decoded(name);
-            let name = std::str::from_utf8(&name).unwrap_or("\u{fffd}");
-            let value = decoded(value);
-            if name == "id" {
-                set(&mut params.id, value, "id")?;
-                continue;
-            }
-            let (slot, name) = params.slot(name)?;
-            let text = String::from_utf8(value).map_err(|_| AdminError::NotText(name))?;
-            set(slot, text, name)?;
-        }
-        Ok(params)
-    }
-
-    /// Where a text parameter named `name` goes, and its name as a constant.
-    fn slot(&mut self, name: &str) -> Result<(&mut Option<String>, &'static str), AdminError> {
-        Ok(match name {
-            "route" => (&mut self.route, "route"),
-            "limit" => (&mut self.limit, "limit"),
-            "consumer" => (&mut self.consumer, "consumer"),
-            "plan" => (&mut self.plan, "plan"),
-            "client_ip" => (&mut self.client_ip, "client_ip"),
-            "units" => (&mut self.units, "units"),
-            "quota" => (&mut self.quota, "quota"),
-            "ttl_seconds" => (&mut self.ttl_seconds, "ttl_seconds"),
-            "until" => (&mut self.until, "until"),
-            _ => {
-                return Err(AdminError::UnknownParameter {
-                    name: name.to_string(),
-                    takes: "",
-                })
-            }
-        })
+        Ok(crate::edge::query::read(query.unwrap_or("").as_bytes())?)
     }
 
     /// `route`, which every call but a plan override's needs; a call naming a common limit
@@ -182,7 +146,7 @@ impl Params {
             name: "id",
             also: ": 1 to 128 bytes, the same for a credit sent again",
         })?;
-        Ok(CreditId(id.clone()))
+        Ok(CreditId(id.to_vec()))
     }
 
     /// `quota`: `off`, or a whole number of units of at least 1.
@@ -207,21 +171,6 @@ impl Params {
             }),
         }
     }
-}
-
-/// `text` percent-decoded, `+` a space; a malformed escape is kept as written.
-fn decoded(text: &str) -> Vec<u8> {
-    let spaced = text.replace('+', " ");
-    percent_decode(spaced.as_bytes()).collect()
-}
-
-/// Puts `value` in `slot`: `Err` when it holds one already.
-fn set<T>(slot: &mut Option<T>, value: T, name: &'static str) -> Result<(), AdminError> {
-    if slot.is_some() {
-        return Err(AdminError::RepeatedParameter(name));
-    }
-    *slot = Some(value);
-    Ok(())
 }
 
 fn required<'a>(
@@ -288,11 +237,11 @@ mod tests {
         );
         assert!(matches!(
             Params::parse(Some("consumer=%FF")),
-            Err(AdminError::NotText("consumer"))
+            Err(AdminError::NotText(name)) if name == "consumer"
         ));
         assert!(matches!(
             Params::parse(Some("route=a&route=b")),
-            Err(AdminError::RepeatedParameter("route"))
+            Err(AdminError::RepeatedParameter(name)) if name == "route"
         ));
         assert!(matches!(
             Params::parse(Some("nope=1")),

@@ -10,6 +10,7 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 
 use crate::caller::consumers::Plans;
+use crate::config::Config;
 use crate::route::overrides::{CompiledOverrides, Override};
 use crate::route::table::RouteTable;
 
@@ -98,6 +99,51 @@ impl OverrideList {
         let overrides: Vec<Override> = self.list.load().iter().map(|r| r.one.clone()).collect();
         CompiledOverrides::compile(&overrides, config, instances, version)
     }
+}
+
+/// The overrides in force as one site applies them: the process's list, compiled for the
+/// site's routes and plans. Whoever changes the list (the override poll, the quota admin API)
+/// compiles it again, off the request path, with [`SiteOverrides::refresh`]; a request only
+/// reads the compiled form.
+pub struct SiteOverrides {
+    list: Arc<OverrideList>,
+    compiled: ArcSwap<CompiledOverrides>,
+}
+
+impl SiteOverrides {
+    /// `list` compiled for `config`'s routes and plans.
+    pub fn new(list: Arc<OverrideList>, config: &Config) -> SiteOverrides {
+        let compiled = ArcSwap::from_pointee(compile(&list, config));
+        SiteOverrides { list, compiled }
+    }
+
+    /// The list in force (the process's).
+    pub fn list(&self) -> &Arc<OverrideList> {
+        &self.list
+    }
+
+    /// The list as last compiled for the site.
+    pub fn compiled(&self) -> arc_swap::Guard<Arc<CompiledOverrides>> {
+        self.compiled.load()
+    }
+
+    /// Compiles the list again for `config` (the site's) if it changed since it was compiled.
+    pub fn refresh(&self, config: &Config) {
+        if self.compiled.load().version == self.list.version() {
+            return;
+        }
+        let compiled = Arc::new(compile(&self.list, config));
+        // Two compiling at once: the newer list wins, whichever stores last.
+        self.compiled
+            .rcu(|current| match current.version > compiled.version {
+                true => Arc::clone(current),
+                false => Arc::clone(&compiled),
+            });
+    }
+}
+
+fn compile(list: &OverrideList, config: &Config) -> CompiledOverrides {
+    list.compile((&config.routes, config.consumers.plans()), config.instances)
 }
 
 #[cfg(test)]

@@ -8,11 +8,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use http::Method;
 
 use super::meters::{self, Metrics, RouteMetrics};
-use super::overrides::OverrideList;
+use super::overrides::{OverrideList, SiteOverrides};
 use crate::caller::consumers::{AuthMode, Consumer};
 use crate::caller::jwt::JwtVerifier;
 use crate::config::{Config, ConfigError};
@@ -23,7 +22,6 @@ use crate::observe::access_log::{self, AccessLog};
 use crate::observe::live::LiveViews;
 use crate::observe::metrics::ACCESS_LOG_DROPPED;
 use crate::route::keys::Rotation;
-use crate::route::overrides::CompiledOverrides;
 use crate::route::table::Route;
 use crate::route::tiers::{Tier, TierId};
 use crate::upstream::servers::Servers;
@@ -47,6 +45,8 @@ pub struct RouteRuntime<S> {
 pub struct Lasting {
     pub clock: Arc<dyn Clock>,
     pub views: Arc<LiveViews>,
+    /// The quota overrides in force, as this gateway last read them.
+    pub overrides: Arc<OverrideList>,
 }
 
 impl Lasting {
@@ -55,6 +55,7 @@ impl Lasting {
         Lasting {
             clock,
             views: Arc::new(LiveViews::new()),
+            overrides: Arc::default(),
         }
     }
 }
@@ -129,10 +130,8 @@ pub struct Site<S> {
     /// The verifier of bearer tokens (`identity.jwt`): the keys in force and the tokens it
     /// verified, state of this site alone but for what a [`Handover`] passes on.
     pub(crate) jwt: Option<Arc<JwtVerifier>>,
-    /// The quota overrides in force (the admin API's), shared by every site in turn.
-    pub overrides: Arc<OverrideList>,
-    /// Those overrides compiled for this site's routes.
-    compiled_overrides: ArcSwap<CompiledOverrides>,
+    /// The quota overrides in force (the admin API's), and their form for this site's routes.
+    pub overrides: SiteOverrides,
 }
 
 impl<S> Site<S> {
@@ -140,7 +139,7 @@ impl<S> Site<S> {
     /// is chosen, whether its plan may use a route is asked, and its plan is counted, logged
     /// and sent upstream).
     pub fn on_plan_in_force(&self, mut consumer: Consumer) -> Consumer {
-        let compiled = self.compiled_overrides.load();
+        let compiled = self.overrides.compiled();
         if let Some(plan) = compiled.plan_of(&consumer.id) {
             consumer.plan = Some(plan);
         }
@@ -151,16 +150,15 @@ impl<S> Site<S> {
 /// What a new site takes over from the one in force, said in one place: the keys its JWT
 /// verifier fetched from a JWKS URL, when the new configuration names the same URL (they stay
 /// in force until its next fetch); and each route's adaptive concurrency limiter, when the
-/// route keeps its name and settings (its limit, baseline and requests in flight carry on);
-/// and the quota overrides in force.
+/// route keeps its name and settings (its limit, baseline and requests in flight carry on).
 /// Nothing else crosses a reload: pools are built and probed again, rotations and the
-/// verified-token cache start anew.
+/// verified-token cache start anew; the quota overrides in force are the process's
+/// (`Lasting`), which every site compiles for its own routes.
 #[derive(Clone, Default)]
 pub struct Handover<'a> {
     jwt: Option<&'a JwtVerifier>,
     /// Read from the routes in force (each route's runtime holds its own; no second list).
     adaptive: Vec<AdaptiveByRoute>,
-    overrides: Option<&'a Arc<OverrideList>>,
 }
 
 /// A route's adaptive concurrency limiter, by the route's name.
@@ -176,7 +174,6 @@ impl<'a> Handover<'a> {
         Handover {
             jwt: previous.jwt.as_deref(),
             adaptive: adaptive.collect(),
-            overrides: Some(&previous.overrides),
         }
     }
 
@@ -250,12 +247,8 @@ impl<S: Servers> Site<S> {
             rls_metrics = meters::rls_metrics(&rls.domains);
         }
         let access_log = open_access_log(&config)?;
-        let overrides = handover.overrides.cloned().unwrap_or_default();
-        let compiled =
-            overrides.compile((&config.routes, config.consumers.plans()), config.instances);
         Ok(Site {
-            overrides,
-            compiled_overrides: ArcSwap::from_pointee(compiled),
+            overrides: SiteOverrides::new(Arc::clone(&lasting.overrides), &config),
             routes,
             metrics,
             access_log,
@@ -281,29 +274,11 @@ impl<S: Servers> Site<S> {
         consumer: Option<&Consumer>,
     ) -> (TierId, Option<Arc<Tier>>) {
         let tier = route.tiers.choose(consumer);
-        let compiled = self.compiled_overrides.load();
+        let compiled = self.overrides.compiled();
         if compiled.is_empty() {
             return (tier, None);
         }
         (tier, compiled.tier(route, tier, consumer))
-    }
-
-    /// Compiles the overrides in force again if they changed since this site compiled them.
-    pub fn refresh_overrides(&self) {
-        if self.compiled_overrides.load().version == self.overrides.version() {
-            return;
-        }
-        let config = &self.config;
-        let compiled = self
-            .overrides
-            .compile((&config.routes, config.consumers.plans()), config.instances);
-        let compiled = Arc::new(compiled);
-        // Two compiling at once: the newer list wins, whichever stores last.
-        self.compiled_overrides
-            .rcu(|current| match current.version > compiled.version {
-                true => Arc::clone(current),
-                false => Arc::clone(&compiled),
-            });
     }
 
     /// The runtime of the route at `index` (file order).
@@ -374,9 +349,8 @@ mod tests {
              limits: [{ name: a, rate: 10/m, algorithm: fixed_window }, { name: b, rate: 5/s }] }]\n";
         let config = Config::from_yaml(Path::new("site.yaml"), yaml).expect("a valid config");
         let servers = InOrder::of(&config.routes);
-        let clock = Arc::new(ManualClock::default());
-        let site = Site::build(config, &servers, &Lasting::new(clock), Handover::default())
-            .expect("a site");
+        let lasting = Lasting::new(Arc::new(ManualClock::default()));
+        let site = Site::build(config, &servers, &lasting, Handover::default()).expect("a site");
         let route = Arc::clone(&site.route(0).expect("route r").route);
         assert!(
             site.tier_for(&route, None).1.is_none(),
@@ -394,12 +368,13 @@ mod tests {
             until,
         };
         site.overrides
+            .list()
             .replace(vec![one("a", Some(20)), one("b", None)]);
         assert!(
             site.tier_for(&route, None).1.is_none(),
             "compiled at the next refresh"
         );
-        site.refresh_overrides();
+        site.overrides.refresh(&site.config);
         let (_, tier) = site.tier_for(&route, None);
         let tier = tier.expect("an overridden tier");
         let names: Vec<&str> = tier.limits.iter().map(|l| &*l.limit.exact.name).collect();
@@ -409,13 +384,13 @@ mod tests {
         let next = Site::build(
             Config::from_yaml(Path::new("site.yaml"), yaml).expect("a valid config"),
             &servers,
-            &Lasting::new(Arc::new(ManualClock::default())),
+            &lasting,
             Handover::of(&site),
         )
         .expect("a site");
         assert!(
             next.tier_for(&route, None).1.is_some(),
-            "a reload keeps them in force"
+            "a reload keeps them in force: the process's, compiled for the new site"
         );
     }
 

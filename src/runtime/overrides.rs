@@ -48,11 +48,11 @@ pub fn admin_tables(config: &Config) -> AdminTables {
 /// write never lands after the read that saw it.
 pub async fn refresh(policy: &Policy, live: &InForce) -> Result<(), LimiterError> {
     let snapshot = live.load_full();
-    let _one_at_a_time = snapshot.overrides.reading().await;
+    let _one_at_a_time = snapshot.overrides.list().reading().await;
     let tables = admin_tables(&snapshot.config);
     let mut read_at = Instant::now();
     let mut listed = policy.overrides(&tables).await?;
-    let seen = snapshot.overrides.seen_epoch();
+    let seen = snapshot.overrides.list().seen_epoch();
     if lost(listed.epoch, seen, unix_now_us()) {
         restore(policy, &snapshot, &listed, seen).await?;
         read_at = Instant::now();
@@ -66,9 +66,9 @@ pub async fn refresh(policy: &Policy, live: &InForce) -> Result<(), LimiterError
         let until = read_at + Duration::from_millis(stored.left_ms);
         parsed.ok().map(|one| Read { one, until })
     });
-    let changed = snapshot.overrides.replace(overrides.collect());
-    snapshot.refresh_overrides();
-    let announced = snapshot.overrides.see_epoch(listed.epoch);
+    let changed = snapshot.overrides.list().replace(overrides.collect());
+    snapshot.overrides.refresh(&snapshot.config);
+    let announced = snapshot.overrides.list().see_epoch(listed.epoch);
     if changed || announced {
         policy.forget_denials();
     }
@@ -101,6 +101,7 @@ async fn restore(
     let now = Instant::now();
     let missing: Vec<Read> = snapshot
         .overrides
+        .list()
         .held(now)
         .into_iter()
         .filter(|held| {
@@ -164,7 +165,7 @@ async fn check(policy: &Policy, live: &InForce, read_before: bool) -> Result<(),
     let snapshot = live.load_full();
     let tables = admin_tables(&snapshot.config);
     let epoch = policy.admin_epoch(&tables).await?;
-    if read_before && epoch == snapshot.overrides.seen_epoch() {
+    if read_before && epoch == snapshot.overrides.list().seen_epoch() {
         return Ok(());
     }
     refresh(policy, live).await
@@ -182,9 +183,9 @@ pub async fn keep(policy: &Policy, live: &InForce) {
         ticks = ticks.wrapping_add(1);
         read_before &= ticks % READ_ANYWAY != 0;
         let snapshot = live.load_full();
-        snapshot.overrides.expire(Instant::now());
+        snapshot.overrides.list().expire(Instant::now());
         // Compiles them for the configuration in force if they (or it) changed.
-        snapshot.refresh_overrides();
+        snapshot.overrides.refresh(&snapshot.config);
         match check(policy, live, read_before).await {
             Ok(()) => (read_before, failing) = (true, false),
             Err(e) if !failing => {
@@ -279,7 +280,7 @@ mod tests {
         refresh(&policy, &live).await.expect("a read");
         assert_eq!(quotas(&live), of(&[("per_ip", 5), ("per_path", 20)]));
         let epoch = stored(&policy, &live).await.epoch;
-        assert_eq!(live.load().overrides.seen_epoch(), epoch);
+        assert_eq!(live.load().overrides.list().seen_epoch(), epoch);
 
         // Removed from the store: the next read drops it, and writes nothing back.
         let tables = admin_tables(&live.load().config);
@@ -302,17 +303,17 @@ mod tests {
         let snapshot = live.load_full();
         let soon = Instant::now() + Duration::from_secs(599);
         assert!(
-            !snapshot.overrides.expire(soon),
+            !snapshot.overrides.list().expire(soon),
             "600 s left: still in force"
         );
-        snapshot.refresh_overrides();
+        snapshot.overrides.refresh(&snapshot.config);
         assert_eq!(quotas(&live), of(&[("per_ip", 5), ("per_path", 20)]));
         let past = Instant::now() + Duration::from_secs(601);
-        assert!(snapshot.overrides.expire(past));
-        snapshot.refresh_overrides();
+        assert!(snapshot.overrides.list().expire(past));
+        snapshot.overrides.refresh(&snapshot.config);
         assert_eq!(quotas(&live), of(&[("per_ip", 50), ("per_path", 20)]));
         assert!(
-            snapshot.overrides.held(past).is_empty(),
+            snapshot.overrides.list().held(past).is_empty(),
             "nothing to write back"
         );
     }
@@ -332,7 +333,7 @@ mod tests {
             .await
             .expect("removed");
         let before = stored(&policy, &live).await.epoch;
-        live.load().overrides.see_epoch(unix_now_us());
+        live.load().overrides.list().see_epoch(unix_now_us());
 
         refresh(&policy, &live).await.expect("a read");
         let after = stored(&policy, &live).await;
@@ -345,7 +346,7 @@ mod tests {
         let left = restored.expect("restored").left_ms;
         assert!(left > 0 && left <= 600_000, "with what it had left: {left}");
         assert_eq!(quotas(&live), of(&[("per_ip", 5), ("per_path", 2)]));
-        assert_eq!(live.load().overrides.seen_epoch(), after.epoch);
+        assert_eq!(live.load().overrides.list().seen_epoch(), after.epoch);
     }
 
     #[test]

@@ -326,8 +326,8 @@ mod tests {
             actor: None,
         });
         let until = Instant::now() + Duration::from_secs(600);
-        snapshot.overrides.replace(vec![Read { one, until }]);
-        snapshot.refresh_overrides();
+        snapshot.overrides.list().replace(vec![Read { one, until }]);
+        snapshot.overrides.refresh(&snapshot.config);
         let acme = chosen_of(&snapshot, &policy, "route=api&consumer=acme");
         assert_eq!(acme.expect("a target"), of(&[("per_consumer", 3)]));
         let bob = chosen_of(&snapshot, &policy, "route=api&consumer=bob");
@@ -343,8 +343,8 @@ mod tests {
             actor: None,
         });
         let until = Instant::now() + Duration::from_secs(600);
-        snapshot.overrides.replace(vec![Read { one, until }]);
-        snapshot.refresh_overrides();
+        snapshot.overrides.list().replace(vec![Read { one, until }]);
+        snapshot.overrides.refresh(&snapshot.config);
         let acme = chosen_of(&snapshot, &policy, "route=api&consumer=acme");
         assert_eq!(acme.expect("a target"), of(&[("per_consumer", 100)]));
         let named = chosen_of(&snapshot, &policy, "route=api&consumer=acme&plan=free");

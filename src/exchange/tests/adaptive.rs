@@ -108,8 +108,11 @@ async fn a_plan_override_decides_the_callers_priority_until_it_expires() {
         actor: None,
     });
     let until = g.clock.instant() + Duration::from_secs(600);
-    g.snapshot.overrides.replace(vec![Read { one, until }]);
-    g.snapshot.refresh_overrides();
+    g.snapshot
+        .overrides
+        .list()
+        .replace(vec![Read { one, until }]);
+    g.snapshot.overrides.refresh(&g.snapshot.config);
 
     let (dan, admission) = g.admit_parts(&of("dan", "free")).await;
     assert_eq!(admission, ADMITTED, "free's share");
@@ -119,8 +122,11 @@ async fn a_plan_override_decides_the_callers_priority_until_it_expires() {
     drop(carol);
 
     // Expired: her token's plan again, shed beside dan's request.
-    g.snapshot.overrides.expire(until + Duration::from_secs(1));
-    g.snapshot.refresh_overrides();
+    g.snapshot
+        .overrides
+        .list()
+        .expire(until + Duration::from_secs(1));
+    g.snapshot.overrides.refresh(&g.snapshot.config);
     let (carol, admission) = g.admit_parts(&of("carol", "free")).await;
     assert_eq!(admission, SHED);
     assert_eq!(carol.plan(), Some("free"));

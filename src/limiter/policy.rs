@@ -15,7 +15,7 @@ use prometheus::{Histogram, HistogramOpts, IntCounter};
 
 use smallvec::SmallVec;
 
-use super::admin::{AdminTables, Credited, Listed, Put, QuotaStore, Restored};
+use super::admin::QuotaStore;
 use super::algorithm::{Algorithm, Change};
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
 use super::clock::Clock;
@@ -119,74 +119,13 @@ pub enum Sharing {
     PerGateway,
 }
 
-/// The quota admin API's operations where the limits live (`admin/`'s [`QuotaStore`]), which
-/// the policy offers so that no caller reaches its engine: resets and credits, the admin epoch
-/// that announces them, and the store of overrides.
+/// The quota admin API's operations where the limits live, which the policy offers so that no
+/// caller reaches its engine.
 impl Policy<Engine> {
-    /// Deletes `keys` (each a full quota again): how many existed.
-    pub async fn reset(&self, keys: &[&[u8]]) -> Result<u64, LimiterError> {
-        self.engine.reset(keys).await
-    }
-
-    /// Gives `units` back to `key` of a limit deciding by `algorithm`, once per credit `id`.
-    pub async fn credit(
-        &self,
-        algorithm: &Algorithm,
-        key: &[u8],
-        units: u64,
-        id: &[u8],
-    ) -> Result<Credited, LimiterError> {
-        self.engine.credit(algorithm, key, units, id).await
-    }
-
-    /// Counts a reset or credit in the admin epoch, which every gateway reads.
-    pub async fn announce(&self, tables: &AdminTables) -> Result<(), LimiterError> {
-        self.engine.announce(tables).await
-    }
-
-    /// The admin epoch (one read).
-    pub async fn admin_epoch(&self, tables: &AdminTables) -> Result<u64, LimiterError> {
-        self.engine.epoch(tables).await
-    }
-
-    /// The overrides in force and the admin epoch.
-    pub async fn overrides(&self, tables: &AdminTables) -> Result<Listed, LimiterError> {
-        self.engine.overrides(tables).await
-    }
-
-    /// Stores override `value` under `field` for `lifetime` (see [`QuotaStore::put_override`]).
-    pub async fn put_override(
-        &self,
-        tables: &AdminTables,
-        field: &str,
-        value: &str,
-        lifetime: Duration,
-    ) -> Result<Put, LimiterError> {
-        self.engine
-            .put_override(tables, field, value, lifetime)
-            .await
-    }
-
-    /// Writes a lost override back (see [`QuotaStore::restore_override`]).
-    pub async fn restore_override(
-        &self,
-        tables: &AdminTables,
-        field: &str,
-        value: &str,
-        lifetime: Duration,
-    ) -> Result<Restored, LimiterError> {
-        self.engine
-            .restore_override(tables, field, value, lifetime)
-            .await
-    }
-
-    /// Removes `field`'s override: the value it had, if it was in force.
-    pub async fn delete_override(
-        &self,
-        tables: &AdminTables,
-        field: &str,
-    ) -> Result<Option<String>, LimiterError> {
-        self.engine.delete_override(tables, field).await
+    /// Where the limits live, as the quota admin API writes it (`admin/`'s [`QuotaStore`]):
+    /// resets and credits, the admin epoch that announces them, and the store of overrides.
+    pub fn quota_store(&self) -> &impl QuotaStore {
+        &self.engine
     }
 
     /// Forgets the denials this gateway cached: an admin change may have lifted them.
@@ -899,6 +838,7 @@ impl Policy<Engine> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::admin::{AdminTables, Put};
     use crate::limiter::clock::ManualClock;
     use crate::limiter::limit::CostReport;
     use crate::limiter::record::{Deciding, PolicyLimit};
@@ -1297,21 +1237,43 @@ mod tests {
         let f = in_process();
         let tables = AdminTables::under("t");
         let lifetime = Duration::from_secs(60);
-        let put = f.policy.put_override(&tables, "r/l/", "{}", lifetime);
+        let put = f
+            .policy
+            .quota_store()
+            .put_override(&tables, "r/l/", "{}", lifetime);
         assert_eq!(put.await.unwrap(), Put::Stored { previous: None });
-        let listed = f.policy.overrides(&tables).await.unwrap();
+        let listed = f.policy.quota_store().overrides(&tables).await.unwrap();
         assert_eq!(listed.overrides.len(), 1);
         assert_eq!(listed.overrides[0].field, "r/l/");
-        let epoch = f.policy.admin_epoch(&tables).await.unwrap();
-        f.policy.announce(&tables).await.unwrap();
-        assert_eq!(f.policy.admin_epoch(&tables).await.unwrap(), epoch + 1);
-        let removed = f.policy.delete_override(&tables, "r/l/").await.unwrap();
+        let epoch = f.policy.quota_store().epoch(&tables).await.unwrap();
+        f.policy.quota_store().announce(&tables).await.unwrap();
+        assert_eq!(
+            f.policy.quota_store().epoch(&tables).await.unwrap(),
+            epoch + 1
+        );
+        let removed = f
+            .policy
+            .quota_store()
+            .delete_override(&tables, "r/l/")
+            .await
+            .unwrap();
         assert_eq!(removed.as_deref(), Some("{}"));
         assert_eq!(
-            f.policy.delete_override(&tables, "r/l/").await.unwrap(),
+            f.policy
+                .quota_store()
+                .delete_override(&tables, "r/l/")
+                .await
+                .unwrap(),
             None
         );
-        assert_eq!(f.policy.reset(&[b"nothing".as_slice()]).await.unwrap(), 0);
+        assert_eq!(
+            f.policy
+                .quota_store()
+                .reset(&[b"nothing".as_slice()])
+                .await
+                .unwrap(),
+            0
+        );
     }
 
     #[tokio::test]

@@ -18,6 +18,7 @@ use serde_json::json;
 
 use crate::config::Config;
 use crate::exchange::overrides::Read;
+use crate::limiter::admin::QuotaStore;
 use crate::limiter::{AdminTables, LimiterError, Listed, Policy, Restored};
 use crate::route::overrides::Override;
 use crate::runtime::durability;
@@ -51,12 +52,12 @@ pub async fn refresh(policy: &Policy, live: &InForce) -> Result<(), LimiterError
     let _one_at_a_time = snapshot.overrides.list().reading().await;
     let tables = admin_tables(&snapshot.config);
     let mut read_at = Instant::now();
-    let mut listed = policy.overrides(&tables).await?;
+    let mut listed = policy.quota_store().overrides(&tables).await?;
     let seen = snapshot.overrides.list().seen_epoch();
     if lost(listed.epoch, seen, unix_now_us()) {
         restore(policy, &snapshot, &listed, seen).await?;
         read_at = Instant::now();
-        listed = policy.overrides(&tables).await?;
+        listed = policy.quota_store().overrides(&tables).await?;
     }
     let overrides = listed.overrides.iter().filter_map(|stored| {
         let parsed = serde_json::from_str::<Override>(&stored.value);
@@ -119,6 +120,7 @@ async fn restore(
         let left = held.until.saturating_duration_since(now);
         let value = serde_json::to_string(&held.one).unwrap_or_default();
         match policy
+            .quota_store()
             .restore_override(&tables, &held.one.field(), &value, left)
             .await?
         {
@@ -164,7 +166,7 @@ async fn check(policy: &Policy, live: &InForce, read_before: bool) -> Result<(),
     // `read_before` false: nothing read yet, or a check that reads anyway.
     let snapshot = live.load_full();
     let tables = admin_tables(&snapshot.config);
-    let epoch = policy.admin_epoch(&tables).await?;
+    let epoch = policy.quota_store().epoch(&tables).await?;
     if read_before && epoch == snapshot.overrides.list().seen_epoch() {
         return Ok(());
     }
@@ -245,7 +247,9 @@ mod tests {
         let value = serde_json::to_string(one).expect("JSON");
         let lifetime = Duration::from_secs(600);
         let field = one.field();
-        let put = policy.put_override(&tables, &field, &value, lifetime);
+        let put = policy
+            .quota_store()
+            .put_override(&tables, &field, &value, lifetime);
         put.await.expect("stored");
     }
 
@@ -265,7 +269,11 @@ mod tests {
 
     async fn stored(policy: &Policy, live: &InForce) -> Listed {
         let tables = admin_tables(&live.load().config);
-        policy.overrides(&tables).await.expect("a read")
+        policy
+            .quota_store()
+            .overrides(&tables)
+            .await
+            .expect("a read")
     }
 
     fn of(quotas: &[(&str, u64)]) -> Vec<(String, u64)> {
@@ -286,6 +294,7 @@ mod tests {
         let tables = admin_tables(&live.load().config);
         let field = at("per_ip", 5).field();
         policy
+            .quota_store()
             .delete_override(&tables, &field)
             .await
             .expect("removed");
@@ -329,6 +338,7 @@ mod tests {
         let tables = admin_tables(&live.load().config);
         let lost_one = at("per_path", 2).field();
         policy
+            .quota_store()
             .delete_override(&tables, &lost_one)
             .await
             .expect("removed");

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::edge::admin_error::AdminError;
 use crate::edge::usage::UNKNOWN;
 use crate::limiter::admin::credit_kind;
-use crate::limiter::admin::MAX_OVERRIDES;
+use crate::limiter::admin::{QuotaStore, MAX_OVERRIDES};
 use crate::limiter::{Credited, Policy, Put};
 use crate::route::overrides::{Override, PlanOverride, QuotaOverride, Unfit};
 use crate::route::table::{RouteTable, COMMON};
@@ -213,7 +213,11 @@ async fn reset(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Valu
             .changed(&met)
             .map(|m| &m.record.ask.key[..])
             .collect();
-        let existed = policy.reset(&keys).await.map_err(AdminError::unwritten)?;
+        let existed = policy
+            .quota_store()
+            .reset(&keys)
+            .await
+            .map_err(AdminError::unwritten)?;
         if existed == 0 && known == Some(Known::Possible) {
             // Nothing of its was counted: no request may have been its at all.
             let id = params.consumer.clone().unwrap_or_default();
@@ -256,6 +260,7 @@ async fn credit(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Val
         };
         let key = &changed.record.ask.key[..];
         let credited = policy
+            .quota_store()
             .credit(algorithm, key, units, id.bytes())
             .await
             .map_err(AdminError::unwritten)?;
@@ -283,7 +288,7 @@ async fn credit(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Val
 /// Tells every gateway a reset or credit happened (they forget the denials they cached), and
 /// this one at once.
 async fn announce(policy: &Policy, config: &Config) {
-    if let Err(e) = policy.announce(&admin_tables(config)).await {
+    if let Err(e) = policy.quota_store().announce(&admin_tables(config)).await {
         log::warn!("quota admin: the change is made, but other gateways may keep cached denials until they expire ({e})");
     }
     policy.forget_denials();
@@ -299,6 +304,7 @@ fn extend(line: &mut serde_json::Map<String, Value>, change: &Value) {
 async fn list(policy: &Policy, live: &InForce) -> Result<Value, AdminError> {
     let snapshot = live.load_full();
     let listed = policy
+        .quota_store()
         .overrides(&admin_tables(&snapshot.config))
         .await
         .map_err(AdminError::unread)?;
@@ -342,6 +348,7 @@ async fn put(
         serde_json::to_string(one).map_err(|e| AdminError::Internal(e.to_string().into()))?;
     let tables = admin_tables(config);
     let put = policy
+        .quota_store()
         .put_override(&tables, &one.field(), &value, lifetime)
         .await
         .map_err(AdminError::unwritten)?;
@@ -358,6 +365,7 @@ async fn delete(
     field: &str,
 ) -> Result<Option<Override>, AdminError> {
     let removed = policy
+        .quota_store()
         .delete_override(&admin_tables(config), field)
         .await
         .map_err(AdminError::unwritten)?;

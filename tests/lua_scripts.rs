@@ -1785,6 +1785,57 @@ fn reset(con: &mut redis::Connection, keys: &[&str]) -> i64 {
     invocation.invoke(con).expect("reset call")
 }
 
+/// Empties Redis's script cache, as a restart or an operator's `SCRIPT FLUSH` does.
+fn flush_scripts(con: &mut redis::Connection) {
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query::<()>(con)
+        .expect("SCRIPT FLUSH");
+}
+
+/// Whether Redis's script cache holds the admin script `pick` chooses.
+fn cached(con: &mut redis::Connection, pick: fn(&AdminScripts) -> &redis::Script) -> bool {
+    let held: Vec<bool> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(pick(scripts()).get_hash())
+        .query(con)
+        .expect("SCRIPT EXISTS");
+    held == [true]
+}
+
+#[test]
+fn each_admin_script_is_loaded_again_after_a_script_flush_and_answers_its_contract() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let keys = ["{p:admin}:overrides", "{p:admin}:epoch"];
+    let _: () = con.set("w", "1").unwrap();
+    flush_scripts(&mut con);
+    assert_eq!(reset(&mut con, &["w"]), 1, "reset");
+    assert!(cached(&mut con, |s| &s.reset));
+    flush_scripts(&mut con);
+    let args = ["gcra", "100000", "1", "60000"];
+    let credited: i64 = admin(&mut con, |s| &s.credit, &["k", "k:credit:a"], T0, &args);
+    assert_eq!(credited, 0, "credit: nothing used");
+    assert!(cached(&mut con, |s| &s.credit));
+    flush_scripts(&mut con);
+    let value = ["f", "{}", "1000", "2"];
+    let put: (i64, String) = admin(&mut con, |s| &s.override_put, &keys, T0, &value);
+    assert_eq!(put, (1, String::new()), "override_put");
+    assert!(cached(&mut con, |s| &s.override_put));
+    flush_scripts(&mut con);
+    let restored: i64 = admin(&mut con, |s| &s.override_restore, &keys, T0, &value);
+    assert_eq!(restored, 0, "override_restore: one is in force");
+    assert!(cached(&mut con, |s| &s.override_restore));
+    flush_scripts(&mut con);
+    let removed: Option<String> = admin(&mut con, |s| &s.override_delete, &keys, T0, &["f"]);
+    assert_eq!(removed.as_deref(), Some("{}"), "override_delete");
+    assert!(cached(&mut con, |s| &s.override_delete));
+    flush_scripts(&mut con);
+    let epoch: i64 = admin(&mut con, |s| &s.announce, &keys[1..], T0, &[]);
+    assert_eq!(epoch as u64, T0 + 2, "announce: the put, the delete, this");
+    assert!(cached(&mut con, |s| &s.announce));
+}
+
 #[test]
 fn a_credit_moves_a_gcra_back_at_most_to_full_and_counts_once_per_id() {
     let redis = RedisServer::start();

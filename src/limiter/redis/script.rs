@@ -549,6 +549,54 @@ mod tests {
     }
 
     #[test]
+    fn each_admin_operation_is_a_script_of_its_own_holding_only_the_parts_it_uses() {
+        let sources = [
+            ("reset", RESET_SOURCE),
+            ("credit", CREDIT_SOURCE),
+            ("override_put", OVERRIDE_PUT_SOURCE),
+            ("override_restore", OVERRIDE_RESTORE_SOURCE),
+            ("override_delete", OVERRIDE_DELETE_SOURCE),
+            ("announce", ANNOUNCE_SOURCE),
+        ];
+        for (name, source) in sources {
+            for (other, _) in sources {
+                let header = format!("-- admin/{other}.lua:");
+                assert_eq!(
+                    source.contains(&header),
+                    name == other,
+                    "{name} holds {other}"
+                );
+            }
+            let holds = |function: &str| source.contains(&format!("local function {function}("));
+            let epoch = name.starts_with("override_") || name == "announce";
+            assert_eq!(holds("announce"), epoch, "{name}: the epoch's part");
+            assert_eq!(
+                holds("has_room"),
+                name.starts_with("override_"),
+                "{name}: the overrides' part"
+            );
+            assert_eq!(holds("now_us"), name != "reset", "{name}: the prelude");
+        }
+        let scripts = AdminScripts::new();
+        let each = [
+            &scripts.reset,
+            &scripts.credit,
+            &scripts.override_put,
+            &scripts.override_restore,
+            &scripts.override_delete,
+            &scripts.announce,
+        ];
+        for ((name, source), script) in sources.iter().zip(each) {
+            let hash = redis::Script::new(source).get_hash().to_string();
+            assert_eq!(script.get_hash(), hash, "{name} runs its own source");
+        }
+        let mut hashes: Vec<&str> = each.iter().map(|script| script.get_hash()).collect();
+        hashes.sort_unstable();
+        hashes.dedup();
+        assert_eq!(hashes.len(), sources.len(), "six scripts, six hashes");
+    }
+
+    #[test]
     fn each_algorithm_has_its_file_and_a_script_holds_only_its_algorithms() {
         use crate::limiter::algorithm::Period;
         use crate::limiter::testing::{concurrency, gcra, limit, window};

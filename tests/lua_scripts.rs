@@ -12,7 +12,7 @@ use sluice::limiter::algorithm::{Period, Settled, State, Write};
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
 use sluice::limiter::script::{
-    self, Algorithms, Invoke, ADMIN_SOURCE, RELEASE_SOURCE, SETTLE_SOURCE,
+    self, AdminScripts, Algorithms, Invoke, RELEASE_SOURCE, SETTLE_SOURCE,
 };
 use sluice::limiter::{
     asks, entries, Algorithm, Change, Cost, Decision, Limit, LimitRequest, RequestId,
@@ -1750,24 +1750,90 @@ fn scripts_and_in_process_backend_agree(variant: Variant) {
         .unwrap();
 }
 
-/// Runs admin operation `op` of `lua/admin.lua` on `keys` at `now` with `args`.
+/// The admin scripts (`lua/admin/`), hashed once.
+fn scripts() -> &'static AdminScripts {
+    static SCRIPTS: std::sync::OnceLock<AdminScripts> = std::sync::OnceLock::new();
+    SCRIPTS.get_or_init(AdminScripts::new)
+}
+
+/// Runs the admin script `pick` chooses (`lua/admin/<name>.lua`) on `keys` at `now` with
+/// `args`.
 fn admin<T: redis::FromRedisValue>(
     con: &mut redis::Connection,
-    op: &str,
+    pick: fn(&AdminScripts) -> &redis::Script,
     keys: &[&str],
     now: u64,
     args: &[&str],
 ) -> T {
-    let script = redis::Script::new(ADMIN_SOURCE);
-    let mut invocation = script.prepare_invoke();
+    let mut invocation = pick(scripts()).prepare_invoke();
     for key in keys {
         invocation.key(*key);
     }
-    invocation.arg(op).arg(now);
+    invocation.arg(now);
     for arg in args {
         invocation.arg(*arg);
     }
     invocation.invoke(con).expect("admin call")
+}
+
+/// Runs `lua/admin/reset.lua` on `keys` (it takes no clock).
+fn reset(con: &mut redis::Connection, keys: &[&str]) -> i64 {
+    let mut invocation = scripts().reset.prepare_invoke();
+    for key in keys {
+        invocation.key(*key);
+    }
+    invocation.invoke(con).expect("reset call")
+}
+
+/// Empties Redis's script cache, as a restart or an operator's `SCRIPT FLUSH` does.
+fn flush_scripts(con: &mut redis::Connection) {
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query::<()>(con)
+        .expect("SCRIPT FLUSH");
+}
+
+/// Whether Redis's script cache holds the admin script `pick` chooses.
+fn cached(con: &mut redis::Connection, pick: fn(&AdminScripts) -> &redis::Script) -> bool {
+    let held: Vec<bool> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(pick(scripts()).get_hash())
+        .query(con)
+        .expect("SCRIPT EXISTS");
+    held == [true]
+}
+
+#[test]
+fn each_admin_script_is_loaded_again_after_a_script_flush_and_answers_its_contract() {
+    let redis = RedisServer::start();
+    let mut con = redis.connection();
+    let keys = ["{p:admin}:overrides", "{p:admin}:epoch"];
+    let _: () = con.set("w", "1").unwrap();
+    flush_scripts(&mut con);
+    assert_eq!(reset(&mut con, &["w"]), 1, "reset");
+    assert!(cached(&mut con, |s| &s.reset));
+    flush_scripts(&mut con);
+    let args = ["gcra", "100000", "1", "60000"];
+    let credited: i64 = admin(&mut con, |s| &s.credit, &["k", "k:credit:a"], T0, &args);
+    assert_eq!(credited, 0, "credit: nothing used");
+    assert!(cached(&mut con, |s| &s.credit));
+    flush_scripts(&mut con);
+    let value = ["f", "{}", "1000", "2"];
+    let put: (i64, String) = admin(&mut con, |s| &s.override_put, &keys, T0, &value);
+    assert_eq!(put, (1, String::new()), "override_put");
+    assert!(cached(&mut con, |s| &s.override_put));
+    flush_scripts(&mut con);
+    let restored: i64 = admin(&mut con, |s| &s.override_restore, &keys, T0, &value);
+    assert_eq!(restored, 0, "override_restore: one is in force");
+    assert!(cached(&mut con, |s| &s.override_restore));
+    flush_scripts(&mut con);
+    let removed: Option<String> = admin(&mut con, |s| &s.override_delete, &keys, T0, &["f"]);
+    assert_eq!(removed.as_deref(), Some("{}"), "override_delete");
+    assert!(cached(&mut con, |s| &s.override_delete));
+    flush_scripts(&mut con);
+    let epoch: i64 = admin(&mut con, |s| &s.announce, &keys[1..], T0, &[]);
+    assert_eq!(epoch as u64, T0 + 2, "announce: the put, the delete, this");
+    assert!(cached(&mut con, |s| &s.announce));
 }
 
 #[test]
@@ -1788,7 +1854,13 @@ fn a_credit_moves_a_gcra_back_at_most_to_full_and_counts_once_per_id() {
     );
     let credit = |con: &mut redis::Connection, units: &str, id: &str| -> i64 {
         let args = ["gcra", "100000", units, "60000"];
-        admin(con, "credit", &["k", &format!("k:credit:{id}")], T0, &args)
+        admin(
+            con,
+            |s| &s.credit,
+            &["k", &format!("k:credit:{id}")],
+            T0,
+            &args,
+        )
     };
     assert_eq!(credit(&mut con, "2", "a"), 1);
     assert_eq!(credit(&mut con, "2", "a"), -1, "the same id again");
@@ -1826,19 +1898,19 @@ fn a_credit_lowers_an_open_window_s_count_and_a_reset_deletes_the_key() {
         call(&mut con, &["w"], std::slice::from_ref(&limit), T0);
     }
     let args = ["count", "1", "5", "60000"];
-    let credited: i64 = admin(&mut con, "credit", &["w", "w:credit:x"], T0, &args);
+    let credited: i64 = admin(&mut con, |s| &s.credit, &["w", "w:credit:x"], T0, &args);
     assert_eq!(credited, 1);
     let count: String = con.hget("w", "n").unwrap();
     assert_eq!(count, "0", "never below 0");
     let late: i64 = admin(
         &mut con,
-        "credit",
+        |s| &s.credit,
         &["w", "w:credit:y"],
         T0 + 2 * SEC,
         &args,
     );
     assert_eq!(late, 0, "a closed window is full already");
-    let existed: i64 = admin(&mut con, "reset", &["w", "nothing"], T0, &[]);
+    let existed: i64 = reset(&mut con, &["w", "nothing"]);
     assert_eq!(existed, 1);
     assert!(!con.exists::<_, bool>("w").unwrap());
 }
@@ -1849,7 +1921,13 @@ fn overrides_carry_their_expiry_and_every_change_counts_in_the_epoch() {
     let mut con = redis.connection();
     let keys = ["{p:admin}:overrides", "{p:admin}:epoch"];
     let put = |con: &mut redis::Connection, field: &str, value: &str| -> (i64, String) {
-        admin(con, "override_put", &keys, T0, &[field, value, "1000", "2"])
+        admin(
+            con,
+            |s| &s.override_put,
+            &keys,
+            T0,
+            &[field, value, "1000", "2"],
+        )
     };
     assert_eq!(put(&mut con, "f", "{\"a\":1}"), (1, String::new()));
     assert_eq!(
@@ -1872,7 +1950,7 @@ fn overrides_carry_their_expiry_and_every_change_counts_in_the_epoch() {
     let later = T0 + 2 * SEC;
     let room: (i64, String) = admin(
         &mut con,
-        "override_put",
+        |s| &s.override_put,
         &keys,
         later,
         &["h", "{}", "1000", "2"],
@@ -1884,15 +1962,15 @@ fn overrides_carry_their_expiry_and_every_change_counts_in_the_epoch() {
         (1..=1000).contains(&ttl),
         "the table lives as its longest override: {ttl}"
     );
-    let removed: Option<String> = admin(&mut con, "override_delete", &keys, later, &["h"]);
+    let removed: Option<String> = admin(&mut con, |s| &s.override_delete, &keys, later, &["h"]);
     assert_eq!(removed.as_deref(), Some("{}"));
-    let announced: i64 = admin(&mut con, "announce", &keys[1..], T0, &[]);
+    let announced: i64 = admin(&mut con, |s| &s.announce, &keys[1..], T0, &[]);
     assert_eq!(
         announced as u64,
         later + 2,
         "at least the time (of the last put), then one more per change: delete h, this"
     );
-    let nothing: Option<String> = admin(&mut con, "override_delete", &keys, later, &["h"]);
+    let nothing: Option<String> = admin(&mut con, |s| &s.override_delete, &keys, later, &["h"]);
     assert_eq!(nothing, None);
     let unchanged: u64 = con.get(keys[1]).unwrap();
     assert_eq!(
@@ -1900,7 +1978,7 @@ fn overrides_carry_their_expiry_and_every_change_counts_in_the_epoch() {
         "removing nothing changes nothing"
     );
     let _: () = con.del(keys[1]).unwrap();
-    let after_a_flush: i64 = admin(&mut con, "announce", &keys[1..], T0 + 3 * SEC, &[]);
+    let after_a_flush: i64 = admin(&mut con, |s| &s.announce, &keys[1..], T0 + 3 * SEC, &[]);
     assert!(
         after_a_flush > announced,
         "a lost epoch never comes back to a value seen"
@@ -1917,7 +1995,7 @@ fn an_override_is_written_back_only_where_none_is_in_force() {
     let restore = |con: &mut redis::Connection, field: &str, value: &str, at: u64| -> i64 {
         admin(
             con,
-            "override_restore",
+            |s| &s.override_restore,
             &keys,
             at,
             &[field, value, "1000", "2"],

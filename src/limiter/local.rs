@@ -202,12 +202,12 @@ impl LocalLimiter {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Gives `units` back to `key` as far as it used them (`lua/admin.lua`'s credit): the
+    /// Gives `units` back to `key` as far as it used them (`lua/admin/credit.lua`): the
     /// refund of units taken at the key's own mark.
     fn credit_now(&self, algorithm: &Algorithm, key: &[u8], units: u64, now_us: i64) -> Credited {
         let mut shard = self.shard(key);
         let state = live(&shard, key, now_us);
-        // A count already at 0 has nothing used to credit (as `lua/admin.lua` says).
+        // A count already at 0 has nothing used to credit (as `lua/admin/credit.lua` says).
         if let Some(State::Window { count: 0, .. } | State::Period { count: 0, .. }) = state {
             return Credited::NothingUsed;
         }

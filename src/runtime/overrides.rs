@@ -5,7 +5,7 @@
 //! deny cache holds when either changed (a reset, credit or override may have made them wrong).
 //! So a change made through any gateway applies on every gateway within [`EVERY`] and one read.
 //!
-//! The epoch only grows (`lua/admin.lua`), and lives longer than any override: one read lower
+//! The epoch only grows (`lua/admin/epoch.lua`), and lives longer than any override: one read lower
 //! than the last seen means Redis lost the admin tables (a restart without persistence, a
 //! flush, a failover to a lagging replica). The gateway then writes back the overrides it holds
 //! that the table lacks, each with what it had left (one write lands of the several gateways
@@ -27,8 +27,8 @@ use crate::runtime::snapshot::{InForce, Snapshot};
 /// How often every gateway reads the admin epoch.
 pub const EVERY: Duration = Duration::from_secs(1);
 
-/// How long the admin epoch lives after the last change (`lua/admin.lua`'s `ANNOUNCED_MS`):
-/// longer than any override.
+/// How long the admin epoch lives after the last change (`ANNOUNCED_MS` in
+/// `lua/admin/epoch.lua`): longer than any override.
 const EPOCH_LIFETIME_US: u64 = 30 * 24 * 3600 * 1_000_000;
 
 /// Every this many checks the overrides are read whatever the epoch says (a bound on a change

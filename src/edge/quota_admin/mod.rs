@@ -4,7 +4,7 @@
 //! list, set and remove temporary overrides (a limit lifted, or at another quota, until they
 //! expire); `PUT` and `DELETE /v1/quota/plans` put a consumer on another plan until a time, and
 //! back. Each write changes the state where the limits live (one atomic call of
-//! `lua/admin.lua` in Redis, or the in-process backend), so it holds on every gateway at once;
+//! `lua/admin/` in Redis, or the in-process backend), so it holds on every gateway at once;
 //! overrides of both kinds reach every gateway within a second (`runtime::overrides`). Each
 //! write is audited (a JSON line: who, what, before and after) and counted
 //! (`sluice_admin_changes_total`). The query is parsed once (`params.rs`); every refusal is an

@@ -1,10 +1,13 @@
 //! The quota admin API's writes where the limits live: resetting limits' keys, crediting units
 //! back once per caller-supplied id, and the store of temporary overrides. Each is one atomic
-//! step: one call of `lua/admin.lua` in Redis, or under the in-process backend's locks (its
-//! [`AdminBook`] keeps the credit ids and overrides Redis would).
+//! step: one call of the operation's own script in Redis (`lua/admin/reset.lua`, `credit.lua`,
+//! `override_put.lua`, `override_restore.lua`, `override_delete.lua`, `announce.lua`, each
+//! composed with the parts it uses: `epoch.lua`, `overrides.lua`), or under the in-process
+//! backend's locks (its [`AdminBook`] keeps the credit ids and overrides Redis would, and
+//! mirrors those scripts).
 //!
 //! The admin store's room: the [`QuotaStore`] seam both backends implement, the in-process
-//! [`AdminBook`], and the encodings the Redis side shares with `lua/admin.lua`; its unit tests
+//! [`AdminBook`], and the encodings the Redis side shares with `lua/admin/`; its unit tests
 //! in `tests.rs`.
 
 use std::collections::{BTreeMap, HashMap};

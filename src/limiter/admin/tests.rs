@@ -1,5 +1,5 @@
 //! The in-process admin book: credit ids remembered once, overrides stored, listed, expired
-//! and restored, and the encodings shared with `lua/admin.lua`.
+//! and restored, and the encodings shared with `lua/admin/`.
 
 use super::*;
 

@@ -60,7 +60,7 @@ use coalesce::{Coalescer, Coalescing, Execute};
 use direct::{DirectLink, Loan, Resp};
 use link::{Answered, Connection, Link};
 use persistence::{Kept, Persistence};
-use script::{Algorithms, Call, DecisionScript, Invoke};
+use script::{AdminScripts, Algorithms, Call, DecisionScript, Invoke};
 use topology::{RedisAuth, Topology};
 use warm::{Scripts, Warmth};
 
@@ -69,6 +69,10 @@ use warm::{Scripts, Warmth};
 /// refuses it again, and on a starved CPU that window can span several flushes (seen with one
 /// every 25 ms). Eight tries; the call's deadline bounds them all the same.
 const NOSCRIPT_ATTEMPTS: u32 = 8;
+
+/// The clock argument of an admin script (`lua/admin/`): empty, so the script reads Redis's
+/// `TIME`. Overrides expire on Redis's clock, the one every gateway reads them by.
+const REDIS_CLOCK: &str = "";
 
 pub struct RedisLimiter {
     link: Arc<Link>,
@@ -83,8 +87,8 @@ pub struct RedisLimiter {
     decisions: Coalescer<Dispatch>,
     release: redis::Script,
     settle: redis::Script,
-    /// The quota admin API's writes (`lua/admin.lua`).
-    admin: redis::Script,
+    /// The quota admin API's writes, one script each (`lua/admin/`).
+    admin: AdminScripts,
     deadline: Duration,
     /// The clock decisions and settlements run on: `None`, Redis's own (`TIME`, production);
     /// else this one, sent with each call (deterministic tests, servers that forbid `TIME`).
@@ -339,7 +343,7 @@ impl RedisLimiter {
             decisions: Coalescer::new(dispatch, by_slot, coalescing),
             release: redis::Script::new(script::RELEASE_SOURCE),
             settle: redis::Script::new(script::SETTLE_SOURCE),
-            admin: redis::Script::new(script::ADMIN_SOURCE),
+            admin: AdminScripts::new(),
             deadline,
             clock,
             persistence: ArcSwapOption::empty(),
@@ -573,18 +577,18 @@ impl SettleUnits for RedisLimiter {
 }
 
 impl RedisLimiter {
-    /// Runs admin operation `op` on `keys` with `args`, under the backend's deadline.
-    async fn admin<T: redis::FromRedisValue>(
+    /// Runs admin script `script` (one of [`AdminScripts`]) on `keys` with `args`, under the
+    /// backend's deadline; loaded first when Redis does not hold it (`NOSCRIPT`).
+    async fn run_admin<T: redis::FromRedisValue>(
         &self,
-        op: &str,
+        script: &redis::Script,
         keys: &[&[u8]],
         args: &[&str],
     ) -> Result<T, LimiterError> {
-        let mut invocation = self.admin.prepare_invoke();
+        let mut invocation = script.prepare_invoke();
         for key in keys {
             invocation.key(*key);
         }
-        invocation.arg(op).arg("");
         for arg in args {
             invocation.arg(*arg);
         }
@@ -659,7 +663,7 @@ impl QuotaStore for RedisLimiter {
         if keys.is_empty() {
             return Ok(0);
         }
-        self.admin("reset", keys, &[]).await
+        self.run_admin(&self.admin.reset, keys, &[]).await
     }
 
     async fn credit(
@@ -678,8 +682,9 @@ impl QuotaStore for RedisLimiter {
         let remembered = admin::credit_id_key(key, id);
         let memory = admin::CREDIT_MEMORY.as_millis().to_string();
         let (emission, units) = (emission_us.to_string(), units.to_string());
-        let args = [kind, &emission, &units, &memory];
-        let reply: i64 = self.admin("credit", &[key, &remembered], &args).await?;
+        let args = [REDIS_CLOCK, kind, &emission, &units, &memory];
+        let keys = [key, &remembered];
+        let reply: i64 = self.run_admin(&self.admin.credit, &keys, &args).await?;
         Ok(match reply {
             -1 => Credited::Repeated,
             0 => Credited::NothingUsed,
@@ -688,8 +693,9 @@ impl QuotaStore for RedisLimiter {
     }
 
     async fn announce(&self, tables: &AdminTables) -> Result<(), LimiterError> {
+        let keys = [tables.epoch.as_bytes()];
         let _: i64 = self
-            .admin("announce", &[tables.epoch.as_bytes()], &[])
+            .run_admin(&self.admin.announce, &keys, &[REDIS_CLOCK])
             .await?;
         Ok(())
     }
@@ -703,10 +709,12 @@ impl QuotaStore for RedisLimiter {
     ) -> Result<Put, LimiterError> {
         let lifetime = lifetime.as_millis().max(1).to_string();
         let most = admin::MAX_OVERRIDES.to_string();
-        let args = [field, value, &lifetime, &most];
+        let args = [REDIS_CLOCK, field, value, &lifetime, &most];
         let keys = [tables.overrides.as_bytes(), tables.epoch.as_bytes()];
         // 1 and the previous value ("" for none), or 0 when the table is full.
-        let (stored, previous): (i64, String) = self.admin("override_put", &keys, &args).await?;
+        let (stored, previous): (i64, String) = self
+            .run_admin(&self.admin.override_put, &keys, &args)
+            .await?;
         Ok(match stored {
             0 => Put::Full,
             _ => Put::Stored {
@@ -724,9 +732,11 @@ impl QuotaStore for RedisLimiter {
     ) -> Result<Restored, LimiterError> {
         let lifetime = lifetime.as_millis().max(1).to_string();
         let most = admin::MAX_OVERRIDES.to_string();
-        let args = [field, value, &lifetime, &most];
+        let args = [REDIS_CLOCK, field, value, &lifetime, &most];
         let keys = [tables.overrides.as_bytes(), tables.epoch.as_bytes()];
-        let written: i64 = self.admin("override_restore", &keys, &args).await?;
+        let written: i64 = self
+            .run_admin(&self.admin.override_restore, &keys, &args)
+            .await?;
         Ok(match written {
             1 => Restored::Written,
             0 => Restored::Present,
@@ -740,7 +750,9 @@ impl QuotaStore for RedisLimiter {
         field: &str,
     ) -> Result<Option<String>, LimiterError> {
         let keys = [tables.overrides.as_bytes(), tables.epoch.as_bytes()];
-        self.admin("override_delete", &keys, &[field]).await
+        let args = [REDIS_CLOCK, field];
+        self.run_admin(&self.admin.override_delete, &keys, &args)
+            .await
     }
 
     async fn epoch(&self, tables: &AdminTables) -> Result<u64, LimiterError> {

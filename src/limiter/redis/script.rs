@@ -1,5 +1,6 @@
 //! The Lua scripts, composed from `lua/`, and the encoding of their arguments and replies. The
-//! contracts are stated in `lua/check.lua`, `lua/settle.lua` and `lua/release.lua`.
+//! contracts are stated in `lua/check.lua`, `lua/settle.lua`, `lua/release.lua` and, for the
+//! quota admin API's writes, each file of `lua/admin/` but its shared parts.
 
 use std::sync::OnceLock;
 
@@ -227,13 +228,81 @@ pub fn settle_args(algorithm: &Algorithm, change: Change) -> (&'static str, u64,
     (name, param, change, mark)
 }
 
-/// The quota admin API's writes: reset, credit once per id, the overrides table
-/// (`lua/admin.lua`).
-pub const ADMIN_SOURCE: &str = concat!(
-    include_str!("../../../lua/prelude.lua"),
-    "\n",
-    include_str!("../../../lua/admin.lua"),
+/// The text of the files of `lua/` named (without `.lua`), in order, each followed by a line
+/// break: one script composed at compile time.
+macro_rules! lua {
+    ($($file:literal),+ $(,)?) => {
+        concat!($(include_str!(concat!("../../../lua/", $file, ".lua")), "\n"),+)
+    };
+}
+
+/// Deletes limits' keys: a full quota again (`lua/admin/reset.lua`; it reads no clock).
+pub const RESET_SOURCE: &str = lua!("admin/reset");
+
+/// Gives units back to a limit's key once per id (`lua/admin/credit.lua`).
+pub const CREDIT_SOURCE: &str = lua!("prelude", "admin/credit");
+
+/// Sets or replaces an override (`lua/admin/override_put.lua`).
+pub const OVERRIDE_PUT_SOURCE: &str = lua!(
+    "prelude",
+    "admin/epoch",
+    "admin/overrides",
+    "admin/override_put"
 );
+
+/// Writes an override back where none is in force (`lua/admin/override_restore.lua`).
+pub const OVERRIDE_RESTORE_SOURCE: &str = lua!(
+    "prelude",
+    "admin/epoch",
+    "admin/overrides",
+    "admin/override_restore"
+);
+
+/// Removes an override (`lua/admin/override_delete.lua`).
+pub const OVERRIDE_DELETE_SOURCE: &str = lua!(
+    "prelude",
+    "admin/epoch",
+    "admin/overrides",
+    "admin/override_delete"
+);
+
+/// Counts a reset's or a credit's change in the admin epoch (`lua/admin/announce.lua`).
+pub const ANNOUNCE_SOURCE: &str = lua!("prelude", "admin/epoch", "admin/announce");
+
+/// The quota admin API's writes in Redis, one script per operation, each composed of the
+/// prelude, the shared parts it uses (`lua/admin/epoch.lua`, `lua/admin/overrides.lua`) and its
+/// own body, which states its contract. Each is called by `EVALSHA` and loaded on `NOSCRIPT`
+/// (redis-rs's [`redis::Script`]), as the settle and release scripts are: an admin write is
+/// rare, and a decision never waits on one. Each field is the script of
+/// `lua/admin/<field>.lua`.
+pub struct AdminScripts {
+    pub reset: redis::Script,
+    pub credit: redis::Script,
+    pub override_put: redis::Script,
+    pub override_restore: redis::Script,
+    pub override_delete: redis::Script,
+    pub announce: redis::Script,
+}
+
+impl AdminScripts {
+    /// Every admin script, hashed.
+    pub fn new() -> AdminScripts {
+        AdminScripts {
+            reset: redis::Script::new(RESET_SOURCE),
+            credit: redis::Script::new(CREDIT_SOURCE),
+            override_put: redis::Script::new(OVERRIDE_PUT_SOURCE),
+            override_restore: redis::Script::new(OVERRIDE_RESTORE_SOURCE),
+            override_delete: redis::Script::new(OVERRIDE_DELETE_SOURCE),
+            announce: redis::Script::new(ANNOUNCE_SOURCE),
+        }
+    }
+}
+
+impl Default for AdminScripts {
+    fn default() -> AdminScripts {
+        AdminScripts::new()
+    }
+}
 
 /// Returns a request's concurrency leases.
 pub const RELEASE_SOURCE: &str = include_str!("../../../lua/release.lua");
@@ -477,6 +546,54 @@ mod tests {
         assert_eq!(never.retry(), crate::limiter::decision::Retry::Never);
         let shaped = parse_reply(&[1, 0, 0, 300, 120, 9], 1).unwrap();
         assert_eq!(shaped.delay_ms(), 120);
+    }
+
+    #[test]
+    fn each_admin_operation_is_a_script_of_its_own_holding_only_the_parts_it_uses() {
+        let sources = [
+            ("reset", RESET_SOURCE),
+            ("credit", CREDIT_SOURCE),
+            ("override_put", OVERRIDE_PUT_SOURCE),
+            ("override_restore", OVERRIDE_RESTORE_SOURCE),
+            ("override_delete", OVERRIDE_DELETE_SOURCE),
+            ("announce", ANNOUNCE_SOURCE),
+        ];
+        for (name, source) in sources {
+            for (other, _) in sources {
+                let header = format!("-- admin/{other}.lua:");
+                assert_eq!(
+                    source.contains(&header),
+                    name == other,
+                    "{name} holds {other}"
+                );
+            }
+            let holds = |function: &str| source.contains(&format!("local function {function}("));
+            let epoch = name.starts_with("override_") || name == "announce";
+            assert_eq!(holds("announce"), epoch, "{name}: the epoch's part");
+            assert_eq!(
+                holds("has_room"),
+                name.starts_with("override_"),
+                "{name}: the overrides' part"
+            );
+            assert_eq!(holds("now_us"), name != "reset", "{name}: the prelude");
+        }
+        let scripts = AdminScripts::new();
+        let each = [
+            &scripts.reset,
+            &scripts.credit,
+            &scripts.override_put,
+            &scripts.override_restore,
+            &scripts.override_delete,
+            &scripts.announce,
+        ];
+        for ((name, source), script) in sources.iter().zip(each) {
+            let hash = redis::Script::new(source).get_hash().to_string();
+            assert_eq!(script.get_hash(), hash, "{name} runs its own source");
+        }
+        let mut hashes: Vec<&str> = each.iter().map(|script| script.get_hash()).collect();
+        hashes.sort_unstable();
+        hashes.dedup();
+        assert_eq!(hashes.len(), sources.len(), "six scripts, six hashes");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! cannot do (an unknown consumer, a limit local to each gateway) is refused in one answer; a
 //! consumer is put on another plan on every route in one call, exactly that plan's limits; the
 //! overrides come back when Redis restarts empty, and quotas on a Redis without persistence are
-//! warned about. The in-process backend answers the same calls.
+//! warned about. The in-process backend answers the same calls. The audit file is opened again
+//! by name on SIGUSR1 and on every reload (logrotate), at the path the configuration names.
 
 mod support;
 
@@ -467,6 +468,55 @@ fn the_in_process_backend_answers_the_same_calls() {
         "this gateway applies its own write at once"
     );
     assert_eq!(audit_lines(&audit).len(), 6, "one line per write");
+}
+
+/// The `action`s of the audit lines in `path`, in order.
+fn audited_actions(path: &Path) -> Vec<String> {
+    audit_lines(path)
+        .iter()
+        .map(|line| line["action"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn the_audit_file_is_opened_again_on_sigusr1_and_on_every_reload() {
+    let upstream = Upstream::start();
+    let keys = KeyFile::write(&[(ALICE, "alice", Some("free"), false)]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (audit, rotated) = (dir.path().join("audit.jsonl"), dir.path().join("audit.1"));
+    let gateway = Gateway::start(&body(&keys, &audit, false), &upstream, None);
+    gateway.wait_ready();
+    let set = "/v1/quota/overrides?route=api&limit=per_consumer&quota=off&ttl_seconds=30";
+    let delete = "/v1/quota/overrides?route=api&limit=per_consumer";
+    assert_eq!(admin(&gateway, "PUT", set).0, 200);
+    // As logrotate does: move the file, then signal.
+    std::fs::rename(&audit, &rotated).expect("the audit file moved away");
+    gateway.signal("USR1");
+    support::eventually(Duration::from_secs(10), "SIGUSR1 opens it again", || {
+        audit.exists()
+    });
+    assert_eq!(admin(&gateway, "DELETE", delete).0, 200);
+    assert_eq!(audited_actions(&rotated), ["override_set"], "the old file");
+    assert_eq!(audited_actions(&audit), ["override_delete"], "the new one");
+
+    // A reload that names another file: its lines go there.
+    let elsewhere = dir.path().join("elsewhere.jsonl");
+    assert!(gateway.reload(&body(&keys, &elsewhere, false)));
+    assert_eq!(admin(&gateway, "PUT", set).0, 200);
+    assert_eq!(audited_actions(&elsewhere), ["override_set"]);
+    assert_eq!(
+        audited_actions(&audit),
+        ["override_delete"],
+        "left as it was"
+    );
+
+    // Moved away, then a reload (no SIGUSR1): the path is opened again too.
+    let moved = dir.path().join("elsewhere.1");
+    std::fs::rename(&elsewhere, &moved).expect("moved away");
+    assert!(gateway.reload(&body(&keys, &elsewhere, false)));
+    assert_eq!(admin(&gateway, "DELETE", delete).0, 200);
+    assert_eq!(audited_actions(&moved), ["override_set"]);
+    assert_eq!(audited_actions(&elsewhere), ["override_delete"]);
 }
 
 #[test]

@@ -225,12 +225,13 @@ pub enum Unexplained {
 
 /// `sluice explain`: the explanation of `described` under the configuration at `conf`,
 /// without a limiter (what each limit has left is not read) and without opening anything the
-/// configuration names (its access log).
+/// configuration names (its access log, its audit log).
 pub fn offline(conf: &Path, described: &Described) -> Result<Explanation, Unexplained> {
     let mut read = Sources::default();
     let mut config =
         Config::load(conf, &mut read).map_err(|e| Unexplained::Config(e.to_string()))?;
     config.access_log = None;
+    config.admin_audit_log = None;
     let servers = InOrder::of(&config.routes);
     let site = Site::build(
         config,

@@ -1,8 +1,8 @@
 //! What one configuration puts in force for requests: the compiled configuration, one runtime
 //! per route (the route, its upstream servers, its metric handles), the handles of unrouted
-//! requests, the access log and the rate limit service's counters. A request holds the site it
-//! started with until it ends; `runtime::snapshot` builds the servers (Pingora's pools, with
-//! their health checks), starts, swaps and retires it. A site is generic over what its routes'
+//! requests, the access and audit logs and the rate limit service's counters. A request holds
+//! the site it started with until it ends; `runtime::snapshot` builds the servers (Pingora's
+//! pools, with their health checks), starts, swaps and retires it. A site is generic over what its routes'
 //! servers are (`upstream::servers::Servers`), so nothing here names Pingora.
 
 use std::collections::HashMap;
@@ -19,6 +19,7 @@ use crate::limiter::adaptive::{AdaptiveConcurrency, AdaptiveSettings};
 use crate::limiter::clock::Clock;
 use crate::limiter::paired;
 use crate::observe::access_log::{self, AccessLog};
+use crate::observe::audit::AuditLog;
 use crate::observe::live::LiveViews;
 use crate::observe::metrics::ACCESS_LOG_DROPPED;
 use crate::route::keys::Rotation;
@@ -121,6 +122,9 @@ pub struct Site<S> {
     pub metrics: Metrics,
     /// Open while this configuration is in force (and its last request logs).
     pub access_log: Option<AccessLog>,
+    /// The quota admin audit log (`admin.audit_log`, else stdout), open while this
+    /// configuration is in force; SIGUSR1 opens it again by name, a reload opens its own.
+    pub audit_log: AuditLog,
     /// The rate limit service's counters, by domain.
     pub rls_metrics: HashMap<String, meters::DomainMetrics>,
     /// The process's clock, the only time a request reads (a manual one in tests).
@@ -220,7 +224,7 @@ fn jwt_verifier(config: &Config, handover: &Handover<'_>) -> Option<Arc<JwtVerif
 
 impl<S: Servers> Site<S> {
     /// Builds the metric handles of `config` with `servers` (one per route, in file order) and
-    /// opens its access log; its requests read `lasting`'s clock and count into its views.
+    /// opens its access and audit logs; its requests read `lasting`'s clock and count into its views.
     pub fn build(
         config: Config,
         servers: &[S],
@@ -247,11 +251,13 @@ impl<S: Servers> Site<S> {
             rls_metrics = meters::rls_metrics(&rls.domains);
         }
         let access_log = open_access_log(&config)?;
+        let audit_log = AuditLog::open(config.admin_audit_log.as_deref());
         Ok(Site {
             overrides: SiteOverrides::new(Arc::clone(&lasting.overrides), &config),
             routes,
             metrics,
             access_log,
+            audit_log,
             rls_metrics,
             clock: Arc::clone(&lasting.clock),
             views: Arc::clone(&lasting.views),

@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::exchange::overrides::Read;
 use crate::limiter::admin::QuotaStore;
 use crate::limiter::{AdminTables, LimiterError, Listed, Policy, Restored};
+use crate::observe::audit::AuditLog;
 use crate::route::overrides::Override;
 use crate::runtime::durability;
 use crate::runtime::snapshot::{InForce, Snapshot};
@@ -124,7 +125,7 @@ async fn restore(
             .restore_override(&tables, &held.one.field(), &value, left)
             .await?
         {
-            Restored::Written => audit_restored(&snapshot.config, &held.one, left),
+            Restored::Written => audit_restored(&snapshot.audit_log, &held.one, left).await,
             Restored::Present => {}
             Restored::Full => log::warn!(
                 "quota admin: override {} is not written back: the table is full",
@@ -138,7 +139,7 @@ async fn restore(
 }
 
 /// The audit line (and count) of an override this gateway wrote back: `restore`, `restored`.
-fn audit_restored(config: &Config, one: &Override, left: Duration) {
+async fn audit_restored(audit_log: &AuditLog, one: &Override, left: Duration) {
     let mut line = match serde_json::to_value(one) {
         Ok(serde_json::Value::Object(fields)) => fields,
         _ => serde_json::Map::new(),
@@ -156,8 +157,7 @@ fn audit_restored(config: &Config, one: &Override, left: Duration) {
         "reason".into(),
         json!("Redis lost the overrides table; this gateway held it in force"),
     );
-    let path = config.admin_audit_log.as_deref();
-    crate::observe::audit::write(path, "restore", "restored", line);
+    audit_log.write("restore", "restored", line).await;
 }
 
 /// Reads the admin epoch (one `GET`), and everything again only when it changed since the

@@ -15,8 +15,8 @@
 //! listed as pending (`Config.pending_upgrade`: `/readyz`, the dashboard). A changed
 //! `key_secret` applies at once, and the log says that every counter starts anew with it.
 //!
-//! SIGUSR1 opens the access log file again by name (logrotate); a reload does too, since the new
-//! configuration opens its own.
+//! SIGUSR1 opens the access log and the quota admin audit log files again by name (logrotate);
+//! a reload does too, since the new configuration opens its own (at its paths).
 //!
 //! `watch: true` reloads without a signal: every [`WATCH_INTERVAL`] the files the configuration
 //! was built from (`sources.rs`: the file, the certificates, keys, CA and secret files it names,
@@ -255,7 +255,7 @@ impl BackgroundService for ConfigService {
             Ok(reopens) => Some(reopens),
             Err(e) => {
                 log::error!(
-                    "cannot listen for SIGUSR1, the access log is reopened only on reload: {e}"
+                    "cannot listen for SIGUSR1, the access and audit logs are reopened only on reload: {e}"
                 );
                 None
             }
@@ -265,11 +265,7 @@ impl BackgroundService for ConfigService {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = next_signal(&mut reopens) => {
-                    if let Some(access_log) = &self.live.load().access_log {
-                        access_log.reopen();
-                    }
-                }
+                _ = next_signal(&mut reopens) => self.reopen_logs().await,
                 _ = hangups.recv() => self.reload_counted("SIGHUP").await,
                 _ = ticks.tick() => self.look(&mut watch).await,
                 _ = shutdown.changed() => {
@@ -282,6 +278,15 @@ impl BackgroundService for ConfigService {
 }
 
 impl ConfigService {
+    /// SIGUSR1: opens the access and audit logs in force again by name (logrotate moved them).
+    async fn reopen_logs(&self) {
+        let snapshot = self.live.load_full();
+        if let Some(access_log) = &snapshot.access_log {
+            access_log.reopen();
+        }
+        snapshot.audit_log.reopen().await;
+    }
+
     /// A reload for `cause`, counted and logged either way.
     async fn reload_counted(&self, cause: &str) {
         log::info!("reload: {cause}");

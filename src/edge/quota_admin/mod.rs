@@ -21,6 +21,7 @@ use crate::edge::usage::UNKNOWN;
 use crate::limiter::admin::credit_kind;
 use crate::limiter::admin::{QuotaStore, MAX_OVERRIDES};
 use crate::limiter::{Credited, Policy, Put};
+use crate::observe::audit::AuditLog;
 use crate::route::overrides::{Override, PlanOverride, QuotaOverride, Unfit};
 use crate::route::table::{RouteTable, COMMON};
 use crate::runtime::overrides::{admin_tables, refresh};
@@ -155,18 +156,13 @@ fn subject(params: &Params, caller: &Caller) -> serde_json::Map<String, Value> {
     what
 }
 
-/// Counts a write and writes its audit line (`action`, `result` and the rest of `line`).
-fn audit(config: &Config, action: &str, result: &str, line: serde_json::Map<String, Value>) {
-    crate::observe::audit::write(config.admin_audit_log.as_deref(), action, result, line);
-}
-
 /// What a write did, or why it did not: its change and result.
 type Written = Result<(Value, &'static str), AdminError>;
 
-/// The end of every write: its audit line and count, and the answer (the line itself), or the
-/// refusal, audited too.
-fn concluded(
-    config: &Config,
+/// The end of every write: its audit line (written before the answer is) and count, and the
+/// answer (the line itself), or the refusal, audited too.
+async fn concluded(
+    audit_log: &AuditLog,
     (call, params, caller): Asked<'_>,
     written: Written,
 ) -> Result<Value, AdminError> {
@@ -175,13 +171,13 @@ fn concluded(
         Ok((change, result)) => {
             let mut line = subject(params, caller);
             extend(&mut line, &change);
-            audit(config, action, result, line.clone());
+            audit_log.write(action, result, line.clone()).await;
             Ok(Value::Object(line))
         }
         Err(refusal) => {
             let mut line = subject(params, caller);
             line.insert("reason".into(), json!(refusal.to_string()));
-            audit(config, action, refusal.result(), line);
+            audit_log.write(action, refusal.result(), line).await;
             Err(refusal)
         }
     }
@@ -228,7 +224,7 @@ async fn reset(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Valu
         let change = json!({ "before": before, "after": after, "keys_reset": existed });
         Ok((change, "applied"))
     };
-    concluded(config, asked, written.await)
+    concluded(&snapshot.audit_log, asked, written.await).await
 }
 
 /// Why a reset of a consumer no list holds, which found nothing counted, is a `404`.
@@ -282,7 +278,7 @@ async fn credit(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Val
         change["credit"] = json!(said);
         Ok((change, result))
     };
-    concluded(config, asked, written.await)
+    concluded(&snapshot.audit_log, asked, written.await).await
 }
 
 /// Tells every gateway a reset or credit happened (they forget the denials they cached), and
@@ -441,7 +437,7 @@ async fn set(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Value,
         let after = shown(&Override::Limit(one), lifetime.as_secs());
         Ok((json!({ "before": before, "after": after }), "applied"))
     };
-    concluded(config, asked, written.await)
+    concluded(&snapshot.audit_log, asked, written.await).await
 }
 
 /// `DELETE /v1/quota/overrides`: the limit back to its configured quota (an override of a
@@ -457,7 +453,7 @@ async fn remove(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Val
         let before = previous.map(|p| shown(&p, 0));
         Ok((json!({ "before": before, "after": null }), "applied"))
     };
-    concluded(config, asked, written.await)
+    concluded(&snapshot.audit_log, asked, written.await).await
 }
 
 /// The plan override a `PUT` names: a known consumer (1 to 256 bytes) and a plan of the
@@ -501,7 +497,7 @@ async fn set_plan(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<V
         let after = shown(&one, lifetime.as_secs());
         Ok((json!({ "before": before, "after": after }), "applied"))
     };
-    concluded(config, asked, written.await)
+    concluded(&snapshot.audit_log, asked, written.await).await
 }
 
 /// `DELETE /v1/quota/plans`: the consumer back on its own plan.
@@ -524,7 +520,7 @@ async fn remove_plan(
         let before = previous.map(|p| shown(&p, 0));
         Ok((json!({ "before": before, "after": null }), "applied"))
     };
-    concluded(config, asked, written.await)
+    concluded(&snapshot.audit_log, asked, written.await).await
 }
 
 /// Applies the overrides in force on this gateway now (the others read them within a second).

@@ -4,22 +4,19 @@
 //! `route`, each common limit the consumer meets, once (one bucket over every route using
 //! it). The admin listener checks the admin token first (`admin.rs`).
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use http::HeaderMap;
 use serde::{Deserialize, Serialize};
-use smallvec::SmallVec;
 
-use crate::caller::consumers::{Consumer, PlanId, Via, MAX_CONSUMER_ID};
+use crate::caller::consumers::{Consumer, PlanId, MAX_CONSUMER_ID};
 use crate::edge::admin_error::AdminError;
+use crate::exchange::named::{self, Unnamed};
 use crate::exchange::Site;
 use crate::limiter::fields::whole_seconds;
 use crate::limiter::{LimitRecords, LimitStatus, Mismatch, Policy};
 use crate::observe::metrics;
-use crate::route::keys::{RequestFacts, Rotation};
 use crate::route::table::{Route, RouteTable};
-use crate::route::tiers::{LimitMet, LimitsMet, Tier, TierLimit, Undecidable};
+use crate::route::tiers::{LimitMet, Tier, TierLimit};
 use crate::runtime::snapshot::Snapshot;
 
 /// What a query asks: whose usage, on which route, on which plan.
@@ -143,92 +140,20 @@ fn asked_routes<'r>(
 pub(crate) const UNKNOWN: &str =
     "no API key, identity.mtls.plans entry or limit's consumers: entry names it, and no verifier (JWT, client certificates) could";
 
-/// The consumer named `id` (1 to [`MAX_CONSUMER_ID`] bytes), on the plan named `plan` or
-/// its own (the one a plan override puts it on, while one applies): who the admin APIs speak
-/// of (known or not: see `Config::knows_consumer`).
+/// The consumer named `id` on the plan named `plan` or its own (`exchange::named`), or why it
+/// is not one, as the admin APIs refuse it.
 pub(crate) fn named_consumer<S>(
     site: &Site<S>,
     id: &str,
     plan: Option<&str>,
 ) -> Result<Consumer, AdminError> {
-    let config = &site.config;
-    if id.is_empty() || id.len() > MAX_CONSUMER_ID {
-        return Err(AdminError::Malformed {
+    named::consumer(site, id, plan).map_err(|unnamed| match unnamed {
+        Unnamed::Length => AdminError::Malformed {
             name: "consumer",
             why: format!("1 to {MAX_CONSUMER_ID} bytes").into(),
-        });
-    }
-    let plan_named = plan.is_some();
-    let plan = match plan {
-        Some(name) => Some(
-            config
-                .consumers
-                .plans()
-                .find(name)
-                .ok_or_else(|| AdminError::NoPlan(name.to_string()))?,
-        ),
-        None => config.consumers.plan_of(id),
-    };
-    let consumer = Consumer {
-        id: id.into(),
-        plan,
-        claims: SmallVec::new(),
-        via: Via::ApiKey,
-    };
-    Ok(match plan_named {
-        true => consumer,
-        false => site.on_plan_in_force(consumer),
+        },
+        Unnamed::NoPlan(plan) => AdminError::NoPlan(plan),
     })
-}
-
-/// The records of `tier`'s limits on route `route` for what an admin call names (a consumer,
-/// a client address): each limit's key, as a request of that caller would have it. The
-/// request has no method, host, path or header: a limit keyed on one of those is not named.
-pub(crate) fn named_records(
-    tier: &Tier,
-    route: &str,
-    consumer: Option<&Consumer>,
-    client_ip: Option<IpAddr>,
-) -> Result<LimitRecords, Undecidable> {
-    named(route, consumer, client_ip, |facts| {
-        tier.records(facts, &Rotation::default())
-    })
-}
-
-/// [`named_records`], each beside its limit (as [`Tier::met`] pairs a request's): what the
-/// quota admin API reads and writes, never joined by position.
-pub(crate) fn named_met(
-    tier: &Tier,
-    route: &str,
-    consumer: Option<&Consumer>,
-    client_ip: Option<IpAddr>,
-) -> Result<LimitsMet, Undecidable> {
-    named(route, consumer, client_ip, |facts| {
-        tier.met(facts, &Rotation::default())
-    })
-}
-
-/// `make` given the facts of a request of `consumer` from `client_ip` on `route`: no method,
-/// host, path or header (a limit keyed on one cannot be named).
-fn named<T>(
-    route: &str,
-    consumer: Option<&Consumer>,
-    client_ip: Option<IpAddr>,
-    make: impl FnOnce(&RequestFacts<'_>) -> T,
-) -> T {
-    let headers = HeaderMap::new();
-    let facts = RequestFacts {
-        client_ip: client_ip.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
-        method: "",
-        host: "",
-        path: "",
-        query: None,
-        headers: &headers,
-        route,
-        consumer,
-        claim_names: &[],
-    };
-    make(&facts)
 }
 
 /// Reads what each limit of `records` (`tier`'s) has left, consuming nothing.
@@ -241,7 +166,7 @@ pub(crate) async fn peek_records(
     policy.peek(&mut asked).await.map_err(AdminError::unread)
 }
 
-/// Reads what each limit of `met` (`tier`'s, as [`named_met`] made them) has left,
+/// Reads what each limit of `met` (`tier`'s, as `exchange::named::met` made them) has left,
 /// consuming nothing.
 pub(crate) async fn peek_met(
     policy: &Policy,
@@ -270,7 +195,7 @@ async fn peek(
     let readable = |limit: &TierLimit| tier.keys.follows_from_caller(&limit.key);
     let mut records = LimitRecords::new();
     if tier.limits.iter().any(|limit| readable(limit)) {
-        records = named_records(tier, &route.name, Some(consumer), None)
+        records = named::records(tier, &route.name, Some(consumer), None)
             .map_err(|undecidable| AdminError::Unkeyed(undecidable.0))?;
         peek_records(policy, tier, &mut records).await?;
     }

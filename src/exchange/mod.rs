@@ -4,7 +4,8 @@
 //! (`upstream.rs`) choose servers within the route's deadline and keep what the attempts and
 //! the response said; [`Exchange::end`] counts the request and gives back or settles what it
 //! took; `overrides` holds the quota overrides in force; `explain` tells what admission would
-//! do with a request without doing it. The proxy (`edge::proxy`) only
+//! do with a request without doing it; `named` keys the limits of a caller an admin call names
+//! instead of sending a request. The proxy (`edge::proxy`) only
 //! converts Pingora's types in and renders [`Answer`]s out.
 
 pub(crate) mod answer;
@@ -12,6 +13,7 @@ pub mod explain;
 pub(crate) mod head;
 pub(crate) mod limits;
 pub(crate) mod meters;
+pub mod named;
 pub mod overrides;
 pub mod rls;
 pub(crate) mod site;

@@ -11,7 +11,8 @@ use super::params::Params;
 use crate::caller::consumers::{AuthMode, Consumer};
 use crate::config::Config;
 use crate::edge::admin_error::AdminError;
-use crate::edge::usage::{named_consumer, named_met, peek_met};
+use crate::edge::usage::{named_consumer, peek_met};
+use crate::exchange::named;
 use crate::limiter::Policy;
 use crate::route::table::Route;
 use crate::route::tiers::{LimitMet, LimitsMet, Position, Tier, TierLimit};
@@ -38,7 +39,7 @@ impl Target<'_> {
     /// The limits of `tier` beside their records for these facts: each limit's key.
     pub(super) fn met(&self) -> Result<LimitsMet, AdminError> {
         let facts = &self.facts;
-        named_met(
+        named::met(
             &self.tier,
             &self.route.name,
             facts.consumer.as_ref(),

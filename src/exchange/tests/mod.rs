@@ -3,6 +3,7 @@
 mod adaptive;
 mod auth;
 mod explain;
+mod named;
 mod rls;
 
 use std::path::Path;

@@ -201,17 +201,11 @@ pub async fn keep(policy: &Policy, live: &InForce) {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
     use std::sync::Arc;
 
     use arc_swap::ArcSwap;
 
     use super::*;
-    use crate::config::Sources;
-    use crate::exchange::site::{Handover, Lasting};
-    use crate::limiter::clock::ManualClock;
-    use crate::limiter::local::LocalLimiter;
-    use crate::limiter::{Engine, PolicyMeters};
     use crate::route::overrides::QuotaOverride;
 
     /// One route, `api`, with a limit `per_ip` of 50 a second and `per_path` of 20, on the
@@ -220,15 +214,8 @@ mod tests {
         let yaml = "listen: [127.0.0.1:1]\n\
              routes: [{ name: api, match: { path_prefix: / }, upstream: { servers: [127.0.0.1:1] }, \
              limits: [{ name: per_ip, rate: 50/s }, { name: per_path, key: [path], rate: 20/s }] }]\n";
-        let config = Config::from_yaml(Path::new("o.yaml"), yaml).expect("a valid config");
-        let clock = Arc::new(ManualClock::new(1_000_000_000));
-        let local = Arc::new(LocalLimiter::new(clock.clone(), 1000));
-        let meters = PolicyMeters::unregistered();
-        let policy = Policy::new(Engine::local(local), None, clock.clone(), meters);
-        let lasting = Lasting::new(clock);
-        let mut read = Sources::default();
-        let snapshot = Snapshot::build(config, &lasting, Handover::default(), &mut read);
-        let live = Arc::new(ArcSwap::from_pointee(snapshot.expect("a snapshot")));
+        let (policy, snapshot) = crate::runtime::snapshot::testing::in_process(yaml);
+        let live = Arc::new(ArcSwap::from_pointee(snapshot));
         (policy, live)
     }
 

@@ -136,3 +136,31 @@ fn count_fetch(outcome: &FetchOutcome) {
         .with_label_values(&[outcome.label()])
         .inc();
 }
+
+/// A snapshot and a policy for unit tests: no socket, no server.
+#[cfg(test)]
+pub mod testing {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use super::Snapshot;
+    use crate::config::{Config, Sources};
+    use crate::exchange::site::{Handover, Lasting};
+    use crate::limiter::clock::ManualClock;
+    use crate::limiter::local::LocalLimiter;
+    use crate::limiter::{Engine, Policy, PolicyMeters};
+
+    /// The snapshot of the configuration `yaml`, and a policy deciding its limits (and keeping
+    /// the admin tables) in this process, both on one manual clock at 1,000 s.
+    pub fn in_process(yaml: &str) -> (Policy, Snapshot) {
+        let config = Config::from_yaml(Path::new("test.yaml"), yaml).expect("a valid config");
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let local = Arc::new(LocalLimiter::new(clock.clone(), 1000));
+        let meters = PolicyMeters::unregistered();
+        let policy = Policy::new(Engine::local(local), None, clock.clone(), meters);
+        let lasting = Lasting::new(clock);
+        let mut read = Sources::default();
+        let snapshot = Snapshot::build(config, &lasting, Handover::default(), &mut read);
+        (policy, snapshot.expect("a snapshot"))
+    }
+}

@@ -211,17 +211,11 @@ mod tests {
     use std::net::{IpAddr, Ipv4Addr};
 
     use http::HeaderMap;
-    use std::path::Path;
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::config::Sources;
     use crate::exchange::overrides::Read;
-    use crate::exchange::site::{Handover, Lasting};
-    use crate::limiter::clock::ManualClock;
-    use crate::limiter::local::LocalLimiter;
-    use crate::limiter::{Engine, PolicyMeters};
     use crate::route::keys::{RequestFacts, Rotation};
     use crate::route::overrides::{Override, PlanOverride, QuotaOverride};
 
@@ -237,19 +231,7 @@ mod tests {
              { name: per_path, key: [path], rate: 20/s }] }\n\
              \x20 - { name: open, match: { path_prefix: /open }, upstream: { servers: [127.0.0.1:1] }, \
              limits: [{ name: per_ip, key: [client_ip], rate: 5/s }] }\n";
-        let config = Config::from_yaml(Path::new("t.yaml"), yaml).expect("a valid config");
-        let clock = Arc::new(ManualClock::new(1_000_000_000));
-        let local = Arc::new(LocalLimiter::new(clock.clone(), 1000));
-        let policy = Policy::new(
-            Engine::local(local),
-            None,
-            clock.clone(),
-            PolicyMeters::unregistered(),
-        );
-        let mut read = Sources::default();
-        let snapshot =
-            Snapshot::build(config, &Lasting::new(clock), Handover::default(), &mut read);
-        (policy, snapshot.expect("a snapshot"))
+        crate::runtime::snapshot::testing::in_process(yaml)
     }
 
     /// The limits (name, quota) a call with `query` changes, or why it names none.

@@ -1540,14 +1540,17 @@ mod tests {
         drop(holdings);
     }
 
+    /// A GCRA emitting a unit every 100 us, with a burst of 10.
+    const GCRA_100US: Algorithm = Algorithm::Gcra {
+        emission_us: 100,
+        tolerance_us: 1000,
+        max_delay_us: 0,
+    };
+
     #[test]
     fn refunds_move_a_gcra_back_and_a_window_count_down_while_it_is_open() {
         use crate::limiter::algorithm::{Settled, State, Write};
-        let gcra = Algorithm::Gcra {
-            emission_us: 100,
-            tolerance_us: 1000,
-            max_delay_us: 0,
-        };
+        let gcra = GCRA_100US;
         let tat = State::Gcra { tat_us: 1500 };
         assert_eq!(
             gcra.refund(Some(&tat), 1000, 2, 1500),
@@ -1579,11 +1582,7 @@ mod tests {
     #[test]
     fn a_refund_never_gives_back_what_another_gateway_consumed_since() {
         use crate::limiter::algorithm::{Settled, State, Write};
-        let gcra = Algorithm::Gcra {
-            emission_us: 100,
-            tolerance_us: 1000,
-            max_delay_us: 0,
-        };
+        let gcra = GCRA_100US;
         // A took 5 units up to TAT 1500 (its mark); the bucket drained to 1400 by now, and B
         // consumed 3 units since: TAT 1700. A gives its 5 back: only the 100 us of them time
         // has not drained go back, B's 300 us stay.

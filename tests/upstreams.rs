@@ -1,12 +1,17 @@
 //! Upstream pools through a real gateway: round robin, consistent hashing, retries on connect
-//! failure only, health checks, strip_prefix and host rewrite.
+//! failure only, health checks, passive health (ejection, the panic threshold), strip_prefix
+//! and host rewrite.
 
 mod support;
 
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::config::{route, Config};
-use support::{free_port, http_get, Gateway, Upstream};
+use support::{free_port, http_call, http_get, metric, Gateway, Launch, Upstream};
 
 /// A gateway whose one route sends to this `upstream:` value.
 fn gateway(upstream_yaml: &str, any: &Upstream) -> Gateway {
@@ -208,4 +213,157 @@ fn the_demo_upstream_explains_its_usage_instead_of_panicking() {
         assert!(stderr.contains("usage: demo-upstream"), "{stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
+}
+
+/// A server that answers `503` to every request on keep-alive connections, counting them: a
+/// sick upstream (its threads end with the test process).
+struct Sick {
+    addr: SocketAddr,
+    served: Arc<AtomicU64>,
+}
+
+impl Sick {
+    fn start() -> Sick {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("its address");
+        let served = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&served);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let counted = Arc::clone(&counted);
+                std::thread::spawn(move || Sick::answer(stream, &counted));
+            }
+        });
+        Sick { addr, served }
+    }
+
+    /// Answers each request head on `stream` with an empty `503` until the peer closes.
+    fn answer(stream: TcpStream, served: &AtomicU64) {
+        let Ok(mut writer) = stream.try_clone() else {
+            return;
+        };
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) if line == "\r\n" => {
+                    served.fetch_add(1, Ordering::Relaxed);
+                    let answer = "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n";
+                    if writer.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+
+    fn served(&self) -> u64 {
+        self.served.load(Ordering::Relaxed)
+    }
+}
+
+const ADMIN_TOKEN: &str = "upstreams-admin-token-0123456789";
+
+/// A gateway, its log captured, whose route `api` sends to `servers` with passive health on
+/// by default and no active check; the dashboard opens with [`ADMIN_TOKEN`].
+fn passive_gateway(servers: &[String], any: &Upstream) -> Gateway {
+    let upstream = format!("{{ servers: [{}], retries: 0 }}", servers.join(", "));
+    let body = pool(&upstream)
+        .set("admin", format!("{{ token: {ADMIN_TOKEN} }}"))
+        .yaml();
+    let launch = Launch {
+        capture_log: true,
+        ..Launch::default()
+    };
+    let gateway = Gateway::launch(&body, any, None, &launch);
+    gateway.wait_ready();
+    gateway
+}
+
+/// What `/metrics` says of `server`'s ejections: (ejections so far, ejected now).
+fn ejections(gateway: &Gateway, server: SocketAddr) -> (f64, f64) {
+    let metrics = gateway.metrics();
+    let labels = [("server", server.to_string())];
+    let labels: Vec<(&str, &str)> = labels.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    (
+        metric(&metrics, "sluice_upstream_ejections_total", &labels),
+        metric(&metrics, "sluice_upstream_ejected", &labels),
+    )
+}
+
+/// The health state the dashboard's "Upstream servers" table shows for `server`.
+fn dashboard_state(gateway: &Gateway, server: SocketAddr) -> String {
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let page = http_call(
+        gateway.admin,
+        "GET",
+        "/ui/routes",
+        None,
+        &[("authorization", &bearer)],
+    );
+    assert_eq!(page.status, 200, "{}", page.body);
+    let row = format!("<code>{server}</code>");
+    let at = page.body.find(&row).expect("the server's row");
+    let rest = &page.body[at..];
+    let state = rest.split("data-state=\"").nth(1).expect("its state");
+    state.split('"').next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn a_server_answering_503_to_everything_is_ejected_and_the_healthy_one_serves() {
+    let healthy = Upstream::start();
+    let sick = Sick::start();
+    let servers = [healthy.addr.to_string(), sick.addr.to_string()];
+    let gateway = passive_gateway(&servers, &healthy);
+    assert_eq!(dashboard_state(&gateway, sick.addr), "not-checked");
+    // Five 503s in a row eject it: round robin sends it every other request.
+    support::eventually(Duration::from_secs(20), "the sick server ejected", || {
+        gateway.get("/x");
+        ejections(&gateway, sick.addr) == (1.0, 1.0)
+    });
+    assert_eq!(sick.served(), 5, "ejected on its fifth 503 in a row");
+    let statuses: Vec<u16> = (0..100).map(|_| gateway.get("/x").status).collect();
+    let served = statuses.iter().filter(|&&s| s == 200).count();
+    assert!(
+        served >= 95,
+        "{served} of 100 reached the healthy server: {statuses:?}"
+    );
+    assert_eq!(dashboard_state(&gateway, sick.addr), "ejected");
+    assert_eq!(dashboard_state(&gateway, healthy.addr), "not-checked");
+    let (_, healthy_ejected) = ejections(&gateway, healthy.addr);
+    assert_eq!(healthy_ejected, 0.0);
+    let log = gateway.log();
+    let logged = format!("upstream server {} ejected for 30000 ms", sick.addr);
+    assert_eq!(log.matches(&logged).count(), 1, "logged once: {log}");
+}
+
+#[test]
+fn with_every_server_ejected_requests_are_balanced_over_all_of_them() {
+    let any = Upstream::start();
+    let (a, b) = (Sick::start(), Sick::start());
+    let gateway = passive_gateway(&[a.addr.to_string(), b.addr.to_string()], &any);
+    support::eventually(Duration::from_secs(20), "both servers ejected", || {
+        gateway.get("/x");
+        ejections(&gateway, a.addr).1 == 1.0 && ejections(&gateway, b.addr).1 == 1.0
+    });
+    let before = (a.served(), b.served());
+    let statuses: Vec<u16> = (0..20).map(|_| gateway.get("/x").status).collect();
+    assert!(
+        statuses.iter().all(|&s| s == 503),
+        "the servers' own answers, none refused by the gateway: {statuses:?}"
+    );
+    assert_eq!(
+        (a.served() - before.0, b.served() - before.1),
+        (10, 10),
+        "balanced over both (the panic threshold)"
+    );
+    assert_eq!(
+        ejections(&gateway, a.addr).0,
+        1.0,
+        "each ejection counted once"
+    );
+    assert_eq!(ejections(&gateway, b.addr).0, 1.0);
 }

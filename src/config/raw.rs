@@ -141,6 +141,18 @@ pub struct RawUpstream {
     pub host: Option<String>,
     pub tls: Option<RawUpstreamTls>,
     pub http2: Option<bool>,
+    pub passive_health: Option<RawPassiveHealth>,
+}
+
+/// `upstream.passive_health:`, outlier detection (on unless `enabled: false`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPassiveHealth {
+    pub enabled: Option<bool>,
+    pub consecutive_failures: Option<u64>,
+    pub base_ejection_ms: Option<u64>,
+    pub max_ejection_ms: Option<u64>,
+    pub max_ejected_percent: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -8,9 +8,9 @@ use http::header::HeaderValue;
 use super::choice::{chosen, BalanceName, Spelled};
 use super::limits::key_parts;
 use super::problem::{millis_within, Problems};
-use super::raw::{RawUpstream, RawUpstreamTls};
+use super::raw::{RawPassiveHealth, RawUpstream, RawUpstreamTls};
 use crate::route::upstream::CertificateFiles;
-use crate::route::upstream::{Balance, UpstreamSettings, UpstreamTls};
+use crate::route::upstream::{Balance, PassiveHealth, UpstreamSettings, UpstreamTls};
 
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 1_000;
 pub const DEFAULT_READ_TIMEOUT_MS: u64 = 30_000;
@@ -52,6 +52,7 @@ pub fn compile(at: &str, raw: Option<RawUpstream>, p: &mut Problems) -> Option<U
     let strip_prefix = compile_strip_prefix(at, raw.strip_prefix, p);
     let host = compile_host(at, raw.host.as_deref(), p);
     let tls = compile_tls(at, raw.tls, raw.servers.first().map(String::as_str), p);
+    let passive_health = compile_passive_health(at, raw.passive_health, p);
     Some(UpstreamSettings {
         servers: servers?,
         balance: balance?,
@@ -63,7 +64,59 @@ pub fn compile(at: &str, raw: Option<RawUpstream>, p: &mut Problems) -> Option<U
         host: host.ok()?,
         tls,
         http2: raw.http2.unwrap_or(false),
+        passive_health: passive_health.ok()?,
     })
+}
+
+/// `passive_health:`, on with Envoy's defaults unless `enabled: false`; `Err` when a setting
+/// is out of range.
+fn compile_passive_health(
+    at: &str,
+    raw: Option<RawPassiveHealth>,
+    p: &mut Problems,
+) -> Result<Option<PassiveHealth>, ()> {
+    let at = &format!("{at}.passive_health");
+    let Some(raw) = raw else {
+        return Ok(Some(PassiveHealth::DEFAULT));
+    };
+    let defaults = PassiveHealth::DEFAULT;
+    let within =
+        |value: u64, range: std::ops::RangeInclusive<u64>, field: &str, p: &mut Problems| {
+            if range.contains(&value) {
+                return Ok(value);
+            }
+            let (low, high) = range.into_inner();
+            p.add(
+                format!("{at}.{field}"),
+                format!("must be between {low} and {high}, got {value}"),
+            );
+            Err(())
+        };
+    let failures = raw.consecutive_failures.unwrap_or(5);
+    let failures = within(failures, 1..=1_000, "consecutive_failures", p);
+    let percent = raw.max_ejected_percent.unwrap_or(50);
+    let percent = within(percent, 1..=100, "max_ejected_percent", p);
+    let ms = |d: std::time::Duration| d.as_millis() as u64;
+    let base = raw.base_ejection_ms.unwrap_or(ms(defaults.base_ejection));
+    let base = millis_within(base, MILLIS, &format!("{at}.base_ejection_ms"), p).ok_or(());
+    let max = raw.max_ejection_ms.unwrap_or(ms(defaults.max_ejection));
+    let max = millis_within(max, MILLIS, &format!("{at}.max_ejection_ms"), p).ok_or(());
+    if let (Ok(base), Ok(max)) = (base, max) {
+        if max < base {
+            p.add(
+                format!("{at}.max_ejection_ms"),
+                "must not be shorter than base_ejection_ms",
+            );
+            return Err(());
+        }
+    }
+    let settings = PassiveHealth {
+        consecutive_failures: failures? as u32,
+        base_ejection: base?,
+        max_ejection: max?,
+        max_ejected_percent: percent? as u8,
+    };
+    Ok(raw.enabled.unwrap_or(true).then_some(settings))
 }
 
 /// `servers:`, resolved to addresses now (never per request); every one that does not is named.
@@ -297,6 +350,48 @@ read_timeout_ms: 0
         assert_eq!(
             problems,
             ["routes[0].upstream.hash_key: applies only with balance: consistent"]
+        );
+    }
+
+    #[test]
+    fn passive_health_is_on_by_default_and_its_mistakes_are_named() {
+        let (settings, _) = upstream("servers: [127.0.0.1:1]\n");
+        let settings = settings.expect("it compiles");
+        assert_eq!(settings.passive_health, Some(PassiveHealth::DEFAULT));
+        let (settings, _) =
+            upstream("servers: [127.0.0.1:1]\npassive_health: { enabled: false }\n");
+        assert_eq!(settings.expect("it compiles").passive_health, None);
+        let (settings, _) = upstream(
+            "servers: [127.0.0.1:1]\npassive_health: { consecutive_failures: 3, base_ejection_ms: 1000, max_ejection_ms: 5000, max_ejected_percent: 20 }\n",
+        );
+        let rule = settings.and_then(|s| s.passive_health).expect("on");
+        assert_eq!(
+            (
+                rule.consecutive_failures,
+                rule.base_ejection,
+                rule.max_ejection,
+                rule.max_ejected_percent
+            ),
+            (3, Duration::from_secs(1), Duration::from_secs(5), 20)
+        );
+        let (settings, problems) = upstream(
+            "servers: [127.0.0.1:1]\npassive_health: { consecutive_failures: 0, max_ejected_percent: 101, base_ejection_ms: 0 }\n",
+        );
+        assert!(settings.is_none());
+        assert_eq!(
+            problems,
+            [
+                "routes[0].upstream.passive_health.consecutive_failures: must be between 1 and 1000, got 0",
+                "routes[0].upstream.passive_health.max_ejected_percent: must be between 1 and 100, got 101",
+                "routes[0].upstream.passive_health.base_ejection_ms: must be between 1 and 3600000 ms, got 0",
+            ]
+        );
+        let (_, problems) = upstream(
+            "servers: [127.0.0.1:1]\npassive_health: { base_ejection_ms: 5000, max_ejection_ms: 1000 }\n",
+        );
+        assert_eq!(
+            problems,
+            ["routes[0].upstream.passive_health.max_ejection_ms: must not be shorter than base_ejection_ms"]
         );
     }
 }

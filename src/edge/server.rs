@@ -82,8 +82,9 @@ pub fn preflight(config: &Config, read: &mut Sources) -> Result<Vec<String>, Con
             Vec::new()
         }
     };
-    let gauges = crate::upstream::health::unregistered_gauge;
-    if let Err(mut found) = crate::upstream::pool::Pools::build(&config.routes, read, gauges) {
+    let clock = std::sync::Arc::new(crate::limiter::clock::SystemClock);
+    let setup = crate::upstream::health::RecordSetup::unregistered(clock);
+    if let Err(mut found) = crate::upstream::pool::Pools::build(&config.routes, read, &setup) {
         problems.append(&mut found);
     }
     if let Some(access_log) = &config.access_log {

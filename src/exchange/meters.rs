@@ -19,12 +19,13 @@ use crate::observe::metrics::{
     ADAPTIVE_BASELINE, ADAPTIVE_LIMIT, ADAPTIVE_SHED, AUTH_FAILURES, CLIENT_ERRORS,
     LIMIT_DECISIONS, PLAN_REQUESTS, REQUESTS, REQUESTS_IN_FLIGHT, REQUEST_DURATION,
     RESPONSE_COST_REPORTS, RESPONSE_COST_UNITS, RLS_LIMIT_DECISIONS, RLS_REQUESTS,
-    UPSTREAM_DURATION, UPSTREAM_ERRORS, UPSTREAM_HEALTHY, UPSTREAM_RESPONSES,
-    UPSTREAM_SERVER_ERRORS,
+    UPSTREAM_DURATION, UPSTREAM_EJECTED, UPSTREAM_EJECTIONS, UPSTREAM_ERRORS, UPSTREAM_HEALTHY,
+    UPSTREAM_RESPONSES, UPSTREAM_SERVER_ERRORS,
 };
 use crate::route::descriptors::Domains;
 use crate::route::table::RouteTable;
 use crate::route::tiers::Position;
+use crate::upstream::outlier::EjectionMeters;
 
 /// Counter handles of one rate limit service domain: one per request decision, and per limit
 /// one per [`Outcome`].
@@ -448,6 +449,15 @@ impl Metrics {
         UPSTREAM_HEALTHY.with_label_values(&[route, &server.to_string()])
     }
 
+    /// The ejection counter and gauge of `server` (passive health), whatever the route.
+    pub fn upstream_ejection(server: SocketAddr) -> EjectionMeters {
+        let server = server.to_string();
+        EjectionMeters {
+            ejections: UPSTREAM_EJECTIONS.with_label_values(&[&server]),
+            ejected: UPSTREAM_EJECTED.with_label_values(&[&server]),
+        }
+    }
+
     /// Stops exporting the series this configuration has and `next` has not (a reload removed
     /// a route, a limit or a server): a dashboard shows what is configured, not everything that
     /// ever was.
@@ -514,6 +524,8 @@ impl Metrics {
             for kind in UpstreamError::ALL {
                 let _ = UPSTREAM_SERVER_ERRORS.remove_label_values(&[server, kind.label()]);
             }
+            let _ = UPSTREAM_EJECTIONS.remove_label_values(&[server]);
+            let _ = UPSTREAM_EJECTED.remove_label_values(&[server]);
         }
     }
 

@@ -25,6 +25,7 @@ use crate::observe::metrics::ACCESS_LOG_DROPPED;
 use crate::route::keys::Rotation;
 use crate::route::table::Route;
 use crate::route::tiers::{Tier, TierId};
+use crate::upstream::health::HealthRecord;
 use crate::upstream::servers::Servers;
 
 /// One route as a request needs it, in one reference: the compiled route, its upstream
@@ -154,8 +155,9 @@ impl<S> Site<S> {
 /// What a new site takes over from the one in force, said in one place: the keys its JWT
 /// verifier fetched from a JWKS URL, when the new configuration names the same URL (they stay
 /// in force until its next fetch); and each route's adaptive concurrency limiter, when the
-/// route keeps its name and settings (its limit, baseline and requests in flight carry on).
-/// Nothing else crosses a reload: pools are built and probed again, rotations and the
+/// route keeps its name and settings (its limit, baseline and requests in flight carry on); and
+/// each upstream server's passive health (an ejected server kept stays ejected). Nothing else
+/// crosses a reload: pools are built and probed again, rotations and the
 /// verified-token cache start anew; the quota overrides in force are the process's
 /// (`Lasting`), which every site compiles for its own routes.
 #[derive(Clone, Default)]
@@ -163,6 +165,8 @@ pub struct Handover<'a> {
     jwt: Option<&'a JwtVerifier>,
     /// Read from the routes in force (each route's runtime holds its own; no second list).
     adaptive: Vec<AdaptiveByRoute>,
+    /// The upstream servers' health in force: the passive state of each server kept.
+    health: Option<&'a HealthRecord>,
 }
 
 /// A route's adaptive concurrency limiter, by the route's name.
@@ -178,7 +182,21 @@ impl<'a> Handover<'a> {
         Handover {
             jwt: previous.jwt.as_deref(),
             adaptive: adaptive.collect(),
+            health: None,
         }
+    }
+
+    /// With the health record in force, whose servers' passive state a server kept keeps.
+    pub fn with_health(self, health: &'a HealthRecord) -> Handover<'a> {
+        Handover {
+            health: Some(health),
+            ..self
+        }
+    }
+
+    /// The health record in force, if handed over.
+    pub fn health(&self) -> Option<&'a HealthRecord> {
+        self.health
     }
 
     /// The limiter of the route named `route` in force, if it has the same `settings`.

@@ -1,6 +1,8 @@
 //! The admitted request on its way to the upstream: which server to dial next and how long
 //! each wait may last within the route's deadline, what every failed attempt was (each counted
-//! once), the target the upstream gets, and what the response says it cost.
+//! once), the target the upstream gets, and what the response says it cost. Each attempt's end
+//! is told to the route's servers once (a failed attempt, a `5xx` response head, or any other):
+//! what their passive health learns from.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -151,11 +153,14 @@ impl<S: Servers> Exchange<S> {
     }
 
     /// Counts a failed attempt of kind `kind` for the route, and for `server` when the
-    /// attempt had one.
+    /// attempt had one (whose passive health learns of it).
     fn count_upstream_error(&mut self, kind: UpstreamError, server: Option<SocketAddr>) {
         self.upstream.error = Some(kind);
         if let Some(runtime) = &self.route {
             runtime.metrics.count_upstream_error(kind, server);
+            if let Some(server) = server {
+                runtime.servers.attempt_ended(server, true);
+            }
         }
     }
 
@@ -205,11 +210,17 @@ impl<S: Servers> Exchange<S> {
         })
     }
 
-    /// The upstream's response head arrived: the upstream time ends here, and its headers may
-    /// say what the response cost.
-    pub fn response_head(&mut self, headers: &HeaderMap) {
+    /// The upstream's response head (`status`) arrived: the upstream time ends here, the
+    /// server's passive health learns whether it failed (`5xx`), and its headers may say what
+    /// the response cost.
+    pub fn response_head(&mut self, status: u16, headers: &HeaderMap) {
         if self.upstream.time.is_none() {
             self.upstream.time = self.upstream.started.map(|started| self.since(started));
+            if let (Some(runtime), Some(server)) = (&self.route, self.upstream.dialed) {
+                runtime
+                    .servers
+                    .attempt_ended(server, (500..600).contains(&status));
+            }
         }
         // The upstream is done waiting on it (a stream or an upgraded connection may go on):
         // its latency is a sample of the adaptive limit, and its place goes back, as Envoy's.

@@ -266,6 +266,24 @@ pub static UPSTREAM_SERVER_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("sluice_upstream_server_errors_total registers once")
 });
 
+pub static UPSTREAM_EJECTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_upstream_ejections_total",
+        "Times passive health ejected the upstream server (failed attempts in a row: 5xx responses, refused, reset or timed-out connections), whatever the route.",
+        &["server"]
+    )
+    .expect("sluice_upstream_ejections_total registers once")
+});
+
+pub static UPSTREAM_EJECTED: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "sluice_upstream_ejected",
+        "1 while passive health has the upstream server ejected (until its ejection time has passed and a request or the dashboard reads it), 0 otherwise.",
+        &["server"]
+    )
+    .expect("sluice_upstream_ejected registers once")
+});
+
 pub static CLIENT_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "sluice_client_errors_total",
@@ -376,7 +394,7 @@ pub fn lease_meters() -> LeaseMeters {
 }
 
 /// Every family sluice exports (the process collector's besides).
-fn families() -> [&'static dyn Collector; 35] {
+fn families() -> [&'static dyn Collector; 37] {
     [
         &*ADMIN_CHANGES,
         &*REQUESTS,
@@ -406,6 +424,8 @@ fn families() -> [&'static dyn Collector; 35] {
         &*UPSTREAM_HEALTHY,
         &*UPSTREAM_ERRORS,
         &*UPSTREAM_SERVER_ERRORS,
+        &*UPSTREAM_EJECTIONS,
+        &*UPSTREAM_EJECTED,
         &*CLIENT_ERRORS,
         &*ACCESS_LOG_DROPPED,
         &*INTERNAL_MISMATCHES,

@@ -41,6 +41,38 @@ pub enum Balance {
     Consistent(Vec<KeyPart>),
 }
 
+/// Passive health (outlier detection, as Envoy's): what the answers of a route's servers
+/// tell of them. A server that fails `consecutive_failures` attempts in a row (a `5xx`
+/// response, a refused, reset or timed-out connection) is ejected for `base_ejection` times the
+/// number of its ejections, at most `max_ejection`; the route skips ejected servers while no
+/// more than `max_ejected_percent` of its servers (at least one, never all) are out, and
+/// balances over all of them when more are (a panic threshold).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PassiveHealth {
+    pub consecutive_failures: u32,
+    pub base_ejection: Duration,
+    pub max_ejection: Duration,
+    pub max_ejected_percent: u8,
+}
+
+impl PassiveHealth {
+    /// The defaults: 5 failures in a row, 30 s growing by 30 s per ejection up to 300 s
+    /// (Envoy's), at most half the servers out at once (Envoy's panic threshold).
+    pub const DEFAULT: PassiveHealth = PassiveHealth {
+        consecutive_failures: 5,
+        base_ejection: Duration::from_secs(30),
+        max_ejection: Duration::from_secs(300),
+        max_ejected_percent: 50,
+    };
+
+    /// How many of `servers` servers may be skipped for being ejected: the percentage, at
+    /// least one, never all.
+    pub fn max_ejected(&self, servers: usize) -> usize {
+        let share = servers * usize::from(self.max_ejected_percent) / 100;
+        share.max(1).min(servers.saturating_sub(1))
+    }
+}
+
 /// Everything about a route's upstream, as compiled from the config.
 #[derive(Debug, Clone)]
 pub struct UpstreamSettings {
@@ -59,6 +91,8 @@ pub struct UpstreamSettings {
     /// Speak HTTP/2 to the servers (by ALPN over TLS, with prior knowledge in the clear): what
     /// gRPC upstreams need.
     pub http2: bool,
+    /// Passive health (outlier detection); `None`: off for this route.
+    pub passive_health: Option<PassiveHealth>,
 }
 
 impl UpstreamSettings {
@@ -75,6 +109,7 @@ impl UpstreamSettings {
             host: None,
             tls: None,
             http2: false,
+            passive_health: Some(PassiveHealth::DEFAULT),
         }
     }
 

@@ -194,7 +194,7 @@ impl ConfigService {
             // The site in force hands over only while the next one is built: its guard is not
             // held across the start below.
             let previous = self.live.load();
-            let handover = Handover::of(&previous.site);
+            let handover = Handover::of(&previous.site).with_health(previous.health());
             Arc::new(Snapshot::build(config, &self.lasting, handover, read)?)
         };
         snapshot.start().await;

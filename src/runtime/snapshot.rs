@@ -21,7 +21,7 @@ use crate::config::{Config, ConfigError, Sources};
 use crate::exchange::meters::Metrics;
 use crate::exchange::site::{Handover, Lasting, Site};
 use crate::observe::metrics;
-use crate::upstream::health::{HealthChecks, HealthRecord};
+use crate::upstream::health::{HealthChecks, HealthRecord, RecordSetup};
 use crate::upstream::pool::{Pool, Pools};
 
 /// A site and what keeps it current while it is in force: its routes' pools (Pingora's load
@@ -56,13 +56,16 @@ impl Snapshot {
         handover: Handover<'_>,
         read: &mut Sources,
     ) -> Result<Snapshot, ConfigError> {
-        let pools =
-            Pools::build(&config.routes, read, Metrics::upstream_health).map_err(|problems| {
-                ConfigError {
-                    file: config.source.clone(),
-                    problems,
-                }
-            })?;
+        let setup = RecordSetup {
+            clock: Arc::clone(&lasting.clock),
+            gauge: Metrics::upstream_health,
+            ejection: Metrics::upstream_ejection,
+            previous: handover.health(),
+        };
+        let pools = Pools::build(&config.routes, read, &setup).map_err(|problems| ConfigError {
+            file: config.source.clone(),
+            problems,
+        })?;
         let servers: Vec<Pool> = pools.iter().cloned().collect();
         Ok(Snapshot {
             site: Arc::new(Site::build(config, &servers, lasting, handover)?),

@@ -1,13 +1,16 @@
 //! One record of upstream server health per configuration: each server once, whatever the
-//! routes that list it, in one of three states — not checked (no route listing it asks for a
-//! check), healthy, unhealthy. Every route's pool consults it when it picks a server, and the
+//! routes that list it, in one of four states — not checked (no route listing it asks for a
+//! check), healthy, unhealthy, ejected (its answers failed too often in a row: passive health,
+//! `outlier.rs`). Every route's pool consults it when it picks a server, and the
 //! dashboard and `sluice_upstream_healthy{route,server}` show it, so what routing does and what
 //! the operator sees agree, and a server has one state on every route.
 //!
 //! Active TCP checks write it: one per server, checked when any route listing it asks for
 //! checks, every shortest interval asked, each connection given the longest connect timeout of
-//! those routes. [`ServerHealth::set`] is where state comes in: a passive observer of requests
-//! writes through it too.
+//! those routes. [`ServerHealth::set`] is where their state comes in. The answers of requests
+//! write its passive state (`outlier.rs`), under the strictest rule of the routes that ask for
+//! one (fewest failures in a row, shortest ejection times); that state outlives the record: a
+//! reload hands it to the next configuration's record for the servers it keeps.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -17,7 +20,10 @@ use std::time::Duration;
 use prometheus::IntGauge;
 use tokio::sync::watch;
 
+use crate::limiter::clock::Clock;
 use crate::route::table::RouteTable;
+use crate::route::upstream::PassiveHealth;
+use crate::upstream::outlier::{EjectionMeters, Outlier};
 
 /// What is known of a server's health.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +34,9 @@ pub enum HealthState {
     Healthy,
     /// It failed its last check: no route dials it until it passes one.
     Unhealthy,
+    /// Its answers failed too often in a row (passive health): routes skip it until its
+    /// ejection time has passed, unless too many of their servers are out.
+    Ejected,
 }
 
 impl HealthState {
@@ -37,6 +46,7 @@ impl HealthState {
             HealthState::NotChecked => "not-checked",
             HealthState::Healthy => "healthy",
             HealthState::Unhealthy => "unhealthy",
+            HealthState::Ejected => "ejected",
         }
     }
 
@@ -46,10 +56,12 @@ impl HealthState {
             HealthState::NotChecked => "not checked",
             HealthState::Healthy => "healthy",
             HealthState::Unhealthy => "unhealthy",
+            HealthState::Ejected => "ejected",
         }
     }
 
-    /// Whether a request may dial a server in this state.
+    /// Whether a request may dial a server in this state of its checks (an ejected server's
+    /// turn is its route's pool's to decide).
     pub fn routable(self) -> bool {
         self != HealthState::Unhealthy
     }
@@ -80,11 +92,44 @@ pub struct ServerHealth {
     routes: Box<[Arc<str>]>,
     /// `sluice_upstream_healthy` of each of those routes and this server.
     gauges: Box<[IntGauge]>,
+    /// What its answers tell of it, kept across reloads.
+    pub(crate) outlier: Arc<Outlier>,
+    /// When its answers eject it: the strictest rule of the routes that ask; `None`: no route
+    /// listing it does.
+    passive: Option<PassiveHealth>,
 }
 
 impl ServerHealth {
+    /// Its state, ejected included: what the operator sees.
     pub fn state(&self) -> HealthState {
+        match self.checked() {
+            HealthState::Unhealthy => HealthState::Unhealthy,
+            _ if self.outlier.ejected() => HealthState::Ejected,
+            state => state,
+        }
+    }
+
+    /// Its state as its active checks found it.
+    pub fn checked(&self) -> HealthState {
         HealthState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    /// Whether it is ejected now (passive health).
+    pub fn ejected(&self) -> bool {
+        self.outlier.ejected()
+    }
+
+    /// An attempt on it ended: `failed` (a `5xx`, a failed connection) or answered. Whether
+    /// that ejected it (never when no route listing it asks for passive health).
+    pub fn attempt_ended(&self, failed: bool) -> bool {
+        match (failed, &self.passive) {
+            (false, Some(_)) => {
+                self.outlier.succeeded();
+                false
+            }
+            (true, Some(rule)) => self.outlier.failed(rule),
+            (_, None) => false,
+        }
     }
 
     /// The routes that list it, in file order.
@@ -105,7 +150,7 @@ impl ServerHealth {
 
     /// Each route's gauge: 1 while the server may be dialed, 0 while it is unhealthy.
     fn publish(&self) {
-        let routable = i64::from(self.state().routable());
+        let routable = i64::from(self.checked().routable());
         for gauge in self.gauges.iter() {
             gauge.set(routable);
         }
@@ -143,6 +188,43 @@ pub fn unregistered_gauge(_route: &str, _server: SocketAddr) -> IntGauge {
     IntGauge::new("sluice_upstream_healthy", "unregistered").expect("a valid gauge name")
 }
 
+/// What a health record is built with besides its routes: the clock ejections are timed on,
+/// where each server shows its health, and the record in force (whose passive state the
+/// servers it shares with the new one keep).
+pub struct RecordSetup<'a> {
+    pub clock: Arc<dyn Clock>,
+    /// `sluice_upstream_healthy` of a route and a server.
+    pub gauge: fn(&str, SocketAddr) -> IntGauge,
+    /// A server's ejection counter and gauge.
+    pub ejection: fn(SocketAddr) -> EjectionMeters,
+    pub previous: Option<&'a HealthRecord>,
+}
+
+impl RecordSetup<'_> {
+    /// A setup that shows nothing (`sluice -t`, tests), on `clock`.
+    pub fn unregistered(clock: Arc<dyn Clock>) -> RecordSetup<'static> {
+        RecordSetup {
+            clock,
+            gauge: unregistered_gauge,
+            ejection: EjectionMeters::unregistered,
+            previous: None,
+        }
+    }
+
+    /// `server`'s passive state: the record in force's, or a new one.
+    fn outlier(&self, server: SocketAddr) -> Arc<Outlier> {
+        let kept = self.previous.and_then(|record| record.of(server));
+        match kept {
+            Some(health) => Arc::clone(&health.outlier),
+            None => Arc::new(Outlier::new(
+                server,
+                Arc::clone(&self.clock),
+                (self.ejection)(server),
+            )),
+        }
+    }
+}
+
 /// Every upstream server of one configuration, each once.
 pub struct HealthRecord {
     servers: Box<[Arc<ServerHealth>]>,
@@ -169,6 +251,7 @@ impl Drop for HealthChecks {
 struct Listed {
     server: SocketAddr,
     check: Option<Check>,
+    passive: Option<PassiveHealth>,
     routes: Vec<Arc<str>>,
 }
 
@@ -188,17 +271,9 @@ impl Listed {
             },
         });
     }
-}
 
-impl HealthRecord {
-    /// Each server of `routes` once, with the routes that list it, checked when one of them
-    /// asks; `gauge(route, server)` is where each route shows it. A checked server counts as
-    /// healthy until its first check ([`HealthRecord::check_once`] runs before the
-    /// configuration goes live).
-    pub fn build(
-        routes: &RouteTable,
-        gauge: impl Fn(&str, SocketAddr) -> IntGauge,
-    ) -> HealthRecord {
+    /// Each server of `routes` once, with what the routes listing it ask of it.
+    fn all(routes: &RouteTable) -> Vec<Listed> {
         let mut listed: Vec<Listed> = Vec::new();
         for route in routes.in_file_order() {
             let settings = &route.upstream;
@@ -209,6 +284,7 @@ impl HealthRecord {
                         let new = Listed {
                             server,
                             check: None,
+                            passive: None,
                             routes: Vec::new(),
                         };
                         listed.push(new);
@@ -217,12 +293,37 @@ impl HealthRecord {
                 };
                 let one = &mut listed[at];
                 one.ask(settings.health_check, settings.connect_timeout);
+                one.watch(settings.passive_health);
                 if !one.routes.contains(&route.name) {
                     one.routes.push(Arc::clone(&route.name));
                 }
             }
         }
-        let servers = listed.into_iter().map(|one| {
+        listed
+    }
+
+    /// Adds a route's passive health rule (if it has one): the strictest wins.
+    fn watch(&mut self, rule: Option<PassiveHealth>) {
+        let Some(rule) = rule else { return };
+        self.passive = Some(match self.passive {
+            None => rule,
+            Some(kept) => PassiveHealth {
+                consecutive_failures: kept.consecutive_failures.min(rule.consecutive_failures),
+                base_ejection: kept.base_ejection.min(rule.base_ejection),
+                max_ejection: kept.max_ejection.min(rule.max_ejection),
+                max_ejected_percent: kept.max_ejected_percent.max(rule.max_ejected_percent),
+            },
+        });
+    }
+}
+
+impl HealthRecord {
+    /// Each server of `routes` once, with the routes that list it, checked when one of them
+    /// asks; `setup.gauge(route, server)` is where each route shows it. A checked server counts
+    /// as healthy until its first check ([`HealthRecord::check_once`] runs before the
+    /// configuration goes live).
+    pub fn build(routes: &RouteTable, setup: &RecordSetup<'_>) -> HealthRecord {
+        let servers = Listed::all(routes).into_iter().map(|one| {
             let state = match one.check {
                 Some(_) => HealthState::Healthy,
                 None => HealthState::NotChecked,
@@ -230,7 +331,7 @@ impl HealthRecord {
             let gauges = one
                 .routes
                 .iter()
-                .map(|route| gauge(route, one.server))
+                .map(|route| (setup.gauge)(route, one.server))
                 .collect();
             let health = ServerHealth {
                 server: one.server,
@@ -238,6 +339,8 @@ impl HealthRecord {
                 state: AtomicU8::new(state as u8),
                 routes: one.routes.into(),
                 gauges,
+                outlier: setup.outlier(one.server),
+                passive: one.passive,
             };
             health.publish();
             Arc::new(health)
@@ -289,7 +392,8 @@ mod tests {
     fn record(routes: &str) -> HealthRecord {
         let yaml = format!("listen: [127.0.0.1:1]\nroutes:\n{routes}");
         let config = Config::from_yaml(Path::new("health.yaml"), &yaml).expect("it compiles");
-        HealthRecord::build(&config.routes, unregistered_gauge)
+        let clock = Arc::new(crate::limiter::clock::ManualClock::default());
+        HealthRecord::build(&config.routes, &RecordSetup::unregistered(clock))
     }
 
     #[tokio::test]

@@ -3,11 +3,13 @@
 //! servers on `pingora-load-balancing` that answers it (round robin or consistent hashing among
 //! those the health record does not find unhealthy; `pool`), each server's health once per
 //! configuration whatever the routes that list it (`health`: not checked, healthy, unhealthy;
-//! written by its checks), and the TLS material of HTTPS upstreams
-//! (`tls`). Which server a request dials next, within its deadline, is the exchange's
+//! written by its checks; ejected, by passive health), what the answers of a server tell of it
+//! (`outlier`: failures in a row eject it for a while, Envoy's outlier detection), and the TLS
+//! material of HTTPS upstreams (`tls`). Which server a request dials next, within its deadline, is the exchange's
 //! (`exchange/upstream.rs`).
 
 pub(crate) mod health;
+pub(crate) mod outlier;
 pub(crate) mod pool;
 pub mod servers;
 pub(crate) mod tls;

@@ -1,7 +1,8 @@
 //! Upstream pools on `pingora-load-balancing`, one per route of a configuration: a server chosen
 //! round robin or by consistent hashing (ketama) of a key part, among those the
 //! configuration's health record (`health.rs`: each server once, whatever the route) does not
-//! find unhealthy. A pool is built with the configuration it serves; the record's checks run
+//! find unhealthy, and not ejected by passive health while no more than the route's share of
+//! its servers are (more: it balances over all of them, a panic threshold). A pool is built with the configuration it serves; the record's checks run
 //! once before that configuration goes live, then in the background until it is retired.
 
 use std::net::SocketAddr;
@@ -9,12 +10,11 @@ use std::sync::Arc;
 
 use pingora::lb::selection::{BackendIter, BackendSelection, Consistent, RoundRobin};
 use pingora::lb::{Backend, LoadBalancer};
-use prometheus::IntGauge;
 
 use crate::config::{Problem, Sources};
 use crate::route::table::RouteTable;
 use crate::route::upstream::{Balance, UpstreamSettings};
-use crate::upstream::health::{HealthChecks, HealthRecord, HealthState, ServerHealth};
+use crate::upstream::health::{HealthChecks, HealthRecord, HealthState, RecordSetup, ServerHealth};
 use crate::upstream::servers::Servers;
 use crate::upstream::tls::PeerTls;
 
@@ -36,6 +36,9 @@ pub struct Pool {
     tls: Option<PeerTls>,
     /// The route's servers, in its order, as the record has them.
     health: Arc<[Arc<ServerHealth>]>,
+    /// How many ejected servers it may skip at once (0: passive health is off for the route,
+    /// or it has one server).
+    max_ejected: usize,
 }
 
 fn balancer<S>(settings: &UpstreamSettings) -> std::io::Result<Arc<LoadBalancer<S>>>
@@ -70,17 +73,39 @@ impl Pool {
             let listed = record.of(*server).map(Arc::clone);
             listed.ok_or_else(|| format!("{server} is missing from the health record"))
         });
+        let passive = settings.passive_health;
         Ok(Pool {
             balancer,
             tls,
             health: health.collect::<Result<_, _>>()?,
+            max_ejected: passive.map_or(0, |rule| rule.max_ejected(settings.servers.len())),
         })
     }
 
-    /// Whether `server` may be dialed: its record does not find it unhealthy.
-    fn routable(&self, server: SocketAddr) -> bool {
+    /// Whether `server` may be dialed: its record does not find it unhealthy, and it is not
+    /// ejected when ejected servers are skipped (`skip_ejected`).
+    fn routable(&self, server: SocketAddr, skip_ejected: bool) -> bool {
         let health = self.health.iter().find(|health| health.server == server);
-        health.is_none_or(|health| health.state().routable())
+        health
+            .is_none_or(|health| health.checked().routable() && !(skip_ejected && health.ejected()))
+    }
+
+    /// Whether ejected servers are skipped now: some are, no more than the route's share, and
+    /// a server neither ejected nor unhealthy is left. Otherwise the route balances over all
+    /// its servers its checks allow (the panic threshold).
+    fn skips_ejected(&self) -> bool {
+        if self.max_ejected == 0 {
+            return false;
+        }
+        let (mut ejected, mut left) = (0, 0);
+        for health in self.health.iter() {
+            if health.ejected() {
+                ejected += 1;
+            } else if health.checked().routable() {
+                left += 1;
+            }
+        }
+        ejected > 0 && ejected <= self.max_ejected && left > 0
     }
 
     /// A server of `lb` that may be dialed and is not in `avoid`; `key` drives consistent
@@ -96,8 +121,9 @@ impl Pool {
         S::Iter: BackendIter,
     {
         let inet = |b: &Backend| b.addr.as_inet().copied();
+        let skip = self.skips_ejected();
         lb.select_with(key, 256, |backend, _| {
-            inet(backend).is_some_and(|addr| !avoid.contains(&addr) && self.routable(addr))
+            inet(backend).is_some_and(|addr| !avoid.contains(&addr) && self.routable(addr, skip))
         })
         .and_then(|b| inet(&b))
     }
@@ -119,14 +145,20 @@ impl Servers for Pool {
         match &self.balancer {
             Balancer::RoundRobin(lb) => self.pick_from(lb, key, avoid),
             Balancer::Consistent(lb) => self.pick_from(lb, key, avoid),
-            Balancer::Single(server) => {
-                Some(*server).filter(|server| !avoid.contains(server) && self.routable(*server))
-            }
+            Balancer::Single(server) => Some(*server)
+                .filter(|server| !avoid.contains(server) && self.routable(*server, false)),
         }
     }
 
     fn tls(&self) -> Option<&PeerTls> {
         self.tls.as_ref()
+    }
+
+    /// Passive health learns of `server`'s attempt, once per attempt.
+    fn attempt_ended(&self, server: SocketAddr, failed: bool) {
+        if let Some(health) = self.health.iter().find(|health| health.server == server) {
+            health.attempt_ended(failed);
+        }
     }
 }
 
@@ -137,14 +169,14 @@ pub struct Pools {
 }
 
 impl Pools {
-    /// One pool per route of `routes`, by route index, over one health record whose gauges
-    /// `gauge(route, server)` gives; `Err` lists what is wrong, by route.
+    /// One pool per route of `routes`, by route index, over one health record built with
+    /// `setup`; `Err` lists what is wrong, by route.
     pub fn build(
         routes: &RouteTable,
         read: &mut Sources,
-        gauge: impl Fn(&str, SocketAddr) -> IntGauge,
+        setup: &RecordSetup<'_>,
     ) -> Result<Pools, Vec<Problem>> {
-        let health = Arc::new(HealthRecord::build(routes, gauge));
+        let health = Arc::new(HealthRecord::build(routes, setup));
         let mut problems = Vec::new();
         let mut by_route = Vec::new();
         for route in routes.in_file_order() {
@@ -197,15 +229,36 @@ mod tests {
 
     /// The pool of `settings`, over a record of its servers alone (none checked).
     fn pool(settings: &UpstreamSettings) -> (Pool, HealthRecord) {
+        pool_on(
+            settings,
+            Arc::new(crate::limiter::clock::ManualClock::default()),
+        )
+    }
+
+    impl Pool {
+        fn health_of(&self, server: SocketAddr) -> &ServerHealth {
+            let found = self.health.iter().find(|h| h.server == server);
+            found.expect("a server of the pool")
+        }
+    }
+
+    /// [`pool`], its ejections timed on `clock`.
+    fn pool_on(
+        settings: &UpstreamSettings,
+        clock: Arc<dyn crate::limiter::clock::Clock>,
+    ) -> (Pool, HealthRecord) {
         let servers: Vec<String> = settings.servers.iter().map(ToString::to_string).collect();
+        let passive = match settings.passive_health {
+            Some(_) => "",
+            None => ", passive_health: { enabled: false }",
+        };
         let yaml = format!(
-            "listen: [127.0.0.1:1]\nroutes:\n  - {{ name: r, match: {{ path_prefix: / }}, upstream: {{ servers: [{}] }} }}\n",
+            "listen: [127.0.0.1:1]\nroutes:\n  - {{ name: r, match: {{ path_prefix: / }}, upstream: {{ servers: [{}]{passive} }} }}\n",
             servers.join(", ")
         );
         let config = crate::config::Config::from_yaml(std::path::Path::new("pool.yaml"), &yaml)
             .expect("it compiles");
-        let record =
-            HealthRecord::build(&config.routes, crate::upstream::health::unregistered_gauge);
+        let record = HealthRecord::build(&config.routes, &RecordSetup::unregistered(clock));
         let pool = Pool::new(settings, &mut Sources::default(), &record).expect("a pool");
         (pool, record)
     }
@@ -223,6 +276,68 @@ mod tests {
             (0..4).all(|_| pool.pick(b"", &[]) == Some(addr(1))),
             "a server the record finds unhealthy is not picked"
         );
+    }
+
+    /// Fails `server`'s attempts in a row until passive health ejects it.
+    fn eject(pool: &Pool, server: SocketAddr) {
+        let ejected: Vec<bool> = (0..5)
+            .map(|_| pool.health_of(server).attempt_ended(true))
+            .collect();
+        assert_eq!(ejected, [false, false, false, false, true], "on the fifth");
+    }
+
+    #[test]
+    fn ejected_servers_are_skipped_within_the_share_then_all_are_balanced_over() {
+        let servers = [addr(1), addr(2), addr(3), addr(4)];
+        let (pool, record) = pool(&UpstreamSettings::round_robin(servers.to_vec()));
+        assert_eq!(pool.max_ejected, 2, "half of four");
+        eject(&pool, addr(1));
+        let picks: Vec<_> = (0..30).filter_map(|_| pool.pick(b"", &[])).collect();
+        assert!(!picks.contains(&addr(1)), "an ejected server is skipped");
+        assert_eq!(
+            record.of(addr(1)).map(|h| h.state()),
+            Some(HealthState::Ejected)
+        );
+        eject(&pool, addr(2));
+        let picks: Vec<_> = (0..30).filter_map(|_| pool.pick(b"", &[])).collect();
+        assert!(
+            picks.iter().all(|p| [addr(3), addr(4)].contains(p)),
+            "two of four skipped"
+        );
+        eject(&pool, addr(3));
+        let picks: Vec<_> = (0..40).filter_map(|_| pool.pick(b"", &[])).collect();
+        assert!(
+            servers.iter().all(|s| picks.contains(s)),
+            "three of four out: balanced over all (the panic threshold)"
+        );
+    }
+
+    #[test]
+    fn an_ejected_server_returns_after_its_time_and_a_success_keeps_it_in() {
+        let clock = Arc::new(crate::limiter::clock::ManualClock::new(1_000_000_000));
+        let settings = UpstreamSettings::round_robin(vec![addr(1), addr(2)]);
+        let (pool, _record) = pool_on(&settings, clock.clone());
+        eject(&pool, addr(1));
+        assert!((0..4).all(|_| pool.pick(b"", &[]) == Some(addr(2))));
+        clock.advance(30_000_000);
+        let picks: Vec<_> = (0..4).filter_map(|_| pool.pick(b"", &[])).collect();
+        assert!(picks.contains(&addr(1)), "back after 30 s");
+        pool.attempt_ended(addr(1), false);
+        for _ in 0..4 {
+            pool.attempt_ended(addr(1), true);
+            pool.attempt_ended(addr(1), false);
+        }
+        assert!(
+            !pool.health_of(addr(1)).ejected(),
+            "a success between failures keeps it in"
+        );
+        let mut off = settings.clone();
+        off.passive_health = None;
+        let (off, _record) = pool_on(&off, clock);
+        for _ in 0..10 {
+            off.attempt_ended(addr(1), true);
+        }
+        assert!(!off.health_of(addr(1)).ejected(), "off: never ejected");
     }
 
     #[test]

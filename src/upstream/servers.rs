@@ -1,6 +1,6 @@
 //! What the exchange asks of a route's upstream, without the machinery that answers: a server
-//! to dial (healthy, not one to avoid), and what securing the connection needs, carried to the
-//! edge unread. [`crate::upstream::pool::Pool`] answers on Pingora's load balancer; [`InOrder`]
+//! to dial (healthy, not ejected, not one to avoid), what securing the connection needs, carried
+//! to the edge unread, and where each attempt's end is told (passive health). [`crate::upstream::pool::Pool`] answers on Pingora's load balancer; [`InOrder`]
 //! answers from the list as written, for the exchange's tests and `sluice explain`. Nothing here names Pingora, so the
 //! exchange, which is generic over [`Servers`], reaches no Pingora type through it.
 
@@ -21,6 +21,10 @@ pub trait Servers: Clone + Send + Sync + 'static {
 
     /// How connections to these servers are secured; `None`: plain TCP.
     fn tls(&self) -> Option<&Self::Tls>;
+
+    /// An attempt on `server` ended: `failed` (a `5xx` response, a failed connection) or
+    /// answered otherwise. What passive health learns from; nothing by default.
+    fn attempt_ended(&self, _server: SocketAddr, _failed: bool) {}
 }
 
 /// Servers in the order written: the first one not avoided. No health checks, no TLS (the

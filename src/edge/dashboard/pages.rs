@@ -269,7 +269,7 @@ fn upstream_servers(health: &HealthRecord, views: &LiveViews) -> String {
         "Errors (since start)",
     ];
     format!(
-        "<h2>Upstream servers</h2><p class=\"muted\">Each server once: its state is the same on every route that lists it (checked when one of them has <code>health_check_interval_ms</code>; a server no route checks is <em>not checked</em>, and every request may still meet it: its errors tell). Errors are failed attempts (<code>sluice_upstream_server_errors_total</code>), sampled each second.</p><div id=\"upstream-servers\">{}</div>",
+        "<h2>Upstream servers</h2><p class=\"muted\">Each server once: its state is the same on every route that lists it (checked when one of them has <code>health_check_interval_ms</code>; a server no route checks is <em>not checked</em>, and every request may still meet it: its errors tell). A server whose answers failed too often in a row is <em>ejected</em> for a while (passive health, <code>sluice_upstream_ejections_total</code>). Errors are failed attempts (<code>sluice_upstream_server_errors_total</code>), sampled each second.</p><div id=\"upstream-servers\">{}</div>",
         table(&head, rows)
     )
 }

@@ -598,7 +598,8 @@ impl ProxyHttp for Gateway {
         if let Some(trace) = &mut ctx.trace {
             trace.upstream_answered(upstream_response.status.as_u16());
         }
-        exchange(ctx)?.response_head(&upstream_response.headers);
+        let status = upstream_response.status.as_u16();
+        exchange(ctx)?.response_head(status, &upstream_response.headers);
         Ok(())
     }
 

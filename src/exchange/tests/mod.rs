@@ -216,7 +216,7 @@ async fn a_response_reporting_its_cost_settles_the_estimate() {
     assert_eq!(admission, ADMITTED);
     let mut response = HeaderMap::new();
     response.insert("x-usage-tokens", HeaderValue::from_static("9"));
-    exchange.response_head(&response);
+    exchange.response_head(200, &response);
     exchange.end(&g.policy, Some(200)).await;
     // 9 of 10 spent: one more request fits, the next does not.
     assert_eq!(g.admit("/t").await.1, ADMITTED);

@@ -444,4 +444,43 @@ mod tests {
         );
         assert!(of(unlisted).gauges.iter().all(|g| g.get() == 1));
     }
+
+    #[test]
+    fn a_reload_keeps_the_passive_state_of_the_servers_it_keeps() {
+        let (kept, dropped, added): (SocketAddr, SocketAddr, SocketAddr) = (
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.1:2".parse().unwrap(),
+            "127.0.0.1:3".parse().unwrap(),
+        );
+        let route = |servers: String| {
+            let yaml = format!(
+                "listen: [127.0.0.1:1]\nroutes:\n  - {{ name: r, match: {{ path_prefix: / }}, upstream: {{ servers: [{servers}] }} }}\n"
+            );
+            Config::from_yaml(Path::new("health.yaml"), &yaml).expect("it compiles")
+        };
+        let clock = Arc::new(crate::limiter::clock::ManualClock::default());
+        let setup = RecordSetup::unregistered(clock.clone());
+        let first = HealthRecord::build(&route(format!("{kept}, {dropped}")).routes, &setup);
+        let of = |record: &HealthRecord, server| Arc::clone(record.of(server).expect("listed"));
+        for _ in 0..5 {
+            of(&first, kept).attempt_ended(true);
+        }
+        assert_eq!(of(&first, kept).state(), HealthState::Ejected);
+        let setup = RecordSetup {
+            previous: Some(&first),
+            ..RecordSetup::unregistered(clock)
+        };
+        let next = HealthRecord::build(&route(format!("{kept}, {added}")).routes, &setup);
+        assert_eq!(
+            of(&next, kept).state(),
+            HealthState::Ejected,
+            "kept, still out"
+        );
+        assert!(Arc::ptr_eq(
+            &of(&first, kept).outlier,
+            &of(&next, kept).outlier
+        ));
+        assert_eq!(of(&next, added).state(), HealthState::NotChecked);
+        assert!(next.of(dropped).is_none());
+    }
 }

@@ -2,8 +2,9 @@
 //! round robin or by consistent hashing (ketama) of a key part, among those the
 //! configuration's health record (`health.rs`: each server once, whatever the route) does not
 //! find unhealthy, and not ejected by passive health while no more than the route's share of
-//! its servers are (more: it balances over all of them, a panic threshold). A pool is built with the configuration it serves; the record's checks run
-//! once before that configuration goes live, then in the background until it is retired.
+//! its servers are (more: it balances over all of them, a panic threshold). A pool is built
+//! with the configuration it serves; the record's checks run once before that configuration
+//! goes live, then in the background until it is retired.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -270,7 +270,12 @@ const ADMIN_TOKEN: &str = "upstreams-admin-token-0123456789";
 /// A gateway, its log captured, whose route `api` sends to `servers` with passive health on
 /// by default and no active check; the dashboard opens with [`ADMIN_TOKEN`].
 fn passive_gateway(servers: &[String], any: &Upstream) -> Gateway {
-    let upstream = format!("{{ servers: [{}], retries: 0 }}", servers.join(", "));
+    passive_gateway_with(servers, any, "")
+}
+
+/// [`passive_gateway`], its upstream settings followed by `more` (`, name: value`).
+fn passive_gateway_with(servers: &[String], any: &Upstream, more: &str) -> Gateway {
+    let upstream = format!("{{ servers: [{}], retries: 0{more} }}", servers.join(", "));
     let body = pool(&upstream)
         .set("admin", format!("{{ token: {ADMIN_TOKEN} }}"))
         .yaml();
@@ -366,4 +371,26 @@ fn with_every_server_ejected_requests_are_balanced_over_all_of_them() {
         "each ejection counted once"
     );
     assert_eq!(ejections(&gateway, b.addr).0, 1.0);
+}
+
+#[test]
+fn an_ejection_ends_on_its_time_though_no_request_comes() {
+    let healthy = Upstream::start();
+    let sick = Sick::start();
+    let servers = [healthy.addr.to_string(), sick.addr.to_string()];
+    let short = ", passive_health: { base_ejection_ms: 1000 }";
+    let gateway = passive_gateway_with(&servers, &healthy, short);
+    support::eventually(Duration::from_secs(20), "the sick server ejected", || {
+        gateway.get("/x");
+        ejections(&gateway, sick.addr) == (1.0, 1.0)
+    });
+    // No request from here on: only the gateway's own once-a-second reading ends it.
+    support::eventually(Duration::from_secs(10), "back without traffic", || {
+        ejections(&gateway, sick.addr) == (1.0, 0.0)
+    });
+    assert_eq!(
+        dashboard_state(&gateway, sick.addr),
+        "not-checked",
+        "back in the views"
+    );
 }

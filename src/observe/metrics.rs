@@ -278,7 +278,7 @@ pub static UPSTREAM_EJECTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub static UPSTREAM_EJECTED: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     register_int_gauge_vec!(
         "sluice_upstream_ejected",
-        "1 while passive health has the upstream server ejected (until its ejection time has passed and a request or the dashboard reads it), 0 otherwise.",
+        "1 while passive health has the upstream server ejected (back to 0 within a second of its ejection time), 0 otherwise.",
         &["server"]
     )
     .expect("sluice_upstream_ejected registers once")

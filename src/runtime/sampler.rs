@@ -1,7 +1,8 @@
 //! Samples each limit's decision counters and each upstream server's error counters once a
 //! second into the dashboard's histories (`observe::live::LiveViews`, handed to every site): the
 //! configuration in force names the series, its metric handles give their values, so the
-//! dashboard and `/metrics` count the same decisions and errors.
+//! dashboard and `/metrics` count the same decisions and errors. Each second it also ends the
+//! upstream servers' ejections whose time has passed (passive health).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,13 +15,25 @@ use crate::runtime::snapshot::InForce;
 pub const EVERY: Duration = Duration::from_secs(1);
 
 /// Samples the counters of the configuration in force every [`EVERY`], for ever (started once,
-/// by `runtime::background`).
+/// by `runtime::background`), and ends the passive-health ejections whose time has passed, so
+/// `sluice_upstream_ejected` and the return's log line are at most a second late on a route
+/// no request reads.
 pub async fn keep(live: &InForce) {
     let mut ticks = tokio::time::interval(EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
         sample(live);
+        end_ejections(live);
+    }
+}
+
+/// Reads whether each upstream server of the configuration in force is ejected: an ejection
+/// whose time has passed ends on that reading.
+fn end_ejections(live: &InForce) {
+    let snapshot = live.load();
+    for server in snapshot.health().servers() {
+        server.ejected();
     }
 }
 

@@ -5,7 +5,7 @@
 //! failure in a row, any other response starts the count again. `consecutive_failures` in a
 //! row eject the server for `base_ejection` times the number of its ejections, at most
 //! `max_ejection`; it returns once that time has passed (logged then, by the first reading that
-//! sees it) and stays in while it answers. The count of ejections starts again once a server
+//! sees it: a request, or the sampler's each second) and stays in while it answers. The count of ejections starts again once a server
 //! has been back for `max_ejection`. Which ejected servers a route skips (its share, the panic
 //! threshold) is the pool's.
 //!

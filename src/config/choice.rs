@@ -106,6 +106,8 @@ pub(crate) use impl_choice;
 
 // The failure mode's names are the limiter's own strum table.
 impl_choice!(FailureMode, "failure mode");
+// And the failures an upstream's tries are retried on.
+impl_choice!(crate::route::upstream::RetryCause, "retry cause");
 // And a limit's scope.
 impl_choice!(crate::limiter::Scope, "scope");
 // So are a route's `auth:` modes.

@@ -6,6 +6,7 @@
 //! keys: each is a misfit (`misfits.rs`), told with its path and the known key nearest to it, and
 //! all of them are reported at once.
 
+use crate::route::upstream::RetryCause;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -137,11 +138,21 @@ pub struct RawUpstream {
     pub hash_key: Option<Vec<String>>,
     pub health_check_interval_ms: Option<u64>,
     pub retries: Option<usize>,
+    pub retry_on: Option<Vec<Spelled<RetryCause>>>,
+    pub retry_budget: Option<RawRetryBudget>,
     pub strip_prefix: Option<String>,
     pub host: Option<String>,
     pub tls: Option<RawUpstreamTls>,
     pub http2: Option<bool>,
     pub passive_health: Option<RawPassiveHealth>,
+}
+
+/// `upstream.retry_budget:`, a share of the requests in flight, with a floor.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRetryBudget {
+    pub percent: Option<u64>,
+    pub min_concurrency: Option<u64>,
 }
 
 /// `upstream.passive_health:`, outlier detection (on unless `enabled: false`).

@@ -8,9 +8,10 @@ use http::header::HeaderValue;
 use super::choice::{chosen, BalanceName, Spelled};
 use super::limits::key_parts;
 use super::problem::{millis_within, Problems};
-use super::raw::{RawPassiveHealth, RawUpstream, RawUpstreamTls};
+use super::raw::{RawPassiveHealth, RawRetryBudget, RawUpstream, RawUpstreamTls};
 use crate::route::upstream::CertificateFiles;
 use crate::route::upstream::{Balance, PassiveHealth, UpstreamSettings, UpstreamTls};
+use crate::route::upstream::{RetryBudgetRule, RetryCause, RetryPolicy};
 
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 1_000;
 pub const DEFAULT_READ_TIMEOUT_MS: u64 = 30_000;
@@ -48,7 +49,8 @@ pub fn compile(at: &str, raw: Option<RawUpstream>, p: &mut Problems) -> Option<U
         .map(|ms| millis(ms, "health_check_interval_ms", p).ok_or(()))
         .transpose();
     let balance = compile_balance(at, raw.balance.as_ref(), raw.hash_key, p);
-    let retries = compile_retries(at, raw.retries, p);
+    let retry = compile_retry(at, raw.retries, raw.retry_on.as_deref(), p);
+    let retry_budget = compile_retry_budget(at, raw.retry_budget.as_ref(), p);
     let strip_prefix = compile_strip_prefix(at, raw.strip_prefix, p);
     let host = compile_host(at, raw.host.as_deref(), p);
     let tls = compile_tls(at, raw.tls, raw.servers.first().map(String::as_str), p);
@@ -59,7 +61,7 @@ pub fn compile(at: &str, raw: Option<RawUpstream>, p: &mut Problems) -> Option<U
         health_check: health_check.ok()?,
         connect_timeout: connect_timeout?,
         read_timeout: read_timeout?,
-        retries: retries?,
+        retry: retry?.with_budget(retry_budget?),
         strip_prefix: strip_prefix.ok()?,
         host: host.ok()?,
         tls,
@@ -192,17 +194,69 @@ fn compile_balance(
     }
 }
 
-/// `retries:`: other servers tried after a connection failure, at most 10.
-fn compile_retries(at: &str, retries: Option<usize>, p: &mut Problems) -> Option<usize> {
+/// `retries:` (other servers tried, at most 10) and `retry_on:` (the causes; a failed
+/// connection by default).
+fn compile_retry(
+    at: &str,
+    retries: Option<usize>,
+    retry_on: Option<&[Spelled<RetryCause>]>,
+    p: &mut Problems,
+) -> Option<RetryPolicy> {
     let retries = retries.unwrap_or(DEFAULT_RETRIES);
-    if retries > 10 {
+    let attempts = if retries > 10 {
         p.add(
             format!("{at}.retries"),
             format!("at most 10, got {retries}"),
         );
-        return None;
-    }
-    Some(retries)
+        None
+    } else {
+        Some(retries)
+    };
+    let causes = match retry_on {
+        None => Some(vec![RetryCause::ConnectFailure]),
+        Some(spelled) => {
+            let known = spelled
+                .iter()
+                .enumerate()
+                .map(|(i, cause)| cause.known(&format!("{at}.retry_on[{i}]"), p));
+            known.collect::<Vec<_>>().into_iter().collect()
+        }
+    };
+    Some(RetryPolicy::connect_failures(attempts?).on(causes?))
+}
+
+/// `retry_budget:`, Envoy's defaults (20 %, at least 3) for what it leaves out.
+fn compile_retry_budget(
+    at: &str,
+    raw: Option<&RawRetryBudget>,
+    p: &mut Problems,
+) -> Option<RetryBudgetRule> {
+    let defaults = RetryBudgetRule::DEFAULT;
+    let Some(raw) = raw else {
+        return Some(defaults);
+    };
+    let mut within = |value: Option<u64>, default: u64, high: u64, field: &str| {
+        let value = value.unwrap_or(default);
+        if value > high {
+            p.add(
+                format!("{at}.retry_budget.{field}"),
+                format!("must be between 0 and {high}, got {value}"),
+            );
+            return None;
+        }
+        Some(value)
+    };
+    let percent = within(raw.percent, u64::from(defaults.percent), 100, "percent");
+    let min = within(
+        raw.min_concurrency,
+        u64::from(defaults.min_concurrency),
+        10_000,
+        "min_concurrency",
+    );
+    Some(RetryBudgetRule {
+        percent: u8::try_from(percent?).ok()?,
+        min_concurrency: u32::try_from(min?).ok()?,
+    })
 }
 
 /// `strip_prefix:`, a path prefix such as `/api`; `Err` when it is not one.
@@ -303,7 +357,10 @@ mod tests {
         assert!(problems.is_empty(), "{problems:?}");
         let settings = settings.unwrap();
         assert_eq!(settings.servers[0].to_string(), "127.0.0.1:3000");
-        assert_eq!(settings.retries, DEFAULT_RETRIES);
+        assert_eq!(settings.retry.attempts, DEFAULT_RETRIES);
+        assert!(settings.retry.retries_on(RetryCause::ConnectFailure));
+        assert!(!settings.retry.retries_on(RetryCause::Http503));
+        assert_eq!(settings.retry.budget, RetryBudgetRule::DEFAULT);
         assert_eq!(
             settings.connect_timeout,
             Duration::from_millis(DEFAULT_CONNECT_TIMEOUT_MS)
@@ -350,6 +407,39 @@ read_timeout_ms: 0
         assert_eq!(
             problems,
             ["routes[0].upstream.hash_key: applies only with balance: consistent"]
+        );
+    }
+
+    #[test]
+    fn retries_name_their_causes_and_budget_and_each_mistake_is_named() {
+        let (settings, problems) = upstream(
+            "servers: [127.0.0.1:1, 127.0.0.1:2]\nretries: 2\nretry_on: [connect_failure, reset, timeout, http_503]\nretry_budget: { percent: 10, min_concurrency: 1 }\n",
+        );
+        assert!(problems.is_empty(), "{problems:?}");
+        let retry = settings.expect("it compiles").retry;
+        assert_eq!(retry.attempts, 2);
+        assert!(retry.retries_on(RetryCause::Http503) && retry.retries_on(RetryCause::Timeout));
+        assert!(!retry.retries_on(RetryCause::Http502));
+        assert_eq!(
+            retry.budget,
+            RetryBudgetRule {
+                percent: 10,
+                min_concurrency: 1
+            }
+        );
+        let (settings, problems) = upstream(
+            "servers: [127.0.0.1:1]\nretry_on: [http_503, 500]\nretry_budget: { percent: 120, min_concurrency: 20000 }\n",
+        );
+        assert!(settings.is_none());
+        assert_eq!(
+            problems,
+            [
+                "routes[0].upstream.retry_on[1]: unknown retry cause \"500\": use connect_failure, \
+                 reset, timeout, http_502, http_503 or http_504",
+                "routes[0].upstream.retry_budget.percent: must be between 0 and 100, got 120",
+                "routes[0].upstream.retry_budget.min_concurrency: must be between 0 and 10000, \
+                 got 20000",
+            ]
         );
     }
 

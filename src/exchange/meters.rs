@@ -20,7 +20,7 @@ use crate::observe::metrics::{
     LIMIT_DECISIONS, PLAN_REQUESTS, REQUESTS, REQUESTS_IN_FLIGHT, REQUEST_DURATION,
     RESPONSE_COST_REPORTS, RESPONSE_COST_UNITS, RLS_LIMIT_DECISIONS, RLS_REQUESTS,
     UPSTREAM_DURATION, UPSTREAM_EJECTED, UPSTREAM_EJECTIONS, UPSTREAM_ERRORS, UPSTREAM_HEALTHY,
-    UPSTREAM_RESPONSES, UPSTREAM_SERVER_ERRORS,
+    UPSTREAM_RESPONSES, UPSTREAM_RETRIES, UPSTREAM_SERVER_ERRORS,
 };
 use crate::route::descriptors::Domains;
 use crate::route::table::RouteTable;
@@ -84,6 +84,20 @@ fn status_class(status: u16) -> Option<usize> {
         .filter(|i| *i < STATUS_CLASSES.len())
 }
 
+/// What became of a failed try the route's `retry_on` names: `sluice_upstream_retries_total`'s
+/// `outcome`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryOutcome {
+    /// Sent to another server.
+    Retried = 0,
+    /// Held back by the upstream's retry budget: the failure was passed on.
+    BudgetExhausted = 1,
+}
+
+impl RetryOutcome {
+    const LABELS: [&'static str; 2] = ["retried", "budget_exhausted"];
+}
+
 /// Handles for one route.
 pub struct RouteMetrics {
     decisions: [IntCounter; Decided::COUNT],
@@ -92,6 +106,8 @@ pub struct RouteMetrics {
     upstream_duration: Histogram,
     in_flight: IntGauge,
     upstream_errors: [IntCounter; UpstreamError::COUNT],
+    /// By [`RetryOutcome`].
+    retries: [IntCounter; RetryOutcome::LABELS.len()],
     client_errors: [IntCounter; ClientError::COUNT],
     /// Per limit of the route, by its [`Position`] in the route's list.
     limits: Box<[LimitMeters]>,
@@ -211,6 +227,7 @@ impl RouteMetrics {
                 let kind = UpstreamError::ALL[i].label();
                 UPSTREAM_ERRORS.with_label_values(&[route, kind])
             }),
+            retries: RetryOutcome::LABELS.map(|o| UPSTREAM_RETRIES.with_label_values(&[route, o])),
             client_errors: std::array::from_fn(|i| {
                 let kind = ClientError::ALL[i].label();
                 CLIENT_ERRORS.with_label_values(&[route, kind])
@@ -325,6 +342,10 @@ impl RouteMetrics {
         if let Some(errors) = self.servers.iter().find(|errors| errors.server == server) {
             errors.kinds[kind as usize].inc();
         }
+    }
+
+    pub fn count_retry(&self, outcome: RetryOutcome) {
+        self.retries[outcome as usize].inc();
     }
 
     pub fn count_client_error(&self, kind: ClientError) {
@@ -480,6 +501,9 @@ impl Metrics {
             let _ = REQUESTS_IN_FLIGHT.remove_label_values(&[name]);
             for kind in UpstreamError::ALL {
                 let _ = UPSTREAM_ERRORS.remove_label_values(&[name, kind.label()]);
+            }
+            for outcome in RetryOutcome::LABELS {
+                let _ = UPSTREAM_RETRIES.remove_label_values(&[name, outcome]);
             }
             for kind in ClientError::ALL {
                 let _ = CLIENT_ERRORS.remove_label_values(&[name, kind.label()]);

@@ -1,8 +1,10 @@
 //! The admitted request on its way to the upstream: which server to dial next and how long
-//! each wait may last within the route's deadline, what every failed attempt was (each counted
-//! once), the target the upstream gets, and what the response says it cost. Each attempt's end
-//! is told to the route's servers once (a failed attempt, a `5xx` response head, or any other):
-//! what their passive health learns from.
+//! each wait may last within the route's deadline, whether a failed try goes to another server
+//! (its cause among the route's `retry_on`, tries left, a server left, a place in the retry
+//! budget), what every failed attempt was (each counted once), the target the upstream gets,
+//! and what the response says it cost. Each attempt's end is told to the route's servers once
+//! (a failed attempt, a `5xx` response head, or any other): what their passive health learns
+//! from. The caller's limits were charged once, on admission: a retry never charges them again.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -12,13 +14,21 @@ use http::Uri;
 
 use super::{Exchange, Target};
 use crate::exchange::answer::{Answer, ClientError, UpstreamError};
+use crate::exchange::meters::RetryOutcome;
+use crate::route::upstream::RetryCause;
+use crate::upstream::budget::{RequestPlace, RetryPlace};
 use crate::upstream::servers::Servers;
 
 /// What the attempts to reach the upstream have found so far.
 #[derive(Default)]
 pub(super) struct Attempts {
-    /// Servers that refused the connection: not tried again for this request.
+    /// Servers whose try failed and was retried: not tried again for this request.
     failed: Vec<SocketAddr>,
+    /// Its place among the requests in flight to the upstream (the retry budget's share),
+    /// from its first dial to its end.
+    request_place: Option<RequestPlace>,
+    /// Its place among the retries in flight, from its latest retry to its end.
+    retry_place: Option<RetryPlace>,
     /// The server last chosen.
     pub(super) server: Option<SocketAddr>,
     /// The server of the attempt under way: `None` once no server was left to choose (a
@@ -68,6 +78,9 @@ impl<S: Servers> Exchange<S> {
         };
         self.upstream.server = Some(server);
         self.upstream.dialed = Some(server);
+        if self.upstream.request_place.is_none() {
+            self.upstream.request_place = runtime.servers.retry_budget().map(|b| b.request());
+        }
         let now = self.site.clock.instant();
         self.upstream.started.get_or_insert(now);
         let left = self
@@ -87,22 +100,21 @@ impl<S: Servers> Exchange<S> {
         })
     }
 
-    /// An attempt to connect to `server` failed (`kind`, when it is an upstream failure):
-    /// whether to try another server, up to the route's `retries`. `retried` says whether it
-    /// will be retried anyway (the connection was a reused one). An attempt that is retried is
+    /// A try on `server` failed by `cause` (`kind`, when it is an upstream failure) for a
+    /// request that can (`replayable`) or cannot be sent again whole: whether to try another
+    /// server. `retried` says whether it will be tried again anyway (Pingora's rule: a reused
+    /// connection that closed may never have seen the request). A try that is tried again is
     /// counted here; the last one is counted by [`Exchange::fail_upstream`].
-    pub fn connect_failed(
+    pub fn try_failed(
         &mut self,
         server: Option<SocketAddr>,
         kind: Option<UpstreamError>,
+        cause: Option<RetryCause>,
+        replayable: bool,
         retried: bool,
     ) -> bool {
-        let retries = self.route().map_or(0, |route| route.upstream.retries);
-        let retry = match server {
-            Some(server) if self.upstream.failed.len() < retries => {
-                self.upstream.failed.push(server);
-                true
-            }
+        let retry = match (server, cause) {
+            (Some(server), Some(cause)) => self.retry(server, cause, replayable),
             _ => false,
         };
         if retry || retried {
@@ -111,6 +123,59 @@ impl<S: Servers> Exchange<S> {
             }
         }
         retry
+    }
+
+    /// The upstream answered `status` (a `502`, `503` or `504`; `retry_after`: with that
+    /// header) to a request that can or cannot be sent again whole: whether to try it on
+    /// another server instead of passing the answer on. A `503` with `Retry-After` is the
+    /// upstream asking callers to wait: passed on, never retried. The server's passive health
+    /// learns of a retried answer here (one passed on, from [`Exchange::response_head`]).
+    pub fn try_answered(&mut self, status: u16, retry_after: bool, replayable: bool) -> bool {
+        let (Some(cause), Some(server)) = (RetryCause::of_status(status), self.upstream.dialed)
+        else {
+            return false;
+        };
+        if (cause == RetryCause::Http503 && retry_after) || !self.retry(server, cause, replayable) {
+            return false;
+        }
+        if let Some(runtime) = &self.route {
+            runtime.servers.attempt_ended(server, true);
+        }
+        true
+    }
+
+    /// Whether the try on `server` that failed by `cause` is tried on another server: the
+    /// route retries `cause` for this request, it has tries left, another server is left, and
+    /// the upstream's retry budget has a place (taken here, kept to the request's end).
+    fn retry(&mut self, server: SocketAddr, cause: RetryCause, replayable: bool) -> bool {
+        let Some(runtime) = &self.route else {
+            return false;
+        };
+        let policy = &runtime.route.upstream.retry;
+        if !policy.allows(cause, replayable) || self.upstream.failed.len() >= policy.attempts {
+            return false;
+        }
+        self.upstream.failed.push(server);
+        if runtime
+            .servers
+            .pick(&self.balance_key, &self.upstream.failed)
+            .is_none()
+        {
+            self.upstream.failed.pop();
+            return false;
+        }
+        if let Some(budget) = runtime.servers.retry_budget() {
+            // This request's earlier retry, if any, has ended: its place goes back first.
+            self.upstream.retry_place = None;
+            self.upstream.retry_place = budget.retry();
+            if self.upstream.retry_place.is_none() {
+                self.upstream.failed.pop();
+                runtime.metrics.count_retry(RetryOutcome::BudgetExhausted);
+                return false;
+            }
+        }
+        runtime.metrics.count_retry(RetryOutcome::Retried);
+        true
     }
 
     /// The request could not be proxied: `kind` is why, when the upstream failed (counted

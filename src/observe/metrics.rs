@@ -257,6 +257,15 @@ pub static UPSTREAM_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("sluice_upstream_errors_total registers once")
 });
 
+pub static UPSTREAM_RETRIES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_upstream_retries_total",
+        "Failed tries sent to another server of the route's upstream (outcome retried), and those the upstream's retry budget held back (outcome budget_exhausted): the failure was passed on instead.",
+        &["route", "outcome"]
+    )
+    .expect("sluice_upstream_retries_total registers once")
+});
+
 pub static UPSTREAM_SERVER_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "sluice_upstream_server_errors_total",
@@ -394,7 +403,7 @@ pub fn lease_meters() -> LeaseMeters {
 }
 
 /// Every family sluice exports (the process collector's besides).
-fn families() -> [&'static dyn Collector; 37] {
+fn families() -> [&'static dyn Collector; 38] {
     [
         &*ADMIN_CHANGES,
         &*REQUESTS,
@@ -423,6 +432,7 @@ fn families() -> [&'static dyn Collector; 37] {
         &*ADAPTIVE_SHED,
         &*UPSTREAM_HEALTHY,
         &*UPSTREAM_ERRORS,
+        &*UPSTREAM_RETRIES,
         &*UPSTREAM_SERVER_ERRORS,
         &*UPSTREAM_EJECTIONS,
         &*UPSTREAM_EJECTED,

@@ -1,5 +1,6 @@
 //! A route's upstream as configured: its servers (resolved at config load), how one is chosen,
-//! timeouts, retries, the path prefix to strip and the `Host` to send. The pools that choose
+//! timeouts, retries (which failures, how many, within what budget), the path prefix to strip
+//! and the `Host` to send. The pools that choose
 //! servers and health-check them are built from this by the glue (`pool.rs`), with each
 //! configuration they serve.
 
@@ -73,6 +74,117 @@ impl PassiveHealth {
     }
 }
 
+/// A failure of one try that `upstream.retry_on` may name: the request is then tried on
+/// another server. Only `connect_failure` is retried for any request (the server never saw
+/// it); the others only for a request that can be sent again whole (see
+/// [`RetryPolicy::allows`]).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, strum::EnumString, strum::VariantNames, strum::IntoStaticStr,
+)]
+#[strum(serialize_all = "snake_case")]
+pub enum RetryCause {
+    /// The connection could not be made (refused, timed out, TLS, unreachable).
+    ConnectFailure,
+    /// The connection closed or broke after the request was sent, before the response head.
+    Reset,
+    /// The server sent nothing for the read timeout (the per-try timeout).
+    Timeout,
+    #[strum(serialize = "http_502")]
+    Http502,
+    /// A `503` without `Retry-After`: one with it is the upstream asking callers to wait, and
+    /// goes to the client as it is.
+    #[strum(serialize = "http_503")]
+    Http503,
+    #[strum(serialize = "http_504")]
+    Http504,
+}
+
+impl RetryCause {
+    /// The cause a response status is, if it is one.
+    pub fn of_status(status: u16) -> Option<RetryCause> {
+        match status {
+            502 => Some(RetryCause::Http502),
+            503 => Some(RetryCause::Http503),
+            504 => Some(RetryCause::Http504),
+            _ => None,
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// The retry budget of an upstream (Envoy's): retries in flight may be at most `percent` of
+/// its requests in flight, or `min_concurrency`, whichever is more. What keeps a retry storm
+/// from multiplying the load on a failing upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryBudgetRule {
+    pub percent: u8,
+    pub min_concurrency: u32,
+}
+
+impl RetryBudgetRule {
+    /// Envoy's defaults: 20 %, at least 3.
+    pub const DEFAULT: RetryBudgetRule = RetryBudgetRule {
+        percent: 20,
+        min_concurrency: 3,
+    };
+
+    /// How many retries may be in flight beside `requests` requests in flight.
+    pub fn allowed(&self, requests: u32) -> u32 {
+        let share = u64::from(requests) * u64::from(self.percent) / 100;
+        u32::try_from(share)
+            .unwrap_or(u32::MAX)
+            .max(self.min_concurrency)
+    }
+}
+
+/// Which failed tries are tried again on another server, how many times, within what budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Other servers tried, at most, after the first (`retries:`).
+    pub attempts: usize,
+    /// The causes retried (a set of [`RetryCause`] bits).
+    on: u8,
+    pub budget: RetryBudgetRule,
+}
+
+impl RetryPolicy {
+    /// `attempts` other servers after a failed connection, within Envoy's default budget.
+    pub fn connect_failures(attempts: usize) -> RetryPolicy {
+        RetryPolicy {
+            attempts,
+            on: RetryCause::ConnectFailure.bit(),
+            budget: RetryBudgetRule::DEFAULT,
+        }
+    }
+
+    /// The policy retrying on `causes`.
+    pub fn on(mut self, causes: impl IntoIterator<Item = RetryCause>) -> RetryPolicy {
+        self.on = causes.into_iter().fold(0, |on, cause| on | cause.bit());
+        self
+    }
+
+    /// The policy within `budget`.
+    pub fn with_budget(mut self, budget: RetryBudgetRule) -> RetryPolicy {
+        self.budget = budget;
+        self
+    }
+
+    pub fn retries_on(&self, cause: RetryCause) -> bool {
+        self.on & cause.bit() != 0
+    }
+
+    /// Whether a try that failed by `cause` may be tried again, for a request that can
+    /// (`replayable`) or cannot be sent again whole: a failed connection always may (the server
+    /// never saw the request); any other failure only when the request can be replayed — an
+    /// idempotent method whose body is still held whole, not a gRPC call or an upgrade.
+    pub fn allows(&self, cause: RetryCause, replayable: bool) -> bool {
+        self.retries_on(cause) && (cause == RetryCause::ConnectFailure || replayable)
+    }
+}
+
 /// Everything about a route's upstream, as compiled from the config.
 #[derive(Debug, Clone)]
 pub struct UpstreamSettings {
@@ -82,8 +194,8 @@ pub struct UpstreamSettings {
     pub health_check: Option<Duration>,
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
-    /// Extra servers tried after a connection failure.
-    pub retries: usize,
+    /// Which failed tries go to another server, how many, within what budget.
+    pub retry: RetryPolicy,
     pub strip_prefix: Option<String>,
     pub host: Option<HeaderValue>,
     /// HTTPS to the servers; `None`: plain HTTP.
@@ -104,7 +216,7 @@ impl UpstreamSettings {
             health_check: None,
             connect_timeout: Duration::from_secs(1),
             read_timeout: Duration::from_secs(30),
-            retries: 0,
+            retry: RetryPolicy::connect_failures(0),
             strip_prefix: None,
             host: None,
             tls: None,
@@ -138,6 +250,28 @@ impl UpstreamSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_failed_connection_is_retried_for_a_request_that_cannot_be_replayed() {
+        let policy = RetryPolicy::connect_failures(1).on([
+            RetryCause::ConnectFailure,
+            RetryCause::Http503,
+            RetryCause::Reset,
+        ]);
+        assert!(policy.allows(RetryCause::ConnectFailure, false));
+        assert!(!policy.allows(RetryCause::Http503, false));
+        assert!(policy.allows(RetryCause::Http503, true));
+        assert!(!policy.allows(RetryCause::Timeout, true), "not named");
+    }
+
+    #[test]
+    fn the_budget_is_a_share_of_requests_in_flight_with_a_floor() {
+        let rule = RetryBudgetRule::DEFAULT;
+        assert_eq!(rule.allowed(0), 3);
+        assert_eq!(rule.allowed(10), 3);
+        assert_eq!(rule.allowed(100), 20);
+        assert_eq!(rule.allowed(u32::MAX), u32::MAX / 5);
+    }
 
     #[test]
     fn strip_prefix_keeps_an_absolute_path() {

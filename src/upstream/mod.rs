@@ -4,10 +4,12 @@
 //! those the health record does not find unhealthy; `pool`), each server's health once per
 //! configuration whatever the routes that list it (`health`: not checked, healthy, unhealthy;
 //! written by its checks; ejected, by passive health), what the answers of a server tell of it
-//! (`outlier`: failures in a row eject it for a while, Envoy's outlier detection), and the TLS
+//! (`outlier`: failures in a row eject it for a while, Envoy's outlier detection), how many
+//! retries may be in flight beside its requests (`budget`: Envoy's retry budget), and the TLS
 //! material of HTTPS upstreams (`tls`). Which server a request dials next, within its deadline, is the exchange's
 //! (`exchange/upstream.rs`).
 
+pub mod budget;
 pub(crate) mod health;
 pub(crate) mod outlier;
 pub(crate) mod pool;

@@ -15,6 +15,7 @@ use pingora::lb::{Backend, LoadBalancer};
 use crate::config::{Problem, Sources};
 use crate::route::table::RouteTable;
 use crate::route::upstream::{Balance, UpstreamSettings};
+use crate::upstream::budget::RetryBudget;
 use crate::upstream::health::{HealthChecks, HealthRecord, HealthState, RecordSetup, ServerHealth};
 use crate::upstream::servers::Servers;
 use crate::upstream::tls::PeerTls;
@@ -40,6 +41,8 @@ pub struct Pool {
     /// How many ejected servers it may skip at once (0: passive health is off for the route,
     /// or it has one server).
     max_ejected: usize,
+    /// Its requests and retries in flight, and how many retries those allow.
+    budget: Arc<RetryBudget>,
 }
 
 fn balancer<S>(settings: &UpstreamSettings) -> std::io::Result<Arc<LoadBalancer<S>>>
@@ -80,6 +83,7 @@ impl Pool {
             tls,
             health: health.collect::<Result<_, _>>()?,
             max_ejected: passive.map_or(0, |rule| rule.max_ejected(settings.servers.len())),
+            budget: RetryBudget::new(settings.retry.budget),
         })
     }
 
@@ -160,6 +164,10 @@ impl Servers for Pool {
         if let Some(health) = self.health.iter().find(|health| health.server == server) {
             health.attempt_ended(failed);
         }
+    }
+
+    fn retry_budget(&self) -> Option<&Arc<RetryBudget>> {
+        Some(&self.budget)
     }
 }
 

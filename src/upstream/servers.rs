@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::route::table::RouteTable;
+use crate::upstream::budget::RetryBudget;
 
 /// A route's upstream servers as the exchange uses them.
 pub trait Servers: Clone + Send + Sync + 'static {
@@ -25,6 +26,11 @@ pub trait Servers: Clone + Send + Sync + 'static {
     /// An attempt on `server` ended: `failed` (a `5xx` response, a failed connection) or
     /// answered otherwise. What passive health learns from; nothing by default.
     fn attempt_ended(&self, _server: SocketAddr, _failed: bool) {}
+
+    /// The retry budget of these servers; `None`: retries are bounded by their count alone.
+    fn retry_budget(&self) -> Option<&Arc<RetryBudget>> {
+        None
+    }
 }
 
 /// Servers in the order written: the first one not avoided. No health checks, no TLS (the

@@ -17,6 +17,7 @@ pub mod faults;
 pub mod limits;
 pub mod netns;
 pub mod relay;
+pub mod scripted;
 pub mod tokens;
 pub mod topologies;
 

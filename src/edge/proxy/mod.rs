@@ -24,7 +24,7 @@ use http::HeaderValue;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::protocols::ALPN;
-use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 use pingora::{Error, ErrorSource, ErrorType};
 
 use crate::caller::address;
@@ -34,6 +34,7 @@ use crate::exchange::answer::{Answer, ClientError, UpstreamError};
 use crate::exchange::{Admission, Cut, Dial, Exchange, Head};
 use crate::limiter::Policy;
 use crate::observe::traces::TracerSlot;
+use crate::route::upstream::RetryCause;
 use crate::runtime::snapshot::{InForce, Snapshot};
 use crate::upstream::pool::Pool;
 use crate::upstream::tls::PeerTls;
@@ -277,6 +278,16 @@ fn classify(error: &Error, side: ClientSide) -> (Option<Fault>, Option<Answer>) 
     (fault, answer)
 }
 
+/// Whether the request can be sent again whole to another server: an idempotent method, its
+/// body (if any) still whole in Pingora's retry buffer, and neither a gRPC call nor an upgrade
+/// (a WebSocket): those are streams, never retried once begun.
+fn replayable(session: &Session) -> bool {
+    session.req_header().method.is_idempotent()
+        && !session.as_ref().retry_buffer_truncated()
+        && !respond::is_grpc(session)
+        && !session.is_upgrade_req()
+}
+
 /// The upstream failure an error type is, if it is one.
 fn upstream_failure(etype: &ErrorType, upstream: bool) -> Option<UpstreamError> {
     use ErrorType::*;
@@ -511,6 +522,35 @@ impl ProxyHttp for Gateway {
         }
     }
 
+    /// An answer retried on another server is the retry policy at work, not a failure of the
+    /// gateway: logged at `debug` in sluice's words, counted by
+    /// `sluice_upstream_retries_total`, instead of Pingora's warning per retry. Other retried
+    /// failures keep Pingora's warning.
+    fn suppress_proxy_warn_log(
+        &self,
+        session: &Session,
+        ctx: &RequestCtx,
+        error: &Error,
+        context: ProxyWarnLogContext,
+    ) -> bool {
+        let ErrorType::HTTPStatus(status) = error.etype() else {
+            return false;
+        };
+        if !matches!(context, ProxyWarnLogContext::UpstreamRetry) {
+            return false;
+        }
+        let exchange = ctx.exchange.as_deref();
+        let route = exchange.and_then(Exchange::route).map_or("-", |r| &*r.name);
+        let id = ctx.request_id.as_ref().and_then(|v| v.to_str().ok());
+        log::debug!(
+            "upstream answered {status}: retried on another server; route {route}, request {}, \
+             peer {:?}",
+            id.unwrap_or("-"),
+            peer_ip(session)
+        );
+        true
+    }
+
     /// A failure the client caused is not the gateway's error: it is counted
     /// (`sluice_client_errors_total`) and logged here below ERROR, in sluice's words, instead
     /// of Pingora's "Fail to proxy" (nginx logs these at `info`).
@@ -538,7 +578,8 @@ impl ProxyHttp for Gateway {
         true
     }
 
-    /// A server that refused the connection never saw the request: try another, up to `retries`.
+    /// A server that refused the connection never saw the request: another is tried, as the
+    /// route's retry policy allows.
     fn fail_to_connect(
         &self,
         _session: &mut Session,
@@ -554,10 +595,54 @@ impl ProxyHttp for Gateway {
         }
         if let Some(exchange) = ctx.exchange.as_deref_mut() {
             let server = peer._address.as_inet().copied();
-            if exchange.connect_failed(server, kind, error.retry()) {
+            let cause = Some(RetryCause::ConnectFailure);
+            if exchange.try_failed(server, kind, cause, true, error.retry()) {
                 error.set_retry(true);
             }
         }
+        error
+    }
+
+    /// A try failed after its connection was made: another server is tried when the route's
+    /// retry policy allows it for this request (a reset or a timeout it names, a request that
+    /// can be sent again whole), or by Pingora's own rule (a reused connection that closed,
+    /// for a request that can be sent again). A retry decided on the response head
+    /// ([`Self::upstream_response_filter`]) stays decided.
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        error: Box<Error>,
+        ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        if matches!(error.etype(), ErrorType::HTTPStatus(_)) && error.retry() {
+            return error;
+        }
+        // As Pingora's own hook: the final error's log line names the server.
+        let mut error = error.more_context(format!("Peer: {peer}"));
+        let replayable = replayable(session);
+        let mut pingora = error.retry;
+        pingora.decide_reuse(client_reused);
+        let fallback = replayable && pingora.retry();
+        let side = ClientSide::of(session, ctx.exchange.as_deref());
+        let kind = classify(&error, side).0.and_then(Fault::upstream);
+        let cause = match kind {
+            Some(UpstreamError::Timeout) => Some(RetryCause::Timeout),
+            Some(UpstreamError::Reset) => Some(RetryCause::Reset),
+            _ => None,
+        };
+        let server = peer._address.as_inet().copied();
+        let retry = match ctx.exchange.as_deref_mut() {
+            Some(exchange) => exchange.try_failed(server, kind, cause, replayable, fallback),
+            None => fallback,
+        };
+        if retry {
+            if let (Some(kind), Some(trace)) = (kind, &mut ctx.trace) {
+                trace.upstream_failed(kind.label());
+            }
+        }
+        error.set_retry(retry || fallback);
         error
     }
 
@@ -591,7 +676,7 @@ impl ProxyHttp for Gateway {
     /// The upstream's response head has arrived: the upstream time ends here.
     async fn upstream_response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
@@ -599,7 +684,21 @@ impl ProxyHttp for Gateway {
             trace.upstream_answered(upstream_response.status.as_u16());
         }
         let status = upstream_response.status.as_u16();
-        exchange(ctx)?.response_head(status, &upstream_response.headers);
+        let exchange = exchange(ctx)?;
+        if RetryCause::of_status(status).is_some() {
+            let retry_after = upstream_response
+                .headers
+                .contains_key(http::header::RETRY_AFTER);
+            if exchange.try_answered(status, retry_after, replayable(session)) {
+                let mut retried = Error::explain(
+                    ErrorType::HTTPStatus(status),
+                    "the upstream's answer is retried on another server",
+                );
+                retried.set_retry(true);
+                return Err(retried.into_up());
+            }
+        }
+        exchange.response_head(status, &upstream_response.headers);
         Ok(())
     }
 

@@ -22,6 +22,7 @@ use crate::limiter::local::LocalLimiter;
 use crate::limiter::testing::Unavailable;
 use crate::limiter::LimiterError;
 use crate::limiter::{Engine, Outcome, Policy, PolicyMeters};
+use crate::route::upstream::RetryCause;
 use crate::upstream::servers::InOrder;
 
 /// A gateway's configuration with one route, `/t`, whose limits are `limits` (YAML flow list).
@@ -256,15 +257,16 @@ async fn each_failed_attempt_is_counted_once_and_the_last_one_answers() {
     let (mut exchange, _) = g.admit("/t").await;
     let first = exchange.dial().expect("a server").server;
     let refused = Some(UpstreamError::Refused);
+    let connect_failure = Some(RetryCause::ConnectFailure);
     assert!(
-        exchange.connect_failed(Some(first), refused, false),
+        exchange.try_failed(Some(first), refused, connect_failure, true, false),
         "another server is tried"
     );
     assert_eq!(upstream_errors("retried", "refused"), 1);
     let second = exchange.dial().expect("the other server").server;
     assert_ne!(first, second, "a server that refused is not tried again");
     assert!(
-        !exchange.connect_failed(Some(second), refused, false),
+        !exchange.try_failed(Some(second), refused, connect_failure, true, false),
         "no retry left"
     );
     assert_eq!(
@@ -276,6 +278,39 @@ async fn each_failed_attempt_is_counted_once_and_the_last_one_answers() {
     assert_eq!(answer, Answer::UpstreamUnreachable);
     assert_eq!(upstream_errors("retried", "refused"), 2);
     assert_eq!(exchange.upstream_summary().2, refused);
+}
+
+#[tokio::test]
+async fn an_answer_is_retried_only_when_named_replayable_and_not_told_to_wait() {
+    let route = "upstream: { servers: [127.0.0.1:1, 127.0.0.1:2, 127.0.0.1:3], retries: 2, \
+                 retry_on: [http_503, reset] }";
+    let g = gateway_of(route_config("answers", route, "[]"));
+    let (mut exchange, _) = g.admit("/t").await;
+    let first = exchange.dial().expect("a server").server;
+    assert!(!exchange.try_answered(502, false, true), "502 is not named");
+    assert!(!exchange.try_answered(503, false, false), "not replayable");
+    assert!(
+        !exchange.try_answered(503, true, true),
+        "Retry-After: passed on"
+    );
+    assert!(exchange.try_answered(503, false, true));
+    let second = exchange.dial().expect("another server").server;
+    assert_ne!(first, second);
+    let reset = Some(UpstreamError::Reset);
+    let timeout = Some(RetryCause::Timeout);
+    assert!(
+        !exchange.try_failed(Some(second), reset, timeout, true, false),
+        "a timeout is not named"
+    );
+    let cause = Some(RetryCause::Reset);
+    assert!(!exchange.try_failed(Some(second), reset, cause, false, false));
+    assert!(exchange.try_failed(Some(second), reset, cause, true, false));
+    let third = exchange.dial().expect("the last server").server;
+    assert!(third != first && third != second);
+    assert!(!exchange.try_answered(503, false, true), "no try left");
+    let retried =
+        crate::observe::metrics::UPSTREAM_RETRIES.with_label_values(&["answers", "retried"]);
+    assert_eq!(retried.get(), 2);
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::config::{route, Config};
+use support::scripted::{Reply, Scripted};
 use support::{free_port, http_call, http_get, metric, Gateway, Launch, Upstream};
 
 /// A gateway whose one route sends to this `upstream:` value.
@@ -317,6 +318,26 @@ fn dashboard_state(gateway: &Gateway, server: SocketAddr) -> String {
     state.split('"').next().unwrap_or_default().to_string()
 }
 
+/// The route's servers and their states, as the explain endpoint shows them for `GET /x`.
+fn explained_states(gateway: &Gateway) -> Vec<(String, String)> {
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let path = "/v1/explain?host=localhost&path=/x";
+    let answer = http_call(
+        gateway.admin,
+        "GET",
+        path,
+        None,
+        &[("authorization", &bearer)],
+    );
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let json: serde_json::Value = serde_json::from_str(&answer.body).expect("JSON");
+    let servers = json["servers"].as_array().expect("the servers").iter();
+    let text = |value: &serde_json::Value| value.as_str().unwrap_or_default().to_string();
+    servers
+        .map(|shown| (text(&shown["server"]), text(&shown["state"])))
+        .collect()
+}
+
 #[test]
 fn a_server_answering_503_to_everything_is_ejected_and_the_healthy_one_serves() {
     let healthy = Upstream::start();
@@ -338,11 +359,61 @@ fn a_server_answering_503_to_everything_is_ejected_and_the_healthy_one_serves() 
     );
     assert_eq!(dashboard_state(&gateway, sick.addr), "ejected");
     assert_eq!(dashboard_state(&gateway, healthy.addr), "not-checked");
+    assert_eq!(
+        explained_states(&gateway),
+        [
+            (healthy.addr.to_string(), "not-checked".to_string()),
+            (sick.addr.to_string(), "ejected".to_string())
+        ]
+    );
     let (_, healthy_ejected) = ejections(&gateway, healthy.addr);
     assert_eq!(healthy_ejected, 0.0);
     let log = gateway.log();
     let logged = format!("upstream server {} ejected for 30000 ms", sick.addr);
     assert_eq!(log.matches(&logged).count(), 1, "logged once: {log}");
+}
+
+#[test]
+fn routes_naming_one_upstream_share_its_one_pool() {
+    let any = Upstream::start();
+    let ok = || Scripted::start(|_, _| Reply::status(200));
+    let (a, b) = (ok(), ok());
+    let body = Config::new()
+        .set(
+            "upstreams",
+            format!("{{ shared: {{ servers: [{}, {}] }} }}", a.addr, b.addr),
+        )
+        .route(route("one").prefix("/one").upstream("shared"))
+        .route(
+            route("two")
+                .prefix("/two")
+                .upstream("{ use: shared, strip_prefix: /two }"),
+        )
+        .yaml();
+    let gateway = Gateway::start(&body, &any, None);
+    // One rotation for both routes: alternating routes alternate servers too, so each route
+    // meets one server (two pools would each spread its route over both).
+    for _ in 0..5 {
+        assert_eq!(gateway.get("/one/x").status, 200);
+        assert_eq!(gateway.get("/two/x").status, 200);
+    }
+    let paths = |server: &Scripted| -> Vec<String> {
+        server.seen().into_iter().map(|seen| seen.path).collect()
+    };
+    let (paths_a, paths_b) = (paths(&a), paths(&b));
+    let one_on = |paths: &[String]| paths.iter().filter(|p| p.starts_with("/one")).count();
+    assert!(
+        (one_on(&paths_a), one_on(&paths_b)) == (5, 0)
+            || (one_on(&paths_a), one_on(&paths_b)) == (0, 5),
+        "{paths_a:?} / {paths_b:?}"
+    );
+    assert!(
+        paths_a
+            .iter()
+            .chain(&paths_b)
+            .all(|p| !p.starts_with("/two")),
+        "the route's own strip_prefix applies"
+    );
 }
 
 #[test]

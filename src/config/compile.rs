@@ -56,6 +56,7 @@ pub fn compile_all(
         failure_mode,
         verifiers: &consumers,
         common: &common,
+        upstreams: &super::upstreams::compile_named(raw.upstreams, p),
     };
     let rls = compile_rls(raw.rls, source, defaults, p, read);
     let routes = compile_routes(raw.routes, defaults, serves_rls, p);

@@ -52,6 +52,9 @@ pub struct RawConfig {
     /// Common limits: each defined once, one bucket for every route that uses it (`use:`).
     #[serde(default)]
     pub limits: Vec<RawLimit>,
+    /// Named upstreams: each defined once, one pool for every route that names it.
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, RawUpstream>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
 }
@@ -104,7 +107,7 @@ pub struct RawRoute {
     pub name: Option<String>,
     #[serde(rename = "match")]
     pub matcher: Option<RawMatch>,
-    pub upstream: Option<RawUpstream>,
+    pub upstream: Option<RawRouteUpstream>,
     #[serde(default)]
     pub limits: Vec<RawLimit>,
     pub rate_limit_headers: Option<bool>,
@@ -127,9 +130,46 @@ pub struct RawMatch {
     pub methods: Option<Vec<String>>,
 }
 
-#[derive(Debug, Deserialize)]
+/// A route's `upstream:`: the name of one of `upstreams:` (`upstream: billing`), or a map: its
+/// own servers and settings, or `use: NAME` with the route's own `strip_prefix` and `host`.
+#[derive(Debug)]
+pub enum RawRouteUpstream {
+    Named(String),
+    Inline(Box<RawUpstream>),
+}
+
+impl<'de> Deserialize<'de> for RawRouteUpstream {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct UpstreamVisitor;
+        impl<'de> Visitor<'de> for UpstreamVisitor {
+            type Value = RawRouteUpstream;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "the name of an upstream (upstreams: at the top), or { servers: [...] }",
+                )
+            }
+
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<RawRouteUpstream, E> {
+                Ok(RawRouteUpstream::Named(value.to_string()))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawRouteUpstream, A::Error> {
+                RawUpstream::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(|raw| RawRouteUpstream::Inline(Box::new(raw)))
+            }
+        }
+        deserializer.deserialize_any(UpstreamVisitor)
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
+    /// A route's map that names an upstream of `upstreams:`, beside its own `strip_prefix`
+    /// and `host`.
+    #[serde(rename = "use")]
+    pub uses: Option<String>,
     #[serde(default)]
     pub servers: Vec<String>,
     pub connect_timeout_ms: Option<u64>,

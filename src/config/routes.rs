@@ -11,6 +11,7 @@ use super::identity::compile_auth;
 use super::problem::{millis_within, required_name, Problems};
 use super::raw::{RawLimit, RawMatch, RawRoute};
 use super::tiers::{self, LimitVariants, TierSettings};
+use super::upstreams::NamedUpstreams;
 use crate::caller::consumers::{AuthMode, Verifiers};
 use crate::limiter::{FailureMode, Limit};
 use crate::route::keys::{canonical_parts, KeyPart, KeySecret, KeySpec, RouteKeys};
@@ -31,6 +32,8 @@ pub struct RouteDefaults<'a> {
     pub verifiers: &'a Verifiers,
     /// The common limits routes may use (`limits:` at the top).
     pub common: &'a CommonLimits,
+    /// The upstreams routes may name (`upstreams:` at the top).
+    pub upstreams: &'a NamedUpstreams,
 }
 
 /// Limits keyed on the caller (`consumer`, `claim:NAME`) need a route that verifies callers
@@ -68,7 +71,7 @@ pub fn compile(
     let at = &format!("routes[{index}]");
     let name = required_name(raw.name, &format!("{at}.name"), p);
     let matcher = compile_match(at, raw.matcher, p);
-    let upstream = super::upstreams::compile(at, raw.upstream, p);
+    let upstream = super::upstreams::compile(at, raw.upstream, defaults.upstreams, p);
     let limits = compile_limits(at, raw.limits, defaults, p);
     let failure_mode = raw
         .failure_mode
@@ -373,6 +376,7 @@ mod tests {
             failure_mode: FailureMode::Deny,
             verifiers: &Verifiers::default(),
             common: &CommonLimits::default(),
+            upstreams: &NamedUpstreams::default(),
         };
         problems_of(yaml, |raw: RawRoute, p: &mut Problems| {
             compile(3, raw, defaults, p)

@@ -1,14 +1,18 @@
-//! `routes[].upstream`: servers resolved to addresses at load, balance, timeouts, retries,
-//! health checks, the prefix to strip and the `Host` to send.
+//! `upstreams:` and `routes[].upstream`: servers resolved to addresses at load, balance,
+//! timeouts, retries, health checks, the prefix to strip and the `Host` to send. A named
+//! upstream is compiled once; a route that names it gets its settings, with its own
+//! `strip_prefix` and `host` when it gives them, and shares its one pool (`upstream/pool.rs`).
 
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
 
 use http::header::HeaderValue;
 
 use super::choice::{chosen, BalanceName, Spelled};
 use super::limits::key_parts;
-use super::problem::{millis_within, Problems};
-use super::raw::{RawPassiveHealth, RawRetryBudget, RawUpstream, RawUpstreamTls};
+use super::problem::{check_name, millis_within, Problems};
+use super::raw::{RawPassiveHealth, RawRetryBudget, RawRouteUpstream, RawUpstream, RawUpstreamTls};
 use crate::route::upstream::CertificateFiles;
 use crate::route::upstream::{Balance, PassiveHealth, UpstreamSettings, UpstreamTls};
 use crate::route::upstream::{RetryBudgetRule, RetryCause, RetryPolicy};
@@ -21,12 +25,144 @@ pub const DEFAULT_RETRIES: usize = 1;
 /// Timeouts and health check intervals: from 1 ms to an hour.
 const MILLIS: std::ops::RangeInclusive<u64> = 1..=3_600_000;
 
-pub fn compile(at: &str, raw: Option<RawUpstream>, p: &mut Problems) -> Option<UpstreamSettings> {
+/// The upstreams of `upstreams:`, by name, each compiled once (`None`: it did not compile, and
+/// its problems were reported).
+#[derive(Debug, Default)]
+pub struct NamedUpstreams(BTreeMap<String, Option<UpstreamSettings>>);
+
+impl NamedUpstreams {
+    /// The settings of the upstream `name`, named at `at`: a problem when there is none.
+    fn named(&self, name: &str, at: &str, p: &mut Problems) -> Option<UpstreamSettings> {
+        match self.0.get(name) {
+            Some(settings) => settings.clone(),
+            None if self.0.is_empty() => {
+                p.add(
+                    at,
+                    format!(
+                        "unknown upstream {name:?}: no upstream is defined (upstreams: at the top)"
+                    ),
+                );
+                None
+            }
+            None => {
+                let names: Vec<&str> = self.0.keys().map(String::as_str).collect();
+                let names = super::choice::or_list(&names);
+                p.add(at, format!("unknown upstream {name:?}: use {names}"));
+                None
+            }
+        }
+    }
+}
+
+/// `upstreams:`: each name valid, each upstream compiled as a route's own would be, without
+/// what only a route says (`use`, `strip_prefix`).
+pub fn compile_named(raw: BTreeMap<String, RawUpstream>, p: &mut Problems) -> NamedUpstreams {
+    let mut named = BTreeMap::new();
+    for (name, mut raw) in raw {
+        let at = format!("upstreams.{name}");
+        let valid = check_name(&name, &at, p);
+        if raw.uses.take().is_some() {
+            p.add(
+                format!("{at}.use"),
+                "an upstream names its servers, not another upstream",
+            );
+        }
+        if raw.strip_prefix.take().is_some() {
+            p.add(
+                format!("{at}.strip_prefix"),
+                "a route's setting: give it beside use: on each route that wants it, e.g. \
+                 upstream: { use: NAME, strip_prefix: /api }",
+            );
+        }
+        let settings = compile_settings(&at, raw, p).filter(|_| valid);
+        let shared: Arc<str> = name.as_str().into();
+        named.insert(
+            name,
+            settings.map(|settings| UpstreamSettings {
+                name: Some(shared),
+                ..settings
+            }),
+        );
+    }
+    NamedUpstreams(named)
+}
+
+/// A route's `upstream:`: the name of one of `named`, a map that uses one (with the route's
+/// own `strip_prefix` and `host`), or the route's own servers and settings.
+pub fn compile(
+    at: &str,
+    raw: Option<RawRouteUpstream>,
+    named: &NamedUpstreams,
+    p: &mut Problems,
+) -> Option<UpstreamSettings> {
     let at = &format!("{at}.upstream");
-    let Some(raw) = raw else {
-        p.add(at, "required, e.g. { servers: [127.0.0.1:3000] }");
+    match raw {
+        None => {
+            p.add(
+                at,
+                "required, e.g. { servers: [127.0.0.1:3000] }, or the name of one of upstreams:",
+            );
+            None
+        }
+        Some(RawRouteUpstream::Named(name)) => named.named(&name, at, p),
+        Some(RawRouteUpstream::Inline(mut raw)) => match raw.uses.take() {
+            Some(name) => compile_use(at, &name, *raw, named, p),
+            None => compile_settings(at, *raw, p),
+        },
+    }
+}
+
+/// `upstream: { use: NAME, strip_prefix, host }`: the named upstream's settings with the
+/// route's own prefix and `Host`; anything else beside `use` is the upstream's to say.
+fn compile_use(
+    at: &str,
+    name: &str,
+    raw: RawUpstream,
+    named: &NamedUpstreams,
+    p: &mut Problems,
+) -> Option<UpstreamSettings> {
+    let elsewhere = [
+        (!raw.servers.is_empty(), "servers"),
+        (raw.connect_timeout_ms.is_some(), "connect_timeout_ms"),
+        (raw.read_timeout_ms.is_some(), "read_timeout_ms"),
+        (raw.balance.is_some(), "balance"),
+        (raw.hash_key.is_some(), "hash_key"),
+        (
+            raw.health_check_interval_ms.is_some(),
+            "health_check_interval_ms",
+        ),
+        (raw.retries.is_some(), "retries"),
+        (raw.retry_on.is_some(), "retry_on"),
+        (raw.retry_budget.is_some(), "retry_budget"),
+        (raw.tls.is_some(), "tls"),
+        (raw.http2.is_some(), "http2"),
+        (raw.passive_health.is_some(), "passive_health"),
+    ];
+    let misplaced = elsewhere.iter().filter(|(given, _)| *given);
+    let mut placed = true;
+    for (_, field) in misplaced {
+        p.add(
+            format!("{at}.{field}"),
+            format!("the upstream's setting: set it on upstreams.{name}, not beside use:"),
+        );
+        placed = false;
+    }
+    let strip_prefix = compile_strip_prefix(at, raw.strip_prefix, p);
+    let host = compile_host(at, raw.host.as_deref(), p);
+    let settings = named.named(name, &format!("{at}.use"), p)?;
+    let (strip_prefix, host) = (strip_prefix.ok()?, host.ok()?);
+    if !placed {
         return None;
-    };
+    }
+    Some(UpstreamSettings {
+        strip_prefix,
+        host: host.or(settings.host.clone()),
+        ..settings
+    })
+}
+
+/// An upstream's own servers and settings, at `at`.
+fn compile_settings(at: &str, raw: RawUpstream, p: &mut Problems) -> Option<UpstreamSettings> {
     // No server is one problem among the upstream's others: they are checked too.
     let servers = if raw.servers.is_empty() {
         p.add(
@@ -56,6 +192,7 @@ pub fn compile(at: &str, raw: Option<RawUpstream>, p: &mut Problems) -> Option<U
     let tls = compile_tls(at, raw.tls, raw.servers.first().map(String::as_str), p);
     let passive_health = compile_passive_health(at, raw.passive_health, p);
     Some(UpstreamSettings {
+        name: None,
         servers: servers?,
         balance: balance?,
         health_check: health_check.ok()?,
@@ -344,8 +481,95 @@ mod tests {
 
     fn upstream(yaml: &str) -> (Option<UpstreamSettings>, Vec<String>) {
         problems_of(yaml, |raw: RawUpstream, p: &mut Problems| {
-            compile("routes[0]", Some(raw), p)
+            compile_settings("routes[0].upstream", raw, p)
         })
+    }
+
+    /// A file's `upstreams:` and one route's `upstream:`.
+    #[derive(serde::Deserialize)]
+    struct Both {
+        #[serde(default)]
+        upstreams: BTreeMap<String, RawUpstream>,
+        upstream: Option<RawRouteUpstream>,
+    }
+
+    fn named(yaml: &str) -> (Option<UpstreamSettings>, Vec<String>) {
+        problems_of(yaml, |raw: Both, p: &mut Problems| {
+            let named = compile_named(raw.upstreams, p);
+            compile("routes[0]", raw.upstream, &named, p)
+        })
+    }
+
+    const BILLING: &str =
+        "upstreams: { billing: { servers: [127.0.0.1:1, 127.0.0.1:2], retries: 2, host: b.internal } }\n";
+
+    #[test]
+    fn a_route_names_an_upstream_or_uses_it_with_its_own_prefix_and_host() {
+        let (settings, problems) = named(&format!("{BILLING}upstream: billing\n"));
+        assert!(problems.is_empty(), "{problems:?}");
+        let settings = settings.expect("it compiles");
+        assert_eq!(settings.name.as_deref(), Some("billing"));
+        assert_eq!((settings.servers.len(), settings.retry.attempts), (2, 2));
+        assert_eq!(settings.host, Some(HeaderValue::from_static("b.internal")));
+        let (settings, problems) = named(&format!(
+            "{BILLING}upstream: {{ use: billing, strip_prefix: /pay, host: pay.internal }}\n"
+        ));
+        assert!(problems.is_empty(), "{problems:?}");
+        let settings = settings.expect("it compiles");
+        assert_eq!(settings.name.as_deref(), Some("billing"));
+        assert_eq!(settings.strip_prefix.as_deref(), Some("/pay"));
+        assert_eq!(
+            settings.host,
+            Some(HeaderValue::from_static("pay.internal"))
+        );
+        let (settings, _) = named(&format!("{BILLING}upstream: {{ use: billing }}\n"));
+        assert_eq!(
+            settings.and_then(|s| s.host),
+            Some(HeaderValue::from_static("b.internal")),
+            "the upstream's host when the route gives none"
+        );
+    }
+
+    #[test]
+    fn every_mistake_with_named_upstreams_is_named_with_its_path() {
+        let (_, problems) = named(&format!("{BILLING}upstream: bililng\n"));
+        assert_eq!(
+            problems,
+            ["routes[0].upstream: unknown upstream \"bililng\": use billing"]
+        );
+        let (_, problems) = named("upstream: billing\n");
+        assert_eq!(
+            problems,
+            [
+                "routes[0].upstream: unknown upstream \"billing\": no upstream is defined \
+              (upstreams: at the top)"
+            ]
+        );
+        let (settings, problems) = named(&format!(
+            "{BILLING}upstream: {{ use: billing, retries: 3, servers: [127.0.0.1:3] }}\n"
+        ));
+        assert!(settings.is_none());
+        assert_eq!(
+            problems,
+            [
+                "routes[0].upstream.servers: the upstream's setting: set it on upstreams.billing, \
+                 not beside use:",
+                "routes[0].upstream.retries: the upstream's setting: set it on upstreams.billing, \
+                 not beside use:",
+            ]
+        );
+        let (_, problems) = named(
+            "upstreams:\n  \"bad name\": { servers: [127.0.0.1:1] }\n  a: { use: b, strip_prefix: /x, servers: [127.0.0.1:1] }\nupstream: { servers: [127.0.0.1:1] }\n",
+        );
+        assert_eq!(
+            problems,
+            [
+                "upstreams.a.use: an upstream names its servers, not another upstream",
+                "upstreams.a.strip_prefix: a route's setting: give it beside use: on each route \
+                 that wants it, e.g. upstream: { use: NAME, strip_prefix: /api }",
+                "upstreams.bad name: invalid name \"bad name\": use 1 to 64 of A-Z a-z 0-9 _ . -",
+            ]
+        );
     }
 
     #[test]

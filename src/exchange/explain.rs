@@ -78,9 +78,25 @@ impl<S: Servers> Exchange<S> {
                 path: self.normalized_path.as_deref().unwrap_or(path).to_string(),
             },
             route: route.map(RouteShown::of),
+            servers: self.servers_shown(),
             standing,
             tier: route.map(|route| self.tier_shown(route)),
         }
+    }
+
+    /// The route's upstream servers, each with its health now (`state: null` when not known:
+    /// `sluice explain` offline has no live state).
+    fn servers_shown(&self) -> Vec<ServerShown> {
+        let Some(runtime) = &self.route else {
+            return Vec::new();
+        };
+        let states = runtime.servers.states().into_iter();
+        states
+            .map(|(server, state)| ServerShown {
+                server: server.to_string(),
+                state,
+            })
+            .collect()
     }
 
     /// The tier the request meets: the route's default, a plan's or the consumer's own, and
@@ -136,10 +152,20 @@ pub struct Explanation {
     pub request: RequestShown,
     /// The route matched (`None`: none).
     pub route: Option<RouteShown>,
+    /// The route's upstream servers and their health now (none without a route).
+    pub servers: Vec<ServerShown>,
     /// The client's standing in the address lists (`None`: refused before they were read).
     pub standing: Option<Standing>,
     /// The tier met (`None` without a route).
     pub tier: Option<TierShown>,
+}
+
+/// An upstream server of the route and its health now: `not-checked`, `healthy`,
+/// `unhealthy` (active checks) or `ejected` (passive health); `None` when not known.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ServerShown {
+    pub server: String,
+    pub state: Option<&'static str>,
 }
 
 /// The request as explained: its client address (after the trusted proxies' headers), and

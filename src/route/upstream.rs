@@ -7,6 +7,7 @@
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::HeaderValue;
@@ -188,6 +189,9 @@ impl RetryPolicy {
 /// Everything about a route's upstream, as compiled from the config.
 #[derive(Debug, Clone)]
 pub struct UpstreamSettings {
+    /// The named upstream (`upstreams:`) these settings are, shared by every route that names
+    /// it (one pool); `None`: the route's own servers.
+    pub name: Option<Arc<str>>,
     pub servers: Vec<SocketAddr>,
     pub balance: Balance,
     /// How often each server is probed with a TCP connect; `None`: never (all count healthy).
@@ -211,6 +215,7 @@ impl UpstreamSettings {
     /// A round-robin pool with default timeouts and no retries (tests and tools).
     pub fn round_robin(servers: Vec<SocketAddr>) -> UpstreamSettings {
         UpstreamSettings {
+            name: None,
             servers,
             balance: Balance::RoundRobin,
             health_check: None,

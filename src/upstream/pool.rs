@@ -1,4 +1,5 @@
-//! Upstream pools on `pingora-load-balancing`, one per route of a configuration: a server chosen
+//! Upstream pools on `pingora-load-balancing`, one per route of a configuration (one per named
+//! upstream, shared by every route that names it: one rotation, one retry budget): a server chosen
 //! round robin or by consistent hashing (ketama) of a key part, among those the
 //! configuration's health record (`health.rs`: each server once, whatever the route) does not
 //! find unhealthy, and not ejected by passive health while no more than the route's share of
@@ -6,6 +7,7 @@
 //! with the configuration it serves; the record's checks run once before that configuration
 //! goes live, then in the background until it is retired.
 
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -166,12 +168,20 @@ impl Servers for Pool {
         }
     }
 
+    fn states(&self) -> Vec<(SocketAddr, Option<&'static str>)> {
+        let health = self.health().into_iter();
+        health
+            .map(|(server, state)| (server, Some(state.name())))
+            .collect()
+    }
+
     fn retry_budget(&self) -> Option<&Arc<RetryBudget>> {
         Some(&self.budget)
     }
 }
 
-/// The pools of one configuration, indexed by route, and the health record they share.
+/// The pools of one configuration, indexed by route (routes naming one upstream hold clones of
+/// its one pool), and the health record they share.
 pub struct Pools {
     by_route: Box<[Pool]>,
     health: Arc<HealthRecord>,
@@ -188,13 +198,36 @@ impl Pools {
         let health = Arc::new(HealthRecord::build(routes, setup));
         let mut problems = Vec::new();
         let mut by_route = Vec::new();
+        // A named upstream's one pool, built for the first route that names it.
+        let mut named: HashMap<&str, Pool> = HashMap::new();
+        let mut unbuilt: HashSet<&str> = HashSet::new();
         for route in routes.in_file_order() {
+            let name = route.upstream.name.as_deref();
+            if let Some(pool) = name.and_then(|name| named.get(name)) {
+                by_route.push(pool.clone());
+                continue;
+            }
+            if name.is_some_and(|name| unbuilt.contains(name)) {
+                continue;
+            }
             match Pool::new(&route.upstream, read, &health) {
-                Ok(pool) => by_route.push(pool),
-                Err(reason) => problems.push(Problem::new(
-                    format!("routes[{}].upstream", route.index),
-                    reason,
-                )),
+                Ok(pool) => {
+                    if let Some(name) = name {
+                        named.insert(name, pool.clone());
+                    }
+                    by_route.push(pool);
+                }
+                Err(reason) => {
+                    let at = match name {
+                        Some(name) => format!("upstreams.{name}"),
+                        None => format!("routes[{}].upstream", route.index),
+                    };
+                    problems.push(Problem::new(at, reason));
+                    if let Some(name) = name {
+                        // Said once, whatever the routes naming it.
+                        unbuilt.insert(name);
+                    }
+                }
             }
         }
         if !problems.is_empty() {

@@ -27,6 +27,10 @@ pub trait Servers: Clone + Send + Sync + 'static {
     /// answered otherwise. What passive health learns from; nothing by default.
     fn attempt_ended(&self, _server: SocketAddr, _failed: bool) {}
 
+    /// Each server, in the route's order, and the name of its health state now
+    /// (`not-checked`, `healthy`, `unhealthy`, `ejected`); `None`: not known.
+    fn states(&self) -> Vec<(SocketAddr, Option<&'static str>)>;
+
     /// The retry budget of these servers; `None`: retries are bounded by their count alone.
     fn retry_budget(&self) -> Option<&Arc<RetryBudget>> {
         None
@@ -65,6 +69,11 @@ impl Servers for InOrder {
 
     fn tls(&self) -> Option<&()> {
         None
+    }
+
+    /// Nothing is known of their health: they are never dialed.
+    fn states(&self) -> Vec<(SocketAddr, Option<&'static str>)> {
+        self.0.iter().map(|server| (*server, None)).collect()
     }
 }
 

@@ -750,7 +750,19 @@ fn summary(answer: &Explanation) -> String {
             said(consumer.and_then(|consumer| consumer.plan.as_deref())),
         ),
         ("Tier", said(answer.tier.as_ref().map(|tier| &*tier.name))),
+        ("Upstream servers", servers_said(answer)),
     ])
+}
+
+/// The route's upstream servers, each with its health now: `10.0.0.5:8080 (ejected)`.
+fn servers_said(answer: &Explanation) -> String {
+    let servers = answer.servers.iter().map(|shown| match shown.state {
+        Some(state) => format!("{} ({state})", shown.server),
+        None => shown.server.clone(),
+    });
+    esc(&or_dash(
+        Some(servers.collect::<Vec<_>>().join(", ")).filter(|s| !s.is_empty()),
+    ))
 }
 
 #[cfg(test)]

@@ -138,7 +138,7 @@ fn type_errors_of_every_section_and_route_are_told_in_plain_words() {
         &[
             "listen: expected a list, got 8080",
             "ipv6_prefix: expected a whole number from 0 to 255, got 300",
-            "routes[0].upstream: expected a table (key: value), got a list",
+            "routes[0].upstream: expected the name of an upstream (upstreams: at the top), or { servers: [...] }, got a list",
             "routes[1].upstream.retries: expected a whole number ≥ 0, got -1",
         ],
     );

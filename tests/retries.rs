@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::io::{Read, Write};
 use std::time::Duration;
 
 use support::config::{route, Config};
@@ -154,6 +155,36 @@ fn a_post_is_never_sent_twice_whatever_the_failure() {
         statuses.contains(&503) && statuses.contains(&502),
         "{statuses:?}"
     );
+}
+
+#[test]
+fn a_response_cut_off_after_its_head_reached_the_client_is_never_retried() {
+    let any = Upstream::start();
+    let cut = Scripted::start(|_, _| Reply::CutOff);
+    let healthy = Scripted::start(|_, _| Reply::status(200));
+    let on = ", retries: 1, retry_on: [reset, timeout]";
+    let gateway = gateway(&[&cut, &healthy], on, &any);
+    for i in 0..4 {
+        // The client reads what comes until the gateway closes: a head, 10 bytes, the end.
+        let mut stream = support::connect(gateway.proxy, None);
+        let request =
+            format!("GET /cut/{i} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).expect("send");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("a read timeout");
+        let mut received = Vec::new();
+        let _ = stream.read_to_end(&mut received);
+        let text = String::from_utf8_lossy(&received);
+        assert_eq!(
+            text.matches("HTTP/1.1 ").count(),
+            1,
+            "one response head: {text}"
+        );
+    }
+    assert!(cut.count() >= 1, "round robin sent it some");
+    assert_eq!(cut.count() + healthy.count(), 4, "none sent twice");
+    assert_eq!(retries(&gateway, "retried"), 0.0);
 }
 
 #[test]

@@ -34,6 +34,9 @@ pub(super) struct Attempts {
     /// The server of the attempt under way: `None` once no server was left to choose (a
     /// failure then is no server's).
     dialed: Option<SocketAddr>,
+    /// The attempt under way has told its server how it ended (its passive health learns of
+    /// each attempt once: a `5xx` head then a reset is one failure).
+    told: bool,
     /// When the first attempt began.
     started: Option<Instant>,
     /// From the first attempt to the upstream's response head.
@@ -78,6 +81,7 @@ impl<S: Servers> Exchange<S> {
         };
         self.upstream.server = Some(server);
         self.upstream.dialed = Some(server);
+        self.upstream.told = false;
         if self.upstream.request_place.is_none() {
             self.upstream.request_place = runtime.servers.retry_budget().map(|b| b.request());
         }
@@ -138,10 +142,19 @@ impl<S: Servers> Exchange<S> {
         if (cause == RetryCause::Http503 && retry_after) || !self.retry(server, cause, replayable) {
             return false;
         }
-        if let Some(runtime) = &self.route {
-            runtime.servers.attempt_ended(server, true);
-        }
+        self.attempt_ended(server, true);
         true
+    }
+
+    /// Tells `server`, the server of the attempt under way, how the attempt ended: once per
+    /// attempt.
+    fn attempt_ended(&mut self, server: SocketAddr, failed: bool) {
+        if std::mem::replace(&mut self.upstream.told, true) {
+            return;
+        }
+        if let Some(runtime) = &self.route {
+            runtime.servers.attempt_ended(server, failed);
+        }
     }
 
     /// Whether the try on `server` that failed by `cause` is tried on another server: the
@@ -223,9 +236,9 @@ impl<S: Servers> Exchange<S> {
         self.upstream.error = Some(kind);
         if let Some(runtime) = &self.route {
             runtime.metrics.count_upstream_error(kind, server);
-            if let Some(server) = server {
-                runtime.servers.attempt_ended(server, true);
-            }
+        }
+        if let Some(server) = server {
+            self.attempt_ended(server, true);
         }
     }
 
@@ -281,10 +294,8 @@ impl<S: Servers> Exchange<S> {
     pub fn response_head(&mut self, status: u16, headers: &HeaderMap) {
         if self.upstream.time.is_none() {
             self.upstream.time = self.upstream.started.map(|started| self.since(started));
-            if let (Some(runtime), Some(server)) = (&self.route, self.upstream.dialed) {
-                runtime
-                    .servers
-                    .attempt_ended(server, (500..600).contains(&status));
+            if let Some(server) = self.upstream.dialed {
+                self.attempt_ended(server, (500..600).contains(&status));
             }
         }
         // The upstream is done waiting on it (a stream or an upgraded connection may go on):

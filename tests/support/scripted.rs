@@ -17,6 +17,9 @@ pub enum Reply {
     After(Duration, u16, &'static str),
     /// Closes the connection without an answer (a reset, to the gateway).
     Close,
+    /// Answers `200` with `Content-Length: 1000`, sends 10 bytes of it, then closes: a response
+    /// cut off midway.
+    CutOff,
 }
 
 impl Reply {
@@ -84,6 +87,12 @@ fn serve(stream: TcpStream, seen: &Mutex<Vec<Seen>>, script: &Script) {
         };
         match script(n, &request) {
             Reply::Close => {
+                let _ = writer.shutdown(std::net::Shutdown::Both);
+                return;
+            }
+            Reply::CutOff => {
+                let head = "HTTP/1.1 200 Scripted\r\ncontent-length: 1000\r\n\r\n0123456789";
+                let _ = writer.write_all(head.as_bytes());
                 let _ = writer.shutdown(std::net::Shutdown::Both);
                 return;
             }

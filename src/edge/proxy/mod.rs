@@ -621,11 +621,13 @@ impl ProxyHttp for Gateway {
         }
         // As Pingora's own hook: the final error's log line names the server.
         let mut error = error.more_context(format!("Peer: {peer}"));
-        let replayable = replayable(session);
+        let side = ClientSide::of(session, ctx.exchange.as_deref());
+        // Once a response head reached the client, another server's would be dropped and its
+        // body mixed into this one's: nothing is tried again.
+        let replayable = replayable(session) && !side.answered;
         let mut pingora = error.retry;
         pingora.decide_reuse(client_reused);
         let fallback = replayable && pingora.retry();
-        let side = ClientSide::of(session, ctx.exchange.as_deref());
         let kind = classify(&error, side).0.and_then(Fault::upstream);
         let cause = match kind {
             Some(UpstreamError::Timeout) => Some(RetryCause::Timeout),
@@ -673,23 +675,32 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
-    /// The upstream's response head has arrived: the upstream time ends here.
+    /// The upstream's final response head has arrived: tried on another server when the
+    /// retry policy says so (before anything reached the client), else the upstream time ends
+    /// here.
     async fn upstream_response_filter(
         &self,
         session: &mut Session,
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
-        if let Some(trace) = &mut ctx.trace {
-            trace.upstream_answered(upstream_response.status.as_u16());
-        }
         let status = upstream_response.status.as_u16();
+        // An interim answer (`100 Continue`) ends nothing: the final head follows. `101` is
+        // final (an upgrade).
+        if upstream_response.status.is_informational() && status != 101 {
+            return Ok(());
+        }
+        if let Some(trace) = &mut ctx.trace {
+            trace.upstream_answered(status);
+        }
         let exchange = exchange(ctx)?;
         if RetryCause::of_status(status).is_some() {
             let retry_after = upstream_response
                 .headers
                 .contains_key(http::header::RETRY_AFTER);
-            if exchange.try_answered(status, retry_after, replayable(session)) {
+            // Nothing of a response (not even a `100 Continue`) has reached the client yet.
+            let replayable = replayable(session) && session.response_written().is_none();
+            if exchange.try_answered(status, retry_after, replayable) {
                 let mut retried = Error::explain(
                     ErrorType::HTTPStatus(status),
                     "the upstream's answer is retried on another server",

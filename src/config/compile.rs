@@ -9,7 +9,7 @@ use super::choice::{chosen, EncodedSlash};
 use super::listeners::socket_addr;
 use super::model::Config;
 use super::observe::{compile_access_log, compile_request_id, compile_tracing};
-use super::problem::Problems;
+use super::problem::{within, Problems};
 use super::raw::{RawAdmin, RawConfig, RawPath, RawRls, RawRoute, RawSecret};
 use super::redis::{RedisInForce, RedisSettings, DEFAULT_KEY_PREFIX};
 use super::routes::{self, RouteDefaults};
@@ -177,12 +177,7 @@ fn compile_admin(
 /// `instances:`, the gateways sharing the limits (1 unless set).
 fn compile_instances(raw: Option<u64>, p: &mut Problems) -> u64 {
     let instances = raw.unwrap_or(1);
-    if !(1..=10_000).contains(&instances) {
-        p.add(
-            "instances",
-            format!("must be between 1 and 10000, got {instances}"),
-        );
-    }
+    within(instances, 1..=10_000, "instances", p);
     instances
 }
 
@@ -237,12 +232,7 @@ fn compile_trusted_proxies(
         })
         .collect();
     let prefix = ipv6_prefix.unwrap_or(DEFAULT_IPV6_PREFIX);
-    if !(1..=128).contains(&prefix) {
-        p.add(
-            "ipv6_prefix",
-            format!("must be between 1 and 128, got {prefix}"),
-        );
-    }
+    within(u64::from(prefix), 1..=128, "ipv6_prefix", p);
     TrustedProxies::new(nets, prefix)
 }
 

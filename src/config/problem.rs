@@ -130,6 +130,16 @@ pub fn required_name(name: Option<String>, at: &str, p: &mut Problems) -> Option
     }
 }
 
+/// A number within `range`, or a problem at `at`.
+pub fn within(
+    value: u64,
+    range: std::ops::RangeInclusive<u64>,
+    at: &str,
+    p: &mut Problems,
+) -> Option<u64> {
+    bounded(value, range, "", at, p)
+}
+
 /// A duration in milliseconds within `range`, or a problem at `at`.
 pub fn millis_within(
     ms: u64,
@@ -137,19 +147,29 @@ pub fn millis_within(
     at: &str,
     p: &mut Problems,
 ) -> Option<std::time::Duration> {
-    if range.contains(&ms) {
-        Some(std::time::Duration::from_millis(ms))
-    } else {
-        p.add(
-            at,
-            format!(
-                "must be between {} and {} ms, got {ms}",
-                range.start(),
-                range.end()
-            ),
-        );
-        None
+    bounded(ms, range, " ms", at, p).map(std::time::Duration::from_millis)
+}
+
+/// `value` within `range`, or a problem at `at` that gives the range in `unit`.
+fn bounded(
+    value: u64,
+    range: std::ops::RangeInclusive<u64>,
+    unit: &str,
+    at: &str,
+    p: &mut Problems,
+) -> Option<u64> {
+    if range.contains(&value) {
+        return Some(value);
     }
+    p.add(
+        at,
+        format!(
+            "must be between {} and {}{unit}, got {value}",
+            range.start(),
+            range.end()
+        ),
+    );
+    None
 }
 
 /// Compiles one section from YAML and returns its problems as `path: message` lines: the

@@ -11,7 +11,7 @@ use http::header::HeaderValue;
 
 use super::choice::{chosen, BalanceName, Spelled};
 use super::limits::key_parts;
-use super::problem::{check_name, millis_within, Problems};
+use super::problem::{check_name, millis_within, within, Problems};
 use super::raw::{RawPassiveHealth, RawRetryBudget, RawRouteUpstream, RawUpstream, RawUpstreamTls};
 use crate::route::upstream::CertificateFiles;
 use crate::route::upstream::{Balance, PassiveHealth, UpstreamSettings, UpstreamTls};
@@ -219,22 +219,19 @@ fn compile_passive_health(
         return Ok(Some(PassiveHealth::DEFAULT));
     };
     let defaults = PassiveHealth::DEFAULT;
-    let within =
-        |value: u64, range: std::ops::RangeInclusive<u64>, field: &str, p: &mut Problems| {
-            if range.contains(&value) {
-                return Ok(value);
-            }
-            let (low, high) = range.into_inner();
-            p.add(
-                format!("{at}.{field}"),
-                format!("must be between {low} and {high}, got {value}"),
-            );
-            Err(())
-        };
-    let failures = raw.consecutive_failures.unwrap_or(5);
-    let failures = within(failures, 1..=1_000, "consecutive_failures", p);
-    let percent = raw.max_ejected_percent.unwrap_or(50);
-    let percent = within(percent, 1..=100, "max_ejected_percent", p);
+    let failures = raw
+        .consecutive_failures
+        .unwrap_or(u64::from(defaults.consecutive_failures));
+    let failures = within(
+        failures,
+        1..=1_000,
+        &format!("{at}.consecutive_failures"),
+        p,
+    );
+    let percent = raw
+        .max_ejected_percent
+        .unwrap_or(u64::from(defaults.max_ejected_percent));
+    let percent = within(percent, 1..=100, &format!("{at}.max_ejected_percent"), p);
     let ms = |d: std::time::Duration| d.as_millis() as u64;
     let base = raw.base_ejection_ms.unwrap_or(ms(defaults.base_ejection));
     let base = millis_within(base, MILLIS, &format!("{at}.base_ejection_ms"), p).ok_or(());
@@ -250,10 +247,10 @@ fn compile_passive_health(
         }
     }
     let settings = PassiveHealth {
-        consecutive_failures: failures? as u32,
+        consecutive_failures: failures.ok_or(())? as u32,
         base_ejection: base?,
         max_ejection: max?,
-        max_ejected_percent: percent? as u8,
+        max_ejected_percent: percent.ok_or(())? as u8,
     };
     Ok(raw.enabled.unwrap_or(true).then_some(settings))
 }
@@ -372,24 +369,13 @@ fn compile_retry_budget(
     let Some(raw) = raw else {
         return Some(defaults);
     };
-    let mut within = |value: Option<u64>, default: u64, high: u64, field: &str| {
-        let value = value.unwrap_or(default);
-        if value > high {
-            p.add(
-                format!("{at}.retry_budget.{field}"),
-                format!("must be between 0 and {high}, got {value}"),
-            );
-            return None;
-        }
-        Some(value)
-    };
-    let percent = within(raw.percent, u64::from(defaults.percent), 100, "percent");
-    let min = within(
-        raw.min_concurrency,
-        u64::from(defaults.min_concurrency),
-        10_000,
-        "min_concurrency",
-    );
+    let at = &format!("{at}.retry_budget");
+    let percent = raw.percent.unwrap_or(u64::from(defaults.percent));
+    let percent = within(percent, 0..=100, &format!("{at}.percent"), p);
+    let min = raw
+        .min_concurrency
+        .unwrap_or(u64::from(defaults.min_concurrency));
+    let min = within(min, 0..=10_000, &format!("{at}.min_concurrency"), p);
     Some(RetryBudgetRule {
         percent: u8::try_from(percent?).ok()?,
         min_concurrency: u32::try_from(min?).ok()?,

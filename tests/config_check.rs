@@ -375,3 +375,58 @@ fn common_limits_are_refused_where_one_key_cannot_serve_every_route() {
         ],
     );
 }
+
+#[test]
+fn every_mistake_of_regions_and_global_limits_is_told_in_one_run() {
+    assert_problems(
+        "regions.yaml",
+        &[
+            "regions.list[0].weight: must be between 1 and 1000, got 0",
+            "regions.list[2].name: duplicate region \"eu-west\"",
+            "regions.this: \"eu-wst\" is not in regions.list (us-east, eu-west, eu-west, ap-south)",
+            "regions.every: must be between 100 and 60000, got 10",
+            "regions.seed_percent: must be between 1 and 50, got 70",
+            "regions.list[1].redis: required for every region but this one: region sync reads its records there",
+            "regions.list[2].redis.url: invalid redis URL: expected redis://[user[:password]@]host[:port][/db], rediss://..., or redis+unix:///path[?db=N]",
+            "regions.list[3].redis: required for every region but this one: region sync reads its records there",
+            "routes[0].limits[0].consistency: applies only with scope: global (one limit across regions)",
+            "routes[0].limits[1].scope: global applies to fixed_window, calendar, gcra, token_bucket and leaky_bucket, not sliding_log",
+            "routes[0].limits[2].consistency: approx applies to fixed_window and calendar (counts region sync can add up), not gcra: a global gcra is kept strict, each region on its part of the rate",
+            "routes[0].limits[3].scope: global needs a regions: section without problems (this gateway's region and every region's Redis)",
+            "routes[0].limits[4].split: a global limit is one key in each region's Redis: it cannot be split",
+            "routes[0].limits[5].consistency: unknown consistency \"eventual\": use strict or approx",
+        ],
+    );
+    assert_problems(
+        "global_without_regions.yaml",
+        &["routes[0].limits[0].scope: global needs a regions: section without problems (this gateway's region and every region's Redis)"],
+    );
+    assert_problems(
+        "regions_without_redis.yaml",
+        &[
+            "regions: needs redis: (this region's Redis, where its gateways decide)",
+            "regions.list: lists 2 to 16 regions, every region's configuration the same list",
+        ],
+    );
+    assert_problems(
+        "regions_parts.yaml",
+        &[
+            "routes[0].limits[0].rate: 3 units cannot be split among 3 regions by their weights and seed: each region's part must be at least one unit",
+            "routes[0].limits[1].rate: 2 units cannot be split among 3 regions by their weights and seed: each region's part must be at least one unit",
+        ],
+    );
+}
+
+#[test]
+fn the_regions_example_passes_and_says_which_limits_stay_per_region() {
+    let (code, stdout, stderr) = check("conf/regions.example.yaml");
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout,
+        "conf/regions.example.yaml: ok: 1 routes, 3 limits, redis at redis://127.0.0.1:6379/0\n\
+         regions: this is eu-west of 3 (us-east, eu-west, ap-south); region sync every 1000 ms, delays up to 250 ms assumed\n\
+         \x20 global api/monthly 100000 strict\n\
+         \x20 global api/per_minute 1000 approx\n\
+         \x20 global api/per_second 50 strict: decided per region (each region on its part: a window under 5000 ms, or a rate with no count to move)\n"
+    );
+}

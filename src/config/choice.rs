@@ -108,8 +108,19 @@ pub(crate) use impl_choice;
 impl_choice!(FailureMode, "failure mode");
 // And the failures an upstream's tries are retried on.
 impl_choice!(crate::route::upstream::RetryCause, "retry cause");
-// And a limit's scope.
-impl_choice!(crate::limiter::Scope, "scope");
+// And a limit's consistency across regions.
+impl_choice!(crate::limiter::regions::Consistency, "consistency");
+
+/// `scope:` of a limit: where it is counted. `global` is shared within a region and kept across
+/// regions (`limiter::regions`): the limiter counts it as shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumString, VariantNames)]
+#[strum(serialize_all = "snake_case")]
+pub enum ScopeName {
+    Shared,
+    Local,
+    Global,
+}
+impl_choice!(ScopeName, "scope");
 // So are a route's `auth:` modes.
 impl_choice!(crate::caller::consumers::AuthMode, "auth mode");
 // And the certificate fields that name a consumer.

@@ -9,6 +9,7 @@ use super::raw::RawLimit;
 use super::tiers::{compile_variants, LimitVariants};
 use super::wording::nearest;
 use crate::caller::consumers::Plans;
+use crate::limiter::regions::Regions;
 
 /// The common limits of a configuration, in file order.
 #[derive(Default)]
@@ -68,7 +69,12 @@ impl CommonLimits {
 }
 
 /// `limits:` at the top, every problem reported with its path.
-pub fn compile(raw: Vec<RawLimit>, plans: &Plans, p: &mut Problems) -> CommonLimits {
+pub fn compile(
+    raw: Vec<RawLimit>,
+    plans: &Plans,
+    regions: Option<&Regions>,
+    p: &mut Problems,
+) -> CommonLimits {
     let mut limits: Vec<(String, Option<LimitVariants>)> = Vec::new();
     for (i, raw) in raw.into_iter().enumerate() {
         let at = format!("limits[{i}]");
@@ -99,7 +105,7 @@ pub fn compile(raw: Vec<RawLimit>, plans: &Plans, p: &mut Problems) -> CommonLim
                 format!("duplicate common limit name {name:?}"),
             );
         }
-        let compiled = compile_variants(&at, raw, plans, p).map(LimitVariants::common);
+        let compiled = compile_variants(&at, raw, plans, regions, p).map(LimitVariants::common);
         limits.push((name, compiled));
     }
     CommonLimits { limits }

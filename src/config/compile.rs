@@ -8,9 +8,12 @@ use std::path::{Path, PathBuf};
 use super::choice::{chosen, EncodedSlash};
 use super::listeners::socket_addr;
 use super::model::Config;
-use super::observe::{compile_access_log, compile_request_id, compile_tracing};
+use super::observe::{
+    compile_access_log, compile_request_id, compile_tracing, RawAccessLog, RawRequestId, RawTracing,
+};
+use super::pending::PendingChange;
 use super::problem::{within, Problems};
-use super::raw::{RawAdmin, RawConfig, RawPath, RawRls, RawRoute, RawSecret};
+use super::raw::{RawAdmin, RawConfig, RawPath, RawRedis, RawRegions, RawRls, RawRoute, RawSecret};
 use super::redis::{RedisInForce, RedisSettings, DEFAULT_KEY_PREFIX};
 use super::routes::{self, RouteDefaults};
 use super::sources::Sources;
@@ -21,13 +24,22 @@ use crate::route::keys::KeySecret;
 use crate::route::path::PathRules;
 use crate::route::table::RouteTable;
 
-/// Compiles what of `raw` compiles with the `redis:` settings `redis_from` says are in force,
+/// The settings a configuration is compiled with: `redis:` as [`RedisInForce`] says, and
+/// `regions:` the file's (`None`) or those the process runs with (`Some`, a reload), which a
+/// reload keeps until a graceful upgrade.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InForce<'a> {
+    pub redis: RedisInForce<'a>,
+    pub regions: Option<Option<&'a super::RegionsSettings>>,
+}
+
+/// Compiles what of `raw` compiles with the `redis:` and `regions:` settings `from` says are in force,
 /// adding every problem found to `p`: what start would check next (certificates, users,
 /// directories) can be checked on it even when `p` is not empty.
 pub fn compile_all(
     source: &Path,
     raw: RawConfig,
-    redis_from: RedisInForce<'_>,
+    from: InForce<'_>,
     p: &mut Problems,
     read: &mut Sources,
 ) -> Config {
@@ -35,20 +47,18 @@ pub fn compile_all(
     let server = super::server::check(raw.server, p);
     let listen = super::listeners::compile(raw.listen, !serves_rls, p);
     let (admin_listen, admin_token, admin_audit_log) = compile_admin(raw.admin, p, read);
-    let in_file = raw.redis.map(|redis| super::redis::compile(redis, p, read));
-    let (redis, pending_upgrade) = super::redis::in_force(in_file, redis_from);
+    let (redis, regions, pending_upgrade) = stores((raw.redis, raw.regions), from, p, read);
     let failure_mode = compile_failure_mode(raw.failure_mode, p);
     let (key_prefix, secret) = compile_keys(redis.as_ref(), raw.key_secret, p, read);
     let trusted_proxies = compile_trusted_proxies(&raw.trusted_proxies, raw.ipv6_prefix, p);
     let addresses = super::addresses::compile("addresses", raw.addresses, p);
-    let claim_names = super::identity::claim_names(&raw.routes, &raw.limits);
-    let consumers = super::identity::compile(raw.identity, claim_names, p, read);
+    let consumers = super::identity::compile(raw.identity, (&raw.routes, &raw.limits), p, read);
     let paths = compile_paths(raw.path, p);
     let instances = compile_instances(raw.instances, p);
-    let access_log = compile_access_log(raw.access_log, p);
-    let request_id = compile_request_id(raw.request_id, p);
-    let tracing = compile_tracing(raw.tracing, p);
-    let common = super::common::compile(raw.limits, consumers.plans(), p);
+    let (access_log, request_id, tracing) =
+        observe((raw.access_log, raw.request_id, raw.tracing), p);
+    let (in_regions, plans) = (regions.as_ref().map(|r| &*r.regions), consumers.plans());
+    let common = super::common::compile(raw.limits, plans, in_regions, p);
     let defaults = RouteDefaults {
         key_prefix: &key_prefix,
         secret,
@@ -57,6 +67,7 @@ pub fn compile_all(
         verifiers: &consumers,
         common: &common,
         upstreams: &super::upstreams::compile_named(raw.upstreams, p),
+        regions: in_regions,
     };
     let rls = compile_rls(raw.rls, source, defaults, p, read);
     let routes = compile_routes(raw.routes, defaults, serves_rls, p);
@@ -69,6 +80,7 @@ pub fn compile_all(
         admin_audit_log,
         instances,
         redis,
+        regions,
         pending_upgrade,
         key_secret: secret,
         failure_mode,
@@ -83,6 +95,46 @@ pub fn compile_all(
         watch: raw.watch.unwrap_or(false),
         routes,
     }
+}
+
+/// `access_log:`, `request_id:` and `tracing:`.
+fn observe(
+    (access_log, request_id, tracing): (
+        Option<RawAccessLog>,
+        Option<RawRequestId>,
+        Option<RawTracing>,
+    ),
+    p: &mut Problems,
+) -> (
+    Option<super::observe::AccessLogSettings>,
+    Option<super::observe::RequestIdSettings>,
+    Option<super::observe::TracingSettings>,
+) {
+    (
+        compile_access_log(access_log, p),
+        compile_request_id(request_id, p),
+        compile_tracing(tracing, p),
+    )
+}
+
+/// `redis:` and `regions:`: those in force (`from`), and what of the file's waits for a
+/// graceful upgrade.
+fn stores(
+    (redis, regions): (Option<RawRedis>, Option<RawRegions>),
+    from: InForce<'_>,
+    p: &mut Problems,
+    read: &mut Sources,
+) -> (
+    Option<RedisSettings>,
+    Option<super::RegionsSettings>,
+    Vec<PendingChange>,
+) {
+    let in_file = redis.map(|redis| super::redis::compile(redis, p, read));
+    let (redis, mut pending) = super::redis::in_force(in_file, from.redis);
+    let (regions, regions_pending) =
+        super::regions::compile_in_force(regions, (redis.is_some(), from.regions), p, read);
+    pending.extend(regions_pending);
+    (redis, regions, pending)
 }
 
 /// `rls:`, its counters keyed as the routes' are (`defaults`), a relative `config_dir` taken
@@ -264,7 +316,7 @@ mod tests {
             let config = compile_all(
                 Path::new("t.yaml"),
                 raw,
-                RedisInForce::File,
+                InForce::default(),
                 p,
                 &mut Sources::default(),
             );

@@ -20,13 +20,14 @@ use crate::caller::jwt::JwtSettings;
 const MAX_PLANS: usize = 64;
 
 /// `identity:`: the plans, the default plan, the verifiers; with none, no route may ask for
-/// credentials.
+/// credentials. Tokens keep the claims the keys of `routes` and the common `limits` name.
 pub fn compile(
     raw: Option<RawIdentity>,
-    claim_names: Vec<Arc<str>>,
+    (routes, limits): (&[super::raw::RawRoute], &[super::raw::RawLimit]),
     p: &mut Problems,
     read: &mut Sources,
 ) -> Verifiers {
+    let claim_names = claim_names(routes, limits);
     let mut raw = raw.unwrap_or_default();
     let written = raw.api_keys.is_some() || raw.jwt.is_some() || raw.mtls.is_some();
     let plans = compile_plans(&raw, p);
@@ -104,10 +105,7 @@ fn compile_mtls(raw: RawMtls, plans: &Plans, p: &mut Problems) -> Option<Certifi
 }
 
 /// The claims `claim:NAME` key parts of `routes` name, each once: what verified tokens keep.
-pub fn claim_names(
-    routes: &[super::raw::RawRoute],
-    common: &[super::raw::RawLimit],
-) -> Vec<Arc<str>> {
+fn claim_names(routes: &[super::raw::RawRoute], common: &[super::raw::RawLimit]) -> Vec<Arc<str>> {
     let mut names: Vec<Arc<str>> = Vec::new();
     let texts = routes
         .iter()
@@ -220,7 +218,7 @@ mod tests {
 
     fn identity(yaml: &str) -> (Option<Verifiers>, Vec<String>) {
         problems_of(yaml, |raw: RawIdentity, p: &mut Problems| {
-            Some(compile(Some(raw), Vec::new(), p, &mut Sources::default()))
+            Some(compile(Some(raw), (&[], &[]), p, &mut Sources::default()))
         })
     }
 

@@ -5,11 +5,14 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 
-use super::choice::{chosen, AlgorithmName, HeaderVisibility, LimitMode, OnMissingName, Spelled};
+use super::choice::{
+    chosen, AlgorithmName, HeaderVisibility, LimitMode, OnMissingName, ScopeName, Spelled,
+};
 use super::problem::{required_name, Problems};
 use super::rate::{parse_calendar_rate, parse_duration, parse_rate};
 use super::raw::{RawLimit, RawResponseCost};
 use crate::limiter::algorithm::{CalendarPeriods, Period};
+use crate::limiter::regions::{Consistency, Global, Regions};
 use crate::limiter::{
     Algorithm, Cost, Leasing, Limit, Rate, ResponsePrice, Scope, AUTO_MIN_UNITS, QUOTA_MEMORY_US,
 };
@@ -57,17 +60,12 @@ const MAX_SPLIT: u64 = 256;
 pub(crate) fn compile_limit(
     at: &str,
     raw: RawLimit,
+    regions: Option<&Regions>,
     p: &mut Problems,
 ) -> Option<(Limit, KeySpec, CostHeaders)> {
     let name = required_name(raw.name.clone(), &format!("{at}.name"), p);
     let parts = compile_key(at, raw.key.as_deref(), p);
-    let on_missing = chosen(
-        raw.on_missing.as_ref(),
-        OnMissingName::UseEmpty,
-        &format!("{at}.on_missing"),
-        p,
-    )
-    .map_or(OnMissing::UseEmpty, on_missing);
+    let on_missing = compile_on_missing(at, &raw, p);
     let kind = chosen(
         raw.algorithm.as_ref(),
         AlgorithmName::Gcra,
@@ -80,7 +78,7 @@ pub(crate) fn compile_limit(
     let shards = compile_split(at, &raw, algorithm.as_ref(), p);
     // A split limit is `shards` sub-keys, each an equal share of the whole.
     let algorithm = algorithm.map(|a| a.share(u64::from(shards)));
-    let scope = compile_scope(at, kind, &raw, p);
+    let (scope, algorithm, global) = compile_where(at, kind, &raw, (algorithm, rate), regions, p);
     let leased = match scope {
         Some(Scope::Shared) => compile_leasing(at, &raw, algorithm.as_ref(), p),
         Some(Scope::Local) | None => None,
@@ -111,18 +109,66 @@ pub(crate) fn compile_limit(
         leased,
         priced_by_response,
         scope,
+        global,
     };
     Some((limit, spec, headers))
+}
+
+/// `on_missing:` (default `use_empty`).
+fn compile_on_missing(at: &str, raw: &RawLimit, p: &mut Problems) -> OnMissing {
+    chosen(
+        raw.on_missing.as_ref(),
+        OnMissingName::UseEmpty,
+        &format!("{at}.on_missing"),
+        p,
+    )
+    .map_or(OnMissing::UseEmpty, on_missing)
+}
+
+/// Where the limit is counted: its scope, and for `scope: global` what this region decides of
+/// it (its algorithm on its part, [`Global`]); `algorithm` as compiled, `None` when it did not.
+fn compile_where(
+    at: &str,
+    kind: AlgorithmName,
+    raw: &RawLimit,
+    (algorithm, rate): (Option<Algorithm>, Option<Rate>),
+    regions: Option<&Regions>,
+    p: &mut Problems,
+) -> (Option<Scope>, Option<Algorithm>, Option<Global>) {
+    let named = chosen(
+        raw.scope.as_ref(),
+        ScopeName::Shared,
+        &format!("{at}.scope"),
+        p,
+    );
+    let scope = named.and_then(|named| compile_scope(at, kind, named, raw, p));
+    let consistency = compile_consistency(at, kind, named, raw, p);
+    match (algorithm, consistency) {
+        (Some(algorithm), Some(consistency)) => {
+            let whole = rate.map_or(algorithm.capacity(), |rate| rate.advertised().0);
+            match compile_global(at, (algorithm, whole), consistency, regions, p) {
+                Some((regional, global)) => (scope, Some(regional), Some(global)),
+                None => (scope, None, None),
+            }
+        }
+        (algorithm, _) => (scope, algorithm, None),
+    }
 }
 
 /// `scope:` (default `shared`). A `local` limit is counted in-process by each gateway, so it is
 /// never leased; its units go back when a shared limit of the route denies, which only GCRA,
 /// fixed windows and concurrency slots give back exactly: other algorithms are refused.
-fn compile_scope(at: &str, kind: AlgorithmName, raw: &RawLimit, p: &mut Problems) -> Option<Scope> {
-    let scope = chosen(raw.scope.as_ref(), Scope::Shared, &format!("{at}.scope"), p)?;
-    if scope == Scope::Shared {
-        return Some(scope);
+fn compile_scope(
+    at: &str,
+    kind: AlgorithmName,
+    named: ScopeName,
+    raw: &RawLimit,
+    p: &mut Problems,
+) -> Option<Scope> {
+    if named != ScopeName::Local {
+        return Some(Scope::Shared);
     }
+    let scope = Scope::Local;
     use AlgorithmName::*;
     if !matches!(kind, Gcra | FixedWindow | Concurrency) {
         p.add(
@@ -152,6 +198,109 @@ fn compile_scope(at: &str, kind: AlgorithmName, raw: &RawLimit, p: &mut Problems
         );
     }
     Some(scope)
+}
+
+/// `consistency:` and what `scope: global` asks of a limit: `Some` for a global limit (strict
+/// unless said), `None` for any other; a consistency without `scope: global`, and the algorithms
+/// and options a limit across regions cannot have, are problems.
+fn compile_consistency(
+    at: &str,
+    kind: AlgorithmName,
+    named: Option<ScopeName>,
+    raw: &RawLimit,
+    p: &mut Problems,
+) -> Option<Consistency> {
+    let consistency = chosen(
+        raw.consistency.as_ref(),
+        Consistency::Strict,
+        &format!("{at}.consistency"),
+        p,
+    )?;
+    if named != Some(ScopeName::Global) {
+        if raw.consistency.is_some() {
+            p.add(
+                format!("{at}.consistency"),
+                "applies only with scope: global (one limit across regions)",
+            );
+        }
+        return None;
+    }
+    use AlgorithmName::*;
+    if matches!(kind, SlidingLog | Concurrency | SlidingWindow) {
+        p.add(
+            format!("{at}.scope"),
+            format!(
+                "global applies to fixed_window, calendar, gcra, token_bucket and leaky_bucket, \
+                 not {kind}"
+            ),
+        );
+        return None;
+    }
+    if consistency == Consistency::Approx && !matches!(kind, FixedWindow | Calendar) {
+        p.add(
+            format!("{at}.consistency"),
+            format!(
+                "approx applies to fixed_window and calendar (counts region sync can add up), \
+                 not {kind}: a global {kind} is kept strict, each region on its part of the rate"
+            ),
+        );
+        return None;
+    }
+    if raw.split.is_some_and(|shards| shards > 1) {
+        p.add(
+            format!("{at}.split"),
+            "a global limit is one key in each region's Redis: it cannot be split",
+        );
+        return None;
+    }
+    Some(consistency)
+}
+
+/// What this region decides of a global `algorithm` ([`Regions::compile`]); a limit too small to
+/// give every region a unit is a problem.
+fn compile_global(
+    at: &str,
+    (algorithm, whole): (Algorithm, u64),
+    consistency: Consistency,
+    regions: Option<&Regions>,
+    p: &mut Problems,
+) -> Option<(Algorithm, Global)> {
+    let Some(regions) = regions else {
+        p.add(
+            format!("{at}.scope"),
+            "global needs a regions: section without problems (this gateway's region and every region's Redis)",
+        );
+        return None;
+    };
+    let (regional, global) = regions.compile(algorithm, consistency, whole);
+    // A rate's parts are rates (never below one unit per its period); a count's must be units.
+    let counted = matches!(regional, Algorithm::Calendar { .. });
+    if consistency == Consistency::Strict && counted {
+        let quota = matches!(
+            regional,
+            Algorithm::Calendar {
+                period: Period::Calendar(_),
+                ..
+            }
+        );
+        let smallest = (0..regions.list.len())
+            .map(|r| regions.part(r, global.whole, quota))
+            .min()
+            .unwrap_or(0);
+        if smallest == 0 {
+            p.add(
+                format!("{at}.rate"),
+                format!(
+                    "{} units cannot be split among {} regions by their weights and seed: \
+                     each region's part must be at least one unit",
+                    global.whole,
+                    regions.list.len()
+                ),
+            );
+            return None;
+        }
+    }
+    Some((regional, global))
 }
 
 /// `key:` (default `[client_ip]`): the parts of a request the limit counts by.
@@ -717,7 +866,7 @@ mod tests {
 
     fn limit(yaml: &str) -> (Option<Limit>, Vec<String>) {
         let (compiled, problems) = problems_of(yaml, |raw: RawLimit, p: &mut Problems| {
-            compile_limit("routes[0].limits[0]", raw, p)
+            compile_limit("routes[0].limits[0]", raw, None, p)
         });
         (compiled.map(|(limit, _, _)| limit), problems)
     }

@@ -33,6 +33,7 @@ pub(crate) mod problem;
 pub(crate) mod rate;
 pub(crate) mod raw;
 pub(crate) mod redis;
+pub(crate) mod regions;
 pub(crate) mod rls;
 pub(crate) mod rls_files;
 pub(crate) mod routes;
@@ -45,10 +46,12 @@ pub(crate) mod wording;
 
 use std::path::Path;
 
+use compile::InForce;
 pub use model::Config;
 pub use pending::PendingChange;
 pub use problem::{ConfigError, Problem, Problems};
 pub use redis::{RedisInForce, RedisSettings};
+pub use regions::RegionsSettings;
 pub use server::ServerSettings;
 pub use sources::Sources;
 
@@ -67,25 +70,29 @@ impl Config {
         path: &Path,
         sources: &mut Sources,
         running: Option<&RedisSettings>,
+        running_regions: Option<&RegionsSettings>,
     ) -> Result<Config, ConfigError> {
-        let redis_from = RedisInForce::Running(running);
-        all_or_error(path, Config::read_in_force(path, sources, redis_from))
+        let from = InForce {
+            redis: RedisInForce::Running(running),
+            regions: Some(running_regions),
+        };
+        all_or_error(path, Config::read_in_force(path, sources, from))
     }
 
     /// Reads and compiles what of `path` compiles, with every problem found: what `sluice -t`
     /// checks further. No config when the file cannot be read or is not YAML.
     pub fn load_all(path: &Path, sources: &mut Sources) -> (Option<Config>, Vec<Problem>) {
-        Config::read_in_force(path, sources, RedisInForce::File)
+        Config::read_in_force(path, sources, InForce::default())
     }
 
-    /// [`Config::load_all`] with the `redis:` settings `redis_from` says are in force.
+    /// [`Config::load_all`] with the `redis:` and `regions:` settings `from` says are in force.
     fn read_in_force(
         path: &Path,
         sources: &mut Sources,
-        redis_from: RedisInForce<'_>,
+        from: InForce<'_>,
     ) -> (Option<Config>, Vec<Problem>) {
         match sources.read_to_string(path) {
-            Ok(text) => Config::compile_text(path, &text, redis_from, sources),
+            Ok(text) => Config::compile_text(path, &text, from, sources),
             Err(e) => (
                 None,
                 vec![Problem::new("", format!("cannot read the file: {e}"))],
@@ -98,7 +105,7 @@ impl Config {
     pub fn from_yaml(path: &Path, text: &str) -> Result<Config, ConfigError> {
         all_or_error(
             path,
-            Config::compile_text(path, text, RedisInForce::File, &mut Sources::default()),
+            Config::compile_text(path, text, InForce::default(), &mut Sources::default()),
         )
     }
 
@@ -106,12 +113,12 @@ impl Config {
     fn compile_text(
         path: &Path,
         text: &str,
-        redis_from: RedisInForce<'_>,
+        from: InForce<'_>,
         sources: &mut Sources,
     ) -> (Option<Config>, Vec<Problem>) {
         let mut problems = Problems::default();
         let config = misfits::read_and_compile(text, &mut problems, |raw, p| {
-            compile::compile_all(path, raw, redis_from, p, sources)
+            compile::compile_all(path, raw, from, p, sources)
         });
         (config, problems.0)
     }

@@ -33,6 +33,8 @@ pub struct Config {
     /// The `redis:` settings in force (`None`: limits run in-process): the file's at start, and
     /// after a reload still those the process started with ([`PendingChange`]).
     pub redis: Option<RedisSettings>,
+    /// `regions:`: one limit across regions (`None`: each region its own limits).
+    pub regions: Option<super::RegionsSettings>,
     /// What the file changes that the running process keeps until a graceful upgrade
     /// (`sluice -u`): `redis:` settings, listeners, `server:`, `tracing:`. Empty at start; a
     /// reload fills it (`runtime/reload.rs`), `/readyz` and the dashboard show it.
@@ -102,6 +104,31 @@ impl Config {
         quotas
     }
 
+    /// Its limits kept across regions (`scope: global`), in file order: `route/limit whole
+    /// consistency`, each once (any plan's or consumer's parameters). What region sync's digest
+    /// covers, and what `sluice -t` tells.
+    pub fn global_limits(&self) -> Vec<String> {
+        let mut globals: Vec<String> = Vec::new();
+        for route in self.routes.in_file_order() {
+            let limits = route.tiers.all().iter().flat_map(|tier| tier.limits.iter());
+            for limit in limits.map(|l| &l.limit.exact) {
+                let Some(global) = limit.global else { continue };
+                let named = format!(
+                    "{}/{} {} {}{}",
+                    route.name,
+                    limit.name,
+                    global.whole,
+                    global.consistency.name(),
+                    if global.synced { "" } else { " per-region" }
+                );
+                if !globals.contains(&named) {
+                    globals.push(named);
+                }
+            }
+        }
+        globals
+    }
+
     /// What the configuration knows of consumer `id`: listed (by the API-key file,
     /// `identity.mtls.plans` or a limit's `consumers:`), possible (a JWT or client certificate
     /// verifier may name consumers no list holds), or `None`: no request can be its.
@@ -124,12 +151,48 @@ impl Config {
             Some(redis) => redis.topology.describe(),
             None => "in-process limiter".to_string(),
         };
-        format!(
+        let mut summary = format!(
             "{}: ok: {} routes, {} limits, {}",
             self.source.display(),
             self.routes.len(),
             limits,
             backend
-        )
+        );
+        if let Some(settings) = &self.regions {
+            summary.push_str(&regions_summary(&settings.regions, &self.global_limits()));
+        }
+        summary
     }
+}
+
+/// What `sluice -t` adds for `regions:`: this region among them, the exchange, and each global
+/// limit, those decided per region said so (their window is under 4(T + d)).
+fn regions_summary(regions: &crate::limiter::regions::Regions, globals: &[String]) -> String {
+    let names: Vec<&str> = regions.list.iter().map(|r| &*r.name).collect();
+    let mut text = format!(
+        "\nregions: this is {} of {} ({}); region sync every {} ms, delays up to {} ms assumed",
+        regions.this_name(),
+        names.len(),
+        names.join(", "),
+        regions.every.as_millis(),
+        regions.max_delay.as_millis()
+    );
+    for global in globals {
+        let (limit, per_region) = match global.strip_suffix(" per-region") {
+            Some(limit) => (limit, true),
+            None => (global.as_str(), false),
+        };
+        text.push_str(&format!("\n  global {limit}"));
+        if per_region {
+            let each = match limit.ends_with(" approx") {
+                true => "the whole limit in each region",
+                false => "each region on its part",
+            };
+            text.push_str(&format!(
+                ": decided per region ({each}: a window under {} ms, or a rate with no count to move)",
+                regions.shortest_window().as_millis()
+            ));
+        }
+    }
+    text
 }

@@ -14,13 +14,14 @@ use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use crate::caller::consumers::{AuthMode, CertificateField};
-use crate::limiter::{FailureMode, Scope};
+use crate::limiter::regions::Consistency;
+use crate::limiter::FailureMode;
 
 use super::addresses::RawAddresses;
 use super::api_keys::RawApiKeys;
 use super::choice::{
     AlgorithmName, BalanceName, ClientAuthMode, EncodedSlash, HeaderVisibility, LimitMode,
-    OnMissingName, RedisMode, Spelled,
+    OnMissingName, RedisMode, ScopeName, Spelled,
 };
 use super::observe::{RawAccessLog, RawRequestId, RawTracing};
 use super::server::ServerSettings;
@@ -34,6 +35,8 @@ pub struct RawConfig {
     pub listen: Vec<RawListener>,
     pub admin: Option<RawAdmin>,
     pub redis: Option<RawRedis>,
+    /// One limit across regions: this gateway's region, and every region's Redis.
+    pub regions: Option<RawRegions>,
     pub failure_mode: Option<Spelled<FailureMode>>,
     pub instances: Option<u64>,
     #[serde(default)]
@@ -83,7 +86,7 @@ pub struct RawAdmin {
     pub audit_log: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRedis {
     pub mode: Option<Spelled<RedisMode>>,
@@ -216,6 +219,31 @@ pub struct RawUpstreamTls {
     pub key: Option<String>,
 }
 
+/// `regions:` (`config/regions.rs`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRegions {
+    pub this: Option<String>,
+    /// The exchange period T (`1s`).
+    pub every: Option<String>,
+    /// The one-way delay between regions the bounds assume (`250ms`).
+    pub max_delay: Option<String>,
+    pub home: Option<String>,
+    pub seed_percent: Option<u64>,
+    #[serde(default)]
+    pub list: Vec<RawRegion>,
+}
+
+/// One of `regions.list`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRegion {
+    pub name: Option<String>,
+    pub weight: Option<u64>,
+    /// Where region sync reads this region's records (this region's own is `redis:`).
+    pub redis: Option<RawRedis>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimit {
@@ -241,7 +269,9 @@ pub struct RawLimit {
     pub split: Option<u64>,
     pub mode: Option<Spelled<LimitMode>>,
     pub lease_units: Option<u64>,
-    pub scope: Option<Spelled<Scope>>,
+    pub scope: Option<Spelled<ScopeName>>,
+    /// `scope: global`: `strict` (the default) or `approx`.
+    pub consistency: Option<Spelled<Consistency>>,
     pub cost_from_response: Option<RawResponseCost>,
     /// Per plan: other parameters, or `off`.
     pub plans: Option<BTreeMap<String, RawEntry>>,
@@ -273,6 +303,7 @@ impl RawLimit {
             ("mode", self.mode.is_some()),
             ("lease_units", self.lease_units.is_some()),
             ("scope", self.scope.is_some()),
+            ("consistency", self.consistency.is_some()),
             ("cost_from_response", self.cost_from_response.is_some()),
             ("plans", self.plans.is_some()),
             ("consumers", self.consumers.is_some()),

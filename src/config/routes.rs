@@ -1,6 +1,7 @@
 //! `routes[]`: names, matches (host, path or prefix, methods), limits, failure mode and
 //! their own deadlines, and the `RateLimit-Policy` header each route sends.
 
+use crate::limiter::regions::Regions;
 use std::collections::HashSet;
 
 use http::Method;
@@ -34,6 +35,8 @@ pub struct RouteDefaults<'a> {
     pub common: &'a CommonLimits,
     /// The upstreams routes may name (`upstreams:` at the top).
     pub upstreams: &'a NamedUpstreams,
+    /// The regions a global limit spans (`regions:`).
+    pub regions: Option<&'a Regions>,
 }
 
 /// Limits keyed on the caller (`consumer`, `claim:NAME`) need a route that verifies callers
@@ -157,7 +160,13 @@ fn compile_limits(
             let at = format!("{at}.limits[{i}]");
             match raw.uses.clone() {
                 Some(name) => used(&at, &name, &raw, defaults.common, p),
-                None => tiers::compile_variants(&at, raw, defaults.verifiers.plans(), p),
+                None => tiers::compile_variants(
+                    &at,
+                    raw,
+                    defaults.verifiers.plans(),
+                    defaults.regions,
+                    p,
+                ),
             }
         })
         .collect();
@@ -377,6 +386,7 @@ mod tests {
             verifiers: &Verifiers::default(),
             common: &CommonLimits::default(),
             upstreams: &NamedUpstreams::default(),
+            regions: None,
         };
         problems_of(yaml, |raw: RawRoute, p: &mut Problems| {
             compile(3, raw, defaults, p)

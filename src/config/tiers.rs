@@ -13,6 +13,7 @@ use super::identity::known_plans;
 use super::problem::Problems;
 use super::raw::{RawEntry, RawLimit, RawParams};
 use crate::caller::consumers::{PlanSlot, Plans};
+use crate::limiter::regions::Regions;
 use crate::limiter::{Limit, LimitRules, PolicyLimit};
 use crate::route::keys::{KeySpec, RouteKeys};
 use crate::route::pricing::CostHeaders;
@@ -97,11 +98,12 @@ pub(super) fn compile_variants(
     at: &str,
     mut raw: RawLimit,
     plans: &Plans,
+    regions: Option<&Regions>,
     p: &mut Problems,
 ) -> Option<LimitVariants> {
     let by_plan_raw = raw.plans.take().unwrap_or_default();
     let by_consumer_raw = raw.consumers.take().unwrap_or_default();
-    let written = super::limits::compile_limit(at, raw.clone(), p).map(compiled);
+    let written = super::limits::compile_limit(at, raw.clone(), regions, p).map(compiled);
     let mut entries = Vec::new();
     let mut by_plan = HashMap::new();
     let mut by_consumer = HashMap::new();
@@ -119,7 +121,7 @@ pub(super) fn compile_variants(
         // (else its problems would be told again, under the entry).
         if written.is_some() {
             by_plan.insert(usize::from(plan.0), entries.len());
-            entries.push(compile_entry(&entry_at, &raw, entry, p));
+            entries.push(compile_entry(&entry_at, &raw, entry, regions, p));
         }
     }
     for (name, entry) in by_consumer_raw {
@@ -133,7 +135,7 @@ pub(super) fn compile_variants(
         }
         if written.is_some() {
             by_consumer.insert(name.as_str().into(), entries.len());
-            entries.push(compile_entry(&entry_at, &raw, entry, p));
+            entries.push(compile_entry(&entry_at, &raw, entry, regions, p));
         }
     }
     let mut variants = Variants {
@@ -183,7 +185,13 @@ fn compiled((limit, spec, headers): (Limit, KeySpec, CostHeaders)) -> Compiled {
 }
 
 /// One entry: `off`, or the limit with the entry's parameters in place of its own.
-fn compile_entry(at: &str, written: &RawLimit, entry: RawEntry, p: &mut Problems) -> Entry {
+fn compile_entry(
+    at: &str,
+    written: &RawLimit,
+    entry: RawEntry,
+    regions: Option<&Regions>,
+    p: &mut Problems,
+) -> Entry {
     let RawEntry::Params(params) = entry else {
         return Entry::Off;
     };
@@ -200,7 +208,7 @@ fn compile_entry(at: &str, written: &RawLimit, entry: RawEntry, p: &mut Problems
     raw.capacity = capacity.or(raw.capacity);
     raw.max_delay = max_delay.or(raw.max_delay);
     raw.max = max.or(raw.max);
-    match super::limits::compile_limit(at, raw, p) {
+    match super::limits::compile_limit(at, raw, regions, p) {
         Some(parts) => Entry::Params(Box::new(compiled(parts))),
         // Reported at the entry's path; the config is refused.
         None => Entry::Broken,
@@ -355,7 +363,9 @@ mod tests {
             let compiled: Option<Vec<LimitVariants>> = raw
                 .into_iter()
                 .enumerate()
-                .map(|(i, raw)| compile_variants(&format!("routes[0].limits[{i}]"), raw, &plans, p))
+                .map(|(i, raw)| {
+                    compile_variants(&format!("routes[0].limits[{i}]"), raw, &plans, None, p)
+                })
                 .collect();
             let compiled = compiled?;
             let specs: Vec<KeySpec> = compiled.iter().map(|l| l.written().1.clone()).collect();

@@ -77,6 +77,8 @@ pub enum AdminError {
     // 409: the call names something the API cannot change so.
     #[error("limit {0:?} is local to each gateway (scope: local): the quota admin API changes only what every gateway shares")]
     LocalLimit(String),
+    #[error("limit {0:?} is one limit across regions (scope: global): a reset, credit or override in one region's Redis would hand back or move units other regions were given, so the quota admin API leaves it alone")]
+    GlobalLimit(String),
     #[error("limit {0:?} is not keyed on what is named alone (consumer, client_ip, route and const: parts)")]
     NotKeyed(String),
     #[error("no limit of the route is keyed on what is named alone")]
@@ -155,6 +157,7 @@ impl AdminError {
             NoCall | NoRoute(_) | NoLimit(_) | NoPlan(_) | UnknownConsumer(..) | NoOverride => 404,
             Method(_) => 405,
             LocalLimit(_)
+            | GlobalLimit(_)
             | NotKeyed(_)
             | NoneKeyed
             | NoConsumers(_)
@@ -213,6 +216,7 @@ mod tests {
             (AdminError::NotText("consumer".into()), 400),
             (AdminError::UnknownConsumer("bob".into(), "why"), 404),
             (AdminError::LocalLimit("per_gateway".into()), 409),
+            (AdminError::GlobalLimit("monthly".into()), 409),
             (AdminError::OverridesFull(1000), 409),
             (AdminError::unwritten(LimiterError::Timeout(5)), 503),
         ];

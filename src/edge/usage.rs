@@ -15,6 +15,7 @@ use crate::exchange::Site;
 use crate::limiter::fields::whole_seconds;
 use crate::limiter::{LimitRecords, LimitStatus, Mismatch, Policy};
 use crate::observe::metrics;
+use crate::route::describe::{self, GlobalShown};
 use crate::route::table::{Route, RouteTable};
 use crate::route::tiers::{LimitMet, Tier, TierLimit};
 use crate::runtime::snapshot::Snapshot;
@@ -54,6 +55,10 @@ struct LimitUsage {
     /// Seconds until the limit is back to its full quota (rounded up).
     #[serde(skip_serializing_if = "Option::is_none")]
     reset_seconds: Option<u64>,
+    /// `scope: global`: how it holds across regions and this region's part (`remaining` is
+    /// this region's standing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    global: Option<GlobalShown>,
     /// Why there are no counts: the limit is keyed on more than the consumer.
     #[serde(skip_serializing_if = "Option::is_none")]
     unavailable: Option<&'static str>,
@@ -220,6 +225,7 @@ async fn peek(
             window_seconds: limit.advertised.map(|(_, window)| window),
             remaining: status.map(|s| s.remaining),
             reset_seconds: status.map(|s| whole_seconds(s.reset_after_ms)),
+            global: describe::global(limit),
             unavailable: (!readable)
                 .then_some("keyed on more than the consumer (client_ip, a header, the path...): no count belongs to the consumer alone"),
         }

@@ -5,6 +5,10 @@ use std::sync::Arc;
 
 use super::algorithm::{Algorithm, Period, MAX_SLIDING_LOG_LIMIT};
 use super::rate::Rate;
+use super::regions::Global;
+
+/// The decision script's name for a limit kept across regions (`lua/global.lua`).
+pub const GLOBAL_SCRIPT: &str = "global";
 
 /// Limits a route can have without its per-request vectors touching the heap.
 pub const LIMITS_INLINE: usize = 4;
@@ -144,6 +148,9 @@ pub struct Limit {
     pub priced_by_response: Option<ResponsePrice>,
     /// `scope: local`: counted by this gateway alone, decided before the shared limits.
     pub scope: Scope,
+    /// `scope: global`: one limit across regions; its `algorithm` is this region's part of it
+    /// (`regions::Regions::compile`), shared by the region's gateways.
+    pub global: Option<Global>,
 }
 
 /// How a leased limit is leased: at most `max_units` (L) held unspent per gateway and key, and
@@ -195,6 +202,23 @@ impl Limit {
             leased: None,
             priced_by_response: None,
             scope: Scope::Shared,
+            global: None,
+        }
+    }
+
+    /// Whether region sync keeps it across regions: decided by `lua/global.lua` on this
+    /// region's part moved by the transfers beside its count.
+    pub fn synced(&self) -> bool {
+        self.global.is_some_and(|global| global.synced)
+    }
+
+    /// The function of the decision script that decides it (`Algorithm::script_name`, or
+    /// `global` for a synced limit).
+    pub fn script_name(&self) -> &'static str {
+        if self.synced() {
+            GLOBAL_SCRIPT
+        } else {
+            self.algorithm.script_name()
         }
     }
 

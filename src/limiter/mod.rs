@@ -17,6 +17,8 @@
 //!   simulation.
 //! * [`adaptive`]: adaptive concurrency, a route's in-flight limit that follows its upstream.
 //! * [`admin`]: the quota admin API's store (resets, credits, overrides) in either backend.
+//! * [`regions`]: one limit across regions (`scope: global`): how it splits, region sync's
+//!   tick, and its simulation.
 //!
 //! This file only names the modules and re-exports their main types; the modules reach each
 //! other directly, never through here.
@@ -41,6 +43,7 @@ pub(crate) mod policy;
 pub(crate) mod rate;
 pub(crate) mod record;
 pub mod redis;
+pub mod regions;
 pub(crate) mod request;
 pub(crate) mod rules;
 pub(crate) mod secret;

@@ -132,6 +132,14 @@ impl Policy<Engine> {
     pub fn forget_denials(&self) {
         self.engine.forget_denials();
     }
+
+    /// The Redis backend, where limits live in Redis (region sync works on it).
+    pub fn redis(&self) -> Option<&Arc<crate::limiter::redis::RedisLimiter>> {
+        match &self.engine {
+            Engine::Redis(redis) => Some(&redis.backend),
+            Engine::Local(_) => None,
+        }
+    }
 }
 
 /// Who decided an admitted request's limits, and so gives back and settles what they took.

@@ -293,6 +293,68 @@ pub static UPSTREAM_EJECTED: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     .expect("sluice_upstream_ejected registers once")
 });
 
+pub static REGION_SYNC_HOLDER: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "sluice_region_sync_holder",
+        "1 while this gateway holds its region's sync lease (one gateway per region runs region sync), 0 otherwise."
+    )
+    .expect("sluice_region_sync_holder registers once")
+});
+
+pub static REGION_SYNC_TICKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_region_sync_ticks_total",
+        "Ticks of region sync on this gateway: synced (it holds the lease and published), standby (another gateway of the region holds it) or failed (this region's Redis did not answer).",
+        &["result"]
+    )
+    .expect("sluice_region_sync_ticks_total registers once")
+});
+
+pub static REGION_PEER_STALENESS: LazyLock<GaugeVec> = LazyLock::new(|| {
+    register_gauge_vec!(
+        "sluice_region_peer_staleness_seconds",
+        "How old the latest entry read from the peer region is: its publication time, on the publishing gateway's clock, against this gateway's clock; grows while the peer is cut off.",
+        &["peer"]
+    )
+    .expect("sluice_region_peer_staleness_seconds registers once")
+});
+
+pub static REGION_CLOCK_SKEW: LazyLock<GaugeVec> = LazyLock::new(|| {
+    register_gauge_vec!(
+        "sluice_region_clock_skew_seconds",
+        "The peer region's Redis clock less this gateway's, estimated from a TIME round trip (Cristian's way) about every ten exchange periods.",
+        &["peer"]
+    )
+    .expect("sluice_region_clock_skew_seconds registers once")
+});
+
+pub static REGION_PEER_MISMATCH: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "sluice_region_peer_mismatch",
+        "1 while the peer region publishes a different digest of the regions and global limits (configured differently): nothing it publishes is applied.",
+        &["peer"]
+    )
+    .expect("sluice_region_peer_mismatch registers once")
+});
+
+pub static REGION_TRANSFERRED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "sluice_region_transferred_units_total",
+        "Units of strict global limits moved between this region and the peer: out (given by this region, in its Redis) or in (given by the peer and read from its stream).",
+        &["peer", "direction"]
+    )
+    .expect("sluice_region_transferred_units_total registers once")
+});
+
+pub static REGION_LIMIT_UNITS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "sluice_region_limit_units",
+        "Per global limit, summed over its keys in their current periods, as the sync holder last read them: room (what this region may count to), used, imported (given by other regions) and exported (given to them).",
+        &["limit", "standing"]
+    )
+    .expect("sluice_region_limit_units registers once")
+});
+
 pub static CLIENT_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "sluice_client_errors_total",
@@ -403,7 +465,7 @@ pub fn lease_meters() -> LeaseMeters {
 }
 
 /// Every family sluice exports (the process collector's besides).
-fn families() -> [&'static dyn Collector; 38] {
+fn families() -> [&'static dyn Collector; 45] {
     [
         &*ADMIN_CHANGES,
         &*REQUESTS,
@@ -436,6 +498,13 @@ fn families() -> [&'static dyn Collector; 38] {
         &*UPSTREAM_SERVER_ERRORS,
         &*UPSTREAM_EJECTIONS,
         &*UPSTREAM_EJECTED,
+        &*REGION_SYNC_HOLDER,
+        &*REGION_SYNC_TICKS,
+        &*REGION_PEER_STALENESS,
+        &*REGION_CLOCK_SKEW,
+        &*REGION_PEER_MISMATCH,
+        &*REGION_TRANSFERRED,
+        &*REGION_LIMIT_UNITS,
         &*CLIENT_ERRORS,
         &*ACCESS_LOG_DROPPED,
         &*INTERNAL_MISMATCHES,

@@ -40,6 +40,9 @@ pub struct LimitShown {
     pub algorithm: &'static str,
     pub common: bool,
     pub cost: CostShown,
+    /// `scope: global`: how it holds across regions (absent for any other limit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub global: Option<GlobalShown>,
     pub hidden: bool,
     /// The key's parts as configured (`consumer`, `header:x-tenant`).
     pub key: Vec<String>,
@@ -62,6 +65,18 @@ pub struct LimitShown {
     /// The key the request is counted under, as stored (a digest, never the key secret).
     pub stored_key: Option<String>,
     pub window_seconds: Option<u64>,
+}
+
+/// A limit across regions, as this region decides it: `part` is what it counts against here
+/// (strict: its part of `whole` before transfers; approx: the whole), `remaining` beside it is
+/// this region's standing (transfers and, approx, the others' counts included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct GlobalShown {
+    pub consistency: &'static str,
+    pub part: u64,
+    /// Kept across regions by region sync; `false`: decided on this region's part alone.
+    pub synced: bool,
+    pub whole: u64,
 }
 
 /// What a request costs a limit, as configured: a fixed number of units, or what the request
@@ -104,6 +119,7 @@ impl Mode {
 pub enum ScopeShown {
     Shared,
     Local,
+    Global,
 }
 
 impl ScopeShown {
@@ -111,6 +127,7 @@ impl ScopeShown {
         match self {
             ScopeShown::Shared => "shared",
             ScopeShown::Local => "local",
+            ScopeShown::Global => "global",
         }
     }
 }
@@ -191,6 +208,7 @@ pub fn limit(limit: &Limit, key: &LimitKey) -> LimitShown {
         algorithm: limit.algorithm.script_name(),
         common: key.common(),
         cost,
+        global: global(limit),
         hidden: limit.hidden,
         key: key.parts().iter().map(ToString::to_string).collect(),
         mode: match limit.leased {
@@ -207,14 +225,25 @@ pub fn limit(limit: &Limit, key: &LimitKey) -> LimitShown {
         remaining: None,
         request_cost: None,
         reset_seconds: None,
-        scope: match limit.scope {
-            Scope::Shared => ScopeShown::Shared,
-            Scope::Local => ScopeShown::Local,
+        scope: match (limit.scope, limit.global) {
+            (Scope::Local, _) => ScopeShown::Local,
+            (Scope::Shared, Some(_)) => ScopeShown::Global,
+            (Scope::Shared, None) => ScopeShown::Shared,
         },
         shadow: limit.shadow,
         stored_key: None,
         window_seconds: limit.advertised.map(|(_, window)| window),
     }
+}
+
+/// A limit across regions as this region decides it (`None`: any other limit).
+pub fn global(limit: &Limit) -> Option<GlobalShown> {
+    limit.global.map(|global| GlobalShown {
+        consistency: global.consistency.name(),
+        part: limit.algorithm.capacity(),
+        synced: global.synced,
+        whole: global.whole,
+    })
 }
 
 /// What a limit's quota is counted per, in words: a calendar period with its zone (`month in

@@ -10,6 +10,7 @@ pub mod background;
 pub mod daemon;
 pub mod durability;
 pub mod overrides;
+pub mod regions;
 pub(crate) mod reload;
 pub mod sampler;
 pub mod snapshot;

@@ -56,6 +56,7 @@ pub struct RestartOnly {
     listen: Vec<(std::net::SocketAddr, bool, bool, bool)>,
     admin_listen: Option<std::net::SocketAddr>,
     redis: Option<RedisSettings>,
+    regions: Option<crate::config::RegionsSettings>,
     server: ServerSettings,
     tracing: Option<crate::config::observe::TracingSettings>,
     rls_listen: Option<std::net::SocketAddr>,
@@ -67,6 +68,7 @@ impl RestartOnly {
             listen: config.listen.iter().map(|l| l.shape()).collect(),
             admin_listen: config.admin_listen,
             redis: config.redis.clone(),
+            regions: config.regions.clone(),
             server: config.server.clone(),
             tracing: config.tracing.clone(),
             rls_listen: config.rls.as_ref().map(|rls| rls.listen),
@@ -74,8 +76,8 @@ impl RestartOnly {
     }
 
     /// The sections `now` (a reloaded file's) changes against these, each waiting for a
-    /// graceful upgrade. Not `redis:`: a reload compiles the file with the settings in force
-    /// and names what waits setting by setting.
+    /// graceful upgrade. Not `redis:` nor `regions:`: a reload compiles the file with the
+    /// settings in force and names what waits.
     fn changed_in(&self, now: &RestartOnly) -> Vec<PendingChange> {
         let sections = [
             ("listen", now.listen != self.listen),
@@ -181,7 +183,13 @@ impl ConfigService {
     }
 
     async fn try_reload(&self, read: &mut Sources) -> Result<(), ConfigError> {
-        let mut config = Config::reload(&self.path, read, self.started_with.redis.as_ref())?;
+        let started = &self.started_with;
+        let mut config = Config::reload(
+            &self.path,
+            read,
+            started.redis.as_ref(),
+            started.regions.as_ref(),
+        )?;
         let now = RestartOnly::of(&config);
         config
             .pending_upgrade

@@ -82,7 +82,58 @@ pub fn overview(
     page(
         "Overview",
         "/ui/",
-        &format!("{body}<h2>Recent reload errors</h2>{errors}"),
+        &format!(
+            "{body}{}<h2>Recent reload errors</h2>{errors}",
+            regions(config)
+        ),
+    )
+}
+
+/// With `regions:`: this region, whether this gateway runs its region sync, and each peer's
+/// staleness and clock skew (region sync's metrics), red past what the bounds assume: a peer
+/// heard later than 4 × (T + d), a skew above min(1 s, the shortest global window / 100).
+fn regions(config: &crate::config::Config) -> String {
+    use crate::observe::metrics::{
+        REGION_CLOCK_SKEW, REGION_PEER_MISMATCH, REGION_PEER_STALENESS, REGION_SYNC_HOLDER,
+    };
+    let Some(settings) = &config.regions else {
+        return String::new();
+    };
+    let regions = &settings.regions;
+    let late = regions.shortest_window().as_secs_f64();
+    let rows: Vec<Vec<String>> = regions
+        .peers()
+        .map(|(_, peer)| {
+            let name: &str = &peer.name;
+            let stale = REGION_PEER_STALENESS.with_label_values(&[name]).get();
+            let skew = REGION_CLOCK_SKEW.with_label_values(&[name]).get();
+            let differs = REGION_PEER_MISMATCH.with_label_values(&[name]).get() == 1;
+            let flag = |bad: bool, text: String| match bad {
+                true => format!("<span class=\"bad\">{text}</span>"),
+                false => text,
+            };
+            vec![
+                esc(name),
+                flag(stale > late, format!("{stale:.1} s")),
+                flag(skew.abs() > 1.0, format!("{:+.0} ms", skew * 1e3)),
+                flag(
+                    differs,
+                    if differs { "differs" } else { "same" }.to_string(),
+                ),
+            ]
+        })
+        .collect();
+    let holder = match REGION_SYNC_HOLDER.get() {
+        1 => "this gateway holds the region's sync lease",
+        _ => "another gateway of the region runs region sync (or none yet)",
+    };
+    format!(
+        "<h2>Regions</h2><p>This is <code>{}</code> of {}; region sync every {} ms, delays up to {} ms assumed; {holder}. Limits with <code>scope: global</code> are one limit across them (<code>sluice_region_*</code> metrics).</p>{}",
+        esc(regions.this_name()),
+        regions.list.len(),
+        regions.every.as_millis(),
+        regions.max_delay.as_millis(),
+        table(&["Peer region", "Heard from", "Clock skew", "Configuration"], rows)
     )
 }
 

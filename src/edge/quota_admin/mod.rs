@@ -430,6 +430,9 @@ async fn set(policy: &Policy, live: &InForce, asked: Asked<'_>) -> Result<Value,
         if !policy.admin_reaches(limit) {
             return Err(AdminError::LocalLimit(one.limit.clone()));
         }
+        if limit.global.is_some() {
+            return Err(AdminError::GlobalLimit(one.limit.clone()));
+        }
         known(config, params)?;
         let previous = put(policy, config, &Override::Limit(one.clone()), lifetime).await?;
         apply_now(policy, live).await;

@@ -64,7 +64,8 @@ pub(super) struct Facts {
 }
 
 /// The route, the caller and the limits a reset or credit names. Limits the policy says no
-/// write reaches on every gateway (`scope: local` beside Redis) are not the admin API's.
+/// write reaches on every gateway (`scope: local` beside Redis), and limits across regions
+/// (`scope: global`), are not the admin API's.
 /// Routes with split limits are refused: a split limit's shard is not the caller's alone.
 pub(super) fn target<'a>(
     snapshot: &'a Snapshot,
@@ -92,7 +93,10 @@ pub(super) fn target<'a>(
     }
     let named = (facts.consumer.is_some(), facts.client_ip.is_some());
     let keyed = |limit: &TierLimit| configured.keys.follows_from(&limit.key, named.0, named.1);
-    let reached = |limit: &TierLimit| policy.admin_reaches(&limit.limit.exact);
+    // A limit across regions is no region's alone to reset or credit.
+    let reached = |limit: &TierLimit| {
+        policy.admin_reaches(&limit.limit.exact) && limit.limit.exact.global.is_none()
+    };
     let chosen = chosen_limits(configured, params, (keyed, reached))?;
     let tier = only(configured, overridden.as_deref(), &chosen, config.instances);
     let chosen = tier
@@ -117,7 +121,13 @@ fn chosen_limits(
     params: &Params,
     (keyed, reached): (impl Fn(&TierLimit) -> bool, impl Fn(&TierLimit) -> bool),
 ) -> Result<Vec<Position>, AdminError> {
-    let local = |limit: &TierLimit| AdminError::LocalLimit(limit.limit.exact.name.to_string());
+    let local = |limit: &TierLimit| {
+        let name = limit.limit.exact.name.to_string();
+        match limit.limit.exact.global {
+            Some(_) => AdminError::GlobalLimit(name),
+            None => AdminError::LocalLimit(name),
+        }
+    };
     let Some(name) = params.limit.as_deref() else {
         let all = tier.limits.iter().map(|l| &**l).filter(|&l| keyed(l));
         let (all, unreached): (Vec<&TierLimit>, Vec<&TierLimit>) = all.partition(|&l| reached(l));

@@ -28,6 +28,7 @@ pub(crate) mod coalesce;
 pub(crate) mod direct;
 pub(crate) mod link;
 pub mod persistence;
+pub mod regions;
 pub mod script;
 pub(crate) mod topology;
 pub(crate) mod warm;
@@ -52,9 +53,11 @@ const PERSISTENCE_BOUND: Duration = Duration::from_secs(2);
 use super::admin::{self, AdminTables, Credited, Listed, Put, QuotaStore, Restored};
 use super::algorithm::Algorithm;
 use super::backend::{Backend, Limiter, Readiness, ReleaseSlots, SettleUnits, Settlement};
-use super::clock::Clock;
-use super::decision::Decision;
+use super::clock::{Clock, SystemClock};
+use super::decision::{Decision, Statuses};
 use super::error::{ErrorKind, LimiterError};
+use super::pairs::paired_mut;
+use super::regions::notes::Notes;
 use super::request::LimitRequest;
 use coalesce::{Coalescer, Coalescing, Execute};
 use direct::{DirectLink, Loan, Resp};
@@ -95,6 +98,9 @@ pub struct RedisLimiter {
     clock: Option<Arc<dyn Clock>>,
     /// What every master persists, as last read (`persistence`).
     persistence: ArcSwapOption<Persistence>,
+    /// The keys of limits kept across regions it decided on, for region sync
+    /// (`runtime::regions`); empty without them.
+    notes: Arc<Notes>,
 }
 
 /// What a batch of decisions needs to reach Redis: the link, the lane's direct connection (a
@@ -347,7 +353,30 @@ impl RedisLimiter {
             deadline,
             clock,
             persistence: ArcSwapOption::empty(),
+            notes: Arc::default(),
         })
+    }
+
+    /// The keys of limits kept across regions it decided on since region sync last took them.
+    pub fn notes(&self) -> &Arc<Notes> {
+        &self.notes
+    }
+
+    /// This region's store for region sync, under `prefix`, on this backend's link.
+    /// Its scripts run on this backend's clock (Redis's in production).
+    pub fn region_store(
+        &self,
+        prefix: &str,
+        regions: Arc<super::regions::Regions>,
+    ) -> regions::RegionStore {
+        let clock = self.clock.clone();
+        regions::RegionStore::new(
+            Arc::clone(&self.link),
+            prefix,
+            regions,
+            self.deadline,
+            clock,
+        )
     }
 
     fn deadline_ms(&self) -> u64 {
@@ -551,11 +580,37 @@ impl Limiter for RedisLimiter {
             Some(clock) => Call::at(request, clock.now_us()),
             None => Call::of(request),
         };
-        let (statuses, batch) = self.decisions.decide(call, deadline).await?;
+        let (mut statuses, batch) = self.decisions.decide(call, deadline).await?;
+        self.across_regions(request, &mut statuses)?;
         Ok(Decision {
             batch,
             ..request.decision(statuses)
         })
+    }
+}
+
+impl RedisLimiter {
+    /// For each limit kept across regions: notes its key for region sync, and caps a strict
+    /// denial's retry at when units another region gives may arrive (`Global::cap_retry`).
+    fn across_regions(
+        &self,
+        request: &LimitRequest<'_>,
+        statuses: &mut Statuses,
+    ) -> Result<(), LimiterError> {
+        let pairs = paired_mut("limits and statuses", request.entries, statuses)
+            .map_err(|m| LimiterError::Reply(format!("{}: {} and {}", m.at, m.left, m.right)))?;
+        for (entry, status) in pairs {
+            let Some(global) = entry.limit.global.filter(|g| g.synced) else {
+                continue;
+            };
+            let now_us = self
+                .clock
+                .as_ref()
+                .map_or_else(|| SystemClock.now_us(), |c| c.now_us());
+            self.notes.note_limit(entry.limit, entry.key, now_us);
+            global.cap_retry(status, entry.cost);
+        }
+        Ok(())
     }
 }
 

@@ -11,7 +11,7 @@ use crate::limiter::clock::{Clock, SystemClock};
 use crate::limiter::decision::{Decision, Statuses};
 use crate::limiter::error::LimiterError;
 use crate::limiter::id::RequestId;
-use crate::limiter::limit::Limit;
+use crate::limiter::limit::{Limit, GLOBAL_SCRIPT};
 use crate::limiter::request::LimitRequest;
 use crate::limiter::status::LimitStatus;
 
@@ -20,7 +20,7 @@ const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 
 /// Each algorithm's name (`Algorithm::script_name`) and file, in the order of [`Algorithms`]'
 /// bits.
-const ALGORITHM_FILES: [(&str, &str); 6] = [
+const ALGORITHM_FILES: [(&str, &str); 7] = [
     ("gcra", include_str!("../../../lua/gcra.lua")),
     (
         "fixed_window",
@@ -33,6 +33,7 @@ const ALGORITHM_FILES: [(&str, &str); 6] = [
     ),
     ("sliding_log", include_str!("../../../lua/sliding_log.lua")),
     ("concurrency", include_str!("../../../lua/concurrency.lua")),
+    (GLOBAL_SCRIPT, include_str!("../../../lua/global.lua")),
 ];
 
 /// The driver deciding a batch of requests (`lua/check.lua`).
@@ -62,12 +63,22 @@ impl Algorithms {
         Algorithms(1 << bit)
     }
 
+    /// The set holding the function that decides `limit` (a limit kept across regions:
+    /// `global`, bit 6).
+    pub fn of_limit(limit: &Limit) -> Algorithms {
+        if limit.synced() {
+            Algorithms(1 << 6)
+        } else {
+            Algorithms::of(&limit.algorithm)
+        }
+    }
+
     /// The set of the algorithms of `limits`.
     pub fn of_limits<'a>(limits: impl IntoIterator<Item = &'a Limit>) -> Algorithms {
         limits
             .into_iter()
             .fold(Algorithms::default(), |set, limit| {
-                set.with(Algorithms::of(&limit.algorithm))
+                set.with(Algorithms::of_limit(limit))
             })
     }
 
@@ -322,7 +333,7 @@ struct LimitArgs {
 impl LimitArgs {
     fn of(limit: &Limit, cost: u64, now_us: i64) -> LimitArgs {
         LimitArgs {
-            algorithm: limit.algorithm.script_name(),
+            algorithm: limit.script_name(),
             params: limit.algorithm.script_params(now_us),
             cost,
             shadow: limit.shadow,
@@ -367,7 +378,7 @@ impl Call {
             algorithms: Algorithms::default(),
         };
         for entry in request.entries {
-            call.algorithms = call.algorithms.with(Algorithms::of(&entry.limit.algorithm));
+            call.algorithms = call.algorithms.with(Algorithms::of_limit(entry.limit));
             call.keys.extend_from_slice(entry.key);
             call.key_ends.push(call.keys.len());
             call.limits
@@ -614,10 +625,20 @@ mod tests {
             windowed(|limit, window_us| Algorithm::SlidingLog { limit, window_us }),
             concurrency(2),
         ];
-        let limits: Vec<Limit> = algorithms.into_iter().map(|a| limit("l", a)).collect();
+        let mut limits: Vec<Limit> = algorithms.into_iter().map(|a| limit("l", a)).collect();
+        let regions = crate::limiter::regions::three(0);
+        let (part, global) = regions.compile(
+            window(300),
+            crate::limiter::regions::Consistency::Strict,
+            300,
+        );
+        limits.push(Limit {
+            global: Some(global),
+            ..limit("g", part)
+        });
         for limit in &limits {
-            let set = Algorithms::of(&limit.algorithm);
-            let name = limit.algorithm.script_name();
+            let set = Algorithms::of_limit(limit);
+            let name = limit.script_name();
             assert_eq!(Algorithms::named([name]), Some(set));
             let source = decision_source(set);
             assert!(source.contains(&format!("local function {name}_decide(")));

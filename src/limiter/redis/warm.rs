@@ -14,7 +14,8 @@
 //! server holds when the connection breaks (a restarted server may have lost them) and when a
 //! call finds one missing (`FUNCTION FLUSH`, `SCRIPT FLUSH`), and loads them again.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
@@ -23,7 +24,7 @@ use super::script::Algorithms;
 
 /// A set of decision scripts, each named by its algorithms (bit [`Algorithms::index`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Scripts(u64);
+pub struct Scripts(u128);
 
 impl Scripts {
     /// The scripts of every set of `algorithms`.
@@ -70,7 +71,9 @@ impl Scripts {
 /// The decision scripts the configuration in force may call, and those the server holds.
 #[derive(Debug)]
 pub struct Warmth {
-    wanted: AtomicU64,
+    /// Read by the keeper and by readiness, written at start and by reloads: never on a
+    /// request's path.
+    wanted: Mutex<Scripts>,
     /// Whether the server answered the keeper's last `PING`: a reload waits for the scripts
     /// only then (it does not wait out its bound while Redis is down).
     answering: AtomicBool,
@@ -83,7 +86,7 @@ pub struct Warmth {
 impl Default for Warmth {
     fn default() -> Warmth {
         Warmth {
-            wanted: AtomicU64::new(0),
+            wanted: Mutex::new(Scripts::default()),
             answering: AtomicBool::new(true),
             held: watch::Sender::new(Scripts::default()),
             wake: Notify::new(),
@@ -94,14 +97,14 @@ impl Default for Warmth {
 impl Warmth {
     /// The configuration in force may call `scripts`: the keeper loads those the server lacks.
     pub fn want(&self, scripts: Scripts) {
-        self.wanted.store(scripts.0, Ordering::Release);
+        *self.wanted.lock().unwrap_or_else(|e| e.into_inner()) = scripts;
         if !self.missing().is_empty() {
             self.wake.notify_one();
         }
     }
 
     pub fn wanted(&self) -> Scripts {
-        Scripts(self.wanted.load(Ordering::Acquire))
+        *self.wanted.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The scripts wanted that the server is not known to hold.
@@ -171,7 +174,7 @@ mod tests {
         ];
         expected.sort_by_key(|a| a.index());
         assert_eq!(named, expected);
-        assert_eq!(Scripts::of_every_subset(Algorithms::ALL).len(), 63);
+        assert_eq!(Scripts::of_every_subset(Algorithms::ALL).len(), 127);
     }
 
     #[tokio::test]

@@ -352,19 +352,15 @@ impl RouteMetrics {
         self.client_errors[kind as usize].inc();
     }
 
-    /// Counts the request in flight until the returned guard drops.
-    pub fn in_flight(&self) -> InFlight {
+    /// Counts a request in flight, until [`RouteMetrics::leave`]: the exchange holds the
+    /// route, so no handle is cloned for it.
+    pub fn enter(&self) {
         self.in_flight.inc();
-        InFlight(self.in_flight.clone())
     }
-}
 
-/// A request in flight: counted while this lives.
-pub struct InFlight(IntGauge);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.dec();
+    /// A request counted by [`RouteMetrics::enter`] is no longer in flight.
+    pub fn leave(&self) {
+        self.in_flight.dec();
     }
 }
 

@@ -37,7 +37,7 @@ use crate::route::table::Route;
 use crate::route::tiers::Undecidable;
 use crate::upstream::servers::Servers;
 use limits::RequestLimits;
-use meters::{InFlight, RouteMetrics};
+use meters::RouteMetrics;
 
 pub use head::{Cut, Head, Target};
 pub use limits::LimitsSaid;
@@ -96,11 +96,29 @@ pub struct Exchange<S> {
     /// Why the client failed the request, if it did.
     client_error: Option<ClientError>,
     upstream: upstream::Attempts,
-    /// Counts the routed request in flight until it ends.
-    in_flight: Option<InFlight>,
+    /// The routed request is counted in flight (its route's gauge) until it ends.
+    in_flight: bool,
     /// Its place among the requests its route's upstream holds (adaptive concurrency), until
     /// the upstream's response head (or its failure, or the request's end).
     permit: Option<Permit>,
+}
+
+impl<S> Exchange<S> {
+    /// Takes the request off its route's in-flight gauge, once.
+    fn no_longer_in_flight(&mut self) {
+        if std::mem::take(&mut self.in_flight) {
+            if let Some(runtime) = &self.route {
+                runtime.metrics.leave();
+            }
+        }
+    }
+}
+
+/// A request dropped before its end (its connection gone mid-await) still leaves the gauge.
+impl<S> Drop for Exchange<S> {
+    fn drop(&mut self) {
+        self.no_longer_in_flight();
+    }
 }
 
 impl<S: Servers> Exchange<S> {
@@ -123,7 +141,7 @@ impl<S: Servers> Exchange<S> {
             body_at: None,
             client_error: None,
             upstream: upstream::Attempts::default(),
-            in_flight: None,
+            in_flight: false,
             permit: None,
         }
     }
@@ -132,7 +150,8 @@ impl<S: Servers> Exchange<S> {
     pub async fn admit<E: Seam>(&mut self, policy: &Policy<E>, head: &Head<'_>) -> Admission {
         let prepared = self.prepare(head);
         if let Some(runtime) = &self.route {
-            self.in_flight = Some(runtime.metrics.in_flight());
+            runtime.metrics.enter();
+            self.in_flight = true;
         }
         if let Err(answer) = prepared {
             return self.answer(answer);
@@ -353,7 +372,7 @@ impl<S: Servers> Exchange<S> {
         if let Some(runtime) = &self.route {
             self.limits.end(&runtime.metrics, policy).await;
         }
-        self.in_flight = None;
+        self.no_longer_in_flight();
     }
 
     /// The status the access log and the request duration show: the one sent, or `499`

@@ -1,12 +1,16 @@
 //! The front door's clocks against slow clients. A new connection must deliver its whole request
 //! head within `request_head_timeout`; a kept-alive connection must deliver its next one within
-//! `keepalive_timeout` of the previous response. Each read of a head is bounded by the same
-//! time (HTTP/1). A connection that misses its deadline is closed without an answer (what nginx
-//! does), so a client trickling bytes holds a task for the deadline at most, and others are
-//! served meanwhile.
+//! `keepalive_timeout` of the previous response. A connection that misses its deadline is closed
+//! without an answer (what nginx does), so a client trickling bytes holds a task for the deadline
+//! at most, and others are served meanwhile. One timer bounds the whole head, and only when the
+//! head is not already there: a request whose head is read at the first try (a busy keep-alive
+//! connection) arms none, and Pingora's own per-read keep-alive timer is turned off, since the
+//! deadline here is the stricter bound.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -37,6 +41,16 @@ impl HeadClock {
 #[derive(Debug, Clone)]
 pub struct Connection(pub Arc<HeadClock>);
 
+/// Where a request stands when the front door stops watching its head.
+enum Head {
+    /// The request was served (or failed) while its head was watched.
+    Served(Option<ReusedHttpStream>),
+    /// Its head has arrived; the request goes on without a deadline.
+    Arrived,
+    /// The deadline passed first.
+    Late,
+}
+
 /// An HTTP application behind the front door's deadlines.
 pub struct FrontDoor<A> {
     app: Arc<A>,
@@ -54,10 +68,9 @@ impl<A> FrontDoor<A> {
     }
 }
 
-/// Whole seconds, rounded up (Pingora's keep-alive timeout is in seconds), at least one.
-fn ceil_seconds(duration: Duration) -> u64 {
-    duration.as_millis().div_ceil(1000).max(1) as u64
-}
+/// Pingora's keep-alive setting that keeps a connection open between requests and bounds no
+/// read (`KeepaliveStatus::Infinite`): the front door's deadline bounds the head instead.
+const KEEPALIVE_WITHOUT_READ_TIMER: u64 = 0;
 
 #[async_trait]
 impl<A: HttpServerApp + Send + Sync + 'static> HttpServerApp for FrontDoor<A> {
@@ -88,20 +101,29 @@ impl<A: HttpServerApp + Send + Sync + 'static> HttpServerApp for FrontDoor<A> {
             self.head_timeout
         };
         if !*shutdown.borrow() {
-            session.set_keepalive(Some(ceil_seconds(deadline)));
+            // Keep-alive on, without Pingora's timer on each read: the deadline below bounds the
+            // whole head.
+            session.set_keepalive(Some(KEEPALIVE_WITHOUT_READ_TIMER));
         }
         let mut request = self.app.process_new_http(session, shutdown);
-        // Pingora's shared timer (10 ms ticks): arming and dropping it costs next to nothing.
-        tokio::select! {
-            biased;
-            reused = &mut request => return reused,
-            () = fast_sleep(deadline) => {}
-        }
-        if clock.seen.load(Ordering::Acquire) {
-            request.await
-        } else {
+        // Pingora's shared timer (10 ms ticks), armed only when the head is not in the socket at
+        // the first try, and dropped as soon as the head has arrived.
+        let mut late = std::pin::pin!(fast_sleep(deadline));
+        let head = std::future::poll_fn(|cx| {
+            if let Poll::Ready(reused) = request.as_mut().poll(cx) {
+                return Poll::Ready(Head::Served(reused));
+            }
+            if clock.seen.load(Ordering::Acquire) {
+                return Poll::Ready(Head::Arrived);
+            }
+            late.as_mut().poll(cx).map(|()| Head::Late)
+        })
+        .await;
+        match head {
+            Head::Served(reused) => reused,
+            Head::Arrived => request.await,
             // Dropping the request closes the connection.
-            None
+            Head::Late => None,
         }
     }
 

@@ -404,7 +404,8 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
-        let snapshot = self.live.load_full();
+        // A guard, not a clone: no write to the snapshot's count, which every core shares.
+        let snapshot = self.live.load();
         let started = *ctx.started.get_or_insert_with(Instant::now);
         self.begin(session, ctx, &snapshot);
         let mut exchange = Box::new(Exchange::new(Arc::clone(&snapshot.site), started));

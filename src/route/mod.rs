@@ -1,4 +1,5 @@
-//! What a request meets, compiled at load: the route table (`table`: host, path, method → route),
+//! What a request meets, compiled at load: the route table (`table`: host, path, method → route,
+//! found through `index` without trying every route),
 //! the one spelling of a path (`path`), each route's tiers of limits per kind of caller
 //! (`tiers`), the keys a request is counted under (`keys`), where priced limits read their cost
 //! (`pricing`), the route's upstream as configured (`upstream`), and, for the rate limit
@@ -8,6 +9,7 @@
 
 pub mod describe;
 pub(crate) mod descriptors;
+mod index;
 pub mod keys;
 pub mod overrides;
 pub mod path;

@@ -3,7 +3,8 @@
 //! Order (most specific first): an exact `path` before any prefix, then the longer
 //! `path_prefix`, then an exact `host` before a wildcard `*.example.com` (longer suffix first)
 //! before no host, then routes with `methods` before those without, then file order. The first
-//! route whose every condition holds wins.
+//! route whose every condition holds wins; it is found through an index (`index.rs`) that reads
+//! only the routes the request's path and host could match.
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use http::Method;
 use crate::caller::address_lists::AddressLists;
 use crate::caller::consumers::{PlanId, RouteAuth};
 use crate::limiter::adaptive::AdaptiveSettings;
+use crate::route::index::{Entry, PathKind, RouteIndex};
 use crate::route::tiers::Tiers;
 use crate::route::upstream::UpstreamSettings;
 
@@ -115,6 +117,8 @@ impl AdaptiveRoute {
 pub struct RouteTable {
     /// Sorted most specific first.
     routes: Vec<Arc<Route>>,
+    /// Where each request's candidates are, by position in `routes`.
+    index: RouteIndex,
 }
 
 /// What stands for "every route that uses it" where a route is named (a common limit's
@@ -124,16 +128,36 @@ pub const COMMON: &str = "(common)";
 impl RouteTable {
     pub fn new(mut routes: Vec<Route>) -> RouteTable {
         routes.sort_by_key(|r| std::cmp::Reverse(r.matcher.specificity()));
+        let index = RouteIndex::new(routes.iter().enumerate().map(|(position, route)| Entry {
+            position: position as u32,
+            path: match &route.matcher.path {
+                PathMatch::Exact(path) => PathKind::Exact(path),
+                PathMatch::Prefix(prefix) => PathKind::Prefix(prefix),
+            },
+            exact_host: match &route.matcher.host {
+                Some(HostMatch::Exact(host)) => Some(host),
+                _ => None,
+            },
+        }));
         RouteTable {
             routes: routes.into_iter().map(Arc::new).collect(),
+            index,
         }
     }
 
-    /// `host` lowercased, without port.
+    /// `host` lowercased, without port: the first route in the table's order whose every
+    /// condition holds, among the candidates the index names.
     pub fn find(&self, host: &str, path: &str, method: &Method) -> Option<&Arc<Route>> {
-        self.routes
-            .iter()
-            .find(|r| r.matcher.matches(host, path, method))
+        let first = self
+            .index
+            .candidates(host, path)
+            .filter(|&position| {
+                self.routes
+                    .get(position as usize)
+                    .is_some_and(|route| route.matcher.matches(host, path, method))
+            })
+            .min()?;
+        self.routes.get(first as usize)
     }
 
     /// The route named `name` (names are unique).
@@ -265,6 +289,48 @@ mod tests {
             Some(3)
         );
         assert_eq!(found(&table, "x", "/health/more", Method::GET), Some(0));
+    }
+
+    /// What `find` must answer: the first route in the table's order whose conditions hold.
+    fn scanned(table: &RouteTable, host: &str, path: &str, method: &Method) -> Option<usize> {
+        table
+            .routes
+            .iter()
+            .find(|r| r.matcher.matches(host, path, method))
+            .map(|r| r.index)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_index_finds_the_route_the_ordered_scan_finds(
+            specs in proptest::collection::vec((0usize..8, 0usize..5, 0usize..3), 1..40),
+            requests in proptest::collection::vec((0usize..8, 0usize..6, proptest::bool::ANY), 1..40),
+        ) {
+            const PATHS: [&str; 8] = ["/", "/a", "/a/", "/a/b", "=/a", "=/a/b", "/b", "=/"];
+            const HOSTS: [Option<&str>; 5] =
+                [None, Some("a.com"), Some("b.com"), Some("*.a.com"), Some("*.com")];
+            const ASKED: [&str; 8] = ["/", "/a", "/a/", "/a/b", "/a/bc", "/b/x", "/c", ""];
+            const ASKED_HOSTS: [&str; 6] = ["a.com", "b.com", "x.a.com", "y.b.com", "c.org", ""];
+            let methods = [None, Some(vec![Method::GET]), Some(vec![Method::POST])];
+            let table = RouteTable::new(
+                specs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(path, host, method))| {
+                        route(i, PATHS[path], HOSTS[host], methods[method].clone())
+                    })
+                    .collect(),
+            );
+            for &(path, host, get) in &requests {
+                let method = if get { Method::GET } else { Method::POST };
+                let (host, path) = (ASKED_HOSTS[host], ASKED[path]);
+                proptest::prop_assert_eq!(
+                    found(&table, host, path, method.clone()),
+                    scanned(&table, host, path, &method),
+                    "{} {} {}", host, path, method
+                );
+            }
+        }
     }
 
     #[test]

@@ -27,7 +27,7 @@
 //! Both read time from the injected [`Clock`], and count through handles given at construction.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus::{IntCounter, IntGauge};
@@ -65,6 +65,9 @@ const SHARDS: usize = 16;
 /// Keys the deny cache holds at most (give or take a denial per caller remembering at the same
 /// time); beyond it, new denials are simply not cached.
 pub const DENY_CACHE_CAPACITY: usize = 100_000;
+/// How often denials past their time are dropped (by the next denial remembered after it):
+/// without it, a wave of clients denied once each held their entries until the cache filled.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 const FAILURES_TO_OPEN: u32 = 3;
 const FIRST_OPEN_MS: u64 = 50;
 const MAX_OPEN_MS: u64 = 200;
@@ -116,6 +119,8 @@ impl Denial {
 pub struct DenyCache {
     denials: KeyMap<Denial>,
     capacity: usize,
+    /// When expired denials were last dropped; whoever holds the lock sweeps, others go on.
+    swept: Mutex<Option<Instant>>,
     /// Counts [`DenyCache::clear`]s: a denial decided before one is not remembered after it.
     generation: AtomicU64,
 }
@@ -125,6 +130,7 @@ impl DenyCache {
         DenyCache {
             denials: key_map(SHARDS),
             capacity: capacity.max(1),
+            swept: Mutex::new(None),
             generation: AtomicU64::new(0),
         }
     }
@@ -157,6 +163,7 @@ impl DenyCache {
             return;
         }
         let key = entry.key;
+        self.sweep_now_and_then(now);
         if self.denials.len() >= self.capacity && !self.denials.contains_key(key) {
             self.denials.retain(|_, d| d.until > now);
             if self.denials.len() >= self.capacity {
@@ -170,6 +177,24 @@ impl DenyCache {
             asked: Asked::of(request.entries, index, entry),
         };
         self.denials.insert(Box::from(key), denial);
+    }
+
+    /// Drops the denials past their time, at most once per [`SWEEP_EVERY`], and gives their
+    /// room back once most of it is empty: what the cache holds follows what is denied now.
+    fn sweep_now_and_then(&self, now: Instant) {
+        let Ok(mut swept) = self.swept.try_lock() else {
+            return;
+        };
+        if swept.is_some_and(|at| now.saturating_duration_since(at) < SWEEP_EVERY) {
+            return;
+        }
+        *swept = Some(now);
+        let before = self.denials.len();
+        self.denials.retain(|_, d| d.until > now);
+        let after = self.denials.len();
+        if after < before && after < self.denials.capacity() / 4 {
+            self.denials.shrink_to_fit();
+        }
     }
 
     /// Forgets every denial held, and any decided before now and not yet remembered.
@@ -649,6 +674,31 @@ mod tests {
         remember_key(&cache, b"c", &limits, 1, 1000, later);
         assert_eq!(cache.len(), 1, "the expired denials were swept");
         assert!(lookup(&cache, b"c", later).is_some());
+    }
+
+    #[test]
+    fn denials_past_their_time_go_within_a_sweep_though_the_cache_never_fills() {
+        let cache = DenyCache::new(100_000);
+        let limits = [limit("l", gcra(1000, 0))];
+        let t0 = Instant::now();
+        for i in 0..1000u32 {
+            remember_key(&cache, &i.to_be_bytes(), &limits, 1, 500, t0);
+        }
+        assert_eq!(cache.len(), 1000);
+        let room = cache.denials.capacity();
+        // Half a second on: the denials of t0 are due, but the sweep waits its second.
+        let t1 = t0 + Duration::from_millis(500);
+        remember_key(&cache, b"late", &limits, 1, 5000, t1);
+        assert_eq!(cache.len(), 1001, "no sweep before SWEEP_EVERY");
+        let t2 = t0 + SWEEP_EVERY;
+        remember_key(&cache, b"later", &limits, 1, 5000, t2);
+        assert_eq!(cache.len(), 2, "only the denials still in force are held");
+        assert!(lookup(&cache, b"late", t2).is_some());
+        assert!(
+            cache.denials.capacity() < room / 4,
+            "the room is given back: {} of {room}",
+            cache.denials.capacity()
+        );
     }
 
     #[test]

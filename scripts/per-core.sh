@@ -11,7 +11,8 @@
 #   peer    nginx + ngx_lua token bucket in Redis, 1 worker (benches/peers/openresty)
 # and unpinned, wrk and everything else free to move: sluice without limits at 1 thread (none1u)
 # and at 2 threads (none2u), the same without work stealing (none2n), and bare Pingora at 1 and 2
-# threads (bare1u, bare2u: how much of the growth is Pingora's). CPU per request: the serving processes' user + system time
+# threads (bare1u, bare2u: how much of the growth is Pingora's), and one exact limit at 2 threads
+# with and without work stealing (exact2u, exact2n). CPU per request: the serving processes' user + system time
 # (/proc/PID/stat) over the requests wrk completed; "+ Redis" is Redis's own, for the targets
 # that call it. The proxy's core is the bottleneck only where the proxy is slower than
 # everything on the other core together; CPU per request does not depend on it.
@@ -50,6 +51,8 @@ label_of() {
     exact) echo "sluice, 1 exact GCRA limit" ;; peer) echo "ngx_lua peer (token bucket in Redis)" ;;
     none1u) echo "sluice, no limits, 1 thread, unpinned" ;; none2u) echo "sluice, no limits, 2 threads, unpinned" ;;
     none2n) echo "sluice, no limits, 2 threads, unpinned, work_stealing: false" ;;
+    exact2u) echo "sluice, 1 exact limit, 2 threads, unpinned" ;;
+    exact2n) echo "sluice, 1 exact limit, 2 threads, unpinned, work_stealing: false" ;;
     bare1u) echo "bare Pingora proxy, 1 thread, unpinned" ;; bare2u) echo "bare Pingora proxy, 2 threads, unpinned" ;;
   esac
 }
@@ -140,6 +143,8 @@ for t in "${targets[@]}"; do
     none1u) gateway none1u 1 "" "" ;;
     none2u) gateway none2u 2 "" "" ;;
     none2n) gateway none2n 2 "" "" ", work_stealing: false" ;;
+    exact2u) gateway exact2u 2 "" "$one"; uses_redis[exact2u]=1 ;;
+    exact2n) gateway exact2n 2 "" "$one" ", work_stealing: false"; uses_redis[exact2n]=1 ;;
     bare1u) example bare1u bare_proxy 1 unpinned ;;
     bare2u) example bare2u bare_proxy 2 unpinned ;;
     *) echo "unknown target $t" >&2; exit 2 ;;
@@ -194,4 +199,5 @@ if has none && has bare; then echo "- sluice without limits / bare Pingora: $(ra
 if has exact && has peer; then echo "- one exact limit / the ngx_lua peer, gateway + Redis CPU per request (target ≤ 1.0 ×): $(ratio exact peer)"; fi
 if has none2u && has none1u; then echo "- sluice without limits, 2 threads / 1 thread, unpinned (target ≤ 1.10 ×): $(ratio none2u none1u)"; fi
 if has none2n && has none1u; then echo "- the same, work_stealing: false at 2 threads: $(ratio none2n none1u)"; fi
+if has exact2n && has exact2u; then echo "- one exact limit at 2 threads, unpinned, without work stealing / with it: $(ratio exact2n exact2u)"; fi
 if has bare2u && has bare1u; then echo "- bare Pingora, 2 threads / 1 thread, unpinned: $(ratio bare2u bare1u)"; fi

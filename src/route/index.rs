@@ -52,10 +52,18 @@ pub enum PathKind<'a> {
     Prefix(&'a str),
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RouteIndex {
+    /// The trie; its root, the empty prefix, is always there (a lookup starts at it).
     nodes: Vec<Node>,
     exact: HashMap<Box<str>, Bucket>,
+}
+
+/// The index of no routes: a root and nothing under it.
+impl Default for RouteIndex {
+    fn default() -> RouteIndex {
+        RouteIndex::new([])
+    }
 }
 
 impl RouteIndex {

@@ -338,5 +338,6 @@ mod tests {
         let table = RouteTable::new(vec![route(0, "/api/", None, Some(vec![Method::GET]))]);
         assert_eq!(found(&table, "x", "/other", Method::GET), None);
         assert_eq!(found(&table, "x", "/api/x", Method::DELETE), None);
+        assert_eq!(found(&RouteTable::default(), "x", "/", Method::GET), None);
     }
 }

@@ -42,7 +42,8 @@ cd "$(dirname "$0")/.."
 source scripts/deps.sh
 require_cargo
 install_missing cc:build-essential cmake:cmake redis-server:redis-server wrk:wrk nginx:nginx \
-  /usr/lib/nginx/modules/ngx_http_lua_module.so:libnginx-mod-http-lua openssl:openssl h2load:nghttp2-client
+  /usr/lib/nginx/modules/ngx_http_lua_module.so:libnginx-mod-http-lua openssl:openssl h2load:nghttp2-client \
+  pgrep:procps
 seconds=${1:-5}
 rounds=${2:-3}
 cargo build --release --bins --example fixed_rate --example bare_proxy

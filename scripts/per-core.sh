@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 source scripts/deps.sh
 require_cargo
 install_missing cc:build-essential cmake:cmake redis-server:redis-server wrk:wrk nginx:nginx \
-  /usr/lib/nginx/modules/ngx_http_lua_module.so:libnginx-mod-http-lua taskset:util-linux
+  /usr/lib/nginx/modules/ngx_http_lua_module.so:libnginx-mod-http-lua taskset:util-linux pgrep:procps
 seconds=${1:-5}
 rounds=${2:-5}
 cargo build --release --bins --example bare_proxy --example plain_gateway

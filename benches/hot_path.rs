@@ -1,6 +1,6 @@
 //! Micro-benchmarks of the per-request work sluice does itself (docs/performance.md): route
 //! lookup, client identity, key building, decision parsing, the in-process limiter and request
-//! ids.
+//! ids; and the meters every request writes, one thread against two writing the same route.
 //! `cargo bench --bench hot_path`; criterion reports ns per operation.
 
 use std::hint::black_box;
@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, HeaderValue, Method};
@@ -299,5 +300,92 @@ fn jwt(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, hot_path, request_ids, address_lists, api_keys, jwt);
+/// One request's writes to its route's meters: its decision, its status class, its duration and
+/// upstream time, in flight and out.
+trait RequestMeters: Sync {
+    fn request(&self);
+}
+
+/// Through prometheus's own handles, as sluice did before the meters were sharded.
+struct Shared {
+    decision: prometheus::IntCounter,
+    class: prometheus::IntCounter,
+    duration: prometheus::Histogram,
+    upstream: prometheus::Histogram,
+    in_flight: prometheus::IntGauge,
+}
+
+impl RequestMeters for Shared {
+    fn request(&self) {
+        self.in_flight.inc();
+        self.decision.inc();
+        self.upstream.observe(black_box(0.0007));
+        self.class.inc();
+        self.duration.observe(black_box(0.0009));
+        self.in_flight.dec();
+    }
+}
+
+impl RequestMeters for sluice::observe::sharded::RouteRequests {
+    fn request(&self) {
+        self.enter();
+        self.count(0);
+        self.observe_upstream(black_box(Duration::from_micros(700)));
+        self.count_class(1);
+        self.observe_duration(1, black_box(Duration::from_micros(900)));
+        self.leave();
+    }
+}
+
+/// ns per request with `threads` threads writing one route's meters at once: each thread does
+/// the whole `iters`, so the figure is the time one request's writes take while the other
+/// threads write too.
+fn contended(meters: &dyn RequestMeters, threads: usize, iters: u64) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| (0..iters).for_each(|_| meters.request()));
+        }
+    });
+    start.elapsed()
+}
+
+fn request_meters(c: &mut Criterion) {
+    let buckets = prometheus::DEFAULT_BUCKETS.to_vec();
+    let histogram = |name: &str| {
+        let opts = prometheus::HistogramOpts::new(name, "bench").buckets(buckets.clone());
+        prometheus::Histogram::with_opts(opts).expect("a histogram")
+    };
+    let shared = Shared {
+        decision: prometheus::IntCounter::new("d", "bench").expect("a counter"),
+        class: prometheus::IntCounter::new("c", "bench").expect("a counter"),
+        duration: histogram("h"),
+        upstream: histogram("u"),
+        in_flight: prometheus::IntGauge::new("g", "bench").expect("a gauge"),
+    };
+    let families = sluice::observe::sharded::RequestFamilies::new();
+    let sharded = families.route("bench", &["allowed"]);
+    let cases: [(&str, &dyn RequestMeters); 2] = [
+        ("prometheus handles", &shared),
+        ("sharded per thread", &*sharded),
+    ];
+    for (label, meters) in cases {
+        for threads in [1, 2] {
+            c.bench_function(
+                &format!("request meters: {label}, {threads} thread(s) on one route"),
+                |b| b.iter_custom(|iters| contended(meters, threads, iters)),
+            );
+        }
+    }
+}
+
+criterion_group!(
+    benches,
+    hot_path,
+    request_ids,
+    address_lists,
+    api_keys,
+    jwt,
+    request_meters
+);
 criterion_main!(benches);

@@ -5,9 +5,10 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::{Histogram, IntCounter, IntGauge};
+use prometheus::{IntCounter, IntGauge};
 use strum::EnumCount;
 
 use crate::caller::consumers::{AuthFailure, AuthMode, PlanId, PlanSlot, Plans};
@@ -17,11 +18,11 @@ use crate::limiter::{CostReport, Limit, Outcome};
 use crate::observe::live::Counts;
 use crate::observe::metrics::{
     ADAPTIVE_BASELINE, ADAPTIVE_LIMIT, ADAPTIVE_SHED, AUTH_FAILURES, CLIENT_ERRORS,
-    LIMIT_DECISIONS, PLAN_REQUESTS, REQUESTS, REQUESTS_IN_FLIGHT, REQUEST_DURATION,
-    RESPONSE_COST_REPORTS, RESPONSE_COST_UNITS, RLS_LIMIT_DECISIONS, RLS_REQUESTS,
-    UPSTREAM_DURATION, UPSTREAM_EJECTED, UPSTREAM_EJECTIONS, UPSTREAM_ERRORS, UPSTREAM_HEALTHY,
-    UPSTREAM_RESPONSES, UPSTREAM_RETRIES, UPSTREAM_SERVER_ERRORS,
+    LIMIT_DECISIONS, PLAN_REQUESTS, REQUEST_FAMILIES, RESPONSE_COST_REPORTS, RESPONSE_COST_UNITS,
+    RLS_LIMIT_DECISIONS, RLS_REQUESTS, UPSTREAM_EJECTED, UPSTREAM_EJECTIONS, UPSTREAM_ERRORS,
+    UPSTREAM_HEALTHY, UPSTREAM_RETRIES, UPSTREAM_SERVER_ERRORS,
 };
+use crate::observe::sharded::{RouteRequests, STATUS_CLASSES};
 use crate::route::descriptors::Domains;
 use crate::route::table::RouteTable;
 use crate::route::tiers::Position;
@@ -75,8 +76,6 @@ pub fn rls_metrics(domains: &Domains) -> HashMap<String, DomainMetrics> {
 /// Label name used for requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "_unmatched";
 
-const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
-
 /// The index of `status`'s class in `STATUS_CLASSES`.
 fn status_class(status: u16) -> Option<usize> {
     usize::from(status / 100)
@@ -100,11 +99,9 @@ impl RetryOutcome {
 
 /// Handles for one route.
 pub struct RouteMetrics {
-    decisions: [IntCounter; Decided::COUNT],
-    status_classes: [IntCounter; 5],
-    durations: [Histogram; 5],
-    upstream_duration: Histogram,
-    in_flight: IntGauge,
+    /// What every request writes (its decision, status class, durations, the route's requests
+    /// in flight): sharded per thread, the same meters across reloads.
+    requests: Arc<RouteRequests>,
     upstream_errors: [IntCounter; UpstreamError::COUNT],
     /// By [`RetryOutcome`].
     retries: [IntCounter; RetryOutcome::LABELS.len()],
@@ -217,12 +214,7 @@ impl RouteMetrics {
     /// The handles of the route named `route`, with `limits` (as written, in order).
     pub fn new<'a>(route: &str, limits: impl IntoIterator<Item = &'a Limit>) -> RouteMetrics {
         RouteMetrics {
-            decisions: Decided::all().map(|d| REQUESTS.with_label_values(&[route, d.label()])),
-            status_classes: STATUS_CLASSES
-                .map(|c| UPSTREAM_RESPONSES.with_label_values(&[route, c])),
-            durations: STATUS_CLASSES.map(|c| REQUEST_DURATION.with_label_values(&[route, c])),
-            upstream_duration: UPSTREAM_DURATION.with_label_values(&[route]),
-            in_flight: REQUESTS_IN_FLIGHT.with_label_values(&[route]),
+            requests: REQUEST_FAMILIES.route(route, &Decided::all().map(Decided::label)),
             upstream_errors: std::array::from_fn(|i| {
                 let kind = UpstreamError::ALL[i].label();
                 UPSTREAM_ERRORS.with_label_values(&[route, kind])
@@ -315,24 +307,29 @@ impl RouteMetrics {
     }
 
     pub fn count(&self, decided: Decided) {
-        self.decisions[decided.index()].inc();
+        self.requests.count(decided.index());
     }
 
     pub fn count_upstream_status(&self, status: u16) {
-        if let Some(counter) = status_class(status).and_then(|i| self.status_classes.get(i)) {
-            counter.inc();
+        if let Some(class) = status_class(status) {
+            self.requests.count_class(class);
         }
     }
 
     /// A request answered with `status` after `duration`.
     pub fn observe_duration(&self, status: u16, duration: Duration) {
-        if let Some(histogram) = status_class(status).and_then(|i| self.durations.get(i)) {
-            histogram.observe(duration.as_secs_f64());
+        if let Some(class) = status_class(status) {
+            self.requests.observe_duration(class, duration);
         }
     }
 
     pub fn observe_upstream(&self, duration: Duration) {
-        self.upstream_duration.observe(duration.as_secs_f64());
+        self.requests.observe_upstream(duration);
+    }
+
+    /// The requests decided as `decided` so far.
+    pub fn decided(&self, decided: Decided) -> u64 {
+        self.requests.decided(decided.index())
     }
 
     /// A failed upstream attempt of kind `kind`, at `server` when one was dialed.
@@ -355,12 +352,12 @@ impl RouteMetrics {
     /// Counts a request in flight, until [`RouteMetrics::leave`]: the exchange holds the
     /// route, so no handle is cloned for it.
     pub fn enter(&self) {
-        self.in_flight.inc();
+        self.requests.enter();
     }
 
     /// A request counted by [`RouteMetrics::enter`] is no longer in flight.
     pub fn leave(&self) {
-        self.in_flight.dec();
+        self.requests.leave();
     }
 }
 
@@ -486,15 +483,7 @@ impl Metrics {
             .iter()
             .filter(|n| !next.routes.contains(n))
         {
-            for decided in Decided::all() {
-                let _ = REQUESTS.remove_label_values(&[name, decided.label()]);
-            }
-            for class in STATUS_CLASSES {
-                let _ = UPSTREAM_RESPONSES.remove_label_values(&[name, class]);
-                let _ = REQUEST_DURATION.remove_label_values(&[name, class]);
-            }
-            let _ = UPSTREAM_DURATION.remove_label_values(&[name]);
-            let _ = REQUESTS_IN_FLIGHT.remove_label_values(&[name]);
+            REQUEST_FAMILIES.retire(name);
             for kind in UpstreamError::ALL {
                 let _ = UPSTREAM_ERRORS.remove_label_values(&[name, kind.label()]);
             }
@@ -616,6 +605,18 @@ mod tests {
             .collect()
     }
 
+    /// The value of `family`'s counter for `route` whose other label is `value`.
+    fn exported(family: &str, route: &str, value: &str) -> Option<f64> {
+        let families = prometheus::gather();
+        let family = families.iter().find(|f| f.name() == family)?;
+        let labels = |m: &prometheus::proto::Metric| {
+            let values: Vec<&str> = m.get_label().iter().map(|l| l.value()).collect();
+            values == [route, value]
+        };
+        let metric = family.get_metric().iter().find(|m| labels(m))?;
+        Some(metric.get_counter().value())
+    }
+
     /// How many series of `family` the registry exports for `route`.
     fn series(family: &str, route: &str) -> usize {
         labelled(family, "route", route)
@@ -654,10 +655,13 @@ mod tests {
         );
         handles[0].count(Decided::Limiter(Outcome::Allowed));
         handles[0].count(Decided::Limiter(Outcome::Allowed));
-        let allowed = REQUESTS
-            .with_label_values(&["meters_fresh", Outcome::Allowed.label()])
-            .get();
+        let allowed = handles[0].decided(Decided::Limiter(Outcome::Allowed));
         assert_eq!(allowed, 2, "the handle counts into the labelled series");
+        assert_eq!(
+            exported("sluice_requests_total", "meters_fresh", "allowed"),
+            Some(2.0),
+            "a scrape sums the threads' counts"
+        );
     }
 
     #[test]

@@ -14,18 +14,10 @@ use prometheus::{
     HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
 };
 
+use super::sharded::RequestFamilies;
 use crate::limiter::guard::GuardMeters;
 use crate::limiter::leased::LeaseMeters;
 use crate::limiter::{Coalescing, ErrorKind, Mismatch, PolicyMeters};
-
-pub static REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    register_int_counter_vec!(
-        "sluice_requests_total",
-        "Requests by route and limiter decision (allowed, limited, error_allowed, error_denied, no_route, bad_request, shadow_limited, local_allowed, local_limited, forbidden, exempt).",
-        &["route", "decision"]
-    )
-    .expect("sluice_requests_total registers once")
-});
 
 pub static LIMITER_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
     register_histogram_vec!(
@@ -62,15 +54,6 @@ pub static ADMIN_CHANGES: LazyLock<IntCounterVec> = LazyLock::new(|| {
         &["action", "result"]
     )
     .expect("sluice_admin_changes_total registers once")
-});
-
-pub static UPSTREAM_RESPONSES: LazyLock<IntCounterVec> = LazyLock::new(|| {
-    register_int_counter_vec!(
-        "sluice_upstream_responses_total",
-        "Responses to proxied requests by route and status class (1xx..5xx).",
-        &["route", "status_class"]
-    )
-    .expect("sluice_upstream_responses_total registers once")
 });
 
 pub static DENY_CACHE_HITS: LazyLock<IntCounter> = LazyLock::new(|| {
@@ -156,26 +139,6 @@ pub static JWKS_FETCHES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("sluice_jwks_fetches_total registers once")
 });
 
-pub static REQUEST_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
-    register_histogram_vec!(
-        "sluice_request_duration_seconds",
-        "Requests from their head read to their last byte written, by route and status class (1xx..5xx).",
-        &["route", "status_class"],
-        vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
-    )
-    .expect("sluice_request_duration_seconds registers once")
-});
-
-pub static UPSTREAM_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
-    register_histogram_vec!(
-        "sluice_upstream_duration_seconds",
-        "Proxied requests from the first upstream connection attempt to the upstream's response head (connect, retries and time to first byte), by route.",
-        &["route"],
-        vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
-    )
-    .expect("sluice_upstream_duration_seconds registers once")
-});
-
 pub static LIMIT_DECISIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "sluice_limit_decisions_total",
@@ -201,15 +164,6 @@ pub static AUTH_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
         &["route", "reason"]
     )
     .expect("sluice_auth_failures_total registers once")
-});
-
-pub static REQUESTS_IN_FLIGHT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
-    register_int_gauge_vec!(
-        "sluice_requests_in_flight",
-        "Requests of a route that have been routed and have not ended.",
-        &["route"]
-    )
-    .expect("sluice_requests_in_flight registers once")
 });
 
 pub static ADAPTIVE_LIMIT: LazyLock<IntGaugeVec> = LazyLock::new(|| {
@@ -464,15 +418,23 @@ pub fn lease_meters() -> LeaseMeters {
     }
 }
 
+/// The families every proxied request writes (`sluice_requests_total`,
+/// `sluice_upstream_responses_total`, `sluice_request_duration_seconds`,
+/// `sluice_upstream_duration_seconds`, `sluice_requests_in_flight`), sharded per thread.
+pub static REQUEST_FAMILIES: LazyLock<&'static RequestFamilies> = LazyLock::new(|| {
+    let families: &'static RequestFamilies = Box::leak(Box::default());
+    prometheus::register(Box::new(families)).expect("the request families register once");
+    families
+});
+
 /// Every family sluice exports (the process collector's besides).
-fn families() -> [&'static dyn Collector; 45] {
+fn families() -> [&'static dyn Collector; 41] {
     [
+        &*REQUEST_FAMILIES,
         &*ADMIN_CHANGES,
-        &*REQUESTS,
         &*LIMITER_DURATION,
         &*LIMITER_BATCH_SIZE,
         &*LIMITER_ERRORS,
-        &*UPSTREAM_RESPONSES,
         &*DENY_CACHE_HITS,
         &*LEASE_HELD_DECISIONS,
         &*LEASE_TOP_UPS,
@@ -483,12 +445,9 @@ fn families() -> [&'static dyn Collector; 45] {
         &*BUILD_INFO,
         &*CONFIG_RELOADS,
         &*JWKS_FETCHES,
-        &*REQUEST_DURATION,
-        &*UPSTREAM_DURATION,
         &*LIMIT_DECISIONS,
         &*PLAN_REQUESTS,
         &*AUTH_FAILURES,
-        &*REQUESTS_IN_FLIGHT,
         &*ADAPTIVE_LIMIT,
         &*ADAPTIVE_BASELINE,
         &*ADAPTIVE_SHED,
@@ -650,7 +609,8 @@ mod tests {
             .flat_map(|family| family.desc())
             .map(|desc| desc.fq_name.clone())
             .collect();
-        assert_eq!(names.len(), families().len(), "one name per family");
+        let descs: usize = families().iter().map(|family| family.desc().len()).sum();
+        assert_eq!(names.len(), descs, "one name per family");
         let docs = ["docs/operations.md", "docs/envoy-rls.md"].map(|doc| {
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(doc);
             std::fs::read_to_string(path).expect("read the docs")

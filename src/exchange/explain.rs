@@ -33,8 +33,8 @@ impl<S: Servers> Exchange<S> {
     fn explained(&mut self, head: &Head<'_>, presumed: Option<Consumer>) -> Result<(), Answer> {
         let routed = self.route_request(head)?;
         let consumer = match presumed {
-            Some(consumer) => presume(&routed.route, consumer)?,
-            None => self.caller(&routed.route, head)?,
+            Some(consumer) => presume(self.routed()?, consumer)?,
+            None => self.caller(self.routed()?, head)?,
         };
         self.ask_limits(head, &routed, consumer, true)
     }

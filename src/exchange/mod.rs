@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::caller::address_lists::{AddressLists, Standing};
-use crate::caller::consumers::{AuthFailure, AuthMode, Consumer, Credentials};
+use crate::caller::consumers::{AuthFailure, AuthMode, Consumer, Credentials, PlanId};
 use crate::exchange::answer::{
     Answer, ClientError, Decided, Unasked, UpstreamError, CLIENT_CLOSED,
 };
@@ -44,12 +44,36 @@ pub use limits::LimitsSaid;
 pub use site::{Lasting, RouteRuntime, Site};
 pub use upstream::Dial;
 
-/// What routing found of a request: its route, and the host, path and client its keys read.
+/// What routing found of a request besides its route (which the exchange holds): the host,
+/// path and client its keys read.
 struct Routed<'h> {
-    route: Arc<Route>,
     host: Cow<'h, str>,
     path: Cow<'h, str>,
     client: IpAddr,
+}
+
+/// Takes a place among the requests the route's upstream holds at once (its adaptive
+/// concurrency limit, at the priority of the caller's `plan`): before the limits, so a request
+/// shed costs them nothing. `Ok(None)`: the route has no such limit; `Err`: shed. A caller
+/// `exempt` by its address counts in flight but is never shed.
+fn hold_place<S>(
+    runtime: &RouteRuntime<S>,
+    exempt: bool,
+    plan: Option<PlanId>,
+) -> Result<Option<Permit>, Answer> {
+    let (Some(limiter), Some(adaptive)) = (&runtime.adaptive, &runtime.route.adaptive) else {
+        return Ok(None);
+    };
+    if exempt {
+        return Ok(Some(limiter.enter()));
+    }
+    match limiter.admit(adaptive.level(plan)) {
+        Some(permit) => Ok(Some(permit)),
+        None => {
+            runtime.metrics.count_shed(plan);
+            Err(Answer::Shed)
+        }
+    }
 }
 
 /// What a policy's engine must do for an exchange: decide, release slots, settle units, say
@@ -156,12 +180,14 @@ impl<S: Servers> Exchange<S> {
         if let Err(answer) = prepared {
             return self.answer(answer);
         }
-        let Some(route) = self.route.clone() else {
+        let Some(runtime) = self.route.as_deref() else {
             return self.answer(Answer::NoRoute);
         };
-        self.deadline = route.route.request_timeout.map(|t| self.started + t);
-        if let Err(answer) = self.hold_place(&route) {
-            return self.answer(answer);
+        self.deadline = runtime.route.request_timeout.map(|t| self.started + t);
+        let plan = self.consumer.as_ref().and_then(|consumer| consumer.plan);
+        match hold_place(runtime, self.exempt, plan) {
+            Ok(permit) => self.permit = permit,
+            Err(answer) => return self.answer(answer),
         }
         if self.exempt {
             return Admission::Admitted {
@@ -185,7 +211,7 @@ impl<S: Servers> Exchange<S> {
     /// the gateway answers the request itself.
     fn prepare(&mut self, head: &Head<'_>) -> Result<(), Answer> {
         let routed = self.route_request(head)?;
-        let consumer = self.caller(&routed.route, head)?;
+        let consumer = self.caller(self.routed()?, head)?;
         self.ask_limits(head, &routed, consumer, false)
     }
 
@@ -206,13 +232,12 @@ impl<S: Servers> Exchange<S> {
             _ => path::normalize(req.uri.path(), config.paths)
                 .map_err(|error| Answer::BadRequest(error.detail()))?,
         };
-        let runtime = Arc::clone(
-            self.site
-                .find(&host, &path, &req.method)
-                .ok_or(Answer::NoRoute)?,
-        );
-        let route = Arc::clone(&runtime.route);
-        self.route = Some(runtime);
+        let runtime = self
+            .site
+            .find(&host, &path, &req.method)
+            .ok_or(Answer::NoRoute)?;
+        let route = &runtime.route;
+        self.route = Some(Arc::clone(runtime));
         self.normalized_path = matches!(path, Cow::Owned(_)).then(|| path.to_string());
         let client = config.trusted_proxies.client(head.peer, &req.headers);
         self.client = Some(client);
@@ -225,12 +250,7 @@ impl<S: Servers> Exchange<S> {
             Standing::Exempt => self.exempt = true,
             Standing::Limited => {}
         }
-        Ok(Routed {
-            route,
-            host,
-            path,
-            client,
-        })
+        Ok(Routed { host, path, client })
     }
 
     /// The tier `consumer` meets on the request's route, and what the request asks of each
@@ -243,7 +263,8 @@ impl<S: Servers> Exchange<S> {
         consumer: Option<Consumer>,
         explaining: bool,
     ) -> Result<(), Answer> {
-        let (req, route) = (head.parts, &routed.route);
+        let req = head.parts;
+        let route = &*self.route.as_ref().ok_or(Answer::Internal)?.route;
         self.consumer = consumer;
         let tier = self.site.tier_for(route, self.consumer.as_ref());
         self.limits.meet(route, tier);
@@ -298,29 +319,10 @@ impl<S: Servers> Exchange<S> {
         }
     }
 
-    /// Takes a place among the requests the route's upstream holds at once (its adaptive
-    /// concurrency limit, at the caller's priority): before the limits, so a request shed
-    /// costs them nothing. `Err`: shed. A caller exempt by its address counts in flight but is
-    /// never shed.
-    fn hold_place(&mut self, runtime: &RouteRuntime<S>) -> Result<(), Answer> {
-        let (Some(limiter), Some(adaptive)) = (&runtime.adaptive, &runtime.route.adaptive) else {
-            return Ok(());
-        };
-        if self.exempt {
-            self.permit = Some(limiter.enter());
-            return Ok(());
-        }
-        let plan = self.consumer.as_ref().and_then(|consumer| consumer.plan);
-        match limiter.admit(adaptive.level(plan)) {
-            Some(permit) => {
-                self.permit = Some(permit);
-                Ok(())
-            }
-            None => {
-                runtime.metrics.count_shed(plan);
-                Err(Answer::Shed)
-            }
-        }
+    /// The request's route, once routing found it.
+    fn routed(&self) -> Result<&Route, Answer> {
+        let runtime = self.route.as_deref().ok_or(Answer::Internal)?;
+        Ok(&runtime.route)
     }
 
     /// Keeps `answer` as what the gateway answers, and says so.

@@ -16,7 +16,7 @@ use super::{Exchange, Target};
 use crate::exchange::answer::{Answer, ClientError, UpstreamError};
 use crate::exchange::meters::RetryOutcome;
 use crate::route::upstream::RetryCause;
-use crate::upstream::budget::{RequestPlace, RetryPlace};
+use crate::upstream::budget::RequestPlace;
 use crate::upstream::servers::Servers;
 
 /// What the attempts to reach the upstream have found so far.
@@ -25,10 +25,8 @@ pub(super) struct Attempts {
     /// Servers whose try failed and was retried: not tried again for this request.
     failed: Vec<SocketAddr>,
     /// Its place among the requests in flight to the upstream (the retry budget's share),
-    /// from its first dial to its end.
+    /// from its first dial to its end, and among the retries from its latest retry.
     request_place: Option<RequestPlace>,
-    /// Its place among the retries in flight, from its latest retry to its end.
-    retry_place: Option<RetryPlace>,
     /// The server last chosen.
     pub(super) server: Option<SocketAddr>,
     /// The server of the attempt under way: `None` once no server was left to choose (a
@@ -177,11 +175,9 @@ impl<S: Servers> Exchange<S> {
             self.upstream.failed.pop();
             return false;
         }
-        if let Some(budget) = runtime.servers.retry_budget() {
-            // This request's earlier retry, if any, has ended: its place goes back first.
-            self.upstream.retry_place = None;
-            self.upstream.retry_place = budget.retry();
-            if self.upstream.retry_place.is_none() {
+        // Its place among the requests was taken when it first dialed.
+        if let Some(place) = &mut self.upstream.request_place {
+            if !place.retry() {
                 self.upstream.failed.pop();
                 runtime.metrics.count_retry(RetryOutcome::BudgetExhausted);
                 return false;

@@ -16,13 +16,19 @@ pub struct RetryBudget {
     retries: AtomicU32,
 }
 
-/// A request in flight to the upstream: counted while this lives.
+/// A request in flight to the upstream: counted while this lives, with its latest retry's
+/// place when it holds one. The retry's place goes back first: were the request's to go first,
+/// retries would for a moment outnumber the share of the requests left, and another request's
+/// retry would be refused a place the budget has.
 #[derive(Debug)]
-pub struct RequestPlace(Arc<RetryBudget>);
+pub struct RequestPlace {
+    budget: Arc<RetryBudget>,
+    retry: Option<RetryPlace>,
+}
 
 /// A retry in flight: counted while this lives.
 #[derive(Debug)]
-pub struct RetryPlace(Arc<RetryBudget>);
+struct RetryPlace(Arc<RetryBudget>);
 
 impl RetryBudget {
     pub fn new(rule: RetryBudgetRule) -> Arc<RetryBudget> {
@@ -36,12 +42,15 @@ impl RetryBudget {
     /// Counts a request in flight until the place drops.
     pub fn request(self: &Arc<Self>) -> RequestPlace {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        RequestPlace(Arc::clone(self))
+        RequestPlace {
+            budget: Arc::clone(self),
+            retry: None,
+        }
     }
 
     /// A place for one more retry, if the budget has one now: retries in flight stay within
     /// the rule's share of the requests in flight (never below its floor).
-    pub fn retry(self: &Arc<Self>) -> Option<RetryPlace> {
+    fn retry(self: &Arc<Self>) -> Option<RetryPlace> {
         let allowed = self.rule.allowed(self.requests.load(Ordering::Relaxed));
         let taken = self
             .retries
@@ -60,9 +69,20 @@ impl RetryBudget {
     }
 }
 
+impl RequestPlace {
+    /// A place for one more retry of this request, if the budget has one now; this request's
+    /// earlier retry, if any, has ended, and its place goes back first.
+    pub fn retry(&mut self) -> bool {
+        self.retry = None;
+        self.retry = self.budget.retry();
+        self.retry.is_some()
+    }
+}
+
 impl Drop for RequestPlace {
     fn drop(&mut self) {
-        self.0.requests.fetch_sub(1, Ordering::Relaxed);
+        self.retry = None;
+        self.budget.requests.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -82,14 +102,26 @@ mod tests {
             percent: 20,
             min_concurrency: 1,
         });
-        let requests: Vec<_> = (0..10).map(|_| budget.request()).collect();
-        let first = budget.retry().expect("20 % of 10 is 2");
-        let second = budget.retry().expect("the second of 2");
-        assert!(budget.retry().is_none(), "a third is over the budget");
-        drop(first);
-        let third = budget.retry().expect("a place came back");
-        assert_eq!(budget.in_flight(), (10, 2));
-        drop((second, third, requests));
+        let mut requests: Vec<_> = (0..10).map(|_| budget.request()).collect();
+        assert!(requests[0].retry(), "20 % of 10 is 2");
+        assert!(requests[1].retry(), "the second of 2");
+        assert!(!requests[2].retry(), "a third is over the budget");
+        assert!(
+            requests[1].retry(),
+            "a request's next retry: its last one's place first"
+        );
+        drop(requests.remove(0));
+        assert_eq!(
+            budget.in_flight(),
+            (9, 1),
+            "a request leaves with its retry"
+        );
+        assert!(!requests[2].retry(), "20 % of 9 is 1, the other's");
+        drop(requests.remove(0));
+        assert_eq!(budget.in_flight(), (8, 0));
+        assert!(requests[2].retry(), "a place came back");
+        assert_eq!(budget.in_flight(), (8, 1));
+        drop(requests);
         assert_eq!(budget.in_flight(), (0, 0));
         let floor = budget
             .retry()

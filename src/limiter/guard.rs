@@ -9,7 +9,7 @@
 //!   the count it is compared with (a reload, another plan's limits on a shared key: see
 //!   `config/limits.rs`'s fingerprint), so a denial answers only a request that asks the same
 //!   limit, in the same position, with the same parameters and cost as the denied one. Bounded; exact expiry: a
-//!   denial is judged by the injected clock, and expired ones are swept when the cache is full.
+//!   denial is judged by the injected clock, and expired ones are swept at most once a second (a full cache remembers no more until then).
 //! * **Circuit breaker.** After `FAILURES_TO_OPEN` consecutive errors the backend is not called
 //!   for a short interval (doubling from 50 ms up to 200 ms with each failed probe, whatever the
 //!   failure — an error or a missed deadline — so recovery is seen within a second of Redis
@@ -164,11 +164,11 @@ impl DenyCache {
         }
         let key = entry.key;
         self.sweep_now_and_then(now);
+        // Full of denials the last sweep kept: this one is not remembered (its client's next
+        // request asks the backend). Sweeping again here would walk the whole cache for every
+        // new key of a flood of distinct clients; the sweep runs at most once a second.
         if self.denials.len() >= self.capacity && !self.denials.contains_key(key) {
-            self.denials.retain(|_, d| d.until > now);
-            if self.denials.len() >= self.capacity {
-                return;
-            }
+            return;
         }
         let denial = Denial {
             until: now + Duration::from_millis(retry_ms),
@@ -674,6 +674,25 @@ mod tests {
         remember_key(&cache, b"c", &limits, 1, 1000, later);
         assert_eq!(cache.len(), 1, "the expired denials were swept");
         assert!(lookup(&cache, b"c", later).is_some());
+    }
+
+    #[test]
+    fn a_full_cache_is_swept_at_most_once_a_second_whatever_the_denials() {
+        let cache = DenyCache::new(2);
+        let limits = [limit("l", gcra(1000, 0))];
+        let t0 = Instant::now();
+        for key in [b"a", b"b"] {
+            remember_key(&cache, key, &limits, 1, 100, t0);
+        }
+        // Both are past their time, but the sweep of t0 was the last second's.
+        let t1 = t0 + Duration::from_millis(500);
+        remember_key(&cache, b"c", &limits, 1, 1000, t1);
+        assert_eq!(cache.len(), 2, "no walk of the cache for a new key");
+        assert!(lookup(&cache, b"c", t1).is_none());
+        let t2 = t0 + SWEEP_EVERY;
+        remember_key(&cache, b"c", &limits, 1, 1000, t2);
+        assert_eq!(cache.len(), 1, "the next second's sweep made room");
+        assert!(lookup(&cache, b"c", t2).is_some());
     }
 
     #[test]

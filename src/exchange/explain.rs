@@ -42,7 +42,7 @@ impl<S: Servers> Exchange<S> {
     /// Reads what each limit the request would ask has left, consuming nothing.
     pub async fn peek<E: Seam>(&mut self, policy: &Policy<E>) -> Result<(), LimiterError> {
         match &self.route {
-            Some(_) => self.limits.peek(policy).await,
+            Some(runtime) => self.limits.peek(&runtime.route, policy).await,
             None => Ok(()),
         }
     }

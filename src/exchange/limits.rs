@@ -36,13 +36,22 @@ pub(crate) struct RequestLimits {
 }
 
 /// The tier a request met, resolved once: which of its route's tiers (by its consumer and
-/// plan), and that tier as the request holds it (as a quota override changed it, while one
-/// applies).
+/// plan), and that tier as a quota override changed it, while one applies. The route's own
+/// tier is borrowed through the route, which the exchange holds to the request's end: no
+/// shared count is written for it per request.
 #[derive(Debug)]
 struct Met {
     id: TierId,
-    tier: Arc<Tier>,
-    overridden: bool,
+    overridden: Option<Arc<Tier>>,
+}
+
+impl Met {
+    fn tier<'a>(&'a self, route: &'a Route) -> &'a Tier {
+        match &self.overridden {
+            Some(tier) => tier,
+            None => route.tiers.shared(self.id),
+        }
+    }
 }
 
 /// What a request's limits said: its route, the tier it met, each limit with its record, and
@@ -98,30 +107,22 @@ fn pairs(limits: &[LimitMet]) -> impl Iterator<Item = (&TierLimit, &LimitRecord)
 impl RequestLimits {
     /// The request meets tier `id` of `route`, or `overridden`, that tier as a quota override
     /// changed it: resolved here, once, and held to the request's end.
-    pub fn meet(&mut self, route: &Route, (id, overridden): (TierId, Option<Arc<Tier>>)) {
-        let (tier, overridden) = match overridden {
-            Some(tier) => (tier, true),
-            None => (Arc::clone(route.tiers.shared(id)), false),
-        };
-        self.met = Some(Met {
-            id,
-            tier,
-            overridden,
-        });
+    pub fn meet(&mut self, (id, overridden): (TierId, Option<Arc<Tier>>)) {
+        self.met = Some(Met { id, overridden });
     }
 
     /// The id of the tier the request meets, and whether a quota override changes it (the
     /// route's default, unchanged, before it meets one).
     pub fn met(&self) -> (TierId, bool) {
-        self.met
-            .as_ref()
-            .map_or((TierId::default(), false), |met| (met.id, met.overridden))
+        self.met.as_ref().map_or((TierId::default(), false), |met| {
+            (met.id, met.overridden.is_some())
+        })
     }
 
     /// The tier the request meets (`route`'s default before it meets one).
     pub fn tier<'a>(&'a self, route: &'a Route) -> &'a Tier {
         match &self.met {
-            Some(met) => &met.tier,
+            Some(met) => met.tier(route),
             None => route.tiers.default(),
         }
     }
@@ -137,20 +138,30 @@ impl RequestLimits {
         asked.chain(unasked.map(|limit| (&**limit, None)))
     }
 
-    /// Reads what each limit asked has left into its record, consuming nothing.
-    pub async fn peek<E: Seam>(&mut self, policy: &Policy<E>) -> Result<(), LimiterError> {
+    /// Reads what each limit asked of `route` has left into its record, consuming nothing.
+    pub async fn peek<E: Seam>(
+        &mut self,
+        route: &Route,
+        policy: &Policy<E>,
+    ) -> Result<(), LimiterError> {
         let Some(met) = &self.met else {
             return Ok(());
         };
         match self.limits.is_empty() {
             true => Ok(()),
-            false => policy.peek(&mut met.tier.asking(&mut self.limits)).await,
+            false => {
+                policy
+                    .peek(&mut met.tier(route).asking(&mut self.limits))
+                    .await
+            }
         }
     }
 
-    /// Whether the request's tier has limits.
-    pub fn limited(&self) -> bool {
-        self.met.as_ref().is_some_and(|met| !met.tier.is_empty())
+    /// Whether the tier the request meets on `route` has limits.
+    pub fn limited(&self, route: &Route) -> bool {
+        self.met
+            .as_ref()
+            .is_some_and(|met| !met.tier(route).is_empty())
     }
 
     /// What the request asks of each limit of its tier (`explaining`: without taking a turn
@@ -165,17 +176,21 @@ impl RequestLimits {
             return Ok(());
         };
         let rotation = runtime.rotation(met.id);
+        let tier = met.tier(&runtime.route);
         self.limits = match explaining {
-            true => met.tier.met(facts, &rotation.copy())?,
-            false => met.tier.met(facts, rotation)?,
+            true => tier.met(facts, &rotation.copy())?,
+            false => tier.met(facts, rotation)?,
         };
         Ok(())
     }
 
-    /// The policy's verdict on the request's limits, kept.
-    pub async fn decide<E: Seam>(&mut self, policy: &Policy<E>) -> &Verdict {
+    /// The policy's verdict on the request's limits (of `route`), kept.
+    pub async fn decide<E: Seam>(&mut self, route: &Route, policy: &Policy<E>) -> &Verdict {
         let verdict = match &self.met {
-            Some(met) => policy.decide(&mut met.tier.asking(&mut self.limits)).await,
+            Some(met) => {
+                let asked = &mut met.tier(route).asking(&mut self.limits);
+                policy.decide(asked).await
+            }
             // A request decided before it met a tier cannot be (admission meets it first).
             None => Verdict::undecided(Outcome::ErrorDenied),
         };
@@ -188,18 +203,18 @@ impl RequestLimits {
 
     /// The admitted request will not go upstream (its client left while it was held for
     /// shaping): the units it reserved go back.
-    pub async fn abandon<E: Seam>(&mut self, policy: &Policy<E>) {
+    pub async fn abandon<E: Seam>(&mut self, route: &Route, policy: &Policy<E>) {
         if let (Some(verdict), Some(met)) = (&self.verdict, &self.met) {
-            let asked = &mut met.tier.asking(&mut self.limits);
+            let asked = &mut met.tier(route).asking(&mut self.limits);
             policy.give_back_abandoned(asked, verdict).await;
         }
         self.abandoned = true;
     }
 
     /// Reads what `headers` (a response head, or its trailers) say the response cost, into the
-    /// record of each limit priced by the response.
-    pub fn read_reports(&mut self, headers: &HeaderMap) {
-        let priced = |met: &Met| met.tier.rules.priced_by_response();
+    /// record of each limit of `route` priced by the response.
+    pub fn read_reports(&mut self, route: &Route, headers: &HeaderMap) {
+        let priced = |met: &Met| met.tier(route).rules.priced_by_response();
         if !self.met.as_ref().is_some_and(priced) {
             return;
         }
@@ -211,7 +226,11 @@ impl RequestLimits {
 
     /// The request has ended: counts what each limit said (and what the response reported it
     /// cost), gives back its concurrency slots and settles its response's cost. Once.
-    pub async fn end<E: Seam>(&mut self, meters: &RouteMetrics, policy: &Policy<E>) {
+    pub async fn end<E: Seam>(
+        &mut self,
+        (route, meters): (&Route, &RouteMetrics),
+        policy: &Policy<E>,
+    ) {
         let Some(verdict) = self.verdict.as_ref().filter(|_| !self.ended) else {
             return;
         };
@@ -229,7 +248,7 @@ impl RequestLimits {
             }
         }
         if let Some(met) = &self.met {
-            let asked = &mut met.tier.asking(&mut self.limits);
+            let asked = &mut met.tier(route).asking(&mut self.limits);
             policy.end(asked, verdict, self.abandoned).await;
         }
     }
@@ -259,10 +278,10 @@ impl RequestLimits {
             .then(|| (&*limit.limit.exact.name, &record.ask.key[..]))
     }
 
-    /// The failure mode that applied, when the limiter could not decide.
-    pub fn failure_mode(&self) -> Option<&'static str> {
+    /// The failure mode that applied, when the limiter could not decide (`route`'s tier's).
+    pub fn failure_mode(&self, route: &Route) -> Option<&'static str> {
         let verdict = self.verdict.as_ref()?;
-        let mode = self.met.as_ref()?.tier.rules.failure_mode();
+        let mode = self.met.as_ref()?.tier(route).rules.failure_mode();
         verdict.outcome.by_failure_mode().then(|| mode.label())
     }
 }

@@ -194,7 +194,7 @@ impl<S: Servers> Exchange<S> {
                 delay: Duration::ZERO,
             };
         }
-        let verdict = self.limits.decide(policy).await;
+        let verdict = self.limits.decide(&runtime.route, policy).await;
         let refusal = Answer::refusing(verdict.outcome);
         let delay = verdict.delay;
         match refusal {
@@ -267,7 +267,7 @@ impl<S: Servers> Exchange<S> {
         let route = &*self.route.as_ref().ok_or(Answer::Internal)?.route;
         self.consumer = consumer;
         let tier = self.site.tier_for(route, self.consumer.as_ref());
-        self.limits.meet(route, tier);
+        self.limits.meet(tier);
         let facts = RequestFacts {
             client_ip: routed.client,
             method: req.method.as_str(),
@@ -282,7 +282,7 @@ impl<S: Servers> Exchange<S> {
         if let Some(parts) = route.upstream.hash_parts() {
             self.balance_key = keys::digest_parts(&facts, parts).to_be_bytes();
         }
-        if self.limits.limited() && !self.exempt {
+        if self.limits.limited(route) && !self.exempt {
             let runtime = self.route.as_deref().ok_or(Answer::Internal)?;
             self.limits
                 .ask(runtime, &facts, explaining)
@@ -334,8 +334,8 @@ impl<S: Servers> Exchange<S> {
     /// The admitted request will not go upstream (its client left while it was held for
     /// shaping): the units it reserved go back.
     pub async fn abandon<E: Seam>(&mut self, policy: &Policy<E>) {
-        if self.route.is_some() {
-            self.limits.abandon(policy).await;
+        if let Some(runtime) = &self.route {
+            self.limits.abandon(&runtime.route, policy).await;
         }
     }
 
@@ -372,7 +372,8 @@ impl<S: Servers> Exchange<S> {
         // A place still held (no response head came) goes back, unsampled.
         self.permit = None;
         if let Some(runtime) = &self.route {
-            self.limits.end(&runtime.metrics, policy).await;
+            let route = (&*runtime.route, &runtime.metrics);
+            self.limits.end(route, policy).await;
         }
         self.no_longer_in_flight();
     }
@@ -476,7 +477,7 @@ impl<S: Servers> Exchange<S> {
 
     /// The failure mode that applied, when the limiter could not decide.
     pub fn failure_mode(&self) -> Option<&'static str> {
-        self.limits.failure_mode()
+        self.limits.failure_mode(self.route()?)
     }
 
     /// The `WWW-Authenticate` challenge of `answer`, when it is a `401`.

@@ -311,6 +311,8 @@ impl<S: Servers> Exchange<S> {
     /// Reads what `headers` say the response cost, for each limit of the route priced by the
     /// response.
     fn read_cost_reports(&mut self, headers: &HeaderMap) {
-        self.limits.read_reports(headers);
+        if let Some(runtime) = &self.route {
+            self.limits.read_reports(&runtime.route, headers);
+        }
     }
 }

@@ -105,8 +105,9 @@ fn pairs(limits: &[LimitMet]) -> impl Iterator<Item = (&TierLimit, &LimitRecord)
 }
 
 impl RequestLimits {
-    /// The request meets tier `id` of `route`, or `overridden`, that tier as a quota override
-    /// changed it: resolved here, once, and held to the request's end.
+    /// The request meets tier `id` of its route, or `overridden`, that tier as a quota override
+    /// changed it: resolved here, once, and held to the request's end (the route's own tiers
+    /// through the route the exchange holds).
     pub fn meet(&mut self, (id, overridden): (TierId, Option<Arc<Tier>>)) {
         self.met = Some(Met { id, overridden });
     }

@@ -144,7 +144,8 @@ impl RouteRequests {
 
     /// This thread's slot.
     fn mine(&self) -> &Slot {
-        let shard = SHARD.with(|shard| *shard);
+        // A thread being torn down (its number already gone) counts in the first slot.
+        let shard = SHARD.try_with(|shard| *shard).unwrap_or(0);
         self.slots[shard % self.slots.len()]
             .get_or_init(|| Box::new(Slot::new(self.decisions.len())))
     }
@@ -196,11 +197,13 @@ impl RouteRequests {
     }
 
     /// The route's requests in flight now, summed over the threads.
+    /// The slots are read one after the other: a request that entered on a slot already read
+    /// and left on one read later would count -1, so the sum is never shown below zero.
     pub fn in_flight(&self) -> i64 {
         let counts = self
             .made()
             .map(|slot| slot.in_flight.load(Ordering::Relaxed));
-        counts.sum()
+        counts.sum::<i64>().max(0)
     }
 }
 
@@ -474,6 +477,17 @@ mod tests {
         );
         let in_flight = family(&collected, "sluice_requests_in_flight").get_metric();
         assert_eq!(in_flight[0].get_gauge().value(), 3.0);
+    }
+
+    #[test]
+    fn the_in_flight_gauge_never_reads_below_zero() {
+        let meters = RequestFamilies::new().route("r", DECISIONS);
+        // As a scrape sees a request that entered on a slot it had already read.
+        meters.leave();
+        assert_eq!(meters.in_flight(), 0);
+        meters.enter();
+        meters.enter();
+        assert_eq!(meters.in_flight(), 1);
     }
 
     #[test]

@@ -308,6 +308,15 @@ fn labelled(desc: &Desc, values: &[&str]) -> proto::Metric {
     proto::Metric::from_label(pairs.collect())
 }
 
+/// A counter series labelled `values`, at `value`.
+fn counted(desc: &Desc, values: &[&str], value: u64) -> proto::Metric {
+    let mut metric = labelled(desc, values);
+    let mut counter = proto::Counter::default();
+    counter.set_value(value as f64);
+    metric.set_counter(counter);
+    metric
+}
+
 /// The five families' series, as they are being summed.
 #[derive(Default)]
 struct Collected {
@@ -323,23 +332,17 @@ impl RequestFamilies {
     fn collect_route(&self, route: &str, meters: &RouteRequests, into: &mut Collected) {
         let slots: Vec<&Slot> = meters.made().collect();
         for (i, decision) in meters.decisions.iter().enumerate() {
-            let count = slots.iter().filter_map(|slot| slot.decisions.get(i));
-            let total = count.map(|c| c.load(Ordering::Relaxed)).sum::<u64>();
-            let mut metric = labelled(&self.requests, &[route, decision]);
-            let mut counter = proto::Counter::default();
-            counter.set_value(total as f64);
-            metric.set_counter(counter);
-            into.requests.push(metric);
+            let total = meters.decided(i);
+            into.requests
+                .push(counted(&self.requests, &[route, decision], total));
         }
         for (i, class) in STATUS_CLASSES.iter().enumerate() {
             let count = slots
                 .iter()
                 .map(|slot| slot.classes[i].load(Ordering::Relaxed));
-            let mut metric = labelled(&self.responses, &[route, class]);
-            let mut counter = proto::Counter::default();
-            counter.set_value(count.sum::<u64>() as f64);
-            metric.set_counter(counter);
-            into.responses.push(metric);
+            let total = count.sum();
+            into.responses
+                .push(counted(&self.responses, &[route, class], total));
             let mut summed = Summed::default();
             slots.iter().for_each(|slot| summed.add(&slot.durations[i]));
             let mut metric = labelled(&self.durations, &[route, class]);

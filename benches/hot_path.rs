@@ -1,6 +1,7 @@
 //! Micro-benchmarks of the per-request work sluice does itself (docs/performance.md): route
-//! lookup, client identity, key building, decision parsing, the in-process limiter and request
-//! ids; and the meters every request writes, one thread against two writing the same route.
+//! lookup, client identity, key building, decision parsing, the in-process limiter (and a new
+//! key it refuses when full) and request ids; and the meters every request writes, one thread
+//! against two writing the same route.
 //! `cargo bench --bench hot_path`; criterion reports ns per operation.
 
 use std::hint::black_box;
@@ -148,6 +149,44 @@ fn hot_path(c: &mut Criterion) {
             })
         });
     }
+}
+
+/// A new key refused by an in-process limiter whose every shard is full of live state (a flood
+/// of distinct clients at `max_keys`): what each refusal costs.
+fn local_limiter_full(c: &mut Criterion) {
+    let config = config();
+    let route = config
+        .routes
+        .find("example.com", "/api", &Method::GET)
+        .expect("route");
+    // The fixed window (a minute): nothing expires while the clock stands still.
+    let limits: Vec<Limit> = route.tiers.written().skip(1).take(1).cloned().collect();
+    let limiter = LocalLimiter::new(Arc::new(ManualClock::new(0)), 1_000_000);
+    let check = |key: u64| {
+        let asks: Asks = [Ask {
+            key: Key::from_slice(&key.to_le_bytes()),
+            cost: 1,
+        }]
+        .into_iter()
+        .collect();
+        let entries = entries(&limits, &asks);
+        limiter.check_at(&LimitRequest::new(&entries), 0).is_ok()
+    };
+    // Enough distinct keys that every shard fills (they are hashed to shards unevenly).
+    let mut next = 0u64;
+    while next < 1_500_000 {
+        check(next);
+        next += 1;
+    }
+    c.bench_function(
+        "in-process limiter: a new key refused, every shard full",
+        |b| {
+            b.iter(|| {
+                next += 1;
+                assert!(!check(black_box(next)));
+            })
+        },
+    );
 }
 
 /// A new request id in its 32 hex digits: 128 random bits from the thread's generator, against
@@ -382,6 +421,7 @@ fn request_meters(c: &mut Criterion) {
 criterion_group!(
     benches,
     hot_path,
+    local_limiter_full,
     request_ids,
     address_lists,
     api_keys,

@@ -5,6 +5,8 @@
 //! writes only if all allow, exactly like `lua/check.lua`. Memory is bounded: an entry whose
 //! state has expired is equivalent to absent and is swept when a shard fills up; when a shard
 //! is full of live state, the request fails with `LocalCapacity` (never "admit untracked").
+//! Each shard knows a time before which none of its entries expires, so a full shard is walked
+//! only once an entry in it may have expired, not again for every new key it refuses.
 //!
 //! Why this map is hand-written while the deny cache and the lease holdings use `dashmap`: a
 //! decision must hold every key of the request at once, so that deciding and writing them all
@@ -41,7 +43,41 @@ struct Record {
     expires_at_us: i64,
 }
 
-type Shard = HashMap<Box<[u8]>, Record>;
+/// One shard's keys, and a time before which none of them expires.
+struct Shard {
+    records: HashMap<Box<[u8]>, Record>,
+    /// No record expires before this: a lower bound, lowered by every store and made exact by
+    /// each sweep (a removal leaves it a bound). A full shard is not walked while `now` is below
+    /// it, since nothing in it could be swept.
+    expiry_floor_us: i64,
+}
+
+impl Shard {
+    fn new() -> Shard {
+        Shard {
+            records: HashMap::new(),
+            expiry_floor_us: i64::MAX,
+        }
+    }
+
+    /// Drops the records expired at `now_us`, if any may have: the walk is skipped while the
+    /// floor says none has.
+    fn sweep(&mut self, now_us: i64) {
+        if now_us < self.expiry_floor_us {
+            return;
+        }
+        let mut floor = i64::MAX;
+        self.records.retain(|_, record| {
+            let alive = record.expires_at_us > now_us;
+            if alive {
+                floor = floor.min(record.expires_at_us);
+            }
+            alive
+        });
+        self.expiry_floor_us = floor;
+    }
+}
+
 /// The locked shards of one request, and per key the index of its shard's guard.
 type Guards<'a> = SmallVec<[MutexGuard<'a, Shard>; LIMITS_INLINE]>;
 /// Each entry of a call with the guard its key's shard is under, and what it would write.
@@ -69,7 +105,7 @@ impl LocalLimiter {
     /// A limiter that tracks at most about `max_keys` live keys.
     pub fn new(clock: Arc<dyn Clock>, max_keys: usize) -> LocalLimiter {
         LocalLimiter {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::new())).collect(),
             clock,
             shard_capacity: max_keys.div_ceil(SHARDS).max(1),
             max_keys,
@@ -136,10 +172,11 @@ impl LocalLimiter {
         now_us: i64,
     ) -> Result<(), LimiterError> {
         for step in steps {
-            let map = &mut guards[step.slot];
-            if map.len() >= self.shard_capacity && !map.contains_key(step.entry.key) {
-                map.retain(|_, e| e.expires_at_us > now_us);
-                if map.len() >= self.shard_capacity {
+            let shard = &mut guards[step.slot];
+            let full = |shard: &Shard| shard.records.len() >= self.shard_capacity;
+            if full(shard) && !shard.records.contains_key(step.entry.key) {
+                shard.sweep(now_us);
+                if full(shard) {
                     return Err(LimiterError::LocalCapacity(self.max_keys));
                 }
             }
@@ -152,7 +189,7 @@ impl LocalLimiter {
         let (mut guards, steps) = self.lock(request.entries);
         for Step { entry, slot, .. } in steps {
             if let Algorithm::Concurrency { .. } = entry.limit.algorithm {
-                if let Some(record) = guards[slot].get_mut(entry.key) {
+                if let Some(record) = guards[slot].records.get_mut(entry.key) {
                     algorithm::release(&mut record.state, request.id);
                 }
             }
@@ -175,7 +212,7 @@ impl LocalLimiter {
         match algorithm.settle(live(&shard, key, now_us), now_us, change) {
             Settled::Unchanged => false,
             Settled::Clear => {
-                shard.remove(key);
+                shard.records.remove(key);
                 true
             }
             Settled::Store(write) => {
@@ -215,7 +252,7 @@ impl LocalLimiter {
         match algorithm.refund(state, now_us, units, mark_us) {
             Settled::Unchanged => Credited::NothingUsed,
             Settled::Clear => {
-                shard.remove(key);
+                shard.records.remove(key);
                 Credited::Changed
             }
             Settled::Store(write) => {
@@ -232,6 +269,7 @@ impl LocalLimiter {
             .map(|s| {
                 s.lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .records
                     .len()
             })
             .sum()
@@ -239,8 +277,10 @@ impl LocalLimiter {
 }
 
 /// The state of `key` in `map`, unless it has expired (then it is as good as absent).
-fn live<'m>(map: &'m Shard, key: &[u8], now_us: i64) -> Option<&'m State> {
-    map.get(key)
+fn live<'m>(shard: &'m Shard, key: &[u8], now_us: i64) -> Option<&'m State> {
+    shard
+        .records
+        .get(key)
         .filter(|e| e.expires_at_us > now_us)
         .map(|e| &e.state)
 }
@@ -318,15 +358,16 @@ fn write_each(
 }
 
 /// Stores `write` as the state of `key`, allocating the key only on its first sighting.
-fn store(map: &mut Shard, key: &[u8], Write { state, ttl_us }: Write, now_us: i64) {
+fn store(shard: &mut Shard, key: &[u8], Write { state, ttl_us }: Write, now_us: i64) {
     let record = Record {
         state,
         expires_at_us: now_us + ttl_us,
     };
-    match map.get_mut(key) {
+    shard.expiry_floor_us = shard.expiry_floor_us.min(record.expires_at_us);
+    match shard.records.get_mut(key) {
         Some(existing) => *existing = record,
         None => {
-            map.insert(Box::from(key), record);
+            shard.records.insert(Box::from(key), record);
         }
     }
 }
@@ -367,7 +408,7 @@ impl QuotaStore for LocalLimiter {
         let now_us = self.clock.now_us();
         let mut existed = 0;
         for key in keys {
-            let removed = self.shard(key).remove(*key);
+            let removed = self.shard(key).records.remove(*key);
             existed += u64::from(removed.is_some_and(|r| r.expires_at_us > now_us));
         }
         Ok(existed)
@@ -459,7 +500,7 @@ mod tests {
     use crate::limiter::id::RequestId;
     use crate::limiter::limit::Limit;
     use crate::limiter::request::entries;
-    use crate::limiter::testing::{asks, concurrency, gcra, limit};
+    use crate::limiter::testing::{asks, concurrency, gcra, limit, window};
 
     /// Checks `limits` at `now_us` with these keys and costs, as request `id`.
     fn check(
@@ -527,6 +568,41 @@ mod tests {
         assert!(!admitted(3));
         release(&limiter, &limits, b"c", 1);
         assert!(admitted(4));
+    }
+
+    /// `count` keys that fall in one shard.
+    fn same_shard_keys(count: usize) -> Vec<String> {
+        let shard = LocalLimiter::shard_of(b"s0");
+        (0..)
+            .map(|i| format!("s{i}"))
+            .filter(|key| LocalLimiter::shard_of(key.as_bytes()) == shard)
+            .take(count)
+            .collect()
+    }
+
+    #[test]
+    fn a_full_shard_takes_a_new_key_as_soon_as_its_earliest_entry_expires() {
+        // Two keys per shard: one that lives an hour, one that lives about a second.
+        let limiter = LocalLimiter::new(Arc::new(ManualClock::new(0)), 2 * SHARDS);
+        let (hour, second) = ([limit("h", window(10))], [limit("s", gcra(1, 0))]);
+        let keys = same_shard_keys(4);
+        let key = |i: usize| [keys[i].as_bytes()];
+        let admitted = |limits: &[Limit], i: usize, now_us: i64| {
+            let checked = check(&limiter, limits, &key(i), &[1], 0, now_us);
+            match checked {
+                Ok(decision) => decision.allowed(),
+                Err(LimiterError::LocalCapacity(_)) => false,
+                Err(other) => panic!("unexpected {other}"),
+            }
+        };
+        assert!(admitted(&hour, 0, 0) && admitted(&second, 1, 0));
+        // Full, and nothing in it has expired yet.
+        assert!(!admitted(&second, 2, 500_000));
+        // The second's key has expired: its room goes to the new key (the sweep leaves the
+        // hour's key, and the new key, stored after it, brings the shard's floor down again).
+        assert!(admitted(&second, 2, 10_000_000));
+        assert!(admitted(&second, 3, 20_000_000));
+        assert_eq!(limiter.tracked_keys(), 2);
     }
 
     #[test]

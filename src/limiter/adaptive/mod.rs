@@ -2,7 +2,10 @@
 //! following the upstream's latency — a gradient limiter, as Envoy's adaptive concurrency
 //! filter and Netflix's concurrency-limits. A baseline latency is measured with admissions
 //! pinned to the minimum (a probe: at the start, then every `probe_interval`; only the probe's
-//! own requests count against it, so long-lived ones cannot starve it); after each sample
+//! own requests count against it, so long-lived ones cannot starve it). The baseline is the
+//! lower of the last two probes' medians, a windowed minimum as BBR keeps its minimum RTT: one
+//! probe read in a moment of noise (a busy host, earlier requests still draining from the
+//! upstream) cannot raise the limit for a whole interval. After each sample
 //! window the limit is scaled by `baseline × (1 + tolerance) / the window's p90` (between ½ and
 //! 2), plus √limit of headroom: raised while latency holds, cut when it grows. It is not raised
 //! while the upstream was given less than half of it and nothing was shed (the traffic, not the
@@ -106,7 +109,10 @@ pub struct AdaptiveConcurrency {
 struct Gradient {
     samples: Vec<Duration>,
     window_started: Instant,
+    /// The lower of the last two probes' medians.
     baseline: Option<Duration>,
+    /// The median the last probe measured.
+    last_probe: Option<Duration>,
     /// The latencies of the probe in progress (`AdaptiveConcurrency::probing` says which
     /// one, if any): only requests admitted during it are its samples.
     probe_samples: Vec<Duration>,
@@ -183,6 +189,7 @@ impl AdaptiveConcurrency {
                 samples: Vec::new(),
                 window_started: now,
                 baseline: None,
+                last_probe: None,
                 probe_samples: Vec::new(),
                 next_probe: now,
             }),
@@ -357,8 +364,8 @@ impl AdaptiveConcurrency {
         self.meters.limit.set(i64::from(self.settings.min_limit));
     }
 
-    /// A sample during a probe: once it has enough of its own, the baseline is their median
-    /// and admissions meet the limit again.
+    /// A sample during a probe: once it has enough of its own, their median is measured (the
+    /// baseline: the lower of it and the last probe's) and admissions meet the limit again.
     fn probe_sample(&self, state: &mut Gradient, epoch: u64, latency: Duration, now: Instant) {
         let probing = self.probing.load(Ordering::Acquire);
         if probing == 0 || epoch != probing {
@@ -370,9 +377,11 @@ impl AdaptiveConcurrency {
         if state.probe_samples.len() < self.settings.probe_requests as usize {
             return;
         }
-        let baseline = percentile(&mut state.probe_samples, 0.5);
+        let measured = percentile(&mut state.probe_samples, 0.5);
         state.probe_samples.clear();
-        if let Some(baseline) = baseline {
+        if let Some(measured) = measured {
+            let baseline = state.last_probe.map_or(measured, |last| last.min(measured));
+            state.last_probe = Some(measured);
             state.baseline = Some(baseline);
             self.meters.baseline_seconds.set(baseline.as_secs_f64());
             let micros = u64::try_from(baseline.as_micros()).unwrap_or(u64::MAX);

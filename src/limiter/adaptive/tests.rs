@@ -112,12 +112,40 @@ fn the_baseline_is_probed_again_after_its_interval_from_requests_admitted_during
             .unwrap()
             .answered(Duration::from_millis(30));
     }
-    assert_eq!(limiter.meters.baseline_seconds.get(), 0.03);
+    // The baseline is the lower of the last two probes' medians: 20 ms still.
+    assert_eq!(limiter.meters.baseline_seconds.get(), 0.02);
     assert_eq!(
         limiter.limit(),
         before,
         "back to the limit before the probe"
     );
+}
+
+/// Probes again after the interval; each of its requests answered after `ms`.
+fn probe(limiter: &Arc<AdaptiveConcurrency>, clock: &ManualClock, ms: u64) {
+    clock.advance_by(Duration::from_secs(10));
+    window(limiter, clock, 1, 20);
+    assert_eq!(limiter.limit(), 2, "probing");
+    for _ in 0..4 {
+        let permit = limiter.admit(0).expect("a place during the probe");
+        permit.answered(Duration::from_millis(ms));
+    }
+}
+
+#[test]
+fn one_slow_probe_does_not_raise_the_baseline_and_two_do() {
+    let (limiter, clock) = risen(5);
+    let baseline = || limiter.meters.baseline_seconds.get();
+    probe(&limiter, &clock, 60);
+    assert_eq!(baseline(), 0.02, "one probe read three times slower");
+    probe(&limiter, &clock, 40);
+    assert_eq!(
+        baseline(),
+        0.04,
+        "the upstream stayed slower: the lower of 60 and 40 ms"
+    );
+    probe(&limiter, &clock, 10);
+    assert_eq!(baseline(), 0.01, "a faster upstream is taken at once");
 }
 
 #[test]

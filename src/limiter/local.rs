@@ -596,12 +596,19 @@ mod tests {
             }
         };
         assert!(admitted(&hour, 0, 0) && admitted(&second, 1, 0));
-        // Full, and nothing in it has expired yet.
-        assert!(!admitted(&second, 2, 500_000));
-        // The second's key has expired: its room goes to the new key (the sweep leaves the
-        // hour's key, and the new key, stored after it, brings the shard's floor down again).
-        assert!(admitted(&second, 2, 10_000_000));
-        assert!(admitted(&second, 3, 20_000_000));
+        let expiry = |i: usize| {
+            let shard = limiter.shard(keys[i].as_bytes());
+            shard.records[keys[i].as_bytes()].expires_at_us
+        };
+        // Full, and nothing in it has expired until the second's key does.
+        let expires = expiry(1);
+        assert!(!admitted(&second, 2, expires - 1));
+        // Its room goes to the new key at once (the sweep leaves the hour's key, and the new
+        // key, stored after it, brings the shard's floor down again).
+        assert!(admitted(&second, 2, expires));
+        let expires = expiry(2);
+        assert!(!admitted(&second, 3, expires - 1));
+        assert!(admitted(&second, 3, expires));
         assert_eq!(limiter.tracked_keys(), 2);
     }
 

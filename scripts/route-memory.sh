@@ -6,6 +6,7 @@
 # Usage: scripts/route-memory.sh [ROUTES] [RELOADS]   (1000 and 8 by default)
 #        SLUICE=path: measure that binary instead of building the release one.
 set -euo pipefail
+[ -z "${SLUICE:-}" ] || SLUICE=$(realpath "$SLUICE")
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 install_missing python3:python3
@@ -46,16 +47,21 @@ config() {
   } >"$work/$name.yaml"
 }
 
-# measure NAME ROUTES SHARED: one line, RSS in KiB at start and after each reload.
+# measure NAME ROUTES SHARED: one line, RSS in KiB at start and after each reload (each one
+# checked: its success is logged).
 measure() {
   local name=$1 port line tries r
   port=$(free_port)
   config "$name" "$2" "$3" "$port"
-  RUST_LOG=warn "$SLUICE" -c "$work/$name.yaml" >/dev/null 2>"$work/$name.log" &
+  RUST_LOG=info "$SLUICE" -c "$work/$name.yaml" >/dev/null 2>"$work/$name.log" &
   pid=$!
-  for ((tries = 0; tries < 600; tries++)); do
+  for ((tries = 0; ; tries++)); do
     (echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-    kill -0 "$pid" 2>/dev/null || { cat "$work/$name.log" >&2; exit 1; }
+    if ! kill -0 "$pid" 2>/dev/null || ((tries == 600)); then
+      echo "$name: sluice did not open its port" >&2
+      cat "$work/$name.log" >&2
+      exit 1
+    fi
     sleep 0.1
   done
   sleep 1
@@ -68,6 +74,13 @@ measure() {
   kill "$pid"
   wait "$pid" 2>/dev/null || true
   pid=""
+  local reloaded
+  reloaded=$(grep -c "reload: .*: ok: " "$work/$name.log" || true)
+  if ((reloaded != reloads)) || grep -q "reload rejected" "$work/$name.log"; then
+    echo "$name: $reloaded of $reloads reloads logged a success" >&2
+    cat "$work/$name.log" >&2
+    exit 1
+  fi
   echo "$line (KiB)"
 }
 

@@ -68,7 +68,8 @@ pub struct AdaptiveStats {
     pub limit: u32,
     /// A baseline is being measured: admissions are pinned to the minimum.
     pub probing: bool,
-    /// The last baseline latency measured; `None` before the first probe ends.
+    /// The baseline latency: the lower of the last two probes' medians; `None` before the
+    /// first probe ends.
     pub baseline: Option<Duration>,
     /// Requests admitted and not yet answered by the upstream.
     pub in_flight: u32,

@@ -76,6 +76,22 @@ impl Shard {
         });
         self.expiry_floor_us = floor;
     }
+
+    /// Stores `write` as the state of `key`, allocating the key only on its first sighting;
+    /// the floor comes down to its expiry if that is sooner.
+    fn store(&mut self, key: &[u8], Write { state, ttl_us }: Write, now_us: i64) {
+        let record = Record {
+            state,
+            expires_at_us: now_us + ttl_us,
+        };
+        self.expiry_floor_us = self.expiry_floor_us.min(record.expires_at_us);
+        match self.records.get_mut(key) {
+            Some(existing) => *existing = record,
+            None => {
+                self.records.insert(Box::from(key), record);
+            }
+        }
+    }
 }
 
 /// The locked shards of one request, and per key the index of its shard's guard.
@@ -216,7 +232,7 @@ impl LocalLimiter {
                 true
             }
             Settled::Store(write) => {
-                store(&mut shard, key, write, now_us);
+                shard.store(key, write, now_us);
                 true
             }
         }
@@ -256,7 +272,7 @@ impl LocalLimiter {
                 Credited::Changed
             }
             Settled::Store(write) => {
-                store(&mut shard, key, write, now_us);
+                shard.store(key, write, now_us);
                 Credited::Changed
             }
         }
@@ -276,7 +292,7 @@ impl LocalLimiter {
     }
 }
 
-/// The state of `key` in `map`, unless it has expired (then it is as good as absent).
+/// The state of `key` in `shard`, unless it has expired (then it is as good as absent).
 fn live<'m>(shard: &'m Shard, key: &[u8], now_us: i64) -> Option<&'m State> {
     shard
         .records
@@ -351,25 +367,10 @@ fn write_each(
     }
     for step in steps {
         if let Some(write) = step.write {
-            store(&mut guards[step.slot], step.entry.key, write, now_us);
+            guards[step.slot].store(step.entry.key, write, now_us);
         }
     }
     Ok(decision)
-}
-
-/// Stores `write` as the state of `key`, allocating the key only on its first sighting.
-fn store(shard: &mut Shard, key: &[u8], Write { state, ttl_us }: Write, now_us: i64) {
-    let record = Record {
-        state,
-        expires_at_us: now_us + ttl_us,
-    };
-    shard.expiry_floor_us = shard.expiry_floor_us.min(record.expires_at_us);
-    match shard.records.get_mut(key) {
-        Some(existing) => *existing = record,
-        None => {
-            shard.records.insert(Box::from(key), record);
-        }
-    }
 }
 
 impl Limiter for LocalLimiter {

@@ -8,8 +8,9 @@
 //!   never concurrency limits (slots free whenever a request ends). A key outlives a change of
 //!   the count it is compared with (a reload, another plan's limits on a shared key: see
 //!   `config/limits.rs`'s fingerprint), so a denial answers only a request that asks the same
-//!   limit, in the same position, with the same parameters and cost as the denied one. Bounded; exact expiry: a
-//!   denial is judged by the injected clock, and expired ones are swept at most once a second (a full cache remembers no more until then).
+//!   limit, in the same position, with the same parameters and cost as the denied one.
+//!   Bounded; exact expiry: a denial is judged by the injected clock, and expired ones are
+//!   swept at most once a second (a full cache remembers no more until then).
 //! * **Circuit breaker.** After `FAILURES_TO_OPEN` consecutive errors the backend is not called
 //!   for a short interval (doubling from 50 ms up to 200 ms with each failed probe, whatever the
 //!   failure — an error or a missed deadline — so recovery is seen within a second of Redis

@@ -197,6 +197,7 @@ impl RouteRequests {
     }
 
     /// The route's requests in flight now, summed over the threads.
+    ///
     /// The slots are read one after the other: a request that entered on a slot already read
     /// and left on one read later would count -1, so the sum is never shown below zero.
     pub fn in_flight(&self) -> i64 {

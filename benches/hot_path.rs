@@ -1,7 +1,8 @@
 //! Micro-benchmarks of the per-request work sluice does itself (docs/performance.md): route
 //! lookup, client identity, key building, decision parsing, the in-process limiter (and a new
-//! key it refuses when full) and request ids; and the meters every request writes, one thread
-//! against two writing the same route.
+//! key it refuses when full) and request ids; and the shared state every request writes (its
+//! route's meters, its place in the upstream's retry budget), one thread against two writing
+//! the same route.
 //! `cargo bench --bench hot_path`; criterion reports ns per operation.
 
 use std::hint::black_box;
@@ -376,14 +377,14 @@ impl RequestMeters for sluice::observe::sharded::RouteRequests {
     }
 }
 
-/// ns per request with `threads` threads writing one route's meters at once: each thread does
-/// the whole `iters`, so the figure is the time one request's writes take while the other
-/// threads write too.
-fn contended(meters: &dyn RequestMeters, threads: usize, iters: u64) -> std::time::Duration {
+/// ns per request with `threads` threads each making `request` at once (writing one route's
+/// meters, or one upstream's budget): each thread does the whole `iters`, so the figure is the
+/// time one request's writes take while the other threads write too.
+fn contended(threads: usize, iters: u64, request: &(dyn Fn() + Sync)) -> Duration {
     let start = std::time::Instant::now();
     std::thread::scope(|scope| {
         for _ in 0..threads {
-            scope.spawn(|| (0..iters).for_each(|_| meters.request()));
+            scope.spawn(|| (0..iters).for_each(|_| request()));
         }
     });
     start.elapsed()
@@ -412,7 +413,53 @@ fn request_meters(c: &mut Criterion) {
         for threads in [1, 2] {
             c.bench_function(
                 &format!("request meters: {label}, {threads} thread(s) on one route"),
-                |b| b.iter_custom(|iters| contended(meters, threads, iters)),
+                |b| b.iter_custom(|iters| contended(threads, iters, &|| meters.request())),
+            );
+        }
+    }
+}
+
+/// A request's place in its upstream's retry budget, taken and given back.
+trait BudgetPlace: Sync {
+    fn request(&self);
+}
+
+/// As sluice did before the count was kept per thread: one shared count, and an `Arc` of the
+/// budget in each place.
+struct SharedBudget {
+    requests: std::sync::atomic::AtomicU32,
+}
+
+impl BudgetPlace for Arc<SharedBudget> {
+    fn request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let place = black_box(Arc::clone(self));
+        place.requests.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl BudgetPlace for sluice::upstream::budget::RetryBudget {
+    fn request(&self) {
+        let place = black_box(self.request());
+        self.leave(place);
+    }
+}
+
+fn retry_budget(c: &mut Criterion) {
+    use sluice::route::upstream::RetryBudgetRule;
+    let shared = Arc::new(SharedBudget {
+        requests: Default::default(),
+    });
+    let per_thread = sluice::upstream::budget::RetryBudget::new(RetryBudgetRule::DEFAULT);
+    let cases: [(&str, &dyn BudgetPlace); 2] = [
+        ("one shared count and an Arc", &shared),
+        ("counted per thread", &per_thread),
+    ];
+    for (label, budget) in cases {
+        for threads in [1, 2] {
+            c.bench_function(
+                &format!("retry budget: {label}, {threads} thread(s) on one upstream"),
+                |b| b.iter_custom(|iters| contended(threads, iters, &|| budget.request())),
             );
         }
     }
@@ -426,6 +473,7 @@ criterion_group!(
     address_lists,
     api_keys,
     jwt,
-    request_meters
+    request_meters,
+    retry_budget
 );
 criterion_main!(benches);

@@ -16,7 +16,7 @@ pub mod runtime;
 pub mod exchange;
 
 /// Where an admitted request goes: pools, health checks, upstream TLS.
-pub(crate) mod upstream;
+pub mod upstream;
 
 /// What the operator sees: metric families, the access log, traces, the process log.
 pub mod observe;

@@ -93,7 +93,7 @@ pub enum Admission {
 
 /// One request, from its head to its end, under the configuration it started with; `S` is
 /// what its routes' servers are (`upstream::servers::Servers`: Pingora's pools at the edge).
-pub struct Exchange<S> {
+pub struct Exchange<S: Servers> {
     site: Arc<Site<S>>,
     started: Instant,
     route: Option<Arc<RouteRuntime<S>>>,
@@ -127,7 +127,7 @@ pub struct Exchange<S> {
     permit: Option<Permit>,
 }
 
-impl<S> Exchange<S> {
+impl<S: Servers> Exchange<S> {
     /// Takes the request off its route's in-flight gauge, once.
     fn no_longer_in_flight(&mut self) {
         if std::mem::take(&mut self.in_flight) {
@@ -138,10 +138,12 @@ impl<S> Exchange<S> {
     }
 }
 
-/// A request dropped before its end (its connection gone mid-await) still leaves the gauge.
-impl<S> Drop for Exchange<S> {
+/// A request dropped before its end (its connection gone mid-await) still leaves the gauge,
+/// and every request gives its retry budget place back here.
+impl<S: Servers> Drop for Exchange<S> {
     fn drop(&mut self) {
         self.no_longer_in_flight();
+        self.leave_retry_budget();
     }
 }
 

@@ -16,7 +16,7 @@ use super::{Exchange, Target};
 use crate::exchange::answer::{Answer, ClientError, UpstreamError};
 use crate::exchange::meters::RetryOutcome;
 use crate::route::upstream::RetryCause;
-use crate::upstream::budget::RequestPlace;
+use crate::upstream::budget::{RequestPlace, RetryBudget};
 use crate::upstream::servers::Servers;
 
 /// What the attempts to reach the upstream have found so far.
@@ -25,7 +25,8 @@ pub(super) struct Attempts {
     /// Servers whose try failed and was retried: not tried again for this request.
     failed: Vec<SocketAddr>,
     /// Its place among the requests in flight to the upstream (the retry budget's share),
-    /// from its first dial to its end, and among the retries from its latest retry.
+    /// from its first dial to its end, and among the retries from its latest retry: given back
+    /// to the route's budget when the exchange ends ([`Exchange::leave_retry_budget`]).
     request_place: Option<RequestPlace>,
     /// The server last chosen.
     pub(super) server: Option<SocketAddr>,
@@ -81,7 +82,7 @@ impl<S: Servers> Exchange<S> {
         self.upstream.dialed = Some(server);
         self.upstream.told = false;
         if self.upstream.request_place.is_none() {
-            self.upstream.request_place = runtime.servers.retry_budget().map(|b| b.request());
+            self.upstream.request_place = runtime.servers.retry_budget().map(RetryBudget::request);
         }
         let now = self.site.clock.instant();
         self.upstream.started.get_or_insert(now);
@@ -176,8 +177,9 @@ impl<S: Servers> Exchange<S> {
             return false;
         }
         // Its place among the requests was taken when it first dialed.
-        if let Some(place) = &mut self.upstream.request_place {
-            if !place.retry() {
+        let budget = runtime.servers.retry_budget();
+        if let (Some(place), Some(budget)) = (&mut self.upstream.request_place, budget) {
+            if !budget.retry(place) {
                 self.upstream.failed.pop();
                 runtime.metrics.count_retry(RetryOutcome::BudgetExhausted);
                 return false;
@@ -185,6 +187,16 @@ impl<S: Servers> Exchange<S> {
         }
         runtime.metrics.count_retry(RetryOutcome::Retried);
         true
+    }
+
+    /// Gives the request's place in its upstream's retry budget back, once: the budget is the
+    /// route's, which the exchange holds to its end.
+    pub(super) fn leave_retry_budget(&mut self) {
+        let place = self.upstream.request_place.take();
+        let budget = self.route.as_ref().and_then(|r| r.servers.retry_budget());
+        if let (Some(place), Some(budget)) = (place, budget) {
+            budget.leave(place);
+        }
     }
 
     /// The request could not be proxied: `kind` is why, when the upstream failed (counted

@@ -6,8 +6,10 @@
 //! The files directly in this folder are the decision core: the policy and the engine it
 //! calls, the seam ([`backend`]), the in-process backend ([`local`]) and the deny cache and
 //! breaker ([`guard`]), and the vocabulary they share (limits, rates, keys, asks, records,
-//! statuses, decisions, verdicts, errors, secrets, the clock, the [`algorithm`]s). The rest
-//! lives in rooms, each a folder with its own `//!`:
+//! statuses, decisions, verdicts, errors, secrets, the clock, the [`algorithm`]s), and
+//! [`per_thread`], the slots per thread that the meters and the retry budget count in (here,
+//! in the bottom layer, so that both can). The rest lives in rooms, each a folder with its
+//! own `//!`:
 //!
 //! * [`redis`]: the Redis backend and its plumbing: the links to one server, a Cluster or
 //!   Sentinels, the decision lane's direct connection, the topology, the Lua scripts, the
@@ -39,6 +41,7 @@ pub mod leased;
 pub(crate) mod limit;
 pub mod local;
 pub(crate) mod pairs;
+pub(crate) mod per_thread;
 pub(crate) mod policy;
 pub(crate) mod rate;
 pub(crate) mod record;

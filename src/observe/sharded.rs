@@ -1,7 +1,7 @@
 //! The meters every proxied request writes, sharded per thread: its decision, its response's
 //! status class, its duration and its upstream time, and the route's requests in flight. Each
-//! thread counts into its own slot of the route (made by that thread on its first request, so on
-//! memory its allocator keeps apart from other threads'), and a scrape sums the slots. Through
+//! thread counts into its own slot of the route (a [`PerThread`]: made by that thread on its
+//! first request, on lines of its own), and a scrape sums the slots. Through
 //! prometheus's own handles every core wrote the same cache lines for every request: about a
 //! dozen atomic read-modify-writes, two of them `f64` compare-and-swap loops, on lines that
 //! moved between cores. Here a request's writes stay on its core's lines, and a histogram's sum
@@ -10,12 +10,14 @@
 //! reloads until a configuration drops the route.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{self, LabelPair, MetricFamily, MetricType};
+
+use crate::limiter::per_thread::PerThread;
 
 /// The status classes a response is counted under, by `status / 100 - 1`.
 pub const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
@@ -38,20 +40,6 @@ const BOUNDS_NANOS: [u64; 15] = [
     10_000_000_000,
     30_000_000_000,
 ];
-
-/// The next thread's number: threads are numbered in the order they first count.
-static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    /// This thread's number; its slot in a route's meters is this modulo the slots.
-    static SHARD: usize = NEXT_SHARD.fetch_add(1, Ordering::Relaxed);
-}
-
-/// How many slots a route has: one per core the machine has (at most 64). Threads beyond that
-/// share slots, which costs only the sharing, never a count.
-fn shards() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 64))
-}
 
 /// One thread's share of a duration histogram: a count per bucket (the last is `+Inf`) and the
 /// sum in nanoseconds.
@@ -104,8 +92,7 @@ impl Summed {
     }
 }
 
-/// One thread's share of a route's request meters, on cache lines of its own.
-#[repr(align(128))]
+/// One thread's share of a route's request meters.
 struct Slot {
     decisions: Box<[AtomicU64]>,
     classes: [AtomicU64; STATUS_CLASSES.len()],
@@ -131,29 +118,24 @@ impl Slot {
 pub struct RouteRequests {
     /// The `decision` label of each decision counter, in index order.
     decisions: Box<[&'static str]>,
-    slots: Box<[OnceLock<Box<Slot>>]>,
+    slots: PerThread<Slot>,
 }
 
 impl RouteRequests {
-    fn new(decisions: &[&'static str], shards: usize) -> RouteRequests {
+    fn new(decisions: &[&'static str]) -> RouteRequests {
         RouteRequests {
             decisions: decisions.into(),
-            slots: (0..shards).map(|_| OnceLock::new()).collect(),
+            slots: PerThread::new(),
         }
     }
 
     /// This thread's slot.
     fn mine(&self) -> &Slot {
-        // A thread being torn down (its number already gone) counts in the first slot.
-        let shard = SHARD.try_with(|shard| *shard).unwrap_or(0);
-        self.slots[shard % self.slots.len()]
-            .get_or_init(|| Box::new(Slot::new(self.decisions.len())))
+        self.slots.local(|| Slot::new(self.decisions.len()))
     }
 
     fn made(&self) -> impl Iterator<Item = &Slot> {
-        self.slots
-            .iter()
-            .filter_map(|slot| slot.get().map(|slot| &**slot))
+        self.slots.made()
     }
 
     /// A request decided as `decisions[decision]`.
@@ -217,8 +199,6 @@ pub struct RequestFamilies {
     upstream: Desc,
     in_flight: Desc,
     routes: Mutex<BTreeMap<Box<str>, Arc<RouteRequests>>>,
-    /// Each route's slots.
-    shards: usize,
 }
 
 /// Builds one family's description (the names are sluice's own, so valid).
@@ -257,7 +237,6 @@ impl RequestFamilies {
                 &["route"],
             ),
             routes: Mutex::default(),
-            shards: shards(),
         }
     }
 
@@ -271,7 +250,7 @@ impl RequestFamilies {
         let mut routes = self.routes();
         let meters = routes
             .entry(route.into())
-            .or_insert_with(|| Arc::new(RouteRequests::new(decisions, self.shards)));
+            .or_insert_with(|| Arc::new(RouteRequests::new(decisions)));
         Arc::clone(meters)
     }
 

@@ -16,4 +16,4 @@ pub mod path;
 pub(crate) mod pricing;
 pub mod table;
 pub(crate) mod tiers;
-pub(crate) mod upstream;
+pub mod upstream;

@@ -85,7 +85,7 @@ impl Pool {
             tls,
             health: health.collect::<Result<_, _>>()?,
             max_ejected: passive.map_or(0, |rule| rule.max_ejected(settings.servers.len())),
-            budget: RetryBudget::new(settings.retry.budget),
+            budget: Arc::new(RetryBudget::new(settings.retry.budget)),
         })
     }
 
@@ -175,7 +175,7 @@ impl Servers for Pool {
             .collect()
     }
 
-    fn retry_budget(&self) -> Option<&Arc<RetryBudget>> {
+    fn retry_budget(&self) -> Option<&RetryBudget> {
         Some(&self.budget)
     }
 }

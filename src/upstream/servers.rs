@@ -32,7 +32,7 @@ pub trait Servers: Clone + Send + Sync + 'static {
     fn states(&self) -> Vec<(SocketAddr, Option<&'static str>)>;
 
     /// The retry budget of these servers; `None`: retries are bounded by their count alone.
-    fn retry_budget(&self) -> Option<&Arc<RetryBudget>> {
+    fn retry_budget(&self) -> Option<&RetryBudget> {
         None
     }
 }

@@ -1,0 +1,126 @@
+//! A value kept one per thread and summed by whoever reads it: the counters that every request
+//! writes (a route's meters, an upstream's requests in flight) live in slots, one per core, so
+//! that no two cores write one cache line. A thread's slot is made by that thread, the first
+//! time it writes, so it sits on memory its allocator keeps apart from other threads'; and each
+//! slot is aligned to 128 bytes (two lines, as adjacent-line prefetch pairs them), so that two
+//! slots never share one.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+/// The next thread's number: threads are numbered in the order they first write a slot.
+static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's number; its slot is this modulo the slots.
+    static THREAD: usize = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A value on cache lines of its own.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// One `T` per thread, made on the thread's first write: one slot per core the machine has
+/// (at most 64); threads beyond that share slots, which costs only the sharing.
+pub struct PerThread<T> {
+    slots: Box<[OnceLock<Box<Padded<T>>>]>,
+}
+
+impl<T> PerThread<T> {
+    /// As many slots as the machine has cores.
+    pub fn new() -> PerThread<T> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        PerThread::with_slots(cores)
+    }
+
+    /// `slots` slots (at least 1, at most 64).
+    pub fn with_slots(slots: usize) -> PerThread<T> {
+        let slots = (0..slots.clamp(1, 64)).map(|_| OnceLock::new()).collect();
+        PerThread { slots }
+    }
+
+    /// The number of this thread's slot. A thread being torn down (its number already gone)
+    /// writes the first.
+    pub fn mine(&self) -> usize {
+        THREAD.try_with(|thread| *thread).unwrap_or(0) % self.slots.len()
+    }
+
+    /// Slot `slot` (a number [`PerThread::mine`] gave), made by `make` if no thread wrote it
+    /// yet.
+    pub fn slot(&self, slot: usize, make: impl FnOnce() -> T) -> &T {
+        let slot = &self.slots[slot % self.slots.len()];
+        &slot.get_or_init(|| Box::new(Padded(make()))).0
+    }
+
+    /// This thread's slot, made by `make` on its first write.
+    pub fn local(&self, make: impl FnOnce() -> T) -> &T {
+        self.slot(self.mine(), make)
+    }
+
+    /// The slots made so far, for summing.
+    pub fn made(&self) -> impl Iterator<Item = &T> {
+        self.slots
+            .iter()
+            .filter_map(|slot| slot.get().map(|slot| &slot.0))
+    }
+}
+
+impl<T> Default for PerThread<T> {
+    fn default() -> PerThread<T> {
+        PerThread::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn each_thread_writes_its_own_slot_and_a_read_sees_them_all() {
+        let counts = PerThread::<AtomicU64>::with_slots(4);
+        let slots: Vec<usize> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (1..=4)
+                .map(|n| {
+                    let counts = &counts;
+                    scope.spawn(move || {
+                        counts
+                            .local(AtomicU64::default)
+                            .fetch_add(n, Ordering::Relaxed);
+                        let mine = counts.mine();
+                        let seen = counts.slot(mine, || unreachable!("written above"));
+                        assert!(seen.load(Ordering::Relaxed) >= n, "its own slot");
+                        mine
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().expect("a thread"))
+                .collect()
+        });
+        let total: u64 = counts.made().map(|c| c.load(Ordering::Relaxed)).sum();
+        assert_eq!(total, 10, "every thread's writes summed");
+        let distinct: std::collections::BTreeSet<_> = slots.iter().collect();
+        assert_eq!(counts.made().count(), distinct.len(), "{slots:?}");
+    }
+
+    #[test]
+    fn threads_beyond_the_slots_share_them_and_slots_are_apart() {
+        let counts = PerThread::<AtomicU64>::with_slots(2);
+        std::thread::scope(|scope| {
+            for _ in 0..5 {
+                scope.spawn(|| {
+                    counts
+                        .local(AtomicU64::default)
+                        .fetch_add(1, Ordering::Relaxed)
+                });
+            }
+        });
+        let total: u64 = counts.made().map(|c| c.load(Ordering::Relaxed)).sum();
+        assert_eq!(total, 5);
+        assert!(counts.made().count() <= 2);
+        let addresses: Vec<usize> = counts.made().map(|c| c as *const _ as usize).collect();
+        assert!(addresses.iter().all(|a| a % 128 == 0), "{addresses:x?}");
+    }
+}

@@ -35,7 +35,7 @@ use crate::exchange::{Admission, Cut, Dial, Exchange, Head};
 use crate::limiter::Policy;
 use crate::observe::traces::TracerSlot;
 use crate::route::upstream::RetryCause;
-use crate::runtime::snapshot::{InForce, Snapshot};
+use crate::runtime::snapshot::InForce;
 use crate::upstream::pool::Pool;
 use crate::upstream::tls::PeerTls;
 use opentelemetry_sdk::trace::SdkTracer;
@@ -109,9 +109,16 @@ impl Gateway {
         self.tracing.as_ref()?.get().map(|t| &t.tracer)
     }
 
-    /// What the connection says of a request before it is decided: whether its peer is
-    /// trusted, its id, its span.
-    fn begin(&self, session: &Session, ctx: &mut RequestCtx, snapshot: &Snapshot) {
+    /// What the connection says of a request before it is decided (whether its peer is
+    /// trusted, its id, its span), and the request's exchange under the site in force.
+    ///
+    /// The snapshot is a guard, not a clone: no write to its count, which every core shares.
+    /// It goes with this call, before the request's first await: arc-swap holds eight guards
+    /// per thread without a write, and past eight (requests suspended in admission or shaping)
+    /// every load on the thread would write the count.
+    fn begin(&self, session: &Session, ctx: &mut RequestCtx) -> Box<Exchange<Pool>> {
+        let snapshot = self.live.load();
+        let started = *ctx.started.get_or_insert_with(Instant::now);
         let peer = peer_ip(session).map(address::canonical);
         ctx.trusted_peer = snapshot.config.trusted_proxies.is_trusted_peer(peer);
         let req = session.req_header();
@@ -123,6 +130,7 @@ impl Gateway {
             let method = req.method.as_str();
             ctx.trace = Some(trace::RequestTrace::start(tracer, &req.headers, method));
         }
+        Box::new(Exchange::new(Arc::clone(&snapshot.site), started))
     }
 
     /// An admitted request goes on: an upgraded connection gets the route's read timeout in
@@ -404,11 +412,7 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
-        // A guard, not a clone: no write to the snapshot's count, which every core shares.
-        let snapshot = self.live.load();
-        let started = *ctx.started.get_or_insert_with(Instant::now);
-        self.begin(session, ctx, &snapshot);
-        let mut exchange = Box::new(Exchange::new(Arc::clone(&snapshot.site), started));
+        let mut exchange = self.begin(session, ctx);
         let cut = cut(session);
         if cut.any() {
             // What was dropped (a field may have declared a body) is never read as a request.

@@ -72,12 +72,14 @@ enum Lanes {
 }
 
 impl Lanes {
-    fn lane(&self, call: &Call) -> Arc<Lane> {
+    /// The lane of `call`, borrowed: only a draining task takes an `Arc` of it, so a call that
+    /// finds its lane idle writes no count shared with every other core's calls.
+    fn lane(&self, call: &Call) -> &Arc<Lane> {
         match self {
-            Lanes::One(lane) => Arc::clone(lane),
+            Lanes::One(lane) => lane,
             Lanes::BySlot(lanes) => {
                 let slot = usize::from(cluster_slot(call.first_key()));
-                Arc::clone(lanes[slot].get_or_init(Arc::default))
+                lanes[slot].get_or_init(Arc::default)
             }
         }
     }
@@ -172,7 +174,7 @@ impl<E: Execute> Coalescer<E> {
                 // The lane is this request's until `_sending` is dropped (answered, cancelled or
                 // unwound), which hands it to a draining task if requests queued meanwhile.
                 let _sending = Sending {
-                    lane: &lane,
+                    lane,
                     executor: &self.executor,
                     coalescing: &self.coalescing,
                 };
@@ -180,7 +182,7 @@ impl<E: Execute> Coalescer<E> {
             };
             if start_draining {
                 tokio::spawn(drain(
-                    lane,
+                    Arc::clone(lane),
                     Arc::clone(&self.executor),
                     self.coalescing.clone(),
                 ));

@@ -85,7 +85,7 @@ impl DirectLink {
 
     /// The idle connection, lent until the lease is dropped; `None` when there is none (one is
     /// then made in the background, unless being made already).
-    pub fn lend(self: &Arc<Self>) -> Option<Loan> {
+    pub fn lend(self: &Arc<Self>) -> Option<Loan<'_>> {
         let idle = self
             .idle
             .lock()
@@ -93,7 +93,7 @@ impl DirectLink {
             .take();
         match idle.filter(|connection| !connection.closed_by_server()) {
             Some(connection) => Some(Loan {
-                link: Arc::clone(self),
+                link: self,
                 connection: Some(connection),
             }),
             None => {
@@ -167,13 +167,14 @@ impl DirectLink {
 }
 
 /// A direct connection lent to one call; back to its link when dropped, if the call finished
-/// cleanly.
-pub struct Loan {
-    link: Arc<DirectLink>,
+/// cleanly. It borrows the link, which the call's dispatcher holds: no count of the link is
+/// written per call.
+pub struct Loan<'a> {
+    link: &'a DirectLink,
     connection: Option<DirectConnection>,
 }
 
-impl Loan {
+impl Loan<'_> {
     /// The reply of the command `write` puts in the (cleared) output buffer, as RESP: a flat
     /// array of integers (a decision script's), or the error the server answered. Any other
     /// reply breaks the connection and is an error.
@@ -191,7 +192,7 @@ impl Loan {
     }
 }
 
-impl Drop for Loan {
+impl Drop for Loan<'_> {
     fn drop(&mut self) {
         if let Some(connection) = self.connection.take().filter(|c| c.clean) {
             self.link.put_back(connection);

@@ -175,14 +175,14 @@ impl Execute for Dispatch {
 }
 
 /// The connection a decision call goes over.
-enum Channel {
+enum Channel<'a> {
     /// The lane's own (`direct.rs`).
-    Direct(Loan),
+    Direct(Loan<'a>),
     /// redis-rs's, shared with every other command.
     Shared(Connection),
 }
 
-impl Channel {
+impl Channel<'_> {
     /// The flat reply of the call of `decision` deciding `calls`.
     async fn decide(
         &mut self,

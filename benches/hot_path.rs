@@ -1,8 +1,8 @@
 //! Micro-benchmarks of the per-request work sluice does itself (docs/performance.md): route
 //! lookup, client identity, key building, decision parsing, the in-process limiter (and a new
 //! key it refuses when full) and request ids; and the shared state every request writes (its
-//! route's meters, its place in the upstream's retry budget), one thread against two writing
-//! the same route.
+//! route's meters, its place in the upstream's retry budget, the limiter's meters), one thread
+//! against two writing at once.
 //! `cargo bench --bench hot_path`; criterion reports ns per operation.
 
 use std::hint::black_box;
@@ -405,16 +405,26 @@ fn request_meters(c: &mut Criterion) {
     };
     let families = sluice::observe::sharded::RequestFamilies::new();
     let sharded = families.route("bench", &["allowed"]);
-    let cases: [(&str, &dyn RequestMeters); 2] = [
-        ("prometheus handles", &shared),
-        ("sharded per thread", &*sharded),
+    let cases: [(&str, &(dyn Fn() + Sync)); 2] = [
+        ("prometheus handles", &|| shared.request()),
+        ("sharded per thread", &|| sharded.request()),
     ];
-    for (label, meters) in cases {
+    one_thread_against_two(c, "request meters", " on one route", &cases);
+}
+
+/// Benches each of `cases` (its label, one request's writes) made by one thread, then by two
+/// at once: `{what}: {label}, {threads} thread(s){on}`.
+fn one_thread_against_two(
+    c: &mut Criterion,
+    what: &str,
+    on: &str,
+    cases: &[(&str, &(dyn Fn() + Sync))],
+) {
+    for (label, request) in cases {
         for threads in [1, 2] {
-            c.bench_function(
-                &format!("request meters: {label}, {threads} thread(s) on one route"),
-                |b| b.iter_custom(|iters| contended(threads, iters, &|| meters.request())),
-            );
+            c.bench_function(&format!("{what}: {label}, {threads} thread(s){on}"), |b| {
+                b.iter_custom(|iters| contended(threads, iters, *request))
+            });
         }
     }
 }
@@ -451,18 +461,39 @@ fn retry_budget(c: &mut Criterion) {
         requests: Default::default(),
     });
     let per_thread = sluice::upstream::budget::RetryBudget::new(RetryBudgetRule::DEFAULT);
-    let cases: [(&str, &dyn BudgetPlace); 2] = [
-        ("one shared count and an Arc", &shared),
-        ("counted per thread", &per_thread),
+    let cases: [(&str, &(dyn Fn() + Sync)); 2] = [
+        ("one shared count and an Arc", &|| shared.request()),
+        ("counted per thread", &|| BudgetPlace::request(&per_thread)),
     ];
-    for (label, budget) in cases {
-        for threads in [1, 2] {
-            c.bench_function(
-                &format!("retry budget: {label}, {threads} thread(s) on one upstream"),
-                |b| b.iter_custom(|iters| contended(threads, iters, &|| budget.request())),
-            );
-        }
-    }
+    one_thread_against_two(c, "retry budget", " on one upstream", &cases);
+}
+
+/// What every Redis decision writes whatever its route: its duration and its call's batch
+/// size, through prometheus's histograms (before) and kept per thread (now).
+fn decision_meters(c: &mut Criterion) {
+    use sluice::limiter::meters::Histogram;
+    let prometheus = |name: &str| {
+        let opts = prometheus::HistogramOpts::new(name, "bench");
+        prometheus::Histogram::with_opts(opts).expect("a histogram")
+    };
+    let (duration, sizes) = (prometheus("d"), prometheus("s"));
+    let shared = || {
+        duration.observe(black_box(0.0004));
+        sizes.observe(black_box(1.0));
+    };
+    let (duration, sizes) = (
+        Histogram::new(prometheus::DEFAULT_BUCKETS),
+        Histogram::new(prometheus::DEFAULT_BUCKETS),
+    );
+    let per_thread = || {
+        duration.observe(black_box(0.0004));
+        sizes.observe(black_box(1.0));
+    };
+    let cases: [(&str, &(dyn Fn() + Sync)); 2] = [
+        ("prometheus histograms", &shared),
+        ("kept per thread", &per_thread),
+    ];
+    one_thread_against_two(c, "decision meters", "", &cases);
 }
 
 criterion_group!(
@@ -474,6 +505,7 @@ criterion_group!(
     api_keys,
     jwt,
     request_meters,
-    retry_budget
+    retry_budget,
+    decision_meters
 );
 criterion_main!(benches);

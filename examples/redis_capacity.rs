@@ -108,11 +108,7 @@ async fn main() {
     let seconds: f64 = seconds.parse().expect("seconds");
     let concurrency: usize = concurrency.parse().expect("concurrency");
     let max_batch: usize = max_batch.parse().expect("max batch");
-    let sizes = prometheus::Histogram::with_opts(prometheus::HistogramOpts::new(
-        "batch_size",
-        "unregistered",
-    ))
-    .expect("histogram");
+    let sizes = sluice::limiter::meters::Histogram::new(prometheus::DEFAULT_BUCKETS);
     let config = Config::from_yaml(Path::new("scenarios.yaml"), SCENARIOS).expect("scenarios");
     let limiter = Arc::new(
         RedisLimiter::new(

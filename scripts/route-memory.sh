@@ -5,13 +5,19 @@
 # docs/performance.md ("How the cost grows with the work") has the table.
 # Usage: scripts/route-memory.sh [ROUTES] [RELOADS]   (1000 and 8 by default)
 #        SLUICE=path: measure that binary instead of building the release one.
+#        THREADS=n: the gateway's threads (1 by default).
+#        SERVE=n: after the start's RSS, n clients at once each send one request to every route
+#        (its upstream refuses: a 502, which writes the request meters and the retry budget),
+#        then the RSS again ("served"): what the slots per thread of the routes served cost.
 set -euo pipefail
 [ -z "${SLUICE:-}" ] || SLUICE=$(realpath "$SLUICE")
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
-install_missing python3:python3
+install_missing python3:python3 curl:curl
 routes=${1:-1000}
 reloads=${2:-8}
+threads=${THREADS:-1}
+serve=${SERVE:-0}
 if [ -z "${SLUICE:-}" ]; then
   require_cargo
   cargo build --release --bin sluice
@@ -33,7 +39,7 @@ rss_kib() {
 config() {
   local name=$1 count=$2 shared=$3 port=$4 upstream="{ servers: [127.0.0.1:9] }" i
   {
-    echo "server: { threads: 1, pid_file: $work/$name.pid, upgrade_sock: $work/$name.sock," \
+    echo "server: { threads: $threads, pid_file: $work/$name.pid, upgrade_sock: $work/$name.sock," \
       "grace_period_seconds: 0, graceful_shutdown_timeout_seconds: 0 }"
     echo "listen: [127.0.0.1:$port]"
     if [ "$shared" = yes ]; then
@@ -45,6 +51,29 @@ config() {
       echo "  - { name: r$i, match: { path_prefix: /p$i/ }, upstream: $upstream }"
     done
   } >"$work/$name.yaml"
+}
+
+# serve_every_route PORT ROUTES: $serve clients at once, each one request to every route over
+# one keep-alive connection; every answer must be the gateway's 502 (the upstream refuses).
+serve_every_route() {
+  local port=$1 count=$2 c i
+  for ((i = 1; i <= count; i++)); do
+    echo "url = \"http://127.0.0.1:$port/p$i/\""
+    echo "output = /dev/null"
+    echo "write-out = \"%{http_code}\\n\""
+  done >"$work/urls"
+  local clients=()
+  for ((c = 1; c <= serve; c++)); do
+    curl -s -K "$work/urls" >"$work/codes$c" &
+    clients+=($!)
+  done
+  wait "${clients[@]}"
+  for ((c = 1; c <= serve; c++)); do
+    if [ "$(grep -c '^502$' "$work/codes$c")" != "$count" ]; then
+      echo "client $c: not every route answered 502: $(sort "$work/codes$c" | uniq -c)" >&2
+      exit 1
+    fi
+  done
 }
 
 # measure NAME ROUTES SHARED: one line, RSS in KiB at start and after each reload (each one
@@ -65,7 +94,12 @@ measure() {
     sleep 0.1
   done
   sleep 1
-  line="routes=$2 shared_upstream=$3 start=$(rss_kib "$pid")"
+  line="routes=$2 shared_upstream=$3 threads=$threads start=$(rss_kib "$pid")"
+  if ((serve > 0)); then
+    serve_every_route "$port" "$2"
+    sleep 1
+    line="$line served=$(rss_kib "$pid")"
+  fi
   for ((r = 1; r <= reloads; r++)); do
     kill -HUP "$pid"
     sleep 2.5

@@ -97,13 +97,15 @@ fn sixty_four_clients_over_two_gateways_admit_exactly_the_limit_in_batches() {
 }
 
 /// A limiter on `url` batching up to 8 decisions, with its own batch-size histogram.
-fn limiter(url: &str) -> (Arc<RedisLimiter>, prometheus::Histogram) {
+fn limiter(url: &str) -> (Arc<RedisLimiter>, sluice::limiter::meters::Histogram) {
     limiter_batching(url, 8)
 }
 
-fn limiter_batching(url: &str, max_batch: usize) -> (Arc<RedisLimiter>, prometheus::Histogram) {
-    let sizes = prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("sizes", "test"))
-        .expect("histogram");
+fn limiter_batching(
+    url: &str,
+    max_batch: usize,
+) -> (Arc<RedisLimiter>, sluice::limiter::meters::Histogram) {
+    let sizes = sluice::limiter::meters::Histogram::new(prometheus::DEFAULT_BUCKETS);
     let limiter = RedisLimiter::new(
         &Topology::Standalone {
             url: url.to_string(),
@@ -210,7 +212,7 @@ fn each_request_in_a_batch_keeps_its_own_deadline() {
 async fn a_patient_call_then_a_hasty_one(
     limiter: &Arc<RedisLimiter>,
     redis: &RedisServer,
-    sizes: &prometheus::Histogram,
+    sizes: &sluice::limiter::meters::Histogram,
 ) {
     assert!(decide(limiter, "{w}arm", Duration::from_secs(2))
         .await

@@ -136,8 +136,7 @@ type Gateway = Leased<Guarded<Arc<RedisLimiter>>, BehindBreaker<RedisLimiter>>;
 
 fn gateway(url: &str, clock: &Arc<RunningClock>) -> Gateway {
     let clock: Arc<dyn Clock> = clock.clone();
-    let sizes = prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("sizes", "test"))
-        .expect("histogram");
+    let sizes = sluice::limiter::meters::Histogram::new(prometheus::DEFAULT_BUCKETS);
     let backend = Arc::new(
         RedisLimiter::on_clock(
             &Topology::Standalone {

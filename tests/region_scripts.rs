@@ -70,8 +70,7 @@ struct Bench {
 fn bench() -> Bench {
     let redis = RedisServer::start();
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(NOW_US));
-    let sizes = prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("sizes", "test"))
-        .expect("histogram");
+    let sizes = sluice::limiter::meters::Histogram::new(prometheus::DEFAULT_BUCKETS);
     let limiter = RedisLimiter::on_clock(
         &Topology::Standalone { url: redis.url() },
         &Default::default(),

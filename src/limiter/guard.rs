@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use prometheus::{IntCounter, IntGauge};
+use prometheus::IntGauge;
 
 use super::algorithm::Algorithm;
 use super::backend::{Limiter, ReleaseSlots, SettleUnits, Settlement};
@@ -40,12 +40,13 @@ use super::decision::{Decision, Source};
 use super::error::LimiterError;
 use super::key::{key_map, KeyMap};
 use super::limit::Cost;
+use super::meters::Counter;
 use super::request::{Entry, LimitRequest};
 
 /// What the guards count: deny-cache hits and the breaker's state.
 #[derive(Clone)]
 pub struct GuardMeters {
-    pub deny_cache_hits: IntCounter,
+    pub deny_cache_hits: Counter,
     /// 0 closed, 1 open, 2 half-open.
     pub breaker_state: IntGauge,
 }
@@ -54,8 +55,7 @@ impl GuardMeters {
     /// Handles registered nowhere (tests and tools).
     pub fn unregistered() -> GuardMeters {
         GuardMeters {
-            deny_cache_hits: IntCounter::new("deny_cache_hits", "unregistered")
-                .expect("a valid counter"),
+            deny_cache_hits: Counter::default(),
             breaker_state: IntGauge::new("breaker_state", "unregistered").expect("a valid gauge"),
         }
     }
@@ -395,7 +395,7 @@ pub struct Guarded<L> {
     clock: Arc<dyn Clock>,
     deny_cache: DenyCache,
     breaker: Option<Arc<Breaker>>,
-    deny_cache_hits: IntCounter,
+    deny_cache_hits: Counter,
 }
 
 impl<L> Guarded<L> {

@@ -40,6 +40,7 @@ pub(crate) mod key;
 pub mod leased;
 pub(crate) mod limit;
 pub mod local;
+pub mod meters;
 pub(crate) mod pairs;
 pub(crate) mod per_thread;
 pub(crate) mod policy;

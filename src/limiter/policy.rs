@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramOpts, IntCounter};
+use prometheus::IntCounter;
 
 use smallvec::SmallVec;
 
@@ -26,6 +26,7 @@ use super::guard::BreakerState;
 use super::id::RequestId;
 use super::limit::{Limit, Scope, LIMITS_INLINE};
 use super::local::LocalLimiter;
+use super::meters::Histogram;
 use super::record::{Asked, LimitRecord, Scale};
 use super::redis::persistence::Persistence;
 use super::redis::script::Algorithms;
@@ -49,10 +50,7 @@ pub struct PolicyMeters {
 impl PolicyMeters {
     /// Handles registered nowhere (tests and tools).
     pub fn unregistered() -> PolicyMeters {
-        let histogram = || {
-            Histogram::with_opts(HistogramOpts::new("duration", "unregistered"))
-                .expect("a valid histogram")
-        };
+        let histogram = || Histogram::new(prometheus::DEFAULT_BUCKETS);
         PolicyMeters {
             duration: histogram(),
             deny_cache_duration: histogram(),

@@ -9,33 +9,47 @@ use prometheus::core::{Collector, Desc};
 use prometheus::process_collector::ProcessCollector;
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    register_gauge_vec, register_histogram, register_histogram_vec, register_int_counter,
-    register_int_counter_vec, register_int_gauge, register_int_gauge_vec, GaugeVec, Histogram,
-    HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    register_gauge_vec, register_int_counter, register_int_counter_vec, register_int_gauge,
+    register_int_gauge_vec, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
 };
 
 use super::sharded::RequestFamilies;
 use crate::limiter::guard::GuardMeters;
 use crate::limiter::leased::LeaseMeters;
+use crate::limiter::meters::{Counter, Family, Histogram, Series};
 use crate::limiter::{Coalescing, ErrorKind, Mismatch, PolicyMeters};
 
-pub static LIMITER_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
-    register_histogram_vec!(
+/// `family`, registered in the default registry.
+fn registered<M: Series>(family: Family<M>) -> Family<M> {
+    prometheus::register(Box::new(family.clone())).expect("a family registers once");
+    family
+}
+
+/// Written by every decision: kept per thread (`limiter::meters`).
+pub static LIMITER_DURATION: LazyLock<Family<Histogram>> = LazyLock::new(|| {
+    let bounds: [f64; 11] = [
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    ];
+    registered(Family::new(
         "sluice_limiter_duration_seconds",
         "Time spent deciding one request's limits, by what answered: the backend (redis: one round trip; local: in-process), the deny cache (deny_cache) or leases held (lease).",
         &["backend"],
-        vec![0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25]
-    )
-    .expect("sluice_limiter_duration_seconds registers once")
+        move || Histogram::new(&bounds),
+    ))
 });
 
-pub static LIMITER_BATCH_SIZE: LazyLock<Histogram> = LazyLock::new(|| {
-    register_histogram!(
+/// Written by every Redis call: kept per thread (`limiter::meters`).
+pub static LIMITER_BATCH_SIZE: LazyLock<Family<Histogram>> = LazyLock::new(|| {
+    let bounds: [f64; 16] = [
+        1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 128.0, 256.0, 512.0,
+        1024.0,
+    ];
+    registered(Family::new(
         "sluice_limiter_batch_size",
         "Decisions carried by one Redis script call: requests that arrived while the previous call was in flight go together (1 when nothing waited).",
-        vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 128.0, 256.0, 512.0, 1024.0]
-    )
-    .expect("sluice_limiter_batch_size registers once")
+        &[],
+        move || Histogram::new(&bounds),
+    ))
 });
 
 pub static LIMITER_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -56,20 +70,24 @@ pub static ADMIN_CHANGES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     .expect("sluice_admin_changes_total registers once")
 });
 
-pub static DENY_CACHE_HITS: LazyLock<IntCounter> = LazyLock::new(|| {
-    register_int_counter!(
+/// Written by every denial the deny cache answers: kept per thread (`limiter::meters`).
+pub static DENY_CACHE_HITS: LazyLock<Family<Counter>> = LazyLock::new(|| {
+    registered(Family::new(
         "sluice_deny_cache_hits_total",
-        "Requests denied by the local deny cache without calling the limiter backend."
-    )
-    .expect("sluice_deny_cache_hits_total registers once")
+        "Requests denied by the local deny cache without calling the limiter backend.",
+        &[],
+        Counter::default,
+    ))
 });
 
-pub static LEASE_HELD_DECISIONS: LazyLock<IntCounter> = LazyLock::new(|| {
-    register_int_counter!(
+/// Written by every decision paid from leases: kept per thread (`limiter::meters`).
+pub static LEASE_HELD_DECISIONS: LazyLock<Family<Counter>> = LazyLock::new(|| {
+    registered(Family::new(
         "sluice_lease_held_decisions_total",
-        "Decisions of leased limits (mode: auto or leased) paid from units this gateway holds, without a Redis call."
-    )
-    .expect("sluice_lease_held_decisions_total registers once")
+        "Decisions of leased limits (mode: auto or leased) paid from units this gateway holds, without a Redis call.",
+        &[],
+        Counter::default,
+    ))
 });
 
 pub static LEASE_TOP_UPS: LazyLock<IntCounter> = LazyLock::new(|| {
@@ -394,7 +412,7 @@ pub fn policy_meters(backend: &str) -> PolicyMeters {
 /// The deny cache's and the breaker's handles.
 pub fn guard_meters() -> GuardMeters {
     GuardMeters {
-        deny_cache_hits: DENY_CACHE_HITS.clone(),
+        deny_cache_hits: DENY_CACHE_HITS.with_label_values(&[]),
         breaker_state: BREAKER_STATE.clone(),
     }
 }
@@ -403,14 +421,14 @@ pub fn guard_meters() -> GuardMeters {
 pub fn coalescing(max_batch: usize) -> Coalescing {
     Coalescing {
         max_batch,
-        sizes: LIMITER_BATCH_SIZE.clone(),
+        sizes: LIMITER_BATCH_SIZE.with_label_values(&[]),
     }
 }
 
 /// Leasing's handles.
 pub fn lease_meters() -> LeaseMeters {
     LeaseMeters {
-        held_decisions: LEASE_HELD_DECISIONS.clone(),
+        held_decisions: LEASE_HELD_DECISIONS.with_label_values(&[]),
         top_ups: LEASE_TOP_UPS.clone(),
         units_returned: LEASE_UNITS_RETURNED.clone(),
         units_lapsed: LEASE_UNITS_LAPSED.clone(),

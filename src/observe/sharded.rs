@@ -15,8 +15,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use prometheus::core::{Collector, Desc};
-use prometheus::proto::{self, LabelPair, MetricFamily, MetricType};
+use prometheus::proto::{self, MetricFamily, MetricType};
 
+use crate::limiter::meters::{desc, family, labelled};
 use crate::limiter::per_thread::PerThread;
 
 /// The status classes a response is counted under, by `status / 100 - 1`.
@@ -201,13 +202,6 @@ pub struct RequestFamilies {
     routes: Mutex<BTreeMap<Box<str>, Arc<RouteRequests>>>,
 }
 
-/// Builds one family's description (the names are sluice's own, so valid).
-fn desc(name: &str, help: &str, labels: &[&str]) -> Desc {
-    let labels = labels.iter().map(|label| label.to_string()).collect();
-    Desc::new(name.into(), help.into(), labels, Default::default())
-        .unwrap_or_else(|e| panic!("{name}'s description: {e}"))
-}
-
 impl RequestFamilies {
     pub fn new() -> RequestFamilies {
         RequestFamilies {
@@ -264,28 +258,6 @@ impl Default for RequestFamilies {
     fn default() -> RequestFamilies {
         RequestFamilies::new()
     }
-}
-
-/// A family of `desc`'s name and help, of `kind`, holding `metrics`.
-fn family(desc: &Desc, kind: MetricType, metrics: Vec<proto::Metric>) -> MetricFamily {
-    let mut family = MetricFamily::default();
-    family.set_name(desc.fq_name.clone());
-    family.set_help(desc.help.clone());
-    family.set_field_type(kind);
-    family.set_metric(metrics);
-    family
-}
-
-/// A series labelled `values`, by `desc`'s label names in order.
-fn labelled(desc: &Desc, values: &[&str]) -> proto::Metric {
-    let names = desc.variable_labels.iter().enumerate();
-    let pairs = names.filter_map(|(i, name)| {
-        let mut pair = LabelPair::default();
-        pair.set_name(name.clone());
-        pair.set_value(values.get(i)?.to_string());
-        Some(pair)
-    });
-    proto::Metric::from_label(pairs.collect())
 }
 
 /// A counter series labelled `values`, at `value`.

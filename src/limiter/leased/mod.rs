@@ -56,6 +56,7 @@ use super::decision::{Decision, Source, Statuses};
 use super::error::LimiterError;
 use super::key::{key_map, KeyMap};
 use super::limit::{Leasing, Limit, LIMITS_INLINE};
+use super::meters::Counter;
 use super::request::{Entries, Entry, LimitRequest};
 use super::status::LimitStatus;
 
@@ -63,7 +64,7 @@ use super::status::LimitStatus;
 #[derive(Clone)]
 pub struct LeaseMeters {
     /// Decisions paid from units held, without a backend call.
-    pub held_decisions: IntCounter,
+    pub held_decisions: Counter,
     /// Calls that took units beyond the request's own cost.
     pub top_ups: IntCounter,
     /// Units given back unspent.
@@ -79,7 +80,7 @@ impl LeaseMeters {
     pub fn unregistered() -> LeaseMeters {
         let counter = |name| IntCounter::new(name, "unregistered").expect("a valid counter");
         LeaseMeters {
-            held_decisions: counter("held_decisions"),
+            held_decisions: Counter::default(),
             top_ups: counter("top_ups"),
             units_returned: counter("units_returned"),
             units_lapsed: counter("units_lapsed"),

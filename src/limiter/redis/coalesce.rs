@@ -16,13 +16,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use prometheus::Histogram;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
 use super::script::{self, Call};
 use crate::limiter::decision::Statuses;
 use crate::limiter::error::LimiterError;
+use crate::limiter::meters::Histogram;
 
 /// Redis Cluster's number of hash slots.
 const SLOTS: usize = 16_384;
@@ -384,8 +384,7 @@ mod tests {
     async fn a_panicking_batch_fails_its_requests_and_frees_the_lane() {
         let coalescing = Coalescing {
             max_batch: 8,
-            sizes: Histogram::with_opts(prometheus::HistogramOpts::new("sizes", "unregistered"))
-                .expect("a valid histogram"),
+            sizes: Histogram::new(prometheus::DEFAULT_BUCKETS),
         };
         let executor = PanicsOnce {
             calls: AtomicUsize::new(0),

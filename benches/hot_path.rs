@@ -456,11 +456,10 @@ impl BudgetPlace for sluice::upstream::budget::RetryBudget {
 }
 
 fn retry_budget(c: &mut Criterion) {
-    use sluice::route::upstream::RetryBudgetRule;
     let shared = Arc::new(SharedBudget {
         requests: Default::default(),
     });
-    let per_thread = sluice::upstream::budget::RetryBudget::new(RetryBudgetRule::DEFAULT);
+    let per_thread = sluice::upstream::budget::RetryBudget::default();
     let cases: [(&str, &(dyn Fn() + Sync)); 2] = [
         ("one shared count and an Arc", &|| shared.request()),
         ("counted per thread", &|| BudgetPlace::request(&per_thread)),

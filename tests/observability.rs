@@ -175,6 +175,44 @@ fn every_series_appears_with_its_labels_after_known_traffic() {
     );
 }
 
+#[test]
+fn a_gateway_without_redis_shows_the_limiters_unlabelled_families_at_zero() {
+    let upstream = Upstream::start();
+    let body = Config::new()
+        .route(
+            route("api")
+                .prefix("/api")
+                .limit(fixed_window("per_client", "3/h").key(&["client_ip"])),
+        )
+        .yaml();
+    let gateway = Gateway::start(&body, &upstream, None);
+    assert_eq!(gateway.get("/api/x").status, 200);
+    let metrics = gateway.metrics();
+    // Kept per thread (limiter/meters.rs) yet there from the start, as prometheus's own
+    // unlabelled counters and histograms were: a dashboard reads 0, not "no data".
+    for line in [
+        "sluice_deny_cache_hits_total 0",
+        "sluice_lease_held_decisions_total 0",
+        "sluice_limiter_batch_size_count 0",
+        "sluice_limiter_batch_size_bucket{le=\"+Inf\"} 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} is missing:\n{metrics}"
+        );
+    }
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_limiter_duration_seconds_count",
+            &[("backend", "local")]
+        ),
+        1.0,
+        "the in-process decision, timed"
+    );
+    promtool_check(&metrics);
+}
+
 /// `promtool check metrics` on the scrape: names, units, help and types as Prometheus wants.
 fn promtool_check(metrics: &str) {
     use std::io::Write;

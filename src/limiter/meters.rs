@@ -57,9 +57,10 @@ impl Series for Counter {
 
 /// A histogram kept per thread: prometheus's buckets (`le`, inclusive) and sum.
 #[derive(Clone)]
-pub struct Histogram(Arc<Buckets>);
+pub struct Histogram(Arc<HistogramSlots>);
 
-struct Buckets {
+/// A histogram's bounds and every thread's share of it.
+struct HistogramSlots {
     /// The upper bounds, ascending; values above the last count in `+Inf`.
     bounds: Arc<[f64]>,
     slots: PerThread<Slot>,
@@ -67,7 +68,8 @@ struct Buckets {
 
 /// One thread's share of a histogram.
 struct Slot {
-    /// A count per bound, then `+Inf`'s.
+    /// A count per bound, then `+Inf`'s: made by the slot's thread, as the slot is, so on
+    /// memory its allocator keeps apart from other threads' (not on the slot's own line).
     counts: Box<[AtomicU64]>,
     /// The sum of the values, as `f64` bits: only its thread writes it, so its update loop
     /// finds the line its own.
@@ -78,7 +80,7 @@ impl Histogram {
     /// A histogram of upper bounds `bounds` (ascending), registered nowhere until a family
     /// holds it.
     pub fn new(bounds: &[f64]) -> Histogram {
-        Histogram(Arc::new(Buckets {
+        Histogram(Arc::new(HistogramSlots {
             bounds: bounds.into(),
             slots: PerThread::new(),
         }))
@@ -91,7 +93,12 @@ impl Histogram {
             counts: (0..=bounds).map(|_| AtomicU64::new(0)).collect(),
             sum: AtomicU64::new(0f64.to_bits()),
         });
-        let bucket = buckets.bounds.partition_point(|bound| *bound < value);
+        // `le` is inclusive; NaN is below no bound, so only in `+Inf` (as prometheus counts it).
+        let bucket = if value.is_nan() {
+            bounds
+        } else {
+            buckets.bounds.partition_point(|bound| *bound < value)
+        };
         if let Some(count) = slot.counts.get(bucket) {
             count.fetch_add(1, Ordering::Relaxed);
         }
@@ -107,9 +114,7 @@ impl Histogram {
         let counts = slots.flat_map(|slot| slot.counts.iter());
         counts.map(|count| count.load(Ordering::Relaxed)).sum()
     }
-}
 
-impl Histogram {
     /// The sum of the values observed so far, over the threads.
     pub fn get_sample_sum(&self) -> f64 {
         let slots = self.0.slots.made();
@@ -165,18 +170,24 @@ struct FamilyOf<M> {
 }
 
 impl<M: Series> Family<M> {
-    /// A family named `name` (sluice's own names, so valid), its series labelled `labels`.
+    /// A family named `name` (sluice's own names, so valid), its series labelled `labels`. A
+    /// family of no labels has its one series from the start, so a scrape shows it at zero
+    /// (as prometheus's own unlabelled counters and histograms are).
     pub fn new(
         name: &str,
         help: &str,
         labels: &[&str],
         make: impl Fn() -> M + Send + Sync + 'static,
     ) -> Family<M> {
-        Family(Arc::new(FamilyOf {
+        let family = Family(Arc::new(FamilyOf {
             desc: desc(name, help, labels),
             make: Box::new(make),
             series: Mutex::default(),
-        }))
+        }));
+        if labels.is_empty() {
+            family.with_label_values(&[]);
+        }
+        family
     }
 
     fn series(&self) -> MutexGuard<'_, Vec<Labelled<M>>> {
@@ -186,6 +197,12 @@ impl<M: Series> Family<M> {
     /// The series labelled `values` (the family's labels, in order): the same one every time,
     /// so a reload keeps its count.
     pub fn with_label_values(&self, values: &[&str]) -> M {
+        debug_assert_eq!(
+            values.len(),
+            self.0.desc.variable_labels.len(),
+            "{}: one value per label",
+            self.0.desc.fq_name
+        );
         let mut series = self.series();
         let same =
             |(labels, _): &&Labelled<M>| labels.iter().map(|l| &**l).eq(values.iter().copied());
@@ -276,11 +293,26 @@ mod tests {
         assert_eq!(cumulative, [4, 8], "0.001 is in le=0.001");
         assert_eq!(histogram.get_sample_count(), 12);
         assert!((histogram.get_sample_sum() - 4.024).abs() < 1e-9);
+        let odd = Histogram::new(&[0.001, 0.01]);
+        odd.observe(f64::NAN);
+        let mut metric = proto::Metric::default();
+        odd.write(&mut metric);
+        let buckets = metric.get_histogram().get_bucket();
+        assert_eq!(buckets[0].cumulative_count(), 0, "NaN is in +Inf alone");
+        assert_eq!(buckets[1].cumulative_count(), 0);
+        assert_eq!(metric.get_histogram().get_sample_count(), 1);
     }
 
     #[test]
     fn a_counter_sums_every_thread_and_each_label_set_is_its_own() {
         let family = Family::new("c", "help", &[], Counter::default);
+        let before = family.collect();
+        let zero = &before[0].get_metric()[0];
+        assert_eq!(
+            zero.get_counter().value(),
+            0.0,
+            "an unlabelled family shows at zero"
+        );
         let hits = family.with_label_values(&[]);
         std::thread::scope(|scope| {
             for _ in 0..3 {

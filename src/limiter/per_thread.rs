@@ -1,6 +1,6 @@
 //! A value kept one per thread and summed by whoever reads it: the counters that every request
-//! writes (a route's meters, an upstream's requests in flight) live in slots, one per core, so
-//! that no two cores write one cache line. A thread's slot is made by that thread, the first
+//! writes (a route's meters, an upstream's requests in flight, the limiter's process-wide
+//! meters) live in slots, one per core, so that no two cores write one cache line. A thread's slot is made by that thread, the first
 //! time it writes, so it sits on memory its allocator keeps apart from other threads'; and each
 //! slot is aligned to 128 bytes (two lines, as adjacent-line prefetch pairs them), so that two
 //! slots never share one.

@@ -16,4 +16,4 @@ pub mod path;
 pub(crate) mod pricing;
 pub mod table;
 pub(crate) mod tiers;
-pub mod upstream;
+pub(crate) mod upstream;

@@ -95,6 +95,13 @@ impl RetryBudget {
     }
 }
 
+/// A budget of the default rule (Envoy's: 20 %, at least 3).
+impl Default for RetryBudget {
+    fn default() -> RetryBudget {
+        RetryBudget::new(RetryBudgetRule::DEFAULT)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,8 +1,8 @@
 //! Micro-benchmarks of the per-request work sluice does itself (docs/performance.md): route
 //! lookup, client identity, key building, decision parsing, the in-process limiter (and a new
 //! key it refuses when full) and request ids; and the shared state every request writes (its
-//! route's meters, its place in the upstream's retry budget, the limiter's meters), one thread
-//! against two writing at once.
+//! route's meters, its place in the upstream's retry budget, the limiter's meters, the site it
+//! holds), one thread against two writing at once.
 //! `cargo bench --bench hot_path`; criterion reports ns per operation.
 
 use std::hint::black_box;
@@ -495,6 +495,19 @@ fn decision_meters(c: &mut Criterion) {
     one_thread_against_two(c, "decision meters", "", &cases);
 }
 
+/// A request taking the site in force and letting it go: an `Arc` of the site (before), its
+/// thread's handle (now).
+fn site_taken(c: &mut Criterion) {
+    use sluice::limiter::per_thread::ThreadHandles;
+    let site = Arc::new([0u64; 8]);
+    let handles = ThreadHandles::new(Arc::clone(&site));
+    let cases: [(&str, &(dyn Fn() + Sync)); 2] = [
+        ("an Arc of the site", &|| drop(black_box(Arc::clone(&site)))),
+        ("its thread's handle", &|| drop(black_box(handles.handle()))),
+    ];
+    one_thread_against_two(c, "site taken", "", &cases);
+}
+
 criterion_group!(
     benches,
     hot_path,
@@ -505,6 +518,7 @@ criterion_group!(
     jwt,
     request_meters,
     retry_budget,
-    decision_meters
+    decision_meters,
+    site_taken
 );
 criterion_main!(benches);

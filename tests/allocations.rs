@@ -358,7 +358,7 @@ fn a_request_through_the_exchange_allocates_nothing() {
     let serve = || {
         // 20 ms apart: within every limit.
         clock.advance(20_000);
-        let mut exchange = Exchange::new(Arc::clone(&snapshot.site), std::time::Instant::now());
+        let mut exchange = Exchange::new(snapshot.site_for_request(), std::time::Instant::now());
         let admission = ready(exchange.admit(&policy, &request));
         assert!(
             matches!(admission, Admission::Admitted { .. }),

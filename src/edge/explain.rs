@@ -20,6 +20,7 @@ use crate::exchange::explain::Explanation;
 use crate::exchange::site::{Handover, Lasting};
 use crate::exchange::{Exchange, Head, Site};
 use crate::limiter::clock::SystemClock;
+use crate::limiter::per_thread::Handle;
 use crate::limiter::Policy;
 use crate::runtime::snapshot::Snapshot;
 use crate::upstream::servers::{InOrder, Servers};
@@ -187,7 +188,7 @@ fn explained<S: Servers>(
         client_certificate: None,
         cut: Default::default(),
     };
-    let mut exchange = Exchange::new(Arc::clone(site), Instant::now());
+    let mut exchange = Exchange::new(Handle::of(Arc::clone(site)), Instant::now());
     exchange.explain(&head, presumed);
     Ok(exchange)
 }

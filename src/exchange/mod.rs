@@ -41,7 +41,7 @@ use meters::RouteMetrics;
 
 pub use head::{Cut, Head, Target};
 pub use limits::LimitsSaid;
-pub use site::{Lasting, RouteRuntime, Site};
+pub use site::{Lasting, RouteRuntime, Site, SiteLease};
 pub use upstream::Dial;
 
 /// What routing found of a request besides its route (which the exchange holds): the host,
@@ -94,7 +94,7 @@ pub enum Admission {
 /// One request, from its head to its end, under the configuration it started with; `S` is
 /// what its routes' servers are (`upstream::servers::Servers`: Pingora's pools at the edge).
 pub struct Exchange<S: Servers> {
-    site: Arc<Site<S>>,
+    site: SiteLease<S>,
     started: Instant,
     route: Option<Arc<RouteRuntime<S>>>,
     target: Target,
@@ -149,7 +149,7 @@ impl<S: Servers> Drop for Exchange<S> {
 
 impl<S: Servers> Exchange<S> {
     /// A request that arrived at `started`, under `site`.
-    pub fn new(site: Arc<Site<S>>, started: Instant) -> Exchange<S> {
+    pub fn new(site: SiteLease<S>, started: Instant) -> Exchange<S> {
         Exchange {
             site,
             started,
@@ -439,7 +439,7 @@ impl<S: Servers> Exchange<S> {
 
     /// The configuration the request started with.
     pub fn site(&self) -> &Arc<Site<S>> {
-        &self.site
+        self.site.shared()
     }
 
     /// How long the request has taken so far, by the site's clock.

@@ -18,6 +18,7 @@ use crate::config::{Config, ConfigError};
 use crate::limiter::adaptive::{AdaptiveConcurrency, AdaptiveSettings};
 use crate::limiter::clock::Clock;
 use crate::limiter::paired;
+use crate::limiter::per_thread::Handle;
 use crate::observe::access_log::{self, AccessLog};
 use crate::observe::audit::AuditLog;
 use crate::observe::live::LiveViews;
@@ -112,6 +113,10 @@ impl<S> RouteRuntime<S> {
         rotations.get(usize::from(tier.0)).unwrap_or(&rotations[0])
     }
 }
+
+/// A site as a request holds it to its end: its thread's handle to the site
+/// (`limiter::per_thread::ThreadHandles`), so that taking it writes no count every core writes.
+pub type SiteLease<S> = Arc<Handle<Site<S>>>;
 
 /// What one configuration puts in force for requests: a request reads its routes, servers and
 /// handles from the site it started with.

@@ -43,7 +43,7 @@ pub(crate) mod limit;
 pub mod local;
 pub mod meters;
 pub(crate) mod pairs;
-pub(crate) mod per_thread;
+pub mod per_thread;
 pub(crate) mod policy;
 pub(crate) mod rate;
 pub(crate) mod record;

@@ -1,12 +1,13 @@
 //! A value kept one per thread and summed by whoever reads it: the counters that every request
 //! writes (a route's meters, an upstream's requests in flight, the limiter's process-wide
-//! meters) live in slots, one per core, so that no two cores write one cache line. A thread's slot is made by that thread, the first
+//! meters) live in slots, one per core, so that no two cores write one cache line; and a value
+//! every request holds (the site in force) is held through its thread's own handle. A thread's slot is made by that thread, the first
 //! time it writes, so it sits on memory its allocator keeps apart from other threads'; and each
 //! slot is aligned to 128 bytes (two lines, as adjacent-line prefetch pairs them), so that two
 //! slots never share one.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// The next thread's number: threads are numbered in the order they first write a slot.
 static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
@@ -71,6 +72,55 @@ impl<T> Default for PerThread<T> {
     }
 }
 
+/// Handles to one shared value, one per thread, each an `Arc` of its own around the value's.
+/// Whoever clones the thread's handle (a request taking the site in force) writes a count that
+/// only that thread writes, where an `Arc` of the value itself would be written by every core
+/// on one line; the value's own count is written once per thread, when its handle is made.
+pub struct ThreadHandles<T> {
+    value: Arc<T>,
+    per_thread: PerThread<Arc<Handle<T>>>,
+}
+
+/// A handle to a shared value: the value's own `Arc`, held in an `Arc` of the handle's.
+pub struct Handle<T>(Arc<T>);
+
+impl<T> Handle<T> {
+    /// A handle of its own, outside any thread's (tools and tests).
+    pub fn of(value: Arc<T>) -> Arc<Handle<T>> {
+        Arc::new(Handle(value))
+    }
+
+    /// The value's own `Arc`.
+    pub fn shared(&self) -> &Arc<T> {
+        &self.0
+    }
+}
+
+impl<T> std::ops::Deref for Handle<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> ThreadHandles<T> {
+    pub fn new(value: Arc<T>) -> ThreadHandles<T> {
+        ThreadHandles {
+            value,
+            per_thread: PerThread::new(),
+        }
+    }
+
+    /// This thread's handle, cloned.
+    pub fn handle(&self) -> Arc<Handle<T>> {
+        let handle = self
+            .per_thread
+            .local(|| Handle::of(Arc::clone(&self.value)));
+        Arc::clone(handle)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,6 +153,24 @@ mod tests {
         assert_eq!(total, 10, "every thread's writes summed");
         let distinct: std::collections::BTreeSet<_> = slots.iter().collect();
         assert_eq!(counts.made().count(), distinct.len(), "{slots:?}");
+    }
+
+    #[test]
+    fn each_thread_clones_its_own_handle_to_the_one_value() {
+        let value = Arc::new(7);
+        let handles = ThreadHandles::new(Arc::clone(&value));
+        let (first, again) = (handles.handle(), handles.handle());
+        assert!(Arc::ptr_eq(&first, &again), "one handle per thread");
+        let other = std::thread::scope(|scope| scope.spawn(|| handles.handle()).join());
+        let other = other.expect("a thread");
+        assert!(!Arc::ptr_eq(&first, &other) || handles.per_thread.made().count() == 1);
+        assert!(Arc::ptr_eq(first.shared(), &value) && Arc::ptr_eq(other.shared(), &value));
+        let made = handles.per_thread.made().count();
+        assert_eq!(
+            Arc::strong_count(&value),
+            2 + made,
+            "ours, the handles' and one per handle"
+        );
     }
 
     #[test]

@@ -19,7 +19,8 @@ use crate::caller::consumers::AuthMode;
 use crate::caller::jwt::{refresh_once, start_refresh, FetchOutcome, JwksRefresh};
 use crate::config::{Config, ConfigError, Sources};
 use crate::exchange::meters::Metrics;
-use crate::exchange::site::{Handover, Lasting, Site};
+use crate::exchange::site::{Handover, Lasting, Site, SiteLease};
+use crate::limiter::per_thread::ThreadHandles;
 use crate::observe::metrics;
 use crate::upstream::health::{HealthChecks, HealthRecord, RecordSetup};
 use crate::upstream::pool::{Pool, Pools};
@@ -28,6 +29,8 @@ use crate::upstream::pool::{Pool, Pools};
 /// balancers) with their health checks, and its JWKS refresh.
 pub struct Snapshot {
     pub site: Arc<Site<Pool>>,
+    /// The site's handles that requests take, one per thread.
+    handles: ThreadHandles<Site<Pool>>,
     /// The pools the site's routes dial, whose health checks run from here.
     pools: Pools,
     checks: Mutex<Option<HealthChecks>>,
@@ -67,12 +70,20 @@ impl Snapshot {
             problems,
         })?;
         let servers: Vec<Pool> = pools.iter().cloned().collect();
+        let site = Arc::new(Site::build(config, &servers, lasting, handover)?);
         Ok(Snapshot {
-            site: Arc::new(Site::build(config, &servers, lasting, handover)?),
+            handles: ThreadHandles::new(Arc::clone(&site)),
+            site,
             pools,
             checks: Mutex::new(None),
             jwks: Mutex::new(None),
         })
+    }
+
+    /// The site, for a request to hold to its end: its thread's handle (no count every core
+    /// writes).
+    pub fn site_for_request(&self) -> SiteLease<Pool> {
+        self.handles.handle()
     }
 
     /// Starts the access log's writer, probes every health-checked server once and fetches a

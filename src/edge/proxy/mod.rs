@@ -130,7 +130,7 @@ impl Gateway {
             let method = req.method.as_str();
             ctx.trace = Some(trace::RequestTrace::start(tracer, &req.headers, method));
         }
-        Box::new(Exchange::new(Arc::clone(&snapshot.site), started))
+        Box::new(Exchange::new(snapshot.site_for_request(), started))
     }
 
     /// An admitted request goes on: an upgraded connection gets the route's read timeout in

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::limiter::clock::Clock;
+use crate::limiter::per_thread::Handle;
 
 use super::{gateway, head, Gateway, ADMITTED};
 use crate::exchange::{Exchange, Head};
@@ -14,7 +15,7 @@ use crate::upstream::servers::InOrder;
 /// `path` explained on `g` (not admitted), from 192.0.2.1, with what each limit has left.
 async fn explained(g: &Gateway, path: &str) -> (Exchange<InOrder>, Value) {
     let parts = head(path);
-    let mut exchange = Exchange::new(Arc::clone(&g.snapshot), g.clock.instant());
+    let mut exchange = Exchange::new(Handle::of(Arc::clone(&g.snapshot)), g.clock.instant());
     let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let head = Head {
         parts: &parts,

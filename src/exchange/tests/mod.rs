@@ -19,6 +19,7 @@ use crate::config::Config;
 use crate::exchange::answer::{Answer, Decided, Unasked, UpstreamError};
 use crate::limiter::clock::{Clock, ManualClock};
 use crate::limiter::local::LocalLimiter;
+use crate::limiter::per_thread::Handle;
 use crate::limiter::testing::Unavailable;
 use crate::limiter::LimiterError;
 use crate::limiter::{Engine, Outcome, Policy, PolicyMeters};
@@ -104,7 +105,8 @@ impl<E: Seam> Gateway<E> {
         parts: &Parts,
         peer: std::net::IpAddr,
     ) -> (Exchange<InOrder>, Admission) {
-        let mut exchange = Exchange::new(Arc::clone(&self.snapshot), self.clock.instant());
+        let mut exchange =
+            Exchange::new(Handle::of(Arc::clone(&self.snapshot)), self.clock.instant());
         let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let head = Head {
             parts,

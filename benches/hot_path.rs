@@ -190,6 +190,57 @@ fn local_limiter_full(c: &mut Criterion) {
     );
 }
 
+/// The deny cache asked about a request's three keys when no client is denied now: before, the
+/// map was asked (a shard's lock per key); now, one time read first. "a denial held" keeps an
+/// unrelated key denied, so the map is asked as it always was.
+fn deny_cache_lookup(c: &mut Criterion) {
+    use sluice::limiter::guard::DenyCache;
+    use sluice::limiter::{Decision, LimitStatus};
+    let config = config();
+    let route = config
+        .routes
+        .find("example.com", "/api", &Method::GET)
+        .expect("route");
+    let limits: Vec<Limit> = route.tiers.written().take(3).cloned().collect();
+    let keys: [&[u8]; 3] = [b"client-a", b"client-b", b"client-c"];
+    let asks: Asks = keys
+        .iter()
+        .map(|key| Ask {
+            key: Key::from_slice(key),
+            cost: 1,
+        })
+        .collect();
+    let entries = entries(&limits, &asks);
+    let now = std::time::Instant::now();
+    let (none, held) = (DenyCache::new(1000), DenyCache::new(1000));
+    let denied = Decision::from_statuses(vec![LimitStatus {
+        allowed: false,
+        remaining: 0,
+        retry_after_ms: Some(3_600_000),
+        reset_after_ms: 3_600_000,
+        delay_ms: 0,
+        mark_us: 0,
+    }]);
+    let other: Asks = [Ask {
+        key: Key::from_slice(b"someone-else"),
+        cost: 1,
+    }]
+    .into_iter()
+    .collect();
+    let other = sluice::limiter::entries(&limits[..1], &other);
+    held.remember(&LimitRequest::new(&other), &denied, now);
+    assert_eq!(held.len(), 1, "the other key's denial is held");
+    let cases: [(&str, &(dyn Fn() + Sync)); 2] = [
+        ("a denial held (the map asked)", &|| {
+            assert!(held.lookup(black_box(&entries), now).is_none())
+        }),
+        ("none denied now", &|| {
+            assert!(none.lookup(black_box(&entries), now).is_none())
+        }),
+    ];
+    one_thread_against_two(c, "deny cache: three keys looked up", "", &cases);
+}
+
 /// A new request id in its 32 hex digits: 128 random bits from the thread's generator, against
 /// what ids were before (a per-process prefix and a shared counter: guessable).
 fn request_ids(c: &mut Criterion) {
@@ -519,6 +570,7 @@ criterion_group!(
     request_meters,
     retry_budget,
     decision_meters,
-    site_taken
+    site_taken,
+    deny_cache_lookup
 );
 criterion_main!(benches);

@@ -27,7 +27,7 @@
 //!
 //! Both read time from the injected [`Clock`], and count through handles given at construction.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -124,6 +124,12 @@ pub struct DenyCache {
     swept: Mutex<Option<Instant>>,
     /// Counts [`DenyCache::clear`]s: a denial decided before one is not remembered after it.
     generation: AtomicU64,
+    /// When the last denial remembered ends, in nanoseconds from `epoch` (`i64::MIN`: none
+    /// since the last clear). A lookup at or past it reads this instead of locking a shard of
+    /// the map per limit, a write on a line that every core's lookups of that shard write:
+    /// the usual case, no client denied now. Only a denial remembered and a clear write it.
+    live_until: AtomicI64,
+    epoch: Instant,
 }
 
 impl DenyCache {
@@ -133,11 +139,16 @@ impl DenyCache {
             capacity: capacity.max(1),
             swept: Mutex::new(None),
             generation: AtomicU64::new(0),
+            live_until: AtomicI64::new(i64::MIN),
+            epoch: Instant::now(),
         }
     }
 
     /// The cached decision for the key of any of `entries`, aged to `now`.
     pub fn lookup(&self, entries: &[Entry<'_>], now: Instant) -> Option<Decision> {
+        if self.since_epoch(now) >= self.live_until.load(Ordering::Acquire) {
+            return None;
+        }
         entries.iter().enumerate().find_map(|(position, entry)| {
             let denial = self.denials.get(entry.key)?;
             (denial.until > now && denial.asked == Asked::of(entries, position, entry))
@@ -177,7 +188,22 @@ impl DenyCache {
             decision: decision.clone(),
             asked: Asked::of(request.entries, index, entry),
         };
+        let until = self.since_epoch(denial.until);
         self.denials.insert(Box::from(key), denial);
+        // After the insert, so a lookup that sees the new end finds the denial.
+        if self.live_until.load(Ordering::Relaxed) < until {
+            self.live_until.fetch_max(until, Ordering::Release);
+        }
+    }
+
+    /// `at` in signed nanoseconds from the cache's epoch (an injected clock's instants may
+    /// precede it).
+    fn since_epoch(&self, at: Instant) -> i64 {
+        let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+        match at.checked_duration_since(self.epoch) {
+            Some(after) => nanos(after),
+            None => -nanos(self.epoch.duration_since(at)),
+        }
     }
 
     /// Drops the denials past their time, at most once per [`SWEEP_EVERY`], and gives their
@@ -202,6 +228,9 @@ impl DenyCache {
     pub fn clear(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.denials.clear();
+        // A denial remembered meanwhile (decided before the clear) is taken out again by
+        // `remember_unless_cleared`; one this hides is only asked of the backend again.
+        self.live_until.store(i64::MIN, Ordering::Release);
     }
 
     /// The number of clears so far: read before a decision, passed to
@@ -642,6 +671,37 @@ mod tests {
         assert_eq!(aged.statuses[0].retry_after_ms, Some(600));
         assert!(lookup(&cache, b"k", t0 + Duration::from_millis(1000)).is_none());
         assert!(lookup(&cache, b"other", t0).is_none());
+    }
+
+    #[test]
+    fn past_the_end_of_every_denial_a_lookup_finds_none_and_earlier_instants_still_count() {
+        let t0 = Instant::now();
+        // The cache's epoch is after t0 (an injected clock's instants may precede it).
+        let cache = DenyCache::new(10);
+        let limits = [limit("l", gcra(1000, 0))];
+        assert!(lookup(&cache, b"a", t0).is_none(), "nothing remembered");
+        remember_key(&cache, b"a", &limits, 1, 100, t0);
+        remember_key(&cache, b"b", &limits, 1, 300, t0);
+        let at = |ms| t0 + Duration::from_millis(ms);
+        assert!(
+            lookup(&cache, b"a", t0).is_some(),
+            "asked before the epoch, live"
+        );
+        assert!(lookup(&cache, b"a", at(50)).is_some());
+        assert!(lookup(&cache, b"a", at(150)).is_none(), "a ended");
+        assert!(lookup(&cache, b"b", at(150)).is_some(), "b still live");
+        let late = cache.since_epoch(at(300));
+        assert!(
+            late >= cache.live_until.load(Ordering::Relaxed),
+            "past every end"
+        );
+        assert!(lookup(&cache, b"b", at(300)).is_none());
+        cache.clear();
+        remember_key(&cache, b"c", &limits, 1, 100, at(400));
+        assert!(
+            lookup(&cache, b"c", at(450)).is_some(),
+            "a new end after a clear"
+        );
     }
 
     #[test]

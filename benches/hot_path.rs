@@ -190,9 +190,10 @@ fn local_limiter_full(c: &mut Criterion) {
     );
 }
 
-/// The deny cache asked about a request's three keys when no client is denied now: before, the
-/// map was asked (a shard's lock per key); now, one time read first. "a denial held" keeps an
-/// unrelated key denied, so the map is asked as it always was.
+/// The deny cache asked about a request's three keys when none is denied now: before, the map
+/// was asked (a shard's lock per key); now, first the end of the key's group. "a denial live"
+/// keeps each key denied under another limit (a denial that does not answer this request), so
+/// the map is asked as it always was.
 fn deny_cache_lookup(c: &mut Criterion) {
     use sluice::limiter::guard::DenyCache;
     use sluice::limiter::{Decision, LimitStatus};
@@ -221,20 +222,26 @@ fn deny_cache_lookup(c: &mut Criterion) {
         delay_ms: 0,
         mark_us: 0,
     }]);
-    let other: Asks = [Ask {
-        key: Key::from_slice(b"someone-else"),
-        cost: 1,
-    }]
-    .into_iter()
-    .collect();
-    let other = sluice::limiter::entries(&limits[..1], &other);
-    held.remember(&LimitRequest::new(&other), &denied, now);
-    assert_eq!(held.len(), 1, "the other key's denial is held");
+    for key in keys {
+        let alone: Asks = [Ask {
+            key: Key::from_slice(key),
+            cost: 1,
+        }]
+        .into_iter()
+        .collect();
+        let alone = sluice::limiter::entries(&limits[..1], &alone);
+        held.remember(&LimitRequest::new(&alone), &denied, now);
+    }
+    assert_eq!(
+        held.len(),
+        3,
+        "each key denied, under its first limit alone"
+    );
     let cases: [(&str, &(dyn Fn() + Sync)); 2] = [
-        ("a denial held (the map asked)", &|| {
+        ("a denial live (the map asked)", &|| {
             assert!(held.lookup(black_box(&entries), now).is_none())
         }),
-        ("none denied now", &|| {
+        ("no live denial in their groups", &|| {
             assert!(none.lookup(black_box(&entries), now).is_none())
         }),
     ];

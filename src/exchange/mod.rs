@@ -438,8 +438,8 @@ impl<S: Servers> Exchange<S> {
     }
 
     /// The configuration the request started with.
-    pub fn site(&self) -> &Arc<Site<S>> {
-        self.site.shared()
+    pub fn site(&self) -> &Site<S> {
+        &self.site
     }
 
     /// How long the request has taken so far, by the site's clock.

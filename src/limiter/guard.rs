@@ -63,6 +63,11 @@ impl GuardMeters {
 
 /// Shards of the deny cache's map: bounds what counting it (`len`, when it is full) locks.
 const SHARDS: usize = 16;
+/// Groups of keys, by hash, each with the end of the last denial remembered in it: a lookup
+/// of a key whose group holds no live denial does not lock the map. Enough that a few hundred
+/// clients denied at once (a month's quota spent) leave most lookups on the fast path; read
+/// by every lookup, written only when a denial is remembered or the cache cleared.
+const END_GROUPS: usize = 1024;
 /// Keys the deny cache holds at most (give or take a denial per caller remembering at the same
 /// time); beyond it, new denials are simply not cached.
 pub const DENY_CACHE_CAPACITY: usize = 100_000;
@@ -124,11 +129,14 @@ pub struct DenyCache {
     swept: Mutex<Option<Instant>>,
     /// Counts [`DenyCache::clear`]s: a denial decided before one is not remembered after it.
     generation: AtomicU64,
-    /// When the last denial remembered ends, in nanoseconds from `epoch` (`i64::MIN`: none
-    /// since the last clear). A lookup at or past it reads this instead of locking a shard of
-    /// the map per limit, a write on a line that every core's lookups of that shard write:
-    /// the usual case, no client denied now. Only a denial remembered and a clear write it.
-    live_until: AtomicI64,
+    /// Per group of keys ([`END_GROUPS`], by the key's hash): the latest end of the denials
+    /// remembered in it since the last clear, in nanoseconds from `epoch` (`i64::MIN`: none).
+    /// A key looked up at or past its group's end reads this instead of locking a shard of
+    /// the map, a write on a line that every core's lookups of that shard write: the usual
+    /// case, its client not denied now.
+    ends: Box<[AtomicI64]>,
+    /// What `ends` count from: made with the cache (an injected clock's instants may precede
+    /// it, hence signed).
     epoch: Instant,
 }
 
@@ -139,17 +147,18 @@ impl DenyCache {
             capacity: capacity.max(1),
             swept: Mutex::new(None),
             generation: AtomicU64::new(0),
-            live_until: AtomicI64::new(i64::MIN),
+            ends: (0..END_GROUPS).map(|_| AtomicI64::new(i64::MIN)).collect(),
             epoch: Instant::now(),
         }
     }
 
     /// The cached decision for the key of any of `entries`, aged to `now`.
     pub fn lookup(&self, entries: &[Entry<'_>], now: Instant) -> Option<Decision> {
-        if self.since_epoch(now) >= self.live_until.load(Ordering::Acquire) {
-            return None;
-        }
+        let at = self.since_epoch(now);
         entries.iter().enumerate().find_map(|(position, entry)| {
+            if at >= self.end_of(entry.key).load(Ordering::Acquire) {
+                return None;
+            }
             let denial = self.denials.get(entry.key)?;
             (denial.until > now && denial.asked == Asked::of(entries, position, entry))
                 .then(|| denial.aged(now))
@@ -191,9 +200,15 @@ impl DenyCache {
         let until = self.since_epoch(denial.until);
         self.denials.insert(Box::from(key), denial);
         // After the insert, so a lookup that sees the new end finds the denial.
-        if self.live_until.load(Ordering::Relaxed) < until {
-            self.live_until.fetch_max(until, Ordering::Release);
+        let end = self.end_of(key);
+        if end.load(Ordering::Relaxed) < until {
+            end.fetch_max(until, Ordering::Release);
         }
+    }
+
+    /// The end of the denials of `key`'s group.
+    fn end_of(&self, key: &[u8]) -> &AtomicI64 {
+        &self.ends[self.denials.hash_usize(&key) % self.ends.len()]
     }
 
     /// `at` in signed nanoseconds from the cache's epoch (an injected clock's instants may
@@ -227,10 +242,12 @@ impl DenyCache {
     /// Forgets every denial held, and any decided before now and not yet remembered.
     pub fn clear(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
+        // The ends first: a denial remembered while the map is cleared raises its group's end
+        // after these stores (its insert waits for its shard's clear), so none is hidden.
+        for end in self.ends.iter() {
+            end.store(i64::MIN, Ordering::Release);
+        }
         self.denials.clear();
-        // A denial remembered meanwhile (decided before the clear) is taken out again by
-        // `remember_unless_cleared`; one this hides is only asked of the backend again.
-        self.live_until.store(i64::MIN, Ordering::Release);
     }
 
     /// The number of clears so far: read before a decision, passed to
@@ -683,6 +700,16 @@ mod tests {
         remember_key(&cache, b"a", &limits, 1, 100, t0);
         remember_key(&cache, b"b", &limits, 1, 300, t0);
         let at = |ms| t0 + Duration::from_millis(ms);
+        let group = |key: &[u8]| cache.end_of(key) as *const AtomicI64;
+        let other = (0u32..)
+            .map(|i| i.to_string())
+            .find(|k| ![group(b"a"), group(b"b")].contains(&group(k.as_bytes())))
+            .expect("a key of another group");
+        assert_eq!(
+            cache.end_of(other.as_bytes()).load(Ordering::Relaxed),
+            i64::MIN,
+            "a group without denials: its keys' lookups skip the map"
+        );
         assert!(
             lookup(&cache, b"a", t0).is_some(),
             "asked before the epoch, live"
@@ -692,11 +719,16 @@ mod tests {
         assert!(lookup(&cache, b"b", at(150)).is_some(), "b still live");
         let late = cache.since_epoch(at(300));
         assert!(
-            late >= cache.live_until.load(Ordering::Relaxed),
+            late >= cache.end_of(b"b").load(Ordering::Relaxed),
             "past every end"
         );
         assert!(lookup(&cache, b"b", at(300)).is_none());
         cache.clear();
+        let ends = cache.ends.iter().map(|end| end.load(Ordering::Relaxed));
+        assert!(
+            ends.into_iter().all(|end| end == i64::MIN),
+            "a clear ends all"
+        );
         remember_key(&cache, b"c", &limits, 1, 100, at(400));
         assert!(
             lookup(&cache, b"c", at(450)).is_some(),

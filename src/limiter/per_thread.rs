@@ -1,7 +1,8 @@
-//! A value kept one per thread and summed by whoever reads it: the counters that every request
-//! writes (a route's meters, an upstream's requests in flight, the limiter's process-wide
-//! meters) live in slots, one per core, so that no two cores write one cache line; and a value
-//! every request holds (the site in force) is held through its thread's own handle. A thread's slot is made by that thread, the first
+//! A value kept one per thread and summed by whoever reads it: the counters that every
+//! request writes (a route's meters, an upstream's requests in flight, the limiter's
+//! process-wide meters) live in slots, one per core, so that no two cores write one cache
+//! line; and a value every request holds (the site in force) is held through its slot's own
+//! handle. A thread's slot is made by that thread, the first
 //! time it writes, so it sits on memory its allocator keeps apart from other threads'; and each
 //! slot is aligned to 128 bytes (two lines, as adjacent-line prefetch pairs them), so that two
 //! slots never share one.
@@ -72,10 +73,11 @@ impl<T> Default for PerThread<T> {
     }
 }
 
-/// Handles to one shared value, one per thread, each an `Arc` of its own around the value's.
-/// Whoever clones the thread's handle (a request taking the site in force) writes a count that
-/// only that thread writes, where an `Arc` of the value itself would be written by every core
-/// on one line; the value's own count is written once per thread, when its handle is made.
+/// Handles to one shared value, one per slot, each an `Arc` of its own around the value's.
+/// Whoever clones its thread's handle (a request taking the site in force) writes a count that
+/// only the threads of that slot write (one thread per core, as Pingora runs), where an `Arc`
+/// of the value itself would be written by every core on one line; the value's own count is
+/// written once per slot, when its handle is made.
 pub struct ThreadHandles<T> {
     value: Arc<T>,
     per_thread: PerThread<Arc<Handle<T>>>,
@@ -105,6 +107,7 @@ impl<T> std::ops::Deref for Handle<T> {
 }
 
 impl<T> ThreadHandles<T> {
+    /// Handles to `value`, none made yet.
     pub fn new(value: Arc<T>) -> ThreadHandles<T> {
         ThreadHandles {
             value,

@@ -137,20 +137,31 @@ impl Series for Histogram {
             }
             sum += f64::from_bits(slot.sum.load(Ordering::Relaxed));
         }
-        let mut cumulative = 0;
-        let bounds = buckets.bounds.iter().enumerate().map(|(i, bound)| {
-            cumulative += counts[i];
-            let mut bucket = proto::Bucket::default();
-            bucket.set_upper_bound(*bound);
-            bucket.set_cumulative_count(cumulative);
-            bucket
-        });
-        let mut histogram = proto::Histogram::default();
-        histogram.set_bucket(bounds.collect());
-        histogram.set_sample_count(counts.iter().sum());
-        histogram.set_sample_sum(sum);
-        metric.set_histogram(histogram);
+        let bounds = buckets.bounds.iter().copied();
+        metric.set_histogram(summed_histogram(bounds, &counts, sum));
     }
+}
+
+/// A histogram as a scrape shows it, from each bucket's own count (one per bound of `bounds`,
+/// then `+Inf`'s) summed over the threads, and the sum of the values.
+pub fn summed_histogram(
+    bounds: impl Iterator<Item = f64>,
+    counts: &[u64],
+    sum: f64,
+) -> proto::Histogram {
+    let mut cumulative = 0;
+    let buckets = bounds.enumerate().map(|(i, bound)| {
+        cumulative += counts.get(i).copied().unwrap_or(0);
+        let mut bucket = proto::Bucket::default();
+        bucket.set_upper_bound(bound);
+        bucket.set_cumulative_count(cumulative);
+        bucket
+    });
+    let mut histogram = proto::Histogram::default();
+    histogram.set_bucket(buckets.collect());
+    histogram.set_sample_count(counts.iter().sum());
+    histogram.set_sample_sum(sum);
+    histogram
 }
 
 /// A family of series of `M`, one per set of label values, made by `make` when first asked

@@ -9,8 +9,8 @@
 //! statuses, decisions, verdicts, errors, secrets, the clock, the [`algorithm`]s), and
 //! [`per_thread`], the slots per thread that the meters and the retry budget count in (here,
 //! in the bottom layer, so that both can), and [`meters`], the counter and histogram kept so
-//! that the limiter's decorators write per decision. The rest lives in rooms, each a folder with its
-//! own `//!`:
+//! that the limiter's decorators write per decision. The rest lives in rooms, each a folder
+//! with its own `//!`:
 //!
 //! * [`redis`]: the Redis backend and its plumbing: the links to one server, a Cluster or
 //!   Sentinels, the decision lane's direct connection, the topology, the Lua scripts, the

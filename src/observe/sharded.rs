@@ -17,7 +17,7 @@ use std::time::Duration;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{self, MetricFamily, MetricType};
 
-use crate::limiter::meters::{desc, family, labelled};
+use crate::limiter::meters::{desc, family, labelled, summed_histogram};
 use crate::limiter::per_thread::PerThread;
 
 /// The status classes a response is counted under, by `status / 100 - 1`.
@@ -77,19 +77,8 @@ impl Summed {
     }
 
     fn metric(&self) -> proto::Histogram {
-        let mut histogram = proto::Histogram::default();
-        let mut cumulative = 0;
-        let buckets = BOUNDS_NANOS.iter().enumerate().map(|(i, bound)| {
-            cumulative += self.counts[i];
-            let mut bucket = proto::Bucket::default();
-            bucket.set_upper_bound(*bound as f64 / 1e9);
-            bucket.set_cumulative_count(cumulative);
-            bucket
-        });
-        histogram.set_bucket(buckets.collect());
-        histogram.set_sample_count(self.counts.iter().sum());
-        histogram.set_sample_sum(self.sum_nanos as f64 / 1e9);
-        histogram
+        let seconds = BOUNDS_NANOS.iter().map(|bound| *bound as f64 / 1e9);
+        summed_histogram(seconds, &self.counts, self.sum_nanos as f64 / 1e9)
     }
 }
 

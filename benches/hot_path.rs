@@ -17,7 +17,9 @@ use http::{HeaderMap, HeaderValue, Method};
 use sluice::config::Config;
 use sluice::limiter::clock::ManualClock;
 use sluice::limiter::local::LocalLimiter;
-use sluice::limiter::{entries, script, Ask, Asks, Key, Limit, LimitRequest, RequestId, Scale};
+use sluice::limiter::{
+    asks, entries, script, Ask, Asks, Key, Limit, LimitRequest, RequestId, Scale,
+};
 use sluice::route::keys::{RequestFacts, Rotation};
 
 /// 40 routes (hosts, prefixes, methods) ahead of the one the benchmark asks for, so the lookup
@@ -152,25 +154,22 @@ fn hot_path(c: &mut Criterion) {
     }
 }
 
+/// The limits of the route `/api` of [`config`], as written.
+fn api_limits() -> Vec<Limit> {
+    let config = config();
+    let route = config.routes.find("example.com", "/api", &Method::GET);
+    route.expect("route").tiers.written().cloned().collect()
+}
+
 /// A new key refused by an in-process limiter whose every shard is full of live state (a flood
 /// of distinct clients at `max_keys`): what each refusal costs.
 fn local_limiter_full(c: &mut Criterion) {
-    let config = config();
-    let route = config
-        .routes
-        .find("example.com", "/api", &Method::GET)
-        .expect("route");
     // The fixed window (a minute): nothing expires while the clock stands still.
-    let limits: Vec<Limit> = route.tiers.written().skip(1).take(1).cloned().collect();
+    let limits = &api_limits()[1..2];
     let limiter = LocalLimiter::new(Arc::new(ManualClock::new(0)), 1_000_000);
     let check = |key: u64| {
-        let asks: Asks = [Ask {
-            key: Key::from_slice(&key.to_le_bytes()),
-            cost: 1,
-        }]
-        .into_iter()
-        .collect();
-        let entries = entries(&limits, &asks);
+        let asks = asks(&[&key.to_le_bytes()], &[1]);
+        let entries = entries(limits, &asks);
         limiter.check_at(&LimitRequest::new(&entries), 0).is_ok()
     };
     // Enough distinct keys that every shard fills (they are hashed to shards unevenly).
@@ -197,21 +196,10 @@ fn local_limiter_full(c: &mut Criterion) {
 fn deny_cache_lookup(c: &mut Criterion) {
     use sluice::limiter::guard::DenyCache;
     use sluice::limiter::{Decision, LimitStatus};
-    let config = config();
-    let route = config
-        .routes
-        .find("example.com", "/api", &Method::GET)
-        .expect("route");
-    let limits: Vec<Limit> = route.tiers.written().take(3).cloned().collect();
+    let limits = &api_limits()[..3];
     let keys: [&[u8]; 3] = [b"client-a", b"client-b", b"client-c"];
-    let asks: Asks = keys
-        .iter()
-        .map(|key| Ask {
-            key: Key::from_slice(key),
-            cost: 1,
-        })
-        .collect();
-    let entries = entries(&limits, &asks);
+    let three = asks(&keys, &[1, 1, 1]);
+    let looked_up = entries(limits, &three);
     let now = std::time::Instant::now();
     let (none, held) = (DenyCache::new(1000), DenyCache::new(1000));
     let denied = Decision::from_statuses(vec![LimitStatus {
@@ -223,13 +211,8 @@ fn deny_cache_lookup(c: &mut Criterion) {
         mark_us: 0,
     }]);
     for key in keys {
-        let alone: Asks = [Ask {
-            key: Key::from_slice(key),
-            cost: 1,
-        }]
-        .into_iter()
-        .collect();
-        let alone = sluice::limiter::entries(&limits[..1], &alone);
+        let alone = asks(&[key], &[1]);
+        let alone = entries(&limits[..1], &alone);
         held.remember(&LimitRequest::new(&alone), &denied, now);
     }
     assert_eq!(
@@ -239,10 +222,10 @@ fn deny_cache_lookup(c: &mut Criterion) {
     );
     let cases: [(&str, &(dyn Fn() + Sync)); 2] = [
         ("a denial live (the map asked)", &|| {
-            assert!(held.lookup(black_box(&entries), now).is_none())
+            assert!(held.lookup(black_box(&looked_up), now).is_none())
         }),
         ("no live denial in their groups", &|| {
-            assert!(none.lookup(black_box(&entries), now).is_none())
+            assert!(none.lookup(black_box(&looked_up), now).is_none())
         }),
     ];
     one_thread_against_two(c, "deny cache: three keys looked up", "", &cases);

@@ -878,9 +878,16 @@ impl<L: Limiter, S: SettleUnits + 'static> Limiter for Leased<L, S> {
         }
         let mut unspent = Vec::new();
         let answered = self.ask_backend(request, &plans, &mut unspent).await;
+        // What answered the call (the backend, or the deny cache in front of it) and the batch
+        // it rode answered the request: the merged decision says so, as the metrics and the
+        // traces read it.
         let decided = answered.map(|(answer, kept)| {
             let statuses = self.merge(&plans, &answer, kept, now, &mut unspent);
-            request.decision(statuses)
+            Decision {
+                source: answer.source,
+                batch: answer.batch,
+                ..request.decision(statuses)
+            }
         });
         if !unspent.is_empty() {
             self.give_back(unspent).await;
@@ -1113,6 +1120,42 @@ mod tests {
             self.checks.fetch_add(1, Ordering::Relaxed);
             self.backend.check(request).await
         }
+    }
+
+    /// The backend's answers, marked as a shortcut in front of it marks its own (`Guarded`'s
+    /// deny cache), each as having ridden a batch of three.
+    struct Marked(Arc<Counting>, Source);
+
+    impl Limiter for Marked {
+        async fn check(&self, request: &LimitRequest<'_>) -> Result<Decision, LimiterError> {
+            let decision = self.0.check(request).await?;
+            Ok(Decision {
+                source: self.1,
+                batch: 3,
+                ..decision
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_merged_decision_says_what_answered_the_call_and_the_batch_it_rode() {
+        let backend = backend();
+        let clock = Arc::new(ManualClock::new(0));
+        let marked = Marked(backend.clone(), Source::DenyCache);
+        let meters = LeaseMeters::unregistered();
+        let gateway = Leased::new(marked, backend.backend.clone(), clock, meters).swept_by_hand();
+        let limits = leased(window(1000), 100);
+        let mut said = Vec::new();
+        for _ in 0..20 {
+            let decision = call(&gateway, &limits, 1).await;
+            assert!(decision.allowed());
+            said.push((decision.source, decision.batch));
+        }
+        let asked = (Source::DenyCache, 3);
+        let held = (Source::Leases, 0);
+        assert_eq!(said[0], asked, "the first asks the backend");
+        assert!(said.contains(&held), "later ones are paid from units held");
+        assert!(said.iter().all(|s| *s == asked || *s == held), "{said:?}");
     }
 
     /// A backend whose clock stands still (no refill), and its checks counted.

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use support::config::{route, Config, Route};
-use support::{metric, Gateway, Launch, Upstream};
+use support::{metric, read_one, Gateway, Launch, Upstream};
 
 /// A gateway with `routes`, its access log in a file, its process log captured at `info`.
 fn gateway(upstream: &Upstream, routes: Vec<Route>) -> (Gateway, PathBuf, tempfile::TempDir) {
@@ -258,27 +258,6 @@ fn a_client_that_leaves_before_its_response_is_counted_499_and_not_an_error() {
     std::thread::sleep(Duration::from_millis(300));
     let process_log = gateway.log();
     assert!(!process_log.contains(" ERROR "), "{process_log}");
-}
-
-/// What a client that keeps its connection alive reads of one response: the status and the
-/// head (without its status line), body after; `None` when the connection ended first.
-fn read_one(stream: &mut TcpStream) -> Option<(u16, String)> {
-    let mut raw = Vec::new();
-    let mut byte = [0u8; 1];
-    while !raw.ends_with(b"\r\n\r\n") {
-        match stream.read(&mut byte) {
-            Ok(1) => raw.push(byte[0]),
-            _ => return None,
-        }
-    }
-    let head = String::from_utf8_lossy(&raw).to_ascii_lowercase();
-    let length: usize = head
-        .lines()
-        .find_map(|line| line.strip_prefix("content-length:"))
-        .map_or(0, |value| value.trim().parse().unwrap_or(0));
-    let mut body = vec![0u8; length];
-    stream.read_exact(&mut body).ok()?;
-    Some((status_of(&head), head + &String::from_utf8_lossy(&body)))
 }
 
 /// A 504 storm at a client that reuses its connection unless an answer says

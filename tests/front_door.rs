@@ -423,6 +423,41 @@ fn upstream_failures_are_502_and_504_in_problem_style() {
     );
 }
 
+/// The keep-alive deadline counts from each response, however long the connection lives: a
+/// client that asks every 300 ms is served for several deadlines' length, a response slower than
+/// the deadline does not count against the next head, and once the client is idle the
+/// connection is closed.
+#[test]
+fn a_busy_kept_alive_connection_gets_a_fresh_deadline_for_each_head() {
+    let upstream = Upstream::start();
+    let config = Config::new()
+        .server("request_head_timeout_ms", 1000)
+        .server("keepalive_timeout_ms", 1000)
+        .route(route("all"));
+    let gateway = plain_gateway(&upstream, config);
+    let mut stream = TcpStream::connect(gateway.proxy).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    for i in 0..12 {
+        let path = if i % 4 == 3 { "/slow/1500" } else { "/fast" };
+        let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        stream.write_all(request.as_bytes()).unwrap();
+        let status = support::read_one(&mut stream).map(|(status, _)| status);
+        assert_eq!(status, Some(200), "request {i} ({path})");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The read ends when the gateway closes the connection; the 10 s read timeout is the test's
+    // own bound for a connection left open.
+    let mut rest = Vec::new();
+    let closed = stream.read_to_end(&mut rest);
+    assert!(
+        closed.is_ok() && rest.is_empty(),
+        "the idle connection stayed open or was answered: {closed:?} {}",
+        text(&rest)
+    );
+}
+
 #[test]
 fn slow_heads_and_idle_connections_are_closed_and_others_still_served() {
     let upstream = Upstream::start();

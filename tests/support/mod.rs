@@ -862,6 +862,28 @@ pub fn read_response(stream: &mut TcpStream) -> Response {
     }
 }
 
+/// What a client that keeps its connection alive reads of one response: the status and the
+/// head (lowercased, status line included), body after; `None` when the connection ended first.
+pub fn read_one(stream: &mut TcpStream) -> Option<(u16, String)> {
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => raw.push(byte[0]),
+            _ => return None,
+        }
+    }
+    let head = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .map_or(0, |value| value.trim().parse().unwrap_or(0));
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).ok()?;
+    Some((status, head + &String::from_utf8_lossy(&body)))
+}
+
 /// The value of one sample in Prometheus text, by metric name and exact label set.
 pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     let lines = text.lines().map(|l| Ok(l.to_string()));

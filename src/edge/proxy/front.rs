@@ -2,15 +2,18 @@
 //! head within `request_head_timeout`; a kept-alive connection must deliver its next one within
 //! `keepalive_timeout` of the previous response. A connection that misses its deadline is closed
 //! without an answer (what nginx does), so a client trickling bytes holds a task for the deadline
-//! at most, and others are served meanwhile. One timer bounds the whole head, and only when the
-//! head is not already there: a request whose head is read at the first try (a busy keep-alive
-//! connection) arms none, and Pingora's own per-read keep-alive timer is turned off, since the
-//! deadline here is the stricter bound.
+//! at most, and others are served meanwhile. One timer per connection bounds each whole head: it
+//! is armed the first time a head is not read at the first try, and each later request that
+//! waits for its head moves it later without a lock (the runtime files it again when its old
+//! instant comes), so a busy keep-alive connection costs one timer per deadline's length, not one
+//! per request. Pingora's own per-read keep-alive timer is turned off, since the deadline here is
+//! the stricter bound.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::task::Poll;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -18,7 +21,7 @@ use pingora::apps::{HttpServerApp, HttpServerOptions, ReusedHttpStream};
 use pingora::protocols::http::v2::server::H2Options;
 use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
-use pingora::time::fast_timeout::fast_sleep;
+use tokio::time::{Instant, Sleep};
 
 use super::head_count::HeadCount;
 
@@ -28,11 +31,30 @@ use super::head_count::HeadCount;
 #[derive(Debug, Default)]
 pub struct HeadClock {
     seen: AtomicBool,
+    /// The connection's one timer, made the first time a head is waited for; only the front
+    /// door's task touches it, so the lock is never contended.
+    alarm: Mutex<Option<Pin<Box<Sleep>>>>,
 }
 
 impl HeadClock {
     pub fn head_received(&self) {
         self.seen.store(true, Ordering::Release);
+    }
+
+    /// Ready once `due` has passed. The timer is moved to `due` when it is set for another
+    /// instant: a later one (each new request's) costs one atomic write, not a timer.
+    fn poll_late(&self, cx: &mut Context<'_>, due: Instant) -> Poll<()> {
+        let mut alarm = self.alarm.lock().unwrap_or_else(PoisonError::into_inner);
+        let alarm = match &mut *alarm {
+            Some(alarm) => {
+                if alarm.deadline() != due {
+                    alarm.as_mut().reset(due);
+                }
+                alarm
+            }
+            None => alarm.insert(Box::pin(tokio::time::sleep_until(due))),
+        };
+        alarm.as_mut().poll(cx)
     }
 }
 
@@ -106,9 +128,9 @@ impl<A: HttpServerApp + Send + Sync + 'static> HttpServerApp for FrontDoor<A> {
             session.set_keepalive(Some(KEEPALIVE_WITHOUT_READ_TIMER));
         }
         let mut request = self.app.process_new_http(session, shutdown);
-        // Pingora's shared timer (10 ms ticks), armed only when the head is not in the socket at
-        // the first try, and dropped as soon as the head has arrived.
-        let mut late = std::pin::pin!(fast_sleep(deadline));
+        // The deadline counts from the first time the head is not in the socket: a head read at
+        // the first try reads no clock and touches no timer.
+        let mut due = None;
         let head = std::future::poll_fn(|cx| {
             if let Poll::Ready(reused) = request.as_mut().poll(cx) {
                 return Poll::Ready(Head::Served(reused));
@@ -116,7 +138,8 @@ impl<A: HttpServerApp + Send + Sync + 'static> HttpServerApp for FrontDoor<A> {
             if clock.seen.load(Ordering::Acquire) {
                 return Poll::Ready(Head::Arrived);
             }
-            late.as_mut().poll(cx).map(|()| Head::Late)
+            let due = *due.get_or_insert_with(|| Instant::now() + deadline);
+            clock.poll_late(cx, due).map(|()| Head::Late)
         })
         .await;
         match head {

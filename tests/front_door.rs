@@ -431,7 +431,7 @@ fn upstream_failures_are_502_and_504_in_problem_style() {
 fn a_busy_kept_alive_connection_gets_a_fresh_deadline_for_each_head() {
     let upstream = Upstream::start();
     let config = Config::new()
-        .server("request_head_timeout_ms", 1000)
+        .server("request_head_timeout_ms", 60_000)
         .server("keepalive_timeout_ms", 1000)
         .route(route("all"));
     let gateway = plain_gateway(&upstream, config);
@@ -458,12 +458,15 @@ fn a_busy_kept_alive_connection_gets_a_fresh_deadline_for_each_head() {
     );
 }
 
+/// Each deadline applies where it should: the head deadline to a new connection's first head
+/// (the keep-alive one is a minute there), the keep-alive deadline to a kept-alive connection
+/// (the head deadline is a minute there).
 #[test]
 fn slow_heads_and_idle_connections_are_closed_and_others_still_served() {
     let upstream = Upstream::start();
     let config = Config::new()
         .server("request_head_timeout_ms", 1000)
-        .server("keepalive_timeout_ms", 1000)
+        .server("keepalive_timeout_ms", 60_000)
         .route(route("all"));
     let gateway = plain_gateway(&upstream, config);
     let proxy = gateway.proxy;
@@ -516,7 +519,12 @@ fn slow_heads_and_idle_connections_are_closed_and_others_still_served() {
     }
 
     // An idle kept-alive connection is closed after keepalive_timeout.
-    let mut idle = TcpStream::connect(proxy).unwrap();
+    let config = Config::new()
+        .server("request_head_timeout_ms", 60_000)
+        .server("keepalive_timeout_ms", 1000)
+        .route(route("all"));
+    let gateway = plain_gateway(&upstream, config);
+    let mut idle = TcpStream::connect(gateway.proxy).unwrap();
     idle.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     idle.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")

@@ -2,18 +2,16 @@
 //! head within `request_head_timeout`; a kept-alive connection must deliver its next one within
 //! `keepalive_timeout` of the previous response. A connection that misses its deadline is closed
 //! without an answer (what nginx does), so a client trickling bytes holds a task for the deadline
-//! at most, and others are served meanwhile. One timer per connection bounds each whole head: it
+//! at most, and others are served meanwhile. One timer per connection (its [`HeadClock`], kept
+//! with its stream) bounds each whole head: it
 //! is armed the first time a head is not read at the first try, and each later request that
 //! waits for its head moves it later without a lock (the runtime files it again when its old
 //! instant comes), so a busy keep-alive connection costs one timer per deadline's length, not one
 //! per request. Pingora's own per-read keep-alive timer is turned off, since the deadline here is
 //! the stricter bound.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
+use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,47 +19,11 @@ use pingora::apps::{HttpServerApp, HttpServerOptions, ReusedHttpStream};
 use pingora::protocols::http::v2::server::H2Options;
 use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
+#[cfg(doc)]
+use super::head_clock::HeadClock;
 use super::head_count::HeadCount;
-
-/// A connection's head clock: set once the current request's head has been read (the proxy's
-/// first hook), when the head deadline stops applying. One per connection, shared with the proxy
-/// through the connection's user context, so a request costs no allocation here.
-#[derive(Debug, Default)]
-pub struct HeadClock {
-    seen: AtomicBool,
-    /// The connection's one timer, made the first time a head is waited for; only the front
-    /// door's task touches it, so the lock is never contended.
-    alarm: Mutex<Option<Pin<Box<Sleep>>>>,
-}
-
-impl HeadClock {
-    pub fn head_received(&self) {
-        self.seen.store(true, Ordering::Release);
-    }
-
-    /// Ready once `due` has passed. The timer is moved to `due` when it is set for another
-    /// instant: a later one (each new request's) costs one atomic write, not a timer.
-    fn poll_late(&self, cx: &mut Context<'_>, due: Instant) -> Poll<()> {
-        let mut alarm = self.alarm.lock().unwrap_or_else(PoisonError::into_inner);
-        let alarm = match &mut *alarm {
-            Some(alarm) => {
-                if alarm.deadline() != due {
-                    alarm.as_mut().reset(due);
-                }
-                alarm
-            }
-            None => alarm.insert(Box::pin(tokio::time::sleep_until(due))),
-        };
-        alarm.as_mut().poll(cx)
-    }
-}
-
-/// The connection's user context between requests: its head clock. Present once the
-/// connection has carried a request, so the next one gets the keep-alive deadline.
-#[derive(Debug, Clone)]
-pub struct Connection(pub Arc<HeadClock>);
 
 /// Where a request stands when the front door stops watching its head.
 enum Head {
@@ -106,18 +68,16 @@ impl<A: HttpServerApp + Send + Sync + 'static> HttpServerApp for FrontDoor<A> {
             // bounded by `h2_idle_timeout`.
             return self.app.process_new_http(session, shutdown).await;
         }
-        let previous = session
-            .take_connection_user_context()
-            .and_then(|context| context.downcast::<Connection>().ok());
-        let reused = previous.is_some();
-        let connection = previous.unwrap_or_else(|| Box::new(Connection(Arc::default())));
-        let clock = Arc::clone(&connection.0);
-        clock.seen.store(false, Ordering::Relaxed);
-        if let Some(count) = HeadCount::of(&session) {
-            count.arm();
-        }
-        session.set_connection_user_context(Some(connection));
-        let deadline = if reused {
+        // The connection's clock lives with its stream; a stream not counted (none the proxy's
+        // listeners accept) gets one for this request alone.
+        let clock = match HeadCount::of(&session) {
+            Some(count) => {
+                count.arm();
+                Arc::clone(count.clock())
+            }
+            None => Arc::default(),
+        };
+        let deadline = if clock.begin() {
             self.keepalive_timeout
         } else {
             self.head_timeout
@@ -135,7 +95,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> HttpServerApp for FrontDoor<A> {
             if let Poll::Ready(reused) = request.as_mut().poll(cx) {
                 return Poll::Ready(Head::Served(reused));
             }
-            if clock.seen.load(Ordering::Acquire) {
+            if clock.head_seen() {
                 return Poll::Ready(Head::Arrived);
             }
             let due = *due.get_or_insert_with(|| Instant::now() + deadline);

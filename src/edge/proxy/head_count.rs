@@ -24,6 +24,7 @@ use pingora::protocols::{Peek, Stream};
 use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, ReadBuf};
 
+use super::head_clock::HeadClock;
 use crate::exchange::head::{Cut, MAX_HEADER_FIELDS, MAX_URI_LEN};
 
 /// Bytes of dropped fields (or of a target) after which the head (or the request line) is ended
@@ -40,6 +41,8 @@ pub struct HeadCount {
     rearm: AtomicBool,
     /// What was cut of the current request's head.
     cuts: Cuts,
+    /// The connection's clock for its heads (the front door's deadline).
+    clock: Arc<HeadClock>,
 }
 
 /// What was cut of the current head, set as the scan cuts it.
@@ -265,7 +268,13 @@ impl HeadCount {
             scan: Scan::START,
             rearm: AtomicBool::new(false),
             cuts: Cuts::default(),
+            clock: Arc::default(),
         }
+    }
+
+    /// The connection's clock for its request heads.
+    pub fn clock(&self) -> &Arc<HeadClock> {
+        &self.clock
     }
 
     /// The next request's head starts with the next byte read (the front door, before each

@@ -7,6 +7,7 @@ mod access;
 mod caller;
 pub(crate) mod forwarding;
 pub(crate) mod front;
+mod head_clock;
 pub(crate) mod head_count;
 pub(crate) mod preface;
 pub(crate) mod request_id;
@@ -47,8 +48,6 @@ const UPSTREAM_H2_STREAMS: usize = 100;
 /// Per-request state: what the connection says of the request, and its exchange.
 #[derive(Default)]
 pub struct RequestCtx {
-    /// The front door's clock of this connection (HTTP/1).
-    connection: Option<Arc<front::HeadClock>>,
     /// When the request's head arrived.
     started: Option<Instant>,
     /// The peer is one of `trusted_proxies` (its forwarding headers and request id count).
@@ -365,18 +364,6 @@ impl ProxyHttp for Gateway {
         RequestCtx::default()
     }
 
-    /// The front door's clock for this connection (`front.rs`).
-    fn on_connection_reuse(
-        &self,
-        _session: &mut Session,
-        ctx: &mut RequestCtx,
-        previous: Box<dyn std::any::Any + Send + Sync>,
-    ) {
-        if let Ok(connection) = previous.downcast::<front::Connection>() {
-            ctx.connection = Some(connection.0);
-        }
-    }
-
     /// The head has arrived: the request's clock starts, and the front door's head deadline
     /// no longer applies.
     async fn early_request_filter(
@@ -385,8 +372,8 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<()> {
         ctx.started = Some(Instant::now());
-        if let Some(clock) = &ctx.connection {
-            clock.head_received();
+        if let Some(count) = head_count::HeadCount::of(session.as_downstream()) {
+            count.clock().head_received();
         }
         if self.drain.is_draining() {
             // Shutting down: the client's next request goes over a new connection, which the
@@ -394,16 +381,6 @@ impl ProxyHttp for Gateway {
             session.set_keepalive(None);
         }
         Ok(())
-    }
-
-    /// The connection has served a request: its next one gets the keep-alive deadline.
-    fn persist_connection_context(
-        &self,
-        _session: &Session,
-        ctx: &RequestCtx,
-    ) -> Option<Box<dyn std::any::Any + Send + Sync>> {
-        let clock = ctx.connection.clone().unwrap_or_default();
-        Some(Box::new(front::Connection(clock)))
     }
 
     /// Admits the request (route, client, keys, limits) or answers it.

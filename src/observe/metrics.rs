@@ -74,7 +74,9 @@ pub static ADMIN_CHANGES: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub static DENY_CACHE_HITS: LazyLock<Family<Counter>> = LazyLock::new(|| {
     registered(Family::new(
         "sluice_deny_cache_hits_total",
-        "Requests denied by the local deny cache without calling the limiter backend.",
+        "Limiter calls answered by the local deny cache without calling the limiter backend \
+         (under leases a request may make two; requests: \
+         sluice_limiter_duration_seconds_count{backend=\"deny_cache\"}).",
         &[],
         Counter::default,
     ))

@@ -5,9 +5,10 @@
 //! at most, and others are served meanwhile. One timer per connection (its [`HeadClock`], kept
 //! with its stream) bounds each whole head: it
 //! is armed the first time a head is not read at the first try, and each later request that
-//! waits for its head moves it later without a lock (the runtime files it again when its old
-//! instant comes), so a busy keep-alive connection costs one timer per deadline's length, not one
-//! per request. Pingora's own per-read keep-alive timer is turned off, since the deadline here is
+//! waits for its head moves it later, usually with one atomic write (the runtime files it again,
+//! under its lock, when its old instant comes, or at once when the new one is earlier or the
+//! timer has already fired), so a busy keep-alive connection costs one timer per deadline's
+//! length, not one per request. Pingora's own per-read keep-alive timer is turned off, since the deadline here is
 //! the stricter bound.
 
 use std::sync::Arc;

@@ -58,3 +58,62 @@ impl HeadClock {
         alarm.as_mut().poll(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    /// Whether `clock`'s deadline `due` has passed, polled once.
+    async fn late(clock: &HeadClock, due: Instant) -> bool {
+        std::future::poll_fn(|cx| Poll::Ready(clock.poll_late(cx, due).is_ready())).await
+    }
+
+    #[test]
+    fn a_connection_begins_with_the_head_deadline_then_keeps_alive() {
+        let clock = HeadClock::default();
+        assert!(!clock.begin(), "the first request: a new connection");
+        clock.head_received();
+        assert!(clock.head_seen());
+        assert!(clock.begin(), "the next: a kept-alive one");
+        assert!(!clock.head_seen(), "its head not seen yet");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_moved_later_passes_at_the_later_instant_only() {
+        let clock = HeadClock::default();
+        assert!(!late(&clock, Instant::now() + SECOND).await);
+        tokio::time::advance(SECOND / 2).await;
+        let later = Instant::now() + SECOND;
+        assert!(!late(&clock, later).await);
+        tokio::time::advance(SECOND * 3 / 4).await;
+        assert!(
+            !late(&clock, later).await,
+            "past the first instant, not the later one"
+        );
+        tokio::time::advance(SECOND / 2).await;
+        assert!(late(&clock, later).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_moved_earlier_or_after_it_passed_holds_its_own_instant() {
+        let clock = HeadClock::default();
+        assert!(!late(&clock, Instant::now() + SECOND * 60).await);
+        let earlier = Instant::now() + SECOND;
+        assert!(!late(&clock, earlier).await);
+        tokio::time::advance(SECOND * 2).await;
+        assert!(
+            late(&clock, earlier).await,
+            "an earlier deadline passes at its own instant"
+        );
+        let next = Instant::now() + SECOND;
+        assert!(
+            !late(&clock, next).await,
+            "a passed deadline is not carried to the next"
+        );
+        tokio::time::advance(SECOND * 2).await;
+        assert!(late(&clock, next).await);
+    }
+}

@@ -549,6 +549,24 @@ fn site_taken(c: &mut Criterion) {
     one_thread_against_two(c, "site taken", "", &cases);
 }
 
+/// A response taking a header value built from the configuration (the tier's
+/// `RateLimit-Policy`) and letting it go: a clone of the one value (before), of its thread's copy
+/// (now).
+fn config_header_value(c: &mut Criterion) {
+    use sluice::limiter::per_thread::ThreadCopies;
+    let value = HeaderValue::from_bytes(b"\"per_client\";q=100;w=60").expect("a header value");
+    // As a route holds it: cloned once already, so its bytes are shared.
+    let shared = (value.clone(), value);
+    let copies = ThreadCopies::new(shared.0.clone());
+    let cases: [(&str, &(dyn Fn() + Sync)); 2] = [
+        ("the value cloned", &|| drop(black_box(shared.0.clone()))),
+        ("its thread's copy cloned", &|| {
+            drop(black_box(copies.get()))
+        }),
+    ];
+    one_thread_against_two(c, "config header value", "", &cases);
+}
+
 criterion_group!(
     benches,
     hot_path,
@@ -561,6 +579,7 @@ criterion_group!(
     retry_budget,
     decision_meters,
     site_taken,
-    deny_cache_lookup
+    deny_cache_lookup,
+    config_header_value
 );
 criterion_main!(benches);

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use http::header::{HeaderMap, HeaderValue};
 
+use crate::limiter::per_thread::ThreadCopies;
 use crate::limiter::{
     deciding, Answered, Deciding, LimitRecord, LimiterError, Outcome, Policy, Retry, Verdict,
 };
@@ -93,9 +94,10 @@ impl<'a> LimitsSaid<'a> {
         self.answered.retry
     }
 
-    /// The `RateLimit-Policy` value of the tier, when the route sends rate-limit headers.
-    pub fn policy_header(&self) -> Option<&'a HeaderValue> {
-        self.tier.policy_header.as_ref()
+    /// The `RateLimit-Policy` value of the tier, when the route sends rate-limit headers: this
+    /// thread's copy.
+    pub fn policy_header(&self) -> Option<HeaderValue> {
+        self.tier.policy_header.as_ref().map(ThreadCopies::get)
     }
 }
 

@@ -408,7 +408,10 @@ mod tests {
         let tier = tier.expect("an overridden tier");
         let names: Vec<&str> = tier.limits.iter().map(|l| &*l.limit.exact.name).collect();
         assert_eq!(names, ["a"], "b is lifted");
-        let policy = tier.policy_header.as_ref().and_then(|v| v.to_str().ok());
+        let policy = tier
+            .policy_header
+            .as_ref()
+            .and_then(|v| v.original().to_str().ok());
         assert_eq!(policy, Some("\"a\";q=20;w=60"));
         let next = Site::build(
             Config::from_yaml(Path::new("site.yaml"), yaml).expect("a valid config"),

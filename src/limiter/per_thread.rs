@@ -124,6 +124,55 @@ impl<T> ThreadHandles<T> {
     }
 }
 
+/// A value every request clones (a header value built from the configuration), copied once per
+/// slot: a clone of its thread's copy writes a count (its `Bytes`'s) that only that slot's
+/// threads write, where a clone of the original would write one count every core writes. Each
+/// copy is made from the value's bytes, in an allocation of its own, on its thread's first
+/// clone (a header value's copy is not marked sensitive: none of those copied is).
+pub struct ThreadCopies<T> {
+    original: T,
+    copies: PerThread<T>,
+}
+
+/// What a copy is made of, and made from: its bytes.
+pub trait Bytewise: Clone + AsRef<[u8]> + for<'a> TryFrom<&'a [u8]> {}
+
+impl<T: Clone + AsRef<[u8]> + for<'a> TryFrom<&'a [u8]>> Bytewise for T {}
+
+impl<T: Bytewise> ThreadCopies<T> {
+    /// Copies of `original`, none made yet.
+    pub fn new(original: T) -> ThreadCopies<T> {
+        ThreadCopies {
+            original,
+            copies: PerThread::new(),
+        }
+    }
+
+    /// The value itself, for reading (never cloned per request).
+    pub fn original(&self) -> &T {
+        &self.original
+    }
+
+    /// A clone of this thread's copy.
+    pub fn get(&self) -> T {
+        let copy = || T::try_from(self.original.as_ref()).unwrap_or_else(|_| self.original.clone());
+        self.copies.local(copy).clone()
+    }
+}
+
+/// Copies of the same value, none made yet.
+impl<T: Bytewise> Clone for ThreadCopies<T> {
+    fn clone(&self) -> ThreadCopies<T> {
+        ThreadCopies::new(self.original.clone())
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for ThreadCopies<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.original.fmt(f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +223,34 @@ mod tests {
             2 + made,
             "ours, the handles' and one per handle"
         );
+    }
+
+    #[test]
+    fn each_thread_clones_its_own_copy_of_a_value() {
+        // A header value as the limiter sees one: bytes in a shared allocation.
+        let value: Arc<[u8]> = Arc::from(&b"\"a\";q=10;w=1"[..]);
+        let copies = ThreadCopies {
+            original: value,
+            copies: PerThread::with_slots(2),
+        };
+        let (first, again) = (copies.get(), copies.get());
+        assert_eq!(first, *copies.original());
+        let at = |v: &Arc<[u8]>| v.as_ptr();
+        assert_eq!(at(&first), at(&again), "one copy per thread");
+        assert_ne!(
+            at(&first),
+            at(copies.original()),
+            "the copy is not the original"
+        );
+        let other = std::thread::scope(|scope| {
+            let other = scope.spawn(|| (copies.copies.mine(), copies.get()));
+            other.join()
+        });
+        let (slot, other) = other.expect("a thread");
+        assert_eq!(other, *copies.original());
+        // Threads are numbered across the whole test binary: the other may share our slot.
+        let ours = slot == copies.copies.mine();
+        assert_eq!(at(&first) == at(&other), ours, "a copy per slot");
     }
 
     #[test]

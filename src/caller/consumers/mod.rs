@@ -17,6 +17,8 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 use strum::{EnumCount, IntoStaticStr, VariantArray};
 
+use crate::limiter::per_thread::ThreadCopies;
+
 pub use verify::{CertificateCheck, CertificateField, Credentials, KeyCheck, Verifiers};
 
 /// Longest consumer id accepted from any credential (ids are hashed into keys and written to the
@@ -70,7 +72,7 @@ impl PlanSlot {
 pub struct Plans {
     names: Box<[Arc<str>]>,
     /// Each name as a header value (`X-Consumer-Plan`), made once.
-    values: Box<[http::HeaderValue]>,
+    values: Box<[ThreadCopies<http::HeaderValue>]>,
     default: Option<PlanId>,
 }
 
@@ -82,6 +84,7 @@ impl Plans {
             values: names
                 .iter()
                 .filter_map(|name| http::HeaderValue::from_str(name).ok())
+                .map(ThreadCopies::new)
                 .collect(),
             names: names.into(),
             default,
@@ -99,9 +102,9 @@ impl Plans {
         self.names.get(usize::from(plan.0)).map_or("", |n| n)
     }
 
-    /// The plan's name as a header value.
-    pub fn header_value(&self, plan: PlanId) -> Option<&http::HeaderValue> {
-        self.values.get(usize::from(plan.0))
+    /// The plan's name as a header value: this thread's copy.
+    pub fn header_value(&self, plan: PlanId) -> Option<http::HeaderValue> {
+        self.values.get(usize::from(plan.0)).map(ThreadCopies::get)
     }
 
     /// The `plan` label of each [`PlanSlot`], in order: [`NO_PLAN`], then each plan's name.

@@ -36,7 +36,7 @@ pub fn set_headers(request: &mut RequestHeader, exchange: &Exchange<Pool>) -> pi
     }
     let plans = config.consumers.plans();
     if let Some(plan) = consumer.plan.and_then(|plan| plans.header_value(plan)) {
-        request.insert_header("X-Consumer-Plan", plan.clone())?;
+        request.insert_header("X-Consumer-Plan", plan)?;
     }
     Ok(())
 }

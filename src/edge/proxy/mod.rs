@@ -643,7 +643,8 @@ impl ProxyHttp for Gateway {
             })?;
             upstream_request.set_uri(uri);
         }
-        if let Some(host) = exchange.route().and_then(|r| r.upstream.host.clone()) {
+        if let Some(host) = exchange.route().and_then(|r| r.upstream.host.as_ref()) {
+            let host = host.get();
             upstream_request.insert_header(http::header::HOST, host)?;
         }
         caller::set_headers(upstream_request, exchange)?;

@@ -54,7 +54,7 @@ pub fn add_ratelimit_headers(
     said: LimitsSaid<'_>,
 ) -> pingora::Result<()> {
     if let Some(policy) = said.policy_header() {
-        header.insert_header(RATELIMIT_POLICY, policy.clone())?;
+        header.insert_header(RATELIMIT_POLICY, policy)?;
         if let Some(value) = ratelimit_value(&said) {
             header.insert_header(RATELIMIT, value)?;
         }

@@ -406,7 +406,7 @@ mod tests {
         assert_eq!(tier.rules.failure_mode(), FailureMode::Deny);
         assert_eq!(tier.limits.len(), 2);
         assert_eq!(
-            tier.policy_header.as_ref().unwrap().original(),
+            tier.policy_header.clone().unwrap(),
             "\"a\";q=10;w=1",
             "concurrency is not a rate"
         );

@@ -13,7 +13,6 @@ use super::choice::{chosen, BalanceName, Spelled};
 use super::limits::key_parts;
 use super::problem::{check_name, millis_within, within, Problems};
 use super::raw::{RawPassiveHealth, RawRetryBudget, RawRouteUpstream, RawUpstream, RawUpstreamTls};
-use crate::limiter::per_thread::ThreadCopies;
 use crate::route::upstream::CertificateFiles;
 use crate::route::upstream::{Balance, PassiveHealth, UpstreamSettings, UpstreamTls};
 use crate::route::upstream::{RetryBudgetRule, RetryCause, RetryPolicy};
@@ -402,16 +401,12 @@ fn compile_strip_prefix(
 }
 
 /// `host:`, the `Host` header sent upstream; `Err` when it is not a header value.
-fn compile_host(
-    at: &str,
-    host: Option<&str>,
-    p: &mut Problems,
-) -> Result<Option<ThreadCopies<HeaderValue>>, ()> {
+fn compile_host(at: &str, host: Option<&str>, p: &mut Problems) -> Result<Option<HeaderValue>, ()> {
     let Some(host) = host else {
         return Ok(None);
     };
     match HeaderValue::from_str(host) {
-        Ok(value) if !host.is_empty() => Ok(Some(ThreadCopies::new(value))),
+        Ok(value) if !host.is_empty() => Ok(Some(value)),
         _ => {
             p.add(format!("{at}.host"), format!("invalid Host value {host:?}"));
             Err(())
@@ -491,11 +486,6 @@ mod tests {
         })
     }
 
-    /// The `Host` the settings send upstream, if any.
-    fn host(settings: &UpstreamSettings) -> Option<&str> {
-        settings.host.as_ref()?.original().to_str().ok()
-    }
-
     const BILLING: &str =
         "upstreams: { billing: { servers: [127.0.0.1:1, 127.0.0.1:2], retries: 2, host: b.internal } }\n";
 
@@ -506,7 +496,7 @@ mod tests {
         let settings = settings.expect("it compiles");
         assert_eq!(settings.name.as_deref(), Some("billing"));
         assert_eq!((settings.servers.len(), settings.retry.attempts), (2, 2));
-        assert_eq!(host(&settings), Some("b.internal"));
+        assert_eq!(settings.host, Some(HeaderValue::from_static("b.internal")));
         let (settings, problems) = named(&format!(
             "{BILLING}upstream: {{ use: billing, strip_prefix: /pay, host: pay.internal }}\n"
         ));
@@ -514,11 +504,14 @@ mod tests {
         let settings = settings.expect("it compiles");
         assert_eq!(settings.name.as_deref(), Some("billing"));
         assert_eq!(settings.strip_prefix.as_deref(), Some("/pay"));
-        assert_eq!(host(&settings), Some("pay.internal"));
+        assert_eq!(
+            settings.host,
+            Some(HeaderValue::from_static("pay.internal"))
+        );
         let (settings, _) = named(&format!("{BILLING}upstream: {{ use: billing }}\n"));
         assert_eq!(
-            settings.as_ref().and_then(host),
-            Some("b.internal"),
+            settings.and_then(|s| s.host),
+            Some(HeaderValue::from_static("b.internal")),
             "the upstream's host when the route gives none"
         );
     }

@@ -62,6 +62,9 @@ impl Met {
 pub struct LimitsSaid<'a> {
     pub route: &'a Route,
     tier: &'a Tier,
+    /// The tier's `RateLimit-Policy` copied per thread (its route's runtime's); `None` for a
+    /// tier a quota override changed, whose own value is cloned.
+    policy: Option<&'a ThreadCopies<HeaderValue>>,
     limits: &'a [LimitMet],
     answered: Answered,
 }
@@ -94,10 +97,12 @@ impl<'a> LimitsSaid<'a> {
         self.answered.retry
     }
 
-    /// The `RateLimit-Policy` value of the tier, when the route sends rate-limit headers: this
-    /// thread's copy.
+    /// The `RateLimit-Policy` value of the tier, when the route sends rate-limit headers.
     pub fn policy_header(&self) -> Option<HeaderValue> {
-        self.tier.policy_header.as_ref().map(ThreadCopies::get)
+        match self.policy {
+            Some(copies) => Some(copies.get()),
+            None => self.tier.policy_header.clone(),
+        }
     }
 }
 
@@ -256,12 +261,21 @@ impl RequestLimits {
         }
     }
 
-    /// What the limits said, when a limiter decided them.
-    pub fn said<'a>(&'a self, route: &'a Route) -> Option<LimitsSaid<'a>> {
+    /// What the limits said, when a limiter decided them, on the route of `runtime`.
+    pub fn said<'a, S>(&'a self, runtime: &'a RouteRuntime<S>) -> Option<LimitsSaid<'a>> {
         let answered = self.verdict.as_ref()?.answered?;
+        let route = &*runtime.route;
+        let policy = match &self.met {
+            Some(Met {
+                id,
+                overridden: None,
+            }) => runtime.policy_header(*id),
+            _ => None,
+        };
         Some(LimitsSaid {
             route,
             tier: self.tier(route),
+            policy,
             limits: &self.limits,
             answered,
         })

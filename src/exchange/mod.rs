@@ -24,12 +24,15 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use http::HeaderValue;
+
 use crate::caller::address_lists::{AddressLists, Standing};
 use crate::caller::consumers::{AuthFailure, AuthMode, Consumer, Credentials, PlanId};
 use crate::exchange::answer::{
     Answer, ClientError, Decided, Unasked, UpstreamError, CLIENT_CLOSED,
 };
 use crate::limiter::adaptive::Permit;
+use crate::limiter::per_thread::ThreadCopies;
 use crate::limiter::{Backend, Limiter, Outcome, Policy, ReleaseSlots, SettleUnits, Verdict};
 use crate::route::keys::{self, RequestFacts};
 use crate::route::path;
@@ -456,6 +459,12 @@ impl<S: Servers> Exchange<S> {
         self.route.as_deref().map(|runtime| &*runtime.route)
     }
 
+    /// The `Host` its route sends upstream instead of the client's, this thread's copy.
+    pub fn upstream_host(&self) -> Option<HeaderValue> {
+        let runtime = self.route.as_deref()?;
+        runtime.upstream_host.as_ref().map(ThreadCopies::get)
+    }
+
     pub fn verdict(&self) -> Option<&Verdict> {
         self.limits.verdict()
     }
@@ -468,7 +477,7 @@ impl<S: Servers> Exchange<S> {
     /// The route, the limits the request met and what they said, for a request its limits
     /// refused or admitted: what the `RateLimit` headers and a `429`'s body are written from.
     pub fn limits_said(&self) -> Option<LimitsSaid<'_>> {
-        self.limits.said(self.route()?)
+        self.limits.said(self.route.as_deref()?)
     }
 
     /// The name of the limit that decided: the one that denied, or the shadow limit that

@@ -8,17 +8,17 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::Method;
+use http::{HeaderValue, Method};
 
 use super::meters::{self, Metrics, RouteMetrics};
 use super::overrides::{OverrideList, SiteOverrides};
-use crate::caller::consumers::{AuthMode, Consumer};
+use crate::caller::consumers::{AuthMode, Consumer, PlanId};
 use crate::caller::jwt::JwtVerifier;
 use crate::config::{Config, ConfigError};
 use crate::limiter::adaptive::{AdaptiveConcurrency, AdaptiveSettings};
 use crate::limiter::clock::Clock;
 use crate::limiter::paired;
-use crate::limiter::per_thread::Handle;
+use crate::limiter::per_thread::{Handle, ThreadCopies};
 use crate::observe::access_log::{self, AccessLog};
 use crate::observe::audit::AuditLog;
 use crate::observe::live::LiveViews;
@@ -39,6 +39,12 @@ pub struct RouteRuntime<S> {
     rotations: Box<[Rotation]>,
     /// Its upstream's adaptive concurrency limit on this gateway (`adaptive_concurrency`).
     pub adaptive: Option<Arc<AdaptiveConcurrency>>,
+    /// Each tier's `RateLimit-Policy` (by tier id), copied per thread: every response on the
+    /// route clones it.
+    policy_headers: Box<[Option<ThreadCopies<HeaderValue>>]>,
+    /// The `Host` sent upstream instead of the client's (`upstream.host`), copied per thread:
+    /// every request forwarded clones it.
+    pub upstream_host: Option<ThreadCopies<HeaderValue>>,
 }
 
 /// What lasts the whole process, built once at start (`edge::server`) and handed to every
@@ -101,11 +107,23 @@ impl<S: Servers> RouteRuntime<S> {
                 .map(|_| Rotation::default())
                 .collect(),
             adaptive,
+            policy_headers: route
+                .tiers
+                .all()
+                .iter()
+                .map(|tier| tier.policy_header.clone().map(ThreadCopies::new))
+                .collect(),
+            upstream_host: route.upstream.host.clone().map(ThreadCopies::new),
         }
     }
 }
 
 impl<S> RouteRuntime<S> {
+    /// The `RateLimit-Policy` of the route's tier `tier` as written, this thread's copy.
+    pub fn policy_header(&self, tier: TierId) -> Option<&ThreadCopies<HeaderValue>> {
+        self.policy_headers.get(usize::from(tier.0))?.as_ref()
+    }
+
     /// The round robin of the route's tier `tier`.
     pub fn rotation(&self, tier: TierId) -> &Rotation {
         // An id the route does not have meets its default tier, as `Tiers::get` says.
@@ -142,12 +160,22 @@ pub struct Site<S> {
     pub(crate) jwt: Option<Arc<JwtVerifier>>,
     /// The quota overrides in force (the admin API's), and their form for this site's routes.
     pub overrides: SiteOverrides,
+    /// Each plan's name as a header value (`X-Consumer-Plan`, by plan id), copied per thread:
+    /// every request of a caller on a plan clones it.
+    plan_headers: Box<[ThreadCopies<HeaderValue>]>,
 }
 
 impl<S> Site<S> {
     /// `consumer` on the plan a plan override puts it on, while one applies (before its tier
     /// is chosen, whether its plan may use a route is asked, and its plan is counted, logged
     /// and sent upstream).
+    /// `plan`'s name as a header value, this thread's copy.
+    pub fn plan_header(&self, plan: PlanId) -> Option<HeaderValue> {
+        self.plan_headers
+            .get(usize::from(plan.0))
+            .map(ThreadCopies::get)
+    }
+
     pub fn on_plan_in_force(&self, mut consumer: Consumer) -> Consumer {
         let compiled = self.overrides.compiled();
         if let Some(plan) = compiled.plan_of(&consumer.id) {
@@ -285,6 +313,14 @@ impl<S: Servers> Site<S> {
             clock: Arc::clone(&lasting.clock),
             views: Arc::clone(&lasting.views),
             jwt: jwt_verifier(&config, &handover),
+            plan_headers: config
+                .consumers
+                .plans()
+                .header_values()
+                .iter()
+                .cloned()
+                .map(ThreadCopies::new)
+                .collect(),
             config,
         })
     }
@@ -408,10 +444,7 @@ mod tests {
         let tier = tier.expect("an overridden tier");
         let names: Vec<&str> = tier.limits.iter().map(|l| &*l.limit.exact.name).collect();
         assert_eq!(names, ["a"], "b is lifted");
-        let policy = tier
-            .policy_header
-            .as_ref()
-            .and_then(|v| v.original().to_str().ok());
+        let policy = tier.policy_header.as_ref().and_then(|v| v.to_str().ok());
         assert_eq!(policy, Some("\"a\";q=20;w=60"));
         let next = Site::build(
             Config::from_yaml(Path::new("site.yaml"), yaml).expect("a valid config"),
@@ -424,6 +457,29 @@ mod tests {
             next.tier_for(&route, None).1.is_some(),
             "a reload keeps them in force: the process's, compiled for the new site"
         );
+    }
+
+    /// The header values a route's requests clone are copies of the compiled ones, made per
+    /// thread: the same bytes, never the same allocation.
+    #[test]
+    fn a_route_runtime_copies_the_header_values_its_requests_clone() {
+        let yaml = "listen: [127.0.0.1:1]\n\
+             routes: [{ name: r, match: { path_prefix: / }, upstream: { servers: [127.0.0.1:1], host: backend.internal }, limits: [{ name: a, rate: 10/s }] }]\n";
+        let config = Config::from_yaml(Path::new("site.yaml"), yaml).expect("a valid config");
+        let servers = InOrder::of(&config.routes);
+        let lasting = Lasting::new(Arc::new(ManualClock::default()));
+        let site = Site::build(config, &servers, &lasting, Handover::default()).expect("a site");
+        let runtime = site.route(0).expect("route r");
+        let at = |v: &HeaderValue| v.as_bytes().as_ptr();
+        let compiled = runtime.route.tiers.default().policy_header.clone();
+        let compiled = compiled.expect("a policy");
+        let copy = runtime.policy_header(TierId(0)).expect("copies").get();
+        assert_eq!(copy, "\"a\";q=10;w=1");
+        assert_ne!(at(&copy), at(&compiled), "a copy, not the compiled value");
+        let host = runtime.upstream_host.as_ref().expect("a host").get();
+        assert_eq!(host, "backend.internal");
+        let compiled = runtime.route.upstream.host.as_ref().expect("a host");
+        assert_ne!(at(&host), at(compiled), "a copy, not the compiled value");
     }
 
     #[test]

@@ -11,7 +11,6 @@ use http::header::HeaderValue;
 use crate::caller::consumers::{Consumer, PlanSlot};
 use smallvec::SmallVec;
 
-use crate::limiter::per_thread::ThreadCopies;
 use crate::limiter::redis::script::Algorithms;
 use crate::limiter::{
     fields, paired, paired_mut, Asked, Limit, LimitRecord, LimitRecords, LimitRules, Mismatch,
@@ -71,8 +70,8 @@ pub struct Tier {
     /// The route's hash tag and key head (each tier runs its own round robin).
     pub keys: RouteKeys,
     /// `RateLimit-Policy` value, or `None` when the route sends no rate-limit headers: a caller
-    /// sees its own tier's limits. Cloned by every response: a copy per thread.
-    pub policy_header: Option<ThreadCopies<HeaderValue>>,
+    /// sees its own tier's limits.
+    pub policy_header: Option<HeaderValue>,
     /// Whether the route sends rate-limit headers (`policy_header` is `None` also when no
     /// limit is shown).
     pub rate_limit_headers: bool,
@@ -231,9 +230,7 @@ impl Tier {
 
 /// `"a";q=10;w=1, "b";q=100;w=60`: the IETF httpapi RateLimit-Policy list, built once.
 /// Limits that are not rates (concurrency), shadow limits and hidden ones are not listed.
-pub fn policy_header<'a>(
-    limits: impl IntoIterator<Item = &'a Limit>,
-) -> Option<ThreadCopies<HeaderValue>> {
+pub fn policy_header<'a>(limits: impl IntoIterator<Item = &'a Limit>) -> Option<HeaderValue> {
     let mut value = Vec::new();
     for limit in limits {
         if let Some((quota, window)) = limit.advertised_policy() {
@@ -244,7 +241,7 @@ pub fn policy_header<'a>(
         return None;
     }
     // Names are checked to be a safe ASCII subset, so this cannot fail.
-    HeaderValue::from_bytes(&value).ok().map(ThreadCopies::new)
+    HeaderValue::from_bytes(&value).ok()
 }
 
 /// What `facts` costs `limit`: `Err` for a cost header that is not a whole number within the

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use http::header::HeaderValue;
 
-use crate::limiter::per_thread::ThreadCopies;
 use crate::route::keys::KeyPart;
 
 /// TLS to the upstream servers (HTTPS upstreams).
@@ -202,9 +201,7 @@ pub struct UpstreamSettings {
     /// Which failed tries go to another server, how many, within what budget.
     pub retry: RetryPolicy,
     pub strip_prefix: Option<String>,
-    /// The `Host` sent upstream instead of the client's; cloned by every request: a copy per
-    /// thread.
-    pub host: Option<ThreadCopies<HeaderValue>>,
+    pub host: Option<HeaderValue>,
     /// HTTPS to the servers; `None`: plain HTTP.
     pub tls: Option<UpstreamTls>,
     /// Speak HTTP/2 to the servers (by ALPN over TLS, with prior knowledge in the clear): what

@@ -17,8 +17,6 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 use strum::{EnumCount, IntoStaticStr, VariantArray};
 
-use crate::limiter::per_thread::ThreadCopies;
-
 pub use verify::{CertificateCheck, CertificateField, Credentials, KeyCheck, Verifiers};
 
 /// Longest consumer id accepted from any credential (ids are hashed into keys and written to the
@@ -72,7 +70,7 @@ impl PlanSlot {
 pub struct Plans {
     names: Box<[Arc<str>]>,
     /// Each name as a header value (`X-Consumer-Plan`), made once.
-    values: Box<[ThreadCopies<http::HeaderValue>]>,
+    values: Box<[http::HeaderValue]>,
     default: Option<PlanId>,
 }
 
@@ -84,7 +82,6 @@ impl Plans {
             values: names
                 .iter()
                 .filter_map(|name| http::HeaderValue::from_str(name).ok())
-                .map(ThreadCopies::new)
                 .collect(),
             names: names.into(),
             default,
@@ -102,9 +99,14 @@ impl Plans {
         self.names.get(usize::from(plan.0)).map_or("", |n| n)
     }
 
-    /// The plan's name as a header value: this thread's copy.
-    pub fn header_value(&self, plan: PlanId) -> Option<http::HeaderValue> {
-        self.values.get(usize::from(plan.0)).map(ThreadCopies::get)
+    /// The plan's name as a header value.
+    pub fn header_value(&self, plan: PlanId) -> Option<&http::HeaderValue> {
+        self.values.get(usize::from(plan.0))
+    }
+
+    /// Every plan's name as a header value, by plan id.
+    pub fn header_values(&self) -> &[http::HeaderValue] {
+        &self.values
     }
 
     /// The `plan` label of each [`PlanSlot`], in order: [`NO_PLAN`], then each plan's name.

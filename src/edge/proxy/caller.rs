@@ -34,8 +34,10 @@ pub fn set_headers(request: &mut RequestHeader, exchange: &Exchange<Pool>) -> pi
     if let Ok(id) = HeaderValue::from_str(&consumer.id) {
         request.insert_header("X-Consumer-Id", id)?;
     }
-    let plans = config.consumers.plans();
-    if let Some(plan) = consumer.plan.and_then(|plan| plans.header_value(plan)) {
+    if let Some(plan) = consumer
+        .plan
+        .and_then(|plan| exchange.site().plan_header(plan))
+    {
         request.insert_header("X-Consumer-Plan", plan)?;
     }
     Ok(())

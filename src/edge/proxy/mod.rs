@@ -643,8 +643,7 @@ impl ProxyHttp for Gateway {
             })?;
             upstream_request.set_uri(uri);
         }
-        if let Some(host) = exchange.route().and_then(|r| r.upstream.host.as_ref()) {
-            let host = host.get();
+        if let Some(host) = exchange.upstream_host() {
             upstream_request.insert_header(http::header::HOST, host)?;
         }
         caller::set_headers(upstream_request, exchange)?;

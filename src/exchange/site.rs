@@ -166,9 +166,6 @@ pub struct Site<S> {
 }
 
 impl<S> Site<S> {
-    /// `consumer` on the plan a plan override puts it on, while one applies (before its tier
-    /// is chosen, whether its plan may use a route is asked, and its plan is counted, logged
-    /// and sent upstream).
     /// `plan`'s name as a header value, this thread's copy.
     pub fn plan_header(&self, plan: PlanId) -> Option<HeaderValue> {
         self.plan_headers
@@ -176,6 +173,9 @@ impl<S> Site<S> {
             .map(ThreadCopies::get)
     }
 
+    /// `consumer` on the plan a plan override puts it on, while one applies (before its tier
+    /// is chosen, whether its plan may use a route is asked, and its plan is counted, logged
+    /// and sent upstream).
     pub fn on_plan_in_force(&self, mut consumer: Consumer) -> Consumer {
         let compiled = self.overrides.compiled();
         if let Some(plan) = compiled.plan_of(&consumer.id) {

@@ -43,6 +43,16 @@ fn plain_gateway(upstream: &Upstream, config: Config) -> Gateway {
     Gateway::start(&config.yaml(), upstream, None)
 }
 
+/// A gateway of one route whose head deadline is `head_ms` and keep-alive deadline
+/// `keepalive_ms`.
+fn with_deadlines(upstream: &Upstream, head_ms: u64, keepalive_ms: u64) -> Gateway {
+    let config = Config::new()
+        .server("request_head_timeout_ms", head_ms)
+        .server("keepalive_timeout_ms", keepalive_ms)
+        .route(route("all"));
+    plain_gateway(upstream, config)
+}
+
 #[test]
 fn only_origin_absolute_and_asterisk_targets_are_accepted() {
     let upstream = Upstream::start();
@@ -431,11 +441,7 @@ fn upstream_failures_are_502_and_504_in_problem_style() {
 #[test]
 fn a_busy_kept_alive_connection_gets_a_fresh_deadline_for_each_head() {
     let upstream = Upstream::start();
-    let config = Config::new()
-        .server("request_head_timeout_ms", 60_000)
-        .server("keepalive_timeout_ms", 1000)
-        .route(route("all"));
-    let gateway = plain_gateway(&upstream, config);
+    let gateway = with_deadlines(&upstream, 60_000, 1000);
     let mut stream = TcpStream::connect(gateway.proxy).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -465,11 +471,7 @@ fn a_busy_kept_alive_connection_gets_a_fresh_deadline_for_each_head() {
 #[test]
 fn slow_heads_and_idle_connections_are_closed_and_others_still_served() {
     let upstream = Upstream::start();
-    let config = Config::new()
-        .server("request_head_timeout_ms", 1000)
-        .server("keepalive_timeout_ms", 60_000)
-        .route(route("all"));
-    let gateway = plain_gateway(&upstream, config);
+    let gateway = with_deadlines(&upstream, 1000, 60_000);
     let proxy = gateway.proxy;
 
     // 200 clients trickle a request head, one byte every 300 ms.
@@ -520,11 +522,7 @@ fn slow_heads_and_idle_connections_are_closed_and_others_still_served() {
     }
 
     // An idle kept-alive connection is closed after keepalive_timeout.
-    let config = Config::new()
-        .server("request_head_timeout_ms", 60_000)
-        .server("keepalive_timeout_ms", 1000)
-        .route(route("all"));
-    let gateway = plain_gateway(&upstream, config);
+    let gateway = with_deadlines(&upstream, 60_000, 1000);
     let mut idle = TcpStream::connect(gateway.proxy).unwrap();
     idle.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();

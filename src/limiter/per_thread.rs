@@ -135,12 +135,8 @@ pub struct ThreadCopies<T> {
     copies: PerThread<T>,
 }
 
-/// What a copy is made of, and made from: its bytes.
-pub trait Bytewise: Clone + AsRef<[u8]> + for<'a> TryFrom<&'a [u8]> {}
-
-impl<T: Clone + AsRef<[u8]> + for<'a> TryFrom<&'a [u8]>> Bytewise for T {}
-
-impl<T: Bytewise> ThreadCopies<T> {
+/// A copy is made from the value's bytes.
+impl<T: Clone + AsRef<[u8]> + for<'a> TryFrom<&'a [u8]>> ThreadCopies<T> {
     /// Copies of `original`, none made yet.
     pub fn new(original: T) -> ThreadCopies<T> {
         ThreadCopies {
@@ -149,22 +145,10 @@ impl<T: Bytewise> ThreadCopies<T> {
         }
     }
 
-    /// The value itself, for reading (never cloned per request).
-    pub fn original(&self) -> &T {
-        &self.original
-    }
-
     /// A clone of this thread's copy.
     pub fn get(&self) -> T {
         let copy = || T::try_from(self.original.as_ref()).unwrap_or_else(|_| self.original.clone());
         self.copies.local(copy).clone()
-    }
-}
-
-/// Copies of the same value, none made yet.
-impl<T: Bytewise> Clone for ThreadCopies<T> {
-    fn clone(&self) -> ThreadCopies<T> {
-        ThreadCopies::new(self.original.clone())
     }
 }
 
@@ -235,12 +219,12 @@ mod tests {
             copies: PerThread::with_slots(2),
         };
         let (first, again) = (copies.get(), copies.get());
-        assert_eq!(first, *copies.original());
+        assert_eq!(first, copies.original);
         let at = |v: &Arc<[u8]>| v.as_ptr();
         assert_eq!(at(&first), at(&again), "one copy per thread");
         assert_ne!(
             at(&first),
-            at(copies.original()),
+            at(&copies.original),
             "the copy is not the original"
         );
         // Threads are numbered across the whole test binary: a new one may share our slot, so
@@ -255,7 +239,7 @@ mod tests {
             (slot != ours).then_some(other)
         });
         let other = other.expect("a thread with the other slot");
-        assert_eq!(other, *copies.original());
+        assert_eq!(other, copies.original);
         assert_ne!(at(&first), at(&other), "another slot, another copy");
     }
 

@@ -99,11 +99,6 @@ impl Plans {
         self.names.get(usize::from(plan.0)).map_or("", |n| n)
     }
 
-    /// The plan's name as a header value.
-    pub fn header_value(&self, plan: PlanId) -> Option<&http::HeaderValue> {
-        self.values.get(usize::from(plan.0))
-    }
-
     /// Every plan's name as a header value, by plan id.
     pub fn header_values(&self) -> &[http::HeaderValue] {
         &self.values

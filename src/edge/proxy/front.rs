@@ -3,13 +3,12 @@
 //! `keepalive_timeout` of the previous response. A connection that misses its deadline is closed
 //! without an answer (what nginx does), so a client trickling bytes holds a task for the deadline
 //! at most, and others are served meanwhile. One timer per connection (its [`HeadClock`], kept
-//! with its stream) bounds each whole head: it
-//! is armed the first time a head is not read at the first try, and each later request that
-//! waits for its head moves it later, usually with one atomic write (the runtime files it again,
-//! under its lock, when its old instant comes, or at once when the new one is earlier or the
-//! timer has already fired), so a busy keep-alive connection costs one timer per deadline's
-//! length, not one per request. Pingora's own per-read keep-alive timer is turned off, since the deadline here is
-//! the stricter bound.
+//! with its stream) bounds each whole head: it is armed the first time a head is not read at
+//! the first try, and each later request that waits for its head moves it later, usually with
+//! one atomic write (the runtime files it again, under its lock, when its old instant comes, or
+//! at once when the new one is earlier or the timer has already fired), so a busy keep-alive
+//! connection costs one timer per deadline's length, not one per request. Pingora's own
+//! per-read keep-alive timer is turned off, since the deadline here is the stricter bound.
 
 use std::sync::Arc;
 use std::task::Poll;

@@ -78,14 +78,15 @@ pub fn target(head: &Head<'_>) -> Result<Target, Answer> {
     }
 }
 
-/// A `Host` that names one host and at most one numeric port; HTTP/1.1 requires one.
-pub fn check_host(req: &Parts) -> Result<(), Answer> {
+/// A `Host` that names one host and at most one numeric port; HTTP/1.1 requires one. Returns
+/// the header's text, when the request carries one, for [`host_from`].
+pub fn check_host(req: &Parts) -> Result<Option<&str>, Answer> {
     let mut hosts = req.headers.get_all(http::header::HOST).iter();
     let Some(host) = hosts.next() else {
         // HTTP/2 carries the authority in the URI instead.
         return match (req.version, req.uri.authority()) {
             (Version::HTTP_11, None) => Err(Answer::BadRequest(NO_HOST)),
-            _ => Ok(()),
+            _ => Ok(None),
         };
     };
     if hosts.next().is_some() {
@@ -93,7 +94,7 @@ pub fn check_host(req: &Parts) -> Result<(), Answer> {
     }
     let host = host.to_str().map_err(|_| Answer::BadRequest(BAD_HOST))?;
     valid_authority(host)
-        .then_some(())
+        .then_some(Some(host))
         .ok_or(Answer::BadRequest(BAD_HOST))
 }
 
@@ -168,15 +169,17 @@ pub fn declared_body_length(req: &Parts) -> Option<u64> {
 
 /// The request's host, lowercased, without port or trailing dot.
 pub fn host(req: &Parts) -> Cow<'_, str> {
-    let raw = req
-        .uri
-        .host()
-        .or_else(|| {
-            req.headers
-                .get(http::header::HOST)
-                .and_then(|h| h.to_str().ok())
-        })
-        .unwrap_or("");
+    let header = req
+        .headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    host_from(req, header)
+}
+
+/// As [`host`], with the `Host` header's text already found (by [`check_host`]): the URI's
+/// host when it names one, else `header`.
+pub fn host_from<'a>(req: &'a Parts, header: Option<&'a str>) -> Cow<'a, str> {
+    let raw = req.uri.host().or(header).unwrap_or("");
     let without_port = match raw.rfind(':') {
         Some(i) if !raw.ends_with(']') && raw[i + 1..].bytes().all(|b| b.is_ascii_digit()) => {
             &raw[..i]

@@ -229,9 +229,9 @@ impl<S: Servers> Exchange<S> {
             return Err(answer);
         }
         self.target = head::target(head)?;
-        head::check_host(req)?;
+        let host_header = head::check_host(req)?;
         let config = &self.site.config;
-        let host = head::host(req);
+        let host = head::host_from(req, host_header);
         let path = match self.target {
             Target::Asterisk => Cow::Borrowed("/"),
             _ => path::normalize(req.uri.path(), config.paths)

@@ -175,6 +175,34 @@ async fn requests_without_a_route_or_readable_head_are_answered_before_any_limit
 }
 
 #[tokio::test]
+async fn the_host_a_request_names_picks_its_route_case_port_and_trailing_dot_aside() {
+    let yaml = "listen: [127.0.0.1:1]\n\
+                routes:\n\
+                \x20 - { name: api, match: { host: api.example.com, path_prefix: /t }, upstream: { servers: [127.0.0.1:1] } }\n\
+                \x20 - { name: rest, match: { path_prefix: /t }, upstream: { servers: [127.0.0.1:1] } }\n";
+    let g = gateway_of(Config::from_yaml(Path::new("test.yaml"), yaml).expect("a valid config"));
+    let route_of = |target: &str, host: &'static str| {
+        let mut parts = head(target);
+        parts.headers.insert("host", HeaderValue::from_static(host));
+        parts
+    };
+    for (target, host, route) in [
+        ("/t", "API.example.COM.:8080", "api"),
+        ("/t", "api.example.com", "api"),
+        ("/t", "www.example.com", "rest"),
+        // A URI's authority (HTTP/2's `:authority`) names the host, whatever a `Host` says (an
+        // HTTP/1.1 absolute target whose `Host` differs, Pingora refuses before sluice).
+        ("http://api.example.com/t", "www.example.com", "api"),
+        ("http://www.example.com/t", "api.example.com", "rest"),
+    ] {
+        let (exchange, admission) = g.admit_parts(&route_of(target, host)).await;
+        assert_eq!(admission, ADMITTED, "{target} with Host {host}");
+        let name = exchange.route().map(|r| r.name.to_string());
+        assert_eq!(name.as_deref(), Some(route), "{target} with Host {host}");
+    }
+}
+
+#[tokio::test]
 async fn a_shaped_request_whose_client_left_gives_its_units_back() {
     // 10/s, no burst, held up to 500 ms: the second request at once waits 100 ms.
     let g = gateway("[{ name: s, key: [route], algorithm: gcra, rate: 10/s, max_delay: 500ms }]");

@@ -282,18 +282,19 @@ fn address_lists(c: &mut Criterion) {
 /// Reading and verifying a presented API key among 10,000 stored hashes: the header read, one
 /// SHA-256 and one lookup (docs/consumers.md#api-keys).
 fn api_keys(c: &mut Criterion) {
-    use sluice::caller::api_keys::{presented_key, ApiKey, ApiKeys, KeyHash};
-    let mut keys = ApiKeys::default();
+    use sluice::caller::api_keys::{presented_key, KeyHash, KeysBuilder, NewKey};
+    let mut keys = KeysBuilder::default();
     for i in 0..10_000 {
-        let key = ApiKey {
-            consumer: format!("consumer-{}", i % 1000).into(),
+        let consumer = format!("consumer-{}", i % 1000);
+        let key = NewKey {
+            consumer: &consumer,
             plan: None,
             disabled: false,
         };
         let secret = format!("sk_bench_key_{i:032}");
-        keys.insert(KeyHash::of(secret.as_bytes()), key, i)
-            .expect("distinct keys");
+        keys.add(KeyHash::of(secret.as_bytes()), key, i);
     }
+    let keys = keys.build();
     let name = http::header::HeaderName::from_static("x-api-key");
     let mut headers = HeaderMap::new();
     headers.insert(

@@ -119,7 +119,7 @@ fn an_issued_key_is_verified_by_the_file_its_hash_is_listed_in() {
         .verify(key.as_bytes())
         .expect("the issued key verifies");
     assert_eq!(
-        (&*found.consumer, found.plan.as_deref(), found.disabled),
+        (&**found.consumer, found.plan, found.disabled),
         ("acme", Some("pro"), false)
     );
     assert!(keys.verify(hash.trim().as_bytes()).is_none());

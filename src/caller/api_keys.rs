@@ -4,11 +4,16 @@
 //! Keys are high-entropy secrets that sluice generates (`sluice gen-key`), so a fast unsalted
 //! SHA-256 is enough to keep them unreadable at rest (docs/consumers.md says why no
 //! password hash and no keyed hash). Verifying hashes the presented key once, finds the stored
-//! hashes by the first 8 bytes of that digest, and compares each whole digest in constant time
-//! (`subtle`): the time taken tells a caller nothing about how near its key is to a stored one.
-//! The file is read and checked by `config::api_key_file`; this module knows no YAML.
+//! hashes that share the first bits of that digest (about one), and compares each whole digest
+//! in constant time (`subtle`): the time taken tells a caller nothing about how near its key
+//! is to a stored one.
+//!
+//! The store is compact, since a file may hold a million keys: 52 to 56 bytes a key (its hash,
+//! its consumer's and plan's places in tables that hold each once, its index in the file, and
+//! where its run of hashes starts), plus each distinct consumer id once. The file is read and
+//! checked by `config::api_key_file`; this module knows no YAML.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -61,11 +66,11 @@ impl KeyHash {
         Ok(KeyHash(bytes))
     }
 
-    /// The first 8 bytes: where the store files the hash.
-    fn bucket(&self) -> u64 {
+    /// The first 8 bytes, in the order the store sorts hashes by.
+    fn prefix(&self) -> u64 {
         let mut first = [0u8; 8];
         first.copy_from_slice(&self.0[..8]);
-        u64::from_le_bytes(first)
+        u64::from_be_bytes(first)
     }
 }
 
@@ -102,75 +107,166 @@ fn shorten(text: &str) -> String {
     }
 }
 
+/// A key to store: its consumer, its plan as the file names it (`None`: the default plan),
+/// and whether it is revoked.
+#[derive(Debug, Clone, Copy)]
+pub struct NewKey<'a> {
+    pub consumer: &'a str,
+    pub plan: Option<&'a str>,
+    pub disabled: bool,
+}
+
 /// What a verified key says about its caller.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiKey {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiKey<'a> {
     /// One customer across all of their keys: the keys of one consumer share one `Arc`.
-    pub consumer: Arc<str>,
+    pub consumer: &'a Arc<str>,
     /// The consumer's plan as written in the file; `None` is the default plan.
-    pub plan: Option<Box<str>>,
+    pub plan: Option<&'a str>,
     /// A revoked key: verified, then refused (403), so the caller learns it was revoked.
     pub disabled: bool,
 }
 
-/// One stored key: its hash, what it says, and where it stands in the file.
+/// [`Entry::plan`] of a key on the default plan.
+const DEFAULT_PLAN: u32 = u32::MAX;
+
+/// One stored key in 48 bytes: its hash, its consumer's and its plan's places in the store's
+/// tables, and its index in the file.
 #[derive(Debug)]
 struct Entry {
     hash: KeyHash,
-    key: ApiKey,
-    index: usize,
+    consumer: u32,
+    plan: u32,
+    index: u32,
+    disabled: bool,
 }
 
-/// Every key of the file, filed by the first 8 bytes of their hashes.
+/// The keys of a file as they are added, for [`KeysBuilder::build`].
 #[derive(Debug, Default)]
-pub struct ApiKeys {
+pub struct KeysBuilder {
     entries: Vec<Entry>,
-    buckets: HashMap<u64, Vec<usize>>,
-    consumers: HashSet<Arc<str>>,
+    consumers: Vec<Arc<str>>,
+    consumer_at: HashMap<Arc<str>, u32>,
+    plans: Vec<Box<str>>,
 }
 
-impl ApiKeys {
-    /// Adds the key whose hash is `hash`, `index`th in the file; a hash already stored is refused
-    /// with the index of the key that has it.
-    pub fn insert(&mut self, hash: KeyHash, mut key: ApiKey, index: usize) -> Result<(), usize> {
-        if let Some(earlier) = self.find(&hash) {
-            return Err(earlier.index);
-        }
-        key.consumer = self.shared_consumer(&key.consumer);
-        self.buckets
-            .entry(hash.bucket())
-            .or_default()
-            .push(self.entries.len());
-        self.entries.push(Entry { hash, key, index });
-        Ok(())
+impl KeysBuilder {
+    /// Adds the key whose hash is `hash`, `index`th in the file. A hash added twice keeps the
+    /// key of the lower index (the file's reader refuses such a file first).
+    pub fn add(&mut self, hash: KeyHash, key: NewKey<'_>, index: usize) {
+        let consumer = self.consumer(key.consumer);
+        let plan = key.plan.map_or(DEFAULT_PLAN, |plan| self.plan(plan));
+        self.entries.push(Entry {
+            hash,
+            consumer,
+            plan,
+            index: u32::try_from(index).unwrap_or(u32::MAX),
+            disabled: key.disabled,
+        });
     }
 
-    /// The one `Arc` of consumer `id`.
-    fn shared_consumer(&mut self, id: &Arc<str>) -> Arc<str> {
-        match self.consumers.get(id) {
-            Some(shared) => shared.clone(),
+    /// The place of consumer `id`, stored once.
+    fn consumer(&mut self, id: &str) -> u32 {
+        if let Some(&at) = self.consumer_at.get(id) {
+            return at;
+        }
+        let at = table_place(self.consumers.len());
+        let id: Arc<str> = id.into();
+        self.consumers.push(Arc::clone(&id));
+        self.consumer_at.insert(id, at);
+        at
+    }
+
+    /// The place of plan `name`, stored once (a file names few plans).
+    fn plan(&mut self, name: &str) -> u32 {
+        match self.plans.iter().position(|plan| &**plan == name) {
+            Some(at) => table_place(at),
             None => {
-                self.consumers.insert(id.clone());
-                id.clone()
+                self.plans.push(name.into());
+                table_place(self.plans.len() - 1)
             }
         }
     }
 
+    /// The store: the keys sorted by hash and their runs found, without the room and the
+    /// index building needed.
+    pub fn build(self) -> ApiKeys {
+        let mut entries = self.entries;
+        entries.sort_unstable_by(|a, b| a.hash.0.cmp(&b.hash.0).then(a.index.cmp(&b.index)));
+        entries.dedup_by(|later, first| later.hash == first.hash);
+        entries.shrink_to_fit();
+        let mut consumers = self.consumers;
+        consumers.shrink_to_fit();
+        let bits = entries.len().next_power_of_two().trailing_zeros().min(32);
+        let mut starts = vec![0u32; (1usize << bits) + 1];
+        for entry in &entries {
+            starts[run(entry.hash.prefix(), bits) + 1] += 1;
+        }
+        for at in 1..starts.len() {
+            starts[at] += starts[at - 1];
+        }
+        ApiKeys {
+            entries: entries.into_boxed_slice(),
+            bits,
+            starts: starts.into_boxed_slice(),
+            consumers: consumers.into_boxed_slice(),
+            plans: self.plans.into_boxed_slice(),
+        }
+    }
+}
+
+/// The run of a hash whose first 8 bytes are `prefix`: its first `bits` bits.
+fn run(prefix: u64, bits: u32) -> usize {
+    prefix.checked_shr(64 - bits).unwrap_or(0) as usize
+}
+
+/// A place in one of the store's tables; a table never holds more than a file's keys.
+fn table_place(at: usize) -> u32 {
+    u32::try_from(at).expect("fewer than 2^32 keys in a file")
+}
+
+/// Every key of the file, sorted by hash, in runs by the first `bits` bits of their hashes:
+/// run `r` is `entries[starts[r]..starts[r + 1]]`. There are as many runs as keys, rounded up
+/// to a power of two (4 to 8 bytes a key), so a run holds about one key and finding a key
+/// reads one run: no search.
+#[derive(Debug, Default)]
+pub struct ApiKeys {
+    entries: Box<[Entry]>,
+    bits: u32,
+    starts: Box<[u32]>,
+    consumers: Box<[Arc<str>]>,
+    plans: Box<[Box<str>]>,
+}
+
+impl ApiKeys {
     /// The key `presented` by a caller, if it is stored (disabled or not).
-    pub fn verify(&self, presented: &[u8]) -> Option<&ApiKey> {
-        self.find(&KeyHash::of(presented)).map(|entry| &entry.key)
+    pub fn verify(&self, presented: &[u8]) -> Option<ApiKey<'_>> {
+        self.find(&KeyHash::of(presented))
+            .map(|entry| self.key(entry))
     }
 
-    /// The stored key with hash `hash`: every whole hash of its bucket compared in constant time.
+    /// The stored key with hash `hash`: every stored hash of its run is compared whole, in
+    /// constant time.
     fn find(&self, hash: &KeyHash) -> Option<&Entry> {
+        let run = run(hash.prefix(), self.bits);
+        let (Some(&from), Some(&to)) = (self.starts.get(run), self.starts.get(run + 1)) else {
+            return None;
+        };
         let mut found = None;
-        for &i in self.buckets.get(&hash.bucket())? {
-            let entry = &self.entries[i];
+        for entry in &self.entries[from as usize..to as usize] {
             if bool::from(entry.hash.0.ct_eq(&hash.0)) {
                 found = Some(entry);
             }
         }
         found
+    }
+
+    fn key(&self, entry: &Entry) -> ApiKey<'_> {
+        ApiKey {
+            consumer: &self.consumers[entry.consumer as usize],
+            plan: self.plans.get(entry.plan as usize).map(|plan| &**plan),
+            disabled: entry.disabled,
+        }
     }
 
     /// How many keys are stored.
@@ -182,9 +278,11 @@ impl ApiKeys {
         self.entries.is_empty()
     }
 
-    /// Every stored key, with its index in the file.
-    pub fn keys(&self) -> impl Iterator<Item = (usize, &ApiKey)> {
-        self.entries.iter().map(|entry| (entry.index, &entry.key))
+    /// Every stored key, with its index in the file, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = (usize, ApiKey<'_>)> {
+        self.entries
+            .iter()
+            .map(|entry| (entry.index as usize, self.key(entry)))
     }
 }
 
@@ -302,26 +400,34 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
-    fn key(consumer: &str, plan: Option<&str>, disabled: bool) -> ApiKey {
-        ApiKey {
-            consumer: consumer.into(),
-            plan: plan.map(Into::into),
+    const ENTRIES: [(&str, &str, Option<&str>, bool); 4] = [
+        ("acme-key-one-0123456789", "acme", Some("pro"), false),
+        ("acme-key-two-0123456789", "acme", None, false),
+        ("acme-revoked-0123456789", "acme", Some("pro"), true),
+        ("bolt-key-one-0123456789", "bolt", Some("free"), false),
+    ];
+
+    fn new_key<'a>(consumer: &'a str, plan: Option<&'a str>, disabled: bool) -> NewKey<'a> {
+        NewKey {
+            consumer,
+            plan,
             disabled,
         }
     }
 
     fn store() -> ApiKeys {
-        let mut keys = ApiKeys::default();
-        let entries = [
-            ("acme-key-one-0123456789", key("acme", Some("pro"), false)),
-            ("acme-key-two-0123456789", key("acme", None, false)),
-            ("acme-revoked-0123456789", key("acme", Some("pro"), true)),
-            ("bolt-key-one-0123456789", key("bolt", Some("free"), false)),
-        ];
-        for (i, (secret, key)) in entries.into_iter().enumerate() {
-            keys.insert(KeyHash::of(secret.as_bytes()), key, i).unwrap();
+        let mut keys = KeysBuilder::default();
+        for (i, (secret, consumer, plan, disabled)) in ENTRIES.into_iter().enumerate() {
+            let hash = KeyHash::of(secret.as_bytes());
+            keys.add(hash, new_key(consumer, plan, disabled), i);
         }
-        keys
+        keys.build()
+    }
+
+    /// What `keys` says of `secret`: its consumer, plan and whether it is revoked.
+    fn said<'a>(keys: &'a ApiKeys, secret: &str) -> Option<(&'a str, Option<&'a str>, bool)> {
+        let key = keys.verify(secret.as_bytes())?;
+        Some((&**key.consumer, key.plan, key.disabled))
     }
 
     #[test]
@@ -358,17 +464,26 @@ mod tests {
     fn a_stored_key_names_its_consumer_and_plan() {
         let keys = store();
         assert_eq!(keys.len(), 4);
+        for (secret, consumer, plan, disabled) in ENTRIES {
+            assert_eq!(
+                said(&keys, secret),
+                Some((consumer, plan, disabled)),
+                "{secret}"
+            );
+        }
+        let mut listed: Vec<_> = keys
+            .keys()
+            .map(|(i, key)| (i, &**key.consumer, key.plan))
+            .collect();
+        listed.sort();
         assert_eq!(
-            keys.verify(b"acme-key-one-0123456789"),
-            Some(&key("acme", Some("pro"), false))
-        );
-        assert_eq!(
-            keys.verify(b"bolt-key-one-0123456789"),
-            Some(&key("bolt", Some("free"), false))
-        );
-        assert_eq!(
-            keys.verify(b"acme-key-two-0123456789"),
-            Some(&key("acme", None, false))
+            listed,
+            [
+                (0, "acme", Some("pro")),
+                (1, "acme", None),
+                (2, "acme", Some("pro")),
+                (3, "bolt", Some("free"))
+            ]
         );
     }
 
@@ -382,6 +497,7 @@ mod tests {
         let hash = KeyHash::of(b"acme-key-one-0123456789").to_string();
         assert_eq!(keys.verify(hash.as_bytes()), None);
         assert_eq!(ApiKeys::default().verify(b"acme-key-one-0123456789"), None);
+        assert_eq!(KeysBuilder::default().build().verify(b""), None);
     }
 
     #[test]
@@ -389,7 +505,7 @@ mod tests {
         let keys = store();
         let revoked = keys.verify(b"acme-revoked-0123456789").unwrap();
         assert!(revoked.disabled);
-        assert_eq!(&*revoked.consumer, "acme");
+        assert_eq!(&**revoked.consumer, "acme");
     }
 
     #[test]
@@ -398,33 +514,86 @@ mod tests {
         let one = keys.verify(b"acme-key-one-0123456789").unwrap();
         let two = keys.verify(b"acme-key-two-0123456789").unwrap();
         let other = keys.verify(b"bolt-key-one-0123456789").unwrap();
-        assert!(Arc::ptr_eq(&one.consumer, &two.consumer));
+        assert!(Arc::ptr_eq(one.consumer, two.consumer));
         assert_ne!(one.consumer, other.consumer);
+        assert_eq!(store().consumers.len(), 2);
     }
 
     #[test]
-    fn a_hash_stored_twice_is_refused_with_the_first_index() {
-        let mut keys = store();
-        let again = keys.insert(
-            KeyHash::of(b"bolt-key-one-0123456789"),
-            key("other", None, false),
-            7,
+    fn a_hash_added_twice_keeps_the_first_key() {
+        let mut keys = KeysBuilder::default();
+        let hash = KeyHash::of(b"bolt-key-one-0123456789");
+        keys.add(hash, new_key("later", None, false), 7);
+        keys.add(hash, new_key("first", None, false), 3);
+        let keys = keys.build();
+        assert_eq!(keys.len(), 1);
+        assert_eq!(
+            said(&keys, "bolt-key-one-0123456789"),
+            Some(("first", None, false))
         );
-        assert_eq!(again, Err(3));
-        assert_eq!(keys.len(), 4);
     }
 
     #[test]
-    fn hashes_sharing_a_bucket_are_told_apart() {
-        let mut keys = ApiKeys::default();
+    fn hashes_sharing_their_first_bytes_are_told_apart() {
         let real = KeyHash::of(b"acme-key-one-0123456789");
-        let mut near = real;
-        near.0[31] ^= 1; // same first 8 bytes, another hash
-        keys.insert(near, key("near", None, false), 0).unwrap();
-        keys.insert(real, key("real", None, false), 1).unwrap();
-        assert_eq!(keys.buckets.len(), 1);
-        let found = keys.verify(b"acme-key-one-0123456789").unwrap();
-        assert_eq!(&*found.consumer, "real");
+        let mut keys = KeysBuilder::default();
+        // Hashes with the same first 8 bytes, one sorted before the real one and one after.
+        for (i, fill) in [0x00, 0xff].into_iter().enumerate() {
+            let mut near = real;
+            near.0[8..].fill(fill);
+            keys.add(near, new_key("near", None, false), i);
+        }
+        keys.add(real, new_key("real", None, false), 2);
+        let keys = keys.build();
+        // Three keys, four runs: the three in one.
+        assert_eq!((keys.bits, keys.starts.len()), (2, 5));
+        let at = run(real.prefix(), keys.bits);
+        assert_eq!(keys.starts[at + 1] - keys.starts[at], 3);
+        assert_eq!(
+            said(&keys, "acme-key-one-0123456789"),
+            Some(("real", None, false))
+        );
+        let mut unknown = real;
+        unknown.0[20] ^= 1;
+        assert!(keys.find(&unknown).is_none());
+    }
+
+    #[test]
+    fn a_key_is_found_among_many() {
+        let mut keys = KeysBuilder::default();
+        for i in 0..10_000 {
+            let secret = format!("many-key-{i:05}-0123456789");
+            keys.add(
+                KeyHash::of(secret.as_bytes()),
+                new_key("c", None, i % 2 == 0),
+                i,
+            );
+        }
+        let keys = keys.build();
+        for i in 0..10_000 {
+            let secret = format!("many-key-{i:05}-0123456789");
+            let found = keys.verify(secret.as_bytes()).map(|key| key.disabled);
+            assert_eq!(found, Some(i % 2 == 0), "{secret}");
+        }
+        assert_eq!(said(&keys, "many-key-10000-0123456789"), None);
+        // 10,000 keys in 16,384 runs: none holds more than a handful.
+        assert_eq!((keys.bits, keys.starts.len()), (14, 16_385));
+        let longest = keys.starts.windows(2).map(|w| w[1] - w[0]).max();
+        assert!(longest.is_some_and(|n| n <= 8), "{longest:?}");
+    }
+
+    #[test]
+    fn a_stored_key_takes_48_bytes_and_its_run_4_to_8() {
+        assert_eq!(std::mem::size_of::<Entry>(), 48);
+        for n in [1, 2, 3, 1000, 1024, 1025] {
+            let mut keys = KeysBuilder::default();
+            for i in 0..n {
+                let hash = KeyHash::of(format!("k{i}").as_bytes());
+                keys.add(hash, new_key("c", None, false), i);
+            }
+            let runs = keys.build().starts.len() - 1;
+            assert!(runs >= n && runs < 2 * n, "{n} keys, {runs} runs");
+        }
     }
 
     #[test]

@@ -23,7 +23,7 @@ use serde::Deserialize;
 use super::misfits;
 use super::problem::{Problem, Problems};
 use super::sources::Sources;
-use crate::caller::api_keys::{check_consumer, ApiKey, ApiKeys, KeyHash};
+use crate::caller::api_keys::{check_consumer, ApiKeys, KeyHash, KeysBuilder, NewKey};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -102,7 +102,7 @@ pub fn from_yaml_all(text: &str) -> KeyFile {
 
 /// Every key that is right, stored; a problem for each that is not; each key's plan.
 fn compile_keys(raw: Vec<RawKey>, p: &mut Problems) -> (ApiKeys, Vec<KeyPlan>) {
-    let mut keys = ApiKeys::default();
+    let mut keys = KeysBuilder::default();
     let mut plans = Vec::new();
     let mut first_with: HashMap<KeyHash, usize> = HashMap::new();
     for (i, raw) in raw.into_iter().enumerate() {
@@ -126,17 +126,17 @@ fn compile_keys(raw: Vec<RawKey>, p: &mut Problems) -> (ApiKeys, Vec<KeyPlan>) {
             continue;
         }
         first_with.insert(hash, i);
-        if let (Some(consumer), Some(plan)) = (key.consumer, key.plan) {
-            let key = ApiKey {
-                consumer: consumer.into(),
-                plan: plan.map(String::into_boxed_str),
+        if let (Some(consumer), Some(plan)) = (&key.consumer, &key.plan) {
+            let key = NewKey {
+                consumer,
+                plan: plan.as_deref(),
                 disabled: key.disabled,
             };
-            // No hash is stored twice: the first of each was found above.
-            let _ = keys.insert(hash, key, i);
+            // No hash is added twice: the first of each was found above.
+            keys.add(hash, key, i);
         }
     }
-    (keys, plans)
+    (keys.build(), plans)
 }
 
 /// One key's fields, each `None` where it is wrong (its problem reported).
@@ -268,12 +268,12 @@ mod tests {
         .unwrap();
         let abc = keys.verify(b"abc").unwrap();
         assert_eq!(
-            (&*abc.consumer, abc.plan.as_deref(), abc.disabled),
+            (&**abc.consumer, abc.plan, abc.disabled),
             ("acme", Some("pro"), false)
         );
         let hello = keys.verify(b"hello").unwrap();
         assert_eq!(
-            (&*hello.consumer, hello.plan.as_deref(), hello.disabled),
+            (&**hello.consumer, hello.plan, hello.disabled),
             ("acme", None, true)
         );
         assert!(from_yaml("keys: []").unwrap().is_empty());

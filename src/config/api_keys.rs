@@ -95,7 +95,7 @@ mod tests {
         assert!(problems.is_empty(), "{problems:?}");
         let settings = settings.unwrap();
         assert_eq!(settings.header, "x-api-key");
-        assert_eq!(&*settings.keys.verify(b"abc").unwrap().consumer, "acme");
+        assert_eq!(&**settings.keys.verify(b"abc").unwrap().consumer, "acme");
         let (settings, _) = compiled(&format!("{{ file: {}, header: X-Key }}", file.display()));
         assert_eq!(settings.unwrap().header, "x-key");
     }

@@ -170,8 +170,8 @@ impl Verifiers {
     /// known only by tokens is on the default plan here.
     pub fn plan_of(&self, id: &str) -> Option<PlanId> {
         let named = self.api_keys.as_ref().and_then(|check| {
-            let (_, key) = check.keys.keys().find(|(_, key)| &*key.consumer == id)?;
-            key.plan.as_deref()
+            let (_, key) = check.keys.keys().find(|(_, key)| &**key.consumer == id)?;
+            key.plan
         });
         let by_certificate = self.certificates.as_ref().and_then(|c| c.plans.get(id));
         by_certificate.copied().or_else(|| self.plans.of(named))
@@ -182,7 +182,7 @@ impl Verifiers {
     pub fn lists(&self, id: &str) -> bool {
         let by_key = self.api_keys.as_ref().is_some_and(|check| {
             let mut keys = check.keys.keys();
-            keys.any(|(_, key)| &*key.consumer == id)
+            keys.any(|(_, key)| &**key.consumer == id)
         });
         by_key
             || self
@@ -241,8 +241,8 @@ impl Verifiers {
             return Err(AuthFailure::RevokedKey);
         }
         Ok(Consumer {
-            id: Arc::clone(&key.consumer),
-            plan: self.plans.of(key.plan.as_deref()),
+            id: Arc::clone(key.consumer),
+            plan: self.plans.of(key.plan),
             claims: SmallVec::new(),
             via: Via::ApiKey,
         })

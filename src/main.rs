@@ -84,6 +84,16 @@ struct ExplainArgs {
 #[global_allocator]
 static ALLOCATOR: MiMalloc = MiMalloc;
 
+/// Returns the calling thread's freed pages to the system, and those of the heaps of threads
+/// that have ended (`mi_collect(true)`): mimalloc keeps them until their thread allocates
+/// again, and the thread that read a large configuration may then stay idle
+/// (`runtime::memory`).
+fn mimalloc_hand_back() {
+    // SAFETY: `mi_collect` takes no pointer and may be called from any thread at any time; it
+    // frees only pages that hold no live block.
+    unsafe { libmimalloc_sys::mi_collect(true) }
+}
+
 /// Prints the decision script holding the algorithms named in `names` (comma-separated; empty:
 /// all of them), as a script or as a function library.
 fn print_script(names: &str, library: bool) -> ExitCode {
@@ -128,7 +138,7 @@ fn main() -> ExitCode {
     }
     sluice::observe::logging::init();
 
-    let (config, read) = match checked(&cli.conf) {
+    let (config, read) = match checked_apart(&cli.conf) {
         Ok((config, read, warnings)) => {
             for warning in warnings {
                 eprintln!("sluice: warning: {warning}");
@@ -170,12 +180,26 @@ fn main() -> ExitCode {
     }
 }
 
+/// [`checked`] on a thread of its own, which ends with it. The configuration it keeps was
+/// allocated by that thread, whose heap the allocator gives up when the thread ends, so the
+/// reload that drops this configuration can hand its memory back (`runtime::memory`, told
+/// here how). Read on the main thread, which then stays idle, it would be kept for the
+/// process's life.
+fn checked_apart(conf: &Path) -> Result<(Config, Sources, Vec<String>), ConfigError> {
+    sluice::runtime::memory::set_hand_back(mimalloc_hand_back);
+    std::thread::scope(|s| match s.spawn(|| checked(conf)).join() {
+        Ok(result) => result,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
+}
+
 /// The file compiled, and what start will need checked with it (certificates, users,
 /// directories): `-t` passes only what can start. Those checks run on whatever compiled even
 /// when the file has other problems, so that one run reports every problem.
 fn checked(conf: &Path) -> Result<(Config, Sources, Vec<String>), ConfigError> {
     let mut read = Sources::default();
     let (config, mut problems) = Config::load_all(conf, &mut read);
+    sluice::runtime::memory::hand_back_freed();
     let warnings = match config
         .as_ref()
         .map(|config| server::preflight(config, &mut read))

@@ -4,11 +4,13 @@
 //! (`overrides`, which writes them back when Redis lost them), whether the quotas in force
 //! survive Redis restarting (`durability`), the sampler of the dashboard's live decisions
 //! (`sampler`), the one owner that starts those three and the limiter's connection keeper
-//! once (`background`), and `-d`'s launcher (`daemon`).
+//! once (`background`), `-d`'s launcher (`daemon`), and the memory a configuration's reading
+//! freed handed back (`memory`).
 
 pub mod background;
 pub mod daemon;
 pub mod durability;
+pub mod memory;
 pub mod overrides;
 pub mod regions;
 pub(crate) mod reload;

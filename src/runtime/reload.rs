@@ -184,12 +184,14 @@ impl ConfigService {
 
     async fn try_reload(&self, read: &mut Sources) -> Result<(), ConfigError> {
         let started = &self.started_with;
-        let mut config = Config::reload(
+        let config = Config::reload(
             &self.path,
             read,
             started.redis.as_ref(),
             started.regions.as_ref(),
-        )?;
+        );
+        super::memory::hand_back_freed();
+        let mut config = config?;
         let now = RestartOnly::of(&config);
         config
             .pending_upgrade
@@ -221,6 +223,10 @@ impl ConfigService {
             log::warn!("reload: `key_secret` changed and applies now: it keys every key's hash, so every counter (monthly quotas included) and credit id starts anew");
         }
         durability::check_now(&self.policy, &snapshot.config, "after a reload").await;
+        // The configuration replaced is freed here unless a request still holds it (then by
+        // the last such request's thread, and handed back at the next reload).
+        drop(retired);
+        super::memory::hand_back_freed();
         Ok(())
     }
 

@@ -60,6 +60,7 @@ EOF
     kill -HUP "$pid"
     for _ in $(seq 1200); do
       (($(grep -c "reload: .*: ok: " "$work/$count.log" || true) >= r)) && break
+      kill -0 "$pid" 2>/dev/null || break
       sleep 0.1
     done
     if (($(grep -c "reload: .*: ok: " "$work/$count.log" || true) < r)); then
@@ -67,7 +68,7 @@ EOF
       cat "$work/$count.log" >&2
       exit 1
     fi
-    sleep 1
+    sleep 1 # the reload logs its success, then hands back what it let go
     line="$line reload$r=$(status_mib "$pid" VmRSS)"
   done
   kill "$pid"

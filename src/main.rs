@@ -84,10 +84,10 @@ struct ExplainArgs {
 #[global_allocator]
 static ALLOCATOR: MiMalloc = MiMalloc;
 
-/// Returns the calling thread's freed pages to the system, and those of the heaps of threads
-/// that have ended (`mi_collect(true)`): mimalloc keeps them until their thread allocates
-/// again, and the thread that read a large configuration may then stay idle
-/// (`runtime::memory`).
+/// Returns the calling thread's freed pages to the system, and those of the abandoned segments
+/// of threads that have ended (`mi_collect(true)`): mimalloc keeps them until their thread's
+/// next use of the allocator, and the thread that read a large configuration may then stay
+/// idle (`runtime::memory`).
 fn mimalloc_hand_back() {
     // SAFETY: `mi_collect` takes no pointer and may be called from any thread at any time; it
     // frees only pages that hold no live block.
@@ -181,8 +181,8 @@ fn main() -> ExitCode {
 }
 
 /// [`checked`] on a thread of its own, which ends with it. The configuration it keeps was
-/// allocated by that thread, whose heap the allocator gives up when the thread ends, so the
-/// reload that drops this configuration can hand its memory back (`runtime::memory`, told
+/// allocated by that thread, whose segments the allocator abandons when the thread ends, so
+/// the reload that drops this configuration can hand its memory back (`runtime::memory`, told
 /// here how). Read on the main thread, which then stays idle, it would be kept for the
 /// process's life.
 fn checked_apart(conf: &Path) -> Result<(Config, Sources, Vec<String>), ConfigError> {

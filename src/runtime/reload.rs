@@ -174,6 +174,10 @@ impl ConfigService {
     pub async fn reload(&self) -> Result<(), ConfigError> {
         let mut read = Sources::default();
         let result = self.try_reload(&mut read).await;
+        // What this reload let go, whether it took effect or not: the configuration it
+        // replaced (unless a request still holds it: then its last such request's thread
+        // frees it, handed back at a later reload), or the one it built and refused.
+        super::memory::hand_back_freed();
         let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
         match result {
             Ok(()) => *sources = read,
@@ -223,10 +227,6 @@ impl ConfigService {
             log::warn!("reload: `key_secret` changed and applies now: it keys every key's hash, so every counter (monthly quotas included) and credit id starts anew");
         }
         durability::check_now(&self.policy, &snapshot.config, "after a reload").await;
-        // The configuration replaced is freed here unless a request still holds it (then by
-        // the last such request's thread, and handed back at the next reload).
-        drop(retired);
-        super::memory::hand_back_freed();
         Ok(())
     }
 
@@ -368,6 +368,59 @@ async fn next_signal(signals: &mut Option<tokio::signal::unix::Signal>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exchange::site::Lasting;
+    use crate::limiter::clock::ManualClock;
+    use crate::runtime::memory::{self, counting};
+    use crate::runtime::snapshot::testing;
+    use arc_swap::ArcSwap;
+
+    /// Listeners without certificates: nothing to read, nothing to swap.
+    struct NoCertificates;
+
+    impl ListenerCertificates for NoCertificates {
+        fn prepare(
+            &self,
+            _: &Config,
+            _: &mut Sources,
+        ) -> Result<Box<dyn FnOnce() + Send + '_>, ConfigError> {
+            Ok(Box::new(|| {}))
+        }
+    }
+
+    #[tokio::test]
+    async fn each_reload_hands_back_what_it_freed_whether_it_takes_effect_or_not() {
+        let yaml = "listen: [127.0.0.1:1]\nroutes:\n  - { name: r, match: { path_prefix: / }, \
+                    upstream: { servers: [127.0.0.1:1] } }\n";
+        let dir = tempfile::tempdir().expect("a directory");
+        let path = dir.path().join("sluice.yaml");
+        std::fs::write(&path, yaml).expect("the file written");
+        let (policy, snapshot) = testing::in_process(yaml);
+        let service = ConfigService::new(
+            path.clone(),
+            RestartOnly::of(&snapshot.config),
+            Arc::new(ArcSwap::from_pointee(snapshot)),
+            Arc::new(policy),
+            Arc::new(NoCertificates),
+            Lasting::new(Arc::new(ManualClock::new(1_000_000_000))),
+            Sources::default(),
+        );
+        memory::set_hand_back(counting::hand_back);
+        // One test thread (tokio's default for tests): every hand-back is counted here.
+        let before = counting::calls();
+        service.reload().await.expect("the same file reloads");
+        assert_eq!(
+            counting::calls(),
+            before + 2,
+            "after the reading and the swap"
+        );
+        std::fs::write(&path, "routes: 5\n").expect("the file written");
+        assert!(service.reload().await.is_err());
+        assert_eq!(
+            counting::calls(),
+            before + 4,
+            "a reload refused hands back too"
+        );
+    }
 
     #[test]
     fn a_waiting_key_prefix_says_that_counters_start_anew_when_it_takes_effect() {

@@ -1,5 +1,5 @@
 //! Handing back the memory a configuration's reading freed. Reading a large file takes far more
-//! than the configuration keeps (a million API keys: 107 MB of YAML, about 0.9 GB at the peak
+//! than the configuration keeps (a million API keys: 107 MB of YAML, about 1 GB at the peak
 //! of its parse, about 0.1 GB kept), and the binary's allocator (mimalloc) returns a thread's
 //! freed pages to the system only at that thread's next use of the allocator: the thread that
 //! read the file, gone idle, would hold them for as long as it stays so. So after each reading
@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 static HAND_BACK: OnceLock<fn()> = OnceLock::new();
 
 /// Names how the process's allocator hands back the calling thread's freed memory; the first
-/// call wins. Without one (the test binaries), [`hand_back_freed`] does nothing.
+/// call wins. Until one is named, [`hand_back_freed`] does nothing.
 pub fn set_hand_back(hand_back: fn()) {
     let _ = HAND_BACK.set(hand_back);
 }

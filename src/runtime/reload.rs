@@ -367,15 +367,19 @@ async fn next_signal(signals: &mut Option<tokio::signal::unix::Signal>) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use super::*;
-    use crate::exchange::site::Lasting;
-    use crate::limiter::clock::ManualClock;
     use crate::runtime::memory::{self, counting};
     use crate::runtime::snapshot::testing;
     use arc_swap::ArcSwap;
 
-    /// Listeners without certificates: nothing to read, nothing to swap.
-    struct NoCertificates;
+    /// Listeners without certificates: nothing to read, nothing to swap; or, once `refuse` is
+    /// set, certificates that do not read (a reload refused after its configuration is built).
+    #[derive(Default)]
+    struct NoCertificates {
+        refuse: AtomicBool,
+    }
 
     impl ListenerCertificates for NoCertificates {
         fn prepare(
@@ -383,6 +387,11 @@ mod tests {
             _: &Config,
             _: &mut Sources,
         ) -> Result<Box<dyn FnOnce() + Send + '_>, ConfigError> {
+            if self.refuse.load(Ordering::Relaxed) {
+                let message = "cannot read the certificate".to_string();
+                let file = std::path::Path::new("test.yaml");
+                return Err(ConfigError::single(file, "listen", message));
+            }
             Ok(Box::new(|| {}))
         }
     }
@@ -395,31 +404,29 @@ mod tests {
         let path = dir.path().join("sluice.yaml");
         std::fs::write(&path, yaml).expect("the file written");
         let (policy, snapshot) = testing::in_process(yaml);
+        let certificates = Arc::new(NoCertificates::default());
         let service = ConfigService::new(
             path.clone(),
             RestartOnly::of(&snapshot.config),
             Arc::new(ArcSwap::from_pointee(snapshot)),
             Arc::new(policy),
-            Arc::new(NoCertificates),
-            Lasting::new(Arc::new(ManualClock::new(1_000_000_000))),
+            Arc::clone(&certificates) as Arc<dyn ListenerCertificates>,
+            testing::lasting(),
             Sources::default(),
         );
         memory::set_hand_back(counting::hand_back);
         // One test thread (tokio's default for tests): every hand-back is counted here.
         let before = counting::calls();
         service.reload().await.expect("the same file reloads");
-        assert_eq!(
-            counting::calls(),
-            before + 2,
-            "after the reading and the swap"
-        );
+        let taken = counting::calls() - before;
+        certificates.refuse.store(true, Ordering::Relaxed);
+        assert!(service.reload().await.is_err());
+        let refused_once_built = counting::calls() - before - taken;
         std::fs::write(&path, "routes: 5\n").expect("the file written");
         assert!(service.reload().await.is_err());
-        assert_eq!(
-            counting::calls(),
-            before + 4,
-            "a reload refused hands back too"
-        );
+        let refused_at_reading = counting::calls() - before - taken - refused_once_built;
+        // After the reading, and after the reload whatever became of it.
+        assert_eq!((taken, refused_once_built, refused_at_reading), (2, 2, 2));
     }
 
     #[test]

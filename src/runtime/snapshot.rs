@@ -177,4 +177,9 @@ pub mod testing {
         let snapshot = Snapshot::build(config, &lasting, Handover::default(), &mut read);
         (policy, snapshot.expect("a snapshot"))
     }
+
+    /// A process's lasting parts (its clock and live views), on a manual clock at 1,000 s.
+    pub fn lasting() -> Lasting {
+        Lasting::new(Arc::new(ManualClock::new(1_000_000_000)))
+    }
 }

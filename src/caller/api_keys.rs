@@ -194,9 +194,6 @@ impl KeysBuilder {
         let mut entries = self.entries;
         entries.sort_unstable_by(|a, b| a.hash.0.cmp(&b.hash.0).then(a.index.cmp(&b.index)));
         entries.dedup_by(|later, first| later.hash == first.hash);
-        entries.shrink_to_fit();
-        let mut consumers = self.consumers;
-        consumers.shrink_to_fit();
         let bits = entries.len().next_power_of_two().trailing_zeros().min(32);
         let mut starts = vec![0u32; (1usize << bits) + 1];
         for entry in &entries {
@@ -209,7 +206,7 @@ impl KeysBuilder {
             entries: entries.into_boxed_slice(),
             bits,
             starts: starts.into_boxed_slice(),
-            consumers: consumers.into_boxed_slice(),
+            consumers: self.consumers.into_boxed_slice(),
             plans: self.plans.into_boxed_slice(),
         }
     }
